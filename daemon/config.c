@@ -1,0 +1,210 @@
+/* config.c - the option table and its readers (see config.h). */
+#include "daemon/config.h"
+
+#include <ctype.h>
+#include <errno.h>
+#include <ini.h>
+#include <stddef.h>
+#include <stdlib.h>
+#include <string.h>
+#include <strings.h>
+
+#include "daemon/log.h"
+#include "tiers/evict.h"
+
+typedef enum { OPT_SIZE, OPT_BOOL, OPT_STR } opt_type;
+
+typedef struct opt {
+  const char *section, *name;
+  opt_type type;
+  size_t off, len; /* len: buffer size for OPT_STR */
+  const char *def;
+  const char *doc;
+} opt;
+
+#define O(field) offsetof(kv_config, field)
+static const opt opts[] = {
+    {"g2", "capacity", OPT_SIZE, O(g2_capacity), 0, "1G",
+     "bytes of pinned host memory for the G2 tier (K/M/G/T suffixes)"},
+    {"g2", "page_size", OPT_SIZE, O(g2_page_size), 0, "64M",
+     "G2 is carved into pages of this size, each holding blocks of one size; "
+     "the largest block must fit in one page"},
+    {"g2", "lock", OPT_BOOL, O(g2_lock), 0, "yes",
+     "mlock G2 so it is never swapped (needs RLIMIT_MEMLOCK; falls back to "
+     "unlocked with a warning)"},
+    {"cache", "policy", OPT_STR, O(policy), sizeof(((kv_config *)0)->policy),
+     NULL /* kv_evict_default */, "eviction policy: lru or lru2"},
+    {"log", "level", OPT_STR, O(log_level), sizeof(((kv_config *)0)->log_level),
+     "info", "least severe level logged: debug, info, warn, error"},
+};
+#undef O
+#define NOPTS (sizeof opts / sizeof opts[0])
+
+int kv_parse_size(const char *s, uint64_t *out) {
+  if (!s) return -EINVAL;
+  while (isspace((unsigned char)*s)) s++;
+  if (!isdigit((unsigned char)*s)) return -EINVAL;
+  errno = 0;
+  char *end;
+  unsigned long long v = strtoull(s, &end, 10);
+  if (errno) return -EINVAL;
+  unsigned shift = 0;
+  switch (toupper((unsigned char)*end)) {
+  case 'K': shift = 10; end++; break;
+  case 'M': shift = 20; end++; break;
+  case 'G': shift = 30; end++; break;
+  case 'T': shift = 40; end++; break;
+  default: break;
+  }
+  if (shift && (*end == 'i' || *end == 'I')) end++;
+  if (*end == 'B' || *end == 'b') end++;
+  while (isspace((unsigned char)*end)) end++;
+  if (*end) return -EINVAL;
+  if (shift && v > (UINT64_MAX >> shift)) return -EINVAL;
+  *out = (uint64_t)v << shift;
+  return 0;
+}
+
+static int parse_bool(const char *s, int *out) {
+  static const char *yes[] = {"1", "yes", "true", "on"}, *no[] = {"0", "no", "false", "off"};
+  for (int i = 0; i < 4; i++) {
+    if (strcasecmp(s, yes[i]) == 0) { *out = 1; return 0; }
+    if (strcasecmp(s, no[i]) == 0) { *out = 0; return 0; }
+  }
+  return -EINVAL;
+}
+
+static int set_opt(kv_config *c, const opt *o, const char *v, char *err, size_t errlen) {
+  void *p = (char *)c + o->off;
+  switch (o->type) {
+  case OPT_SIZE:
+    if (kv_parse_size(v, p) == 0) return 0;
+    snprintf(err, errlen, "%s.%s: '%s' is not a size (e.g. 512M, 4G)", o->section, o->name, v);
+    return -EINVAL;
+  case OPT_BOOL:
+    if (parse_bool(v, p) == 0) return 0;
+    snprintf(err, errlen, "%s.%s: '%s' is not yes/no", o->section, o->name, v);
+    return -EINVAL;
+  case OPT_STR:
+    if (strlen(v) >= o->len) {
+      snprintf(err, errlen, "%s.%s: value longer than %zu bytes", o->section, o->name, o->len - 1);
+      return -EINVAL;
+    }
+    memcpy(p, v, strlen(v) + 1);
+    return 0;
+  }
+  return -EINVAL;
+}
+
+void kv_config_defaults(kv_config *c) {
+  char err[128];
+  memset(c, 0, sizeof *c);
+  for (size_t i = 0; i < NOPTS; i++)
+    set_opt(c, &opts[i], opts[i].def ? opts[i].def : kv_evict_default, err, sizeof err);
+}
+
+static const opt *find_opt(const char *section, const char *name) {
+  for (size_t i = 0; i < NOPTS; i++)
+    if (strcmp(opts[i].section, section) == 0 && strcmp(opts[i].name, name) == 0)
+      return &opts[i];
+  return NULL;
+}
+
+int kv_config_set(kv_config *c, const char *dotted, const char *value, char *err,
+                  size_t errlen) {
+  const char *dot = strchr(dotted, '.');
+  char section[32];
+  if (!dot || (size_t)(dot - dotted) >= sizeof section) {
+    snprintf(err, errlen, "'%s': options are named section.name", dotted);
+    return -ENOENT;
+  }
+  memcpy(section, dotted, (size_t)(dot - dotted));
+  section[dot - dotted] = 0;
+  const opt *o = find_opt(section, dot + 1);
+  if (!o) {
+    snprintf(err, errlen, "'%s': no such option", dotted);
+    return -ENOENT;
+  }
+  return set_opt(c, o, value, err, errlen);
+}
+
+typedef struct load_ctx {
+  kv_config *c;
+  char *err;
+  size_t errlen;
+  int rc;
+  const char *path;
+} load_ctx;
+
+static int on_ini(void *user, const char *section, const char *name, const char *value) {
+  load_ctx *x = user;
+  if (x->rc) return 0;
+  const opt *o = find_opt(section, name);
+  if (!o) {
+    snprintf(x->err, x->errlen, "unknown option [%s] %s", section, name);
+    x->rc = -EINVAL;
+    return 0;
+  }
+  if (set_opt(x->c, o, value, x->err, x->errlen)) {
+    x->rc = -EINVAL;
+    return 0;
+  }
+  return 1;
+}
+
+int kv_config_load(kv_config *c, const char *path, char *err, size_t errlen) {
+  FILE *f = fopen(path, "r");
+  if (!f) {
+    int e = errno;
+    snprintf(err, errlen, "%s: %s", path, strerror(e));
+    return -e;
+  }
+  char msg[256] = "syntax error";
+  load_ctx x = {c, msg, sizeof msg, 0, path};
+  /* inih stops at the first line a handler refuses and returns its number. */
+  int line = ini_parse_file(f, on_ini, &x);
+  fclose(f);
+  if (line != 0) {
+    snprintf(err, errlen, "%s:%d: %s", path, line, msg);
+    return -EINVAL;
+  }
+  return 0;
+}
+
+int kv_config_validate(const kv_config *c, char *err, size_t errlen) {
+  if (c->g2_capacity < 4096) {
+    snprintf(err, errlen, "g2.capacity must be at least 4K");
+    return -EINVAL;
+  }
+  if (c->g2_page_size == 0 || c->g2_page_size % 4096) {
+    snprintf(err, errlen, "g2.page_size must be a non-zero multiple of 4K");
+    return -EINVAL;
+  }
+  if (!kv_evict_lookup(c->policy)) {
+    int n = snprintf(err, errlen, "cache.policy: unknown policy '%s' (known:", c->policy);
+    for (int i = 0; kv_evict_policies[i] && n > 0 && (size_t)n < errlen; i++)
+      n += snprintf(err + n, errlen - (size_t)n, " %s", kv_evict_policies[i]->name);
+    if (n > 0 && (size_t)n < errlen) snprintf(err + n, errlen - (size_t)n, ")");
+    return -EINVAL;
+  }
+  if (kv_log_parse_level(c->log_level) < 0) {
+    snprintf(err, errlen, "log.level: '%s' is not debug, info, warn or error", c->log_level);
+    return -EINVAL;
+  }
+  return 0;
+}
+
+void kv_config_print(const kv_config *c, FILE *f) {
+  const char *sect = "";
+  for (size_t i = 0; i < NOPTS; i++) {
+    const opt *o = &opts[i];
+    if (strcmp(sect, o->section)) fprintf(f, "%s[%s]\n", i ? "\n" : "", sect = o->section);
+    const void *p = (const char *)c + o->off;
+    fprintf(f, "# %s (default: %s)\n%s = ", o->doc, o->def ? o->def : kv_evict_default, o->name);
+    switch (o->type) {
+    case OPT_SIZE: fprintf(f, "%llu\n", (unsigned long long)*(const uint64_t *)p); break;
+    case OPT_BOOL: fprintf(f, "%s\n", *(const int *)p ? "yes" : "no"); break;
+    case OPT_STR: fprintf(f, "%s\n", (const char *)p); break;
+    }
+  }
+}

@@ -1,0 +1,48 @@
+/*
+ * config.h - kvcached's configuration: one table of options, read from an
+ * INI file and overridden by command-line flags.
+ *
+ * Every option is declared once, in config.c's table, with its section,
+ * name, type, default and one line of documentation; the file parser, the
+ * flag parser, `kvcached --print-config` and the tests all read that table.
+ * deploy/kvcached.conf is the commented default file (a test checks that it
+ * names every option and parses to the defaults).
+ */
+#ifndef KV_DAEMON_CONFIG_H
+#define KV_DAEMON_CONFIG_H
+
+#include <stdint.h>
+#include <stdio.h>
+
+typedef struct kv_config {
+  uint64_t g2_capacity;   /* [g2] capacity */
+  uint64_t g2_page_size;  /* [g2] page_size */
+  int g2_lock;            /* [g2] lock */
+  char policy[32];        /* [cache] policy */
+  char log_level[16];     /* [log] level */
+} kv_config;
+
+/* Fills *c with the defaults. */
+void kv_config_defaults(kv_config *c);
+
+/* Reads an INI file over *c. On error returns -errno (cannot read) or
+ * -EINVAL, with a message naming the file, line and option in err. */
+int kv_config_load(kv_config *c, const char *path, char *err, size_t errlen);
+
+/* Sets one option by "section.name" (as flags do) from its text value.
+ * 0, or -ENOENT (no such option) / -EINVAL (bad value), message in err. */
+int kv_config_set(kv_config *c, const char *dotted, const char *value,
+                  char *err, size_t errlen);
+
+/* Checks values that depend on each other. 0 or -EINVAL with a message. */
+int kv_config_validate(const kv_config *c, char *err, size_t errlen);
+
+/* Writes every option with its documentation and current value, as INI. */
+void kv_config_print(const kv_config *c, FILE *f);
+
+/* Parses a size: digits with an optional K, M, G or T suffix (powers of
+ * 1024), optionally followed by "B"/"iB". 0 or -EINVAL (empty, junk,
+ * negative, overflow). */
+int kv_parse_size(const char *s, uint64_t *out);
+
+#endif

@@ -1,0 +1,73 @@
+/*
+ * block.h - the block record: what the daemon knows about one KV block.
+ *
+ * A block is an opaque, fixed-size byte range named by (namespace, key).
+ * Its record says where its bytes are (a slot per tier), whether they are
+ * valid there, who holds it, and where it sits in each tier's eviction
+ * order. Records live in the index (index.h) and are addressed by a 32-bit
+ * id, so links between records (parent, children) cost 4 bytes each.
+ *
+ * Residency model, per tier t:
+ *   slot[t] != KV_SLOT_NONE   a slot of tier t is allocated to the block
+ *   tiers & KV_TIER_BIT(t)    the bytes in that slot are complete and valid
+ *   busy  & KV_TIER_BIT(t)    a copy is reading or writing that slot now
+ * A block is visible to lookups only in state KV_BS_READY, and only in the
+ * tiers whose bit is set.
+ */
+#ifndef KV_TIERS_BLOCK_H
+#define KV_TIERS_BLOCK_H
+
+#include <stdint.h>
+
+#define KV_KEY_MAX 32 /* keys are opaque digests of 1..32 bytes */
+
+typedef struct kv_key {
+  uint8_t len;
+  uint8_t b[KV_KEY_MAX];
+} kv_key;
+
+typedef enum { KV_G1 = 0, KV_G2 = 1, KV_G3 = 2, KV_NTIERS = 3 } kv_tier;
+#define KV_TIER_NONE 0xff
+#define KV_TIER_BIT(t) (1u << (t))
+
+typedef enum {
+  KV_BS_FREE = 0, /* record unused (on the index's free list) */
+  KV_BS_WRITING,  /* allocated, bytes being written, invisible */
+  KV_BS_READY,    /* committed and visible */
+} kv_bstate;
+
+typedef uint32_t kv_bid;
+#define KV_BID_NONE UINT32_MAX
+#define KV_SLOT_NONE UINT32_MAX
+#define KV_PRIO_DEFAULT 128 /* priorities 0..255; lower is evicted first */
+
+typedef struct kv_block {
+  uint8_t key[KV_KEY_MAX];
+  uint32_t ns;
+  kv_bid id;              /* this record's own id */
+  uint32_t size;          /* bytes */
+  uint32_t pins;          /* holders that need the bytes to stay put */
+  uint32_t crc;           /* CRC32C of the payload, taken at commit */
+  uint8_t keylen;
+  uint8_t state;          /* kv_bstate */
+  uint8_t prio;           /* eviction class, lower goes first */
+  uint8_t tiers;          /* KV_TIER_BIT set where bytes are valid */
+  uint8_t busy;           /* KV_TIER_BIT set where a copy is in flight */
+  uint8_t inpol;          /* KV_TIER_BIT set where the tier's policy holds it */
+  uint16_t hits;          /* accesses, saturating */
+  uint64_t atime;         /* logical time of the last access */
+  uint64_t atime2;        /* logical time of the access before that */
+  uint32_t slot[KV_NTIERS];   /* slot per tier, KV_SLOT_NONE if none */
+  uint32_t hpos[KV_NTIERS];   /* owned by that tier's eviction policy */
+  uint32_t rchild[KV_NTIERS]; /* children whose bytes are valid in tier t */
+  kv_bid parent, child, next, prev; /* prefix tree: parent, first child, siblings */
+} kv_block;
+
+static inline int kv_key_set(kv_key *k, const void *bytes, unsigned len) {
+  if (len == 0 || len > KV_KEY_MAX) return -22; /* -EINVAL */
+  k->len = (uint8_t)len;
+  for (unsigned i = 0; i < len; i++) k->b[i] = ((const uint8_t *)bytes)[i];
+  return 0;
+}
+
+#endif

@@ -1,0 +1,36 @@
+/* evict.c - the table of eviction policies (see evict.h). */
+#include "tiers/evict.h"
+
+#include <string.h>
+
+extern const kv_evict_ops kv_evict_lru_ops;
+extern const kv_evict_ops kv_evict_lru2_ops;
+
+const kv_evict_ops *const kv_evict_policies[] = {
+    &kv_evict_lru_ops,
+    &kv_evict_lru2_ops,
+    NULL,
+};
+
+/* Chosen by `kvbench core-replay` (see README.md, "Choosing the policy"). */
+const char kv_evict_default[] = "lru";
+
+const kv_evict_ops *kv_evict_lookup(const char *name) {
+  for (int i = 0; kv_evict_policies[i]; i++)
+    if (strcmp(kv_evict_policies[i]->name, name) == 0) return kv_evict_policies[i];
+  return NULL;
+}
+
+int kv_evict_init(kv_evict *e, const kv_evict_ops *ops, kv_index *ix, kv_tier tier) {
+  e->ops = ops;
+  e->ix = ix;
+  e->tier = tier;
+  e->count = 0;
+  e->priv = NULL;
+  return ops->init(e);
+}
+
+void kv_evict_fini(kv_evict *e) {
+  if (e->ops) e->ops->fini(e);
+  e->ops = NULL;
+}

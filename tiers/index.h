@@ -1,0 +1,82 @@
+/*
+ * index.h - the block index: (namespace, key) -> block record.
+ *
+ * An open-addressing hash table (linear probing, backward-shift deletion,
+ * no tombstones) over records kept in fixed chunks, so a record's address
+ * never changes while it exists. Expected O(1) insert, find and remove;
+ * find allocates nothing and takes no lock. Not thread-safe: one owner
+ * (the daemon's loop) calls it.
+ *
+ * The index also keeps the prefix tree: a record may name a parent record
+ * and lists its children, so eviction can keep chains whole. Removing a
+ * record orphans its children (their parent becomes KV_BID_NONE).
+ */
+#ifndef KV_TIERS_INDEX_H
+#define KV_TIERS_INDEX_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "tiers/block.h"
+
+typedef struct kv_index_slot {
+  uint32_t tag; /* high half of the key's hash */
+  kv_bid bid;   /* KV_BID_NONE when empty */
+} kv_index_slot;
+
+typedef struct kv_index {
+  kv_index_slot *tab;
+  uint32_t mask;     /* table size - 1 (a power of two) */
+  uint32_t count;    /* records in use */
+  kv_block **chunks; /* KV_INDEX_CHUNK records each */
+  uint32_t nchunks;
+  uint32_t hiwater;  /* records ever carved from chunks */
+  kv_bid free_head;  /* free records, linked through ->next */
+} kv_index;
+
+#define KV_INDEX_CHUNK_SHIFT 12
+#define KV_INDEX_CHUNK (1u << KV_INDEX_CHUNK_SHIFT)
+
+/* Prepares an empty index sized for about `hint` records. 0 or -ENOMEM. */
+int kv_index_init(kv_index *ix, uint32_t hint);
+/* Frees everything the index holds. Records become invalid. */
+void kv_index_fini(kv_index *ix);
+
+/* The record for (ns, key), or NULL. No allocation, no side effect. */
+kv_block *kv_index_find(const kv_index *ix, uint32_t ns, const uint8_t *key,
+                        unsigned keylen);
+
+/*
+ * Adds a record for (ns, key) in state KV_BS_WRITING with no slot, no pin and
+ * no parent, and returns it in *out. If the key exists, returns KV_EEXISTS
+ * with the existing record in *out and changes nothing. -EINVAL for a key
+ * of length 0 or more than KV_KEY_MAX, -ENOMEM when memory runs out (the
+ * index is unchanged).
+ */
+int kv_index_insert(kv_index *ix, uint32_t ns, const uint8_t *key,
+                    unsigned keylen, kv_block **out);
+
+/*
+ * Removes a record: unlinks it from its parent and orphans its children.
+ * The caller must have released its slots; -EBUSY (nothing changed) if the
+ * record is still resident in a tier, pinned or busy.
+ */
+int kv_index_remove(kv_index *ix, kv_block *b);
+
+/* Makes `parent` the parent of `b` (b must have none). -EINVAL if it has one,
+ * if they are the same record, or if they are in different namespaces. */
+int kv_index_link(kv_index *ix, kv_block *b, kv_block *parent);
+
+static inline kv_block *kv_index_at(const kv_index *ix, kv_bid id) {
+  if (id == KV_BID_NONE || id >= ix->hiwater) return NULL;
+  return &ix->chunks[id >> KV_INDEX_CHUNK_SHIFT][id & (KV_INDEX_CHUNK - 1)];
+}
+
+/* Calls fn on every record in use (any state) until fn returns non-zero,
+ * which is then returned. fn must not insert or remove. */
+int kv_index_foreach(kv_index *ix, int (*fn)(kv_block *b, void *arg), void *arg);
+
+/* Bytes of memory the index holds (table, record chunks, chunk array). */
+size_t kv_index_memory(const kv_index *ix);
+
+#endif

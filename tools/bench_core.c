@@ -1,0 +1,347 @@
+/*
+ * bench_core.c - `kvbench core-replay`: a Mooncake trace through the cache
+ * core alone (no daemon, no sockets), at several capacities.
+ *
+ * Replay rule (the one ../shared/data/README.md uses for its reference
+ * figures): for each request, look up its blocks in order - a block is a
+ * prefix hit only while every earlier block of the request hit - then insert
+ * or touch every block of the request. A plain LRU over block ids (no
+ * prefix awareness) runs beside the core in the same process as the
+ * reference, so the two are always compared on the same machine and trace.
+ */
+#include <errno.h>
+#include <getopt.h>
+#include <jansson.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "proto/errors.h"
+#include "tiers/core.h"
+#include "tools/kvbench.h"
+#include "tools/trace.h"
+
+static const double fractions[] = {0.01, 0.02, 0.05, 0.10, 0.20, 0.50};
+#define NFRAC (sizeof fractions / sizeof fractions[0])
+
+typedef struct replay_result {
+  uint64_t refs, prefix_hits, block_hits, tokens, prefix_tokens;
+} replay_result;
+
+static void account(replay_result *r, const kv_trace_req *q, uint32_t prefix, uint32_t any) {
+  r->refs += q->n;
+  r->prefix_hits += prefix;
+  r->block_hits += any;
+  r->tokens += q->input_len;
+  uint64_t tok = (uint64_t)prefix * 512;
+  r->prefix_tokens += tok < q->input_len ? tok : q->input_len;
+}
+
+/* ---- the reference: plain LRU over block ids ----------------------------- */
+typedef struct lru_ref {
+  uint64_t *key;
+  uint32_t *slot_of; /* hash table: node index + 1, 0 empty */
+  uint32_t *prev, *next;
+  uint32_t mask, n, cap, head, tail; /* head: most recent */
+} lru_ref;
+
+#define NIL UINT32_MAX
+
+static uint32_t *lru_find(lru_ref *l, uint64_t k) {
+  uint32_t h = (uint32_t)((k * 0x9E3779B97F4A7C15ull) >> 32) & l->mask;
+  for (;; h = (h + 1) & l->mask) {
+    uint32_t s = l->slot_of[h];
+    if (!s || l->key[s - 1] == k) return &l->slot_of[h];
+  }
+}
+static void lru_unlink(lru_ref *l, uint32_t i) {
+  if (l->prev[i] != NIL) l->next[l->prev[i]] = l->next[i]; else l->head = l->next[i];
+  if (l->next[i] != NIL) l->prev[l->next[i]] = l->prev[i]; else l->tail = l->prev[i];
+}
+static void lru_front(lru_ref *l, uint32_t i) {
+  l->prev[i] = NIL;
+  l->next[i] = l->head;
+  if (l->head != NIL) l->prev[l->head] = i;
+  l->head = i;
+  if (l->tail == NIL) l->tail = i;
+}
+/* Removes the table entry for k (linear probing, backward shift). */
+static void lru_erase(lru_ref *l, uint64_t k) {
+  uint32_t *p = lru_find(l, k);
+  uint32_t hole = (uint32_t)(p - l->slot_of), j = hole;
+  for (;;) {
+    j = (j + 1) & l->mask;
+    uint32_t s = l->slot_of[j];
+    if (!s) break;
+    uint32_t home = (uint32_t)((l->key[s - 1] * 0x9E3779B97F4A7C15ull) >> 32) & l->mask;
+    int stays = hole <= j ? (home > hole && home <= j) : (home > hole || home <= j);
+    if (!stays) { l->slot_of[hole] = s; hole = j; }
+  }
+  l->slot_of[hole] = 0;
+}
+
+static replay_result replay_lru_ref(const kv_trace *t, uint32_t cap) {
+  lru_ref l = {0};
+  uint32_t tab = 64;
+  while (tab < cap * 2) tab <<= 1;
+  l.mask = tab - 1;
+  l.cap = cap;
+  l.key = malloc(cap * sizeof *l.key);
+  l.prev = malloc(cap * sizeof *l.prev);
+  l.next = malloc(cap * sizeof *l.next);
+  l.slot_of = calloc(tab, sizeof *l.slot_of);
+  l.head = l.tail = NIL;
+  replay_result r = {0};
+  for (size_t qi = 0; qi < t->nreq; qi++) {
+    const kv_trace_req *q = &t->req[qi];
+    uint32_t prefix = 0, any = 0;
+    int run = 1;
+    for (uint32_t i = 0; i < q->n; i++) {
+      int hit = *lru_find(&l, q->ids[i]) != 0;
+      any += hit;
+      if (run && hit) prefix++; else run = 0;
+    }
+    account(&r, q, prefix, any);
+    for (uint32_t i = 0; i < q->n; i++) {
+      uint32_t *s = lru_find(&l, q->ids[i]);
+      if (*s) { lru_unlink(&l, *s - 1); lru_front(&l, *s - 1); continue; }
+      uint32_t node;
+      if (l.n < l.cap) {
+        node = l.n++;
+      } else {
+        node = l.tail;
+        lru_unlink(&l, node);
+        lru_erase(&l, l.key[node]);
+        s = lru_find(&l, q->ids[i]);
+      }
+      l.key[node] = q->ids[i];
+      *s = node + 1;
+      lru_front(&l, node);
+    }
+  }
+  free(l.key); free(l.prev); free(l.next); free(l.slot_of);
+  return r;
+}
+
+/* ---- the core ------------------------------------------------------------ */
+#define SLOT 4096u
+
+typedef struct core_run {
+  kv_arena arena;
+  kv_core core;
+  int ns;
+} core_run;
+
+static int core_open(core_run *cr, const char *policy, uint32_t cap_blocks, uint32_t hint) {
+  kv_arena_opts ao = {.capacity = (size_t)cap_blocks * SLOT, .page_bytes = SLOT,
+                      .no_lock = 1, .name = "kvbench-g2"};
+  int rc = kv_arena_init(&cr->arena, &ao);
+  if (rc) return rc;
+  kv_core_opts co = {.policy = policy, .index_hint = hint};
+  rc = kv_core_init(&cr->core, &co);
+  if (rc) { kv_arena_fini(&cr->arena); return rc; }
+  cr->ns = kv_core_ns_register(&cr->core, &cr->arena, SLOT);
+  if (cr->ns < 0) { rc = cr->ns; kv_core_fini(&cr->core); kv_arena_fini(&cr->arena); }
+  return rc;
+}
+
+static void core_close(core_run *cr) {
+  kv_core_fini(&cr->core);
+  kv_arena_fini(&cr->arena);
+}
+
+static int replay_core(const kv_trace *t, const char *policy, uint32_t cap,
+                       replay_result *out, kv_core_stats *st) {
+  core_run cr;
+  int rc = core_open(&cr, policy, cap, cap);
+  if (rc) return rc;
+  kv_key *keys = NULL;
+  uint8_t *tiers = NULL;
+  uint32_t kcap = 0;
+  replay_result r = {0};
+  for (size_t qi = 0; qi < t->nreq && !rc; qi++) {
+    const kv_trace_req *q = &t->req[qi];
+    if (q->n > kcap) {
+      kcap = q->n * 2;
+      free(keys); free(tiers);
+      keys = malloc(kcap * sizeof *keys);
+      tiers = malloc(kcap);
+      if (!keys || !tiers) { rc = -ENOMEM; break; }
+    }
+    for (uint32_t i = 0; i < q->n; i++) {
+      keys[i].len = 8;
+      kv_trace_key(q->ids[i], keys[i].b);
+    }
+    int prefix = kv_core_lookup(&cr.core, (uint32_t)cr.ns, keys, q->n, tiers);
+    if (prefix < 0) { rc = prefix; break; }
+    uint32_t any = 0;
+    for (uint32_t i = 0; i < q->n; i++) any += tiers[i] != KV_TIER_NONE;
+    account(&r, q, (uint32_t)prefix, any);
+    for (uint32_t i = 0; i < q->n; i++) {
+      kv_block *b = kv_core_find(&cr.core, (uint32_t)cr.ns, &keys[i]);
+      if (b) { kv_core_touch(&cr.core, b); continue; }
+      int arc = kv_core_alloc(&cr.core, (uint32_t)cr.ns, &keys[i], i ? &keys[i - 1] : NULL,
+                              KV_PRIO_DEFAULT, &b);
+      if (arc == 0) arc = kv_core_commit(&cr.core, b, 0);
+      if (arc) { rc = arc; break; }
+    }
+  }
+  if (st) *st = cr.core.st;
+  free(keys);
+  free(tiers);
+  core_close(&cr);
+  *out = r;
+  return rc;
+}
+
+/* Index lookups per second: every block reference of the trace, looked up
+ * in a full index, repeated; median of several rounds. */
+static double now_s(void) {
+  struct timespec ts;
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  return ts.tv_sec + ts.tv_nsec * 1e-9;
+}
+static int cmp_double(const void *a, const void *b) {
+  double x = *(const double *)a, y = *(const double *)b;
+  return (x > y) - (x < y);
+}
+
+static int measure_lookups(const kv_trace *t, double *per_s, uint64_t *found_out) {
+  core_run cr;
+  int rc = core_open(&cr, NULL, (uint32_t)t->nunique, (uint32_t)t->nunique);
+  if (rc) return rc;
+  kv_key *keys = malloc(t->nids * sizeof *keys);
+  if (!keys) { core_close(&cr); return -ENOMEM; }
+  for (size_t i = 0; i < t->nids; i++) {
+    keys[i].len = 8;
+    kv_trace_key(t->ids[i], keys[i].b);
+    kv_block *b;
+    int a = kv_core_alloc(&cr.core, (uint32_t)cr.ns, &keys[i], NULL, KV_PRIO_DEFAULT, &b);
+    if (a == 0) kv_core_commit(&cr.core, b, 0);
+    else if (a != KV_EEXISTS) { rc = a; break; }
+  }
+  double rates[9];
+  uint64_t found = 0;
+  for (int round = 0; round < 9 && !rc; round++) {
+    int reps = 8;
+    double t0 = now_s();
+    for (int k = 0; k < reps; k++)
+      for (size_t i = 0; i < t->nids; i++)
+        found += kv_index_find(&cr.core.ix, (uint32_t)cr.ns, keys[i].b, keys[i].len) != NULL;
+    rates[round] = (double)reps * (double)t->nids / (now_s() - t0);
+  }
+  if (!rc) {
+    qsort(rates, 9, sizeof rates[0], cmp_double);
+    *per_s = rates[4];
+    *found_out = found;
+  }
+  free(keys);
+  core_close(&cr);
+  return rc;
+}
+
+static json_t *rates_json(const replay_result *r) {
+  return json_pack("{s:f,s:f,s:f}",
+                   "prefix_hit_rate", r->refs ? (double)r->prefix_hits / r->refs : 0.0,
+                   "block_hit_rate", r->refs ? (double)r->block_hits / r->refs : 0.0,
+                   "prefix_token_hit_rate", r->tokens ? (double)r->prefix_tokens / r->tokens : 0.0);
+}
+
+int kvbench_core_replay(int argc, char **argv) {
+  static const struct option lo[] = {{"trace", required_argument, 0, 't'},
+                                     {"policy", required_argument, 0, 'p'},
+                                     {"json", no_argument, 0, 'j'},
+                                     {"help", no_argument, 0, 'h'},
+                                     {0, 0, 0, 0}};
+  const char *trace = NULL, *policies[16] = {0};
+  int npol = 0, json = 0, ch;
+  optind = 1;
+  while ((ch = getopt_long(argc, argv, "t:p:jh", lo, NULL)) != -1) {
+    switch (ch) {
+    case 't': trace = optarg; break;
+    case 'p':
+      if (!strcmp(optarg, "all")) {
+        for (int i = 0; kv_evict_policies[i] && npol < 15; i++) policies[npol++] = kv_evict_policies[i]->name;
+      } else if (!kv_evict_lookup(optarg)) {
+        fprintf(stderr, "kvbench core-replay: unknown policy '%s'\n", optarg);
+        return 2;
+      } else if (npol < 15) {
+        policies[npol++] = optarg;
+      }
+      break;
+    case 'j': json = 1; break;
+    case 'h':
+      printf("usage: kvbench core-replay --trace FILE [--policy NAME|all]... [--json]\n");
+      return 0;
+    default: return 2;
+    }
+  }
+  if (!trace) {
+    fprintf(stderr, "kvbench core-replay: --trace FILE is required\n");
+    return 2;
+  }
+  if (npol == 0) policies[npol++] = kv_evict_default;
+
+  kv_trace t;
+  size_t bad = 0;
+  int rc = kv_trace_load(&t, trace, &bad);
+  if (rc) {
+    if (rc == -EINVAL) fprintf(stderr, "kvbench: %s:%zu: not a Mooncake trace line\n", trace, bad);
+    else fprintf(stderr, "kvbench: %s: %s\n", trace, kv_strerror(rc));
+    return 1;
+  }
+
+  json_t *out = json_pack("{s:s,s:I,s:I,s:I,s:s}", "trace", trace, "requests", (json_int_t)t.nreq,
+                          "block_refs", (json_int_t)t.nids, "unique_blocks", (json_int_t)t.nunique,
+                          "policy", policies[0]);
+  json_t *by_policy = json_object();
+  for (int p = 0; p < npol && !rc; p++) {
+    json_t *arr = json_array();
+    for (size_t f = 0; f < NFRAC && !rc; f++) {
+      uint32_t cap = (uint32_t)(fractions[f] * (double)t.nunique + 0.5);
+      if (cap == 0) cap = 1;
+      replay_result core_r, ref_r = replay_lru_ref(&t, cap);
+      kv_core_stats st;
+      double t0 = now_s();
+      rc = replay_core(&t, policies[p], cap, &core_r, &st);
+      double dt = now_s() - t0;
+      if (rc) break;
+      json_t *o = rates_json(&core_r);
+      json_object_set_new(o, "capacity_fraction", json_real(fractions[f]));
+      json_object_set_new(o, "capacity_blocks", json_integer(cap));
+      json_object_set_new(o, "reference_lru", rates_json(&ref_r));
+      json_object_set_new(o, "evictions", json_integer((json_int_t)st.evictions[KV_G2]));
+      json_object_set_new(o, "replay_s", json_real(dt));
+      json_array_append_new(arr, o);
+      if (!json)
+        fprintf(stderr, "%-6s %4.0f%% (%6u blocks): prefix hit %6.2f%%  (plain LRU %6.2f%%)  block hit %6.2f%%\n",
+                policies[p], fractions[f] * 100, cap, 100.0 * core_r.prefix_hits / core_r.refs,
+                100.0 * ref_r.prefix_hits / ref_r.refs, 100.0 * core_r.block_hits / core_r.refs);
+    }
+    if (p == 0) json_object_set(out, "results", arr);
+    json_object_set_new(by_policy, policies[p], arr);
+  }
+  if (npol > 1) json_object_set(out, "by_policy", by_policy);
+  json_decref(by_policy);
+
+  double lps = 0;
+  uint64_t found = 0;
+  if (!rc) rc = measure_lookups(&t, &lps, &found);
+  if (rc) {
+    fprintf(stderr, "kvbench core-replay: %s\n", kv_strerror(rc));
+    json_decref(out);
+    kv_trace_free(&t);
+    return 1;
+  }
+  json_object_set_new(out, "index_lookups_per_s", json_real(lps));
+  json_object_set_new(out, "index_lookup_ns", json_real(1e9 / lps));
+  if (!json) fprintf(stderr, "index lookups: %.1f M/s (median of 9 rounds, found %llu)\n", lps / 1e6,
+                     (unsigned long long)found);
+  char *s = json_dumps(out, JSON_INDENT(json ? 0 : 2) | JSON_REAL_PRECISION(6));
+  printf("%s\n", s);
+  free(s);
+  json_decref(out);
+  kv_trace_free(&t);
+  return 0;
+}

@@ -1,0 +1,7 @@
+/* kvbench.h - the subcommands of kvbench, one file each. */
+#ifndef KV_TOOLS_KVBENCH_H
+#define KV_TOOLS_KVBENCH_H
+
+int kvbench_core_replay(int argc, char **argv);
+
+#endif

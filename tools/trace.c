@@ -1,0 +1,105 @@
+/* trace.c - Mooncake trace loader (see trace.h). */
+#include "tools/trace.h"
+
+#include <errno.h>
+#include <jansson.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <xxhash.h>
+
+static int grow(void **p, size_t *cap, size_t need, size_t elem) {
+  if (need <= *cap) return 0;
+  size_t c = *cap ? *cap : 1024;
+  while (c < need) c *= 2;
+  void *n = realloc(*p, c * elem);
+  if (!n) return -ENOMEM;
+  *p = n;
+  *cap = c;
+  return 0;
+}
+
+static size_t count_unique(const uint64_t *ids, size_t n) {
+  size_t cap = 64;
+  while (cap < n * 2) cap <<= 1;
+  uint64_t *set = malloc(cap * sizeof *set);
+  uint8_t *used = calloc(cap, 1);
+  size_t u = 0;
+  if (!set || !used) { free(set); free(used); return 0; }
+  for (size_t i = 0; i < n; i++) {
+    size_t h = XXH3_64bits(&ids[i], 8) & (cap - 1);
+    while (used[h] && set[h] != ids[i]) h = (h + 1) & (cap - 1);
+    if (!used[h]) { used[h] = 1; set[h] = ids[i]; u++; }
+  }
+  free(set);
+  free(used);
+  return u;
+}
+
+int kv_trace_load(kv_trace *t, const char *path, size_t *bad_line) {
+  memset(t, 0, sizeof *t);
+  FILE *f = fopen(path, "r");
+  if (!f) return -errno;
+  size_t capreq = 0, capids = 0, lineno = 0, linecap = 0;
+  char *line = NULL;
+  ssize_t len;
+  int rc = 0;
+  size_t *offs = NULL, capoffs = 0;
+  while ((len = getline(&line, &linecap, f)) >= 0) {
+    lineno++;
+    if (len <= 1) continue;
+    json_error_t je;
+    json_t *o = json_loads(line, 0, &je);
+    json_t *ids = o ? json_object_get(o, "hash_ids") : NULL;
+    json_t *ts = o ? json_object_get(o, "timestamp") : NULL;
+    json_t *in = o ? json_object_get(o, "input_length") : NULL;
+    json_t *out = o ? json_object_get(o, "output_length") : NULL;
+    if (!o || !json_is_array(ids) || !json_is_integer(in)) {
+      json_decref(o);
+      rc = -EINVAL;
+      break;
+    }
+    size_t n = json_array_size(ids);
+    if (grow((void **)&t->req, &capreq, t->nreq + 1, sizeof *t->req) ||
+        grow((void **)&offs, &capoffs, t->nreq + 1, sizeof *offs) ||
+        grow((void **)&t->ids, &capids, t->nids + n, sizeof *t->ids)) {
+      json_decref(o);
+      rc = -ENOMEM;
+      break;
+    }
+    for (size_t i = 0; i < n; i++) {
+      json_t *v = json_array_get(ids, i);
+      if (!json_is_integer(v) || json_integer_value(v) < 0) { rc = -EINVAL; break; }
+      t->ids[t->nids + i] = (uint64_t)json_integer_value(v);
+    }
+    if (rc) { json_decref(o); break; }
+    kv_trace_req *r = &t->req[t->nreq];
+    r->ts_ms = json_is_integer(ts) ? (uint64_t)json_integer_value(ts) : 0;
+    r->input_len = (uint32_t)json_integer_value(in);
+    r->output_len = json_is_integer(out) ? (uint32_t)json_integer_value(out) : 0;
+    r->n = (uint32_t)n;
+    offs[t->nreq] = t->nids;
+    t->nids += n;
+    t->tokens += r->input_len;
+    t->nreq++;
+    json_decref(o);
+  }
+  free(line);
+  fclose(f);
+  if (!rc) {
+    for (size_t i = 0; i < t->nreq; i++) t->req[i].ids = t->ids + offs[i];
+    t->nunique = count_unique(t->ids, t->nids);
+    if (t->nreq == 0) rc = -EINVAL;
+  } else if (bad_line) {
+    *bad_line = lineno;
+  }
+  free(offs);
+  if (rc) kv_trace_free(t);
+  return rc;
+}
+
+void kv_trace_free(kv_trace *t) {
+  free(t->req);
+  free(t->ids);
+  memset(t, 0, sizeof *t);
+}

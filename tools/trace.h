@@ -1,0 +1,37 @@
+/*
+ * trace.h - Mooncake-format request traces (one JSON object per line:
+ * {"timestamp": ms, "input_length": tokens, "output_length": tokens,
+ *  "hash_ids": [block ids of the prompt, in order]}).
+ */
+#ifndef KV_TOOLS_TRACE_H
+#define KV_TOOLS_TRACE_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+typedef struct kv_trace_req {
+  uint64_t ts_ms;
+  uint32_t input_len, output_len;
+  uint32_t n;      /* blocks */
+  uint64_t *ids;   /* points into kv_trace.ids */
+} kv_trace_req;
+
+typedef struct kv_trace {
+  kv_trace_req *req;
+  size_t nreq;
+  uint64_t *ids;
+  size_t nids;      /* block references */
+  size_t nunique;   /* distinct block ids */
+  uint64_t tokens;  /* sum of input lengths */
+} kv_trace;
+
+/* Loads a trace. 0, -errno, or -EINVAL with the line number in *bad_line. */
+int kv_trace_load(kv_trace *t, const char *path, size_t *bad_line);
+void kv_trace_free(kv_trace *t);
+
+/* The block key kvbench uses for a trace id: 8 bytes, little-endian. */
+static inline void kv_trace_key(uint64_t id, uint8_t out[8]) {
+  for (int i = 0; i < 8; i++) out[i] = (uint8_t)(id >> (8 * i));
+}
+
+#endif
