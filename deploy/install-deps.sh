@@ -10,7 +10,7 @@ pkgs=(
   liburing-dev liblmdb-dev lmdb-utils libuv1-dev
   libxxhash-dev libjansson-dev libinih-dev libsodium-dev
   libcriterion-dev
-  fio redis-server redis-tools
+  fio redis-server redis-tools jq
 )
 
 missing=()

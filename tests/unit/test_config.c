@@ -1,0 +1,115 @@
+/* test_config.c - configuration: sizes, files, flags, bad values with a
+ * message that names the line, and the shipped default file. */
+#include <criterion/criterion.h>
+#include <errno.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "daemon/config.h"
+
+Test(config, sizes) {
+  uint64_t v;
+  cr_assert_eq(kv_parse_size("4096", &v), 0); cr_assert_eq(v, 4096);
+  cr_assert_eq(kv_parse_size("64K", &v), 0); cr_assert_eq(v, 65536);
+  cr_assert_eq(kv_parse_size("512m", &v), 0); cr_assert_eq(v, 512ull << 20);
+  cr_assert_eq(kv_parse_size("2GiB", &v), 0); cr_assert_eq(v, 2ull << 30);
+  cr_assert_eq(kv_parse_size("1TB", &v), 0); cr_assert_eq(v, 1ull << 40);
+  const char *bad[] = {"", "G", "-1", "1X", "12 34", "1.5G", "99999999999999999999", "16777216T", NULL};
+  for (int i = 0; bad[i]; i++) cr_assert_eq(kv_parse_size(bad[i], &v), -EINVAL, "'%s'", bad[i]);
+  cr_assert_eq(kv_parse_size(NULL, &v), -EINVAL);
+}
+
+static char *write_tmp(const char *text) {
+  static char path[64];
+  snprintf(path, sizeof path, "/tmp/kvconf-XXXXXX");
+  int fd = mkstemp(path);
+  cr_assert_geq(fd, 0);
+  cr_assert_eq(write(fd, text, strlen(text)), (ssize_t)strlen(text));
+  close(fd);
+  return path;
+}
+
+Test(config, file_overrides_defaults) {
+  kv_config c;
+  char err[256];
+  kv_config_defaults(&c);
+  cr_assert_eq(c.g2_capacity, 1ull << 30);
+  char *p = write_tmp("[g2]\ncapacity = 256M\nlock = no\n[cache]\npolicy = lru2\n");
+  cr_assert_eq(kv_config_load(&c, p, err, sizeof err), 0, "%s", err);
+  unlink(p);
+  cr_assert_eq(c.g2_capacity, 256ull << 20);
+  cr_assert_eq(c.g2_lock, 0);
+  cr_assert_str_eq(c.policy, "lru2");
+  cr_assert_eq(kv_config_validate(&c, err, sizeof err), 0);
+}
+
+Test(config, errors_name_the_file_line_and_option) {
+  kv_config c;
+  char err[256];
+  kv_config_defaults(&c);
+  char *p = write_tmp("[g2]\ncapacity = 1G\npage_size = lots\n");
+  cr_assert_eq(kv_config_load(&c, p, err, sizeof err), -EINVAL);
+  cr_assert(strstr(err, ":3:") && strstr(err, "page_size"), "%s", err);
+  unlink(p);
+  p = write_tmp("[g2]\ncolour = blue\n");
+  cr_assert_eq(kv_config_load(&c, p, err, sizeof err), -EINVAL);
+  cr_assert(strstr(err, ":2:") && strstr(err, "colour"), "%s", err);
+  unlink(p);
+  p = write_tmp("[g2\ncapacity = 1G\n");
+  cr_assert_eq(kv_config_load(&c, p, err, sizeof err), -EINVAL);
+  unlink(p);
+  cr_assert_eq(kv_config_load(&c, "/nonexistent/kv.conf", err, sizeof err), -ENOENT);
+  cr_assert(strstr(err, "/nonexistent/kv.conf"));
+}
+
+Test(config, validation_catches_bad_combinations) {
+  kv_config c;
+  char err[256];
+  kv_config_defaults(&c);
+  cr_assert_eq(kv_config_set(&c, "cache.policy", "fifo-ish", err, sizeof err), 0);
+  cr_assert_eq(kv_config_validate(&c, err, sizeof err), -EINVAL);
+  cr_assert(strstr(err, "lru"), "lists the known policies: %s", err);
+  kv_config_defaults(&c);
+  kv_config_set(&c, "g2.page_size", "5000", err, sizeof err);
+  cr_assert_eq(kv_config_validate(&c, err, sizeof err), -EINVAL);
+  kv_config_defaults(&c);
+  cr_assert_eq(kv_config_set(&c, "log.level", "chatty", err, sizeof err), 0);
+  cr_assert_eq(kv_config_validate(&c, err, sizeof err), -EINVAL);
+  cr_assert_eq(kv_config_set(&c, "nosuch", "1", err, sizeof err), -ENOENT);
+  cr_assert_eq(kv_config_set(&c, "g2.nosuch", "1", err, sizeof err), -ENOENT);
+  char big[64];
+  memset(big, 'x', sizeof big - 1);
+  big[63] = 0;
+  cr_assert_eq(kv_config_set(&c, "cache.policy", big, err, sizeof err), -EINVAL);
+}
+
+/* deploy/kvcached.conf documents every option: it must parse, validate,
+ * and (commented values aside) equal the built-in defaults. */
+Test(config, shipped_default_file_matches_the_defaults) {
+  kv_config def, file;
+  char err[256];
+  kv_config_defaults(&def);
+  kv_config_defaults(&file);
+  cr_assert_eq(kv_config_load(&file, KV_SOURCE_DIR "/deploy/kvcached.conf", err, sizeof err), 0, "%s", err);
+  cr_assert_eq(memcmp(&def, &file, sizeof def), 0);
+  /* Every option the table knows appears in the file. */
+  char *buf = NULL;
+  size_t len = 0;
+  FILE *m = open_memstream(&buf, &len);
+  kv_config_print(&def, m);
+  fclose(m);
+  FILE *f = fopen(KV_SOURCE_DIR "/deploy/kvcached.conf", "r");
+  char text[16384] = {0};
+  fread(text, 1, sizeof text - 1, f);
+  fclose(f);
+  char *save = NULL;
+  for (char *line = strtok_r(buf, "\n", &save); line; line = strtok_r(NULL, "\n", &save)) {
+    if (line[0] == '#' || line[0] == '[') continue;
+    char name[64];
+    sscanf(line, "%63s", name);
+    cr_assert(strstr(text, name), "deploy/kvcached.conf lacks option %s", name);
+  }
+  free(buf);
+}
