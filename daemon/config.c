@@ -33,7 +33,7 @@ static const opt opts[] = {
      "mlock G2 so it is never swapped (needs RLIMIT_MEMLOCK; falls back to "
      "unlocked with a warning)"},
     {"cache", "policy", OPT_STR, O(policy), sizeof(((kv_config *)0)->policy),
-     NULL /* kv_evict_default */, "eviction policy: lru or lru2"},
+     NULL /* kv_evict_default */, "eviction policy: lru, lru2 or lfuda"},
     {"log", "level", OPT_STR, O(log_level), sizeof(((kv_config *)0)->log_level),
      "info", "least severe level logged: debug, info, warn, error"},
 };

@@ -5,10 +5,12 @@
 
 extern const kv_evict_ops kv_evict_lru_ops;
 extern const kv_evict_ops kv_evict_lru2_ops;
+extern const kv_evict_ops kv_evict_lfuda_ops;
 
 const kv_evict_ops *const kv_evict_policies[] = {
     &kv_evict_lru_ops,
     &kv_evict_lru2_ops,
+    &kv_evict_lfuda_ops,
     NULL,
 };
 

@@ -21,22 +21,30 @@ typedef struct heap_ent {
   kv_bid bid;
 } heap_ent;
 
-typedef struct heap {
+typedef struct heap heap;
+struct heap {
   heap_ent *v;
   uint32_t n, cap;
-  uint64_t (*score)(const kv_block *b);
-} heap;
+  uint64_t age; /* lfuda: the score of the last block offered as victim */
+  uint64_t (*score)(const heap *h, const kv_block *b);
+};
 
 #define TIME_MASK ((1ull << 55) - 1)
 
-static uint64_t score_lru(const kv_block *b) {
+static uint64_t score_lru(const heap *h, const kv_block *b) {
   return ((uint64_t)b->prio << 56) | (b->atime & TIME_MASK);
 }
 
-static uint64_t score_lru2(const kv_block *b) {
+static uint64_t score_lru2(const heap *h, const kv_block *b) {
   uint64_t seen_twice = b->hits >= 2;
   uint64_t t = seen_twice ? b->atime2 : b->atime;
   return ((uint64_t)b->prio << 56) | (seen_twice << 55) | (t & TIME_MASK);
+}
+
+/* LFU with dynamic aging (Arlitt et al.): hits plus the age of the cache
+ * when the block was last used, so old popularity fades. */
+static uint64_t score_lfuda(const heap *h, const kv_block *b) {
+  return ((uint64_t)b->prio << 56) | ((h->age + b->hits) & TIME_MASK);
 }
 
 static inline void place(kv_evict *e, heap *h, uint32_t i, heap_ent x) {
@@ -69,7 +77,7 @@ static void sift_down(kv_evict *e, heap *h, uint32_t i) {
   place(e, h, i, x);
 }
 
-static int heap_init(kv_evict *e, uint64_t (*score)(const kv_block *)) {
+static int heap_init(kv_evict *e, uint64_t (*score)(const heap *, const kv_block *)) {
   heap *h = calloc(1, sizeof *h);
   if (!h) return -ENOMEM;
   h->score = score;
@@ -78,6 +86,7 @@ static int heap_init(kv_evict *e, uint64_t (*score)(const kv_block *)) {
 }
 static int init_lru(kv_evict *e) { return heap_init(e, score_lru); }
 static int init_lru2(kv_evict *e) { return heap_init(e, score_lru2); }
+static int init_lfuda(kv_evict *e) { return heap_init(e, score_lfuda); }
 
 static void heap_fini(kv_evict *e) {
   heap *h = e->priv;
@@ -95,7 +104,7 @@ static int heap_add(kv_evict *e, kv_block *b) {
     h->v = v;
     h->cap = cap;
   }
-  h->v[h->n] = (heap_ent){h->score(b), b->id};
+  h->v[h->n] = (heap_ent){h->score(h, b), b->id};
   sift_up(e, h, h->n++);
   e->count++;
   return 0;
@@ -116,7 +125,7 @@ static void heap_remove(kv_evict *e, kv_block *b) {
 static void heap_touch(kv_evict *e, kv_block *b) {
   heap *h = e->priv;
   uint32_t i = b->hpos[e->tier];
-  uint64_t k = h->score(b);
+  uint64_t k = h->score(h, b);
   uint64_t old = h->v[i].key;
   h->v[i].key = k;
   if (k < old) sift_up(e, h, i);
@@ -125,7 +134,9 @@ static void heap_touch(kv_evict *e, kv_block *b) {
 
 static kv_block *heap_peek(kv_evict *e) {
   heap *h = e->priv;
-  return h->n ? kv_index_at(e->ix, h->v[0].bid) : NULL;
+  if (!h->n) return NULL;
+  h->age = h->v[0].key & TIME_MASK;
+  return kv_index_at(e->ix, h->v[0].bid);
 }
 
 const kv_evict_ops kv_evict_lru_ops = {
@@ -136,4 +147,9 @@ const kv_evict_ops kv_evict_lru_ops = {
 const kv_evict_ops kv_evict_lru2_ops = {
     "lru2", "LRU-2: once-used blocks first, then by second-to-last use",
     init_lru2, heap_fini, heap_add, heap_remove, heap_touch, heap_peek,
+};
+
+const kv_evict_ops kv_evict_lfuda_ops = {
+    "lfuda", "LFU with dynamic aging: by use count, old popularity fading",
+    init_lfuda, heap_fini, heap_add, heap_remove, heap_touch, heap_peek,
 };
