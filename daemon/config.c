@@ -12,7 +12,7 @@
 #include "daemon/log.h"
 #include "tiers/evict.h"
 
-typedef enum { OPT_SIZE, OPT_BOOL, OPT_STR } opt_type;
+typedef enum { OPT_SIZE, OPT_BOOL, OPT_STR, OPT_U32 } opt_type;
 
 typedef struct opt {
   const char *section, *name;
@@ -24,6 +24,8 @@ typedef struct opt {
 
 #define O(field) offsetof(kv_config, field)
 static const opt opts[] = {
+    {"daemon", "socket_dir", OPT_STR, O(socket_dir), sizeof(((kv_config *)0)->socket_dir),
+     "/run/kvcached", "directory of the worker socket (kvcached.sock); created 0750 if missing"},
     {"g2", "capacity", OPT_SIZE, O(g2_capacity), 0, "1G",
      "bytes of pinned host memory for the G2 tier (K/M/G/T suffixes)"},
     {"g2", "page_size", OPT_SIZE, O(g2_page_size), 0, "64M",
@@ -32,6 +34,9 @@ static const opt opts[] = {
     {"g2", "lock", OPT_BOOL, O(g2_lock), 0, "yes",
      "mlock G2 so it is never swapped (needs RLIMIT_MEMLOCK; falls back to "
      "unlocked with a warning)"},
+    {"g2", "tenants", OPT_U32, O(g2_tenants), 0, "1",
+     "tenants served at once; each gets its own G2 arena of capacity/tenants, "
+     "so no tenant is handed memory holding another's blocks"},
     {"cache", "policy", OPT_STR, O(policy), sizeof(((kv_config *)0)->policy),
      NULL /* kv_evict_default */, "eviction policy: lru, lru2 or lfuda"},
     {"log", "level", OPT_STR, O(log_level), sizeof(((kv_config *)0)->log_level),
@@ -85,6 +90,12 @@ static int set_opt(kv_config *c, const opt *o, const char *v, char *err, size_t 
     if (parse_bool(v, p) == 0) return 0;
     snprintf(err, errlen, "%s.%s: '%s' is not yes/no", o->section, o->name, v);
     return -EINVAL;
+  case OPT_U32: {
+    uint64_t x;
+    if (kv_parse_size(v, &x) == 0 && x <= UINT32_MAX) { *(uint32_t *)p = (uint32_t)x; return 0; }
+    snprintf(err, errlen, "%s.%s: '%s' is not a count", o->section, o->name, v);
+    return -EINVAL;
+  }
   case OPT_STR:
     if (strlen(v) >= o->len) {
       snprintf(err, errlen, "%s.%s: value longer than %zu bytes", o->section, o->name, o->len - 1);
@@ -176,6 +187,14 @@ int kv_config_validate(const kv_config *c, char *err, size_t errlen) {
     snprintf(err, errlen, "g2.capacity must be at least 4K");
     return -EINVAL;
   }
+  if (c->g2_tenants == 0 || c->g2_capacity / c->g2_tenants < 4096) {
+    snprintf(err, errlen, "g2.tenants must be at least 1, with 4K of g2.capacity each");
+    return -EINVAL;
+  }
+  if (!c->socket_dir[0]) {
+    snprintf(err, errlen, "daemon.socket_dir must not be empty");
+    return -EINVAL;
+  }
   if (c->g2_page_size == 0 || c->g2_page_size % 4096) {
     snprintf(err, errlen, "g2.page_size must be a non-zero multiple of 4K");
     return -EINVAL;
@@ -204,6 +223,7 @@ void kv_config_print(const kv_config *c, FILE *f) {
     switch (o->type) {
     case OPT_SIZE: fprintf(f, "%llu\n", (unsigned long long)*(const uint64_t *)p); break;
     case OPT_BOOL: fprintf(f, "%s\n", *(const int *)p ? "yes" : "no"); break;
+    case OPT_U32: fprintf(f, "%u\n", *(const uint32_t *)p); break;
     case OPT_STR: fprintf(f, "%s\n", (const char *)p); break;
     }
   }

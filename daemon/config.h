@@ -15,9 +15,11 @@
 #include <stdio.h>
 
 typedef struct kv_config {
+  char socket_dir[96];    /* [daemon] socket_dir */
   uint64_t g2_capacity;   /* [g2] capacity */
   uint64_t g2_page_size;  /* [g2] page_size */
   int g2_lock;            /* [g2] lock */
+  uint32_t g2_tenants;    /* [g2] tenants */
   char policy[32];        /* [cache] policy */
   char log_level[16];     /* [log] level */
 } kv_config;
