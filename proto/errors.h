@@ -28,7 +28,8 @@
   X(NOTOWNER,   11, "operation on an allocation this session does not own")   \
   X(NOSESSION,  12, "no HELLO on this connection")                            \
   X(DEGRADED,   13, "tier is degraded and not admitting")                     \
-  X(NOTSHAREABLE,14, "memory cannot be shared with this process")
+  X(NOTSHAREABLE,14, "memory cannot be shared with this process")             \
+  X(BADFD,      15, "missing, unexpected or truncated file descriptor on a frame")
 
 enum {
 #define KV_ERR_ENUM(name, off, msg) KV_E##name = -(KV_ERR_BASE + (off)),

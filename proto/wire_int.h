@@ -1,0 +1,94 @@
+/*
+ * wire_int.h - rules the encoder and the decoder both enforce, so that what
+ * one writes the other accepts and nothing else. Internal to proto/.
+ *
+ * Each predicate returns 1 when the value is allowed. The encoder turns a 0
+ * into -EINVAL (its caller's mistake), the decoder into KV_EBADFRAME.
+ */
+#ifndef KV_PROTO_WIRE_INT_H
+#define KV_PROTO_WIRE_INT_H
+
+#include "proto/wire.h"
+
+/* Wire sizes of the packed reply entries. */
+#define KV_LOAD_ENT_SIZE 17  /* i32 status, u8 tier, u64 offset, u32 length */
+#define KV_ALLOC_ENT_SIZE 12 /* i32 status, u64 offset */
+
+static inline int kv__op_known(uint16_t op) { return op >= KV_OP_HELLO && op < KV_OP_COUNT; }
+
+/* Header rules beyond kv_hdr_parse(): flags, status, id, which frames may
+ * carry an fd. Returns 0, KV_EBADOP (unknown opcode) or 1 (any other). */
+static inline int kv__hdr_rules(uint16_t op, uint16_t flags, int32_t status, uint64_t id) {
+  if (!kv__op_known(op)) return KV_EBADOP;
+  if (flags & ~KV_F_KNOWN) return 1;
+  int reply = (flags & KV_F_REPLY) != 0;
+  if (!reply) {
+    if (op == KV_OP_ERROR || status != 0 || id == 0) return 1;
+  } else if (op == KV_OP_ERROR) {
+    if (status >= 0) return 1;
+  } else if (status != 0 || id == 0) {
+    return 1;
+  }
+  /* Only a HELLO reply carries an fd (the G2 arena), checked against
+   * arena_bytes with the payload. */
+  if ((flags & KV_F_FD) && !(reply && op == KV_OP_HELLO)) return 1;
+  return 0;
+}
+
+/* The tier a LOAD, PREFETCH or ALLOC may target. */
+static inline int kv__target_ok(uint8_t t) { return t == KV_G1 || t == KV_G2; }
+
+/* A tier byte of a LOOKUP reply. */
+static inline int kv__tierbyte_ok(uint8_t t) { return t < KV_NTIERS || t == KV_TIER_NONE; }
+
+/* The per-op use of a batch request's tier, prio and flags fields. */
+static inline int kv__batch_ok(uint16_t op, const kv_batch_req *b) {
+  switch (op) {
+  case KV_OP_LOAD:
+  case KV_OP_PREFETCH:
+    return kv__target_ok(b->tier) && b->prio == 0 && b->flags == 0;
+  case KV_OP_SET_PRIORITY:
+    return b->tier == 0 && b->flags == 0;
+  case KV_OP_DELETE:
+    if (b->tier || b->prio || (b->flags & ~KV_DEL_ALL)) return 0;
+    return !(b->flags & KV_DEL_ALL) || b->keys.n == 0;
+  default:
+    return b->tier == 0 && b->prio == 0 && b->flags == 0;
+  }
+}
+
+static inline int kv__load_ent_ok(const kv_load_ent *e) {
+  if (e->status == 0) return kv__target_ok(e->tier) && e->length > 0;
+  return e->status < 0 && e->tier == KV_TIER_NONE && e->offset == 0 && e->length == 0;
+}
+
+static inline int kv__alloc_ent_ok(const kv_alloc_ent *e) {
+  return e->status == 0 || (e->status < 0 && e->offset == 0);
+}
+
+static inline int kv__is_pow2_or_0(uint32_t v) { return (v & (v - 1)) == 0; }
+
+/* HELLO request fields (lengths and the layout's consistency). */
+static inline int kv__hello_ok(const kv_hello_req *h) {
+  const kv_layout *l = &h->layout;
+  if (h->tenant.len < 1 || h->tenant.len > KV_TENANT_MAX) return 0;
+  if (h->group.len > KV_GROUP_MAX || h->salt.len > KV_SALT_MAX) return 0;
+  if (l->dtype.len < 1 || l->dtype.len > KV_DTYPE_MAX) return 0;
+  if (l->block_bytes == 0 || l->tokens_per_block == 0) return 0;
+  if (l->tp_size == 0 || l->tp_rank >= l->tp_size) return 0;
+  return kv_utf8_ok(h->tenant.p, h->tenant.len) && kv_utf8_ok(h->group.p, h->group.len) &&
+         kv_utf8_ok(l->dtype.p, l->dtype.len);
+}
+
+/* HELLO reply fields except the tier-info list; fd: KV_F_FD is set. */
+static inline int kv__hello_rep_ok(const kv_hello_rep *r, int fd) {
+  if ((r->arena_bytes > 0) != (fd != 0)) return 0;
+  if (!kv__is_pow2_or_0(r->slot_align)) return 0;
+  return r->ntierinfo <= KV_TIERINFO_MAX;
+}
+
+static inline int kv__tierinfo_ok(const kv_tierinfo *t) {
+  return t->tier < KV_NTIERS && t->len <= KV_TIERINFO_BYTES_MAX;
+}
+
+#endif
