@@ -1,0 +1,198 @@
+/*
+ * crc32c.c - CRC-32C, hardware (SSE4.2) and table paths (see crc32c.h).
+ *
+ * The hardware path follows the well-known three-stream scheme: the buffer
+ * is cut into three runs of LONG (then SHORT) bytes whose CRCs are computed
+ * in parallel, then merged by "shifting" a CRC over a run of zeros with a
+ * precomputed GF(2) operator, applied bytewise through four 256-entry
+ * tables. The operators are built once, on first use.
+ */
+#include "tiers/crc32c.h"
+
+#include <pthread.h>
+#include <string.h>
+
+#if defined(__x86_64__)
+#include <nmmintrin.h>
+#define KV_CRC_X86 1
+#else
+#define KV_CRC_X86 0
+#endif
+
+#define POLY 0x82F63B78u
+
+/* ---- portable: slicing-by-8 ---------------------------------------------- */
+static uint32_t sw_tab[8][256];
+static pthread_once_t sw_once = PTHREAD_ONCE_INIT;
+
+static void sw_init(void) {
+  for (uint32_t n = 0; n < 256; n++) {
+    uint32_t c = n;
+    for (int k = 0; k < 8; k++) c = c & 1 ? (c >> 1) ^ POLY : c >> 1;
+    sw_tab[0][n] = c;
+  }
+  for (uint32_t n = 0; n < 256; n++) {
+    uint32_t c = sw_tab[0][n];
+    for (int k = 1; k < 8; k++) {
+      c = sw_tab[0][c & 0xff] ^ (c >> 8);
+      sw_tab[k][n] = c;
+    }
+  }
+}
+
+static inline uint64_t load64(const unsigned char *p) {
+  uint64_t v;
+  memcpy(&v, p, sizeof v); /* little-endian host assumed (x86-64, arm64) */
+  return v;
+}
+
+uint32_t kv_crc32c_sw(uint32_t crc, const void *buf, size_t len) {
+  pthread_once(&sw_once, sw_init);
+  const unsigned char *p = buf;
+  uint64_t c = crc ^ 0xffffffffu;
+  while (len && ((uintptr_t)p & 7)) {
+    c = sw_tab[0][(c ^ *p++) & 0xff] ^ (c >> 8);
+    len--;
+  }
+  while (len >= 8) {
+    c ^= load64(p);
+    c = sw_tab[7][c & 0xff] ^ sw_tab[6][(c >> 8) & 0xff] ^ sw_tab[5][(c >> 16) & 0xff] ^
+        sw_tab[4][(c >> 24) & 0xff] ^ sw_tab[3][(c >> 32) & 0xff] ^
+        sw_tab[2][(c >> 40) & 0xff] ^ sw_tab[1][(c >> 48) & 0xff] ^ sw_tab[0][c >> 56];
+    p += 8;
+    len -= 8;
+  }
+  while (len--) c = sw_tab[0][(c ^ *p++) & 0xff] ^ (c >> 8);
+  return (uint32_t)c ^ 0xffffffffu;
+}
+
+#if KV_CRC_X86
+/* ---- hardware: three interleaved crc32q streams --------------------------- */
+#define LONG 8192
+#define SHORT 256
+
+static uint32_t shift_long[4][256], shift_short[4][256];
+static pthread_once_t hw_once = PTHREAD_ONCE_INIT;
+
+static uint32_t gf2_times(const uint32_t *mat, uint32_t vec) {
+  uint32_t sum = 0;
+  while (vec) {
+    if (vec & 1) sum ^= *mat;
+    vec >>= 1;
+    mat++;
+  }
+  return sum;
+}
+
+static void gf2_square(uint32_t *sq, const uint32_t *mat) {
+  for (int n = 0; n < 32; n++) sq[n] = gf2_times(mat, mat[n]);
+}
+
+/* The operator that appends `len` zero bytes to a CRC (len a power of two). */
+static void zeros_op(uint32_t *even, size_t len) {
+  uint32_t odd[32];
+  odd[0] = POLY; /* one zero bit */
+  uint32_t row = 1;
+  for (int n = 1; n < 32; n++) {
+    odd[n] = row;
+    row <<= 1;
+  }
+  gf2_square(even, odd); /* two zero bits */
+  gf2_square(odd, even); /* four zero bits */
+  do {                   /* first pass: one zero byte in even */
+    gf2_square(even, odd);
+    len >>= 1;
+    if (len == 0) return;
+    gf2_square(odd, even);
+    len >>= 1;
+  } while (len);
+  memcpy(even, odd, sizeof odd);
+}
+
+static void zeros_tables(uint32_t t[4][256], size_t len) {
+  uint32_t op[32];
+  zeros_op(op, len);
+  for (uint32_t n = 0; n < 256; n++) {
+    t[0][n] = gf2_times(op, n);
+    t[1][n] = gf2_times(op, n << 8);
+    t[2][n] = gf2_times(op, n << 16);
+    t[3][n] = gf2_times(op, n << 24);
+  }
+}
+
+static void hw_init(void) {
+  zeros_tables(shift_long, LONG);
+  zeros_tables(shift_short, SHORT);
+}
+
+static inline uint32_t shift(const uint32_t t[4][256], uint32_t crc) {
+  return t[0][crc & 0xff] ^ t[1][(crc >> 8) & 0xff] ^ t[2][(crc >> 16) & 0xff] ^ t[3][crc >> 24];
+}
+
+__attribute__((target("sse4.2"))) uint32_t kv_crc32c_hw(uint32_t crc, const void *buf,
+                                                         size_t len) {
+  pthread_once(&hw_once, hw_init);
+  const unsigned char *p = buf;
+  uint64_t c0 = crc ^ 0xffffffffu, c1, c2;
+  while (len && ((uintptr_t)p & 7)) {
+    c0 = _mm_crc32_u8((uint32_t)c0, *p++);
+    len--;
+  }
+  while (len >= 3 * LONG) {
+    c1 = c2 = 0;
+    const unsigned char *end = p + LONG;
+    do {
+      c0 = _mm_crc32_u64(c0, load64(p));
+      c1 = _mm_crc32_u64(c1, load64(p + LONG));
+      c2 = _mm_crc32_u64(c2, load64(p + 2 * LONG));
+      p += 8;
+    } while (p < end);
+    c0 = shift(shift_long, (uint32_t)c0) ^ c1;
+    c0 = shift(shift_long, (uint32_t)c0) ^ c2;
+    p += 2 * LONG;
+    len -= 3 * LONG;
+  }
+  while (len >= 3 * SHORT) {
+    c1 = c2 = 0;
+    const unsigned char *end = p + SHORT;
+    do {
+      c0 = _mm_crc32_u64(c0, load64(p));
+      c1 = _mm_crc32_u64(c1, load64(p + SHORT));
+      c2 = _mm_crc32_u64(c2, load64(p + 2 * SHORT));
+      p += 8;
+    } while (p < end);
+    c0 = shift(shift_short, (uint32_t)c0) ^ c1;
+    c0 = shift(shift_short, (uint32_t)c0) ^ c2;
+    p += 2 * SHORT;
+    len -= 3 * SHORT;
+  }
+  while (len >= 8) {
+    c0 = _mm_crc32_u64(c0, load64(p));
+    p += 8;
+    len -= 8;
+  }
+  while (len--) c0 = _mm_crc32_u8((uint32_t)c0, *p++);
+  return (uint32_t)c0 ^ 0xffffffffu;
+}
+
+static int hw_ok = -1;
+
+int kv_crc32c_hw_available(void) {
+  int v = __atomic_load_n(&hw_ok, __ATOMIC_RELAXED);
+  if (v < 0) {
+    __builtin_cpu_init();
+    v = __builtin_cpu_supports("sse4.2") ? 1 : 0;
+    __atomic_store_n(&hw_ok, v, __ATOMIC_RELAXED);
+  }
+  return v;
+}
+#else
+uint32_t kv_crc32c_hw(uint32_t crc, const void *buf, size_t len) {
+  return kv_crc32c_sw(crc, buf, len);
+}
+int kv_crc32c_hw_available(void) { return 0; }
+#endif
+
+uint32_t kv_crc32c(uint32_t crc, const void *buf, size_t len) {
+  return kv_crc32c_hw_available() ? kv_crc32c_hw(crc, buf, len) : kv_crc32c_sw(crc, buf, len);
+}

@@ -1,0 +1,146 @@
+/* g3_format.c - G3 superblock and record header encoding (see g3_format.h). */
+#include "tiers/g3_format.h"
+
+#include <errno.h>
+#include <string.h>
+
+#include "proto/errors.h"
+#include "tiers/crc32c.h"
+
+const uint8_t g3_sb_magic[8] = {'K', 'V', 'G', '3', 'S', 'U', 'P', 'R'};
+
+static void put16(uint8_t *p, uint16_t v) {
+  p[0] = (uint8_t)v;
+  p[1] = (uint8_t)(v >> 8);
+}
+static void put32(uint8_t *p, uint32_t v) {
+  for (int i = 0; i < 4; i++) p[i] = (uint8_t)(v >> (8 * i));
+}
+static void put64(uint8_t *p, uint64_t v) {
+  for (int i = 0; i < 8; i++) p[i] = (uint8_t)(v >> (8 * i));
+}
+static uint16_t get16(const uint8_t *p) { return (uint16_t)(p[0] | p[1] << 8); }
+static uint32_t get32(const uint8_t *p) {
+  uint32_t v = 0;
+  for (int i = 3; i >= 0; i--) v = v << 8 | p[i];
+  return v;
+}
+static uint64_t get64(const uint8_t *p) {
+  uint64_t v = 0;
+  for (int i = 7; i >= 0; i--) v = v << 8 | p[i];
+  return v;
+}
+
+static uint64_t align_up(uint64_t v, uint64_t a) { return (v + a - 1) / a * a; }
+
+int g3_layout(uint64_t capacity, uint32_t slot_bytes, g3_sb *sb) {
+  if (slot_bytes == 0 || slot_bytes % G3_SECTOR) return -EINVAL;
+  memset(sb, 0, sizeof *sb);
+  sb->slot_bytes = slot_bytes;
+  sb->hdr_off = G3_SECTOR;
+  uint64_t per = (uint64_t)slot_bytes + G3_SECTOR;
+  uint64_t fixed = G3_SECTOR + G3_DATA_ALIGN;
+  uint64_t n = capacity > fixed ? (capacity - fixed) / per : 0;
+  if (n > UINT32_MAX / 2) n = UINT32_MAX / 2;
+  /* The estimate may leave room for a few more once the data area's start
+   * is rounded; it never overshoots, so only grow. */
+  for (;;) {
+    uint64_t m = n + 1;
+    uint64_t d = align_up(sb->hdr_off + m * G3_SECTOR, G3_DATA_ALIGN);
+    if (d + m * slot_bytes > capacity || m > UINT32_MAX / 2) break;
+    n = m;
+  }
+  if (n == 0) return -ENOSPC;
+  sb->nslots = (uint32_t)n;
+  sb->data_off = align_up(sb->hdr_off + n * G3_SECTOR, G3_DATA_ALIGN);
+  sb->file_bytes = sb->data_off + n * slot_bytes;
+  return 0;
+}
+
+/* Superblock:
+ *   0 magic[8] | 8 u16 version | 10 u16 length | 12 u32 file | 16 u32 nfiles
+ *  20 u32 slot_bytes | 24 u32 nslots | 28 u32 flags (0) | 32 u64 hdr_off
+ *  40 u64 data_off | 48 u64 file_bytes | 56 store_id[16] | 72 u64 created
+ *  80 reserved (0) | 124 u32 CRC32C of bytes 0..123 */
+void g3_sb_encode(const g3_sb *sb, uint8_t *out) {
+  memset(out, 0, G3_SB_LEN);
+  memcpy(out, g3_sb_magic, 8);
+  put16(out + 8, G3_VERSION);
+  put16(out + 10, G3_SB_LEN);
+  put32(out + 12, sb->file);
+  put32(out + 16, sb->nfiles);
+  put32(out + 20, sb->slot_bytes);
+  put32(out + 24, sb->nslots);
+  put64(out + 32, sb->hdr_off);
+  put64(out + 40, sb->data_off);
+  put64(out + 48, sb->file_bytes);
+  memcpy(out + 56, sb->store_id, G3_STORE_ID_LEN);
+  put64(out + 72, sb->created);
+  put32(out + 124, kv_crc32c(0, out, 124));
+}
+
+int g3_sb_decode(g3_sb *sb, const uint8_t *in) {
+  if (memcmp(in, g3_sb_magic, 8) || get16(in + 8) != G3_VERSION || get16(in + 10) != G3_SB_LEN ||
+      get32(in + 124) != kv_crc32c(0, in, 124))
+    return KV_ECORRUPT;
+  memset(sb, 0, sizeof *sb);
+  sb->file = get32(in + 12);
+  sb->nfiles = get32(in + 16);
+  sb->slot_bytes = get32(in + 20);
+  sb->nslots = get32(in + 24);
+  sb->hdr_off = get64(in + 32);
+  sb->data_off = get64(in + 40);
+  sb->file_bytes = get64(in + 48);
+  memcpy(sb->store_id, in + 56, G3_STORE_ID_LEN);
+  sb->created = get64(in + 72);
+  /* Geometry must be what g3_layout would produce for some capacity. */
+  if (sb->slot_bytes == 0 || sb->slot_bytes % G3_SECTOR || sb->nslots == 0 ||
+      sb->hdr_off != G3_SECTOR || sb->data_off % G3_DATA_ALIGN ||
+      sb->data_off < sb->hdr_off + (uint64_t)sb->nslots * G3_SECTOR ||
+      sb->file_bytes != sb->data_off + (uint64_t)sb->nslots * sb->slot_bytes)
+    return KV_ECORRUPT;
+  return 0;
+}
+
+/* Record header:
+ *   0 u32 magic "KVG3" | 4 u16 version | 6 u16 length (128) | 8 store_id[16]
+ *  24 u64 seq | 32 u32 payload length | 36 u32 payload CRC32C | 40 u32 slot
+ *  44 u16 file | 46 u8 key length | 47 u8 flags (0) | 48 ns[32] | 80 key[32]
+ * 112 reserved (0) | 124 u32 CRC32C of bytes 0..123 */
+void g3_rec_encode(const g3_rec *r, uint8_t *out) {
+  memset(out, 0, G3_REC_LEN);
+  put32(out, G3_REC_MAGIC);
+  put16(out + 4, G3_VERSION);
+  put16(out + 6, G3_REC_LEN);
+  memcpy(out + 8, r->store_id, G3_STORE_ID_LEN);
+  put64(out + 24, r->seq);
+  put32(out + 32, r->len);
+  put32(out + 36, r->crc);
+  put32(out + 40, r->slot);
+  put16(out + 44, r->file);
+  out[46] = r->keylen;
+  memcpy(out + 48, r->ns, 32);
+  memcpy(out + 80, r->key, r->keylen <= 32 ? r->keylen : 32);
+  put32(out + 124, kv_crc32c(0, out, 124));
+}
+
+int g3_rec_decode(g3_rec *r, const uint8_t *in) {
+  uint8_t any = 0;
+  for (unsigned i = 0; i < G3_REC_LEN; i++) any |= in[i];
+  if (!any) return -ENOENT;
+  if (get32(in) != G3_REC_MAGIC || get16(in + 4) != G3_VERSION || get16(in + 6) != G3_REC_LEN ||
+      get32(in + 124) != kv_crc32c(0, in, 124))
+    return KV_ECORRUPT;
+  memset(r, 0, sizeof *r);
+  memcpy(r->store_id, in + 8, G3_STORE_ID_LEN);
+  r->seq = get64(in + 24);
+  r->len = get32(in + 32);
+  r->crc = get32(in + 36);
+  r->slot = get32(in + 40);
+  r->file = get16(in + 44);
+  r->keylen = in[46];
+  if (r->keylen == 0 || r->keylen > 32 || r->len == 0) return KV_ECORRUPT;
+  memcpy(r->ns, in + 48, 32);
+  memcpy(r->key, in + 80, r->keylen);
+  return 0;
+}

@@ -1,0 +1,72 @@
+/*
+ * g3_format.h - the G3 on-disk format: file layout, superblock and record
+ * header, encoded and checked. Pure functions, no I/O (see G3.md for the
+ * byte layout; this file and G3.md must agree).
+ *
+ * A store file:
+ *   [0, 4096)                  superblock
+ *   [hdr_off, +nslots*4096)    record header table, one 4 KiB sector a slot
+ *   [data_off, +nslots*slot)   payloads, slot i at data_off + i*slot_bytes
+ * Every multi-byte field is little-endian. A header sector holds one
+ * G3_REC_LEN-byte record and zeros, so writing it never touches a neighbour.
+ */
+#ifndef KV_TIERS_G3_FORMAT_H
+#define KV_TIERS_G3_FORMAT_H
+
+#include <stdint.h>
+
+#define G3_VERSION 1
+#define G3_SECTOR 4096u          /* superblock and header sector size */
+#define G3_SB_LEN 128u           /* meaningful bytes of the superblock */
+#define G3_REC_LEN 128u          /* meaningful bytes of a record header */
+#define G3_DATA_ALIGN (1u << 20) /* the data area starts on a 1 MiB boundary */
+#define G3_STORE_ID_LEN 16
+#define G3_REC_MAGIC 0x3347564Bu /* "KVG3" as little-endian bytes */
+extern const uint8_t g3_sb_magic[8]; /* "KVG3SUPR" */
+
+typedef struct g3_sb {
+  uint32_t file;       /* index of this file in the store */
+  uint32_t nfiles;     /* files when the store was made */
+  uint32_t slot_bytes; /* payload bytes per slot, multiple of G3_SECTOR */
+  uint32_t nslots;
+  uint64_t hdr_off, data_off, file_bytes;
+  uint8_t store_id[G3_STORE_ID_LEN];
+  uint64_t created;    /* unix seconds */
+} g3_sb;
+
+typedef struct g3_rec {
+  uint8_t store_id[G3_STORE_ID_LEN];
+  uint64_t seq;
+  uint32_t len;        /* payload bytes */
+  uint32_t crc;        /* CRC32C of the payload */
+  uint32_t slot;       /* slot within its file */
+  uint16_t file;
+  uint8_t keylen;
+  uint8_t ns[32];
+  uint8_t key[32];
+} g3_rec;
+
+/* Lays out a file of at most `capacity` bytes with slots of `slot_bytes`
+ * (a multiple of G3_SECTOR): fills nslots, hdr_off, data_off, file_bytes.
+ * -ENOSPC if not even one slot fits, -EINVAL for a bad slot size. */
+int g3_layout(uint64_t capacity, uint32_t slot_bytes, g3_sb *sb);
+
+/* Encodes into out[0..G3_SB_LEN), checksum included. */
+void g3_sb_encode(const g3_sb *sb, uint8_t *out);
+/* 0, or KV_ECORRUPT (bad magic, version, checksum or geometry). */
+int g3_sb_decode(g3_sb *sb, const uint8_t *in);
+
+/* Encodes into out[0..G3_REC_LEN), header checksum included. */
+void g3_rec_encode(const g3_rec *r, uint8_t *out);
+/* 0; -ENOENT if the sector was never written (all zero); KV_ECORRUPT for a
+ * bad magic, version, key length or header checksum. */
+int g3_rec_decode(g3_rec *r, const uint8_t *in);
+
+static inline uint64_t g3_hdr_pos(const g3_sb *sb, uint32_t slot) {
+  return sb->hdr_off + (uint64_t)slot * G3_SECTOR;
+}
+static inline uint64_t g3_data_pos(const g3_sb *sb, uint32_t slot) {
+  return sb->data_off + (uint64_t)slot * sb->slot_bytes;
+}
+
+#endif
