@@ -193,6 +193,7 @@ int kv_g3_write(kv_g3 *g, uint32_t slot, const kv_g3_key *k, uint64_t seq, const
   g3_rec_encode(&r, op->hdr);
   g->sstate[slot] = G3S_WRITING;
   g->inflight++;
+  atomic_fetch_add(&g->wr_engine, 1);
   g->eng->submit(g, op);
   return 0;
 }
@@ -258,10 +259,8 @@ void g3_io_finished(kv_g3 *g, g3_op *op) {
     op->res = verify_read(g, op);
   } else {
     op->res = op->io_err ? op->io_err : op->io_short ? -EIO : 0;
-    if (op->res == 0) {
-      g3_commit_push(g, op);
-      return;
-    }
+    g3_write_finished(g, op);
+    return;
   }
   g3_done_push(g, op);
 }
@@ -495,6 +494,27 @@ void kv_g3_close(kv_g3 *g) {
   destroy(g);
 }
 
+/* Takes the file's exclusive lock, waiting up to wait_ms for it. The lock
+ * also outlives a killed process until the kernel has finished its
+ * io_uring requests on the file, so once we hold it no write of a previous
+ * owner can land under us. */
+static int lock_file(g3_file *f, int wait_ms) {
+  int waited = 0, limit = wait_ms == 0 ? 5000 : wait_ms < 0 ? 0 : wait_ms;
+  while (flock(f->fd, LOCK_EX | LOCK_NB) < 0) {
+    if (errno == EINTR) continue;
+    if (errno != EWOULDBLOCK) return -errno;
+    if (waited >= limit) {
+      kv_warn(G3_SUB, "%s: in use by another store (waited %d ms)", f->path, waited);
+      return -EBUSY;
+    }
+    struct timespec ts = {0, 10 * 1000000L};
+    nanosleep(&ts, NULL);
+    waited += 10;
+  }
+  if (waited) kv_info(G3_SUB, "%s: lock obtained after %d ms", f->path, waited);
+  return 0;
+}
+
 /* Opens every file, keeps those that belong to the store, (re)formats the
  * rest. Sets store_id, slot_bytes, nslots and each file's base. */
 static int open_files(kv_g3 *g, const kv_g3_opts *o) {
@@ -511,11 +531,7 @@ static int open_files(kv_g3 *g, const kv_g3_opts *o) {
       kv_warn(G3_SUB, "cannot open the store file in %s: %s", o->dirs[i].path, strerror(-rc));
       return rc;
     }
-    if (flock(f->fd, LOCK_EX | LOCK_NB) < 0) {
-      rc = errno == EWOULDBLOCK ? -EBUSY : -errno;
-      kv_warn(G3_SUB, "%s: %s", f->path, rc == -EBUSY ? "in use by another store" : strerror(-rc));
-      return rc;
-    }
+    if ((rc = lock_file(f, o->lock_wait_ms))) return rc;
     g->direct &= f->direct;
     sbrc[i] = o->reformat ? -ENOENT : g3_file_read_sb(f);
     if (sbrc[i] != 0 && sbrc[i] != -ENOENT && sbrc[i] != KV_ECORRUPT) return sbrc[i];
@@ -736,7 +752,12 @@ int kv_g3_open(kv_g3 **out, const kv_g3_opts *o, kv_g3_open_info *info) {
   g->qd = o->queue_depth ? o->queue_depth : 32;
   g->efd = -1;
   pthread_mutex_init(&g->cmu, NULL);
-  pthread_cond_init(&g->ccv, NULL);
+  pthread_condattr_t ca; /* the commit window is timed on the monotonic clock */
+  pthread_condattr_init(&ca);
+  pthread_condattr_setclock(&ca, CLOCK_MONOTONIC);
+  pthread_cond_init(&g->ccv, &ca);
+  pthread_condattr_destroy(&ca);
+  g->window_us = o->commit_window_us == 0 ? 10000 : o->commit_window_us;
   pthread_mutex_init(&g->dmu, NULL);
   g->efd = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
   if (g->efd < 0) { rc = -errno; goto err; }

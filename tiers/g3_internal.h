@@ -157,6 +157,8 @@ struct kv_g3 {
   g3_queue cq;
   int cstop;
   atomic_uint_fast64_t a_txns, a_syncs, a_puts, a_dels;
+  atomic_uint wr_engine;   /* writes submitted and not yet finished by the engine */
+  int window_us;           /* group commit window */
 
   /* completions */
   pthread_mutex_t dmu;
@@ -181,6 +183,9 @@ static inline int g3_fault_io(kv_g3 *g, const g3_op *op, int is_header, uint64_t
 int g3_pipe_start(kv_g3 *g);
 void g3_pipe_stop(kv_g3 *g);
 void g3_commit_push(kv_g3 *g, g3_op *op); /* any thread */
+/* Engine thread: a write's transfers are over (op->res set): to the
+ * committer if they succeeded, else straight to the done list. */
+void g3_write_finished(kv_g3 *g, g3_op *op);
 void g3_done_push(kv_g3 *g, g3_op *op);   /* any thread */
 g3_op *g3_done_take(kv_g3 *g);           /* caller: the whole list, FIFO */
 

@@ -44,6 +44,7 @@ typedef struct uring_eng {
   int fixed_hdr;      /* header sectors registered as buffer 0 */
   uint8_t *abase;     /* registered arena prefix: buffers 1.. */
   uint64_t alen;
+  g3_queue fin;       /* transfers done, not yet verified / handed on */
   kv_g3 *g;
 } uring_eng;
 
@@ -73,11 +74,13 @@ static void arm_kick(uring_eng *u) {
 
 static void sub_result(uring_eng *u, g3_op *op, int sub, int res);
 
+/* Both transfers are over: the op leaves the device queue at once (its
+ * verification runs after the next ops are submitted, see ring_main). */
 static void finish(uring_eng *u, g3_op *op) {
   if (op->kind == G3_OP_READ) memcpy(op->hdr, u->hbufs + (size_t)op->ebuf * G3_SECTOR, G3_REC_LEN);
   u->hfree[u->nhfree++] = op->ebuf;
   u->inflight--;
-  g3_io_finished(u->g, op);
+  g3_q_push(&u->fin, op);
 }
 
 /* Issues (the rest of) one transfer: sub 0 header, sub 1 payload. */
@@ -143,23 +146,26 @@ static void start_op(uring_eng *u, g3_op *op) {
   }
 }
 
+/* Moves queued ops to the device while fewer than qd are in flight.
+ * Returns 1 if the engine is stopping and has nothing left. */
+static int take_ops(uring_eng *u) {
+  g3_queue take = {0};
+  pthread_mutex_lock(&u->mu);
+  while (u->q.head && u->inflight + take.n < u->g->qd) g3_q_push(&take, g3_q_pop(&u->q));
+  int done = u->stop && !u->q.head && u->inflight == 0 && take.n == 0 && !u->fin.head;
+  pthread_mutex_unlock(&u->mu);
+  for (g3_op *op; (op = g3_q_pop(&take));) start_op(u, op);
+  return done;
+}
+
 static void *ring_main(void *arg) {
   uring_eng *u = arg;
-  kv_g3 *g = u->g;
   arm_kick(u);
   for (;;) {
-    g3_queue take = {0};
-    pthread_mutex_lock(&u->mu);
-    while (u->q.head && u->inflight + take.n < g->qd) g3_q_push(&take, g3_q_pop(&u->q));
-    int done = u->stop && !u->q.head && u->inflight == 0 && take.n == 0;
-    pthread_mutex_unlock(&u->mu);
-    if (done) break;
-    for (g3_op *op; (op = g3_q_pop(&take));) start_op(u, op);
-
-    int rc = io_uring_submit_and_wait(&u->ring, 1);
-    if (rc < 0 && rc != -EINTR && rc != -EAGAIN && rc != -EBUSY && rc != -ETIME) {
+    if (take_ops(u)) break;
+    int rc = io_uring_submit_and_wait(&u->ring, u->fin.head ? 0 : 1);
+    if (rc < 0 && rc != -EINTR && rc != -EAGAIN && rc != -EBUSY && rc != -ETIME)
       kv_error(G3_SUB, "io_uring_submit_and_wait: %s", strerror(-rc));
-    }
     struct io_uring_cqe *cqe;
     unsigned head, seen = 0;
     io_uring_for_each_cqe(&u->ring, head, cqe) {
@@ -173,6 +179,12 @@ static void *ring_main(void *arg) {
       sub_result(u, op, (int)(ud & 1), cqe->res);
     }
     io_uring_cq_advance(&u->ring, seen);
+    if (!u->fin.head) continue;
+    /* Refill the device queue first, so verifying what finished (a CRC
+     * over the payload) overlaps the next transfers. */
+    take_ops(u);
+    io_uring_submit(&u->ring);
+    for (g3_op *op; (op = g3_q_pop(&u->fin));) g3_io_finished(u->g, op);
   }
   return NULL;
 }

@@ -13,6 +13,7 @@ static const struct {
   int (*fn)(int, char **);
 } cmds[] = {
     {"core-replay", "replay a Mooncake trace through the cache core (no daemon)", kvbench_core_replay},
+    {"g3", "G3 SSD tier write/read throughput; `g3 rebuild` rebuilds its index", kvbench_g3},
 };
 
 static void usage(FILE *f) {

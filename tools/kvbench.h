@@ -3,5 +3,6 @@
 #define KV_TOOLS_KVBENCH_H
 
 int kvbench_core_replay(int argc, char **argv);
+int kvbench_g3(int argc, char **argv);
 
 #endif

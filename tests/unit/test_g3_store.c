@@ -398,8 +398,10 @@ Test(g3_store, exclusive_open) {
   store_t s;
   s_init(&s, 4096, 4u << 20, KV_G3_BACKEND_THREADS, 2u << 20);
   kv_g3_dir d = {s.dir, 2u << 20};
-  kv_g3_opts o = {.dirs = &d, .ndirs = 1, .backend = KV_G3_BACKEND_THREADS};
+  kv_g3_opts o = {.dirs = &d, .ndirs = 1, .backend = KV_G3_BACKEND_THREADS, .lock_wait_ms = -1};
   kv_g3 *g2;
+  cr_assert_eq(kv_g3_open(&g2, &o, NULL), -EBUSY);
+  o.lock_wait_ms = 50;
   cr_assert_eq(kv_g3_open(&g2, &o, NULL), -EBUSY);
   s_fini(&s);
 }

@@ -1,0 +1,82 @@
+#!/usr/bin/env bash
+# g3_vs_fio.sh - the G3 store against fio on the same disk: for each block
+# size and queue depth, fio (io_uring, O_DIRECT, a fresh file, sequential
+# write then read) and `kvbench g3` (a fresh store of the same size, write
+# then verified read), side by side, best of REPS runs each, with the ratio
+# ours/fio. The G3 target is >= 0.9.
+#
+# usage: tools/bench/g3_vs_fio.sh [-d DIR] [-m SIZE_MIB] [-r REPS]
+#            [-b "256K 1M 4M"] [-q "1 8 32"] [-s batch|dsync|none] [-k KVBENCH]
+#   DIR      a directory on the disk to measure (default: a new one in /tmp;
+#            it must not be a tmpfs)
+#   SIZE_MIB bytes moved per run, MiB (default 1024)
+#   REPS     runs per cell; the best is shown (default 2)
+#   KVBENCH  the kvbench binary (default: build-g3/bin/kvbench, build/bin/kvbench)
+# Needs fio. Default runtime: about two to four minutes.
+set -euo pipefail
+
+here=$(cd "$(dirname "$0")/../.." && pwd)
+dir="" size_mib=1024 reps=2 sizes="256K 1M 4M" depths="1 8 32" sync=batch kvbench=""
+while getopts "d:m:r:b:q:s:k:h" o; do
+  case $o in
+    d) dir=$OPTARG ;; m) size_mib=$OPTARG ;; r) reps=$OPTARG ;; b) sizes=$OPTARG ;;
+    q) depths=$OPTARG ;; s) sync=$OPTARG ;; k) kvbench=$OPTARG ;;
+    h) sed -n '2,16p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
+    *) exit 2 ;;
+  esac
+done
+if [ -z "$kvbench" ]; then
+  for c in "$here/build-g3/bin/kvbench" "$here/build/bin/kvbench"; do
+    if [ -x "$c" ]; then kvbench=$c; break; fi
+  done
+fi
+[ -x "${kvbench:-}" ] || { echo "g3_vs_fio: no kvbench binary (build first, or -k PATH)" >&2; exit 2; }
+command -v fio >/dev/null || { echo "g3_vs_fio: fio not found (deploy/install-deps.sh)" >&2; exit 2; }
+made=0
+if [ -z "$dir" ]; then dir=$(mktemp -d /tmp/g3-vs-fio.XXXXXX); made=1; fi
+cleanup() { rm -f "$dir/fio.dat"; if [ $made = 1 ]; then rm -rf "$dir"; fi; }
+trap cleanup EXIT
+
+bytes_of() { # 256K -> 262144
+  local v=${1%[KkMmGg]} u=${1: -1}
+  case $u in K|k) echo $((v << 10)) ;; M|m) echo $((v << 20)) ;; G|g) echo $((v << 30)) ;; *) echo "$1" ;; esac
+}
+# GB/s (1e9 bytes/s) of one fio run: $1 = write|read, $2 = bs, $3 = depth
+fio_gbps() {
+  local out
+  out=$(fio --name=g3cmp --filename="$dir/fio.dat" --size=$((size_mib))M --bs="$2" \
+        --iodepth="$3" --ioengine=io_uring --direct=1 --rw="$1" --output-format=terse \
+        --terse-version=3 2>/dev/null)
+  # terse v3: field 6/9 read KiB and ms, field 47/50 write KiB and ms
+  echo "$out" | awk -F';' -v rw="$1" '{ kb = rw == "read" ? $6 : $47; ms = rw == "read" ? $9 : $50;
+    if (ms > 0) printf "%.3f", kb * 1024 / (ms / 1000) / 1e9; else print "0" }'
+}
+json_field() { sed -n "s/.*\"$1\":\([0-9.eE+-]*\).*/\1/p"; }
+max() { awk -v a="$1" -v b="$2" 'BEGIN { print (a + 0 > b + 0) ? a : b }'; }
+ratio() { awk -v a="$1" -v b="$2" 'BEGIN { if (b > 0) printf "%.2f", a / b; else print "-" }'; }
+
+echo "disk: $(df -h "$dir" | awk 'NR==2 {print $1 " (" $2 ")"}'), dir $dir, ${size_mib} MiB per run, best of $reps, kvbench sync=$sync"
+printf "%-6s %4s | %9s %9s %6s | %9s %9s %6s\n" bs qd "fio_w" "g3_w" "w" "fio_r" "g3_r" "r"
+printf "%-6s %4s | %9s %9s %6s | %9s %9s %6s\n" "" "" "GB/s" "GB/s" "ratio" "GB/s" "GB/s" "ratio"
+worst=99
+for bs in $sizes; do
+  b=$(bytes_of "$bs")
+  count=$(( (size_mib << 20) / b ))
+  for qd in $depths; do
+    fw=0 fr=0 gw=0 gr=0
+    for _ in $(seq "$reps"); do
+      rm -f "$dir/fio.dat"
+      fw=$(max "$fw" "$(fio_gbps write "$bs" "$qd")")
+      fr=$(max "$fr" "$(fio_gbps read "$bs" "$qd")")
+      rm -f "$dir/fio.dat"
+      j=$("$kvbench" g3 --dir "$dir" --block-bytes "$b" --qd "$qd" --count "$count" \
+            --sync "$sync" --json 2>/dev/null)
+      gw=$(max "$gw" "$(echo "$j" | json_field write_gbps)")
+      gr=$(max "$gr" "$(echo "$j" | json_field read_gbps)")
+    done
+    rw=$(ratio "$gw" "$fw") rr=$(ratio "$gr" "$fr")
+    printf "%-6s %4s | %9.3f %9.3f %6s | %9.3f %9.3f %6s\n" "$bs" "$qd" "$fw" "$gw" "$rw" "$fr" "$gr" "$rr"
+    worst=$(awk -v w="$worst" -v a="$rw" -v b="$rr" 'BEGIN { m = w; if (a + 0 < m) m = a; if (b + 0 < m) m = b; print m }')
+  done
+done
+echo "lowest ratio: $worst (target >= 0.9)"
