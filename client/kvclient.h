@@ -1,8 +1,36 @@
 /*
  * kvclient.h - libkvclient, the library inference workers link to use
- * kvcached. This is its one public header; it compiles on its own.
+ * kvcached. This is its one public header; it compiles on its own (C99 or
+ * C++), and the library's ABI is C.
  *
- * Thread-safety: every function here is safe to call from any thread.
+ * A handle (kvc) is one connection and one session: HELLO is said at
+ * kvc_open() with the worker's tenant and KV layout, and the daemon's G2
+ * arena for that tenant is mapped into this process. Block bytes never go
+ * through the socket: kvc_load() and kvc_alloc() return pointers into that
+ * mapping, where the worker reads and writes blocks directly.
+ *
+ * Ownership: pins (from kvc_load) and allocations (from kvc_alloc) belong
+ * to the handle's connection. kvc_close() - or the process dying - releases
+ * them all at once in the daemon. Pointers returned for a block stay valid
+ * while the block is pinned (load) or allocated (alloc) and the handle is
+ * open; reading a block after kvc_release() reads whatever the slot holds
+ * next.
+ *
+ * Thread-safety: a handle is used by one thread at a time (no internal
+ * lock); use one handle per thread, or serialise. Different handles are
+ * independent. kvc_chain_hash(), kvc_strerror() and kvc_version() are safe
+ * from any thread.
+ *
+ * Two ways to call: blocking calls (kvc_lookup, ...) wait for their reply,
+ * with the handle's timeout; the non-blocking form submits requests
+ * (kvc_submit_*) and collects their completions (kvc_poll), driven by the
+ * caller's own loop through kvc_fd(). Both may be mixed on one handle: a
+ * blocking call keeps the completions of earlier submissions for kvc_poll.
+ *
+ * Errors: every function returns 0 (or a count) on success and a negative
+ * number on failure: -errno, or a kvcached error code (kvc_strerror() names
+ * both; proto/PROTOCOL.md lists them). Per-block results carry the same
+ * codes: a block is a hit only when its status is 0.
  */
 #ifndef KVCLIENT_H
 #define KVCLIENT_H
@@ -15,6 +43,148 @@ extern "C" {
 #endif
 
 #define KVC_DIGEST_BYTES 32
+#define KVC_KEY_MAX 32
+#define KVC_BATCH_MAX 4096
+
+/* Tiers, as the daemon reports them. */
+#define KVC_G1 0
+#define KVC_G2 1
+#define KVC_G3 2
+#define KVC_TIER_NONE 0xff
+
+/* A block key: an opaque digest of 1..32 bytes. All keys of one call must
+ * have the same length. */
+typedef struct kvc_key {
+  uint8_t len;
+  uint8_t b[KVC_KEY_MAX];
+} kvc_key;
+
+typedef struct kvc_layout {
+  uint32_t block_bytes;      /* bytes per block, > 0 */
+  uint32_t tokens_per_block; /* > 0 */
+  uint32_t layers, kv_heads, head_dim;
+  uint16_t tp_rank, tp_size; /* tp_rank < tp_size; tp_size 1 if no TP */
+  const char *dtype;         /* "bf16", "fp8", ... (1..16 bytes) */
+} kvc_layout;
+
+typedef struct kvc_opts {
+  const char *socket_path;   /* NULL: $KVCACHED_SOCKET, else /run/kvcached/kvcached.sock */
+  const char *tenant;        /* 1..64 bytes */
+  const char *group;         /* TP group name, NULL for none */
+  const void *salt;          /* 0..64 bytes namespace salt, may be NULL */
+  size_t salt_len;
+  kvc_layout layout;
+  int timeout_ms;            /* for blocking calls; 0: 10000, -1: none */
+} kvc_opts;
+
+typedef struct kvc kvc;
+
+/* Connects, says HELLO and maps the G2 arena. 0 with *out set, or an
+ * error (-ENOENT / -ECONNREFUSED: no daemon; -EUSERS: no arena left for a
+ * new tenant; -EINVAL: bad options; ...). */
+int kvc_open(const kvc_opts *o, kvc **out);
+/* Closes the connection (the daemon releases every pin and allocation of
+ * it) and unmaps the arena. NULL is allowed. */
+void kvc_close(kvc *c);
+
+/* What HELLO answered. */
+uint64_t kvc_session_id(const kvc *c);
+uint32_t kvc_slot_bytes(const kvc *c);
+
+/* One block's result from load or alloc. */
+typedef struct kvc_block {
+  int32_t status; /* 0: usable; else why not (KV_ENOTFOUND: absent, ...) */
+  uint8_t tier;   /* where ptr points (KVC_G2), KVC_TIER_NONE on error */
+  void *ptr;      /* the block's bytes in this process, NULL on error */
+  uint32_t length;
+} kvc_block;
+
+/* Longest resident prefix of keys[0..n): returns its length (>= 0) or an
+ * error; tiers (may be NULL) gets each key's tier or KVC_TIER_NONE. For a
+ * TP group the length is one every rank has. */
+int kvc_lookup(kvc *c, const kvc_key *keys, uint32_t n, uint8_t *tiers);
+
+/* Pins each block in `tier` (KVC_G2) and fills out[i]. Returns how many
+ * blocks are usable (status 0), or an error for the whole request. Pinned
+ * blocks must be released with kvc_release(). */
+int kvc_load(kvc *c, uint8_t tier, const kvc_key *keys, uint32_t n, kvc_block *out);
+/* Drops this handle's pins. status (may be NULL) gets each key's result.
+ * Returns how many were released, or an error. */
+int kvc_release(kvc *c, const kvc_key *keys, uint32_t n, int32_t *status);
+
+/* Reserves a slot per key (parents may be NULL, or parents[i].len 0 for
+ * none); out[i].ptr is where the worker writes the block's bytes. The
+ * block is invisible until kvc_commit(). Returns how many slots were
+ * reserved, or an error. KV_EEXISTS for a key that exists already. */
+int kvc_alloc(kvc *c, uint8_t tier, uint8_t prio, const kvc_key *keys,
+              const kvc_key *parents, uint32_t n, kvc_block *out);
+/* Makes written blocks visible (the daemon checksums them) / drops them.
+ * Returns how many succeeded, or an error; status may be NULL. */
+int kvc_commit(kvc *c, const kvc_key *keys, uint32_t n, int32_t *status);
+int kvc_abort(kvc *c, const kvc_key *keys, uint32_t n, int32_t *status);
+
+/* A hint to bring blocks up to `tier`. Returns how many were queued. */
+int kvc_prefetch(kvc *c, uint8_t tier, const kvc_key *keys, uint32_t n);
+/* Deletes blocks (n == 0 and keys NULL: every block of the namespace).
+ * Returns how many were deleted, or an error. */
+int kvc_delete(kvc *c, const kvc_key *keys, uint32_t n);
+/* Sets blocks' priority (0..255, lower evicted first). */
+int kvc_set_priority(kvc *c, uint8_t prio, const kvc_key *keys, uint32_t n, int32_t *status);
+
+/* The slow inline path (tools, tests): the bytes travel in the frame.
+ * len must be the namespace's block_bytes. get copies at most cap bytes
+ * into buf and returns the block's length. */
+int kvc_put(kvc *c, const kvc_key *key, const kvc_key *parent, uint8_t prio,
+            const void *data, uint32_t len);
+int kvc_get(kvc *c, const kvc_key *key, void *buf, uint32_t cap);
+
+/* The daemon's status as JSON text; the caller frees *json with free(). */
+int kvc_status(kvc *c, char **json);
+
+/* --- non-blocking form ------------------------------------------------------ */
+
+/* The socket, for poll/epoll/a libuv uv_poll: readable means kvc_poll()
+ * has something to do. */
+int kvc_fd(const kvc *c);
+
+/* A finished request. For lookups, `result` is the hit length; for loads
+ * and allocs the count of usable blocks; per-key results went into the
+ * arrays given at submission. */
+typedef struct kvc_completion {
+  uint64_t id;      /* what kvc_submit_* returned */
+  int op;           /* KVC_OP_LOOKUP, ... */
+  int result;       /* as the blocking call would return */
+  void *user;       /* the submission's user pointer */
+} kvc_completion;
+
+#define KVC_OP_LOOKUP 2
+#define KVC_OP_LOAD 3
+#define KVC_OP_RELEASE 4
+#define KVC_OP_ALLOC 5
+#define KVC_OP_COMMIT 6
+
+/* Submit without waiting; the arrays (keys are copied; tiers/out/status
+ * are filled later) must stay valid until the completion is returned.
+ * Return the request id (> 0) or an error. The request may block for at
+ * most the handle's timeout when the socket's send buffer is full. */
+int64_t kvc_submit_lookup(kvc *c, const kvc_key *keys, uint32_t n, uint8_t *tiers, void *user);
+int64_t kvc_submit_load(kvc *c, uint8_t tier, const kvc_key *keys, uint32_t n, kvc_block *out,
+                        void *user);
+int64_t kvc_submit_release(kvc *c, const kvc_key *keys, uint32_t n, int32_t *status, void *user);
+int64_t kvc_submit_alloc(kvc *c, uint8_t tier, uint8_t prio, const kvc_key *keys,
+                         const kvc_key *parents, uint32_t n, kvc_block *out, void *user);
+int64_t kvc_submit_commit(kvc *c, const kvc_key *keys, uint32_t n, int32_t *status, void *user);
+
+/* Reads what has arrived without blocking and returns up to max finished
+ * requests (0 if none yet), or an error (the connection is then dead). */
+int kvc_poll(kvc *c, kvc_completion *out, int max);
+/* Requests submitted and not yet returned by kvc_poll(). */
+int kvc_pending(const kvc *c);
+
+/* --- helpers ---------------------------------------------------------------- */
+
+/* Message for any error this library returns; never NULL. */
+const char *kvc_strerror(int err);
 
 /* The library's version, "MAJOR.MINOR.PATCH". */
 const char *kvc_version(void);
@@ -29,11 +199,11 @@ const char *kvc_version(void);
  * `parent` is the previous block's digest, or NULL for the first block of a
  * sequence (hashed as 32 zero bytes). `salt` (may be NULL/0) keys the hash,
  * so two deployments or tenants with different salts never share a digest;
- * a salt longer than 64 bytes is first hashed down. `extra` (may be NULL/0)
- * carries whatever else decides the KV (LoRA id, multimodal input hashes).
- * A cryptographic hash: a collision would serve one user's KV to another.
- * Writes KVC_DIGEST_BYTES to out. Returns 0, or -EINVAL for a NULL out or
- * a NULL tokens with ntokens > 0.
+ * a salt shorter than 16 or longer than 64 bytes is first hashed to 32.
+ * `extra` (may be NULL/0) carries whatever else decides the KV (LoRA id,
+ * multimodal input hashes). A cryptographic hash: a collision would serve
+ * one user's KV to another. Writes KVC_DIGEST_BYTES to out. Returns 0, or
+ * -EINVAL for a NULL out or a NULL tokens with ntokens > 0.
  */
 int kvc_chain_hash(uint8_t out[KVC_DIGEST_BYTES],
                    const uint8_t parent[KVC_DIGEST_BYTES],

@@ -18,16 +18,15 @@
 
 #include "cuda/gpu.h"
 #include "daemon/config.h"
+#include "daemon/kvd.h"
 #include "daemon/log.h"
+#include "daemon/server.h"
 #include "proto/errors.h"
-#include "tiers/arena.h"
-#include "tiers/core.h"
 
 typedef struct daemon_state {
-  kv_config cfg;
+  kvd d;
   const char *config_path;
-  kv_arena g2;
-  kv_core core;
+  kvd_server srv;
   uv_loop_t loop;
   uv_signal_t sigterm, sigint, sighup;
 } daemon_state;
@@ -36,6 +35,7 @@ static void usage(FILE *f) {
   fprintf(f,
           "usage: kvcached [options]\n"
           "  -c, --config FILE       read options from FILE (INI; see deploy/kvcached.conf)\n"
+          "      --socket-dir DIR    directory of the worker socket\n"
           "      --g2-capacity SIZE  bytes of G2 host memory (K/M/G suffixes)\n"
           "      --policy NAME       eviction policy\n"
           "      --log-level LEVEL   debug, info, warn or error\n"
@@ -67,17 +67,18 @@ static void on_hup(uv_signal_t *h, int signum) {
     return;
   }
   kv_log_threshold = kv_log_parse_level(fresh.log_level);
-  memcpy(d->cfg.log_level, fresh.log_level, sizeof fresh.log_level);
-  if (fresh.g2_capacity != d->cfg.g2_capacity || strcmp(fresh.policy, d->cfg.policy))
+  memcpy(d->d.cfg.log_level, fresh.log_level, sizeof fresh.log_level);
+  if (fresh.g2_capacity != d->d.cfg.g2_capacity || strcmp(fresh.policy, d->d.cfg.policy))
     kv_warn("daemon", "SIGHUP: g2.capacity and cache.policy change only on restart");
   kv_info("daemon", "SIGHUP: configuration re-read (log.level=%s)", fresh.log_level);
 }
 
 static int parse_args(daemon_state *d, int argc, char **argv) {
-  enum { OPT_G2CAP = 256, OPT_POLICY, OPT_LOGLEVEL, OPT_PRINT, OPT_FG };
+  enum { OPT_G2CAP = 256, OPT_POLICY, OPT_LOGLEVEL, OPT_PRINT, OPT_FG, OPT_SOCKDIR };
   static const struct option lo[] = {
       {"config", required_argument, 0, 'c'},
       {"g2-capacity", required_argument, 0, OPT_G2CAP},
+      {"socket-dir", required_argument, 0, OPT_SOCKDIR},
       {"policy", required_argument, 0, OPT_POLICY},
       {"log-level", required_argument, 0, OPT_LOGLEVEL},
       {"set", required_argument, 0, 'o'},
@@ -88,7 +89,7 @@ static int parse_args(daemon_state *d, int argc, char **argv) {
       {0, 0, 0, 0}};
   char err[256];
   int print = 0;
-  kv_config_defaults(&d->cfg);
+  kv_config_defaults(&d->d.cfg);
 
   /* First pass: the configuration file, so that flags override it. */
   for (int i = 1; i < argc; i++) {
@@ -97,7 +98,7 @@ static int parse_args(daemon_state *d, int argc, char **argv) {
     else if (!strncmp(argv[i], "--config=", 9))
       d->config_path = argv[i] + 9;
   }
-  if (d->config_path && kv_config_load(&d->cfg, d->config_path, err, sizeof err)) {
+  if (d->config_path && kv_config_load(&d->d.cfg, d->config_path, err, sizeof err)) {
     fprintf(stderr, "kvcached: %s\n", err);
     return 1;
   }
@@ -107,14 +108,15 @@ static int parse_args(daemon_state *d, int argc, char **argv) {
     int rc = 0;
     switch (ch) {
     case 'c': break;
-    case OPT_G2CAP: rc = kv_config_set(&d->cfg, "g2.capacity", optarg, err, sizeof err); break;
-    case OPT_POLICY: rc = kv_config_set(&d->cfg, "cache.policy", optarg, err, sizeof err); break;
-    case OPT_LOGLEVEL: rc = kv_config_set(&d->cfg, "log.level", optarg, err, sizeof err); break;
+    case OPT_G2CAP: rc = kv_config_set(&d->d.cfg, "g2.capacity", optarg, err, sizeof err); break;
+    case OPT_SOCKDIR: rc = kv_config_set(&d->d.cfg, "daemon.socket_dir", optarg, err, sizeof err); break;
+    case OPT_POLICY: rc = kv_config_set(&d->d.cfg, "cache.policy", optarg, err, sizeof err); break;
+    case OPT_LOGLEVEL: rc = kv_config_set(&d->d.cfg, "log.level", optarg, err, sizeof err); break;
     case 'o': {
       char *eq = strchr(optarg, '=');
       if (!eq) { snprintf(err, sizeof err, "--set wants SECTION.NAME=VALUE"); rc = -EINVAL; break; }
       *eq = 0;
-      rc = kv_config_set(&d->cfg, optarg, eq + 1, err, sizeof err);
+      rc = kv_config_set(&d->d.cfg, optarg, eq + 1, err, sizeof err);
       break;
     }
     case OPT_PRINT: print = 1; break;
@@ -130,69 +132,65 @@ static int parse_args(daemon_state *d, int argc, char **argv) {
     usage(stderr);
     return 2;
   }
-  if (kv_config_validate(&d->cfg, err, sizeof err)) {
+  if (kv_config_validate(&d->d.cfg, err, sizeof err)) {
     fprintf(stderr, "kvcached: %s\n", err);
     return 2;
   }
   if (print) {
-    kv_config_print(&d->cfg, stdout);
+    kv_config_print(&d->d.cfg, stdout);
     exit(0);
   }
   return 0;
 }
 
 int main(int argc, char **argv) {
-  static daemon_state d;
-  int rc = parse_args(&d, argc, argv);
+  static daemon_state st;
+  int rc = parse_args(&st, argc, argv);
   if (rc) return rc;
-  kv_log_threshold = kv_log_parse_level(d.cfg.log_level);
+  kv_log_threshold = kv_log_parse_level(st.d.cfg.log_level);
   kv_info("daemon", "kvcached %s starting (pid %d)", KV_VERSION, (int)getpid());
 
   kv_gpu_info gpu;
   kv_gpu_probe(&gpu);
   if (gpu.ndev > 0)
-    kv_info("g1", "%d CUDA device(s) found", gpu.ndev);
+    kv_info("g1", "%d CUDA device(s) found; G1 pools arrive in a later release", gpu.ndev);
   else
     kv_info("g1", "G1 disabled: %s", gpu.reason);
 
-  kv_arena_opts ao = {.capacity = d.cfg.g2_capacity,
-                      .page_bytes = d.cfg.g2_page_size,
-                      .no_lock = !d.cfg.g2_lock};
-  rc = kv_arena_init(&d.g2, &ao);
-  if (rc) {
-    kv_error("g2", "cannot create the G2 arena of %llu bytes: %s",
-             (unsigned long long)d.cfg.g2_capacity, kv_strerror(rc));
+  if (kvd_init(&st.d)) return 1;
+  uv_loop_init(&st.loop);
+  if (kvd_server_start(&st.srv, &st.d, &st.loop)) {
+    kvd_fini(&st.d);
+    uv_loop_close(&st.loop);
     return 1;
   }
-  kv_core_opts co = {.policy = d.cfg.policy};
-  rc = kv_core_init(&d.core, &co);
-  if (rc) {
-    kv_error("core", "cannot start the cache core: %s", kv_strerror(rc));
-    kv_arena_fini(&d.g2);
-    return 1;
+  uv_signal_init(&st.loop, &st.sigterm);
+  uv_signal_init(&st.loop, &st.sigint);
+  uv_signal_init(&st.loop, &st.sighup);
+  st.sighup.data = &st;
+  uv_signal_start(&st.sigterm, on_stop, SIGTERM);
+  uv_signal_start(&st.sigint, on_stop, SIGINT);
+  uv_signal_start(&st.sighup, on_hup, SIGHUP);
+
+  uint64_t locked = 0, cap = 0;
+  for (uint32_t i = 0; i < st.d.reg.ntenants; i++) {
+    cap += st.d.reg.tenants[i].arena.capacity;
+    locked += st.d.reg.tenants[i].arena.locked;
   }
+  kv_info("daemon", "ready: socket %s, G2 %llu bytes for %u tenant(s) (%s), policy %s",
+          st.srv.lst.path, (unsigned long long)cap, st.d.reg.ntenants,
+          locked == st.d.reg.ntenants ? "locked" : "not locked", st.d.core.policy->name);
+  uv_run(&st.loop, UV_RUN_DEFAULT);
 
-  uv_loop_init(&d.loop);
-  uv_signal_init(&d.loop, &d.sigterm);
-  uv_signal_init(&d.loop, &d.sigint);
-  uv_signal_init(&d.loop, &d.sighup);
-  d.sighup.data = &d;
-  uv_signal_start(&d.sigterm, on_stop, SIGTERM);
-  uv_signal_start(&d.sigint, on_stop, SIGINT);
-  uv_signal_start(&d.sighup, on_hup, SIGHUP);
-
-  kv_info("daemon", "ready: G2 %zu bytes in %u pages of %zu (%s), policy %s",
-          d.g2.capacity, d.g2.npages, d.g2.page_bytes,
-          d.g2.locked ? "locked" : "not locked", d.core.policy->name);
-  uv_run(&d.loop, UV_RUN_DEFAULT);
-
-  uv_close((uv_handle_t *)&d.sigterm, NULL);
-  uv_close((uv_handle_t *)&d.sigint, NULL);
-  uv_close((uv_handle_t *)&d.sighup, NULL);
-  uv_run(&d.loop, UV_RUN_DEFAULT);
-  uv_loop_close(&d.loop);
-  kv_core_fini(&d.core);
-  kv_arena_fini(&d.g2);
+  /* Stop accepting, send what is owed, release every session. */
+  kvd_server_stop_listening(&st.srv);
+  kvd_server_close_all(&st.srv, 1000);
+  uv_close((uv_handle_t *)&st.sigterm, NULL);
+  uv_close((uv_handle_t *)&st.sigint, NULL);
+  uv_close((uv_handle_t *)&st.sighup, NULL);
+  uv_run(&st.loop, UV_RUN_DEFAULT);
+  uv_loop_close(&st.loop);
+  kvd_fini(&st.d);
   kv_info("daemon", "stopped cleanly");
   return 0;
 }

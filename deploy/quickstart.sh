@@ -10,12 +10,13 @@ bash deploy/install-deps.sh
 cmake -S . -B build -DCMAKE_BUILD_TYPE=RelWithDebInfo
 cmake --build build -j"$(nproc)"
 
-log=$(mktemp /tmp/kvcached-quickstart.XXXXXX)
+run=$(mktemp -d /tmp/kvcached-quickstart.XXXXXX)
+log=$run/log
 echo
-echo "== starting kvcached with deploy/kvcached.conf"
-./build/bin/kvcached --config deploy/kvcached.conf 2>"$log" &
+echo "== starting kvcached with deploy/kvcached.conf (socket in $run)"
+./build/bin/kvcached --config deploy/kvcached.conf --socket-dir "$run" 2>"$log" &
 pid=$!
-trap 'kill -9 $pid 2>/dev/null || true; rm -f "$log"' EXIT
+trap 'kill -9 $pid 2>/dev/null || true; rm -rf "$run"' EXIT
 for _ in $(seq 100); do grep -q "ready:" "$log" && break; sleep 0.1; done
 cat "$log"
 grep -q "ready:" "$log" || { echo "kvcached did not become ready" >&2; exit 1; }

@@ -1,0 +1,531 @@
+/*
+ * client.c - libkvclient's connection, requests and replies (kvclient.h).
+ *
+ * Every request, blocking or not, goes the same way: encode, send, record
+ * a pending entry under its request id. Replies may come in any order;
+ * each is matched to its pending entry by id, its per-key results written
+ * where the caller asked, and the entry finished. A blocking call reads
+ * and dispatches replies until its own is finished; finished non-blocking
+ * requests wait in a list for kvc_poll().
+ */
+#include <errno.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <unistd.h>
+
+#include "client/kvclient.h"
+#include "ipc/reader.h"
+#include "ipc/sock.h"
+#include "proto/wire.h"
+
+typedef struct pending {
+  uint64_t id;
+  int op;
+  int sync;
+  void *user;
+  uint32_t n;
+  uint8_t *tiers;
+  kvc_block *blocks;
+  int32_t *status;
+  void *buf;      /* GET */
+  uint32_t cap;
+  char **json;    /* STATUS */
+} pending;
+
+struct kvc {
+  int fd;
+  kv_reader rd;
+  kv_buf wbuf;
+  uint8_t *arena;
+  size_t arena_bytes;
+  uint32_t slot_bytes, block_bytes;
+  uint64_t session;
+  uint64_t next_id;
+  int timeout_ms;
+  pending *pend;
+  uint32_t npend, cappend;
+  kvc_completion *done;
+  uint32_t ndone, capdone;
+  uint64_t sync_id;   /* the blocking call's request, when finished */
+  int sync_result;
+  int sync_done;
+  int dead;           /* sticky connection error */
+};
+
+const char *kvc_strerror(int err) { return kv_strerror(err); }
+uint64_t kvc_session_id(const kvc *c) { return c->session; }
+uint32_t kvc_slot_bytes(const kvc *c) { return c->slot_bytes; }
+int kvc_fd(const kvc *c) { return c->fd; }
+int kvc_pending(const kvc *c) { return (int)(c->npend + c->ndone); }
+
+/* --- sending ----------------------------------------------------------------- */
+
+static int send_msg(kvc *c, kv_msg *m) {
+  if (c->dead) return c->dead;
+  kv_buf_reset(&c->wbuf);
+  kv_bytes tail;
+  int rc = kv_msg_encode_head(&c->wbuf, m, &tail);
+  if (rc) return rc;
+  struct iovec iov[2] = {{c->wbuf.p, c->wbuf.len}, {(void *)tail.p, tail.len}};
+  rc = kv_sock_send_frame(c->fd, iov, tail.len ? 2 : 1, -1, c->timeout_ms);
+  if (rc) c->dead = rc == -ETIMEDOUT ? -EPIPE : rc; /* a partial frame breaks the stream */
+  return rc;
+}
+
+static int keyvec(kv_keyvec *v, const kvc_key *keys, uint32_t n) {
+  if (n > KVC_BATCH_MAX) return -E2BIG;
+  if (n == 0) { memset(v, 0, sizeof *v); return 0; }
+  /* kvc_key and kv_key have one layout: a length byte and 32 key bytes. */
+  return kv_keyvec_from_keys(v, (const kv_key *)keys, n);
+}
+
+static pending *add_pending(kvc *c, int op, uint32_t n, void *user) {
+  if (c->npend == c->cappend) {
+    uint32_t cap = c->cappend ? c->cappend * 2 : 16;
+    pending *p = realloc(c->pend, cap * sizeof *p);
+    if (!p) return NULL;
+    c->pend = p;
+    c->cappend = cap;
+  }
+  pending *p = &c->pend[c->npend++];
+  memset(p, 0, sizeof *p);
+  p->id = c->next_id++;
+  p->op = op;
+  p->n = n;
+  p->user = user;
+  return p;
+}
+
+/* Encodes and sends m for pending p (the last added); on failure p is
+ * withdrawn. Returns p's id or the error. */
+static int64_t submit(kvc *c, kv_msg *m, pending *p) {
+  m->id = p->id;
+  int rc = send_msg(c, m);
+  if (rc) {
+    c->npend--;
+    return rc;
+  }
+  return (int64_t)p->id;
+}
+
+/* --- receiving ------------------------------------------------------------- */
+
+static int count_ok_status(const kv_statvec *s, int32_t *out, uint32_t n) {
+  int ok = 0;
+  for (uint32_t i = 0; i < s->n && i < n; i++) {
+    int32_t v = kv_statvec_get(s, i);
+    if (out) out[i] = v;
+    ok += v == 0;
+  }
+  return ok;
+}
+
+/* Writes the reply's results where p asked; returns the call's result. */
+static int apply_reply(kvc *c, pending *p, const kv_msg *m) {
+  if (m->op == KV_OP_ERROR) return m->status < 0 ? m->status : KV_EBADFRAME;
+  if (m->op != p->op) return KV_EBADFRAME;
+  switch (m->op) {
+  case KV_OP_LOOKUP:
+    if (m->lookup_rep.n != p->n || m->lookup_rep.hit_len > p->n) return KV_EBADFRAME;
+    if (p->tiers) memcpy(p->tiers, m->lookup_rep.tiers, p->n);
+    return (int)m->lookup_rep.hit_len;
+  case KV_OP_LOAD: {
+    if (m->load_rep.n != p->n) return KV_EBADFRAME;
+    int ok = 0;
+    for (uint32_t i = 0; i < p->n; i++) {
+      kv_load_ent e;
+      kv_loadvec_get(&m->load_rep, i, &e);
+      kvc_block *b = &p->blocks[i];
+      memset(b, 0, sizeof *b);
+      b->tier = KVC_TIER_NONE;
+      b->status = e.status;
+      if (e.status == 0) {
+        if (e.tier != KV_G2 || e.offset > c->arena_bytes || e.length > c->arena_bytes - e.offset) {
+          b->status = KV_EBADFRAME; /* never hand out a pointer outside the mapping */
+          continue;
+        }
+        b->tier = e.tier;
+        b->ptr = c->arena + e.offset;
+        b->length = e.length;
+        ok++;
+      }
+    }
+    return ok;
+  }
+  case KV_OP_ALLOC: {
+    if (m->alloc_rep.n != p->n) return KV_EBADFRAME;
+    int ok = 0;
+    for (uint32_t i = 0; i < p->n; i++) {
+      kv_alloc_ent e;
+      kv_allocvec_get(&m->alloc_rep, i, &e);
+      kvc_block *b = &p->blocks[i];
+      memset(b, 0, sizeof *b);
+      b->tier = KVC_TIER_NONE;
+      b->status = e.status;
+      if (e.status == 0) {
+        if (e.offset > c->arena_bytes || c->block_bytes > c->arena_bytes - e.offset) {
+          b->status = KV_EBADFRAME;
+          continue;
+        }
+        b->tier = KVC_G2;
+        b->ptr = c->arena + e.offset;
+        b->length = c->block_bytes;
+        ok++;
+      }
+    }
+    return ok;
+  }
+  case KV_OP_RELEASE: case KV_OP_COMMIT: case KV_OP_ABORT: case KV_OP_SET_PRIORITY:
+    if (m->statuses.n != p->n) return KV_EBADFRAME;
+    return count_ok_status(&m->statuses, p->status, p->n);
+  case KV_OP_PREFETCH:
+    return (int)m->prefetch_queued;
+  case KV_OP_DELETE:
+    return (int)m->delete_rep.deleted;
+  case KV_OP_PUT:
+    return 0;
+  case KV_OP_GET: {
+    uint32_t n = m->get_rep.data.len < p->cap ? m->get_rep.data.len : p->cap;
+    if (p->buf && n) memcpy(p->buf, m->get_rep.data.p, n);
+    return (int)m->get_rep.data.len;
+  }
+  case KV_OP_STATUS: {
+    char *s = malloc(m->status_text.len + 1);
+    if (!s) return -ENOMEM;
+    memcpy(s, m->status_text.p, m->status_text.len);
+    s[m->status_text.len] = 0;
+    *p->json = s;
+    return 0;
+  }
+  default:
+    return KV_EBADFRAME;
+  }
+}
+
+static int push_done(kvc *c, const pending *p, int result) {
+  if (c->ndone == c->capdone) {
+    uint32_t cap = c->capdone ? c->capdone * 2 : 16;
+    kvc_completion *d = realloc(c->done, cap * sizeof *d);
+    if (!d) return -ENOMEM;
+    c->done = d;
+    c->capdone = cap;
+  }
+  c->done[c->ndone++] = (kvc_completion){p->id, p->op, result, p->user};
+  return 0;
+}
+
+static int dispatch(kvc *c, const kv_frame *f) {
+  if (f->fd >= 0) close(f->fd); /* only HELLO's reply carries one */
+  kv_msg m;
+  int rc = kv_msg_decode(f->p, f->len, &m);
+  if (rc && rc != KV_EBADOP) return rc;
+  if (!(m.flags & KV_F_REPLY)) return KV_EBADFRAME;
+  for (uint32_t i = 0; i < c->npend; i++) {
+    pending *p = &c->pend[i];
+    if (p->id != m.id) continue;
+    int result = rc ? rc : apply_reply(c, p, &m);
+    if (p->sync) {
+      c->sync_id = p->id;
+      c->sync_result = result;
+      c->sync_done = 1;
+    } else if ((rc = push_done(c, p, result))) {
+      return rc;
+    }
+    c->pend[i] = c->pend[--c->npend];
+    return 0;
+  }
+  if (m.id == 0 && m.op == KV_OP_ERROR) return m.status < 0 ? m.status : KV_EBADFRAME;
+  return 0; /* a reply to nothing we wait for: ignore it */
+}
+
+/* Reads and dispatches until the request `id` is finished. */
+static int wait_for(kvc *c, uint64_t id) {
+  c->sync_done = 0;
+  for (uint32_t i = 0; i < c->npend; i++)
+    if (c->pend[i].id == id) c->pend[i].sync = 1;
+  while (!(c->sync_done && c->sync_id == id)) {
+    kv_frame f;
+    int r = kv_reader_recv(&c->rd, c->fd, &f, c->timeout_ms);
+    if (r == 0) r = -ECONNRESET;
+    if (r < 0) {
+      c->dead = r;
+      return r;
+    }
+    r = dispatch(c, &f);
+    if (r < 0) {
+      c->dead = r;
+      return r;
+    }
+  }
+  return c->sync_result;
+}
+
+int kvc_poll(kvc *c, kvc_completion *out, int max) {
+  if (c->dead) return c->dead;
+  for (;;) {
+    kv_frame f;
+    int r;
+    while ((r = kv_reader_next(&c->rd, &f)) == 1)
+      if ((r = dispatch(c, &f)) < 0) return c->dead = r;
+    if (r < 0) return c->dead = r;
+    ssize_t n = kv_reader_fill(&c->rd, c->fd, 1);
+    if (n == -EAGAIN) break;
+    if (n == 0) return c->dead = -ECONNRESET;
+    if (n < 0) return c->dead = (int)n;
+  }
+  int k = 0;
+  while (k < max && (uint32_t)k < c->ndone) {
+    out[k] = c->done[k];
+    k++;
+  }
+  memmove(c->done, c->done + k, (c->ndone - (uint32_t)k) * sizeof *c->done);
+  c->ndone -= (uint32_t)k;
+  return k;
+}
+
+/* --- requests ---------------------------------------------------------------- */
+
+static int64_t batch(kvc *c, int op, uint8_t tier, uint8_t prio, uint8_t flags,
+                     const kvc_key *keys, uint32_t n, pending **pp, void *user) {
+  kv_msg m;
+  memset(&m, 0, sizeof m);
+  m.op = (uint16_t)op;
+  m.batch.tier = tier;
+  m.batch.prio = prio;
+  m.batch.flags = flags;
+  int rc = keyvec(&m.batch.keys, keys, n);
+  if (rc) return rc;
+  pending *p = add_pending(c, op, n, user);
+  if (!p) return -ENOMEM;
+  *pp = p;
+  return submit(c, &m, p);
+}
+
+int64_t kvc_submit_lookup(kvc *c, const kvc_key *keys, uint32_t n, uint8_t *tiers, void *user) {
+  pending *p;
+  int64_t id = batch(c, KV_OP_LOOKUP, 0, 0, 0, keys, n, &p, user);
+  if (id > 0) c->pend[c->npend - 1].tiers = tiers;
+  return id;
+}
+
+int64_t kvc_submit_load(kvc *c, uint8_t tier, const kvc_key *keys, uint32_t n, kvc_block *out,
+                        void *user) {
+  if (!out) return -EINVAL;
+  pending *p;
+  int64_t id = batch(c, KV_OP_LOAD, tier, 0, 0, keys, n, &p, user);
+  if (id > 0) c->pend[c->npend - 1].blocks = out;
+  return id;
+}
+
+static int64_t submit_status_op(kvc *c, int op, uint8_t prio, const kvc_key *keys, uint32_t n,
+                                int32_t *status, void *user) {
+  pending *p;
+  int64_t id = batch(c, op, 0, prio, 0, keys, n, &p, user);
+  if (id > 0) c->pend[c->npend - 1].status = status;
+  return id;
+}
+
+int64_t kvc_submit_release(kvc *c, const kvc_key *keys, uint32_t n, int32_t *status, void *user) {
+  return submit_status_op(c, KV_OP_RELEASE, 0, keys, n, status, user);
+}
+int64_t kvc_submit_commit(kvc *c, const kvc_key *keys, uint32_t n, int32_t *status, void *user) {
+  return submit_status_op(c, KV_OP_COMMIT, 0, keys, n, status, user);
+}
+
+int64_t kvc_submit_alloc(kvc *c, uint8_t tier, uint8_t prio, const kvc_key *keys,
+                         const kvc_key *parents, uint32_t n, kvc_block *out, void *user) {
+  if (!out) return -EINVAL;
+  kv_msg m;
+  memset(&m, 0, sizeof m);
+  m.op = KV_OP_ALLOC;
+  m.alloc.tier = tier;
+  m.alloc.prio = prio;
+  int rc = keyvec(&m.alloc.keys, keys, n);
+  if (rc) return rc;
+  uint8_t *has = NULL;
+  kv_key *par = NULL;
+  if (parents && n) {
+    has = calloc(n, 1);
+    par = calloc(n, sizeof *par);
+    if (!has || !par) { free(has); free(par); return -ENOMEM; }
+    for (uint32_t i = 0; i < n; i++) {
+      par[i].len = keys[0].len; /* absent entries: zero bytes of the keys' length */
+      if (parents[i].len) {
+        if (parents[i].len != keys[0].len) { free(has); free(par); return -EINVAL; }
+        has[i] = 1;
+        memcpy(par[i].b, parents[i].b, parents[i].len);
+      }
+    }
+    m.alloc.has_parent = has;
+    rc = kv_keyvec_from_keys(&m.alloc.parents, par, n);
+    if (rc) { free(has); free(par); return rc; }
+  }
+  int64_t id = -ENOMEM;
+  pending *p = add_pending(c, KV_OP_ALLOC, n, user);
+  if (p) {
+    p->blocks = out;
+    id = submit(c, &m, p);
+  }
+  free(has);
+  free(par);
+  return id;
+}
+
+/* The blocking calls: submit, then wait for that reply. */
+#define BLOCK_ON(expr)                                  \
+  do {                                                  \
+    int64_t id_ = (expr);                               \
+    if (id_ < 0) return (int)id_;                       \
+    return wait_for(c, (uint64_t)id_);                  \
+  } while (0)
+
+int kvc_lookup(kvc *c, const kvc_key *keys, uint32_t n, uint8_t *tiers) {
+  BLOCK_ON(kvc_submit_lookup(c, keys, n, tiers, NULL));
+}
+int kvc_load(kvc *c, uint8_t tier, const kvc_key *keys, uint32_t n, kvc_block *out) {
+  BLOCK_ON(kvc_submit_load(c, tier, keys, n, out, NULL));
+}
+int kvc_release(kvc *c, const kvc_key *keys, uint32_t n, int32_t *status) {
+  BLOCK_ON(kvc_submit_release(c, keys, n, status, NULL));
+}
+int kvc_alloc(kvc *c, uint8_t tier, uint8_t prio, const kvc_key *keys, const kvc_key *parents,
+              uint32_t n, kvc_block *out) {
+  BLOCK_ON(kvc_submit_alloc(c, tier, prio, keys, parents, n, out, NULL));
+}
+int kvc_commit(kvc *c, const kvc_key *keys, uint32_t n, int32_t *status) {
+  BLOCK_ON(kvc_submit_commit(c, keys, n, status, NULL));
+}
+int kvc_abort(kvc *c, const kvc_key *keys, uint32_t n, int32_t *status) {
+  BLOCK_ON(submit_status_op(c, KV_OP_ABORT, 0, keys, n, status, NULL));
+}
+int kvc_set_priority(kvc *c, uint8_t prio, const kvc_key *keys, uint32_t n, int32_t *status) {
+  BLOCK_ON(submit_status_op(c, KV_OP_SET_PRIORITY, prio, keys, n, status, NULL));
+}
+int kvc_prefetch(kvc *c, uint8_t tier, const kvc_key *keys, uint32_t n) {
+  pending *p;
+  BLOCK_ON(batch(c, KV_OP_PREFETCH, tier, 0, 0, keys, n, &p, NULL));
+}
+int kvc_delete(kvc *c, const kvc_key *keys, uint32_t n) {
+  pending *p;
+  if (!keys && n == 0) BLOCK_ON(batch(c, KV_OP_DELETE, 0, 0, KV_DEL_ALL, NULL, 0, &p, NULL));
+  BLOCK_ON(batch(c, KV_OP_DELETE, 0, 0, 0, keys, n, &p, NULL));
+}
+
+int kvc_put(kvc *c, const kvc_key *key, const kvc_key *parent, uint8_t prio, const void *data,
+            uint32_t len) {
+  if (!key || !data) return -EINVAL;
+  kv_msg m;
+  memset(&m, 0, sizeof m);
+  m.op = KV_OP_PUT;
+  m.put.prio = prio;
+  m.put.key = (kv_bytes){key->b, key->len};
+  if (parent && parent->len) m.put.parent = (kv_bytes){parent->b, parent->len};
+  m.put.data = (kv_bytes){data, len};
+  pending *p = add_pending(c, KV_OP_PUT, 0, NULL);
+  if (!p) return -ENOMEM;
+  BLOCK_ON(submit(c, &m, p));
+}
+
+int kvc_get(kvc *c, const kvc_key *key, void *buf, uint32_t cap) {
+  if (!key) return -EINVAL;
+  kv_msg m;
+  memset(&m, 0, sizeof m);
+  m.op = KV_OP_GET;
+  m.get_key = (kv_bytes){key->b, key->len};
+  pending *p = add_pending(c, KV_OP_GET, 0, NULL);
+  if (!p) return -ENOMEM;
+  p->buf = buf;
+  p->cap = cap;
+  BLOCK_ON(submit(c, &m, p));
+}
+
+int kvc_status(kvc *c, char **json) {
+  if (!json) return -EINVAL;
+  kv_msg m;
+  memset(&m, 0, sizeof m);
+  m.op = KV_OP_STATUS;
+  pending *p = add_pending(c, KV_OP_STATUS, 0, NULL);
+  if (!p) return -ENOMEM;
+  p->json = json;
+  BLOCK_ON(submit(c, &m, p));
+}
+
+/* --- open / close ------------------------------------------------------------ */
+
+int kvc_open(const kvc_opts *o, kvc **out) {
+  if (!o || !out || !o->tenant || !o->layout.dtype) return -EINVAL;
+  const char *path = o->socket_path;
+  if (!path) path = getenv("KVCACHED_SOCKET");
+  if (!path) path = "/run/kvcached/kvcached.sock";
+  kvc *c = calloc(1, sizeof *c);
+  if (!c) return -ENOMEM;
+  c->fd = -1;
+  c->next_id = 1;
+  c->timeout_ms = o->timeout_ms == 0 ? 10000 : o->timeout_ms;
+  kv_reader_init(&c->rd, 0);
+  kv_buf_init(&c->wbuf);
+  int rc;
+  int fd = kv_sock_connect(path, 0);
+  if (fd < 0) { rc = fd; goto err; }
+  c->fd = fd;
+
+  kv_msg m;
+  memset(&m, 0, sizeof m);
+  m.op = KV_OP_HELLO;
+  m.id = c->next_id++;
+  m.hello.ver_major = KV_PROTO_MAJOR;
+  m.hello.ver_minor = KV_PROTO_MINOR;
+  m.hello.tenant = (kv_str){o->tenant, (uint32_t)strlen(o->tenant)};
+  if (o->group) m.hello.group = (kv_str){o->group, (uint32_t)strlen(o->group)};
+  if (o->salt_len) m.hello.salt = (kv_bytes){o->salt, (uint32_t)o->salt_len};
+  m.hello.layout.block_bytes = o->layout.block_bytes;
+  m.hello.layout.tokens_per_block = o->layout.tokens_per_block;
+  m.hello.layout.layers = o->layout.layers;
+  m.hello.layout.kv_heads = o->layout.kv_heads;
+  m.hello.layout.head_dim = o->layout.head_dim;
+  m.hello.layout.tp_rank = o->layout.tp_rank;
+  m.hello.layout.tp_size = o->layout.tp_size;
+  m.hello.layout.dtype = (kv_str){o->layout.dtype, (uint32_t)strlen(o->layout.dtype)};
+  if ((rc = send_msg(c, &m))) goto err;
+
+  kv_frame f;
+  rc = kv_reader_recv(&c->rd, c->fd, &f, c->timeout_ms);
+  if (rc == 0) rc = -ECONNRESET;
+  if (rc < 0) goto err;
+  kv_msg r;
+  rc = kv_msg_decode(f.p, f.len, &r);
+  if (rc == 0 && r.op == KV_OP_ERROR) rc = r.status < 0 ? r.status : KV_EBADFRAME;
+  else if (rc == 0 && (r.op != KV_OP_HELLO || !(r.flags & KV_F_REPLY) || f.fd < 0 ||
+                       r.hello_rep.arena_bytes == 0))
+    rc = KV_EBADFRAME;
+  if (rc) {
+    if (f.fd >= 0) close(f.fd);
+    goto err;
+  }
+  c->session = r.hello_rep.session_id;
+  c->slot_bytes = r.hello_rep.slot_bytes;
+  c->block_bytes = o->layout.block_bytes;
+  c->arena_bytes = r.hello_rep.arena_bytes;
+  void *map = mmap(NULL, c->arena_bytes, PROT_READ | PROT_WRITE, MAP_SHARED, f.fd, 0);
+  rc = map == MAP_FAILED ? -errno : 0;
+  close(f.fd);
+  if (rc) goto err;
+  c->arena = map;
+  *out = c;
+  return 0;
+err:
+  kvc_close(c);
+  return rc;
+}
+
+void kvc_close(kvc *c) {
+  if (!c) return;
+  if (c->arena) munmap(c->arena, c->arena_bytes);
+  if (c->fd >= 0) close(c->fd);
+  kv_reader_free(&c->rd);
+  kv_buf_free(&c->wbuf);
+  free(c->pend);
+  free(c->done);
+  free(c);
+}

@@ -1,0 +1,384 @@
+/*
+ * handlers.c - one function per operation of the wire protocol: decode the
+ * request's keys, act on the cache core for the calling session, encode the
+ * reply. Batches answer per key; a request that cannot be served as a whole
+ * gets an ERROR reply with its reason.
+ */
+#include <errno.h>
+#include <jansson.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "daemon/kvd.h"
+#include "daemon/log.h"
+#include "tiers/crc32c.h"
+
+static uint64_t now_ms(void) {
+  struct timespec ts;
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  return (uint64_t)ts.tv_sec * 1000 + (uint64_t)ts.tv_nsec / 1000000;
+}
+
+int kvd_init(kvd *d) {
+  int rc;
+  d->start_ms = now_ms();
+  d->next_session_id = 1;
+  d->keys = malloc(KV_BATCH_MAX * sizeof *d->keys);
+  d->tiers = malloc(KV_BATCH_MAX);
+  d->status = malloc(KV_BATCH_MAX * sizeof *d->status);
+  d->loads = malloc(KV_BATCH_MAX * sizeof *d->loads);
+  d->allocs = malloc(KV_BATCH_MAX * sizeof *d->allocs);
+  if (!d->keys || !d->tiers || !d->status || !d->loads || !d->allocs) {
+    rc = -ENOMEM;
+    goto err;
+  }
+  kv_core_opts co = {.policy = d->cfg.policy};
+  rc = kv_core_init(&d->core, &co);
+  if (rc) {
+    kv_error("core", "cannot start the cache core: %s", kv_strerror(rc));
+    goto err;
+  }
+  kvd_registry_opts ro = {.g2_capacity = d->cfg.g2_capacity, .g2_page_size = d->cfg.g2_page_size,
+                          .tenants = d->cfg.g2_tenants, .lock = d->cfg.g2_lock, .core = &d->core};
+  rc = kvd_registry_init(&d->reg, &ro);
+  if (rc) {
+    kv_error("g2", "cannot create the G2 arenas (%llu bytes for %u tenant(s)): %s",
+             (unsigned long long)d->cfg.g2_capacity, d->cfg.g2_tenants, kv_strerror(rc));
+    kv_core_fini(&d->core);
+    goto err;
+  }
+  return 0;
+err:
+  free(d->keys); free(d->tiers); free(d->status); free(d->loads); free(d->allocs);
+  d->keys = NULL;
+  return rc;
+}
+
+void kvd_fini(kvd *d) {
+  kv_core_fini(&d->core);
+  kvd_registry_fini(&d->reg);
+  free(d->keys); free(d->tiers); free(d->status); free(d->loads); free(d->allocs);
+  d->keys = NULL;
+}
+
+static uint16_t min_u16(uint16_t a, uint16_t b) { return a < b ? a : b; }
+
+static kv_msg reply_to(const kv_msg *req) {
+  kv_msg m;
+  memset(&m, 0, sizeof m);
+  m.op = req->op;
+  m.flags = KV_F_REPLY;
+  m.id = req->id;
+  return m;
+}
+
+static int fail(kv_buf *out, const kv_msg *req, int status, const char *msg) {
+  return kv_msg_encode_error(out, req->id, req->op, status, msg ? msg : kv_strerror(status));
+}
+
+/* Copies the request's keys into d->keys. */
+static int load_keys(kvd *d, const kv_keyvec *v) {
+  for (uint32_t i = 0; i < v->n; i++) {
+    int rc = kv_keyvec_get(v, i, &d->keys[i]);
+    if (rc) return rc;
+  }
+  return 0;
+}
+
+static kvd_ns *session_ns(kvd *d, kvd_session *s) { return kvd_registry_ns(&d->reg, s->ns); }
+
+/* --- HELLO ---------------------------------------------------------------- */
+static int op_hello(kvd *d, kvd_session *s, const kv_msg *req, kv_buf *out, int *fd_out) {
+  const kv_hello_req *h = &req->hello;
+  if (s->ns >= 0) return fail(out, req, KV_EBADSTATE, "HELLO was already said on this connection");
+  if (h->ver_major != KV_PROTO_MAJOR) return fail(out, req, KV_EBADVERSION, NULL);
+  int ns = kvd_registry_hello(&d->reg, h);
+  if (ns < 0) {
+    const char *why = ns == -EUSERS ? "every G2 arena is bound to another tenant (raise g2.tenants)"
+                    : ns == KV_ETOOBIG ? "block_bytes exceeds the G2 page size (raise g2.page_size)"
+                    : ns == -EINVAL ? "layout the daemon cannot serve (TP rank/size, group size, block size)"
+                    : NULL;
+    return fail(out, req, ns, why);
+  }
+  s->ns = ns;
+  kvd_ns *n = kvd_registry_ns(&d->reg, ns);
+  kv_arena *a = kvd_registry_arena(&d->reg, n);
+  kv_msg m = reply_to(req);
+  m.flags |= KV_F_FD;
+  m.hello_rep.ver_major = KV_PROTO_MAJOR;
+  m.hello_rep.ver_minor = min_u16(h->ver_minor, KV_PROTO_MINOR);
+  m.hello_rep.caps = 0; /* G1 import: not offered by this build yet */
+  m.hello_rep.session_id = s->id;
+  m.hello_rep.ns_id = (uint32_t)ns;
+  m.hello_rep.arena_bytes = a->capacity;
+  m.hello_rep.slot_align = KV_ARENA_ALIGN;
+  m.hello_rep.slot_bytes = n->slot_bytes;
+  int rc = kv_msg_encode(out, &m);
+  if (rc == 0) *fd_out = a->fd;
+  return rc;
+}
+
+/* --- LOOKUP ----------------------------------------------------------------- */
+static int op_lookup(kvd *d, kvd_session *s, const kv_msg *req, kv_buf *out) {
+  const kv_keyvec *v = &req->batch.keys;
+  int rc = load_keys(d, v);
+  if (rc) return fail(out, req, rc, NULL);
+  int hit = kvd_registry_lookup(&d->reg, s->ns, d->keys, v->n, d->tiers);
+  if (hit < 0) return fail(out, req, hit, NULL);
+  kv_msg m = reply_to(req);
+  m.lookup_rep.hit_len = (uint32_t)hit;
+  m.lookup_rep.n = v->n;
+  m.lookup_rep.tiers = d->tiers;
+  return kv_msg_encode(out, &m);
+}
+
+/* --- LOAD: pin each block where the worker can read it -------------------- */
+static int op_load(kvd *d, kvd_session *s, const kv_msg *req, kv_buf *out) {
+  const kv_batch_req *b = &req->batch;
+  int rc = load_keys(d, &b->keys);
+  if (rc) return fail(out, req, rc, NULL);
+  if (b->tier != KV_G2) return fail(out, req, -EOPNOTSUPP, "LOAD serves tier G2 in this build");
+  kvd_ns *n = session_ns(d, s);
+  for (uint32_t i = 0; i < b->keys.n; i++) {
+    kv_load_ent *e = &d->loads[i];
+    memset(e, 0, sizeof *e);
+    e->tier = KV_TIER_NONE;
+    kv_block *blk = kv_core_find(&d->core, (uint32_t)n->core_ns, &d->keys[i]);
+    if (!blk || !(blk->tiers & KV_TIER_BIT(KV_G2))) {
+      e->status = KV_ENOTFOUND;
+      continue;
+    }
+    int prc = kvd_session_pin(&d->core, s, blk);
+    if (prc) {
+      e->status = prc;
+      continue;
+    }
+    kv_core_touch(&d->core, blk);
+    e->tier = KV_G2;
+    e->offset = kv_arena_offset(blk->slot[KV_G2]);
+    e->length = blk->size;
+  }
+  kv_msg m = reply_to(req);
+  m.load_rep.n = b->keys.n;
+  m.load_rep.v = d->loads;
+  return kv_msg_encode(out, &m);
+}
+
+/* Per-key status reply, shared by RELEASE, COMMIT, ABORT, SET_PRIORITY. */
+static int statuses(const kv_msg *req, kv_buf *out, const int32_t *st, uint32_t n) {
+  kv_msg m = reply_to(req);
+  m.statuses.n = n;
+  m.statuses.v = st;
+  return kv_msg_encode(out, &m);
+}
+
+/* The record of key i in the session's namespace, in any state. */
+static kv_block *any_block(kvd *d, kvd_session *s, uint32_t i) {
+  return kv_index_find(&d->core.ix, (uint32_t)session_ns(d, s)->core_ns, d->keys[i].b,
+                       d->keys[i].len);
+}
+
+static int op_release(kvd *d, kvd_session *s, const kv_msg *req, kv_buf *out) {
+  int rc = load_keys(d, &req->batch.keys);
+  if (rc) return fail(out, req, rc, NULL);
+  for (uint32_t i = 0; i < req->batch.keys.n; i++) {
+    kv_block *b = any_block(d, s, i);
+    d->status[i] = b ? kvd_session_unpin(&d->core, s, b) : KV_ENOTFOUND;
+  }
+  return statuses(req, out, d->status, req->batch.keys.n);
+}
+
+/* --- ALLOC / COMMIT / ABORT ----------------------------------------------- */
+static int op_alloc(kvd *d, kvd_session *s, const kv_msg *req, kv_buf *out) {
+  const kv_alloc_req *a = &req->alloc;
+  if (a->tier != KV_G2) return fail(out, req, -EOPNOTSUPP, "ALLOC serves tier G2 in this build");
+  int rc = load_keys(d, &a->keys);
+  if (rc) return fail(out, req, rc, NULL);
+  kvd_ns *n = session_ns(d, s);
+  for (uint32_t i = 0; i < a->keys.n; i++) {
+    kv_alloc_ent *e = &d->allocs[i];
+    e->offset = 0;
+    kv_key parent;
+    const uint8_t *pb = kv_alloc_parent(a, i);
+    if (pb) kv_key_set(&parent, pb, a->keys.klen);
+    kv_block *b;
+    e->status = kv_core_alloc(&d->core, (uint32_t)n->core_ns, &d->keys[i], pb ? &parent : NULL,
+                              a->prio, &b);
+    if (e->status) continue;
+    if (kvd_session_track_alloc(s, b)) {
+      kv_core_abort(&d->core, b);
+      e->status = -ENOMEM;
+      continue;
+    }
+    e->offset = kv_arena_offset(b->slot[KV_G2]);
+  }
+  kv_msg m = reply_to(req);
+  m.alloc_rep.n = a->keys.n;
+  m.alloc_rep.v = d->allocs;
+  return kv_msg_encode(out, &m);
+}
+
+static int op_commit_abort(kvd *d, kvd_session *s, const kv_msg *req, kv_buf *out, int commit) {
+  int rc = load_keys(d, &req->batch.keys);
+  if (rc) return fail(out, req, rc, NULL);
+  for (uint32_t i = 0; i < req->batch.keys.n; i++) {
+    kv_block *b = any_block(d, s, i);
+    if (!b) {
+      d->status[i] = KV_ENOTFOUND;
+    } else if (commit) {
+      uint32_t crc = 0;
+      if (b->state == KV_BS_WRITING && b->slot[KV_G2] != KV_SLOT_NONE)
+        crc = kv_crc32c(0, kv_core_g2_ptr(&d->core, b), b->size);
+      d->status[i] = kvd_session_commit(&d->core, s, b, crc);
+    } else {
+      d->status[i] = kvd_session_abort(&d->core, s, b);
+    }
+  }
+  return statuses(req, out, d->status, req->batch.keys.n);
+}
+
+/* --- PREFETCH, DELETE, SET_PRIORITY ----------------------------------------- */
+static int op_prefetch(kvd *d, kvd_session *s, const kv_msg *req, kv_buf *out) {
+  /* Every resident block is already in G2 while G3 is not wired in: there
+   * is nothing to bring up, so nothing is queued. */
+  kv_msg m = reply_to(req);
+  m.prefetch_queued = 0;
+  return kv_msg_encode(out, &m);
+}
+
+typedef struct del_all { kvd *d; uint32_t core_ns; uint64_t n; } del_all;
+static int del_one(kv_block *b, void *arg) {
+  del_all *x = arg;
+  if (b->ns == x->core_ns && b->state == KV_BS_READY && kv_core_delete(&x->d->core, b) == 0) x->n++;
+  return 0;
+}
+
+static int op_delete(kvd *d, kvd_session *s, const kv_msg *req, kv_buf *out) {
+  const kv_batch_req *b = &req->batch;
+  kv_msg m = reply_to(req);
+  if (b->flags & KV_DEL_ALL) {
+    del_all x = {d, (uint32_t)session_ns(d, s)->core_ns, 0};
+    kv_index_foreach(&d->core.ix, del_one, &x);
+    m.delete_rep.deleted = x.n;
+    return kv_msg_encode(out, &m);
+  }
+  int rc = load_keys(d, &b->keys);
+  if (rc) return fail(out, req, rc, NULL);
+  uint64_t n = 0;
+  for (uint32_t i = 0; i < b->keys.n; i++) {
+    kv_block *blk = kv_core_find(&d->core, (uint32_t)session_ns(d, s)->core_ns, &d->keys[i]);
+    d->status[i] = blk ? kv_core_delete(&d->core, blk) : KV_ENOTFOUND;
+    n += d->status[i] == 0;
+  }
+  m.delete_rep.deleted = n;
+  m.delete_rep.st.n = b->keys.n;
+  m.delete_rep.st.v = d->status;
+  return kv_msg_encode(out, &m);
+}
+
+static int op_set_priority(kvd *d, kvd_session *s, const kv_msg *req, kv_buf *out) {
+  int rc = load_keys(d, &req->batch.keys);
+  if (rc) return fail(out, req, rc, NULL);
+  for (uint32_t i = 0; i < req->batch.keys.n; i++) {
+    kv_block *b = kv_core_find(&d->core, (uint32_t)session_ns(d, s)->core_ns, &d->keys[i]);
+    d->status[i] = b ? 0 : KV_ENOTFOUND;
+    if (b) kv_core_set_priority(&d->core, b, req->batch.prio);
+  }
+  return statuses(req, out, d->status, req->batch.keys.n);
+}
+
+/* --- PUT / GET: the inline slow path ---------------------------------------- */
+static int op_put(kvd *d, kvd_session *s, const kv_msg *req, kv_buf *out) {
+  const kv_put_req *p = &req->put;
+  kvd_ns *n = session_ns(d, s);
+  if (p->data.len != n->block_bytes)
+    return fail(out, req, -EINVAL, "PUT data length differs from the namespace's block_bytes");
+  kv_key k, parent;
+  kv_key_set(&k, p->key.p, p->key.len);
+  if (p->parent.len) kv_key_set(&parent, p->parent.p, p->parent.len);
+  kv_block *b;
+  int rc = kv_core_alloc(&d->core, (uint32_t)n->core_ns, &k, p->parent.len ? &parent : NULL,
+                         p->prio, &b);
+  if (rc) return fail(out, req, rc, NULL);
+  memcpy(kv_core_g2_ptr(&d->core, b), p->data.p, p->data.len);
+  kv_core_commit(&d->core, b, kv_crc32c(0, p->data.p, p->data.len));
+  kv_msg m = reply_to(req);
+  return kv_msg_encode(out, &m);
+}
+
+static int op_get(kvd *d, kvd_session *s, const kv_msg *req, kv_buf *out) {
+  kv_key k;
+  kv_key_set(&k, req->get_key.p, req->get_key.len);
+  kv_block *b = kv_core_find(&d->core, (uint32_t)session_ns(d, s)->core_ns, &k);
+  if (!b || !(b->tiers & KV_TIER_BIT(KV_G2))) return fail(out, req, KV_ENOTFOUND, NULL);
+  const uint8_t *p = kv_core_g2_ptr(&d->core, b);
+  /* Verified before it is served: a worker may have scribbled on G2. */
+  if (kv_crc32c(0, p, b->size) != b->crc) return fail(out, req, KV_ECORRUPT, NULL);
+  kv_core_touch(&d->core, b);
+  kv_msg m = reply_to(req);
+  m.get_rep.tier = KV_G2;
+  m.get_rep.data.p = p;
+  m.get_rep.data.len = b->size;
+  return kv_msg_encode(out, &m);
+}
+
+/* --- STATUS ----------------------------------------------------------------- */
+static int op_status(kvd *d, kvd_session *s, const kv_msg *req, kv_buf *out) {
+  json_t *tenants = json_array();
+  uint64_t cap = 0, used = 0;
+  for (uint32_t i = 0; i < d->reg.ntenants; i++) {
+    kv_arena *a = &d->reg.tenants[i].arena;
+    cap += a->capacity;
+    used += a->used_bytes;
+    json_array_append_new(tenants, json_pack("{s:s,s:I,s:I,s:b}", "tenant", d->reg.tenants[i].name,
+                                             "capacity_bytes", (json_int_t)a->capacity,
+                                             "used_bytes", (json_int_t)a->used_bytes,
+                                             "locked", a->locked));
+  }
+  const kv_core_stats *c = &d->core.st;
+  json_t *o = json_pack(
+      "{s:s,s:I,s:I,s:{s:I,s:I,s:I,s:o},s:{s:I,s:I,s:I,s:I,s:I,s:I,s:I},s:s,s:I}",
+      "version", KV_VERSION, "uptime_s", (json_int_t)((now_ms() - d->start_ms) / 1000),
+      "sessions", (json_int_t)d->nsessions,
+      "g2", "capacity_bytes", (json_int_t)cap, "used_bytes", (json_int_t)used,
+      "blocks", (json_int_t)d->core.ix.count, "tenants", tenants,
+      "core", "lookups", (json_int_t)c->lookups, "hits_g2", (json_int_t)c->hits[KV_G2],
+      "misses", (json_int_t)c->misses, "evictions_g2", (json_int_t)c->evictions[KV_G2],
+      "allocs", (json_int_t)c->allocs, "commits", (json_int_t)c->commits,
+      "aborts", (json_int_t)c->aborts,
+      "policy", d->core.policy->name, "namespaces", (json_int_t)d->reg.nns);
+  char *text = o ? json_dumps(o, JSON_COMPACT) : NULL;
+  json_decref(o);
+  if (!text) return fail(out, req, -ENOMEM, NULL);
+  kv_msg m = reply_to(req);
+  m.status_text.p = text;
+  m.status_text.len = (uint32_t)strlen(text);
+  int rc = kv_msg_encode(out, &m);
+  free(text);
+  return rc;
+}
+
+int kvd_handle(kvd *d, kvd_session *s, const kv_msg *req, kv_buf *out, int *fd_out) {
+  *fd_out = -1;
+  if (req->flags & KV_F_REPLY) return fail(out, req, KV_EBADFRAME, "a reply sent to the daemon");
+  if (req->op < KV_OP_COUNT) d->st.ops[req->op]++;
+  if (req->op == KV_OP_HELLO) return op_hello(d, s, req, out, fd_out);
+  if (req->op == KV_OP_STATUS) return op_status(d, s, req, out);
+  if (s->ns < 0) return fail(out, req, KV_ENOSESSION, NULL);
+  switch (req->op) {
+  case KV_OP_LOOKUP: return op_lookup(d, s, req, out);
+  case KV_OP_LOAD: return op_load(d, s, req, out);
+  case KV_OP_RELEASE: return op_release(d, s, req, out);
+  case KV_OP_ALLOC: return op_alloc(d, s, req, out);
+  case KV_OP_COMMIT: return op_commit_abort(d, s, req, out, 1);
+  case KV_OP_ABORT: return op_commit_abort(d, s, req, out, 0);
+  case KV_OP_PREFETCH: return op_prefetch(d, s, req, out);
+  case KV_OP_DELETE: return op_delete(d, s, req, out);
+  case KV_OP_SET_PRIORITY: return op_set_priority(d, s, req, out);
+  case KV_OP_PUT: return op_put(d, s, req, out);
+  case KV_OP_GET: return op_get(d, s, req, out);
+  default: return fail(out, req, KV_EBADOP, NULL);
+  }
+}

@@ -1,0 +1,164 @@
+/* registry.c - tenants, namespaces and TP groups (see registry.h). */
+#include "daemon/registry.h"
+
+#include <errno.h>
+#include <sodium.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "daemon/log.h"
+
+int kvd_registry_init(kvd_registry *r, const kvd_registry_opts *o) {
+  memset(r, 0, sizeof *r);
+  if (!o->tenants || !o->core) return -EINVAL;
+  r->core = o->core;
+  r->tenants = calloc(o->tenants, sizeof *r->tenants);
+  if (!r->tenants) return -ENOMEM;
+  uint64_t each = o->g2_capacity / o->tenants;
+  for (uint32_t i = 0; i < o->tenants; i++) {
+    char name[32];
+    snprintf(name, sizeof name, "kvcached-g2-%u", i);
+    kv_arena_opts ao = {.capacity = each, .page_bytes = o->g2_page_size,
+                        .no_lock = !o->lock, .name = name};
+    int rc = kv_arena_init(&r->tenants[i].arena, &ao);
+    if (rc) {
+      kvd_registry_fini(r);
+      return rc;
+    }
+    r->ntenants++;
+  }
+  return 0;
+}
+
+void kvd_registry_fini(kvd_registry *r) {
+  for (uint32_t i = 0; i < r->ntenants; i++) kv_arena_fini(&r->tenants[i].arena);
+  free(r->tenants);
+  free(r->ns);
+  for (kvd_group *g = r->groups; g;) {
+    kvd_group *n = g->next;
+    free(g);
+    g = n;
+  }
+  memset(r, 0, sizeof *r);
+}
+
+static int tenant_for(kvd_registry *r, const kv_str *name) {
+  int free_slot = -1;
+  for (uint32_t i = 0; i < r->ntenants; i++) {
+    const char *t = r->tenants[i].name;
+    if (!t[0]) {
+      if (free_slot < 0) free_slot = (int)i;
+    } else if (strlen(t) == name->len && memcmp(t, name->p, name->len) == 0) {
+      return (int)i;
+    }
+  }
+  if (free_slot < 0) return -EUSERS;
+  memcpy(r->tenants[free_slot].name, name->p, name->len);
+  r->tenants[free_slot].name[name->len] = 0;
+  kv_info("registry", "tenant '%s' bound to G2 arena %d", r->tenants[free_slot].name, free_slot);
+  return free_slot;
+}
+
+/* The namespace digest: BLAKE2b-256 over every field that decides what a
+ * block's bytes mean, each length-prefixed so no two triples collide. */
+static void ns_digest(const kv_hello_req *h, uint8_t out[32]) {
+  crypto_generichash_state st;
+  uint8_t le[4];
+  crypto_generichash_init(&st, NULL, 0, 32);
+#define PUT32(x) do { uint32_t v_ = (x); for (int i_ = 0; i_ < 4; i_++) le[i_] = (uint8_t)(v_ >> (8 * i_)); \
+                      crypto_generichash_update(&st, le, 4); } while (0)
+#define PUTB(p, n) do { PUT32(n); if (n) crypto_generichash_update(&st, (const uint8_t *)(p), n); } while (0)
+  crypto_generichash_update(&st, (const uint8_t *)"kvcached-ns-v1", 14);
+  PUTB(h->tenant.p, h->tenant.len);
+  PUT32(h->layout.block_bytes);
+  PUT32(h->layout.tokens_per_block);
+  PUT32(h->layout.layers);
+  PUT32(h->layout.kv_heads);
+  PUT32(h->layout.head_dim);
+  PUT32(h->layout.tp_rank);
+  PUT32(h->layout.tp_size);
+  PUTB(h->layout.dtype.p, h->layout.dtype.len);
+  PUTB(h->salt.p, h->salt.len);
+#undef PUT32
+#undef PUTB
+  crypto_generichash_final(&st, out, 32);
+}
+
+static kvd_group *group_for(kvd_registry *r, uint32_t tenant, const kv_str *name, uint16_t tp_size) {
+  for (kvd_group *g = r->groups; g; g = g->next)
+    if (g->tenant == tenant && strlen(g->name) == name->len && !memcmp(g->name, name->p, name->len))
+      return g;
+  kvd_group *g = calloc(1, sizeof *g);
+  if (!g) return NULL;
+  memcpy(g->name, name->p, name->len);
+  g->tenant = tenant;
+  g->tp_size = tp_size;
+  for (int i = 0; i < KVD_TP_MAX; i++) g->ns_of_rank[i] = -1;
+  g->next = r->groups;
+  r->groups = g;
+  return g;
+}
+
+int kvd_registry_hello(kvd_registry *r, const kv_hello_req *h) {
+  const kv_layout *l = &h->layout;
+  if (l->tp_size == 0 || l->tp_size > KVD_TP_MAX || l->tp_rank >= l->tp_size ||
+      l->block_bytes == 0 || h->tenant.len == 0 || h->tenant.len > KVD_NAME_MAX ||
+      h->group.len > KVD_NAME_MAX)
+    return -EINVAL;
+  uint8_t d[32];
+  ns_digest(h, d);
+  for (uint32_t i = 0; i < r->nns; i++)
+    if (memcmp(r->ns[i].digest, d, 32) == 0) return (int)i;
+
+  int t = tenant_for(r, &h->tenant);
+  if (t < 0) return t;
+  kvd_group *g = NULL;
+  if (h->group.len) {
+    for (kvd_group *x = r->groups; x; x = x->next)
+      if (x->tenant == (uint32_t)t && strlen(x->name) == h->group.len &&
+          !memcmp(x->name, h->group.p, h->group.len) && x->tp_size != l->tp_size)
+        return -EINVAL;
+  }
+  if (r->nns == r->capns) {
+    uint32_t cap = r->capns ? r->capns * 2 : 8;
+    kvd_ns *n = realloc(r->ns, cap * sizeof *n);
+    if (!n) return -ENOMEM;
+    r->ns = n;
+    r->capns = cap;
+  }
+  kv_arena *a = &r->tenants[t].arena;
+  int core_ns = kv_core_ns_register(r->core, a, l->block_bytes);
+  if (core_ns < 0) return core_ns;
+  if (h->group.len) {
+    g = group_for(r, (uint32_t)t, &h->group, l->tp_size);
+    if (!g) return -ENOMEM;
+    g->ns_of_rank[l->tp_rank] = (int32_t)r->nns;
+  }
+  kvd_ns *n = &r->ns[r->nns];
+  memset(n, 0, sizeof *n);
+  memcpy(n->digest, d, 32);
+  n->core_ns = core_ns;
+  n->tenant = (uint32_t)t;
+  n->block_bytes = l->block_bytes;
+  n->slot_bytes = a->cls[r->core->ns[core_ns].cls].slot_bytes;
+  n->group = g;
+  n->tp_rank = l->tp_rank;
+  n->tp_size = l->tp_size;
+  return (int)r->nns++;
+}
+
+int kvd_registry_lookup(kvd_registry *r, int ns, const kv_key *keys, uint32_t n,
+                        uint8_t *tier_out) {
+  kvd_ns *me = &r->ns[ns];
+  int hit = kv_core_lookup(r->core, (uint32_t)me->core_ns, keys, n, tier_out);
+  if (hit <= 0 || !me->group) return hit;
+  for (uint16_t rank = 0; rank < me->group->tp_size; rank++) {
+    int other = me->group->ns_of_rank[rank];
+    if (other < 0 || other == ns) continue;
+    /* Only the run the caller has can count, so look no further than it. */
+    int h2 = kv_core_lookup(r->core, (uint32_t)r->ns[other].core_ns, keys, (uint32_t)hit, NULL);
+    if (h2 < hit) hit = h2 < 0 ? 0 : h2;
+  }
+  return hit;
+}

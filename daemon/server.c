@@ -1,0 +1,238 @@
+/* server.c - the worker socket (see server.h). */
+#include "daemon/server.h"
+
+#include <errno.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "daemon/log.h"
+#include "ipc/reader.h"
+
+#define MAX_OUT_FDS 4
+
+struct kvd_conn {
+  uv_poll_t poll;
+  int fd;
+  kvd_server *srv;
+  kvd_session sess;
+  kv_reader rd;
+  kv_buf out;
+  struct { size_t at; int fd; } ofd[MAX_OUT_FDS]; /* fd to send with byte `at` of out */
+  unsigned nofd;
+  int events;
+  int closing;
+  kv_peercred cred;
+  kvd_conn *next, **pprev;
+};
+
+static void on_conn(uv_poll_t *h, int status, int events);
+
+static void conn_free_cb(uv_handle_t *h) {
+  kvd_conn *c = h->data;
+  kv_reader_free(&c->rd);
+  kv_buf_free(&c->out);
+  close(c->fd);
+  free(c);
+}
+
+/* Releases the session at once; the memory goes in the close callback. */
+static void conn_close(kvd_conn *c, const char *why) {
+  if (c->closing) return;
+  c->closing = 1;
+  kvd *d = c->srv->d;
+  uint64_t pins = 0, allocs = 0;
+  kvd_session_close(&d->core, &c->sess, &pins, &allocs);
+  d->st.pins_released_on_close += pins;
+  d->st.allocs_aborted_on_close += allocs;
+  d->st.sessions_closed++;
+  d->nsessions--;
+  if (pins || allocs)
+    kv_info("server", "session %llu (pid %d) closed (%s): released %llu pins, aborted %llu allocations",
+            (unsigned long long)c->sess.id, (int)c->cred.pid, why, (unsigned long long)pins,
+            (unsigned long long)allocs);
+  else
+    kv_debug("server", "session %llu (pid %d) closed (%s)", (unsigned long long)c->sess.id,
+             (int)c->cred.pid, why);
+  *c->pprev = c->next;
+  if (c->next) c->next->pprev = c->pprev;
+  uv_poll_stop(&c->poll);
+  uv_close((uv_handle_t *)&c->poll, conn_free_cb);
+}
+
+static void set_events(kvd_conn *c) {
+  int ev = 0;
+  if (c->out.len < KVD_OUT_MAX) ev |= UV_READABLE;
+  if (c->out.len) ev |= UV_WRITABLE;
+  if (ev != c->events) {
+    c->events = ev;
+    uv_poll_start(&c->poll, ev | UV_DISCONNECT, on_conn);
+  }
+}
+
+/* Sends what it can without blocking. 0, or -errno: the connection is dead. */
+static int conn_flush(kvd_conn *c) {
+  while (c->out.len) {
+    size_t n = c->out.len;
+    int fd = -1;
+    if (c->nofd && c->ofd[0].at == 0) fd = c->ofd[0].fd;
+    else if (c->nofd && c->ofd[0].at < n) n = c->ofd[0].at; /* stop before the fd's frame */
+    struct iovec iov = {c->out.p, n};
+    ssize_t w = kv_sock_sendmsg(c->fd, &iov, 1, fd, 1);
+    if (w == -EAGAIN) return 0;
+    if (w < 0) return (int)w;
+    if (fd >= 0) {
+      memmove(c->ofd, c->ofd + 1, (--c->nofd) * sizeof c->ofd[0]);
+    }
+    for (unsigned i = 0; i < c->nofd; i++) c->ofd[i].at -= (size_t)w;
+    kv_buf_consume(&c->out, (size_t)w);
+    c->srv->d->st.frames_out++;
+  }
+  return 0;
+}
+
+static void handle_frame(kvd_conn *c, const kv_frame *f) {
+  kvd *d = c->srv->d;
+  kv_msg m;
+  d->st.frames_in++;
+  if (f->fd >= 0) close(f->fd); /* workers send the daemon no descriptors */
+  size_t before = c->out.len;
+  int rc = kv_msg_decode(f->p, f->len, &m);
+  int out_fd = -1;
+  if (rc) {
+    d->st.bad_frames++;
+    rc = kv_msg_encode_error(&c->out, f->hdr.id, f->hdr.op, rc, kv_strerror(rc));
+  } else {
+    rc = kvd_handle(d, &c->sess, &m, &c->out, &out_fd);
+  }
+  if (rc) {
+    kv_warn("server", "session %llu: cannot encode a reply to %s: %s", (unsigned long long)c->sess.id,
+            kv_op_name(f->hdr.op) ? kv_op_name(f->hdr.op) : "?", kv_strerror(rc));
+    conn_close(c, "reply failed");
+    return;
+  }
+  if (out_fd >= 0 && c->nofd < MAX_OUT_FDS) {
+    c->ofd[c->nofd].at = before;
+    c->ofd[c->nofd].fd = out_fd;
+    c->nofd++;
+  }
+}
+
+static void conn_read(kvd_conn *c) {
+  for (;;) {
+    kv_frame f;
+    int r;
+    while ((r = kv_reader_next(&c->rd, &f)) == 1) {
+      handle_frame(c, &f);
+      if (c->closing) return;
+      if (c->out.len >= KVD_OUT_MAX) return; /* back-pressure: drain first */
+    }
+    if (r < 0) {
+      /* The stream cannot be resynchronised: say why, once, and close. */
+      c->srv->d->st.bad_frames++;
+      kv_buf tmp;
+      kv_buf_init(&tmp);
+      if (kv_msg_encode_error(&tmp, 0, 0, r, kv_strerror(r)) == 0) {
+        struct iovec iov = {tmp.p, tmp.len};
+        kv_sock_send_frame(c->fd, &iov, 1, -1, 100);
+      }
+      kv_buf_free(&tmp);
+      conn_close(c, kv_strerror(r));
+      return;
+    }
+    ssize_t n = kv_reader_fill(&c->rd, c->fd, 1);
+    if (n == -EAGAIN) return;
+    if (n == 0) { conn_close(c, "end of stream"); return; }
+    if (n < 0) {
+      if (n == -ECONNRESET) conn_close(c, "connection reset");
+      else conn_close(c, kv_strerror((int)n));
+      return;
+    }
+  }
+}
+
+static void on_conn(uv_poll_t *h, int status, int events) {
+  kvd_conn *c = h->data;
+  if (c->closing) return;
+  if (status < 0) { conn_close(c, uv_strerror(status)); return; }
+  if (events & UV_READABLE) conn_read(c);
+  if (c->closing) return;
+  if (conn_flush(c) < 0) { conn_close(c, "peer gone while sending"); return; }
+  if (events & UV_DISCONNECT && !(events & UV_READABLE)) { conn_close(c, "hang-up"); return; }
+  /* Reading may have stopped for back-pressure with frames still buffered. */
+  if (c->out.len < KVD_OUT_MAX && kv_reader_pending(&c->rd)) conn_read(c);
+  if (!c->closing) set_events(c);
+}
+
+static void on_accept(uv_poll_t *h, int status, int events) {
+  kvd_server *s = h->data;
+  for (;;) {
+    int fd = kv_sock_accept(s->lst.fd, KV_SOCK_NONBLOCK);
+    if (fd == -EAGAIN) return;
+    if (fd < 0) {
+      kv_warn("server", "accept: %s", kv_strerror(fd));
+      return;
+    }
+    kvd_conn *c = calloc(1, sizeof *c);
+    if (!c) {
+      kv_warn("server", "out of memory: refusing a connection");
+      close(fd);
+      continue;
+    }
+    c->fd = fd;
+    c->srv = s;
+    kv_sock_peercred(fd, &c->cred);
+    kvd_session_init(&c->sess, s->d->next_session_id++);
+    kv_reader_init(&c->rd, 0);
+    kv_buf_init(&c->out);
+    uv_poll_init(s->loop, &c->poll, fd);
+    c->poll.data = c;
+    c->next = s->conns;
+    c->pprev = &s->conns;
+    if (s->conns) s->conns->pprev = &c->next;
+    s->conns = c;
+    s->d->nsessions++;
+    s->d->st.sessions_opened++;
+    set_events(c);
+    kv_debug("server", "session %llu: pid %d uid %d connected", (unsigned long long)c->sess.id,
+             (int)c->cred.pid, (int)c->cred.uid);
+  }
+}
+
+int kvd_server_start(kvd_server *s, kvd *d, uv_loop_t *loop) {
+  memset(s, 0, sizeof *s);
+  s->d = d;
+  s->loop = loop;
+  kv_listen_opts lo = {.flags = KV_SOCK_NONBLOCK};
+  int rc = kv_listen(&s->lst, d->cfg.socket_dir, KVD_SOCKET_NAME, &lo);
+  if (rc) {
+    kv_error("server", "cannot listen on %s/%s: %s", d->cfg.socket_dir, KVD_SOCKET_NAME,
+             rc == -EADDRINUSE ? "another kvcached is serving it" : kv_strerror(rc));
+    return rc;
+  }
+  uv_poll_init(loop, &s->lpoll, s->lst.fd);
+  s->lpoll.data = s;
+  uv_poll_start(&s->lpoll, UV_READABLE, on_accept);
+  s->listening = 1;
+  return 0;
+}
+
+void kvd_server_stop_listening(kvd_server *s) {
+  if (!s->listening) return;
+  s->listening = 0;
+  uv_poll_stop(&s->lpoll);
+  uv_close((uv_handle_t *)&s->lpoll, NULL);
+  kv_listener_close(&s->lst);
+}
+
+void kvd_server_close_all(kvd_server *s, int timeout_ms) {
+  while (s->conns) {
+    kvd_conn *c = s->conns;
+    if (c->out.len) {
+      struct iovec iov = {c->out.p, c->out.len};
+      int fd = c->nofd && c->ofd[0].at == 0 ? c->ofd[0].fd : -1;
+      if (kv_sock_send_frame(c->fd, &iov, 1, fd, timeout_ms) == 0) kv_buf_reset(&c->out);
+    }
+    conn_close(c, "daemon stopping");
+  }
+}

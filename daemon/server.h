@@ -1,0 +1,48 @@
+/*
+ * server.h - the worker socket: accepts connections, turns bytes into
+ * frames and frames into handler calls, and sends the replies.
+ *
+ * Every connection is polled by the daemon's libuv loop (uv_poll on the raw
+ * socket, so an fd can travel with a reply). A connection's session -
+ * its pins and uncommitted allocations - is released the moment the socket
+ * reports end of stream or an error, before anything else runs. A frame
+ * that is malformed but keeps the stream in sync gets an ERROR reply and
+ * the connection goes on; a stream that cannot be resynchronised (bad
+ * magic, wrong version, an oversized length, fd trouble) gets one ERROR
+ * reply and is closed. A peer that does not read its replies is not
+ * allowed to make the daemon buffer without bound: past KVD_OUT_MAX bytes
+ * waiting, the daemon stops reading from it until they drain.
+ */
+#ifndef KV_DAEMON_SERVER_H
+#define KV_DAEMON_SERVER_H
+
+#include <uv.h>
+
+#include "daemon/kvd.h"
+#include "ipc/sock.h"
+
+#define KVD_OUT_MAX ((size_t)16 << 20)
+#define KVD_SOCKET_NAME "kvcached.sock"
+
+typedef struct kvd_conn kvd_conn;
+
+typedef struct kvd_server {
+  kvd *d;
+  uv_loop_t *loop;
+  kv_listener lst;
+  uv_poll_t lpoll;
+  int listening;
+  kvd_conn *conns;
+} kvd_server;
+
+/* Listens on <socket_dir>/kvcached.sock. 0 or -errno (logged). */
+int kvd_server_start(kvd_server *s, kvd *d, uv_loop_t *loop);
+
+/* Stops accepting and removes the socket file; live connections go on. */
+void kvd_server_stop_listening(kvd_server *s);
+
+/* Closes every connection (their sessions released) after trying, for at
+ * most timeout_ms, to send the replies they are owed. */
+void kvd_server_close_all(kvd_server *s, int timeout_ms);
+
+#endif

@@ -1,0 +1,80 @@
+/* session.c - pins and allocations owned by a connection (see session.h). */
+#include "daemon/session.h"
+
+#include <string.h>
+
+#include "proto/errors.h"
+
+void kvd_session_init(kvd_session *s, uint64_t id) {
+  memset(s, 0, sizeof *s);
+  s->id = id;
+  s->ns = -1;
+}
+
+int kvd_session_pin(kv_core *c, kvd_session *s, kv_block *b) {
+  int rc = u32map_add(&s->pins, b->id, 1);
+  if (rc) return rc;
+  rc = kv_core_pin(c, b);
+  if (rc) {
+    uint32_t *n = u32map_get(&s->pins, b->id);
+    if (--*n == 0) u32map_del(&s->pins, b->id);
+  }
+  return rc;
+}
+
+int kvd_session_unpin(kv_core *c, kvd_session *s, kv_block *b) {
+  uint32_t *n = u32map_get(&s->pins, b->id);
+  if (!n) return KV_ENOTOWNER;
+  int rc = kv_core_unpin(c, b);
+  if (rc) return rc;
+  if (--*n == 0) u32map_del(&s->pins, b->id);
+  return 0;
+}
+
+uint64_t kvd_session_pins(const kvd_session *s) {
+  uint64_t t = 0;
+  if (!s->pins.k) return 0;
+  for (uint32_t i = 0; i <= s->pins.mask; i++)
+    if (s->pins.k[i] != U32MAP_EMPTY) t += s->pins.v[i];
+  return t;
+}
+
+int kvd_session_track_alloc(kvd_session *s, kv_block *b) {
+  return u32map_add(&s->allocs, b->id, 1);
+}
+
+int kvd_session_commit(kv_core *c, kvd_session *s, kv_block *b, uint32_t crc) {
+  if (!u32map_get(&s->allocs, b->id)) return KV_ENOTOWNER;
+  int rc = kv_core_commit(c, b, crc);
+  if (rc == 0) u32map_del(&s->allocs, b->id);
+  return rc;
+}
+
+int kvd_session_abort(kv_core *c, kvd_session *s, kv_block *b) {
+  if (!u32map_get(&s->allocs, b->id)) return KV_ENOTOWNER;
+  int rc = kv_core_abort(c, b);
+  if (rc == 0) u32map_del(&s->allocs, b->id);
+  return rc;
+}
+
+void kvd_session_close(kv_core *c, kvd_session *s, uint64_t *pins, uint64_t *allocs) {
+  uint64_t np = 0, na = 0;
+  if (s->pins.k) {
+    for (uint32_t i = 0; i <= s->pins.mask; i++) {
+      if (s->pins.k[i] == U32MAP_EMPTY) continue;
+      kv_block *b = kv_index_at(&c->ix, s->pins.k[i]);
+      for (uint32_t k = 0; k < s->pins.v[i]; k++, np++) kv_core_unpin(c, b);
+    }
+  }
+  if (s->allocs.k) {
+    for (uint32_t i = 0; i <= s->allocs.mask; i++) {
+      if (s->allocs.k[i] == U32MAP_EMPTY) continue;
+      kv_block *b = kv_index_at(&c->ix, s->allocs.k[i]);
+      if (b && b->state == KV_BS_WRITING && kv_core_abort(c, b) == 0) na++;
+    }
+  }
+  u32map_free(&s->pins);
+  u32map_free(&s->allocs);
+  if (pins) *pins = np;
+  if (allocs) *allocs = na;
+}

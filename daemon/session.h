@@ -1,0 +1,48 @@
+/*
+ * session.h - what one worker connection holds: its namespace, its pins and
+ * its uncommitted allocations.
+ *
+ * Pins and allocations belong to the connection. kvd_session_close() - run
+ * the moment the socket closes, whether the worker said goodbye or was
+ * killed - releases every pin and aborts every allocation it still holds,
+ * so a dead worker never leaks G2 memory and other workers are unaffected.
+ * A session can release only pins it took, and commit or abort only
+ * allocations it made (KV_ENOTOWNER otherwise).
+ */
+#ifndef KV_DAEMON_SESSION_H
+#define KV_DAEMON_SESSION_H
+
+#include <stdint.h>
+
+#include "daemon/u32map.h"
+#include "tiers/core.h"
+
+typedef struct kvd_session {
+  uint64_t id;
+  int ns;        /* registry namespace index; -1 before HELLO */
+  u32map pins;   /* block id -> pins this session holds on it */
+  u32map allocs; /* block id -> 1 while this session writes it */
+} kvd_session;
+
+void kvd_session_init(kvd_session *s, uint64_t id);
+
+/* Pins b for this session. 0, -EOVERFLOW or -ENOMEM (nothing changed). */
+int kvd_session_pin(kv_core *c, kvd_session *s, kv_block *b);
+/* Drops one of this session's pins on b. KV_ENOTOWNER if it holds none. */
+int kvd_session_unpin(kv_core *c, kvd_session *s, kv_block *b);
+/* Pins this session holds, all blocks together. */
+uint64_t kvd_session_pins(const kvd_session *s);
+
+/* Records that this session writes b (after kv_core_alloc). 0 or -ENOMEM. */
+int kvd_session_track_alloc(kvd_session *s, kv_block *b);
+/* Commits or aborts b for this session: KV_ENOTOWNER unless it allocated
+ * it; otherwise kv_core_commit()/kv_core_abort()'s result. */
+int kvd_session_commit(kv_core *c, kvd_session *s, kv_block *b, uint32_t crc);
+int kvd_session_abort(kv_core *c, kvd_session *s, kv_block *b);
+
+/* Releases every pin and aborts every allocation; frees the tables. The
+ * session may be initialised again afterwards. Returns how many pins and
+ * allocations were dropped (for the log). */
+void kvd_session_close(kv_core *c, kvd_session *s, uint64_t *pins, uint64_t *allocs);
+
+#endif

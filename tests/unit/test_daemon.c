@@ -1,0 +1,398 @@
+/* test_daemon.c - the real kvcached, started per test on a private socket
+ * directory, driven through libkvclient and raw sockets: two-phase stores,
+ * loads with per-block status, ownership, a worker killed while holding
+ * pins, tenant and namespace isolation, TP groups, corrupted G2 bytes,
+ * malformed frames, and the non-blocking form. */
+#include <criterion/criterion.h>
+#include <errno.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/prctl.h>
+#include <sys/socket.h>
+#include <sys/un.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include "client/kvclient.h"
+#include "ipc/sock.h"
+#include "proto/errors.h"
+#include "proto/wire.h"
+
+#define BLOCK 65536u
+
+static char dir[64], sock[128];
+static pid_t daemon_pid;
+
+static void start_daemon(const char *extra_tenants) {
+  snprintf(dir, sizeof dir, "/tmp/kvd-test-XXXXXX");
+  cr_assert_not_null(mkdtemp(dir));
+  snprintf(sock, sizeof sock, "%s/kvcached.sock", dir);
+  daemon_pid = fork();
+  cr_assert_geq(daemon_pid, 0);
+  if (daemon_pid == 0) {
+    prctl(PR_SET_PDEATHSIG, SIGKILL); /* never outlive the test */
+    char tenants[64];
+    snprintf(tenants, sizeof tenants, "g2.tenants=%s", extra_tenants ? extra_tenants : "1");
+    execl(KV_BIN_DIR "/kvcached", "kvcached", "--socket-dir", dir, "--g2-capacity", "2M",
+          "--set", "g2.page_size=1M", "--set", "g2.lock=no", "--set", tenants,
+          "--log-level", "warn", (char *)NULL);
+    _exit(127);
+  }
+  for (int i = 0; i < 200; i++) {
+    int fd = kv_sock_connect(sock, 0);
+    if (fd >= 0) { close(fd); return; }
+    usleep(20000);
+  }
+  cr_assert_fail("kvcached did not start");
+}
+
+static void stop_daemon(void) {
+  if (daemon_pid > 0) {
+    kill(daemon_pid, SIGTERM);
+    int st;
+    waitpid(daemon_pid, &st, 0);
+    cr_expect(WIFEXITED(st) && WEXITSTATUS(st) == 0, "kvcached did not stop cleanly");
+    daemon_pid = 0;
+  }
+  char cmd[128];
+  snprintf(cmd, sizeof cmd, "rm -rf %s", dir);
+  system(cmd);
+}
+
+static void setup(void) { start_daemon(NULL); }
+static void setup2(void) { start_daemon("2"); }
+
+static kvc *open_as(const char *tenant, uint16_t rank, uint16_t size, const char *group) {
+  kvc_opts o = {.socket_path = sock, .tenant = tenant, .group = group,
+                .layout = {.block_bytes = BLOCK, .tokens_per_block = 16, .layers = 2,
+                           .kv_heads = 2, .head_dim = 64, .tp_rank = rank, .tp_size = size,
+                           .dtype = "bf16"}};
+  kvc *c = NULL;
+  int rc = kvc_open(&o, &c);
+  cr_assert_eq(rc, 0, "kvc_open: %s", kvc_strerror(rc));
+  return c;
+}
+static kvc *open_one(void) { return open_as("t1", 0, 1, NULL); }
+
+static kvc_key K(uint64_t v) {
+  kvc_key k = {.len = 8};
+  for (int i = 0; i < 8; i++) k.b[i] = (uint8_t)(v >> (8 * i));
+  return k;
+}
+
+/* Stores keys[0..n) as a chain, each block filled with its index. */
+static void store_chain(kvc *c, const kvc_key *keys, uint32_t n) {
+  kvc_block out[16];
+  kvc_key parents[16] = {{0}};
+  for (uint32_t i = 1; i < n; i++) parents[i] = keys[i - 1];
+  cr_assert_eq(kvc_alloc(c, KVC_G2, 128, keys, parents, n, out), (int)n);
+  for (uint32_t i = 0; i < n; i++) memset(out[i].ptr, (int)(0x40 + i), BLOCK);
+  cr_assert_eq(kvc_commit(c, keys, n, NULL), (int)n);
+}
+
+TestSuite(daemon, .init = setup, .fini = stop_daemon, .timeout = 60);
+
+Test(daemon, store_lookup_load_release) {
+  kvc *c = open_one();
+  kvc_key keys[4] = {K(1), K(2), K(3), K(4)};
+  uint8_t tiers[4];
+  cr_assert_eq(kvc_lookup(c, keys, 4, tiers), 0);
+  cr_assert_eq(tiers[0], KVC_TIER_NONE);
+  store_chain(c, keys, 3);
+  cr_assert_eq(kvc_lookup(c, keys, 4, tiers), 3);
+  cr_assert_eq(tiers[2], KVC_G2);
+  cr_assert_eq(tiers[3], KVC_TIER_NONE);
+  kvc_block b[4];
+  cr_assert_eq(kvc_load(c, KVC_G2, keys, 4, b), 3);
+  for (int i = 0; i < 3; i++) {
+    cr_assert_eq(b[i].status, 0);
+    cr_assert_eq(b[i].length, BLOCK);
+    cr_assert_eq(((uint8_t *)b[i].ptr)[BLOCK - 1], 0x40 + i);
+  }
+  cr_assert_eq(b[3].status, KV_ENOTFOUND, "a miss says why");
+  cr_assert_null(b[3].ptr);
+  int32_t st[4];
+  cr_assert_eq(kvc_release(c, keys, 3, st), 3);
+  cr_assert_eq(kvc_release(c, keys, 1, st), 0);
+  cr_assert_eq(st[0], KV_ENOTOWNER, "releasing a pin not held");
+  kvc_close(c);
+}
+
+Test(daemon, uncommitted_blocks_are_invisible_and_owned) {
+  kvc *a = open_one(), *b = open_one();
+  kvc_key k = K(7);
+  kvc_block out;
+  cr_assert_eq(kvc_alloc(a, KVC_G2, 128, &k, NULL, 1, &out), 1);
+  cr_assert_eq(kvc_lookup(b, &k, 1, NULL), 0, "visible before commit");
+  int32_t st;
+  cr_assert_eq(kvc_commit(b, &k, 1, &st), 0);
+  cr_assert_eq(st, KV_ENOTOWNER, "another session committed it");
+  cr_assert_eq(kvc_alloc(b, KVC_G2, 128, &k, NULL, 1, &out), 0);
+  cr_assert_eq(out.status, KV_EEXISTS);
+  cr_assert_eq(kvc_commit(a, &k, 1, &st), 1);
+  cr_assert_eq(kvc_lookup(b, &k, 1, NULL), 1);
+  kvc_close(a);
+  kvc_close(b);
+}
+
+Test(daemon, a_closed_connection_aborts_its_allocations) {
+  kvc *a = open_one();
+  kvc_key k = K(9);
+  kvc_block out;
+  cr_assert_eq(kvc_alloc(a, KVC_G2, 128, &k, NULL, 1, &out), 1);
+  kvc_close(a);
+  kvc *b = open_one();
+  /* The key is free again once the daemon has seen the close. */
+  int ok = 0;
+  for (int i = 0; i < 100 && !ok; i++) {
+    ok = kvc_alloc(b, KVC_G2, 128, &k, NULL, 1, &out) == 1;
+    if (!ok) usleep(10000);
+  }
+  cr_assert(ok, "the dead session's allocation was not aborted");
+  kvc_close(b);
+}
+
+/* 2 MiB of G2 holds 32 blocks. A worker pins all of them and is killed:
+ * its pins must go at once, so another worker can store again. */
+Test(daemon, a_killed_worker_releases_its_pins) {
+  kvc *c = open_one();
+  kvc_key keys[32];
+  for (int i = 0; i < 32; i++) keys[i] = K(100 + (uint64_t)i);
+  for (int i = 0; i < 32; i += 8) store_chain(c, keys + i, 8);
+  int pfd[2];
+  cr_assert_eq(pipe(pfd), 0);
+  pid_t w = fork();
+  if (w == 0) {
+    kvc *wc = open_one();
+    kvc_block b[32];
+    char ok = kvc_load(wc, KVC_G2, keys, 32, b) == 32 ? 'y' : 'n';
+    write(pfd[1], &ok, 1);
+    pause();
+    _exit(0);
+  }
+  char ok = 0;
+  cr_assert_eq(read(pfd[0], &ok, 1), 1);
+  cr_assert_eq(ok, 'y', "the worker could not pin every block");
+  kvc_key nk = K(999);
+  kvc_block out;
+  cr_assert_eq(kvc_alloc(c, KVC_G2, 128, &nk, NULL, 1, &out), 0);
+  cr_assert_eq(out.status, KV_EALLPINNED, "everything is pinned: a clear error");
+  kill(w, SIGKILL);
+  waitpid(w, NULL, 0);
+  int stored = 0;
+  for (int i = 0; i < 100 && !stored; i++) {
+    stored = kvc_alloc(c, KVC_G2, 128, &nk, NULL, 1, &out) == 1;
+    if (!stored) usleep(10000);
+  }
+  cr_assert(stored, "pins of the killed worker were not released");
+  kvc_close(c);
+}
+
+Test(daemon, namespaces_differ_by_layout) {
+  kvc *a = open_as("t1", 0, 1, NULL);
+  kvc_opts o = {.socket_path = sock, .tenant = "t1",
+                .layout = {.block_bytes = BLOCK, .tokens_per_block = 16, .layers = 2,
+                           .kv_heads = 2, .head_dim = 64, .tp_rank = 0, .tp_size = 1,
+                           .dtype = "fp8"}};
+  kvc *b;
+  cr_assert_eq(kvc_open(&o, &b), 0);
+  kvc_key k = K(5);
+  store_chain(a, &k, 1);
+  cr_assert_eq(kvc_lookup(b, &k, 1, NULL), 0, "another dtype saw the block");
+  kvc_block out;
+  cr_assert_eq(kvc_load(b, KVC_G2, &k, 1, &out), 0);
+  cr_assert_eq(out.status, KV_ENOTFOUND);
+  kvc_close(a);
+  kvc_close(b);
+}
+
+Test(daemon, tp_group_gets_one_hit_length) {
+  kvc *r0 = open_as("t1", 0, 2, "grp"), *r1 = open_as("t1", 1, 2, "grp");
+  kvc_key keys[3] = {K(1), K(2), K(3)};
+  store_chain(r0, keys, 3);
+  store_chain(r1, keys, 2);
+  cr_assert_eq(kvc_lookup(r0, keys, 3, NULL), 2, "rank 0 must see the group's length");
+  cr_assert_eq(kvc_lookup(r1, keys, 3, NULL), 2);
+  kvc_close(r0);
+  kvc_close(r1);
+}
+
+Test(daemon, corrupted_g2_bytes_are_never_served_by_get) {
+  kvc *c = open_one();
+  kvc_key k = K(11);
+  uint8_t *data = malloc(BLOCK), *back = malloc(BLOCK);
+  memset(data, 0x5a, BLOCK);
+  cr_assert_eq(kvc_put(c, &k, NULL, 128, data, BLOCK), 0);
+  cr_assert_eq(kvc_get(c, &k, back, BLOCK), (int)BLOCK);
+  cr_assert_eq(memcmp(data, back, BLOCK), 0);
+  kvc_block b;
+  cr_assert_eq(kvc_load(c, KVC_G2, &k, 1, &b), 1);
+  ((uint8_t *)b.ptr)[100] ^= 1; /* a worker scribbles on a committed block */
+  cr_assert_eq(kvc_get(c, &k, back, BLOCK), KV_ECORRUPT);
+  cr_assert_eq(kvc_put(c, &k, NULL, 128, data, 10), -EINVAL, "wrong length");
+  free(data);
+  free(back);
+  kvc_close(c);
+}
+
+Test(daemon, delete_and_priority) {
+  kvc *c = open_one();
+  kvc_key keys[3] = {K(1), K(2), K(3)};
+  store_chain(c, keys, 3);
+  int32_t st[3];
+  cr_assert_eq(kvc_set_priority(c, 10, keys, 3, st), 3);
+  kvc_block b;
+  cr_assert_eq(kvc_load(c, KVC_G2, &keys[2], 1, &b), 1);
+  cr_assert_eq(kvc_delete(c, &keys[2], 1), 0, "a pinned block is not deleted");
+  kvc_release(c, &keys[2], 1, NULL);
+  cr_assert_eq(kvc_delete(c, &keys[2], 1), 1);
+  cr_assert_eq(kvc_delete(c, NULL, 0), 2, "the whole namespace");
+  cr_assert_eq(kvc_lookup(c, keys, 3, NULL), 0);
+  kvc_close(c);
+}
+
+Test(daemon, status_is_json) {
+  kvc *c = open_one();
+  char *j = NULL;
+  cr_assert_eq(kvc_status(c, &j), 0);
+  cr_assert(strstr(j, "\"g2\"") && strstr(j, "\"sessions\": 1") == NULL && strstr(j, "\"sessions\":1"), "%s", j);
+  free(j);
+  kvc_close(c);
+}
+
+Test(daemon, nonblocking_submissions_complete_out_of_band) {
+  kvc *c = open_one();
+  kvc_key keys[2] = {K(1), K(2)};
+  store_chain(c, keys, 2);
+  uint8_t t1[2], t2[1];
+  int64_t a = kvc_submit_lookup(c, keys, 2, t1, (void *)1);
+  int64_t b = kvc_submit_lookup(c, &keys[1], 1, t2, (void *)2);
+  cr_assert_gt(a, 0);
+  cr_assert_gt(b, 0);
+  /* A blocking call in between keeps the other completions. */
+  cr_assert_eq(kvc_lookup(c, keys, 1, NULL), 1);
+  kvc_completion done[4];
+  int got = 0;
+  for (int i = 0; i < 200 && got < 2; i++) {
+    int r = kvc_poll(c, done + got, 4 - got);
+    cr_assert_geq(r, 0);
+    got += r;
+    if (got < 2) usleep(5000);
+  }
+  cr_assert_eq(got, 2);
+  for (int i = 0; i < 2; i++) {
+    if (done[i].id == (uint64_t)a) { cr_assert_eq(done[i].result, 2); cr_assert_eq(done[i].user, (void *)1); }
+    else { cr_assert_eq(done[i].id, (uint64_t)b); cr_assert_eq(done[i].result, 1); }
+  }
+  cr_assert_eq(kvc_pending(c), 0);
+  kvc_close(c);
+}
+
+/* Raw bytes: garbage, a wrong version, an unknown opcode, an oversized
+ * length. Each gets an error or a closed connection; the daemon lives. */
+static int raw_connect(void) {
+  int fd = kv_sock_connect(sock, 0);
+  cr_assert_geq(fd, 0);
+  struct timeval tv = {2, 0};
+  setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv);
+  return fd;
+}
+
+Test(daemon, malformed_frames_get_an_error_never_a_crash) {
+  uint8_t junk[64];
+  memset(junk, 0xee, sizeof junk);
+  int fd = raw_connect();
+  cr_assert_eq(write(fd, junk, sizeof junk), (ssize_t)sizeof junk);
+  uint8_t rep[256];
+  ssize_t n = read(fd, rep, sizeof rep);
+  cr_assert(n == 0 || n >= KV_HDR_SIZE, "garbage: neither an error nor a close");
+  if (n >= KV_HDR_SIZE) {
+    kv_msg m;
+    cr_assert_eq(kv_msg_decode(rep, (size_t)n, &m), 0);
+    cr_assert_eq(m.op, KV_OP_ERROR);
+  }
+  close(fd);
+
+  /* A well-formed header with an unknown opcode: an ERROR reply, and the
+   * connection still serves. */
+  fd = raw_connect();
+  kv_hdr h = {.magic = KV_PROTO_MAGIC, .version = KV_PROTO_MAJOR, .op = 200, .id = 77};
+  uint8_t hb[KV_HDR_SIZE];
+  kv_hdr_write(hb, &h);
+  cr_assert_eq(write(fd, hb, sizeof hb), (ssize_t)sizeof hb);
+  n = read(fd, rep, sizeof rep);
+  cr_assert_geq(n, KV_HDR_SIZE);
+  kv_msg m;
+  cr_assert_eq(kv_msg_decode(rep, (size_t)n, &m), 0);
+  cr_assert_eq(m.op, KV_OP_ERROR);
+  cr_assert_eq(m.id, 77);
+  cr_assert_eq(m.status, KV_EBADOP);
+  /* A request before HELLO. */
+  kv_buf b;
+  kv_buf_init(&b);
+  kv_msg q;
+  memset(&q, 0, sizeof q);
+  q.op = KV_OP_LOOKUP;
+  q.id = 78;
+  cr_assert_eq(kv_msg_encode(&b, &q), 0);
+  cr_assert_eq(write(fd, b.p, b.len), (ssize_t)b.len);
+  n = read(fd, rep, sizeof rep);
+  cr_assert_eq(kv_msg_decode(rep, (size_t)n, &m), 0);
+  cr_assert_eq(m.status, KV_ENOSESSION);
+  kv_buf_free(&b);
+  close(fd);
+
+  /* An oversized length and a wrong version: error then close. */
+  uint16_t versions[2] = {KV_PROTO_MAJOR, 99};
+  for (int i = 0; i < 2; i++) {
+    fd = raw_connect();
+    kv_hdr big = {.magic = KV_PROTO_MAGIC, .version = versions[i], .op = KV_OP_LOOKUP,
+                  .id = 5, .len = i == 0 ? 0x7fffffff : 0};
+    kv_hdr_write(hb, &big);
+    cr_assert_eq(write(fd, hb, sizeof hb), (ssize_t)sizeof hb);
+    ssize_t total = 0, r;
+    while ((r = read(fd, rep, sizeof rep)) > 0) total += r;
+    cr_assert_eq(r, 0, "the connection was not closed");
+    close(fd);
+  }
+  /* A truncated frame, then the peer vanishes mid-request. */
+  fd = raw_connect();
+  kv_hdr part = {.magic = KV_PROTO_MAGIC, .version = KV_PROTO_MAJOR, .op = KV_OP_LOOKUP, .id = 6, .len = 100};
+  kv_hdr_write(hb, &part);
+  write(fd, hb, sizeof hb);
+  write(fd, junk, 10);
+  close(fd);
+
+  kvc *c = open_one();
+  char *j;
+  cr_assert_eq(kvc_status(c, &j), 0, "the daemon is still serving");
+  free(j);
+  kvc_close(c);
+}
+
+Test(daemon_tenants, tenants_are_isolated_and_limited, .init = setup2, .fini = stop_daemon, .timeout = 60) {
+  kvc *a = open_as("alice", 0, 1, NULL), *b = open_as("bob", 0, 1, NULL);
+  kvc_key k = K(3);
+  store_chain(a, &k, 1);
+  cr_assert_eq(kvc_lookup(b, &k, 1, NULL), 0, "bob saw alice's block");
+  kvc_opts o = {.socket_path = sock, .tenant = "carol",
+                .layout = {.block_bytes = BLOCK, .tokens_per_block = 16, .tp_size = 1, .dtype = "bf16"}};
+  kvc *c;
+  cr_assert_eq(kvc_open(&o, &c), -EUSERS, "a third tenant got an arena");
+  kvc_close(a);
+  kvc_close(b);
+}
+
+Test(daemon, bad_hello_is_refused) {
+  kvc_opts o = {.socket_path = sock, .tenant = "t1",
+                .layout = {.block_bytes = BLOCK, .tokens_per_block = 16, .tp_rank = 2, .tp_size = 2, .dtype = "bf16"}};
+  kvc *c;
+  cr_assert_eq(kvc_open(&o, &c), -EINVAL);
+  o.layout.tp_rank = 0;
+  o.layout.block_bytes = 4u << 20; /* larger than a 1 MiB page */
+  cr_assert_eq(kvc_open(&o, &c), KV_ETOOBIG);
+  o.socket_path = "/tmp/no-such-dir/kvcached.sock";
+  cr_assert_eq(kvc_open(&o, &c), -ENOENT);
+}
