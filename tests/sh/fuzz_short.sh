@@ -17,7 +17,7 @@ for c in clang clang-14 clang-15 clang-16 clang-17 clang-18; do
 done
 if [ -z "$cc" ]; then
   echo "fuzz_short: SKIP: clang is not installed (apt-get install clang)"
-  exit 0
+  exit 77
 fi
 
 tmp=$(mktemp -d /tmp/kv-fuzz-XXXXXX)
@@ -28,7 +28,7 @@ trap cleanup EXIT
 echo 'int LLVMFuzzerTestOneInput(const unsigned char *d, unsigned long n) { (void)d; (void)n; return 0; }' >"$tmp/probe.c"
 if ! "$cc" -fsanitize=fuzzer "$tmp/probe.c" -o "$tmp/probe" >/dev/null 2>&1; then
   echo "fuzz_short: SKIP: $cc has no libFuzzer runtime (-fsanitize=fuzzer)"
-  exit 0
+  exit 77
 fi
 
 sources=("$src"/proto/errors.c "$src"/proto/buf.c "$src"/proto/wire.c "$src"/proto/wire_enc.c
