@@ -9,7 +9,7 @@ pkgs=(
   build-essential cmake pkg-config git
   liburing-dev liblmdb-dev lmdb-utils libuv1-dev
   libxxhash-dev libjansson-dev libinih-dev libsodium-dev
-  libcriterion-dev
+  libcriterion-dev clang libclang-rt-14-dev
   fio redis-server redis-tools jq
 )
 
