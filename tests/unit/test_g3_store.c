@@ -2,6 +2,7 @@
  * warm restart, iteration, slot allocation rules, removal, sync policies,
  * several directories, fixed buffers, and completion through the eventfd. */
 #include <poll.h>
+#include <stdatomic.h>
 
 #include "test_g3_util.h"
 
@@ -477,4 +478,93 @@ Test(g3_store, eventfd_delivery) {
     cr_assert_eq(kv_g3_poll(s.g), 0);
     s_fini(&s);
   }
+}
+
+/* The file is preallocated to its full layout at open, not sparse. */
+Test(g3_store, file_preallocated) {
+  store_t s;
+  s_init(&s, 65536, 4u << 20, KV_G3_BACKEND_THREADS, 32u << 20);
+  char p[128];
+  snprintf(p, sizeof p, "%s/kvg3-0.dat", s.dir);
+  struct stat st;
+  cr_assert_eq(stat(p, &st), 0);
+  uint64_t want = (uint64_t)s.info.slots * (65536 + 4096);
+  cr_assert_geq((uint64_t)st.st_size, want);
+  cr_assert_leq((uint64_t)st.st_size, 32u << 20);
+  cr_assert_geq((uint64_t)st.st_blocks * 512, (uint64_t)st.st_size, "file is sparse");
+  s_fini(&s);
+}
+
+/* Many blocks share one index transaction and one fdatasync. */
+Test(g3_store, index_writes_are_batched) {
+  for (int be = 0; be < T_NBACKENDS; be++) {
+    if (t_backends[be] == KV_G3_BACKEND_URING && !t_uring_ok()) continue;
+    store_t s;
+    s_init(&s, 4096, 4u << 20, t_backends[be], 4u << 20);
+    void *b = t_buf(&s.arena, s.cls);
+    t_fill(b, 4096, 1, 1);
+    t_count c = {0};
+    for (int i = 0; i < 256; i++) {
+      uint32_t sl;
+      kv_g3_key k = t_key((uint64_t)i);
+      cr_assert_eq(kv_g3_alloc(s.g, &sl), 0);
+      cr_assert_eq(kv_g3_write(s.g, sl, &k, 1, b, 4096, -1, t_count_cb, &c), 0);
+    }
+    kv_g3_drain(s.g);
+    cr_assert_eq(c.n, 256);
+    cr_assert_eq(c.err, 0);
+    kv_g3_stats st;
+    kv_g3_get_stats(s.g, &st);
+    cr_assert_eq(st.index_puts, 256);
+    cr_assert_lt(st.index_txns, 256 / 8, "%llu transactions for 256 blocks",
+                 (unsigned long long)st.index_txns);
+    cr_assert_leq(st.syncs, st.index_txns);
+    printf("%s: 256 blocks in %llu index transactions, %llu fdatasync\n",
+           kv_g3_backend_name(t_backends[be]), (unsigned long long)st.index_txns,
+           (unsigned long long)st.syncs);
+    s_fini(&s);
+  }
+}
+
+/* queue_depth bounds the transfers at the device: with the thread backend,
+ * at most qd run at once (and qd do, under load). */
+typedef struct conc {
+  atomic_int now, max;
+} conc;
+
+static int conc_io(void *arg, int is_write, int is_header, unsigned file, uint64_t off,
+                   uint32_t len) {
+  conc *c = arg;
+  if (is_header) return 0;
+  int n = atomic_fetch_add(&c->now, 1) + 1, m = atomic_load(&c->max);
+  while (n > m && !atomic_compare_exchange_weak(&c->max, &m, n)) {}
+  usleep(3000);
+  atomic_fetch_sub(&c->now, 1);
+  return 0;
+}
+
+Test(g3_store, queue_depth_bounds_concurrency) {
+  conc cc;
+  atomic_init(&cc.now, 0);
+  atomic_init(&cc.max, 0);
+  kv_g3_fault f = {.io = conc_io, .arg = &cc};
+  store_t s;
+  t_mkdir(s.dir, sizeof s.dir);
+  t_arena(&s.arena, 4u << 20, 4096, &s.cls);
+  kv_g3_dir d = {s.dir, 4u << 20};
+  kv_g3_opts o = {.dirs = &d, .ndirs = 1, .block_bytes = 4096, .queue_depth = 3,
+                  .backend = KV_G3_BACKEND_THREADS, .fault = &f};
+  s_open_opts(&s, &o);
+  void *b = t_buf(&s.arena, s.cls);
+  t_count c = {0};
+  for (int i = 0; i < 24; i++) {
+    uint32_t sl;
+    kv_g3_key k = t_key((uint64_t)i);
+    cr_assert_eq(kv_g3_alloc(s.g, &sl), 0);
+    cr_assert_eq(kv_g3_write(s.g, sl, &k, 1, b, 4096, -1, t_count_cb, &c), 0);
+  }
+  kv_g3_drain(s.g);
+  cr_assert_eq(c.err, 0);
+  cr_assert_eq(atomic_load(&cc.max), 3);
+  s_fini(&s);
 }
