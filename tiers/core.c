@@ -21,7 +21,9 @@ int kv_core_init(kv_core *c, const kv_core_opts *o) {
 }
 
 void kv_core_fini(kv_core *c) {
+  if (c->g3) kv_evict_fini(&c->g3_evict);
   for (uint32_t i = 0; i < c->nns; i++) {
+    if (!c->ns[i].arena) continue;
     kv_arena_class *k = &c->ns[i].arena->cls[c->ns[i].cls];
     kv_evict *e = k->user;
     if (!e) continue;
@@ -34,8 +36,8 @@ void kv_core_fini(kv_core *c) {
   memset(c, 0, sizeof *c);
 }
 
-int kv_core_ns_register(kv_core *c, kv_arena *arena, uint32_t block_bytes) {
-  if (!arena) return -EINVAL;
+/* Makes sure the arena class for block_bytes has its G2 policy. */
+static int ns_class(kv_core *c, kv_arena *arena, uint32_t block_bytes) {
   int cls = kv_arena_class_for(arena, block_bytes);
   if (cls < 0) return cls;
   kv_arena_class *k = &arena->cls[cls];
@@ -46,25 +48,61 @@ int kv_core_ns_register(kv_core *c, kv_arena *arena, uint32_t block_bytes) {
     if (rc) { free(e); return rc; }
     k->user = e;
   }
+  return cls;
+}
+
+static int ns_add(kv_core *c, kv_core_ns *proto) {
   if (c->nns == c->capns) {
     uint32_t cap = c->capns ? c->capns * 2 : 8;
     kv_core_ns *n = realloc(c->ns, cap * sizeof *n);
-    if (!n) return -ENOMEM; /* the policy stays with the class for later */
+    if (!n) return -ENOMEM;
     c->ns = n;
     c->capns = cap;
   }
-  c->ns[c->nns] = (kv_core_ns){arena, cls, block_bytes, 1};
+  c->ns[c->nns] = *proto;
   return (int)c->nns++;
 }
 
+int kv_core_ns_register(kv_core *c, kv_arena *arena, uint32_t block_bytes) {
+  if (!arena) return -EINVAL;
+  int cls = ns_class(c, arena, block_bytes);
+  if (cls < 0) return cls;
+  kv_core_ns n = {.arena = arena, .cls = cls, .block_bytes = block_bytes, .live = 1};
+  return ns_add(c, &n);
+}
+
+int kv_core_ns_register_digest(kv_core *c, kv_arena *arena, uint32_t block_bytes,
+                               const uint8_t digest[KV_G3_NS_BYTES]) {
+  if (!arena) return -EINVAL;
+  for (uint32_t i = 0; i < c->nns; i++) {
+    kv_core_ns *n = &c->ns[i];
+    if (!n->has_digest || memcmp(n->digest, digest, KV_G3_NS_BYTES)) continue;
+    if (n->arena) return n->arena == arena && n->block_bytes == block_bytes ? (int)i : -EINVAL;
+    if (n->block_bytes != block_bytes) return -EINVAL;
+    int cls = ns_class(c, arena, block_bytes);
+    if (cls < 0) return cls;
+    n->arena = arena;
+    n->cls = cls;
+    return (int)i;
+  }
+  int cls = ns_class(c, arena, block_bytes);
+  if (cls < 0) return cls;
+  kv_core_ns n = {.arena = arena, .cls = cls, .block_bytes = block_bytes, .live = 1,
+                  .has_digest = 1};
+  memcpy(n.digest, digest, KV_G3_NS_BYTES);
+  return ns_add(c, &n);
+}
+
+/* A namespace that can take G2 blocks (registered, not dormant). */
 static inline kv_core_ns *ns_get(kv_core *c, uint32_t ns) {
-  return ns < c->nns && c->ns[ns].live ? &c->ns[ns] : NULL;
+  return ns < c->nns && c->ns[ns].live && c->ns[ns].arena ? &c->ns[ns] : NULL;
 }
 
 static kv_evict *policy_of(kv_core *c, const kv_block *b, kv_tier t) {
-  if (t != KV_G2) return NULL; /* G1 and G3 bring their own policies */
+  if (t == KV_G3) return c->g3 ? &c->g3_evict : NULL;
+  if (t != KV_G2) return NULL; /* G1 brings its own */
   kv_core_ns *n = &c->ns[b->ns];
-  return n->arena->cls[n->cls].user;
+  return n->arena ? n->arena->cls[n->cls].user : NULL;
 }
 
 /* Puts b into, or takes it out of, tier t's policy to match the rule in
@@ -111,19 +149,41 @@ static void link_parent(kv_core *c, kv_block *b, kv_block *p) {
     if ((b->tiers & KV_TIER_BIT(t)) && p->rchild[t]++ == 0) sync_evictable(c, p, (kv_tier)t);
 }
 
-/* Frees b's G2 slot and, when no tier holds it any more, its record. */
-static void drop_g2(kv_core *c, kv_block *b) {
-  if (b->tiers & KV_TIER_BIT(KV_G2)) clear_valid(c, b, KV_G2);
-  if (b->slot[KV_G2] != KV_SLOT_NONE) {
-    int rc = kv_arena_free(c->ns[b->ns].arena, b->slot[KV_G2]);
-    if (rc) kv_error("core", "G2 slot %u of a block would not free: %s",
-                     b->slot[KV_G2], kv_strerror(rc));
-    b->slot[KV_G2] = KV_SLOT_NONE;
-  }
-  int anywhere = b->tiers || b->busy;
-  for (int t = 0; t < KV_NTIERS; t++) anywhere |= b->slot[t] != KV_SLOT_NONE;
-  if (!anywhere) kv_index_remove(&c->ix, b);
+static void g3_key_of(kv_core *c, const kv_block *b, kv_g3_key *k) {
+  memcpy(k->ns, c->ns[b->ns].digest, KV_G3_NS_BYTES);
+  k->len = b->keylen;
+  memcpy(k->b, b->key, b->keylen);
 }
+
+/* Removes b's record once nothing holds it: no tier, no slot, no pin, no
+ * copy in flight. */
+static void reap(kv_core *c, kv_block *b) {
+  if (b->state != KV_BS_READY && b->state != KV_BS_WRITING) return;
+  int held = b->tiers || b->busy || b->pins;
+  for (int t = 0; t < KV_NTIERS; t++) held |= b->slot[t] != KV_SLOT_NONE;
+  if (!held) kv_index_remove(&c->ix, b);
+}
+
+/* Frees b's slot in tier t (its bytes there are gone) and reaps b. */
+static void drop_tier(kv_core *c, kv_block *b, kv_tier t) {
+  if (b->tiers & KV_TIER_BIT(t)) clear_valid(c, b, t);
+  if (b->slot[t] != KV_SLOT_NONE) {
+    int rc = 0;
+    if (t == KV_G2) {
+      rc = kv_arena_free(c->ns[b->ns].arena, b->slot[KV_G2]);
+    } else if (t == KV_G3) {
+      kv_g3_key k;
+      g3_key_of(c, b, &k);
+      rc = kv_g3_remove(c->g3, b->slot[KV_G3], &k);
+    }
+    if (rc) kv_error("core", "tier %d slot %u of a block would not free: %s", (int)t,
+                     b->slot[t], kv_strerror(rc));
+    b->slot[t] = KV_SLOT_NONE;
+  }
+  reap(c, b);
+}
+
+static void drop_g2(kv_core *c, kv_block *b) { drop_tier(c, b, KV_G2); }
 
 kv_block *kv_core_find(kv_core *c, uint32_t ns, const kv_key *key) {
   kv_block *b = kv_index_find(&c->ix, ns, key->b, key->len);
@@ -163,13 +223,16 @@ void kv_core_touch(kv_core *c, kv_block *b) {
   }
 }
 
+static int g3_demote(kv_core *c, kv_block *v, kv_tier from, void *arg);
+
 static int evict_one(kv_core *c, kv_evict *e) {
   kv_block *v = e->ops->peek(e);
   if (!v) return c->demoting ? -EAGAIN : KV_EALLPINNED;
   c->st.evictions[KV_G2]++;
-  if (c->demote) {
+  kv_demote_fn demote = c->demote ? c->demote : c->g3 ? g3_demote : NULL;
+  if (demote) {
     c->st.demotions++;
-    int r = c->demote(c, v, KV_G2, c->demote_arg);
+    int r = demote(c, v, KV_G2, c->demote_arg);
     if (r == KV_DEMOTE_ASYNC) {
       v->busy |= (uint8_t)KV_TIER_BIT(KV_G2);
       sync_evictable(c, v, KV_G2);
@@ -188,6 +251,19 @@ int kv_core_evict_g2(kv_core *c, uint32_t ns) {
   return evict_one(c, n->arena->cls[n->cls].user);
 }
 
+/* A G2 slot of n's class, evicting as needed. 0, KV_EALLPINNED, -EAGAIN
+ * (a demotion started: room comes when it completes), -ENOMEM. */
+static int alloc_g2_slot(kv_core *c, kv_core_ns *n, uint32_t *slot) {
+  int rc;
+  while ((rc = kv_arena_alloc(n->arena, n->cls, slot)) == -ENOSPC) {
+    uint32_t before = c->demoting;
+    rc = evict_one(c, n->arena->cls[n->cls].user);
+    if (rc) break;
+    if (c->demoting != before) { rc = -EAGAIN; break; }
+  }
+  return rc;
+}
+
 int kv_core_alloc(kv_core *c, uint32_t ns, const kv_key *key,
                   const kv_key *parent, uint8_t prio, kv_block **out) {
   kv_core_ns *n = ns_get(c, ns);
@@ -198,13 +274,7 @@ int kv_core_alloc(kv_core *c, uint32_t ns, const kv_key *key,
     return KV_EEXISTS;
   }
   uint32_t slot;
-  int rc;
-  while ((rc = kv_arena_alloc(n->arena, n->cls, &slot)) == -ENOSPC) {
-    uint32_t before = c->demoting;
-    rc = evict_one(c, n->arena->cls[n->cls].user);
-    if (rc) break;
-    if (c->demoting != before) { rc = -EAGAIN; break; }
-  }
+  int rc = alloc_g2_slot(c, n, &slot);
   if (rc) {
     c->st.alloc_failed++;
     return rc;
@@ -253,14 +323,18 @@ int kv_core_pin(kv_core *c, kv_block *b) {
 
 int kv_core_unpin(kv_core *c, kv_block *b) {
   if (b->pins == 0) return KV_EPINUNDERFLOW;
-  if (--b->pins == 0) sync_all(c, b);
+  if (--b->pins == 0) {
+    sync_all(c, b);
+    reap(c, b); /* its bytes may have gone while it was pinned (a failed read) */
+  }
   return 0;
 }
 
 int kv_core_delete(kv_core *c, kv_block *b) {
   if (b->pins || b->busy || b->state != KV_BS_READY) return -EBUSY;
   c->st.deletes++;
-  drop_g2(c, b);
+  if (b->slot[KV_G3] != KV_SLOT_NONE) drop_tier(c, b, KV_G3);
+  if (kv_index_at(&c->ix, b->id) == b && b->state == KV_BS_READY) drop_tier(c, b, KV_G2);
   return 0;
 }
 
@@ -281,4 +355,182 @@ void kv_core_demote_done(kv_core *c, kv_block *b, kv_tier from, int ok) {
   if (!ok) c->st.demote_failed++;
   if (from == KV_G2 && b->pins == 0) drop_g2(c, b);
   else sync_evictable(c, b, from);
+}
+
+/* --- the SSD tier ------------------------------------------------------------ */
+
+typedef struct g3_op {
+  kv_core *c;
+  kv_bid bid;
+  uint32_t slot;
+  kv_promote_cb cb;
+  void *arg;
+} g3_op;
+
+static int admitted(kv_core *c, const kv_block *b) {
+  switch (c->g3o.admit) {
+  case KV_ADMIT_SECOND_USE: return b->hits >= 2;
+  case KV_ADMIT_MIN_PRIO: return b->prio >= c->g3o.min_prio;
+  default: return 1;
+  }
+}
+
+static int evict_g3_one(kv_core *c) {
+  kv_block *v = c->g3_evict.ops->peek(&c->g3_evict);
+  if (!v) return KV_EALLPINNED;
+  c->st.evictions[KV_G3]++;
+  drop_tier(c, v, KV_G3);
+  return 0;
+}
+
+static void g3_written(int status, void *arg) {
+  g3_op *op = arg;
+  kv_core *c = op->c;
+  kv_block *b = kv_index_at(&c->ix, op->bid);
+  free(op);
+  b->busy &= (uint8_t)~KV_TIER_BIT(KV_G3);
+  if (status == 0) {
+    c->st.g3_admitted++;
+    set_valid(c, b, KV_G3);
+  } else {
+    c->st.g3_write_failed++;
+    kv_g3_free(c->g3, b->slot[KV_G3]);
+    b->slot[KV_G3] = KV_SLOT_NONE;
+  }
+  kv_core_demote_done(c, b, KV_G2, status == 0);
+}
+
+/* The demotion callback when G3 is attached: the G2 victim's bytes are
+ * written to an SSD slot, and its G2 slot is freed when they are durable. */
+static int g3_demote(kv_core *c, kv_block *v, kv_tier from, void *unused) {
+  if (v->tiers & KV_TIER_BIT(KV_G3)) return KV_DEMOTE_DONE; /* already there */
+  if (!admitted(c, v) || kv_g3_get_state(c->g3) != KV_G3_OK || !c->ns[v->ns].has_digest) {
+    c->st.g3_refused++;
+    return KV_DEMOTE_DONE;
+  }
+  kv_g3_stats gs;
+  kv_g3_get_stats(c->g3, &gs);
+  for (uint64_t f = gs.slots_free; f < c->g3o.low_water; f++)
+    if (evict_g3_one(c)) break;
+  uint32_t slot;
+  g3_op *op = malloc(sizeof *op);
+  if (!op || kv_g3_alloc(c->g3, &slot)) {
+    free(op);
+    c->st.g3_refused++;
+    return KV_DEMOTE_DONE;
+  }
+  *op = (g3_op){c, v->id, slot, NULL, NULL};
+  kv_g3_key k;
+  g3_key_of(c, v, &k);
+  v->slot[KV_G3] = slot;
+  v->busy |= (uint8_t)KV_TIER_BIT(KV_G3);
+  int rc = kv_g3_write(c->g3, slot, &k, ++c->g3_seq, kv_core_g2_ptr(c, v), v->size, v->crc,
+                       g3_written, op);
+  if (rc) {
+    v->busy &= (uint8_t)~KV_TIER_BIT(KV_G3);
+    v->slot[KV_G3] = KV_SLOT_NONE;
+    kv_g3_free(c->g3, slot);
+    free(op);
+    c->st.g3_refused++;
+    return KV_DEMOTE_DONE;
+  }
+  return KV_DEMOTE_ASYNC;
+}
+
+typedef struct warm_ctx {
+  kv_core *c;
+  int rc;
+} warm_ctx;
+
+static int dormant_ns(kv_core *c, const uint8_t digest[KV_G3_NS_BYTES], uint32_t bytes) {
+  for (uint32_t i = 0; i < c->nns; i++)
+    if (c->ns[i].has_digest && !memcmp(c->ns[i].digest, digest, KV_G3_NS_BYTES)) return (int)i;
+  kv_core_ns n = {.arena = NULL, .cls = -1, .block_bytes = bytes, .live = 1, .has_digest = 1};
+  memcpy(n.digest, digest, KV_G3_NS_BYTES);
+  return ns_add(c, &n);
+}
+
+static int learn_entry(const kv_g3_entry *e, void *arg) {
+  warm_ctx *w = arg;
+  kv_core *c = w->c;
+  int ns = dormant_ns(c, e->key.ns, e->len);
+  if (ns < 0) return w->rc = ns;
+  kv_block *b;
+  int rc = kv_index_insert(&c->ix, (uint32_t)ns, e->key.b, e->key.len, &b);
+  if (rc) return w->rc = rc == KV_EEXISTS ? 0 : rc;
+  b->state = KV_BS_READY;
+  b->size = e->len;
+  b->crc = e->crc;
+  b->slot[KV_G3] = e->slot;
+  b->atime = ++c->clock;
+  set_valid(c, b, KV_G3);
+  c->st.warm_blocks++;
+  return 0;
+}
+
+int kv_core_attach_g3(kv_core *c, kv_g3 *g3, const kv_core_g3_opts *o) {
+  if (!g3 || c->g3 || c->demote) return -EINVAL;
+  int rc = kv_evict_init(&c->g3_evict, c->policy, &c->ix, KV_G3);
+  if (rc) return rc;
+  c->g3 = g3;
+  if (o) c->g3o = *o;
+  if (!c->g3o.low_water) c->g3o.low_water = 64;
+  c->g3_seq = kv_g3_max_seq(g3);
+  warm_ctx w = {c, 0};
+  rc = kv_g3_foreach(g3, learn_entry, &w);
+  if (rc < 0 || w.rc < 0) return rc < 0 ? rc : w.rc;
+  return (int)c->st.warm_blocks;
+}
+
+static void g3_read_done(int status, void *arg) {
+  g3_op *op = arg;
+  kv_core *c = op->c;
+  kv_block *b = kv_index_at(&c->ix, op->bid);
+  kv_promote_cb cb = op->cb;
+  void *cbarg = op->arg;
+  free(op);
+  b->busy &= (uint8_t)~KV_TIER_BIT(KV_G2);
+  if (status == 0) {
+    c->st.promotions++;
+    set_valid(c, b, KV_G2);
+  } else {
+    /* Never served: the store dropped its index entry; free both slots. */
+    c->st.promote_failed++;
+    kv_arena_free(c->ns[b->ns].arena, b->slot[KV_G2]);
+    b->slot[KV_G2] = KV_SLOT_NONE;
+    if (b->tiers & KV_TIER_BIT(KV_G3)) clear_valid(c, b, KV_G3);
+    kv_g3_free(c->g3, b->slot[KV_G3]);
+    b->slot[KV_G3] = KV_SLOT_NONE;
+  }
+  if (cb) cb(c, b, status, cbarg);
+  reap(c, b);
+}
+
+int kv_core_promote(kv_core *c, kv_block *b, kv_promote_cb cb, void *arg) {
+  if (b->tiers & KV_TIER_BIT(KV_G2)) return 1;
+  if (b->slot[KV_G2] != KV_SLOT_NONE) return -EBUSY;
+  if (!c->g3 || !(b->tiers & KV_TIER_BIT(KV_G3)) || b->state != KV_BS_READY) return KV_ENOTFOUND;
+  kv_core_ns *n = ns_get(c, b->ns);
+  if (!n) return -EINVAL;
+  uint32_t slot;
+  int rc = alloc_g2_slot(c, n, &slot);
+  if (rc) return rc;
+  g3_op *op = malloc(sizeof *op);
+  if (!op) {
+    kv_arena_free(n->arena, slot);
+    return -ENOMEM;
+  }
+  *op = (g3_op){c, b->id, slot, cb, arg};
+  b->slot[KV_G2] = slot;
+  b->busy |= (uint8_t)KV_TIER_BIT(KV_G2);
+  kv_g3_expect ex = {.len = b->size, .crc = b->crc, .flags = KV_G3_EXPECT_CRC};
+  g3_key_of(c, b, &ex.key);
+  rc = kv_g3_read(c->g3, b->slot[KV_G3], &ex, kv_arena_ptr(n->arena, slot), g3_read_done, op);
+  if (rc) {
+    b->busy &= (uint8_t)~KV_TIER_BIT(KV_G2);
+    b->slot[KV_G2] = KV_SLOT_NONE;
+    kv_arena_free(n->arena, slot);
+    free(op);
+  }
+  return rc;
 }

@@ -25,6 +25,7 @@
 
 #include "tiers/arena.h"
 #include "tiers/block.h"
+#include "tiers/g3.h"
 #include "tiers/evict.h"
 #include "tiers/index.h"
 
@@ -43,6 +44,19 @@ typedef struct kv_core_opts {
   void *demote_arg;
 } kv_core_opts;
 
+/* Which G2 victims deserve the SSD (each write wears it). */
+typedef enum {
+  KV_ADMIT_ALWAYS = 0,    /* every victim */
+  KV_ADMIT_SECOND_USE,    /* victims used at least twice (a commit is one use) */
+  KV_ADMIT_MIN_PRIO,      /* victims whose priority is at least min_prio */
+} kv_admit;
+
+typedef struct kv_core_g3_opts {
+  kv_admit admit;
+  uint8_t min_prio;       /* for KV_ADMIT_MIN_PRIO */
+  uint32_t low_water;     /* free G3 slots kept ready by evicting ahead; 0: 64 */
+} kv_core_g3_opts;
+
 typedef struct kv_core_stats {
   uint64_t lookups;           /* keys looked up */
   uint64_t hits[KV_NTIERS];   /* keys found, by the best tier holding them */
@@ -52,13 +66,21 @@ typedef struct kv_core_stats {
   uint64_t demote_failed;     /* ... that it refused: dropped */
   uint64_t allocs, commits, aborts, alloc_failed;
   uint64_t deletes;
+  uint64_t g3_admitted;       /* demotions written to G3 */
+  uint64_t g3_refused;        /* victims not admitted (policy, state, space) */
+  uint64_t g3_write_failed;
+  uint64_t promotions;        /* G3 -> G2 reads that verified */
+  uint64_t promote_failed;    /* ... that did not: corrupt or I/O error */
+  uint64_t warm_blocks;       /* blocks learned from G3 at attach */
 } kv_core_stats;
 
 typedef struct kv_core_ns {
-  kv_arena *arena;
+  kv_arena *arena;      /* NULL while dormant (known from G3, no HELLO yet) */
   int cls;              /* arena size class of its blocks */
   uint32_t block_bytes;
   int live;
+  int has_digest;
+  uint8_t digest[KV_G3_NS_BYTES]; /* identity across restarts (G3 records) */
 } kv_core_ns;
 
 struct kv_core {
@@ -71,6 +93,10 @@ struct kv_core {
   void *demote_arg;
   uint32_t demoting;    /* asynchronous demotions in flight */
   kv_core_stats st;
+  kv_g3 *g3;            /* NULL: no SSD tier */
+  kv_evict g3_evict;    /* G3's policy (one slot size) */
+  kv_core_g3_opts g3o;
+  uint64_t g3_seq;      /* last sequence number written to G3 */
 };
 
 /* 0, -EINVAL (unknown policy name) or -ENOMEM. */
@@ -82,6 +108,40 @@ void kv_core_fini(kv_core *c);
  * `arena`. Returns its id (>= 0), or -EINVAL, KV_ETOOBIG, -ENOSPC (arena has
  * no class left), -ENOMEM. */
 int kv_core_ns_register(kv_core *c, kv_arena *arena, uint32_t block_bytes);
+
+/* As kv_core_ns_register(), for a namespace with a stable identity: G3
+ * records carry the digest, so blocks found on the SSD at start-up are
+ * served to the namespace again. If a dormant namespace with this digest
+ * exists (learned from G3 by kv_core_attach_g3), it is bound to the arena
+ * and its id returned; block_bytes must then match (-EINVAL). */
+int kv_core_ns_register_digest(kv_core *c, kv_arena *arena, uint32_t block_bytes,
+                               const uint8_t digest[KV_G3_NS_BYTES]);
+
+/*
+ * Attaches the SSD tier. From now on G2 victims are written to G3 when the
+ * admission policy admits them (kv_core_opts.demote must be NULL), G3 keeps
+ * its own eviction order through the same policy module, and every block
+ * the store holds (kv_g3_foreach) becomes resident in G3: a warm restart.
+ * Blocks of namespaces not registered yet wait under dormant namespaces.
+ * Returns the number of blocks learned, or -EINVAL / -ENOMEM.
+ * Completions arrive through kv_g3_poll() on the loop's thread.
+ */
+int kv_core_attach_g3(kv_core *c, kv_g3 *g3, const kv_core_g3_opts *o);
+
+/* Completion of kv_core_promote(). */
+typedef void (*kv_promote_cb)(kv_core *c, kv_block *b, int status, void *arg);
+
+/*
+ * Brings a block that is in G3 only into G2: a G2 slot (evicting as alloc
+ * does), then a verified read. cb(status) runs from kv_g3_poll(): 0 when
+ * the bytes are in G2; KV_ECORRUPT or -EIO when they failed verification
+ * (the block is then dropped from G3 and counted, never served). Returns 0
+ * when started, 1 if b is already valid in G2 (no callback), or at once:
+ * KV_ENOTFOUND (not in G3), -EBUSY (a promotion of b is in flight),
+ * KV_EALLPINNED / -EAGAIN (no G2 room), -EINVAL (dormant namespace).
+ * The caller should hold a pin on b, so it stays put meanwhile.
+ */
+int kv_core_promote(kv_core *c, kv_block *b, kv_promote_cb cb, void *arg);
 
 /* The visible (committed) block for a key, or NULL. No side effect. */
 kv_block *kv_core_find(kv_core *c, uint32_t ns, const kv_key *key);

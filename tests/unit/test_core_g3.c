@@ -1,0 +1,273 @@
+/* test_core_g3.c - the cache core with the SSD tier attached: G2 victims
+ * demoted to G3 (when admitted), promotion back to G2 verified, corrupt
+ * bytes never served, G3 eviction, delete, and a warm restart that serves
+ * what G3 held to the same namespace. */
+#include <criterion/criterion.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <ftw.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "proto/errors.h"
+#include "tiers/core.h"
+
+#define BLK 16384u
+
+static int rm_one(const char *p, const struct stat *sb, int f, struct FTW *w) { return remove(p); }
+
+typedef struct fx {
+  char dir[64];
+  kv_arena arena;
+  kv_core core;
+  kv_g3 *g3;
+  int ns;
+} fx;
+
+static const uint8_t DIGEST[KV_G3_NS_BYTES] = {1, 2, 3, 4, 5, 6, 7, 8};
+
+static void open_g3(fx *f, uint32_t g3_slots, kv_admit admit) {
+  /* The data area starts at 1 MiB (headers before it): exactly g3_slots. */
+  kv_g3_dir d = {f->dir, (1u << 20) + (uint64_t)g3_slots * BLK};
+  kv_g3_opts o = {.dirs = &d, .ndirs = 1, .block_bytes = BLK, .queue_depth = 4,
+                  .backend = KV_G3_BACKEND_THREADS, .arena = &f->arena, .commit_window_us = -1};
+  kv_g3_open_info info;
+  int rc = kv_g3_open(&f->g3, &o, &info);
+  cr_assert_eq(rc, 0, "kv_g3_open: %s", kv_strerror(rc));
+  kv_core_opts co = {.policy = "lru"};
+  cr_assert_eq(kv_core_init(&f->core, &co), 0);
+  kv_core_g3_opts go = {.admit = admit, .low_water = 1};
+  rc = kv_core_attach_g3(&f->core, f->g3, &go);
+  cr_assert_geq(rc, 0, "attach: %s", kv_strerror(rc));
+  f->ns = kv_core_ns_register_digest(&f->core, &f->arena, BLK, DIGEST);
+  cr_assert_geq(f->ns, 0);
+}
+
+static void setup(fx *f, uint32_t g2_blocks, uint32_t g3_slots, kv_admit admit) {
+  snprintf(f->dir, sizeof f->dir, "/tmp/kvcore-g3-XXXXXX");
+  cr_assert_not_null(mkdtemp(f->dir));
+  kv_arena_opts ao = {.capacity = (size_t)g2_blocks * BLK, .page_bytes = BLK, .no_lock = 1};
+  cr_assert_eq(kv_arena_init(&f->arena, &ao), 0);
+  open_g3(f, g3_slots, admit);
+}
+
+static void close_core(fx *f) {
+  kv_g3_drain(f->g3);
+  kv_core_fini(&f->core);
+  kv_g3_close(f->g3);
+}
+
+static void teardown(fx *f) {
+  close_core(f);
+  kv_arena_fini(&f->arena);
+  nftw(f->dir, rm_one, 8, FTW_DEPTH | FTW_PHYS);
+}
+
+static kv_key K(uint64_t v) {
+  kv_key k = {.len = 8};
+  for (int i = 0; i < 8; i++) k.b[i] = (uint8_t)(v >> (8 * i));
+  return k;
+}
+
+static void fill(void *p, uint64_t v) {
+  for (uint32_t i = 0; i < BLK; i += 8) {
+    uint64_t x = v * 0x9E3779B97F4A7C15ull + i;
+    memcpy((uint8_t *)p + i, &x, 8);
+  }
+}
+
+/* Stores v, retrying while demotions are in flight. */
+static void store(fx *f, uint64_t v) {
+  kv_key k = K(v);
+  kv_block *b;
+  int rc;
+  while ((rc = kv_core_alloc(&f->core, (uint32_t)f->ns, &k, NULL, KV_PRIO_DEFAULT, &b)) == -EAGAIN)
+    kv_g3_drain(f->g3);
+  cr_assert_eq(rc, 0, "alloc %llu: %s", (unsigned long long)v, kv_strerror(rc));
+  fill(kv_core_g2_ptr(&f->core, b), v);
+  extern uint32_t kv_crc32c(uint32_t, const void *, size_t);
+  cr_assert_eq(kv_core_commit(&f->core, b, kv_crc32c(0, kv_core_g2_ptr(&f->core, b), BLK)), 0);
+}
+
+static uint8_t tier_of(fx *f, uint64_t v) {
+  kv_key k = K(v);
+  uint8_t t;
+  kv_core_lookup(&f->core, (uint32_t)f->ns, &k, 1, &t);
+  return t;
+}
+
+typedef struct pdone { int called, status; } pdone;
+static void on_promoted(kv_core *c, kv_block *b, int status, void *arg) {
+  pdone *p = arg;
+  p->called++;
+  p->status = status;
+}
+
+/* Pins v, promotes it to G2 and waits; returns the status. */
+static int promote(fx *f, uint64_t v, kv_block **out) {
+  kv_key k = K(v);
+  kv_block *b = kv_core_find(&f->core, (uint32_t)f->ns, &k);
+  if (!b) return KV_ENOTFOUND;
+  kv_core_pin(&f->core, b);
+  pdone d = {0, 0};
+  int rc;
+  /* -EAGAIN: G2 is full and a demotion to make room is under way. */
+  while ((rc = kv_core_promote(&f->core, b, on_promoted, &d)) == -EAGAIN) kv_g3_drain(f->g3);
+  if (rc == 0) {
+    kv_g3_drain(f->g3);
+    cr_assert_eq(d.called, 1);
+    rc = d.status;
+  } else if (rc == 1) {
+    rc = 0;
+  }
+  *out = b;
+  return rc;
+}
+
+Test(core_g3, victims_are_demoted_and_promoted_back_verified) {
+  fx f;
+  setup(&f, 4, 32, KV_ADMIT_ALWAYS);
+  for (uint64_t v = 1; v <= 8; v++) store(&f, v);
+  kv_g3_drain(f.g3);
+  cr_assert_eq(f.core.st.g3_admitted, 4, "admitted %llu", (unsigned long long)f.core.st.g3_admitted);
+  cr_assert_eq(tier_of(&f, 1), KV_G3);
+  cr_assert_eq(tier_of(&f, 8), KV_G2);
+  kv_block *b;
+  cr_assert_eq(promote(&f, 1, &b), 0);
+  cr_assert_eq(tier_of(&f, 1), KV_G2, "fastest tier reported");
+  uint8_t *want = malloc(BLK);
+  fill(want, 1);
+  cr_assert_eq(memcmp(kv_core_g2_ptr(&f.core, b), want, BLK), 0);
+  free(want);
+  cr_assert(b->tiers & KV_TIER_BIT(KV_G3), "the G3 copy stays after promotion");
+  kv_core_unpin(&f.core, b);
+  cr_assert_eq(f.core.st.promotions, 1);
+  teardown(&f);
+}
+
+Test(core_g3, corrupt_ssd_bytes_are_never_served) {
+  fx f;
+  setup(&f, 2, 16, KV_ADMIT_ALWAYS);
+  for (uint64_t v = 1; v <= 4; v++) store(&f, v);
+  kv_g3_drain(f.g3);
+  cr_assert_eq(tier_of(&f, 1), KV_G3);
+  /* Flip a byte of block 1's payload in the file. */
+  kv_key k = K(1);
+  kv_block *b = kv_core_find(&f.core, (uint32_t)f.ns, &k);
+  typedef struct { uint32_t slot; uint64_t off; uint32_t file; } loc;
+  loc l = {b->slot[KV_G3], 0, 0};
+  int find(const kv_g3_entry *e, void *arg) {
+    loc *x = arg;
+    if (e->slot == x->slot) { x->off = e->offset; x->file = e->file; return 1; }
+    return 0;
+  }
+  cr_assert_eq(kv_g3_foreach(f.g3, find, &l), 1);
+  char path[128];
+  snprintf(path, sizeof path, "%s/kvg3-%u.dat", f.dir, l.file);
+  int fd = open(path, O_RDWR);
+  cr_assert_geq(fd, 0, "%s", path);
+  uint8_t x;
+  cr_assert_eq(pread(fd, &x, 1, (off_t)l.off + 100), 1);
+  x ^= 0x10;
+  cr_assert_eq(pwrite(fd, &x, 1, (off_t)l.off + 100), 1);
+  fsync(fd);
+  close(fd);
+  cr_assert_eq(promote(&f, 1, &b), KV_ECORRUPT);
+  cr_assert_eq(f.core.st.promote_failed, 1);
+  kv_core_unpin(&f.core, b);
+  cr_assert_eq(tier_of(&f, 1), KV_TIER_NONE, "a corrupt block is a miss");
+  cr_assert_null(kv_index_find(&f.core.ix, (uint32_t)f.ns, k.b, k.len), "its record is gone");
+  /* The others still promote fine. */
+  cr_assert_eq(promote(&f, 2, &b), 0);
+  kv_core_unpin(&f.core, b);
+  teardown(&f);
+}
+
+Test(core_g3, second_use_admission_keeps_one_time_blocks_off_the_ssd) {
+  fx f;
+  setup(&f, 4, 32, KV_ADMIT_SECOND_USE);
+  store(&f, 1);
+  kv_key k = K(1);
+  kv_core_touch(&f.core, kv_core_find(&f.core, (uint32_t)f.ns, &k)); /* used twice */
+  for (uint64_t v = 2; v <= 8; v++) store(&f, v);
+  kv_g3_drain(f.g3);
+  cr_assert_eq(f.core.st.g3_admitted, 1, "only the reused block");
+  cr_assert_eq(f.core.st.g3_refused, 3);
+  cr_assert_eq(tier_of(&f, 1), KV_G3);
+  cr_assert_eq(tier_of(&f, 2), KV_TIER_NONE);
+  teardown(&f);
+}
+
+Test(core_g3, ssd_tier_evicts_through_the_policy) {
+  fx f;
+  setup(&f, 2, 8, KV_ADMIT_ALWAYS);
+  f.core.g3o.low_water = 2;
+  for (uint64_t v = 1; v <= 40; v++) {
+    store(&f, v);
+    kv_g3_drain(f.g3); /* as the daemon's loop delivers completions */
+  }
+  kv_g3_drain(f.g3);
+  kv_g3_stats gs;
+  kv_g3_get_stats(f.g3, &gs);
+  cr_assert_gt(f.core.st.evictions[KV_G3], 0);
+  cr_assert_leq(gs.slots_stored, gs.slots);
+  /* The newest demotions are there; the oldest were evicted. */
+  cr_assert_eq(tier_of(&f, 1), KV_TIER_NONE);
+  cr_assert_eq(tier_of(&f, 38), KV_G3);
+  uint32_t in_g3 = 0;
+  for (uint64_t v = 1; v <= 40; v++) in_g3 += tier_of(&f, v) == KV_G3;
+  cr_assert_eq(in_g3, gs.slots_stored, "core and store agree on what G3 holds");
+  teardown(&f);
+}
+
+Test(core_g3, delete_removes_the_ssd_copy) {
+  fx f;
+  setup(&f, 2, 16, KV_ADMIT_ALWAYS);
+  for (uint64_t v = 1; v <= 4; v++) store(&f, v);
+  kv_g3_drain(f.g3);
+  kv_key k = K(1);
+  kv_block *b = kv_core_find(&f.core, (uint32_t)f.ns, &k);
+  cr_assert_eq(kv_core_delete(&f.core, b), 0);
+  kv_g3_drain(f.g3);
+  kv_g3_stats gs;
+  kv_g3_get_stats(f.g3, &gs);
+  cr_assert_eq(gs.removed, 1);
+  cr_assert_eq(tier_of(&f, 1), KV_TIER_NONE);
+  teardown(&f);
+}
+
+Test(core_g3, restart_is_warm) {
+  fx f;
+  setup(&f, 2, 16, KV_ADMIT_ALWAYS);
+  for (uint64_t v = 1; v <= 6; v++) store(&f, v);
+  kv_g3_drain(f.g3);
+  uint32_t before = 0;
+  for (uint64_t v = 1; v <= 6; v++) before += tier_of(&f, v) == KV_G3;
+  cr_assert_eq(before, 4);
+  close_core(&f);
+  /* A new process: a fresh G2 arena and a new core over the same files;
+   * the four SSD blocks are served again. */
+  kv_arena_fini(&f.arena);
+  kv_arena_opts ao = {.capacity = 2 * BLK, .page_bytes = BLK, .no_lock = 1};
+  cr_assert_eq(kv_arena_init(&f.arena, &ao), 0);
+  open_g3(&f, 16, KV_ADMIT_ALWAYS);
+  cr_assert_eq(f.core.st.warm_blocks, 4);
+  for (uint64_t v = 1; v <= 4; v++) {
+    cr_assert_eq(tier_of(&f, v), KV_G3, "block %llu", (unsigned long long)v);
+    kv_block *b;
+    cr_assert_eq(promote(&f, v, &b), 0);
+    uint8_t *want = malloc(BLK);
+    fill(want, v);
+    cr_assert_eq(memcmp(kv_core_g2_ptr(&f.core, b), want, BLK), 0);
+    free(want);
+    kv_core_unpin(&f.core, b);
+  }
+  /* Another namespace does not see them. */
+  static const uint8_t OTHER[KV_G3_NS_BYTES] = {9};
+  int other = kv_core_ns_register_digest(&f.core, &f.arena, BLK, OTHER);
+  kv_key k = K(1);
+  cr_assert_eq(kv_core_lookup(&f.core, (uint32_t)other, &k, 1, NULL), 0);
+  teardown(&f);
+}
