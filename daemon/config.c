@@ -37,6 +37,21 @@ static const opt opts[] = {
     {"g2", "tenants", OPT_U32, O(g2_tenants), 0, "1",
      "tenants served at once; each gets its own G2 arena of capacity/tenants, "
      "so no tenant is handed memory holding another's blocks"},
+    {"g3", "path", OPT_STR, O(g3_path), sizeof(((kv_config *)0)->g3_path), "/var/lib/kvcached",
+     "directories of the SSD tier, comma-separated (one preallocated file each, "
+     "created if missing); empty: no G3"},
+    {"g3", "capacity", OPT_SIZE, O(g3_capacity), 0, "4G",
+     "bytes of SSD per G3 directory (the file is preallocated to about this)"},
+    {"g3", "block_bytes", OPT_SIZE, O(g3_block_bytes), 0, "256K",
+     "SSD slot size: the largest block G3 takes (larger blocks are not demoted); "
+     "existing files keep the size they were made with"},
+    {"g3", "queue_depth", OPT_U32, O(g3_queue_depth), 0, "32", "G3 block I/Os in flight at once"},
+    {"g3", "backend", OPT_STR, O(g3_backend), sizeof(((kv_config *)0)->g3_backend), "auto",
+     "auto (io_uring, else a thread pool), uring, or threads"},
+    {"g3", "admit", OPT_STR, O(g3_admit), sizeof(((kv_config *)0)->g3_admit), "always",
+     "which G2 victims are written to SSD: always, second-use, or min-prio"},
+    {"g3", "min_prio", OPT_U32, O(g3_min_prio), 0, "128",
+     "with admit = min-prio: the lowest priority written to SSD (0..255)"},
     {"cache", "policy", OPT_STR, O(policy), sizeof(((kv_config *)0)->policy),
      NULL /* kv_evict_default */, "eviction policy: lru, lru2 or lfuda"},
     {"log", "level", OPT_STR, O(log_level), sizeof(((kv_config *)0)->log_level),
@@ -197,6 +212,24 @@ int kv_config_validate(const kv_config *c, char *err, size_t errlen) {
   }
   if (c->g2_page_size == 0 || c->g2_page_size % 4096) {
     snprintf(err, errlen, "g2.page_size must be a non-zero multiple of 4K");
+    return -EINVAL;
+  }
+  if (strcmp(c->g3_backend, "auto") && strcmp(c->g3_backend, "uring") &&
+      strcmp(c->g3_backend, "threads")) {
+    snprintf(err, errlen, "g3.backend: '%s' is not auto, uring or threads", c->g3_backend);
+    return -EINVAL;
+  }
+  if (strcmp(c->g3_admit, "always") && strcmp(c->g3_admit, "second-use") &&
+      strcmp(c->g3_admit, "min-prio")) {
+    snprintf(err, errlen, "g3.admit: '%s' is not always, second-use or min-prio", c->g3_admit);
+    return -EINVAL;
+  }
+  if (c->g3_min_prio > 255) {
+    snprintf(err, errlen, "g3.min_prio must be 0..255");
+    return -EINVAL;
+  }
+  if (c->g3_path[0] && (c->g3_capacity < (2u << 20) || c->g3_queue_depth == 0)) {
+    snprintf(err, errlen, "g3.capacity must be at least 2M and g3.queue_depth at least 1");
     return -EINVAL;
   }
   if (!kv_evict_lookup(c->policy)) {

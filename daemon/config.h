@@ -20,6 +20,13 @@ typedef struct kv_config {
   uint64_t g2_page_size;  /* [g2] page_size */
   int g2_lock;            /* [g2] lock */
   uint32_t g2_tenants;    /* [g2] tenants */
+  char g3_path[256];      /* [g3] path: directories, comma-separated; "" = no G3 */
+  uint64_t g3_capacity;   /* [g3] capacity, per directory */
+  uint64_t g3_block_bytes;/* [g3] block_bytes: the SSD slot size */
+  uint32_t g3_queue_depth;/* [g3] queue_depth */
+  char g3_backend[16];    /* [g3] backend: auto, uring, threads */
+  char g3_admit[16];      /* [g3] admit: always, second-use, min-prio */
+  uint32_t g3_min_prio;   /* [g3] min_prio */
   char policy[32];        /* [cache] policy */
   char log_level[16];     /* [log] level */
 } kv_config;

@@ -9,6 +9,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <time.h>
 
 #include "daemon/kvd.h"
@@ -19,6 +20,61 @@ static uint64_t now_ms(void) {
   struct timespec ts;
   clock_gettime(CLOCK_MONOTONIC, &ts);
   return (uint64_t)ts.tv_sec * 1000 + (uint64_t)ts.tv_nsec / 1000000;
+}
+
+/* Opens the SSD tier on the configured directories and attaches it. */
+static int open_g3(kvd *d) {
+  char paths[sizeof d->cfg.g3_path];
+  memcpy(paths, d->cfg.g3_path, sizeof paths);
+  kv_g3_dir dirs[KV_G3_MAX_DIRS];
+  unsigned n = 0;
+  char *save = NULL;
+  for (char *p = strtok_r(paths, ",", &save); p && n < KV_G3_MAX_DIRS; p = strtok_r(NULL, ",", &save)) {
+    while (*p == ' ') p++;
+    if (!*p) continue;
+    if (mkdir(p, 0750) < 0 && errno != EEXIST) {
+      kv_error("g3", "cannot create %s: %s", p, strerror(errno));
+      return -errno;
+    }
+    dirs[n++] = (kv_g3_dir){p, d->cfg.g3_capacity};
+  }
+  if (n == 0) return 0;
+  kv_g3_opts o = {.dirs = dirs, .ndirs = n, .block_bytes = (uint32_t)d->cfg.g3_block_bytes,
+                  .queue_depth = d->cfg.g3_queue_depth,
+                  .backend = !strcmp(d->cfg.g3_backend, "uring") ? KV_G3_BACKEND_URING
+                           : !strcmp(d->cfg.g3_backend, "threads") ? KV_G3_BACKEND_THREADS
+                           : KV_G3_BACKEND_AUTO,
+                  /* One arena can be registered for zero-copy I/O. */
+                  .arena = d->reg.ntenants == 1 ? &d->reg.tenants[0].arena : NULL};
+  kv_g3_open_info info;
+  int rc = kv_g3_open(&d->g3, &o, &info);
+  if (rc == -EINVAL) {
+    /* Existing files made with another slot size: keep theirs. */
+    o.block_bytes = 0;
+    rc = kv_g3_open(&d->g3, &o, &info);
+    if (rc == 0)
+      kv_warn("g3", "existing files use %u-byte slots, not g3.block_bytes; keeping theirs",
+              info.slot_bytes);
+  }
+  if (rc) {
+    kv_error("g3", "cannot open the SSD tier in %s: %s", d->cfg.g3_path, kv_strerror(rc));
+    return rc;
+  }
+  kv_core_g3_opts go = {.admit = !strcmp(d->cfg.g3_admit, "second-use") ? KV_ADMIT_SECOND_USE
+                               : !strcmp(d->cfg.g3_admit, "min-prio") ? KV_ADMIT_MIN_PRIO
+                               : KV_ADMIT_ALWAYS,
+                        .min_prio = (uint8_t)d->cfg.g3_min_prio};
+  rc = kv_core_attach_g3(&d->core, d->g3, &go);
+  if (rc < 0) {
+    kv_error("g3", "cannot attach the SSD tier: %s", kv_strerror(rc));
+    kv_g3_close(d->g3);
+    d->g3 = NULL;
+    return rc;
+  }
+  kv_info("g3", "%u slots of %u bytes in %u file(s), %llu blocks served from before (warm)%s",
+          info.slots, info.slot_bytes, n, (unsigned long long)info.indexed,
+          info.rebuilt ? ", index rebuilt from the records" : "");
+  return 0;
 }
 
 int kvd_init(kvd *d) {
@@ -49,6 +105,11 @@ int kvd_init(kvd *d) {
     kv_core_fini(&d->core);
     goto err;
   }
+  if (d->cfg.g3_path[0] && (rc = open_g3(d))) {
+    kvd_registry_fini(&d->reg);
+    kv_core_fini(&d->core);
+    goto err;
+  }
   return 0;
 err:
   free(d->keys); free(d->tiers); free(d->status); free(d->loads); free(d->allocs);
@@ -57,6 +118,12 @@ err:
 }
 
 void kvd_fini(kvd *d) {
+  if (d->g3) {
+    /* Every write in flight completes and the last index batch commits. */
+    kv_g3_close(d->g3);
+    d->g3 = NULL;
+    kv_info("g3", "index synced and closed");
+  }
   kv_core_fini(&d->core);
   kvd_registry_fini(&d->reg);
   free(d->keys); free(d->tiers); free(d->status); free(d->loads); free(d->allocs);
@@ -65,7 +132,7 @@ void kvd_fini(kvd *d) {
 
 static uint16_t min_u16(uint16_t a, uint16_t b) { return a < b ? a : b; }
 
-static kv_msg reply_to(const kv_msg *req) {
+kv_msg kvd_reply_to(const kv_msg *req) {
   kv_msg m;
   memset(&m, 0, sizeof m);
   m.op = req->op;
@@ -74,12 +141,12 @@ static kv_msg reply_to(const kv_msg *req) {
   return m;
 }
 
-static int fail(kv_buf *out, const kv_msg *req, int status, const char *msg) {
+int kvd_fail(kv_buf *out, const kv_msg *req, int status, const char *msg) {
   return kv_msg_encode_error(out, req->id, req->op, status, msg ? msg : kv_strerror(status));
 }
 
 /* Copies the request's keys into d->keys. */
-static int load_keys(kvd *d, const kv_keyvec *v) {
+int kvd_load_keys(kvd *d, const kv_keyvec *v) {
   for (uint32_t i = 0; i < v->n; i++) {
     int rc = kv_keyvec_get(v, i, &d->keys[i]);
     if (rc) return rc;
@@ -92,20 +159,20 @@ static kvd_ns *session_ns(kvd *d, kvd_session *s) { return kvd_registry_ns(&d->r
 /* --- HELLO ---------------------------------------------------------------- */
 static int op_hello(kvd *d, kvd_session *s, const kv_msg *req, kv_buf *out, int *fd_out) {
   const kv_hello_req *h = &req->hello;
-  if (s->ns >= 0) return fail(out, req, KV_EBADSTATE, "HELLO was already said on this connection");
-  if (h->ver_major != KV_PROTO_MAJOR) return fail(out, req, KV_EBADVERSION, NULL);
+  if (s->ns >= 0) return kvd_fail(out, req, KV_EBADSTATE, "HELLO was already said on this connection");
+  if (h->ver_major != KV_PROTO_MAJOR) return kvd_fail(out, req, KV_EBADVERSION, NULL);
   int ns = kvd_registry_hello(&d->reg, h);
   if (ns < 0) {
     const char *why = ns == -EUSERS ? "every G2 arena is bound to another tenant (raise g2.tenants)"
                     : ns == KV_ETOOBIG ? "block_bytes exceeds the G2 page size (raise g2.page_size)"
                     : ns == -EINVAL ? "layout the daemon cannot serve (TP rank/size, group size, block size)"
                     : NULL;
-    return fail(out, req, ns, why);
+    return kvd_fail(out, req, ns, why);
   }
   s->ns = ns;
   kvd_ns *n = kvd_registry_ns(&d->reg, ns);
   kv_arena *a = kvd_registry_arena(&d->reg, n);
-  kv_msg m = reply_to(req);
+  kv_msg m = kvd_reply_to(req);
   m.flags |= KV_F_FD;
   m.hello_rep.ver_major = KV_PROTO_MAJOR;
   m.hello_rep.ver_minor = min_u16(h->ver_minor, KV_PROTO_MINOR);
@@ -123,52 +190,20 @@ static int op_hello(kvd *d, kvd_session *s, const kv_msg *req, kv_buf *out, int 
 /* --- LOOKUP ----------------------------------------------------------------- */
 static int op_lookup(kvd *d, kvd_session *s, const kv_msg *req, kv_buf *out) {
   const kv_keyvec *v = &req->batch.keys;
-  int rc = load_keys(d, v);
-  if (rc) return fail(out, req, rc, NULL);
+  int rc = kvd_load_keys(d, v);
+  if (rc) return kvd_fail(out, req, rc, NULL);
   int hit = kvd_registry_lookup(&d->reg, s->ns, d->keys, v->n, d->tiers);
-  if (hit < 0) return fail(out, req, hit, NULL);
-  kv_msg m = reply_to(req);
+  if (hit < 0) return kvd_fail(out, req, hit, NULL);
+  kv_msg m = kvd_reply_to(req);
   m.lookup_rep.hit_len = (uint32_t)hit;
   m.lookup_rep.n = v->n;
   m.lookup_rep.tiers = d->tiers;
   return kv_msg_encode(out, &m);
 }
 
-/* --- LOAD: pin each block where the worker can read it -------------------- */
-static int op_load(kvd *d, kvd_session *s, const kv_msg *req, kv_buf *out) {
-  const kv_batch_req *b = &req->batch;
-  int rc = load_keys(d, &b->keys);
-  if (rc) return fail(out, req, rc, NULL);
-  if (b->tier != KV_G2) return fail(out, req, -EOPNOTSUPP, "LOAD serves tier G2 in this build");
-  kvd_ns *n = session_ns(d, s);
-  for (uint32_t i = 0; i < b->keys.n; i++) {
-    kv_load_ent *e = &d->loads[i];
-    memset(e, 0, sizeof *e);
-    e->tier = KV_TIER_NONE;
-    kv_block *blk = kv_core_find(&d->core, (uint32_t)n->core_ns, &d->keys[i]);
-    if (!blk || !(blk->tiers & KV_TIER_BIT(KV_G2))) {
-      e->status = KV_ENOTFOUND;
-      continue;
-    }
-    int prc = kvd_session_pin(&d->core, s, blk);
-    if (prc) {
-      e->status = prc;
-      continue;
-    }
-    kv_core_touch(&d->core, blk);
-    e->tier = KV_G2;
-    e->offset = kv_arena_offset(blk->slot[KV_G2]);
-    e->length = blk->size;
-  }
-  kv_msg m = reply_to(req);
-  m.load_rep.n = b->keys.n;
-  m.load_rep.v = d->loads;
-  return kv_msg_encode(out, &m);
-}
-
 /* Per-key status reply, shared by RELEASE, COMMIT, ABORT, SET_PRIORITY. */
 static int statuses(const kv_msg *req, kv_buf *out, const int32_t *st, uint32_t n) {
-  kv_msg m = reply_to(req);
+  kv_msg m = kvd_reply_to(req);
   m.statuses.n = n;
   m.statuses.v = st;
   return kv_msg_encode(out, &m);
@@ -181,8 +216,8 @@ static kv_block *any_block(kvd *d, kvd_session *s, uint32_t i) {
 }
 
 static int op_release(kvd *d, kvd_session *s, const kv_msg *req, kv_buf *out) {
-  int rc = load_keys(d, &req->batch.keys);
-  if (rc) return fail(out, req, rc, NULL);
+  int rc = kvd_load_keys(d, &req->batch.keys);
+  if (rc) return kvd_fail(out, req, rc, NULL);
   for (uint32_t i = 0; i < req->batch.keys.n; i++) {
     kv_block *b = any_block(d, s, i);
     d->status[i] = b ? kvd_session_unpin(&d->core, s, b) : KV_ENOTFOUND;
@@ -193,9 +228,9 @@ static int op_release(kvd *d, kvd_session *s, const kv_msg *req, kv_buf *out) {
 /* --- ALLOC / COMMIT / ABORT ----------------------------------------------- */
 static int op_alloc(kvd *d, kvd_session *s, const kv_msg *req, kv_buf *out) {
   const kv_alloc_req *a = &req->alloc;
-  if (a->tier != KV_G2) return fail(out, req, -EOPNOTSUPP, "ALLOC serves tier G2 in this build");
-  int rc = load_keys(d, &a->keys);
-  if (rc) return fail(out, req, rc, NULL);
+  if (a->tier != KV_G2) return kvd_fail(out, req, -EOPNOTSUPP, "ALLOC serves tier G2 in this build");
+  int rc = kvd_load_keys(d, &a->keys);
+  if (rc) return kvd_fail(out, req, rc, NULL);
   kvd_ns *n = session_ns(d, s);
   for (uint32_t i = 0; i < a->keys.n; i++) {
     kv_alloc_ent *e = &d->allocs[i];
@@ -214,15 +249,15 @@ static int op_alloc(kvd *d, kvd_session *s, const kv_msg *req, kv_buf *out) {
     }
     e->offset = kv_arena_offset(b->slot[KV_G2]);
   }
-  kv_msg m = reply_to(req);
+  kv_msg m = kvd_reply_to(req);
   m.alloc_rep.n = a->keys.n;
   m.alloc_rep.v = d->allocs;
   return kv_msg_encode(out, &m);
 }
 
 static int op_commit_abort(kvd *d, kvd_session *s, const kv_msg *req, kv_buf *out, int commit) {
-  int rc = load_keys(d, &req->batch.keys);
-  if (rc) return fail(out, req, rc, NULL);
+  int rc = kvd_load_keys(d, &req->batch.keys);
+  if (rc) return kvd_fail(out, req, rc, NULL);
   for (uint32_t i = 0; i < req->batch.keys.n; i++) {
     kv_block *b = any_block(d, s, i);
     if (!b) {
@@ -239,15 +274,7 @@ static int op_commit_abort(kvd *d, kvd_session *s, const kv_msg *req, kv_buf *ou
   return statuses(req, out, d->status, req->batch.keys.n);
 }
 
-/* --- PREFETCH, DELETE, SET_PRIORITY ----------------------------------------- */
-static int op_prefetch(kvd *d, kvd_session *s, const kv_msg *req, kv_buf *out) {
-  /* Every resident block is already in G2 while G3 is not wired in: there
-   * is nothing to bring up, so nothing is queued. */
-  kv_msg m = reply_to(req);
-  m.prefetch_queued = 0;
-  return kv_msg_encode(out, &m);
-}
-
+/* --- DELETE, SET_PRIORITY ----------------------------------------------------- */
 typedef struct del_all { kvd *d; uint32_t core_ns; uint64_t n; } del_all;
 static int del_one(kv_block *b, void *arg) {
   del_all *x = arg;
@@ -257,15 +284,15 @@ static int del_one(kv_block *b, void *arg) {
 
 static int op_delete(kvd *d, kvd_session *s, const kv_msg *req, kv_buf *out) {
   const kv_batch_req *b = &req->batch;
-  kv_msg m = reply_to(req);
+  kv_msg m = kvd_reply_to(req);
   if (b->flags & KV_DEL_ALL) {
     del_all x = {d, (uint32_t)session_ns(d, s)->core_ns, 0};
     kv_index_foreach(&d->core.ix, del_one, &x);
     m.delete_rep.deleted = x.n;
     return kv_msg_encode(out, &m);
   }
-  int rc = load_keys(d, &b->keys);
-  if (rc) return fail(out, req, rc, NULL);
+  int rc = kvd_load_keys(d, &b->keys);
+  if (rc) return kvd_fail(out, req, rc, NULL);
   uint64_t n = 0;
   for (uint32_t i = 0; i < b->keys.n; i++) {
     kv_block *blk = kv_core_find(&d->core, (uint32_t)session_ns(d, s)->core_ns, &d->keys[i]);
@@ -279,8 +306,8 @@ static int op_delete(kvd *d, kvd_session *s, const kv_msg *req, kv_buf *out) {
 }
 
 static int op_set_priority(kvd *d, kvd_session *s, const kv_msg *req, kv_buf *out) {
-  int rc = load_keys(d, &req->batch.keys);
-  if (rc) return fail(out, req, rc, NULL);
+  int rc = kvd_load_keys(d, &req->batch.keys);
+  if (rc) return kvd_fail(out, req, rc, NULL);
   for (uint32_t i = 0; i < req->batch.keys.n; i++) {
     kv_block *b = kv_core_find(&d->core, (uint32_t)session_ns(d, s)->core_ns, &d->keys[i]);
     d->status[i] = b ? 0 : KV_ENOTFOUND;
@@ -294,17 +321,17 @@ static int op_put(kvd *d, kvd_session *s, const kv_msg *req, kv_buf *out) {
   const kv_put_req *p = &req->put;
   kvd_ns *n = session_ns(d, s);
   if (p->data.len != n->block_bytes)
-    return fail(out, req, -EINVAL, "PUT data length differs from the namespace's block_bytes");
+    return kvd_fail(out, req, -EINVAL, "PUT data length differs from the namespace's block_bytes");
   kv_key k, parent;
   kv_key_set(&k, p->key.p, p->key.len);
   if (p->parent.len) kv_key_set(&parent, p->parent.p, p->parent.len);
   kv_block *b;
   int rc = kv_core_alloc(&d->core, (uint32_t)n->core_ns, &k, p->parent.len ? &parent : NULL,
                          p->prio, &b);
-  if (rc) return fail(out, req, rc, NULL);
+  if (rc) return kvd_fail(out, req, rc, NULL);
   memcpy(kv_core_g2_ptr(&d->core, b), p->data.p, p->data.len);
   kv_core_commit(&d->core, b, kv_crc32c(0, p->data.p, p->data.len));
-  kv_msg m = reply_to(req);
+  kv_msg m = kvd_reply_to(req);
   return kv_msg_encode(out, &m);
 }
 
@@ -312,12 +339,12 @@ static int op_get(kvd *d, kvd_session *s, const kv_msg *req, kv_buf *out) {
   kv_key k;
   kv_key_set(&k, req->get_key.p, req->get_key.len);
   kv_block *b = kv_core_find(&d->core, (uint32_t)session_ns(d, s)->core_ns, &k);
-  if (!b || !(b->tiers & KV_TIER_BIT(KV_G2))) return fail(out, req, KV_ENOTFOUND, NULL);
+  if (!b || !(b->tiers & KV_TIER_BIT(KV_G2))) return kvd_fail(out, req, KV_ENOTFOUND, NULL);
   const uint8_t *p = kv_core_g2_ptr(&d->core, b);
   /* Verified before it is served: a worker may have scribbled on G2. */
-  if (kv_crc32c(0, p, b->size) != b->crc) return fail(out, req, KV_ECORRUPT, NULL);
+  if (kv_crc32c(0, p, b->size) != b->crc) return kvd_fail(out, req, KV_ECORRUPT, NULL);
   kv_core_touch(&d->core, b);
-  kv_msg m = reply_to(req);
+  kv_msg m = kvd_reply_to(req);
   m.get_rep.tier = KV_G2;
   m.get_rep.data.p = p;
   m.get_rep.data.len = b->size;
@@ -349,10 +376,23 @@ static int op_status(kvd *d, kvd_session *s, const kv_msg *req, kv_buf *out) {
       "allocs", (json_int_t)c->allocs, "commits", (json_int_t)c->commits,
       "aborts", (json_int_t)c->aborts,
       "policy", d->core.policy->name, "namespaces", (json_int_t)d->reg.nns);
+  if (o && d->g3) {
+    kv_g3_stats gs;
+    kv_g3_get_stats(d->g3, &gs);
+    json_object_set_new(o, "g3", json_pack("{s:s,s:I,s:I,s:I,s:I,s:I,s:I,s:I,s:I}",
+        "state", kv_g3_state_name(gs.state), "capacity_bytes", (json_int_t)gs.capacity_bytes,
+        "stored_bytes", (json_int_t)gs.stored_bytes, "blocks", (json_int_t)gs.slots_stored,
+        "reads", (json_int_t)gs.reads, "writes", (json_int_t)gs.writes,
+        "corrupt", (json_int_t)gs.corrupt, "io_errors", (json_int_t)gs.io_errors,
+        "warm_blocks", (json_int_t)c->warm_blocks));
+    json_object_set_new(json_object_get(o, "core"), "promotions", json_integer((json_int_t)c->promotions));
+    json_object_set_new(json_object_get(o, "core"), "g3_admitted", json_integer((json_int_t)c->g3_admitted));
+    json_object_set_new(json_object_get(o, "core"), "g3_refused", json_integer((json_int_t)c->g3_refused));
+  }
   char *text = o ? json_dumps(o, JSON_COMPACT) : NULL;
   json_decref(o);
-  if (!text) return fail(out, req, -ENOMEM, NULL);
-  kv_msg m = reply_to(req);
+  if (!text) return kvd_fail(out, req, -ENOMEM, NULL);
+  kv_msg m = kvd_reply_to(req);
   m.status_text.p = text;
   m.status_text.len = (uint32_t)strlen(text);
   int rc = kv_msg_encode(out, &m);
@@ -360,25 +400,26 @@ static int op_status(kvd *d, kvd_session *s, const kv_msg *req, kv_buf *out) {
   return rc;
 }
 
-int kvd_handle(kvd *d, kvd_session *s, const kv_msg *req, kv_buf *out, int *fd_out) {
+int kvd_handle(kvd *d, kvd_sink *sink, const kv_msg *req, kv_buf *out, int *fd_out) {
+  kvd_session *s = sink->sess;
   *fd_out = -1;
-  if (req->flags & KV_F_REPLY) return fail(out, req, KV_EBADFRAME, "a reply sent to the daemon");
+  if (req->flags & KV_F_REPLY) return kvd_fail(out, req, KV_EBADFRAME, "a reply sent to the daemon");
   if (req->op < KV_OP_COUNT) d->st.ops[req->op]++;
   if (req->op == KV_OP_HELLO) return op_hello(d, s, req, out, fd_out);
   if (req->op == KV_OP_STATUS) return op_status(d, s, req, out);
-  if (s->ns < 0) return fail(out, req, KV_ENOSESSION, NULL);
+  if (s->ns < 0) return kvd_fail(out, req, KV_ENOSESSION, NULL);
   switch (req->op) {
   case KV_OP_LOOKUP: return op_lookup(d, s, req, out);
-  case KV_OP_LOAD: return op_load(d, s, req, out);
+  case KV_OP_LOAD: return kvd_op_load(d, sink, req, out);
   case KV_OP_RELEASE: return op_release(d, s, req, out);
   case KV_OP_ALLOC: return op_alloc(d, s, req, out);
   case KV_OP_COMMIT: return op_commit_abort(d, s, req, out, 1);
   case KV_OP_ABORT: return op_commit_abort(d, s, req, out, 0);
-  case KV_OP_PREFETCH: return op_prefetch(d, s, req, out);
+  case KV_OP_PREFETCH: return kvd_op_prefetch(d, sink, req, out);
   case KV_OP_DELETE: return op_delete(d, s, req, out);
   case KV_OP_SET_PRIORITY: return op_set_priority(d, s, req, out);
   case KV_OP_PUT: return op_put(d, s, req, out);
   case KV_OP_GET: return op_get(d, s, req, out);
-  default: return fail(out, req, KV_EBADOP, NULL);
+  default: return kvd_fail(out, req, KV_EBADOP, NULL);
   }
 }

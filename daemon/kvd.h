@@ -11,6 +11,7 @@
 #include "daemon/config.h"
 #include "daemon/registry.h"
 #include "daemon/session.h"
+#include "daemon/sink.h"
 #include "proto/wire.h"
 #include "tiers/core.h"
 
@@ -35,10 +36,16 @@ typedef struct kvd {
   int32_t *status;
   kv_load_ent *loads;
   kv_alloc_ent *allocs;
+  kv_g3 *g3;                   /* NULL when no SSD tier is configured */
+  struct kvd_load *waiting;    /* LOADs waiting for G2 room (kvd_loads_retry) */
 } kvd;
 
-/* Builds the core and the registry (tenant arenas) from d->cfg.
- * 0 or an error, logged. */
+/* kvd_handle()'s return when the reply will be sent later, through the sink. */
+#define KVD_DEFERRED 1
+
+/* Builds the core, the registry (tenant arenas) and, if configured, the G3
+ * store (attached to the core: what it holds is served again). 0 or an
+ * error, logged. */
 int kvd_init(kvd *d);
 void kvd_fini(kvd *d);
 
@@ -50,6 +57,22 @@ void kvd_fini(kvd *d);
  * Returns 0, or a negative error when the reply could not be encoded (the
  * caller then closes the connection).
  */
-int kvd_handle(kvd *d, kvd_session *s, const kv_msg *req, kv_buf *out, int *fd_out);
+int kvd_handle(kvd *d, kvd_sink *sink, const kv_msg *req, kv_buf *out, int *fd_out);
+
+/* Shared by the handlers: a reply header for req; an ERROR reply (msg NULL:
+ * the code's own text); the request's keys copied into d->keys. */
+kv_msg kvd_reply_to(const kv_msg *req);
+int kvd_fail(kv_buf *out, const kv_msg *req, int status, const char *msg);
+int kvd_load_keys(kvd *d, const kv_keyvec *v);
+
+/* LOAD and PREFETCH (load.c): they may wait on the SSD tier. kvd_op_load
+ * returns 0 (reply appended to out) or KVD_DEFERRED (the reply goes through
+ * the sink when the last block is up). */
+int kvd_op_load(kvd *d, kvd_sink *sink, const kv_msg *req, kv_buf *out);
+int kvd_op_prefetch(kvd *d, kvd_sink *sink, const kv_msg *req, kv_buf *out);
+/* Retries LOADs that waited for G2 room; call after G3 completions. */
+void kvd_loads_retry(kvd *d);
+/* Delivers G3 completions (and what they unblock). */
+void kvd_g3_poll(kvd *d);
 
 #endif

@@ -29,7 +29,13 @@ typedef struct daemon_state {
   kvd_server srv;
   uv_loop_t loop;
   uv_signal_t sigterm, sigint, sighup;
+  uv_poll_t g3poll;
 } daemon_state;
+
+static void on_g3(uv_poll_t *h, int status, int events) {
+  daemon_state *st = h->data;
+  kvd_g3_poll(&st->d);
+}
 
 static void usage(FILE *f) {
   fprintf(f,
@@ -37,6 +43,8 @@ static void usage(FILE *f) {
           "  -c, --config FILE       read options from FILE (INI; see deploy/kvcached.conf)\n"
           "      --socket-dir DIR    directory of the worker socket\n"
           "      --g2-capacity SIZE  bytes of G2 host memory (K/M/G suffixes)\n"
+          "      --g3-path DIRS      SSD tier directories, comma-separated ('' for none)\n"
+          "      --g3-capacity SIZE  bytes of SSD per G3 directory\n"
           "      --policy NAME       eviction policy\n"
           "      --log-level LEVEL   debug, info, warn or error\n"
           "  -o, --set SECTION.NAME=VALUE  set any option\n"
@@ -74,11 +82,14 @@ static void on_hup(uv_signal_t *h, int signum) {
 }
 
 static int parse_args(daemon_state *d, int argc, char **argv) {
-  enum { OPT_G2CAP = 256, OPT_POLICY, OPT_LOGLEVEL, OPT_PRINT, OPT_FG, OPT_SOCKDIR };
+  enum { OPT_G2CAP = 256, OPT_POLICY, OPT_LOGLEVEL, OPT_PRINT, OPT_FG, OPT_SOCKDIR, OPT_G3PATH,
+         OPT_G3CAP };
   static const struct option lo[] = {
       {"config", required_argument, 0, 'c'},
       {"g2-capacity", required_argument, 0, OPT_G2CAP},
       {"socket-dir", required_argument, 0, OPT_SOCKDIR},
+      {"g3-path", required_argument, 0, OPT_G3PATH},
+      {"g3-capacity", required_argument, 0, OPT_G3CAP},
       {"policy", required_argument, 0, OPT_POLICY},
       {"log-level", required_argument, 0, OPT_LOGLEVEL},
       {"set", required_argument, 0, 'o'},
@@ -109,6 +120,8 @@ static int parse_args(daemon_state *d, int argc, char **argv) {
     switch (ch) {
     case 'c': break;
     case OPT_G2CAP: rc = kv_config_set(&d->d.cfg, "g2.capacity", optarg, err, sizeof err); break;
+    case OPT_G3PATH: rc = kv_config_set(&d->d.cfg, "g3.path", optarg, err, sizeof err); break;
+    case OPT_G3CAP: rc = kv_config_set(&d->d.cfg, "g3.capacity", optarg, err, sizeof err); break;
     case OPT_SOCKDIR: rc = kv_config_set(&d->d.cfg, "daemon.socket_dir", optarg, err, sizeof err); break;
     case OPT_POLICY: rc = kv_config_set(&d->d.cfg, "cache.policy", optarg, err, sizeof err); break;
     case OPT_LOGLEVEL: rc = kv_config_set(&d->d.cfg, "log.level", optarg, err, sizeof err); break;
@@ -164,6 +177,11 @@ int main(int argc, char **argv) {
     uv_loop_close(&st.loop);
     return 1;
   }
+  if (st.d.g3) {
+    uv_poll_init(&st.loop, &st.g3poll, kv_g3_fd(st.d.g3));
+    st.g3poll.data = &st;
+    uv_poll_start(&st.g3poll, UV_READABLE, on_g3);
+  }
   uv_signal_init(&st.loop, &st.sigterm);
   uv_signal_init(&st.loop, &st.sigint);
   uv_signal_init(&st.loop, &st.sighup);
@@ -177,14 +195,19 @@ int main(int argc, char **argv) {
     cap += st.d.reg.tenants[i].arena.capacity;
     locked += st.d.reg.tenants[i].arena.locked;
   }
-  kv_info("daemon", "ready: socket %s, G2 %llu bytes for %u tenant(s) (%s), policy %s",
+  kv_info("daemon", "ready: socket %s, G2 %llu bytes for %u tenant(s) (%s), G3 %s, policy %s",
           st.srv.lst.path, (unsigned long long)cap, st.d.reg.ntenants,
-          locked == st.d.reg.ntenants ? "locked" : "not locked", st.d.core.policy->name);
+          locked == st.d.reg.ntenants ? "locked" : "not locked",
+          st.d.g3 ? st.d.cfg.g3_path : "off", st.d.core.policy->name);
   uv_run(&st.loop, UV_RUN_DEFAULT);
 
   /* Stop accepting, send what is owed, release every session. */
   kvd_server_stop_listening(&st.srv);
   kvd_server_close_all(&st.srv, 1000);
+  if (st.d.g3) {
+    uv_poll_stop(&st.g3poll);
+    uv_close((uv_handle_t *)&st.g3poll, NULL);
+  }
   uv_close((uv_handle_t *)&st.sigterm, NULL);
   uv_close((uv_handle_t *)&st.sigint, NULL);
   uv_close((uv_handle_t *)&st.sighup, NULL);

@@ -128,7 +128,7 @@ int kvd_registry_hello(kvd_registry *r, const kv_hello_req *h) {
     r->capns = cap;
   }
   kv_arena *a = &r->tenants[t].arena;
-  int core_ns = kv_core_ns_register(r->core, a, l->block_bytes);
+  int core_ns = kv_core_ns_register_digest(r->core, a, l->block_bytes, d);
   if (core_ns < 0) return core_ns;
   if (h->group.len) {
     g = group_for(r, (uint32_t)t, &h->group, l->tp_size);

@@ -16,6 +16,7 @@ struct kvd_conn {
   int fd;
   kvd_server *srv;
   kvd_session sess;
+  kvd_sink *sink;
   kv_reader rd;
   kv_buf out;
   struct { size_t at; int fd; } ofd[MAX_OUT_FDS]; /* fd to send with byte `at` of out */
@@ -27,6 +28,25 @@ struct kvd_conn {
 };
 
 static void on_conn(uv_poll_t *h, int status, int events);
+static void conn_close(kvd_conn *c, const char *why);
+static int conn_flush(kvd_conn *c);
+static void set_events(kvd_conn *c);
+
+void kvd_sink_put(kvd_sink *s) {
+  if (--s->refs == 0) free(s);
+}
+
+/* A deferred reply: queue it behind what is waiting and send what we can. */
+static void sink_deliver(kvd_sink *s, const kv_buf *frame) {
+  kvd_conn *c = s->conn;
+  if (!c || c->closing) return;
+  if (kv_buf_append(&c->out, frame->p, frame->len)) {
+    conn_close(c, "out of memory for a reply");
+    return;
+  }
+  if (conn_flush(c) < 0) { conn_close(c, "peer gone while sending"); return; }
+  set_events(c);
+}
 
 static void conn_free_cb(uv_handle_t *h) {
   kvd_conn *c = h->data;
@@ -40,6 +60,9 @@ static void conn_free_cb(uv_handle_t *h) {
 static void conn_close(kvd_conn *c, const char *why) {
   if (c->closing) return;
   c->closing = 1;
+  c->sink->conn = NULL;
+  c->sink->sess = NULL;
+  kvd_sink_put(c->sink);
   kvd *d = c->srv->d;
   uint64_t pins = 0, allocs = 0;
   kvd_session_close(&d->core, &c->sess, &pins, &allocs);
@@ -103,7 +126,8 @@ static void handle_frame(kvd_conn *c, const kv_frame *f) {
     d->st.bad_frames++;
     rc = kv_msg_encode_error(&c->out, f->hdr.id, f->hdr.op, rc, kv_strerror(rc));
   } else {
-    rc = kvd_handle(d, &c->sess, &m, &c->out, &out_fd);
+    rc = kvd_handle(d, c->sink, &m, &c->out, &out_fd);
+    if (rc == KVD_DEFERRED) return;
   }
   if (rc) {
     kv_warn("server", "session %llu: cannot encode a reply to %s: %s", (unsigned long long)c->sess.id,
@@ -174,13 +198,21 @@ static void on_accept(uv_poll_t *h, int status, int events) {
       return;
     }
     kvd_conn *c = calloc(1, sizeof *c);
-    if (!c) {
+    kvd_sink *sink = calloc(1, sizeof *sink);
+    if (!c || !sink) {
+      free(c);
+      free(sink);
       kv_warn("server", "out of memory: refusing a connection");
       close(fd);
       continue;
     }
     c->fd = fd;
     c->srv = s;
+    c->sink = sink;
+    sink->deliver = sink_deliver;
+    sink->conn = c;
+    sink->sess = &c->sess;
+    sink->refs = 1;
     kv_sock_peercred(fd, &c->cred);
     kvd_session_init(&c->sess, s->d->next_session_id++);
     kv_reader_init(&c->rd, 0);

@@ -13,8 +13,8 @@ cmake --build build -j"$(nproc)"
 run=$(mktemp -d /tmp/kvcached-quickstart.XXXXXX)
 log=$run/log
 echo
-echo "== starting kvcached with deploy/kvcached.conf (socket in $run)"
-./build/bin/kvcached --config deploy/kvcached.conf --socket-dir "$run" 2>"$log" &
+echo "== starting kvcached with deploy/kvcached.conf (socket and G3 files in $run)"
+./build/bin/kvcached --config deploy/kvcached.conf --socket-dir "$run" --g3-path "$run/g3" 2>"$log" &
 pid=$!
 trap 'kill -9 $pid 2>/dev/null || true; rm -rf "$run"' EXIT
 for _ in $(seq 100); do grep -q "ready:" "$log" && break; sleep 0.1; done

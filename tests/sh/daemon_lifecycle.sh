@@ -26,14 +26,14 @@ expect_exit 2 "kvctl unknown command is a usage error" "$BIN/kvctl" frobnicate
 
 # A real start, reload and stop.
 printf '[g2]\ncapacity = 16M\npage_size = 4M\n[log]\nlevel = info\n' > "$T/k.conf"
-"$BIN/kvcached" --config "$T/k.conf" --socket-dir "$T/run" --foreground 2> "$T/log" &
+"$BIN/kvcached" --config "$T/k.conf" --socket-dir "$T/run" --g3-path "$T/g3" --g3-capacity 8M --foreground 2> "$T/log" &
 pid=$!
 PIDS+=("$pid")
 if wait_for "$T/log" "ready: socket $T/run/kvcached.sock, G2 16777216 bytes" 10; then ok "daemon reports ready with its socket and G2"; else bad "daemon ready: $(cat "$T/log")"; fi
 check "the socket is there, mode 0660" test "$(stat -c %a "$T/run/kvcached.sock")" = 660
 check "its directory is 0750" test "$(stat -c %a "$T/run")" = 750
 # A second daemon on the same socket directory is refused, the first unharmed.
-expect_exit 1 "a second daemon on the same socket is refused" "$BIN/kvcached" --config "$T/k.conf" --socket-dir "$T/run"
+expect_exit 1 "a second daemon on the same socket is refused" "$BIN/kvcached" --config "$T/k.conf" --socket-dir "$T/run" --g3-path ""
 grep -q "another kvcached is serving it" "$T/err" && ok "and says why" || bad "second daemon message: $(cat "$T/err")"
 grep -q "G1" "$T/log" && ok "daemon says whether G1 is available" || bad "G1 status logged"
 printf '[g2]\ncapacity = 16M\npage_size = 4M\n[log]\nlevel = debug\n' > "$T/k.conf"
@@ -48,9 +48,10 @@ wait "$pid"
 rc=$?
 [ "$rc" -eq 0 ] && ok "SIGTERM exits 0" || bad "SIGTERM exit status $rc"
 grep -q "stopped cleanly" "$T/log" && ok "clean stop logged" || bad "clean stop logged"
+grep -q "index synced and closed" "$T/log" && ok "the G3 index is synced on SIGTERM" || bad "G3 index sync on stop: $(cat "$T/log")"
 check "the socket file is removed on stop" test ! -e "$T/run/kvcached.sock"
 
 # An arena too large to create is a start-up failure with a message.
-expect_exit 1 "an impossible G2 size fails at start-up" "$BIN/kvcached" --g2-capacity 64T --set g2.lock=no --socket-dir "$T/run2"
+expect_exit 1 "an impossible G2 size fails at start-up" "$BIN/kvcached" --g2-capacity 64T --set g2.lock=no --socket-dir "$T/run2" --g3-path ""
 grep -q "cannot create the G2 arena" "$T/err" && ok "start-up failure explained" || bad "start-up failure explained: $(cat "$T/err")"
 finish

@@ -1,0 +1,206 @@
+/*
+ * load.c - LOAD and PREFETCH: pin blocks where the worker can read them,
+ * bringing them up from the SSD when they are there only.
+ *
+ * A LOAD answers per block. Blocks already in G2 are answered at once;
+ * blocks in G3 only are promoted (kv_core_promote: a G2 slot, a verified
+ * read) and the reply waits for the last of them. A block whose read fails
+ * verification is answered with KV_ECORRUPT (or the I/O error), never as a
+ * hit. When G2 has no room until a demotion completes (-EAGAIN), the LOAD
+ * waits in d->waiting and is retried after each batch of G3 completions.
+ * If the worker disconnects meanwhile, its pins are already released with
+ * its session; the late reply is dropped.
+ */
+#include <errno.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "daemon/kvd.h"
+#include "daemon/log.h"
+
+#define RETRY 1 /* entry status while waiting for G2 room */
+
+typedef struct kvd_load kvd_load;
+
+typedef struct load_key {
+  kvd_load *ld;
+  uint32_t i;
+} load_key;
+
+struct kvd_load {
+  kvd *d;
+  kvd_sink *sink;
+  kv_msg req;          /* id and op, for the reply */
+  uint32_t n, pending;
+  uint32_t core_ns;
+  kvd_load *next_wait;
+  int waiting;
+  kv_bid *bid;
+  kv_load_ent *ent;
+  load_key *keys;
+};
+
+static void fill_g2(kvd_load *ld, uint32_t i, const kv_block *b) {
+  kv_load_ent *e = &ld->ent[i];
+  e->status = 0;
+  e->tier = KV_G2;
+  e->offset = kv_arena_offset(b->slot[KV_G2]);
+  e->length = b->size;
+}
+
+/* The block's entry failed: say why and drop the pin the LOAD took. */
+static void fail_entry(kvd_load *ld, uint32_t i, int status) {
+  kv_load_ent *e = &ld->ent[i];
+  memset(e, 0, sizeof *e);
+  e->status = status;
+  e->tier = KV_TIER_NONE;
+  kv_block *b = kv_index_at(&ld->d->core.ix, ld->bid[i]);
+  if (b && ld->sink->sess) kvd_session_unpin(&ld->d->core, ld->sink->sess, b);
+}
+
+static void finish(kvd_load *ld) {
+  if (ld->sink->conn) {
+    kv_buf out;
+    kv_buf_init(&out);
+    kv_msg m = kvd_reply_to(&ld->req);
+    m.load_rep.n = ld->n;
+    m.load_rep.v = ld->ent;
+    if (kv_msg_encode(&out, &m) == 0) ld->sink->deliver(ld->sink, &out);
+    kv_buf_free(&out);
+  }
+  kvd_sink_put(ld->sink);
+  free(ld->bid);
+  free(ld->ent);
+  free(ld->keys);
+  free(ld);
+}
+
+static void promoted(kv_core *c, kv_block *b, int status, void *arg) {
+  load_key *k = arg;
+  kvd_load *ld = k->ld;
+  if (status == 0) fill_g2(ld, k->i, b);
+  else fail_entry(ld, k->i, status);
+  if (--ld->pending == 0 && !ld->waiting) finish(ld);
+}
+
+/* Starts (or retries) bringing entry i up. Returns 1 if it is now pending
+ * on a completion or waiting for room, 0 if the entry is final. */
+static int start(kvd_load *ld, uint32_t i) {
+  kv_block *b = kv_index_at(&ld->d->core.ix, ld->bid[i]);
+  int rc = kv_core_promote(&ld->d->core, b, promoted, &ld->keys[i]);
+  if (rc == 0) return 1;
+  if (rc == 1) { fill_g2(ld, i, b); return 0; }
+  if (rc == -EAGAIN || rc == -EBUSY) {
+    ld->ent[i].status = RETRY;
+    return 1;
+  }
+  fail_entry(ld, i, rc);
+  return 0;
+}
+
+static void wait_for_room(kvd_load *ld) {
+  if (ld->waiting) return;
+  ld->waiting = 1;
+  ld->next_wait = ld->d->waiting;
+  ld->d->waiting = ld;
+}
+
+int kvd_op_load(kvd *d, kvd_sink *sink, const kv_msg *req, kv_buf *out) {
+  const kv_batch_req *br = &req->batch;
+  kvd_session *s = sink->sess;
+  int rc = kvd_load_keys(d, &br->keys);
+  if (rc) return kvd_fail(out, req, rc, NULL);
+  if (br->tier != KV_G2) return kvd_fail(out, req, -EOPNOTSUPP, "LOAD serves tier G2 in this build");
+  uint32_t n = br->keys.n;
+  kvd_load *ld = calloc(1, sizeof *ld);
+  if (ld) {
+    ld->bid = calloc(n ? n : 1, sizeof *ld->bid);
+    ld->ent = calloc(n ? n : 1, sizeof *ld->ent);
+    ld->keys = calloc(n ? n : 1, sizeof *ld->keys);
+  }
+  if (!ld || !ld->bid || !ld->ent || !ld->keys) {
+    if (ld) { free(ld->bid); free(ld->ent); free(ld->keys); free(ld); }
+    return kvd_fail(out, req, -ENOMEM, NULL);
+  }
+  ld->d = d;
+  ld->sink = sink;
+  kvd_sink_get(sink);
+  ld->req = *req;
+  ld->n = n;
+  ld->core_ns = (uint32_t)kvd_registry_ns(&d->reg, s->ns)->core_ns;
+
+  for (uint32_t i = 0; i < n; i++) {
+    kv_load_ent *e = &ld->ent[i];
+    e->tier = KV_TIER_NONE;
+    ld->keys[i] = (load_key){ld, i};
+    ld->bid[i] = KV_BID_NONE;
+    kv_block *b = kv_core_find(&d->core, ld->core_ns, &d->keys[i]);
+    if (!b) { e->status = KV_ENOTFOUND; continue; }
+    if ((e->status = kvd_session_pin(&d->core, s, b))) continue;
+    ld->bid[i] = b->id;
+    kv_core_touch(&d->core, b);
+    if (b->tiers & KV_TIER_BIT(KV_G2)) fill_g2(ld, i, b);
+    else ld->pending += (uint32_t)start(ld, i);
+  }
+  for (uint32_t i = 0; i < n; i++)
+    if (ld->ent[i].status == RETRY) { wait_for_room(ld); break; }
+  if (ld->pending) return KVD_DEFERRED;
+  /* Everything was final: answer now, in the reply stream. */
+  kv_msg m = kvd_reply_to(req);
+  m.load_rep.n = n;
+  m.load_rep.v = ld->ent;
+  rc = kv_msg_encode(out, &m);
+  kvd_sink_put(ld->sink);
+  free(ld->bid);
+  free(ld->ent);
+  free(ld->keys);
+  free(ld);
+  return rc;
+}
+
+void kvd_loads_retry(kvd *d) {
+  kvd_load *list = d->waiting;
+  d->waiting = NULL;
+  while (list) {
+    kvd_load *ld = list;
+    list = ld->next_wait;
+    ld->waiting = 0;
+    int still = 0;
+    for (uint32_t i = 0; i < ld->n; i++) {
+      if (ld->ent[i].status != RETRY) continue;
+      if (!ld->sink->conn) { /* nobody to answer: give up the wait */
+        ld->ent[i].status = -ECANCELED;
+        ld->pending--;
+        continue;
+      }
+      ld->pending--;
+      ld->ent[i].status = 0;
+      int p = start(ld, i);
+      ld->pending += (uint32_t)p;
+      if (p && ld->ent[i].status == RETRY) still = 1;
+    }
+    if (still) wait_for_room(ld);
+    else if (ld->pending == 0) finish(ld);
+  }
+}
+
+void kvd_g3_poll(kvd *d) {
+  if (!d->g3) return;
+  kv_g3_poll(d->g3);
+  if (d->waiting) kvd_loads_retry(d);
+}
+
+int kvd_op_prefetch(kvd *d, kvd_sink *sink, const kv_msg *req, kv_buf *out) {
+  const kv_batch_req *br = &req->batch;
+  int rc = kvd_load_keys(d, &br->keys);
+  if (rc) return kvd_fail(out, req, rc, NULL);
+  uint32_t core_ns = (uint32_t)kvd_registry_ns(&d->reg, sink->sess->ns)->core_ns;
+  uint32_t queued = 0;
+  for (uint32_t i = 0; i < br->keys.n; i++) {
+    kv_block *b = kv_core_find(&d->core, core_ns, &d->keys[i]);
+    if (b && kv_core_promote(&d->core, b, NULL, NULL) == 0) queued++;
+  }
+  kv_msg m = kvd_reply_to(req);
+  m.prefetch_queued = queued;
+  return kv_msg_encode(out, &m);
+}
