@@ -14,6 +14,10 @@ static const struct {
 } cmds[] = {
     {"core-replay", "replay a Mooncake trace through the cache core (no daemon)", kvbench_core_replay},
     {"g3", "G3 SSD tier write/read throughput; `g3 rebuild` rebuilds its index", kvbench_g3},
+    {"lookup", "a running daemon: batched LOOKUP keys/s, single-key round trip", kvbench_lookup},
+    {"load", "a running daemon: LOAD and copy out resident G2 blocks, GB/s", kvbench_load},
+    {"store", "a running daemon: ALLOC, copy in, COMMIT, GB/s", kvbench_store},
+    {"memcpy", "the reference for load: the same copies from plain memory", kvbench_memcpy},
 };
 
 static void usage(FILE *f) {

@@ -1,0 +1,687 @@
+/*
+ * bench_daemon.c - kvbench subcommands that measure a running kvcached
+ * through libkvclient, and the plain-memory reference they are read
+ * against:
+ *
+ *   lookup  batched LOOKUPs of a resident prefix chain (keys/s), then
+ *           single-key LOOKUP round trips (p50/p99 microseconds)
+ *   load    LOAD a batch of resident G2 blocks, copy every byte of each
+ *           out of the shared arena into the worker's own buffer, RELEASE;
+ *           GB/s of block bytes copied
+ *   store   ALLOC a batch, copy every byte of each block in, COMMIT (the
+ *           daemon checksums it); GB/s of block bytes committed
+ *   memcpy  the same copies as `load`, from a plain shared mapping of the
+ *           same size, with no daemon: the ceiling `load` is compared to
+ *
+ * --clients N runs N forked processes, each with its own connection (and
+ * its own mapping of the arena), started together; rates are summed.
+ * Every client first makes one untimed pass (faulting the mapping in), so
+ * the timed part is the steady state. What a run needs is put in first
+ * (blocks for lookup and load, under keys private to the run) and deleted
+ * at the end. GB/s is 1e9 bytes per second.
+ *
+ * Each subcommand prints one JSON object on stdout (compact with --json)
+ * and a summary line on stderr. Exit status: 0 done, 1 the benchmark
+ * failed (no daemon, a block missing), 2 bad usage.
+ */
+#include <errno.h>
+#include <getopt.h>
+#include <jansson.h>
+#include <poll.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <sys/wait.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "client/kvclient.h"
+#include "daemon/config.h"
+#include "proto/errors.h"
+#include "tools/kvbench.h"
+
+#define MAX_CLIENTS 64
+#define AUTO_SET_BYTES (512ull << 20) /* default working set of load/memcpy */
+#define RTT_SAMPLES_MAX (1u << 20)
+#define KEY_BYTES 16
+
+typedef enum { B_LOOKUP, B_LOAD, B_STORE, B_MEMCPY } bench_kind;
+static const char *const bench_name[] = {"lookup", "load", "store", "memcpy"};
+
+typedef struct dopts {
+  bench_kind kind;
+  char socket[256];
+  int have_socket;
+  const char *tenant;
+  uint32_t block_bytes;
+  uint32_t clients;
+  double seconds;
+  uint32_t blocks; /* working set (load, memcpy); 0: auto */
+  uint32_t batch;  /* blocks per LOAD / ALLOC request */
+  uint32_t keys;   /* keys per batched LOOKUP */
+  int json;
+} dopts;
+
+/* What one client process reports, in shared memory. */
+typedef struct cres {
+  double elapsed;  /* seconds of the timed part */
+  uint64_t units;  /* keys looked up, blocks copied */
+  uint64_t bytes;  /* block bytes moved */
+  uint64_t requests;
+  uint64_t bad;    /* blocks whose bytes were not what was stored */
+  int rc;          /* 0, or the error that stopped it */
+  char err[160];
+} cres;
+
+static double now_s(void) {
+  struct timespec ts;
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
+}
+
+static uint64_t now_ns(void) {
+  struct timespec ts;
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  return (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec;
+}
+
+/* Keys private to one run: 8 bytes of run nonce, 4 of client (0xffffffff
+ * for blocks the parent put in), 4 of index. */
+static uint64_t run_nonce;
+
+static kvc_key mkkey(uint32_t client, uint32_t i) {
+  kvc_key k = {.len = KEY_BYTES};
+  for (int b = 0; b < 8; b++) k.b[b] = (uint8_t)(run_nonce >> (8 * b));
+  for (int b = 0; b < 4; b++) k.b[8 + b] = (uint8_t)(client >> (8 * b));
+  for (int b = 0; b < 4; b++) k.b[12 + b] = (uint8_t)(i >> (8 * b));
+  return k;
+}
+#define PARENT_CLIENT 0xffffffffu
+
+/* The byte block i is filled with. */
+static uint8_t fill_of(uint32_t i) { return (uint8_t)(0x5a ^ i ^ (i >> 8)); }
+
+static int open_conn(const dopts *o, kvc **out) {
+  kvc_opts ko = {.socket_path = o->have_socket ? o->socket : NULL, .tenant = o->tenant,
+                 .layout = {.block_bytes = o->block_bytes, .tokens_per_block = 16, .layers = 1,
+                            .kv_heads = 1, .head_dim = 1, .tp_rank = 0, .tp_size = 1,
+                            .dtype = "u8"},
+                 .timeout_ms = 30000};
+  return kvc_open(&ko, out);
+}
+
+static void say_open_error(const dopts *o, int rc) {
+  const char *path = o->have_socket ? o->socket : getenv("KVCACHED_SOCKET");
+  if (!path) path = "/run/kvcached/kvcached.sock";
+  fprintf(stderr, "kvbench %s: cannot open a session on %s: %s%s\n", bench_name[o->kind], path,
+          kvc_strerror(rc), rc == -ENOENT || rc == -ECONNREFUSED ? " (is kvcached running?)" : "");
+}
+
+/* G2 bytes the daemon gives this tenant (its arena), from STATUS; 0 if
+ * the status does not say. */
+static uint64_t arena_capacity(kvc *c, const char *tenant) {
+  char *text = NULL;
+  if (kvc_status(c, &text)) return 0;
+  json_t *o = json_loads(text, 0, NULL);
+  free(text);
+  uint64_t cap = 0;
+  json_t *g2 = json_object_get(o, "g2"), *ts = json_object_get(g2, "tenants"), *t;
+  size_t i;
+  json_array_foreach(ts, i, t) {
+    const char *name = json_string_value(json_object_get(t, "tenant"));
+    if (name && !strcmp(name, tenant))
+      cap = (uint64_t)json_integer_value(json_object_get(t, "capacity_bytes"));
+  }
+  if (!cap && json_array_size(ts))
+    cap = (uint64_t)json_integer_value(json_object_get(g2, "capacity_bytes")) / json_array_size(ts);
+  json_decref(o);
+  return cap;
+}
+
+/* Puts blocks [0, n) of the parent's keys in, `batch` per request, block i
+ * filled with fill_of(i); as one chain when chain is set. 0 or an error
+ * (message printed). */
+static int populate(const dopts *o, kvc *c, uint32_t n, int chain) {
+  uint32_t batch = o->batch > KVC_BATCH_MAX ? KVC_BATCH_MAX : o->batch;
+  kvc_key *keys = calloc(batch, sizeof *keys), *parents = calloc(batch, sizeof *parents);
+  kvc_block *out = calloc(batch, sizeof *out);
+  int32_t *st = calloc(batch, sizeof *st);
+  int rc = keys && parents && out && st ? 0 : -ENOMEM;
+  for (uint32_t at = 0; at < n && !rc; at += batch) {
+    uint32_t m = n - at < batch ? n - at : batch;
+    for (uint32_t i = 0; i < m; i++) {
+      keys[i] = mkkey(PARENT_CLIENT, at + i);
+      memset(&parents[i], 0, sizeof parents[i]);
+      if (chain && at + i > 0) parents[i] = mkkey(PARENT_CLIENT, at + i - 1);
+    }
+    int got = kvc_alloc(c, KVC_G2, 200, keys, parents, m, out);
+    if (got != (int)m) {
+      int why = got < 0 ? got : 0;
+      for (uint32_t i = 0; i < m && !why; i++) why = out[i].status;
+      fprintf(stderr, "kvbench %s: storing block %u of %u: %s\n", bench_name[o->kind], at, n,
+              kvc_strerror(why));
+      rc = why ? why : -EIO;
+      break;
+    }
+    for (uint32_t i = 0; i < m; i++) memset(out[i].ptr, fill_of(at + i), o->block_bytes);
+    got = kvc_commit(c, keys, m, st);
+    if (got != (int)m) {
+      rc = got < 0 ? got : st[0] ? st[0] : -EIO;
+      fprintf(stderr, "kvbench %s: commit: %s\n", bench_name[o->kind], kvc_strerror(rc));
+    }
+  }
+  free(keys); free(parents); free(out); free(st);
+  return rc;
+}
+
+/* Deletes blocks [0, n) of `client`'s keys (those evicted already are
+ * simply not found). */
+static void delete_keys(kvc *c, uint32_t client, uint32_t n) {
+  static kvc_key keys[KVC_BATCH_MAX];
+  for (uint32_t at = 0; at < n; at += KVC_BATCH_MAX) {
+    uint32_t m = n - at < KVC_BATCH_MAX ? n - at : KVC_BATCH_MAX;
+    for (uint32_t i = 0; i < m; i++) keys[i] = mkkey(client, at + i);
+    if (kvc_delete(c, keys, m) < 0) return;
+  }
+}
+
+/* --- the client processes -------------------------------------------------------- */
+
+typedef struct runctx {
+  const dopts *o;
+  uint32_t nblocks;     /* working set (load, memcpy), resident keys (lookup) */
+  uint32_t warm_blocks; /* store: blocks written before the clock starts */
+  uint8_t *src;         /* memcpy: the shared source */
+  int ready_w, go_r;
+} runctx;
+
+static void fail_res(cres *r, int rc, const char *what) {
+  r->rc = rc ? rc : -EIO;
+  snprintf(r->err, sizeof r->err, "%s: %s", what, kvc_strerror(r->rc));
+}
+
+/* Tells the parent this client is ready (or failed), then waits for the
+ * start: the parent closes the go pipe. */
+static void barrier(runctx *x) {
+  char b = 1;
+  if (write(x->ready_w, &b, 1) != 1) _exit(3);
+  while (read(x->go_r, &b, 1) > 0) {}
+}
+
+/* Copies block `len` bytes from src to dst and checks the fill byte at
+ * both ends; returns 1 if they are not `want`. */
+static int copy_check(uint8_t *dst, const uint8_t *src, uint32_t len, uint8_t want) {
+  memcpy(dst, src, len);
+  return dst[0] != want || dst[len - 1] != want;
+}
+
+static void client_load(runctx *x, uint32_t id, cres *r, int plain) {
+  const dopts *o = x->o;
+  uint32_t n = x->nblocks, batch = o->batch < n ? o->batch : n;
+  kvc *c = NULL;
+  kvc_key *keys = calloc(batch, sizeof *keys);
+  kvc_block *blk = calloc(batch, sizeof *blk);
+  uint8_t *dst = aligned_alloc(4096, (o->block_bytes + 4095) / 4096 * 4096);
+  if (!keys || !blk || !dst) { fail_res(r, -ENOMEM, "buffers"); barrier(x); return; }
+  int rc = plain ? 0 : open_conn(o, &c);
+  if (rc) { fail_res(r, rc, "open"); barrier(x); return; }
+  uint32_t at = (uint32_t)((uint64_t)n * id / o->clients); /* clients start apart */
+  /* One pass untimed, then the clock. */
+  for (int timed = 0; timed < 2 && !r->rc; timed++) {
+    uint64_t units = 0, reqs = 0, bad = 0, passed = 0;
+    double t0 = 0, deadline = 0;
+    if (timed) {
+      barrier(x);
+      t0 = now_s();
+      deadline = t0 + o->seconds;
+    }
+    for (;;) {
+      uint32_t m = batch;
+      for (uint32_t i = 0; i < m; i++) keys[i] = mkkey(PARENT_CLIENT, (at + i) % n);
+      if (plain) {
+        for (uint32_t i = 0; i < m; i++) {
+          uint32_t b = (at + i) % n;
+          bad += (uint64_t)copy_check(dst, x->src + (size_t)b * o->block_bytes, o->block_bytes,
+                                      fill_of(b));
+        }
+      } else {
+        int got = kvc_load(c, KVC_G2, keys, m, blk);
+        if (got != (int)m) {
+          int why = got < 0 ? got : 0;
+          for (uint32_t i = 0; i < m && !why; i++) why = blk[i].status;
+          fail_res(r, why, "load");
+          break;
+        }
+        for (uint32_t i = 0; i < m; i++)
+          bad += blk[i].length != o->block_bytes ||
+                 copy_check(dst, blk[i].ptr, o->block_bytes, fill_of((at + i) % n));
+        got = kvc_release(c, keys, m, NULL);
+        if (got != (int)m) { fail_res(r, got, "release"); break; }
+        reqs += 2;
+      }
+      units += m;
+      passed += m;
+      at = (at + m) % n;
+      if (timed ? now_s() >= deadline : passed >= n) break;
+    }
+    if (timed) {
+      r->elapsed = now_s() - t0;
+      r->units = units;
+      r->bytes = units * o->block_bytes;
+      r->requests = reqs;
+      r->bad = bad;
+    }
+    if (!timed && r->rc) barrier(x);
+  }
+  kvc_close(c);
+  free(keys); free(blk); free(dst);
+}
+
+static void client_store(runctx *x, uint32_t id, cres *r) {
+  const dopts *o = x->o;
+  uint32_t batch = o->batch;
+  kvc *c = NULL;
+  kvc_key *keys = calloc(batch, sizeof *keys);
+  kvc_block *blk = calloc(batch, sizeof *blk);
+  int32_t *st = calloc(batch, sizeof *st);
+  uint8_t *src = aligned_alloc(4096, (o->block_bytes + 4095) / 4096 * 4096);
+  if (!keys || !blk || !st || !src) { fail_res(r, -ENOMEM, "buffers"); barrier(x); return; }
+  memset(src, 0xa5, o->block_bytes);
+  int rc = open_conn(o, &c);
+  if (rc) { fail_res(r, rc, "open"); barrier(x); return; }
+  uint32_t next = 0; /* this client's next key index */
+  unsigned refused = 0;
+  for (int timed = 0; timed < 2 && !r->rc; timed++) {
+    uint64_t units = 0, reqs = 0, passed = 0;
+    double t0 = 0, deadline = 0;
+    if (timed) {
+      barrier(x);
+      t0 = now_s();
+      deadline = t0 + o->seconds;
+    }
+    while (!(timed ? now_s() >= deadline : passed >= x->warm_blocks)) {
+      for (uint32_t i = 0; i < batch; i++) keys[i] = mkkey(id, next + i);
+      next += batch;
+      int got = kvc_alloc(c, KVC_G2, 128, keys, NULL, batch, blk);
+      if (got < 0) { fail_res(r, got, "alloc"); break; }
+      uint32_t k = 0;
+      for (uint32_t i = 0; i < batch; i++) {
+        if (blk[i].status) continue; /* no room even after eviction: counted as not stored */
+        memcpy(blk[i].ptr, src, o->block_bytes);
+        keys[k++] = keys[i];
+      }
+      if (k == 0) {
+        /* Every slot is held by other clients' uncommitted blocks: wait
+         * for their commits, a while. */
+        if (++refused > 1000) { fail_res(r, blk[0].status, "alloc (every block refused)"); break; }
+        usleep(100);
+        continue;
+      }
+      refused = 0;
+      got = kvc_commit(c, keys, k, st);
+      if (got < 0) { fail_res(r, got, "commit"); break; }
+      units += (uint64_t)got;
+      passed += batch;
+      reqs += 2;
+    }
+    if (timed) {
+      r->elapsed = now_s() - t0;
+      r->units = units;
+      r->bytes = units * o->block_bytes;
+      r->requests = reqs;
+    }
+    if (!timed && r->rc) barrier(x);
+  }
+  if (c) delete_keys(c, id, next);
+  kvc_close(c);
+  free(keys); free(blk); free(st); free(src);
+}
+
+static void client_lookup(runctx *x, uint32_t id, cres *r) {
+  const dopts *o = x->o;
+  uint32_t n = o->keys;
+  kvc *c = NULL;
+  kvc_key *keys = calloc(n, sizeof *keys);
+  uint8_t *tiers = malloc(n);
+  if (!keys || !tiers) { fail_res(r, -ENOMEM, "buffers"); barrier(x); return; }
+  for (uint32_t i = 0; i < n; i++) keys[i] = mkkey(PARENT_CLIENT, i);
+  int rc = open_conn(o, &c);
+  if (rc) { fail_res(r, rc, "open"); barrier(x); return; }
+  int hit = kvc_lookup(c, keys, n, tiers); /* untimed, and checked */
+  if (hit != (int)x->nblocks) {
+    fail_res(r, hit < 0 ? hit : -EIO, "lookup (resident prefix not as stored)");
+    barrier(x);
+  } else {
+    barrier(x);
+    double t0 = now_s(), deadline = t0 + o->seconds / 2;
+    uint64_t units = 0, reqs = 0;
+    do {
+      hit = kvc_lookup(c, keys, n, tiers);
+      if (hit < 0) { fail_res(r, hit, "lookup"); break; }
+      units += n;
+      reqs++;
+    } while (now_s() < deadline);
+    r->elapsed = now_s() - t0;
+    r->units = units;
+    r->requests = reqs;
+  }
+  kvc_close(c);
+  free(keys); free(tiers);
+}
+
+/* Forks o->clients clients, starts them together, waits for them all.
+ * 0, or -1 when one failed (its message printed). */
+static int run_clients(runctx *x, cres *res) {
+  const dopts *o = x->o;
+  int ready[2], go[2];
+  if (pipe(ready) || pipe(go)) {
+    perror("kvbench: pipe");
+    return -1;
+  }
+  pid_t pids[MAX_CLIENTS];
+  uint32_t started = 0;
+  for (uint32_t i = 0; i < o->clients; i++) {
+    fflush(NULL);
+    pid_t p = fork();
+    if (p < 0) { perror("kvbench: fork"); break; }
+    if (p == 0) {
+      close(ready[0]);
+      close(go[1]);
+      x->ready_w = ready[1];
+      x->go_r = go[0];
+      switch (o->kind) {
+      case B_LOAD: client_load(x, i, &res[i], 0); break;
+      case B_MEMCPY: client_load(x, i, &res[i], 1); break;
+      case B_STORE: client_store(x, i, &res[i]); break;
+      case B_LOOKUP: client_lookup(x, i, &res[i]); break;
+      }
+      _exit(res[i].rc ? 1 : 0);
+    }
+    pids[started++] = p;
+  }
+  close(ready[1]);
+  close(go[0]);
+  /* Everybody ready (or gone), then go. */
+  uint32_t nready = 0;
+  while (nready < started) {
+    struct pollfd pf = {ready[0], POLLIN, 0};
+    int pr = poll(&pf, 1, 120000);
+    char b;
+    if (pr <= 0 || read(ready[0], &b, 1) != 1) break;
+    nready++;
+  }
+  close(go[1]);
+  int failed = started < o->clients || nready < started;
+  for (uint32_t i = 0; i < started; i++) {
+    if (nready < started) kill(pids[i], SIGKILL);
+    int st;
+    while (waitpid(pids[i], &st, 0) < 0 && errno == EINTR) {}
+    if (!WIFEXITED(st) || WEXITSTATUS(st) != 0) {
+      failed = 1;
+      fprintf(stderr, "kvbench %s: client %u: %s\n", bench_name[o->kind], i,
+              res[i].rc ? res[i].err : "died");
+    }
+  }
+  close(ready[0]);
+  return failed ? -1 : 0;
+}
+
+/* --- the subcommands --------------------------------------------------------------- */
+
+static int cmp_u64(const void *a, const void *b) {
+  uint64_t x = *(const uint64_t *)a, y = *(const uint64_t *)b;
+  return x < y ? -1 : x > y;
+}
+
+/* Single-key LOOKUP round trips on one connection, for `seconds` (at
+ * least 1000 samples). Fills p50/p99 in microseconds. 0 or an error. */
+static int measure_rtt(const dopts *o, kvc *c, uint32_t nres, double seconds, double *p50,
+                       double *p99, uint64_t *count) {
+  uint64_t *s = malloc(RTT_SAMPLES_MAX * sizeof *s);
+  if (!s) return -ENOMEM;
+  uint32_t n = 0;
+  double deadline = now_s() + seconds;
+  int rc = 0;
+  uint32_t mod = nres ? nres : 1;
+  for (uint32_t i = 0; i < 1000; i++) { /* warm-up */
+    kvc_key k = mkkey(PARENT_CLIENT, i % mod);
+    if ((rc = kvc_lookup(c, &k, 1, NULL)) < 0) break;
+  }
+  while (rc >= 0 && n < RTT_SAMPLES_MAX && (n < 1000 || now_s() < deadline)) {
+    kvc_key k = mkkey(PARENT_CLIENT, n % mod);
+    uint64_t t0 = now_ns();
+    rc = kvc_lookup(c, &k, 1, NULL);
+    s[n++] = now_ns() - t0;
+  }
+  if (rc < 0) {
+    free(s);
+    return rc;
+  }
+  qsort(s, n, sizeof *s, cmp_u64);
+  *p50 = (double)s[n / 2] / 1e3;
+  *p99 = (double)s[(uint64_t)n * 99 / 100] / 1e3;
+  *count = n;
+  free(s);
+  return 0;
+}
+
+static void usage(FILE *f, bench_kind k) {
+  fprintf(f,
+          "usage: kvbench %s [--socket-dir DIR | --socket PATH] [--json] [--block-bytes B]\n"
+          "           [--clients N] [--seconds S] [--blocks N] [--batch N] [--keys N]\n"
+          "           [--tenant T]\n"
+          "  lookup  batched LOOKUPs of --keys keys (default 1024) of a resident chain: keys/s;\n"
+          "          then single-key LOOKUP round trips: p50/p99 microseconds\n"
+          "  load    LOAD --batch blocks (default 32), copy every byte out, RELEASE: GB/s\n"
+          "  store   ALLOC --batch blocks, copy every byte in, COMMIT: GB/s\n"
+          "  memcpy  the copies of `load` from plain shared memory, no daemon: GB/s\n"
+          "  --block-bytes B  block size, K/M suffixes (default 256K)\n"
+          "  --clients N      client processes, each with its own connection (default 1)\n"
+          "  --seconds S      timed part of the run (default 2; lookup: half each phase)\n"
+          "  --blocks N       working set of load/memcpy (default: 512 MiB, at most half\n"
+          "                   the tenant's G2 arena)\n"
+          "  --tenant T       tenant of the benchmark's namespace (default \"kvbench\")\n"
+          "  --socket-dir DIR, --socket PATH   the daemon (default: $KVCACHED_SOCKET, else\n"
+          "                   /run/kvcached/kvcached.sock)\n",
+          bench_name[k]);
+}
+
+static int parse_opts(dopts *o, int argc, char **argv) {
+  static const struct option lo[] = {
+      {"socket-dir", required_argument, 0, 'd'}, {"socket", required_argument, 0, 's'},
+      {"json", no_argument, 0, 'j'},             {"block-bytes", required_argument, 0, 'b'},
+      {"clients", required_argument, 0, 'c'},    {"seconds", required_argument, 0, 't'},
+      {"blocks", required_argument, 0, 'n'},     {"batch", required_argument, 0, 'B'},
+      {"keys", required_argument, 0, 'k'},       {"tenant", required_argument, 0, 'T'},
+      {"help", no_argument, 0, 'h'},             {0, 0, 0, 0}};
+  o->tenant = "kvbench";
+  o->block_bytes = 256u << 10;
+  o->clients = 1;
+  o->seconds = 2;
+  o->batch = 32;
+  o->keys = 1024;
+  optind = 1;
+  int ch;
+  while ((ch = getopt_long(argc, argv, "d:s:jb:c:t:n:B:k:T:h", lo, NULL)) != -1) {
+    uint64_t v = 0;
+    char *end;
+    switch (ch) {
+    case 'd':
+    case 's':
+      if ((size_t)snprintf(o->socket, sizeof o->socket, ch == 'd' ? "%s/kvcached.sock" : "%s",
+                           optarg) >= sizeof o->socket) {
+        fprintf(stderr, "kvbench %s: socket path too long\n", bench_name[o->kind]);
+        return 2;
+      }
+      o->have_socket = 1;
+      break;
+    case 'j': o->json = 1; break;
+    case 'T': o->tenant = optarg; break;
+    case 't':
+      errno = 0;
+      o->seconds = strtod(optarg, &end);
+      if (errno || *end || !(o->seconds > 0 && o->seconds <= 3600)) {
+        fprintf(stderr, "kvbench %s: bad --seconds '%s'\n", bench_name[o->kind], optarg);
+        return 2;
+      }
+      break;
+    case 'b': case 'c': case 'n': case 'B': case 'k':
+      if (kv_parse_size(optarg, &v) || v == 0 || v > UINT32_MAX ||
+          (ch == 'c' && v > MAX_CLIENTS) || ((ch == 'B' || ch == 'k') && v > KVC_BATCH_MAX)) {
+        fprintf(stderr, "kvbench %s: bad value '%s' for %s\n", bench_name[o->kind], optarg,
+                argv[optind - 1]);
+        return 2;
+      }
+      if (ch == 'b') o->block_bytes = (uint32_t)v;
+      else if (ch == 'c') o->clients = (uint32_t)v;
+      else if (ch == 'n') o->blocks = (uint32_t)v;
+      else if (ch == 'B') o->batch = (uint32_t)v;
+      else o->keys = (uint32_t)v;
+      break;
+    case 'h': usage(stdout, o->kind); exit(0);
+    default: usage(stderr, o->kind); return 2;
+    }
+  }
+  if (optind < argc) {
+    fprintf(stderr, "kvbench %s: unexpected argument '%s'\n", bench_name[o->kind], argv[optind]);
+    return 2;
+  }
+  return 0;
+}
+
+static void print_json(json_t *j, int compact) {
+  char *s = j ? json_dumps(j, (compact ? JSON_COMPACT : JSON_INDENT(2)) | JSON_REAL_PRECISION(6)) : NULL;
+  if (s) puts(s);
+  free(s);
+  json_decref(j);
+}
+
+static int bench_main(bench_kind kind, int argc, char **argv) {
+  dopts o;
+  memset(&o, 0, sizeof o);
+  o.kind = kind;
+  int rc = parse_opts(&o, argc, argv);
+  if (rc) return rc;
+  run_nonce = now_ns() ^ ((uint64_t)getpid() << 32);
+  cres *res = mmap(NULL, MAX_CLIENTS * sizeof *res, PROT_READ | PROT_WRITE,
+                   MAP_SHARED | MAP_ANONYMOUS, -1, 0);
+  if (res == MAP_FAILED) { perror("kvbench: mmap"); return 1; }
+  memset(res, 0, MAX_CLIENTS * sizeof *res);
+  runctx x = {.o = &o};
+  kvc *c = NULL;
+  uint64_t cap = 0;
+  uint32_t populated = 0;
+  int status = 1;
+
+  if (kind != B_MEMCPY) {
+    if ((rc = open_conn(&o, &c))) {
+      say_open_error(&o, rc);
+      goto out;
+    }
+    cap = arena_capacity(c, o.tenant);
+  }
+  /* What the run needs, sized to the arena. */
+  uint64_t fit = cap ? cap / 2 / o.block_bytes : UINT32_MAX;
+  if (kind == B_LOAD || kind == B_MEMCPY) {
+    uint64_t want = o.blocks ? o.blocks : AUTO_SET_BYTES / o.block_bytes;
+    if (!o.blocks && want > fit) want = fit;
+    if (want == 0) want = 1;
+    if (kind == B_LOAD && want > fit) {
+      fprintf(stderr, "kvbench load: %llu blocks of %u bytes do not fit half of the %llu-byte "
+              "G2 arena\n", (unsigned long long)want, o.block_bytes, (unsigned long long)cap);
+      goto out;
+    }
+    x.nblocks = (uint32_t)want;
+  } else if (kind == B_LOOKUP) {
+    x.nblocks = fit < o.keys ? (uint32_t)fit : o.keys;
+  } else {
+    uint64_t w = cap ? cap / o.block_bytes : 1024;
+    x.warm_blocks = (uint32_t)(w > 65536 ? 65536 : w);
+    /* Uncommitted blocks cannot be evicted: all clients' batches together
+     * must fit half the arena. */
+    if (fit / o.clients < o.batch) o.batch = fit / o.clients ? (uint32_t)(fit / o.clients) : 1;
+  }
+  if (kind == B_LOAD || kind == B_LOOKUP) {
+    if ((rc = populate(&o, c, x.nblocks, kind == B_LOOKUP))) goto out;
+    populated = x.nblocks;
+  }
+  if (kind == B_MEMCPY) {
+    size_t bytes = (size_t)x.nblocks * o.block_bytes;
+    x.src = mmap(NULL, bytes, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS, -1, 0);
+    if (x.src == MAP_FAILED) { perror("kvbench memcpy: mmap"); x.src = NULL; goto out; }
+    for (uint32_t i = 0; i < x.nblocks; i++)
+      memset(x.src + (size_t)i * o.block_bytes, fill_of(i), o.block_bytes);
+  }
+  /* Clients get connections of their own. */
+  kvc_close(c);
+  c = NULL;
+  if (run_clients(&x, res)) goto out;
+
+  double rate = 0, bytes_rate = 0, req_rate = 0;
+  uint64_t bad = 0;
+  for (uint32_t i = 0; i < o.clients; i++) {
+    if (res[i].elapsed <= 0) continue;
+    rate += (double)res[i].units / res[i].elapsed;
+    bytes_rate += (double)res[i].bytes / res[i].elapsed;
+    req_rate += (double)res[i].requests / res[i].elapsed;
+    bad += res[i].bad;
+  }
+  json_t *j = json_pack("{s:s,s:i,s:i,s:f}", "bench", bench_name[kind], "block_bytes",
+                        (int)o.block_bytes, "clients", (int)o.clients, "seconds", o.seconds);
+  if (kind == B_LOOKUP) {
+    double p50 = 0, p99 = 0;
+    uint64_t samples = 0;
+    if ((rc = open_conn(&o, &c))) { say_open_error(&o, rc); json_decref(j); goto out; }
+    if ((rc = measure_rtt(&o, c, x.nblocks, o.seconds / 2, &p50, &p99, &samples))) {
+      fprintf(stderr, "kvbench lookup: single-key lookups: %s\n", kvc_strerror(rc));
+      json_decref(j);
+      goto out;
+    }
+    json_object_set_new(j, "batch_keys", json_integer(o.keys));
+    json_object_set_new(j, "resident", json_integer(x.nblocks));
+    json_object_set_new(j, "keys_per_s", json_real(rate));
+    json_object_set_new(j, "lookups_per_s", json_real(req_rate));
+    json_object_set_new(j, "rtt_p50_us", json_real(p50));
+    json_object_set_new(j, "rtt_p99_us", json_real(p99));
+    json_object_set_new(j, "rtt_samples", json_integer((json_int_t)samples));
+    fprintf(stderr, "lookup: %.3g keys/s in batches of %u (%u clients); single-key round trip "
+            "p50 %.1f us, p99 %.1f us (%llu samples)\n", rate, o.keys, o.clients, p50, p99,
+            (unsigned long long)samples);
+  } else {
+    double gbps = bytes_rate / 1e9;
+    if (kind != B_STORE) json_object_set_new(j, "blocks", json_integer(x.nblocks));
+    json_object_set_new(j, "batch", json_integer(kind == B_MEMCPY ? 1 : o.batch));
+    json_object_set_new(j, "gbps", json_real(gbps));
+    json_object_set_new(j, "blocks_per_s", json_real(rate));
+    if (kind != B_MEMCPY) json_object_set_new(j, "requests_per_s", json_real(req_rate));
+    if (kind != B_STORE) json_object_set_new(j, "bad_blocks", json_integer((json_int_t)bad));
+    fprintf(stderr, "%s: %.3f GB/s, %.0f blocks/s of %u bytes (%u clients", bench_name[kind], gbps,
+            rate, o.block_bytes, o.clients);
+    if (kind != B_STORE) fprintf(stderr, ", working set %u blocks", x.nblocks);
+    fprintf(stderr, ")\n");
+    if (bad) {
+      fprintf(stderr, "kvbench %s: %llu blocks read back wrong bytes\n", bench_name[kind],
+              (unsigned long long)bad);
+      print_json(j, o.json);
+      goto out;
+    }
+  }
+  print_json(j, o.json);
+  status = 0;
+out:
+  if (populated) {
+    if (!c && open_conn(&o, &c)) c = NULL;
+    if (c) delete_keys(c, PARENT_CLIENT, populated);
+  }
+  kvc_close(c);
+  if (x.src) munmap(x.src, (size_t)x.nblocks * o.block_bytes);
+  munmap(res, MAX_CLIENTS * sizeof *res);
+  return status;
+}
+
+int kvbench_lookup(int argc, char **argv) { return bench_main(B_LOOKUP, argc, argv); }
+int kvbench_load(int argc, char **argv) { return bench_main(B_LOAD, argc, argv); }
+int kvbench_store(int argc, char **argv) { return bench_main(B_STORE, argc, argv); }
+int kvbench_memcpy(int argc, char **argv) { return bench_main(B_MEMCPY, argc, argv); }
