@@ -195,6 +195,129 @@ static int replay_core(const kv_trace *t, const char *policy, uint32_t cap,
   return rc;
 }
 
+static json_t *rates_json(const replay_result *r) {
+  return json_pack("{s:f,s:f,s:f}",
+                   "prefix_hit_rate", r->refs ? (double)r->prefix_hits / r->refs : 0.0,
+                   "block_hit_rate", r->refs ? (double)r->block_hits / r->refs : 0.0,
+                   "prefix_token_hit_rate", r->tokens ? (double)r->prefix_tokens / r->tokens : 0.0);
+}
+
+/* ---- G2 + G3: admission policies ---------------------------------------------
+ * The same replay with a real SSD tier under a small G2: a block found in
+ * G3 is brought up (promoted) as a LOAD would, and G2 victims go to G3 when
+ * the admission policy admits them. Reported per policy: prefix hit rate
+ * (G2 or G3), and how much was written to the SSD (its wear). */
+typedef struct g3_result {
+  replay_result r;
+  uint64_t hits_g3, g3_writes, g3_bytes;
+} g3_result;
+
+static void wait_promoted(kv_core *c, kv_block *b, int status, void *arg) { *(int *)arg = status; }
+
+static int replay_g3(const kv_trace *t, const char *dir, kv_admit admit, uint32_t g2cap,
+                     uint32_t g3cap, g3_result *out) {
+  static const uint8_t digest[KV_G3_NS_BYTES] = {0x6b, 0x76};
+  kv_arena arena;
+  kv_arena_opts ao = {.capacity = (size_t)g2cap * SLOT, .page_bytes = SLOT, .no_lock = 1,
+                      .name = "kvbench-g2"};
+  int rc = kv_arena_init(&arena, &ao);
+  if (rc) return rc;
+  kv_g3_dir d = {dir, (1u << 20) + (uint64_t)g3cap * SLOT + (uint64_t)g3cap * 4096};
+  kv_g3_opts go = {.dirs = &d, .ndirs = 1, .block_bytes = SLOT, .queue_depth = 16,
+                   .backend = KV_G3_BACKEND_AUTO, .sync = KV_G3_SYNC_NONE, .reformat = 1,
+                   .arena = &arena, .commit_window_us = -1};
+  kv_g3 *g3;
+  if ((rc = kv_g3_open(&g3, &go, NULL))) { kv_arena_fini(&arena); return rc; }
+  kv_core core;
+  kv_core_opts co = {.index_hint = g2cap + g3cap};
+  kv_core_init(&core, &co);
+  kv_core_g3_opts ko = {.admit = admit, .min_prio = KV_PRIO_DEFAULT, .low_water = 32};
+  kv_core_attach_g3(&core, g3, &ko);
+  int ns = kv_core_ns_register_digest(&core, &arena, SLOT, digest);
+  kv_key *keys = malloc(4096 * sizeof *keys);
+  uint8_t *tiers = malloc(4096);
+  memset(out, 0, sizeof *out);
+  for (size_t qi = 0; qi < t->nreq && !rc; qi++) {
+    const kv_trace_req *q = &t->req[qi];
+    uint32_t n = q->n < 4096 ? q->n : 4096;
+    for (uint32_t i = 0; i < n; i++) {
+      keys[i].len = 8;
+      kv_trace_key(q->ids[i], keys[i].b);
+    }
+    int prefix = kv_core_lookup(&core, (uint32_t)ns, keys, n, tiers);
+    uint32_t any = 0;
+    for (uint32_t i = 0; i < n; i++) {
+      any += tiers[i] != KV_TIER_NONE;
+      if (i < (uint32_t)prefix && tiers[i] == KV_G3) out->hits_g3++;
+    }
+    account(&out->r, q, (uint32_t)prefix, any);
+    for (uint32_t i = 0; i < n && !rc; i++) {
+      kv_block *b = kv_core_find(&core, (uint32_t)ns, &keys[i]);
+      if (b) {
+        kv_core_touch(&core, b);
+        if (!(b->tiers & KV_TIER_BIT(KV_G2))) {
+          /* A LOAD of a block on the SSD: pin, promote, wait, release. */
+          int st = 1, prc;
+          kv_core_pin(&core, b);
+          while ((prc = kv_core_promote(&core, b, wait_promoted, &st)) == -EAGAIN || prc == -EBUSY)
+            kv_g3_drain(g3);
+          if (prc == 0) kv_g3_drain(g3);
+          kv_core_unpin(&core, b);
+        }
+        continue;
+      }
+      int arc;
+      while ((arc = kv_core_alloc(&core, (uint32_t)ns, &keys[i], i ? &keys[i - 1] : NULL,
+                                  KV_PRIO_DEFAULT, &b)) == -EAGAIN)
+        kv_g3_drain(g3);
+      if (arc == 0) arc = kv_core_commit(&core, b, 0);
+      if (arc) rc = arc;
+    }
+  }
+  kv_g3_drain(g3);
+  kv_g3_stats gs;
+  kv_g3_get_stats(g3, &gs);
+  out->g3_writes = gs.writes;
+  out->g3_bytes = gs.write_bytes;
+  free(keys);
+  free(tiers);
+  kv_core_fini(&core);
+  kv_g3_close(g3);
+  kv_arena_fini(&arena);
+  return rc;
+}
+
+static json_t *admission_json(const kv_trace *t, const char *dir, double g2f, double g3f, int human) {
+  static const struct { kv_admit a; const char *name; } pols[] = {
+      {KV_ADMIT_ALWAYS, "always"}, {KV_ADMIT_SECOND_USE, "second-use"}, {KV_ADMIT_MIN_PRIO, "min-prio"}};
+  uint32_t g2cap = (uint32_t)(g2f * (double)t->nunique + 0.5), g3cap = (uint32_t)(g3f * (double)t->nunique + 0.5);
+  if (g2cap < 1) g2cap = 1;
+  if (g3cap < 64) g3cap = 64;
+  json_t *arr = json_array();
+  for (size_t i = 0; i < sizeof pols / sizeof pols[0]; i++) {
+    g3_result r;
+    int rc = replay_g3(t, dir, pols[i].a, g2cap, g3cap, &r);
+    if (rc) {
+      fprintf(stderr, "kvbench: G3 replay (%s): %s\n", pols[i].name, kv_strerror(rc));
+      json_decref(arr);
+      return NULL;
+    }
+    json_t *o = rates_json(&r.r);
+    json_object_set_new(o, "admit", json_string(pols[i].name));
+    json_object_set_new(o, "g2_blocks", json_integer(g2cap));
+    json_object_set_new(o, "g3_blocks", json_integer(g3cap));
+    json_object_set_new(o, "prefix_hits_from_g3", json_integer((json_int_t)r.hits_g3));
+    json_object_set_new(o, "g3_writes", json_integer((json_int_t)r.g3_writes));
+    json_object_set_new(o, "g3_writes_per_block_ref", json_real(r.r.refs ? (double)r.g3_writes / r.r.refs : 0));
+    json_array_append_new(arr, o);
+    if (human)
+      fprintf(stderr, "admit %-10s G2 %u + G3 %u blocks: prefix hit %6.2f%%  SSD writes %llu (%.3f per block reference)\n",
+              pols[i].name, g2cap, g3cap, 100.0 * r.r.prefix_hits / r.r.refs,
+              (unsigned long long)r.g3_writes, r.r.refs ? (double)r.g3_writes / r.r.refs : 0);
+  }
+  return arr;
+}
+
 /* Index lookups per second: every block reference of the trace, looked up
  * in a full index, repeated; median of several rounds. */
 static double now_s(void) {
@@ -241,23 +364,21 @@ static int measure_lookups(const kv_trace *t, double *per_s, uint64_t *found_out
   return rc;
 }
 
-static json_t *rates_json(const replay_result *r) {
-  return json_pack("{s:f,s:f,s:f}",
-                   "prefix_hit_rate", r->refs ? (double)r->prefix_hits / r->refs : 0.0,
-                   "block_hit_rate", r->refs ? (double)r->block_hits / r->refs : 0.0,
-                   "prefix_token_hit_rate", r->tokens ? (double)r->prefix_tokens / r->tokens : 0.0);
-}
 
 int kvbench_core_replay(int argc, char **argv) {
   static const struct option lo[] = {{"trace", required_argument, 0, 't'},
                                      {"policy", required_argument, 0, 'p'},
                                      {"json", no_argument, 0, 'j'},
+                                     {"g3-dir", required_argument, 0, 'g'},
+                                     {"g2-fraction", required_argument, 0, '2'},
+                                     {"g3-fraction", required_argument, 0, '3'},
                                      {"help", no_argument, 0, 'h'},
                                      {0, 0, 0, 0}};
-  const char *trace = NULL, *policies[16] = {0};
+  const char *trace = NULL, *policies[16] = {0}, *g3dir = NULL;
+  double g2f = 0.01, g3f = 0.10;
   int npol = 0, json = 0, ch;
   optind = 1;
-  while ((ch = getopt_long(argc, argv, "t:p:jh", lo, NULL)) != -1) {
+  while ((ch = getopt_long(argc, argv, "t:p:jhg:2:3:", lo, NULL)) != -1) {
     switch (ch) {
     case 't': trace = optarg; break;
     case 'p':
@@ -271,8 +392,15 @@ int kvbench_core_replay(int argc, char **argv) {
       }
       break;
     case 'j': json = 1; break;
+    case 'g': g3dir = optarg; break;
+    case '2': g2f = strtod(optarg, NULL); break;
+    case '3': g3f = strtod(optarg, NULL); break;
     case 'h':
-      printf("usage: kvbench core-replay --trace FILE [--policy NAME|all]... [--json]\n");
+      printf("usage: kvbench core-replay --trace FILE [--policy NAME|all]... [--json]\n"
+             "         [--g3-dir DIR [--g2-fraction F] [--g3-fraction F]]\n"
+             "  --g3-dir: also replay with a real SSD tier in DIR under a small G2\n"
+             "            (default 1%% and 10%% of the unique blocks), once per admission\n"
+             "            policy, reporting hit rate and SSD writes\n");
       return 0;
     default: return 2;
     }
@@ -333,6 +461,15 @@ int kvbench_core_replay(int argc, char **argv) {
     json_decref(out);
     kv_trace_free(&t);
     return 1;
+  }
+  if (g3dir) {
+    json_t *adm = admission_json(&t, g3dir, g2f, g3f, !json);
+    if (!adm) {
+      json_decref(out);
+      kv_trace_free(&t);
+      return 1;
+    }
+    json_object_set_new(out, "admission", adm);
   }
   json_object_set_new(out, "index_lookups_per_s", json_real(lps));
   json_object_set_new(out, "index_lookup_ns", json_real(1e9 / lps));

@@ -34,6 +34,15 @@ echo "# index lookups/s: $(jq .index_lookups_per_s "$T/result.json")"
 expect_exit 0 "all policies compared in one run" "$BIN/kvbench" core-replay --trace "$trace" --policy all --json
 check "by_policy lists every policy" test "$(jq '.by_policy | length' "$T/out")" = "$("$BIN/kvctl" policies | wc -l)"
 
+# G2 + G3 with a real SSD tier, once per admission policy (a small trace:
+# the full one writes ~100k blocks and takes minutes).
+head -n 300 "$trace" > "$T/small.jsonl"
+mkdir -p "$T/g3"
+expect_exit 0 "core-replay with a G3 tier runs" "$BIN/kvbench" core-replay --trace "$T/small.jsonl" --g3-dir "$T/g3" --json
+check "three admission policies reported" test "$(jq '.admission | length' "$T/out")" = 3
+check "each with a hit rate and SSD writes" test "$(jq '[.admission[] | has("prefix_hit_rate") and has("g3_writes")] | all' "$T/out")" = true
+check "second-use writes no more than always" test "$(jq '.admission[0].g3_writes >= .admission[1].g3_writes' "$T/out")" = true
+
 printf '{"timestamp": 0, "input_length": 10, "hash_ids": [1, 2]}\nnot json\n' > "$T/bad.jsonl"
 expect_exit 1 "a malformed trace is refused" "$BIN/kvbench" core-replay --trace "$T/bad.jsonl"
 grep -q "bad.jsonl:2" "$T/err" && ok "the error names the line" || bad "the error names the line: $(cat "$T/err")"
