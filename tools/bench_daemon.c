@@ -141,49 +141,105 @@ static uint64_t arena_capacity(kvc *c, const char *tenant) {
 }
 
 /* Puts blocks [0, n) of the parent's keys in, `batch` per request, block i
- * filled with fill_of(i); as one chain when chain is set. 0 or an error
- * (message printed). */
+ * filled with fill_of(i); as one chain when chain is set. A block refused
+ * for want of room (-EAGAIN while victims are written to G3, or every slot
+ * held) is asked for again, for at most 5 s. 0 or an error (printed). */
 static int populate(const dopts *o, kvc *c, uint32_t n, int chain) {
   uint32_t batch = o->batch > KVC_BATCH_MAX ? KVC_BATCH_MAX : o->batch;
   kvc_key *keys = calloc(batch, sizeof *keys), *parents = calloc(batch, sizeof *parents);
+  uint32_t *idx = calloc(batch, sizeof *idx);
   kvc_block *out = calloc(batch, sizeof *out);
   int32_t *st = calloc(batch, sizeof *st);
-  int rc = keys && parents && out && st ? 0 : -ENOMEM;
-  for (uint32_t at = 0; at < n && !rc; at += batch) {
-    uint32_t m = n - at < batch ? n - at : batch;
-    for (uint32_t i = 0; i < m; i++) {
-      keys[i] = mkkey(PARENT_CLIENT, at + i);
-      memset(&parents[i], 0, sizeof parents[i]);
-      if (chain && at + i > 0) parents[i] = mkkey(PARENT_CLIENT, at + i - 1);
+  int rc = keys && parents && idx && out && st ? 0 : -ENOMEM;
+  uint32_t at = 0, m = 0; /* blocks [at, at + m) are pending in keys[] */
+  double stuck_since = 0;
+  while (!rc && (at < n || m)) {
+    while (m < batch && at < n) { /* top the batch up */
+      idx[m] = at;
+      keys[m] = mkkey(PARENT_CLIENT, at);
+      memset(&parents[m], 0, sizeof parents[m]);
+      if (chain && at > 0) parents[m] = mkkey(PARENT_CLIENT, at - 1);
+      m++, at++;
     }
     int got = kvc_alloc(c, KVC_G2, 200, keys, parents, m, out);
-    if (got != (int)m) {
-      int why = got < 0 ? got : 0;
-      for (uint32_t i = 0; i < m && !why; i++) why = out[i].status;
-      fprintf(stderr, "kvbench %s: storing block %u of %u: %s\n", bench_name[o->kind], at, n,
-              kvc_strerror(why));
-      rc = why ? why : -EIO;
+    if (got < 0) { rc = got; break; }
+    uint32_t left = 0, done = 0, why = 0;
+    for (uint32_t i = 0; i < m; i++) {
+      if (out[i].status == 0) {
+        memset(out[i].ptr, fill_of(idx[i]), o->block_bytes);
+        continue;
+      }
+      if (out[i].status != -EAGAIN && out[i].status != KV_EALLPINNED) { rc = out[i].status; why = idx[i]; }
+    }
+    /* Commit what was allocated (packed to the front), keep the rest. */
+    for (uint32_t i = 0; i < m; i++) {
+      if (out[i].status) continue;
+      kvc_key k = keys[i];
+      keys[i] = keys[done];
+      keys[done] = k;
+      kvc_key p = parents[i];
+      parents[i] = parents[done];
+      parents[done] = p;
+      uint32_t x = idx[i];
+      idx[i] = idx[done];
+      idx[done] = x;
+      kvc_block b = out[i];
+      out[i] = out[done];
+      out[done] = b;
+      done++;
+    }
+    if (done) {
+      int ok = kvc_commit(c, keys, done, st);
+      if (ok != (int)done && !rc) rc = ok < 0 ? ok : st[0] ? st[0] : -EIO;
+    }
+    if (rc) {
+      fprintf(stderr, "kvbench %s: storing block %u of %u: %s\n", bench_name[o->kind], why, n,
+              kvc_strerror(rc));
       break;
     }
-    for (uint32_t i = 0; i < m; i++) memset(out[i].ptr, fill_of(at + i), o->block_bytes);
-    got = kvc_commit(c, keys, m, st);
-    if (got != (int)m) {
-      rc = got < 0 ? got : st[0] ? st[0] : -EIO;
-      fprintf(stderr, "kvbench %s: commit: %s\n", bench_name[o->kind], kvc_strerror(rc));
+    left = m - done;
+    memmove(keys, keys + done, left * sizeof *keys);
+    memmove(parents, parents + done, left * sizeof *parents);
+    memmove(idx, idx + done, left * sizeof *idx);
+    m = left;
+    if (done) {
+      stuck_since = 0;
+    } else {
+      double t = now_s();
+      if (stuck_since == 0) stuck_since = t;
+      if (t - stuck_since > 5) {
+        rc = out[0].status;
+        fprintf(stderr, "kvbench %s: no room for block %u of %u for 5 s: %s\n", bench_name[o->kind],
+                idx[0], n, kvc_strerror(rc));
+        break;
+      }
+      usleep(1000);
     }
   }
-  free(keys); free(parents); free(out); free(st);
+  free(keys); free(parents); free(idx); free(out); free(st);
   return rc;
 }
 
 /* Deletes blocks [0, n) of `client`'s keys (those evicted already are
- * simply not found). */
+ * simply not found). A block busy being written to G3 refuses its DELETE
+ * (-EBUSY); what is still resident is asked again for up to 5 s. */
 static void delete_keys(kvc *c, uint32_t client, uint32_t n) {
-  static kvc_key keys[KVC_BATCH_MAX];
+  static kvc_key keys[KVC_BATCH_MAX], left[KVC_BATCH_MAX];
+  static uint8_t tiers[KVC_BATCH_MAX];
   for (uint32_t at = 0; at < n; at += KVC_BATCH_MAX) {
     uint32_t m = n - at < KVC_BATCH_MAX ? n - at : KVC_BATCH_MAX;
     for (uint32_t i = 0; i < m; i++) keys[i] = mkkey(client, at + i);
     if (kvc_delete(c, keys, m) < 0) return;
+    double deadline = now_s() + 5;
+    while (now_s() < deadline) {
+      if (kvc_lookup(c, keys, m, tiers) < 0) return;
+      uint32_t k = 0;
+      for (uint32_t i = 0; i < m; i++)
+        if (tiers[i] != KVC_TIER_NONE) left[k++] = keys[i];
+      if (k == 0) break;
+      usleep(20000);
+      if (kvc_delete(c, left, k) < 0) return;
+    }
   }
 }
 
@@ -292,7 +348,7 @@ static void client_store(runctx *x, uint32_t id, cres *r) {
   int rc = open_conn(o, &c);
   if (rc) { fail_res(r, rc, "open"); barrier(x); return; }
   uint32_t next = 0; /* this client's next key index */
-  unsigned refused = 0;
+  double refused_since = 0;
   for (int timed = 0; timed < 2 && !r->rc; timed++) {
     uint64_t units = 0, reqs = 0, passed = 0;
     double t0 = 0, deadline = 0;
@@ -313,13 +369,16 @@ static void client_store(runctx *x, uint32_t id, cres *r) {
         keys[k++] = keys[i];
       }
       if (k == 0) {
-        /* Every slot is held by other clients' uncommitted blocks: wait
-         * for their commits, a while. */
-        if (++refused > 1000) { fail_res(r, blk[0].status, "alloc (every block refused)"); break; }
+        /* No room yet: other clients' uncommitted blocks hold the slots,
+         * or victims are still being written to G3 (-EAGAIN). Retry for
+         * a while, then give up. */
+        double t = now_s();
+        if (refused_since == 0) refused_since = t;
+        if (t - refused_since > 5) { fail_res(r, blk[0].status, "alloc (every block refused for 5 s)"); break; }
         usleep(100);
         continue;
       }
-      refused = 0;
+      refused_since = 0;
       got = kvc_commit(c, keys, k, st);
       if (got < 0) { fail_res(r, got, "commit"); break; }
       units += (uint64_t)got;

@@ -16,7 +16,7 @@ expect_exit 2 "bad --seconds" "$KVB" store --socket-dir "$RUN" --seconds soon
 expect_exit 2 "an extra argument" "$KVB" lookup --socket-dir "$RUN" extra
 expect_exit 0 "lookup --help" "$KVB" lookup --help
 
-"$BIN/kvcached" --socket-dir "$RUN" --g2-capacity 32M --set g2.page_size=4M --set g2.lock=no \
+"$BIN/kvcached" --socket-dir "$RUN" --g2-capacity 32M --set g2.page_size=4M --set g2.lock=no --g3-path "" \
   --log-level warn 2>"$T/log" &
 pid=$!
 PIDS+=("$pid")

@@ -58,7 +58,7 @@ expect_exit 0 "policies" "$KVCTL" policies
 grep -q "\[default\]" "$T/out" && ok "policies marks the default" || bad "policies output"
 
 # --- a real daemon ---------------------------------------------------------------------
-"$BIN/kvcached" --socket-dir "$RUN" --g2-capacity 16M --set g2.page_size=4M --set g2.lock=no \
+"$BIN/kvcached" --socket-dir "$RUN" --g2-capacity 16M --set g2.page_size=4M --set g2.lock=no --g3-path "" \
   2>"$T/log" &
 pid=$!
 PIDS+=("$pid")
