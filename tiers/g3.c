@@ -494,27 +494,6 @@ void kv_g3_close(kv_g3 *g) {
   destroy(g);
 }
 
-/* Takes the file's exclusive lock, waiting up to wait_ms for it. The lock
- * also outlives a killed process until the kernel has finished its
- * io_uring requests on the file, so once we hold it no write of a previous
- * owner can land under us. */
-static int lock_file(g3_file *f, int wait_ms) {
-  int waited = 0, limit = wait_ms == 0 ? 5000 : wait_ms < 0 ? 0 : wait_ms;
-  while (flock(f->fd, LOCK_EX | LOCK_NB) < 0) {
-    if (errno == EINTR) continue;
-    if (errno != EWOULDBLOCK) return -errno;
-    if (waited >= limit) {
-      kv_warn(G3_SUB, "%s: in use by another store (waited %d ms)", f->path, waited);
-      return -EBUSY;
-    }
-    struct timespec ts = {0, 10 * 1000000L};
-    nanosleep(&ts, NULL);
-    waited += 10;
-  }
-  if (waited) kv_info(G3_SUB, "%s: lock obtained after %d ms", f->path, waited);
-  return 0;
-}
-
 /* Opens every file, keeps those that belong to the store, (re)formats the
  * rest. Sets store_id, slot_bytes, nslots and each file's base. */
 static int open_files(kv_g3 *g, const kv_g3_opts *o) {
@@ -531,7 +510,7 @@ static int open_files(kv_g3 *g, const kv_g3_opts *o) {
       kv_warn(G3_SUB, "cannot open the store file in %s: %s", o->dirs[i].path, strerror(-rc));
       return rc;
     }
-    if ((rc = lock_file(f, o->lock_wait_ms))) return rc;
+    if ((rc = g3_file_lock(f, o->lock_wait_ms))) return rc;
     g->direct &= f->direct;
     sbrc[i] = o->reformat ? -ENOENT : g3_file_read_sb(f);
     if (sbrc[i] != 0 && sbrc[i] != -ENOENT && sbrc[i] != KV_ECORRUPT) return sbrc[i];

@@ -308,8 +308,9 @@ typedef struct kv_g3_rebuild_info {
  * transaction. With verify_payload, a record is kept only if its payload
  * reads back with the CRC its header records (reads every stored byte).
  * o->dirs names the files as for open (capacity and block_bytes are not
- * used). info may be NULL. -ENOENT if dirs[0] holds no store file,
- * KV_ECORRUPT if its superblock is unreadable, -errno.
+ * used; lock_wait_ms, direct and fault are). info may be NULL. -ENOENT if
+ * dirs[0] holds no store file, KV_ECORRUPT if its superblock is unreadable,
+ * -EBUSY if the store is open elsewhere, -errno.
  */
 int kv_g3_rebuild_index(const kv_g3_opts *o, int verify_payload, kv_g3_rebuild_info *info);
 

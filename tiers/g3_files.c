@@ -8,7 +8,9 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/file.h>
 #include <sys/uio.h>
+#include <time.h>
 #include <unistd.h>
 
 #include "daemon/log.h"
@@ -43,6 +45,23 @@ int g3_file_open(g3_file *f, const char *dir, unsigned i, int create, kv_g3_dire
   }
   f->fd = open(f->path, flags, 0644);
   return f->fd < 0 ? -errno : 0;
+}
+
+int g3_file_lock(g3_file *f, int wait_ms) {
+  int waited = 0, limit = wait_ms == 0 ? 5000 : wait_ms < 0 ? 0 : wait_ms;
+  while (flock(f->fd, LOCK_EX | LOCK_NB) < 0) {
+    if (errno == EINTR) continue;
+    if (errno != EWOULDBLOCK) return -errno;
+    if (waited >= limit) {
+      kv_warn(G3_SUB, "%s: in use by another store (waited %d ms)", f->path, waited);
+      return -EBUSY;
+    }
+    struct timespec ts = {0, 10 * 1000000L};
+    nanosleep(&ts, NULL);
+    waited += 10;
+  }
+  if (waited) kv_info(G3_SUB, "%s: lock obtained after %d ms", f->path, waited);
+  return 0;
 }
 
 void g3_file_close(g3_file *f) {

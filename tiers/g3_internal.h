@@ -194,6 +194,11 @@ g3_op *g3_done_take(kv_g3 *g);           /* caller: the whole list, FIFO */
  * policy allows; f->direct says what was got. 0 or -errno. */
 int g3_file_open(g3_file *f, const char *dir, unsigned i, int create, kv_g3_direct mode,
                  const kv_g3_fault *fault);
+/* Takes f's exclusive flock, waiting up to wait_ms (0: 5000, < 0: no
+ * wait). The lock also outlives a killed owner until the kernel has
+ * finished its io_uring requests on the file, so once it is held no write
+ * of a previous owner can land under us. 0, -EBUSY or -errno. */
+int g3_file_lock(g3_file *f, int wait_ms);
 /* Reads and decodes f's superblock: 0, KV_ECORRUPT, -ENOENT (empty file). */
 int g3_file_read_sb(g3_file *f);
 /* Discards f's contents and lays it out afresh for sb (durably). */

@@ -11,7 +11,6 @@
 #include <errno.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/file.h>
 #include <unistd.h>
 
 #include "daemon/log.h"
@@ -139,8 +138,7 @@ int kv_g3_rebuild_index(const kv_g3_opts *o, int verify_payload, kv_g3_rebuild_i
     g3_file *f = &files[i];
     if (!o->dirs[i].path) { rc = -EINVAL; goto out; }
     rc = g3_file_open(f, o->dirs[i].path, i, 0, o->direct, o->fault);
-    if (rc == 0 && flock(f->fd, LOCK_EX | LOCK_NB) < 0)
-      rc = errno == EWOULDBLOCK ? -EBUSY : -errno;
+    if (rc == 0) rc = g3_file_lock(f, o->lock_wait_ms);
     if (rc == 0) rc = g3_file_read_sb(f);
     if (rc == -ENOENT && i == 0) goto out;
     if (rc == 0 && (f->sb.file != i ||

@@ -45,6 +45,7 @@ typedef struct uring_eng {
   uint8_t *abase;     /* registered arena prefix: buffers 1.. */
   uint64_t alen;
   g3_queue fin;       /* transfers done, not yet verified / handed on */
+  int enter_err;      /* an io_uring_enter failure was logged */
   kv_g3 *g;
 } uring_eng;
 
@@ -163,8 +164,10 @@ static void *ring_main(void *arg) {
   for (;;) {
     if (take_ops(u)) break;
     int rc = io_uring_submit_and_wait(&u->ring, u->fin.head ? 0 : 1);
-    if (rc < 0 && rc != -EINTR && rc != -EAGAIN && rc != -EBUSY && rc != -ETIME)
+    if (rc < 0 && rc != -EINTR && rc != -EAGAIN && rc != -EBUSY && rc != -ETIME && !u->enter_err) {
+      u->enter_err = 1; /* once: it is retried on every turn */
       kv_error(G3_SUB, "io_uring_submit_and_wait: %s", strerror(-rc));
+    }
     struct io_uring_cqe *cqe;
     unsigned head, seen = 0;
     io_uring_for_each_cqe(&u->ring, head, cqe) {
@@ -275,6 +278,7 @@ static int ur_start(kv_g3 *g) {
   if (rc) {
     rc = -rc;
     g->eng_priv = NULL;
+    g->fixed = 0;
     goto err;
   }
   u->thr_started = 1;

@@ -255,7 +255,7 @@ Test(g3_rebuild, refuses_open_store_and_missing_store) {
   rb r;
   rb_init(&r, KV_G3_BACKEND_THREADS);
   kv_g3_dir d = {r.dir, 0};
-  kv_g3_opts o = {.dirs = &d, .ndirs = 1};
+  kv_g3_opts o = {.dirs = &d, .ndirs = 1, .lock_wait_ms = -1};
   cr_assert_eq(kv_g3_rebuild_index(&o, 1, NULL), -EBUSY);
   rb_fini(&r);
   char empty[64];
