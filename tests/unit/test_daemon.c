@@ -494,3 +494,74 @@ static void restart_and_check(int sig) {
 
 Test(daemon, restart_after_sigterm_is_warm) { restart_and_check(SIGTERM); }
 Test(daemon, restart_after_kill_9_is_warm) { restart_and_check(SIGKILL); }
+
+/* Several worker processes store and load chains that share prefixes, at
+ * the same time. A block's bytes are a function of its key, so whoever
+ * wrote it, every load must see exactly those bytes; a key another worker
+ * is writing is KV_EEXISTS (skip it), never a second copy. */
+static void key_bytes(uint8_t *p, uint64_t v) { fill_pattern(p, v); }
+
+static int worker(int w) {
+  kvc_opts o = {.socket_path = sock, .tenant = "t1",
+                .layout = {.block_bytes = BLOCK, .tokens_per_block = 16, .layers = 2,
+                           .kv_heads = 2, .head_dim = 64, .tp_rank = 0, .tp_size = 1,
+                           .dtype = "bf16"}};
+  kvc *c;
+  if (kvc_open(&o, &c)) return 10;
+  uint8_t *want = malloc(BLOCK);
+  int bad = 0;
+  for (int round = 0; round < 20 && !bad; round++) {
+    /* Chain: 3 shared blocks (same for everyone), then 3 of this worker. */
+    kvc_key keys[6];
+    for (int i = 0; i < 3; i++) keys[i] = K(5000 + (uint64_t)(round % 4) * 10 + (uint64_t)i);
+    for (int i = 3; i < 6; i++) keys[i] = K(6000 + (uint64_t)w * 1000 + (uint64_t)round * 10 + (uint64_t)i);
+    int hit = kvc_lookup(c, keys, 6, NULL);
+    if (hit < 0) { bad = 11; break; }
+    for (int i = hit; i < 6; i++) {
+      kvc_block out;
+      kvc_key parent = i ? keys[i - 1] : (kvc_key){0};
+      int r = kvc_alloc(c, KVC_G2, 128, &keys[i], &parent, 1, &out);
+      if (r < 0) { bad = 12; break; }
+      if (r == 0) continue; /* exists, or no room: someone else has it */
+      uint64_t v = 0;
+      for (int k = 0; k < 8; k++) v |= (uint64_t)keys[i].b[k] << (8 * k);
+      key_bytes(out.ptr, v);
+      if (kvc_commit(c, &keys[i], 1, NULL) != 1) { bad = 13; break; }
+    }
+    kvc_block b[6];
+    int got = kvc_load(c, KVC_G2, keys, 6, b);
+    if (got < 0) { bad = 14; break; }
+    for (int i = 0; i < 6; i++) {
+      if (b[i].status) continue; /* evicted meanwhile, or still being written */
+      uint64_t v = 0;
+      for (int k = 0; k < 8; k++) v |= (uint64_t)keys[i].b[k] << (8 * k);
+      key_bytes(want, v);
+      if (memcmp(b[i].ptr, want, BLOCK)) { bad = 15; break; }
+    }
+    kvc_release(c, keys, 6, NULL);
+  }
+  free(want);
+  kvc_close(c);
+  return bad;
+}
+
+Test(daemon, concurrent_workers_on_overlapping_prefixes) {
+  enum { W = 4 };
+  pid_t pids[W];
+  for (int w = 0; w < W; w++) {
+    pids[w] = fork();
+    if (pids[w] == 0) _exit(worker(w));
+  }
+  for (int w = 0; w < W; w++) {
+    int st;
+    waitpid(pids[w], &st, 0);
+    cr_assert(WIFEXITED(st) && WEXITSTATUS(st) == 0, "worker %d failed with %d", w,
+              WIFEXITED(st) ? WEXITSTATUS(st) : -1);
+  }
+  kvc *c = open_one();
+  char *j;
+  cr_assert_eq(kvc_status(c, &j), 0);
+  cr_assert(strstr(j, "\"sessions\":1"), "every worker's session is gone: %s", j);
+  free(j);
+  kvc_close(c);
+}
