@@ -98,7 +98,7 @@ typedef struct kv_g3_opts {
   int commit_window_us;  /* group commit: a batch waits up to this long for
                           * more writes while writes are still in flight,
                           * to share one fdatasync and one index commit;
-                          * 0: 10000, < 0: commit at once */
+                          * 0: 25000, < 0: commit at once */
   int lock_wait_ms;      /* how long open waits for the files' lock held by
                           * another opener, or by a killed one's in-flight
                           * io_uring requests; 0: 5000, < 0: do not wait */
