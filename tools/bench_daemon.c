@@ -7,7 +7,9 @@
  *           single-key LOOKUP round trips (p50/p99 microseconds)
  *   load    LOAD a batch of resident G2 blocks, copy every byte of each
  *           out of the shared arena into the worker's own buffer, RELEASE;
- *           GB/s of block bytes copied
+ *           GB/s of block bytes copied. --depth LOADs are kept in flight
+ *           (the next batch is asked for while this one is copied), as a
+ *           worker that prefetches would
  *   store   ALLOC a batch, copy every byte of each block in, COMMIT (the
  *           daemon checksums it); GB/s of block bytes committed
  *   memcpy  the same copies as `load`, from a plain shared mapping of the
@@ -61,6 +63,7 @@ typedef struct dopts {
   uint32_t blocks; /* working set (load, memcpy); 0: auto */
   uint32_t batch;  /* blocks per LOAD / ALLOC request */
   uint32_t keys;   /* keys per batched LOOKUP */
+  uint32_t depth;  /* load: LOAD requests in flight */
   int json;
 } dopts;
 
@@ -251,6 +254,7 @@ typedef struct runctx {
   uint32_t warm_blocks; /* store: blocks written before the clock starts */
   uint8_t *src;         /* memcpy: the shared source */
   int ready_w, go_r;
+  int passed;           /* this client went through the barrier */
 } runctx;
 
 static void fail_res(cres *r, int rc, const char *what) {
@@ -259,9 +263,12 @@ static void fail_res(cres *r, int rc, const char *what) {
 }
 
 /* Tells the parent this client is ready (or failed), then waits for the
- * start: the parent closes the go pipe. */
+ * start: the parent closes the go pipe. Once per client; later calls
+ * return at once. */
 static void barrier(runctx *x) {
   char b = 1;
+  if (x->passed) return;
+  x->passed = 1;
   if (write(x->ready_w, &b, 1) != 1) _exit(3);
   while (read(x->go_r, &b, 1) > 0) {}
 }
@@ -273,66 +280,126 @@ static int copy_check(uint8_t *dst, const uint8_t *src, uint32_t len, uint8_t wa
   return dst[0] != want || dst[len - 1] != want;
 }
 
-static void client_load(runctx *x, uint32_t id, cres *r, int plain) {
+/* One LOAD request's worth of blocks, in flight or being copied. */
+typedef struct lslot {
+  kvc_key keys[KVC_BATCH_MAX];
+  kvc_block blk[KVC_BATCH_MAX];
+  uint32_t first, m; /* blocks first .. first+m-1 (mod the working set) */
+} lslot;
+
+typedef struct lstats {
+  uint64_t units, reqs, bad;
+} lstats;
+
+/* Pipelined loads: keeps o->depth LOADs of o->batch blocks in flight; as
+ * each completes, copies every block out into dst, RELEASEs them (without
+ * waiting) and asks for the next batch. Stops asking once `limit` blocks
+ * were asked for (limit > 0) or at `deadline`, then drains. 0, or the
+ * error (r->err says which step). */
+static int load_run(runctx *x, kvc *c, lslot *sl, uint32_t *at, uint64_t limit, double deadline,
+                    uint8_t *dst, lstats *st, cres *r) {
   const dopts *o = x->o;
   uint32_t n = x->nblocks, batch = o->batch < n ? o->batch : n;
+  uint64_t asked = 0;
+  int loads = 0, releases = 0, stop = 0;
+  for (uint32_t d = 0; d < o->depth; d++) {
+    lslot *s = &sl[d];
+    s->first = *at;
+    s->m = batch;
+    for (uint32_t i = 0; i < batch; i++) s->keys[i] = mkkey(PARENT_CLIENT, (*at + i) % n);
+    *at = (*at + batch) % n;
+    int64_t id = kvc_submit_load(c, KVC_G2, s->keys, batch, s->blk, s);
+    if (id < 0) { fail_res(r, (int)id, "load"); return r->rc; }
+    loads++;
+    asked += batch;
+  }
+  while (loads || releases) {
+    kvc_completion cp[16];
+    int k = kvc_poll(c, cp, 16);
+    if (k < 0) { fail_res(r, k, "poll"); return r->rc; }
+    if (k == 0) {
+      struct pollfd pf = {kvc_fd(c), POLLIN, 0};
+      if (poll(&pf, 1, 30000) <= 0) { fail_res(r, -ETIMEDOUT, "waiting for a reply"); return r->rc; }
+      continue;
+    }
+    for (int j = 0; j < k; j++) {
+      if (cp[j].op == KVC_OP_RELEASE) {
+        releases--;
+        if (cp[j].result != (int)(uintptr_t)cp[j].user) { fail_res(r, cp[j].result, "release"); return r->rc; }
+        continue;
+      }
+      lslot *s = cp[j].user;
+      loads--;
+      if (cp[j].result != (int)s->m) {
+        int why = cp[j].result < 0 ? cp[j].result : 0;
+        for (uint32_t i = 0; i < s->m && !why; i++) why = s->blk[i].status;
+        fail_res(r, why, "load");
+        return r->rc;
+      }
+      for (uint32_t i = 0; i < s->m; i++)
+        st->bad += s->blk[i].length != o->block_bytes ||
+                   copy_check(dst, s->blk[i].ptr, o->block_bytes, fill_of((s->first + i) % n));
+      st->units += s->m;
+      int64_t id = kvc_submit_release(c, s->keys, s->m, NULL, (void *)(uintptr_t)s->m);
+      if (id < 0) { fail_res(r, (int)id, "release"); return r->rc; }
+      releases++;
+      st->reqs += 2;
+      if (!stop) stop = limit ? asked >= limit : now_s() >= deadline;
+      if (stop) continue;
+      s->first = *at;
+      for (uint32_t i = 0; i < s->m; i++) s->keys[i] = mkkey(PARENT_CLIENT, (*at + i) % n);
+      *at = (*at + s->m) % n;
+      id = kvc_submit_load(c, KVC_G2, s->keys, s->m, s->blk, s);
+      if (id < 0) { fail_res(r, (int)id, "load"); return r->rc; }
+      loads++;
+      asked += s->m;
+    }
+  }
+  return 0;
+}
+
+/* `load` (plain == 0) and its reference `memcpy` (plain == 1). */
+static void client_load(runctx *x, uint32_t id, cres *r, int plain) {
+  const dopts *o = x->o;
+  uint32_t n = x->nblocks;
   kvc *c = NULL;
-  kvc_key *keys = calloc(batch, sizeof *keys);
-  kvc_block *blk = calloc(batch, sizeof *blk);
+  lslot *sl = plain ? NULL : calloc(o->depth, sizeof *sl);
   uint8_t *dst = aligned_alloc(4096, (o->block_bytes + 4095) / 4096 * 4096);
-  if (!keys || !blk || !dst) { fail_res(r, -ENOMEM, "buffers"); barrier(x); return; }
-  int rc = plain ? 0 : open_conn(o, &c);
-  if (rc) { fail_res(r, rc, "open"); barrier(x); return; }
+  int rc = dst && (plain || sl) ? 0 : -ENOMEM;
+  if (rc) fail_res(r, rc, "buffers");
+  else if (!plain && (rc = open_conn(o, &c))) fail_res(r, rc, "open");
   uint32_t at = (uint32_t)((uint64_t)n * id / o->clients); /* clients start apart */
-  /* One pass untimed, then the clock. */
+  /* One pass untimed (it faults the mapping in), then the clock. */
   for (int timed = 0; timed < 2 && !r->rc; timed++) {
-    uint64_t units = 0, reqs = 0, bad = 0, passed = 0;
+    lstats st = {0, 0, 0};
     double t0 = 0, deadline = 0;
     if (timed) {
       barrier(x);
       t0 = now_s();
       deadline = t0 + o->seconds;
     }
-    for (;;) {
-      uint32_t m = batch;
-      for (uint32_t i = 0; i < m; i++) keys[i] = mkkey(PARENT_CLIENT, (at + i) % n);
-      if (plain) {
-        for (uint32_t i = 0; i < m; i++) {
-          uint32_t b = (at + i) % n;
-          bad += (uint64_t)copy_check(dst, x->src + (size_t)b * o->block_bytes, o->block_bytes,
-                                      fill_of(b));
-        }
-      } else {
-        int got = kvc_load(c, KVC_G2, keys, m, blk);
-        if (got != (int)m) {
-          int why = got < 0 ? got : 0;
-          for (uint32_t i = 0; i < m && !why; i++) why = blk[i].status;
-          fail_res(r, why, "load");
-          break;
-        }
-        for (uint32_t i = 0; i < m; i++)
-          bad += blk[i].length != o->block_bytes ||
-                 copy_check(dst, blk[i].ptr, o->block_bytes, fill_of((at + i) % n));
-        got = kvc_release(c, keys, m, NULL);
-        if (got != (int)m) { fail_res(r, got, "release"); break; }
-        reqs += 2;
+    if (plain) {
+      for (uint64_t passed = 0; timed ? now_s() < deadline : passed < n; passed += 32) {
+        for (uint32_t i = 0; i < 32; i++, at = (at + 1) % n)
+          st.bad += (uint64_t)copy_check(dst, x->src + (size_t)at * o->block_bytes, o->block_bytes,
+                                         fill_of(at));
+        st.units += 32;
       }
-      units += m;
-      passed += m;
-      at = (at + m) % n;
-      if (timed ? now_s() >= deadline : passed >= n) break;
+    } else {
+      load_run(x, c, sl, &at, timed ? 0 : n, deadline, dst, &st, r);
     }
     if (timed) {
       r->elapsed = now_s() - t0;
-      r->units = units;
-      r->bytes = units * o->block_bytes;
-      r->requests = reqs;
-      r->bad = bad;
+      r->units = st.units;
+      r->bytes = st.units * o->block_bytes;
+      r->requests = st.reqs;
+      r->bad = st.bad;
     }
-    if (!timed && r->rc) barrier(x);
   }
+  barrier(x); /* a client that failed early still lets the others start */
   kvc_close(c);
-  free(keys); free(blk); free(dst);
+  free(sl);
+  free(dst);
 }
 
 static void client_store(runctx *x, uint32_t id, cres *r) {
@@ -391,8 +458,8 @@ static void client_store(runctx *x, uint32_t id, cres *r) {
       r->bytes = units * o->block_bytes;
       r->requests = reqs;
     }
-    if (!timed && r->rc) barrier(x);
   }
+  barrier(x);
   if (c) delete_keys(c, id, next);
   kvc_close(c);
   free(keys); free(blk); free(st); free(src);
@@ -530,10 +597,11 @@ static void usage(FILE *f, bench_kind k) {
   fprintf(f,
           "usage: kvbench %s [--socket-dir DIR | --socket PATH] [--json] [--block-bytes B]\n"
           "           [--clients N] [--seconds S] [--blocks N] [--batch N] [--keys N]\n"
-          "           [--tenant T]\n"
+          "           [--depth D] [--tenant T]\n"
           "  lookup  batched LOOKUPs of --keys keys (default 1024) of a resident chain: keys/s;\n"
           "          then single-key LOOKUP round trips: p50/p99 microseconds\n"
-          "  load    LOAD --batch blocks (default 32), copy every byte out, RELEASE: GB/s\n"
+          "  load    LOAD --batch blocks (default 32), copy every byte out, RELEASE: GB/s;\n"
+          "          --depth LOADs in flight (default 2)\n"
           "  store   ALLOC --batch blocks, copy every byte in, COMMIT: GB/s\n"
           "  memcpy  the copies of `load` from plain shared memory, no daemon: GB/s\n"
           "  --block-bytes B  block size, K/M suffixes (default 256K)\n"
@@ -554,6 +622,7 @@ static int parse_opts(dopts *o, int argc, char **argv) {
       {"clients", required_argument, 0, 'c'},    {"seconds", required_argument, 0, 't'},
       {"blocks", required_argument, 0, 'n'},     {"batch", required_argument, 0, 'B'},
       {"keys", required_argument, 0, 'k'},       {"tenant", required_argument, 0, 'T'},
+      {"depth", required_argument, 0, 'D'},
       {"help", no_argument, 0, 'h'},             {0, 0, 0, 0}};
   o->tenant = "kvbench";
   o->block_bytes = 256u << 10;
@@ -561,9 +630,10 @@ static int parse_opts(dopts *o, int argc, char **argv) {
   o->seconds = 2;
   o->batch = 32;
   o->keys = 1024;
+  o->depth = 2;
   optind = 1;
   int ch;
-  while ((ch = getopt_long(argc, argv, "d:s:jb:c:t:n:B:k:T:h", lo, NULL)) != -1) {
+  while ((ch = getopt_long(argc, argv, "d:s:jb:c:t:n:B:k:T:D:h", lo, NULL)) != -1) {
     uint64_t v = 0;
     char *end;
     switch (ch) {
@@ -586,9 +656,10 @@ static int parse_opts(dopts *o, int argc, char **argv) {
         return 2;
       }
       break;
-    case 'b': case 'c': case 'n': case 'B': case 'k':
+    case 'b': case 'c': case 'n': case 'B': case 'k': case 'D':
       if (kv_parse_size(optarg, &v) || v == 0 || v > UINT32_MAX ||
-          (ch == 'c' && v > MAX_CLIENTS) || ((ch == 'B' || ch == 'k') && v > KVC_BATCH_MAX)) {
+          (ch == 'c' && v > MAX_CLIENTS) || ((ch == 'B' || ch == 'k') && v > KVC_BATCH_MAX) ||
+          (ch == 'D' && v > 16)) {
         fprintf(stderr, "kvbench %s: bad value '%s' for %s\n", bench_name[o->kind], optarg,
                 argv[optind - 1]);
         return 2;
@@ -597,6 +668,7 @@ static int parse_opts(dopts *o, int argc, char **argv) {
       else if (ch == 'c') o->clients = (uint32_t)v;
       else if (ch == 'n') o->blocks = (uint32_t)v;
       else if (ch == 'B') o->batch = (uint32_t)v;
+      else if (ch == 'D') o->depth = (uint32_t)v;
       else o->keys = (uint32_t)v;
       break;
     case 'h': usage(stdout, o->kind); exit(0);

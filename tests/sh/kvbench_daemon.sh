@@ -17,11 +17,10 @@ expect_exit 2 "an extra argument" "$KVB" lookup --socket-dir "$RUN" extra
 expect_exit 0 "lookup --help" "$KVB" lookup --help
 
 "$BIN/kvcached" --socket-dir "$RUN" --g2-capacity 32M --set g2.page_size=4M --set g2.lock=no --g3-path "" \
-  --log-level warn 2>"$T/log" &
+  2>"$T/log" &
 pid=$!
 PIDS+=("$pid")
-for _ in $(seq 100); do [ -S "$RUN/kvcached.sock" ] && break; sleep 0.1; done
-if [ -S "$RUN/kvcached.sock" ]; then ok "kvcached up"; else bad "kvcached up: $(cat "$T/log")"; finish; exit; fi
+if wait_for "$T/log" "ready:" 10; then ok "kvcached ready"; else bad "kvcached ready: $(cat "$T/log")"; finish; exit; fi
 
 num() { jq -e "$1" "$T/out" >/dev/null; } # num FILTER: the filter holds on the last output
 
