@@ -31,36 +31,25 @@ static uint64_t get64(const uint8_t *p) {
   return v;
 }
 
-static uint64_t align_up(uint64_t v, uint64_t a) { return (v + a - 1) / a * a; }
-
 int g3_layout(uint64_t capacity, uint32_t slot_bytes, g3_sb *sb) {
-  if (slot_bytes == 0 || slot_bytes % G3_SECTOR) return -EINVAL;
+  if (slot_bytes == 0 || slot_bytes % G3_SECTOR || slot_bytes > UINT32_MAX - G3_SECTOR)
+    return -EINVAL;
   memset(sb, 0, sizeof *sb);
   sb->slot_bytes = slot_bytes;
-  sb->hdr_off = G3_SECTOR;
-  uint64_t per = (uint64_t)slot_bytes + G3_SECTOR;
-  uint64_t fixed = G3_SECTOR + G3_DATA_ALIGN;
-  uint64_t n = capacity > fixed ? (capacity - fixed) / per : 0;
+  sb->data_off = G3_DATA_OFF;
+  sb->stride = (uint64_t)slot_bytes + G3_SECTOR;
+  uint64_t n = capacity > G3_DATA_OFF ? (capacity - G3_DATA_OFF) / sb->stride : 0;
   if (n > UINT32_MAX / 2) n = UINT32_MAX / 2;
-  /* The estimate may leave room for a few more once the data area's start
-   * is rounded; it never overshoots, so only grow. */
-  for (;;) {
-    uint64_t m = n + 1;
-    uint64_t d = align_up(sb->hdr_off + m * G3_SECTOR, G3_DATA_ALIGN);
-    if (d + m * slot_bytes > capacity || m > UINT32_MAX / 2) break;
-    n = m;
-  }
   if (n == 0) return -ENOSPC;
   sb->nslots = (uint32_t)n;
-  sb->data_off = align_up(sb->hdr_off + n * G3_SECTOR, G3_DATA_ALIGN);
-  sb->file_bytes = sb->data_off + n * slot_bytes;
+  sb->file_bytes = sb->data_off + n * sb->stride;
   return 0;
 }
 
 /* Superblock:
  *   0 magic[8] | 8 u16 version | 10 u16 length | 12 u32 file | 16 u32 nfiles
- *  20 u32 slot_bytes | 24 u32 nslots | 28 u32 flags (0) | 32 u64 hdr_off
- *  40 u64 data_off | 48 u64 file_bytes | 56 store_id[16] | 72 u64 created
+ *  20 u32 slot_bytes | 24 u32 nslots | 28 u32 flags (0) | 32 u64 data_off
+ *  40 u64 stride | 48 u64 file_bytes | 56 store_id[16] | 72 u64 created
  *  80 reserved (0) | 124 u32 CRC32C of bytes 0..123 */
 void g3_sb_encode(const g3_sb *sb, uint8_t *out) {
   memset(out, 0, G3_SB_LEN);
@@ -71,8 +60,8 @@ void g3_sb_encode(const g3_sb *sb, uint8_t *out) {
   put32(out + 16, sb->nfiles);
   put32(out + 20, sb->slot_bytes);
   put32(out + 24, sb->nslots);
-  put64(out + 32, sb->hdr_off);
-  put64(out + 40, sb->data_off);
+  put64(out + 32, sb->data_off);
+  put64(out + 40, sb->stride);
   put64(out + 48, sb->file_bytes);
   memcpy(out + 56, sb->store_id, G3_STORE_ID_LEN);
   put64(out + 72, sb->created);
@@ -88,16 +77,16 @@ int g3_sb_decode(g3_sb *sb, const uint8_t *in) {
   sb->nfiles = get32(in + 16);
   sb->slot_bytes = get32(in + 20);
   sb->nslots = get32(in + 24);
-  sb->hdr_off = get64(in + 32);
-  sb->data_off = get64(in + 40);
+  sb->data_off = get64(in + 32);
+  sb->stride = get64(in + 40);
   sb->file_bytes = get64(in + 48);
   memcpy(sb->store_id, in + 56, G3_STORE_ID_LEN);
   sb->created = get64(in + 72);
   /* Geometry must be what g3_layout would produce for some capacity. */
   if (sb->slot_bytes == 0 || sb->slot_bytes % G3_SECTOR || sb->nslots == 0 ||
-      sb->hdr_off != G3_SECTOR || sb->data_off % G3_DATA_ALIGN ||
-      sb->data_off < sb->hdr_off + (uint64_t)sb->nslots * G3_SECTOR ||
-      sb->file_bytes != sb->data_off + (uint64_t)sb->nslots * sb->slot_bytes)
+      sb->data_off < G3_SECTOR || sb->data_off % G3_SECTOR ||
+      sb->stride != (uint64_t)sb->slot_bytes + G3_SECTOR ||
+      sb->file_bytes != sb->data_off + (uint64_t)sb->nslots * sb->stride)
     return KV_ECORRUPT;
   return 0;
 }

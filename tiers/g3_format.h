@@ -4,11 +4,15 @@
  * byte layout; this file and G3.md must agree).
  *
  * A store file:
- *   [0, 4096)                  superblock
- *   [hdr_off, +nslots*4096)    record header table, one 4 KiB sector a slot
- *   [data_off, +nslots*slot)   payloads, slot i at data_off + i*slot_bytes
- * Every multi-byte field is little-endian. A header sector holds one
- * G3_REC_LEN-byte record and zeros, so writing it never touches a neighbour.
+ *   [0, 4096)                       superblock
+ *   [data_off, +nslots*stride)      slots; slot i at data_off + i*stride:
+ *                                   its record header sector (4096 bytes),
+ *                                   then its payload (slot_bytes)
+ * stride = 4096 + slot_bytes; data_off = 1 MiB. Every multi-byte field is
+ * little-endian. A header sector holds one G3_REC_LEN-byte record and
+ * zeros. Header and payload are adjacent, so a block is one contiguous
+ * range: its two transfers form one sequential stream (the block layer
+ * may merge them into one device command).
  */
 #ifndef KV_TIERS_G3_FORMAT_H
 #define KV_TIERS_G3_FORMAT_H
@@ -19,7 +23,7 @@
 #define G3_SECTOR 4096u          /* superblock and header sector size */
 #define G3_SB_LEN 128u           /* meaningful bytes of the superblock */
 #define G3_REC_LEN 128u          /* meaningful bytes of a record header */
-#define G3_DATA_ALIGN (1u << 20) /* the data area starts on a 1 MiB boundary */
+#define G3_DATA_OFF (1u << 20)   /* the slots start at 1 MiB */
 #define G3_STORE_ID_LEN 16
 #define G3_REC_MAGIC 0x3347564Bu /* "KVG3" as little-endian bytes */
 extern const uint8_t g3_sb_magic[8]; /* "KVG3SUPR" */
@@ -29,7 +33,7 @@ typedef struct g3_sb {
   uint32_t nfiles;     /* files when the store was made */
   uint32_t slot_bytes; /* payload bytes per slot, multiple of G3_SECTOR */
   uint32_t nslots;
-  uint64_t hdr_off, data_off, file_bytes;
+  uint64_t data_off, stride, file_bytes;
   uint8_t store_id[G3_STORE_ID_LEN];
   uint64_t created;    /* unix seconds */
 } g3_sb;
@@ -47,7 +51,7 @@ typedef struct g3_rec {
 } g3_rec;
 
 /* Lays out a file of at most `capacity` bytes with slots of `slot_bytes`
- * (a multiple of G3_SECTOR): fills nslots, hdr_off, data_off, file_bytes.
+ * (a multiple of G3_SECTOR): fills nslots, data_off, stride, file_bytes.
  * -ENOSPC if not even one slot fits, -EINVAL for a bad slot size. */
 int g3_layout(uint64_t capacity, uint32_t slot_bytes, g3_sb *sb);
 
@@ -63,10 +67,10 @@ void g3_rec_encode(const g3_rec *r, uint8_t *out);
 int g3_rec_decode(g3_rec *r, const uint8_t *in);
 
 static inline uint64_t g3_hdr_pos(const g3_sb *sb, uint32_t slot) {
-  return sb->hdr_off + (uint64_t)slot * G3_SECTOR;
+  return sb->data_off + (uint64_t)slot * sb->stride;
 }
 static inline uint64_t g3_data_pos(const g3_sb *sb, uint32_t slot) {
-  return sb->data_off + (uint64_t)slot * sb->slot_bytes;
+  return g3_hdr_pos(sb, slot) + G3_SECTOR;
 }
 
 #endif

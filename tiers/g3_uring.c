@@ -139,11 +139,12 @@ static void start_op(uring_eng *u, g3_op *op) {
     memset(h, 0, G3_SECTOR);
     memcpy(h, op->hdr, G3_REC_LEN);
   }
-  /* Payload, then header: both in flight together. Either may finish at
-   * once (an injected fault); epending reaches 0 exactly once, and op is not
-   * touched here after the second issue. */
-  issue(u, op, 1);
+  /* Header, then payload, right after it on disk: both in flight together,
+   * submitted in one call so the block layer can merge them. Either may
+   * finish at once (an injected fault); epending reaches 0 exactly once,
+   * and op is not touched here after the second issue. */
   issue(u, op, 0);
+  issue(u, op, 1);
 }
 
 /* Moves queued ops to the device while fewer than qd are in flight.

@@ -17,16 +17,20 @@ Test(g3_format, layout_fits_and_aligns) {
       if (rc == -ENOSPC) continue;
       cr_assert_eq(rc, 0);
       cr_assert_leq(sb.file_bytes, caps[j]);
-      cr_assert_eq(sb.data_off % G3_DATA_ALIGN, 0);
-      cr_assert_geq(sb.data_off, sb.hdr_off + (uint64_t)sb.nslots * G3_SECTOR);
+      cr_assert_eq(sb.data_off, G3_DATA_OFF);
+      cr_assert_eq(sb.stride, slots[i] + G3_SECTOR);
       /* one more slot would not fit */
-      uint64_t m = (uint64_t)sb.nslots + 1;
-      uint64_t d = (G3_SECTOR + m * G3_SECTOR + G3_DATA_ALIGN - 1) / G3_DATA_ALIGN * G3_DATA_ALIGN;
-      cr_assert_gt(d + m * slots[i], caps[j]);
-      cr_assert_eq(g3_data_pos(&sb, 1) - g3_data_pos(&sb, 0), slots[i]);
+      cr_assert_gt(sb.file_bytes + sb.stride, caps[j]);
+      /* header sector, then payload, slot after slot, all 4 KiB aligned */
+      cr_assert_eq(g3_data_pos(&sb, 0), g3_hdr_pos(&sb, 0) + G3_SECTOR);
+      cr_assert_eq(g3_hdr_pos(&sb, 1), g3_data_pos(&sb, 0) + slots[i]);
+      cr_assert_eq(g3_data_pos(&sb, 7) % G3_SECTOR, 0);
+      cr_assert_eq(g3_data_pos(&sb, sb.nslots - 1) + slots[i], sb.file_bytes);
     }
   g3_sb sb;
-  cr_assert_eq(g3_layout(1 << 20, 4096, &sb), -ENOSPC);
+  cr_assert_eq(g3_layout((1 << 20) + 8191, 4096, &sb), -ENOSPC);
+  cr_assert_eq(g3_layout((1 << 20) + 8192, 4096, &sb), 0);
+  cr_assert_eq(sb.nslots, 1);
   cr_assert_eq(g3_layout(1 << 30, 1000, &sb), -EINVAL);
 }
 
