@@ -279,8 +279,10 @@ int kvc_poll(kvc *c, kvc_completion *out, int max) {
     out[k] = c->done[k];
     k++;
   }
-  memmove(c->done, c->done + k, (c->ndone - (uint32_t)k) * sizeof *c->done);
-  c->ndone -= (uint32_t)k;
+  if (k) {
+    memmove(c->done, c->done + k, (c->ndone - (uint32_t)k) * sizeof *c->done);
+    c->ndone -= (uint32_t)k;
+  }
   return k;
 }
 

@@ -115,7 +115,9 @@ int kvc_release(kvc *c, const kvc_key *keys, uint32_t n, int32_t *status);
 /* Reserves a slot per key (parents may be NULL, or parents[i].len 0 for
  * none); out[i].ptr is where the worker writes the block's bytes. The
  * block is invisible until kvc_commit(). Returns how many slots were
- * reserved, or an error. KV_EEXISTS for a key that exists already. */
+ * reserved, or an error. Per key: KV_EEXISTS (the key exists, or another
+ * worker is writing it), KV_EALLPINNED (G2 full of pinned blocks), -EAGAIN
+ * (G2 full while victims are being written to the SSD: retry shortly). */
 int kvc_alloc(kvc *c, uint8_t tier, uint8_t prio, const kvc_key *keys,
               const kvc_key *parents, uint32_t n, kvc_block *out);
 /* Makes written blocks visible (the daemon checksums them) / drops them.
@@ -126,7 +128,8 @@ int kvc_abort(kvc *c, const kvc_key *keys, uint32_t n, int32_t *status);
 /* A hint to bring blocks up to `tier`. Returns how many were queued. */
 int kvc_prefetch(kvc *c, uint8_t tier, const kvc_key *keys, uint32_t n);
 /* Deletes blocks (n == 0 and keys NULL: every block of the namespace).
- * Returns how many were deleted, or an error. */
+ * Returns how many were deleted, or an error. Blocks pinned, being written
+ * or being copied between tiers are skipped (not counted). */
 int kvc_delete(kvc *c, const kvc_key *keys, uint32_t n);
 /* Sets blocks' priority (0..255, lower evicted first). */
 int kvc_set_priority(kvc *c, uint8_t prio, const kvc_key *keys, uint32_t n, int32_t *status);
