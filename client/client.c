@@ -121,6 +121,25 @@ static int count_ok_status(const kv_statvec *s, int32_t *out, uint32_t n) {
   return ok;
 }
 
+/* Fills one block result of a LOAD or ALLOC reply. A pointer is handed out
+ * only inside the G2 mapping: anything else is KV_EBADFRAME. Returns 1 if
+ * the block is usable. */
+static int set_block(kvc *c, kvc_block *b, int32_t status, uint8_t tier, uint64_t offset,
+                     uint32_t length) {
+  memset(b, 0, sizeof *b);
+  b->tier = KVC_TIER_NONE;
+  b->status = status;
+  if (status != 0) return 0;
+  if (tier != KV_G2 || offset > c->arena_bytes || length > c->arena_bytes - offset) {
+    b->status = KV_EBADFRAME;
+    return 0;
+  }
+  b->tier = KVC_G2;
+  b->ptr = c->arena + offset;
+  b->length = length;
+  return 1;
+}
+
 /* Writes the reply's results where p asked; returns the call's result. */
 static int apply_reply(kvc *c, pending *p, const kv_msg *m) {
   if (m->op == KV_OP_ERROR) return m->status < 0 ? m->status : KV_EBADFRAME;
@@ -136,20 +155,7 @@ static int apply_reply(kvc *c, pending *p, const kv_msg *m) {
     for (uint32_t i = 0; i < p->n; i++) {
       kv_load_ent e;
       kv_loadvec_get(&m->load_rep, i, &e);
-      kvc_block *b = &p->blocks[i];
-      memset(b, 0, sizeof *b);
-      b->tier = KVC_TIER_NONE;
-      b->status = e.status;
-      if (e.status == 0) {
-        if (e.tier != KV_G2 || e.offset > c->arena_bytes || e.length > c->arena_bytes - e.offset) {
-          b->status = KV_EBADFRAME; /* never hand out a pointer outside the mapping */
-          continue;
-        }
-        b->tier = e.tier;
-        b->ptr = c->arena + e.offset;
-        b->length = e.length;
-        ok++;
-      }
+      ok += set_block(c, &p->blocks[i], e.status, e.tier, e.offset, e.length);
     }
     return ok;
   }
@@ -159,20 +165,7 @@ static int apply_reply(kvc *c, pending *p, const kv_msg *m) {
     for (uint32_t i = 0; i < p->n; i++) {
       kv_alloc_ent e;
       kv_allocvec_get(&m->alloc_rep, i, &e);
-      kvc_block *b = &p->blocks[i];
-      memset(b, 0, sizeof *b);
-      b->tier = KVC_TIER_NONE;
-      b->status = e.status;
-      if (e.status == 0) {
-        if (e.offset > c->arena_bytes || c->block_bytes > c->arena_bytes - e.offset) {
-          b->status = KV_EBADFRAME;
-          continue;
-        }
-        b->tier = KVC_G2;
-        b->ptr = c->arena + e.offset;
-        b->length = c->block_bytes;
-        ok++;
-      }
+      ok += set_block(c, &p->blocks[i], e.status, KV_G2, e.offset, c->block_bytes);
     }
     return ok;
   }

@@ -13,6 +13,8 @@
 #include <stdint.h>
 #include <stdlib.h>
 
+#include "tiers/probe.h"
+
 typedef struct u32map {
   uint32_t *k, *v;
   uint32_t mask, n; /* mask + 1 slots when k != NULL */
@@ -92,8 +94,7 @@ static inline int u32map_del(u32map *m, uint32_t key) {
     j = (j + 1) & m->mask;
     if (m->k[j] == U32MAP_EMPTY) break;
     uint32_t home = u32map_hash(m->k[j]) & m->mask;
-    int stays = hole <= j ? (home > hole && home <= j) : (home > hole || home <= j);
-    if (!stays) { m->k[hole] = m->k[j]; m->v[hole] = m->v[j]; hole = j; }
+    if (!kv_probe_stays(hole, j, home)) { m->k[hole] = m->k[j]; m->v[hole] = m->v[j]; hole = j; }
   }
   m->k[hole] = U32MAP_EMPTY;
   m->n--;

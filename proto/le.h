@@ -4,7 +4,8 @@
  * The wire format is little-endian and packed, so a field may sit at any
  * byte offset; these helpers go through bytes (the compiler turns them into
  * single moves on x86-64 and arm64) and never cast a buffer pointer to a
- * wider type. Internal to proto/ and ipc/.
+ * wider type. Shared by the wire format (proto/, ipc/) and the G3 on-disk
+ * format (tiers/g3_format.c).
  */
 #ifndef KV_PROTO_LE_H
 #define KV_PROTO_LE_H

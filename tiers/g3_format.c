@@ -5,31 +5,10 @@
 #include <string.h>
 
 #include "proto/errors.h"
+#include "proto/le.h"
 #include "tiers/crc32c.h"
 
 const uint8_t g3_sb_magic[8] = {'K', 'V', 'G', '3', 'S', 'U', 'P', 'R'};
-
-static void put16(uint8_t *p, uint16_t v) {
-  p[0] = (uint8_t)v;
-  p[1] = (uint8_t)(v >> 8);
-}
-static void put32(uint8_t *p, uint32_t v) {
-  for (int i = 0; i < 4; i++) p[i] = (uint8_t)(v >> (8 * i));
-}
-static void put64(uint8_t *p, uint64_t v) {
-  for (int i = 0; i < 8; i++) p[i] = (uint8_t)(v >> (8 * i));
-}
-static uint16_t get16(const uint8_t *p) { return (uint16_t)(p[0] | p[1] << 8); }
-static uint32_t get32(const uint8_t *p) {
-  uint32_t v = 0;
-  for (int i = 3; i >= 0; i--) v = v << 8 | p[i];
-  return v;
-}
-static uint64_t get64(const uint8_t *p) {
-  uint64_t v = 0;
-  for (int i = 7; i >= 0; i--) v = v << 8 | p[i];
-  return v;
-}
 
 int g3_layout(uint64_t capacity, uint32_t slot_bytes, g3_sb *sb) {
   if (slot_bytes == 0 || slot_bytes % G3_SECTOR || slot_bytes > UINT32_MAX - G3_SECTOR)
@@ -54,34 +33,34 @@ int g3_layout(uint64_t capacity, uint32_t slot_bytes, g3_sb *sb) {
 void g3_sb_encode(const g3_sb *sb, uint8_t *out) {
   memset(out, 0, G3_SB_LEN);
   memcpy(out, g3_sb_magic, 8);
-  put16(out + 8, G3_VERSION);
-  put16(out + 10, G3_SB_LEN);
-  put32(out + 12, sb->file);
-  put32(out + 16, sb->nfiles);
-  put32(out + 20, sb->slot_bytes);
-  put32(out + 24, sb->nslots);
-  put64(out + 32, sb->data_off);
-  put64(out + 40, sb->stride);
-  put64(out + 48, sb->file_bytes);
+  kv_st16(out + 8, G3_VERSION);
+  kv_st16(out + 10, G3_SB_LEN);
+  kv_st32(out + 12, sb->file);
+  kv_st32(out + 16, sb->nfiles);
+  kv_st32(out + 20, sb->slot_bytes);
+  kv_st32(out + 24, sb->nslots);
+  kv_st64(out + 32, sb->data_off);
+  kv_st64(out + 40, sb->stride);
+  kv_st64(out + 48, sb->file_bytes);
   memcpy(out + 56, sb->store_id, G3_STORE_ID_LEN);
-  put64(out + 72, sb->created);
-  put32(out + 124, kv_crc32c(0, out, 124));
+  kv_st64(out + 72, sb->created);
+  kv_st32(out + 124, kv_crc32c(0, out, 124));
 }
 
 int g3_sb_decode(g3_sb *sb, const uint8_t *in) {
-  if (memcmp(in, g3_sb_magic, 8) || get16(in + 8) != G3_VERSION || get16(in + 10) != G3_SB_LEN ||
-      get32(in + 124) != kv_crc32c(0, in, 124))
+  if (memcmp(in, g3_sb_magic, 8) || kv_ld16(in + 8) != G3_VERSION || kv_ld16(in + 10) != G3_SB_LEN ||
+      kv_ld32(in + 124) != kv_crc32c(0, in, 124))
     return KV_ECORRUPT;
   memset(sb, 0, sizeof *sb);
-  sb->file = get32(in + 12);
-  sb->nfiles = get32(in + 16);
-  sb->slot_bytes = get32(in + 20);
-  sb->nslots = get32(in + 24);
-  sb->data_off = get64(in + 32);
-  sb->stride = get64(in + 40);
-  sb->file_bytes = get64(in + 48);
+  sb->file = kv_ld32(in + 12);
+  sb->nfiles = kv_ld32(in + 16);
+  sb->slot_bytes = kv_ld32(in + 20);
+  sb->nslots = kv_ld32(in + 24);
+  sb->data_off = kv_ld64(in + 32);
+  sb->stride = kv_ld64(in + 40);
+  sb->file_bytes = kv_ld64(in + 48);
   memcpy(sb->store_id, in + 56, G3_STORE_ID_LEN);
-  sb->created = get64(in + 72);
+  sb->created = kv_ld64(in + 72);
   /* Geometry must be what g3_layout would produce for some capacity. */
   if (sb->slot_bytes == 0 || sb->slot_bytes % G3_SECTOR || sb->nslots == 0 ||
       sb->data_off < G3_SECTOR || sb->data_off % G3_SECTOR ||
@@ -98,35 +77,35 @@ int g3_sb_decode(g3_sb *sb, const uint8_t *in) {
  * 112 reserved (0) | 124 u32 CRC32C of bytes 0..123 */
 void g3_rec_encode(const g3_rec *r, uint8_t *out) {
   memset(out, 0, G3_REC_LEN);
-  put32(out, G3_REC_MAGIC);
-  put16(out + 4, G3_VERSION);
-  put16(out + 6, G3_REC_LEN);
+  kv_st32(out, G3_REC_MAGIC);
+  kv_st16(out + 4, G3_VERSION);
+  kv_st16(out + 6, G3_REC_LEN);
   memcpy(out + 8, r->store_id, G3_STORE_ID_LEN);
-  put64(out + 24, r->seq);
-  put32(out + 32, r->len);
-  put32(out + 36, r->crc);
-  put32(out + 40, r->slot);
-  put16(out + 44, r->file);
+  kv_st64(out + 24, r->seq);
+  kv_st32(out + 32, r->len);
+  kv_st32(out + 36, r->crc);
+  kv_st32(out + 40, r->slot);
+  kv_st16(out + 44, r->file);
   out[46] = r->keylen;
   memcpy(out + 48, r->ns, 32);
   memcpy(out + 80, r->key, r->keylen <= 32 ? r->keylen : 32);
-  put32(out + 124, kv_crc32c(0, out, 124));
+  kv_st32(out + 124, kv_crc32c(0, out, 124));
 }
 
 int g3_rec_decode(g3_rec *r, const uint8_t *in) {
   uint8_t any = 0;
   for (unsigned i = 0; i < G3_REC_LEN; i++) any |= in[i];
   if (!any) return -ENOENT;
-  if (get32(in) != G3_REC_MAGIC || get16(in + 4) != G3_VERSION || get16(in + 6) != G3_REC_LEN ||
-      get32(in + 124) != kv_crc32c(0, in, 124))
+  if (kv_ld32(in) != G3_REC_MAGIC || kv_ld16(in + 4) != G3_VERSION || kv_ld16(in + 6) != G3_REC_LEN ||
+      kv_ld32(in + 124) != kv_crc32c(0, in, 124))
     return KV_ECORRUPT;
   memset(r, 0, sizeof *r);
   memcpy(r->store_id, in + 8, G3_STORE_ID_LEN);
-  r->seq = get64(in + 24);
-  r->len = get32(in + 32);
-  r->crc = get32(in + 36);
-  r->slot = get32(in + 40);
-  r->file = get16(in + 44);
+  r->seq = kv_ld64(in + 24);
+  r->len = kv_ld32(in + 32);
+  r->crc = kv_ld32(in + 36);
+  r->slot = kv_ld32(in + 40);
+  r->file = kv_ld16(in + 44);
   r->keylen = in[46];
   if (r->keylen == 0 || r->keylen > 32 || r->len == 0) return KV_ECORRUPT;
   memcpy(r->ns, in + 48, 32);

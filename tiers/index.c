@@ -1,5 +1,6 @@
 /* index.c - the block index (see index.h). */
 #include "tiers/index.h"
+#include "tiers/probe.h"
 
 #include <errno.h>
 #include <stdlib.h>
@@ -202,9 +203,7 @@ int kv_index_remove(kv_index *ix, kv_block *b) {
     if (s->bid == KV_BID_NONE) break;
     const kv_block *o = kv_index_at(ix, s->bid);
     uint32_t home = (uint32_t)key_hash(o->ns, o->key, o->keylen) & ix->mask;
-    /* Move s into the hole unless its home lies cyclically in (hole, j]. */
-    int stays = (hole <= j) ? (home > hole && home <= j) : (home > hole || home <= j);
-    if (!stays) {
+    if (!kv_probe_stays(hole, j, home)) {
       ix->tab[hole] = *s;
       hole = j;
     }

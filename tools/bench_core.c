@@ -19,6 +19,7 @@
 
 #include "proto/errors.h"
 #include "tiers/core.h"
+#include "tiers/probe.h"
 #include "tools/kvbench.h"
 #include "tools/trace.h"
 
@@ -75,8 +76,7 @@ static void lru_erase(lru_ref *l, uint64_t k) {
     uint32_t s = l->slot_of[j];
     if (!s) break;
     uint32_t home = (uint32_t)((l->key[s - 1] * 0x9E3779B97F4A7C15ull) >> 32) & l->mask;
-    int stays = hole <= j ? (home > hole && home <= j) : (home > hole || home <= j);
-    if (!stays) { l->slot_of[hole] = s; hole = j; }
+    if (!kv_probe_stays(hole, j, home)) { l->slot_of[hole] = s; hole = j; }
   }
   l->slot_of[hole] = 0;
 }
