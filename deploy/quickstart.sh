@@ -22,6 +22,13 @@ cat "$log"
 grep -q "ready:" "$log" || { echo "kvcached did not become ready" >&2; exit 1; }
 
 echo
+echo "== a block stored and read back through the daemon (kvctl)"
+./build/bin/kvctl put --str -d "$run" greeting --value "hello from kvcached"
+./build/bin/kvctl get --str -d "$run" greeting | tr -d '\0'; echo
+./build/bin/kvctl lookup --str -d "$run" greeting
+./build/bin/kvctl status -d "$run"
+
+echo
 echo "== the cache core on a real workload trace (kvbench core-replay)"
 trace=../shared/data/mooncake_synthetic_trace.jsonl
 if [ -f "$trace" ]; then
