@@ -11,6 +11,7 @@ pkgs=(
   libxxhash-dev libjansson-dev libinih-dev libsodium-dev
   libcriterion-dev clang libclang-rt-14-dev
   fio redis-server redis-tools jq
+  libhttp-parser-dev libsystemd-dev prometheus curl
 )
 
 missing=()

@@ -4,6 +4,7 @@
 #include <errno.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 #include "daemon/log.h"
 #include "proto/errors.h"
@@ -225,9 +226,8 @@ void kv_core_touch(kv_core *c, kv_block *b) {
 
 static int g3_demote(kv_core *c, kv_block *v, kv_tier from, void *arg);
 
-static int evict_one(kv_core *c, kv_evict *e) {
-  kv_block *v = e->ops->peek(e);
-  if (!v) return c->demoting ? -EAGAIN : KV_EALLPINNED;
+/* Evicts G2 victim v: demoted (maybe asynchronously) or dropped. */
+static int evict_victim(kv_core *c, kv_block *v) {
   c->st.evictions[KV_G2]++;
   kv_demote_fn demote = c->demote ? c->demote : c->g3 ? g3_demote : NULL;
   if (demote) {
@@ -243,6 +243,12 @@ static int evict_one(kv_core *c, kv_evict *e) {
   }
   drop_g2(c, v);
   return 0;
+}
+
+static int evict_one(kv_core *c, kv_evict *e) {
+  kv_block *v = e->ops->peek(e);
+  if (!v) return c->demoting ? -EAGAIN : KV_EALLPINNED;
+  return evict_victim(c, v);
 }
 
 int kv_core_evict_g2(kv_core *c, uint32_t ns) {
@@ -365,7 +371,19 @@ typedef struct g3_op {
   uint32_t slot;
   kv_promote_cb cb;
   void *arg;
+  uint64_t t0; /* start, for kv_core_admin.on_copy */
 } g3_op;
+
+static uint64_t mono_ns(void) {
+  struct timespec ts;
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  return (uint64_t)ts.tv_sec * 1000000000u + (uint64_t)ts.tv_nsec;
+}
+
+static void copied(kv_core *c, const g3_op *op, kv_tier from, kv_tier to, uint32_t bytes,
+                   int status) {
+  if (c->adm.on_copy) c->adm.on_copy(c->adm.on_copy_arg, from, to, bytes, mono_ns() - op->t0, status);
+}
 
 static int admitted(kv_core *c, const kv_block *b) {
   switch (c->g3o.admit) {
@@ -387,6 +405,7 @@ static void g3_written(int status, void *arg) {
   g3_op *op = arg;
   kv_core *c = op->c;
   kv_block *b = kv_index_at(&c->ix, op->bid);
+  copied(c, op, KV_G2, KV_G3, b->size, status);
   free(op);
   b->busy &= (uint8_t)~KV_TIER_BIT(KV_G3);
   if (status == 0) {
@@ -420,7 +439,7 @@ static int g3_demote(kv_core *c, kv_block *v, kv_tier from, void *unused) {
     c->st.g3_refused++;
     return KV_DEMOTE_DONE;
   }
-  *op = (g3_op){c, v->id, slot, NULL, NULL};
+  *op = (g3_op){c, v->id, slot, NULL, NULL, mono_ns()};
   kv_g3_key k;
   g3_key_of(c, v, &k);
   v->slot[KV_G3] = slot;
@@ -489,6 +508,7 @@ static void g3_read_done(int status, void *arg) {
   kv_block *b = kv_index_at(&c->ix, op->bid);
   kv_promote_cb cb = op->cb;
   void *cbarg = op->arg;
+  copied(c, op, KV_G3, KV_G2, b->size, status);
   free(op);
   b->busy &= (uint8_t)~KV_TIER_BIT(KV_G2);
   if (status == 0) {
@@ -521,7 +541,7 @@ int kv_core_promote(kv_core *c, kv_block *b, kv_promote_cb cb, void *arg) {
     kv_arena_free(n->arena, slot);
     return -ENOMEM;
   }
-  *op = (g3_op){c, b->id, slot, cb, arg};
+  *op = (g3_op){c, b->id, slot, cb, arg, mono_ns()};
   b->slot[KV_G2] = slot;
   b->busy |= (uint8_t)KV_TIER_BIT(KV_G2);
   kv_g3_expect ex = {.len = b->size, .crc = b->crc, .flags = KV_G3_EXPECT_CRC};
@@ -535,3 +555,14 @@ int kv_core_promote(kv_core *c, kv_block *b, kv_promote_cb cb, void *arg) {
   }
   return rc;
 }
+
+/* --- for tiers/core_admin.c ------------------------------------------------- */
+
+int kv_core__evict_block(kv_core *c, kv_block *v, kv_tier t) {
+  if (t == KV_G2) return evict_victim(c, v);
+  c->st.evictions[t]++;
+  drop_tier(c, v, t);
+  return 0;
+}
+
+void kv_core__drop_tier(kv_core *c, kv_block *b, kv_tier t) { drop_tier(c, b, t); }

@@ -74,6 +74,65 @@ typedef struct kv_core_stats {
   uint64_t warm_blocks;       /* blocks learned from G3 at attach */
 } kv_core_stats;
 
+/* --- operator operations (tiers/core_admin.c) ---------------------------
+ *
+ * What the daemon's admin socket asks of the core: live policy switch, soft
+ * capacity limits, eviction and flush on demand, and a walk over the index.
+ * Like the rest of the core, single-threaded: the loop's thread only.
+ */
+
+/* Observer of copies between tiers: from, to, bytes, nanoseconds from start
+ * to completion, and the status (0 or the error). Called on the loop. */
+typedef void (*kv_copy_fn)(void *arg, kv_tier from, kv_tier to, uint32_t bytes,
+                           uint64_t ns, int status);
+
+typedef struct kv_core_admin {
+  uint64_t limit[KV_NTIERS]; /* soft limit in bytes per arena (G2) or store (G3); 0: none */
+  kv_copy_fn on_copy;        /* NULL: none */
+  void *on_copy_arg;
+} kv_core_admin;
+
+#define KV_NS_ANY UINT32_MAX /* filter: every namespace */
+
+/* Switches the eviction policy of every tier: each evictable block moves,
+ * with its place in no particular order, into a fresh instance of the new
+ * policy; nothing is evicted. 0, -EINVAL (unknown name), -ENOMEM (nothing
+ * changed). */
+int kv_core_set_policy(kv_core *c, const char *name);
+
+/* Sets a soft limit on a tier's bytes (G2: each arena; G3: the store;
+ * 0 = none) and evicts down to it at once (G2 victims are demoted as on
+ * alloc). Returns the number of blocks evicted, or -EINVAL (bad tier). */
+int kv_core_set_limit(kv_core *c, kv_tier t, uint64_t bytes);
+
+/* Evicts, while a tier is over its soft limit, until it is not or nothing
+ * more can go. Returns the number evicted. Called by the daemon before a
+ * G2 allocation and from a timer. */
+int kv_core_enforce_limits(kv_core *c);
+
+/* Evicts up to n (UINT64_MAX: all that can go) evictable blocks of tier t
+ * (G2 or G3), of namespace ns (KV_NS_ANY: any). Without a namespace filter
+ * victims come in the policies' order; with one, in index order. G2
+ * victims are demoted to G3 per the admission policy. Returns the number
+ * evicted, or -EINVAL, -ENOMEM. */
+int64_t kv_core_evict_n(kv_core *c, kv_tier t, uint32_t ns, uint64_t n);
+
+/* Drops every unpinned, committed block of namespace ns (KV_NS_ANY: all)
+ * from tier t (KV_TIER_NONE: G2 and G3) with no demotion; blocks in a copy
+ * stay. Returns the number of tier copies dropped, or -EINVAL, -ENOMEM. */
+int64_t kv_core_flush(kv_core *c, uint8_t t, uint32_t ns);
+
+/* Calls fn on every committed, resident block of namespace ns (KV_NS_ANY:
+ * any) valid in tier t (KV_TIER_NONE: any) until fn returns non-zero.
+ * Returns the number of blocks that matched, counted to the end. fn must
+ * not change the index. */
+typedef int (*kv_sample_fn)(const kv_block *b, void *arg);
+uint64_t kv_core_sample(kv_core *c, uint8_t t, uint32_t ns, kv_sample_fn fn, void *arg);
+
+/* Internal to the core's files (core.c exports them for core_admin.c). */
+int kv_core__evict_block(kv_core *c, kv_block *v, kv_tier t);
+void kv_core__drop_tier(kv_core *c, kv_block *b, kv_tier t);
+
 typedef struct kv_core_ns {
   kv_arena *arena;      /* NULL while dormant (known from G3, no HELLO yet) */
   int cls;              /* arena size class of its blocks */
@@ -97,6 +156,7 @@ struct kv_core {
   kv_evict g3_evict;    /* G3's policy (one slot size) */
   kv_core_g3_opts g3o;
   uint64_t g3_seq;      /* last sequence number written to G3 */
+  kv_core_admin adm;    /* operator state: limits, copy observer (core_admin.c) */
 };
 
 /* 0, -EINVAL (unknown policy name) or -ENOMEM. */

@@ -1,0 +1,278 @@
+/*
+ * core_admin.c - what the operator may ask of the cache core: switch the
+ * eviction policy live, set soft capacity limits, evict or flush on demand,
+ * and walk the index (declarations and contracts in core.h, "operator
+ * operations").
+ *
+ * Everything here goes through the public eviction interface (evict.h) and
+ * the core's own eviction and drop paths, so the rules of core.h hold: a
+ * pinned block, a block being written and a block with a copy in flight
+ * are never evicted or dropped.
+ */
+#include <errno.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "daemon/log.h"
+#include "tiers/core.h"
+
+static kv_evict *g2_policy_of_ns(kv_core *c, uint32_t ns) {
+  kv_core_ns *n = &c->ns[ns];
+  return n->arena && n->cls >= 0 ? n->arena->cls[n->cls].user : NULL;
+}
+
+/* Block ids of every record for which keep(b) holds; *out is malloc'd. */
+static int64_t collect(kv_core *c, int (*keep)(const kv_block *b, const void *arg),
+                       const void *arg, kv_bid **out) {
+  kv_bid *v = malloc(((size_t)c->ix.count + 1) * sizeof *v);
+  if (!v) return -ENOMEM;
+  int64_t n = 0;
+  uint64_t seen = 0;
+  for (kv_bid id = 0; id < c->ix.hiwater && seen < c->ix.count; id++) {
+    kv_block *b = kv_index_at(&c->ix, id);
+    if (b->state == KV_BS_FREE) continue;
+    seen++;
+    if (keep(b, arg)) v[n++] = id;
+  }
+  *out = v;
+  return n;
+}
+
+/* --- policy switch -------------------------------------------------------------- */
+
+static int in_policy(const kv_block *b, const void *arg) {
+  return (b->inpol & KV_TIER_BIT(*(const kv_tier *)arg)) != 0;
+}
+
+/* The distinct G2 policy instances (one per arena class in use). */
+static uint32_t g2_policies(kv_core *c, kv_evict **out, uint32_t max) {
+  uint32_t n = 0;
+  for (uint32_t i = 0; i < c->nns; i++) {
+    kv_evict *e = g2_policy_of_ns(c, i);
+    if (!e) continue;
+    uint32_t j = 0;
+    while (j < n && out[j] != e) j++;
+    if (j == n && n < max) out[n++] = e;
+  }
+  return n;
+}
+
+/* Re-creates e in place with ops and puts the blocks v[0..n) into it. */
+static int refill(kv_core *c, kv_evict *e, const kv_evict_ops *ops, kv_tier t,
+                  const kv_bid *v, int64_t n) {
+  kv_tier tier = e->tier;
+  for (int64_t i = 0; i < n; i++) { /* a rollback empties an instance already filled */
+    kv_block *b = kv_index_at(&c->ix, v[i]);
+    if (t == KV_G3 || g2_policy_of_ns(c, b->ns) == e) b->inpol &= (uint8_t)~KV_TIER_BIT(t);
+  }
+  kv_evict_fini(e);
+  int rc = kv_evict_init(e, ops, &c->ix, tier);
+  if (rc) return rc;
+  for (int64_t i = 0; i < n; i++) {
+    kv_block *b = kv_index_at(&c->ix, v[i]);
+    if (b->inpol & KV_TIER_BIT(t)) continue; /* already moved */
+    if (t == KV_G2 && g2_policy_of_ns(c, b->ns) != e) continue;
+    if (e->ops->add(e, b) == 0) b->inpol |= (uint8_t)KV_TIER_BIT(t);
+    else kv_warn("core", "eviction policy out of memory: a block stays unevictable");
+  }
+  return 0;
+}
+
+int kv_core_set_policy(kv_core *c, const char *name) {
+  const kv_evict_ops *ops = name ? kv_evict_lookup(name) : NULL;
+  if (!ops) return -EINVAL;
+  if (ops == c->policy) return 0;
+  kv_evict *g2[KV_ARENA_MAX_CLASSES * 64];
+  uint32_t ng2 = g2_policies(c, g2, sizeof g2 / sizeof g2[0]);
+  kv_bid *v[KV_NTIERS] = {NULL};
+  int64_t nv[KV_NTIERS] = {0};
+  for (int t = KV_G2; t <= KV_G3; t++) {
+    kv_tier tt = (kv_tier)t;
+    nv[t] = collect(c, in_policy, &tt, &v[t]);
+    if (nv[t] < 0) {
+      free(v[KV_G2]);
+      return -ENOMEM;
+    }
+  }
+  /* Take every block out of its old instance, then rebuild each instance
+   * in place with the new policy: the pointers the arenas hold stay. */
+  for (int t = KV_G2; t <= KV_G3; t++) {
+    for (int64_t i = 0; i < nv[t]; i++) {
+      kv_block *b = kv_index_at(&c->ix, v[t][i]);
+      kv_evict *e = t == KV_G3 ? &c->g3_evict : g2_policy_of_ns(c, b->ns);
+      e->ops->remove(e, b);
+      b->inpol &= (uint8_t)~KV_TIER_BIT(t);
+    }
+  }
+  const kv_evict_ops *old = c->policy;
+  int rc = 0;
+  for (uint32_t i = 0; i < ng2 && !rc; i++) rc = refill(c, g2[i], ops, KV_G2, v[KV_G2], nv[KV_G2]);
+  if (!rc && c->g3) rc = refill(c, &c->g3_evict, ops, KV_G3, v[KV_G3], nv[KV_G3]);
+  if (rc) {
+    /* Out of memory building the new instances: back to the old policy. */
+    for (uint32_t i = 0; i < ng2; i++) refill(c, g2[i], old, KV_G2, v[KV_G2], nv[KV_G2]);
+    if (c->g3) refill(c, &c->g3_evict, old, KV_G3, v[KV_G3], nv[KV_G3]);
+  } else {
+    c->policy = ops;
+  }
+  free(v[KV_G2]);
+  free(v[KV_G3]);
+  return rc;
+}
+
+/* --- eviction ----------------------------------------------------------------- */
+
+/* The next G2 victim among the policies of arena a (NULL: every arena):
+ * lowest priority class, then least recently used. */
+static kv_block *g2_victim(kv_core *c, const kv_arena *a) {
+  kv_block *best = NULL;
+  for (uint32_t i = 0; i < c->nns; i++) {
+    if (a && c->ns[i].arena != a) continue;
+    kv_evict *e = g2_policy_of_ns(c, i);
+    kv_block *v = e ? e->ops->peek(e) : NULL;
+    if (v && (!best || v->prio < best->prio || (v->prio == best->prio && v->atime < best->atime)))
+      best = v;
+  }
+  return best;
+}
+
+static int64_t enforce_g2(kv_core *c) {
+  int64_t n = 0;
+  uint64_t lim = c->adm.limit[KV_G2];
+  if (!lim || c->demoting) return 0; /* demotions in flight: their room comes first */
+  for (uint32_t i = 0; i < c->nns; i++) {
+    kv_arena *a = c->ns[i].arena;
+    if (!a) continue;
+    uint32_t j = 0;
+    while (j < i && c->ns[j].arena != a) j++;
+    if (j < i) continue; /* arena seen */
+    uint64_t pending = 0; /* bytes an asynchronous demotion will free */
+    while (a->used_bytes > pending && a->used_bytes - pending > lim) {
+      kv_block *v = g2_victim(c, a);
+      if (!v) break;
+      uint64_t before = a->used_bytes;
+      int slot_cls = kv_arena_slot_class(a, v->slot[KV_G2]);
+      uint64_t bytes = slot_cls >= 0 ? a->cls[slot_cls].slot_bytes : v->size;
+      if (kv_core__evict_block(c, v, KV_G2)) break;
+      n++;
+      if (a->used_bytes == before) pending += bytes;
+    }
+  }
+  return n;
+}
+
+static uint64_t g3_used(kv_core *c) {
+  kv_g3_stats gs;
+  kv_g3_get_stats(c->g3, &gs);
+  return (gs.slots - gs.slots_free) * (uint64_t)kv_g3_slot_bytes(c->g3);
+}
+
+static int64_t enforce_g3(kv_core *c) {
+  uint64_t lim = c->adm.limit[KV_G3];
+  if (!lim || !c->g3) return 0;
+  uint64_t used = g3_used(c), sb = kv_g3_slot_bytes(c->g3);
+  if (used <= lim || !sb) return 0;
+  uint64_t want = (used - lim + sb - 1) / sb;
+  int64_t n = 0;
+  while ((uint64_t)n < want) {
+    kv_block *v = c->g3_evict.ops->peek(&c->g3_evict);
+    if (!v || kv_core__evict_block(c, v, KV_G3)) break;
+    n++;
+  }
+  return n;
+}
+
+int kv_core_enforce_limits(kv_core *c) {
+  return (int)(enforce_g2(c) + enforce_g3(c));
+}
+
+int kv_core_set_limit(kv_core *c, kv_tier t, uint64_t bytes) {
+  if (t != KV_G2 && t != KV_G3) return -EINVAL;
+  if (t == KV_G3 && !c->g3 && bytes) return -EINVAL;
+  c->adm.limit[t] = bytes;
+  return (int)(t == KV_G2 ? enforce_g2(c) : enforce_g3(c));
+}
+
+typedef struct scope {
+  uint32_t ns;
+  uint8_t tiers; /* tier bits in scope */
+} scope;
+
+/* Evictable in tier (inpol) and not being copied anywhere, of the namespace. */
+static int evictable_in(const kv_block *b, const void *arg) {
+  const scope *s = arg;
+  return b->ns == s->ns && (b->inpol & s->tiers) && !b->busy;
+}
+
+int64_t kv_core_evict_n(kv_core *c, kv_tier t, uint32_t ns, uint64_t n) {
+  if ((t != KV_G2 && t != KV_G3) || (t == KV_G3 && !c->g3)) return -EINVAL;
+  if (ns != KV_NS_ANY && ns >= c->nns) return -EINVAL;
+  int64_t done = 0;
+  if (ns == KV_NS_ANY) {
+    while ((uint64_t)done < n) {
+      kv_block *v = t == KV_G2 ? g2_victim(c, NULL) : c->g3_evict.ops->peek(&c->g3_evict);
+      if (!v || kv_core__evict_block(c, v, t)) break;
+      done++;
+    }
+    return done;
+  }
+  /* One namespace: its evictable blocks in index order, again while an
+   * eviction made a parent evictable (chains go from their end). */
+  scope s = {ns, (uint8_t)KV_TIER_BIT(t)};
+  for (;;) {
+    kv_bid *v;
+    int64_t m = collect(c, evictable_in, &s, &v);
+    if (m < 0) return done ? done : m;
+    int64_t before = done;
+    for (int64_t i = 0; i < m && (uint64_t)done < n; i++) {
+      kv_block *b = kv_index_at(&c->ix, v[i]);
+      if (b->state != KV_BS_READY || !evictable_in(b, &s)) continue;
+      if (kv_core__evict_block(c, b, t) == 0) done++;
+    }
+    free(v);
+    if (done == before || (uint64_t)done >= n) return done;
+  }
+}
+
+static int flushable(const kv_block *b, const void *arg) {
+  const scope *s = arg;
+  return b->state == KV_BS_READY && (s->ns == KV_NS_ANY || b->ns == s->ns) &&
+         (b->tiers & s->tiers) && b->pins == 0 && !b->busy;
+}
+
+int64_t kv_core_flush(kv_core *c, uint8_t t, uint32_t ns) {
+  if (t != KV_G2 && t != KV_G3 && t != KV_TIER_NONE) return -EINVAL;
+  if (ns != KV_NS_ANY && ns >= c->nns) return -EINVAL;
+  scope s = {ns, t == KV_TIER_NONE ? (uint8_t)(KV_TIER_BIT(KV_G2) | KV_TIER_BIT(KV_G3))
+                                   : (uint8_t)KV_TIER_BIT(t)};
+  kv_bid *v;
+  int64_t m = collect(c, flushable, &s, &v);
+  if (m < 0) return m;
+  int64_t dropped = 0;
+  for (int64_t i = 0; i < m; i++) {
+    kv_block *b = kv_index_at(&c->ix, v[i]);
+    for (int tt = KV_G3; tt >= KV_G2; tt--) {
+      if (!flushable(b, &s) || !(b->tiers & s.tiers & KV_TIER_BIT(tt))) continue;
+      kv_core__drop_tier(c, b, (kv_tier)tt);
+      dropped++;
+    }
+  }
+  free(v);
+  return dropped;
+}
+
+uint64_t kv_core_sample(kv_core *c, uint8_t t, uint32_t ns, kv_sample_fn fn, void *arg) {
+  uint64_t n = 0, seen = 0;
+  int stop = fn == NULL;
+  for (kv_bid id = 0; id < c->ix.hiwater && seen < c->ix.count; id++) {
+    kv_block *b = kv_index_at(&c->ix, id);
+    if (b->state == KV_BS_FREE) continue;
+    seen++;
+    if (b->state != KV_BS_READY || !b->tiers) continue;
+    if (ns != KV_NS_ANY && b->ns != ns) continue;
+    if (t != KV_TIER_NONE && !(b->tiers & KV_TIER_BIT(t))) continue;
+    n++;
+    if (!stop) stop = fn(b, arg);
+  }
+  return n;
+}
