@@ -26,6 +26,8 @@ typedef struct opt {
 static const opt opts[] = {
     {"daemon", "socket_dir", OPT_STR, O(socket_dir), sizeof(((kv_config *)0)->socket_dir),
      "/run/kvcached", "directory of the worker socket (kvcached.sock); created 0750 if missing"},
+    {"daemon", "load_timeout_ms", OPT_U32, O(load_timeout_ms), 0, "5000",
+     "a LOAD waiting this long for G2 room answers its waiting blocks with a timeout"},
     {"g2", "capacity", OPT_SIZE, O(g2_capacity), 0, "1G",
      "bytes of pinned host memory for the G2 tier (K/M/G/T suffixes)"},
     {"g2", "page_size", OPT_SIZE, O(g2_page_size), 0, "64M",
@@ -56,6 +58,11 @@ static const opt opts[] = {
      NULL /* kv_evict_default */, "eviction policy: lru, lru2 or lfuda"},
     {"log", "level", OPT_STR, O(log_level), sizeof(((kv_config *)0)->log_level),
      "info", "least severe level logged: debug, info, warn, error"},
+    {"stats", "listen", OPT_STR, O(stats_listen), sizeof(((kv_config *)0)->stats_listen), "",
+     "also serve the read-only stats routes over TCP on host:port (e.g. 127.0.0.1:9464); "
+     "empty: Unix socket only"},
+    {"admin", "group", OPT_STR, O(admin_group), sizeof(((kv_config *)0)->admin_group), "",
+     "members of this group may use the admin socket (besides root and the daemon's user)"},
 };
 #undef O
 #define NOPTS (sizeof opts / sizeof opts[0])
@@ -238,6 +245,19 @@ int kv_config_validate(const kv_config *c, char *err, size_t errlen) {
       n += snprintf(err + n, errlen - (size_t)n, " %s", kv_evict_policies[i]->name);
     if (n > 0 && (size_t)n < errlen) snprintf(err + n, errlen - (size_t)n, ")");
     return -EINVAL;
+  }
+  if (c->load_timeout_ms == 0) {
+    snprintf(err, errlen, "daemon.load_timeout_ms must be at least 1");
+    return -EINVAL;
+  }
+  if (c->stats_listen[0]) {
+    const char *colon = strrchr(c->stats_listen, ':');
+    char *end;
+    unsigned long port = colon ? strtoul(colon + 1, &end, 10) : 0;
+    if (!colon || colon == c->stats_listen || !colon[1] || *end || port == 0 || port > 65535) {
+      snprintf(err, errlen, "stats.listen: '%s' is not host:port", c->stats_listen);
+      return -EINVAL;
+    }
   }
   if (kv_log_parse_level(c->log_level) < 0) {
     snprintf(err, errlen, "log.level: '%s' is not debug, info, warn or error", c->log_level);

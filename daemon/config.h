@@ -29,6 +29,9 @@ typedef struct kv_config {
   uint32_t g3_min_prio;   /* [g3] min_prio */
   char policy[32];        /* [cache] policy */
   char log_level[16];     /* [log] level */
+  uint32_t load_timeout_ms; /* [daemon] load_timeout_ms */
+  char stats_listen[64];  /* [stats] listen: host:port for the TCP stats listener; "" = off */
+  char admin_group[64];   /* [admin] group: members may use the admin socket; "" = none */
 } kv_config;
 
 /* Fills *c with the defaults. */
