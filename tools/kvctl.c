@@ -1,13 +1,16 @@
 /*
- * kvctl.c - the operator's tool for kvcached.
+ * kvctl.c - the operator's tool for kvcached: main(), the command line,
+ * and the commands that speak the worker protocol.
  *
  * Offline commands (version, policies, check-config) need no daemon. The
- * others talk to a running kvcached over its worker socket: `status` asks
- * for the daemon's STATUS (raw protocol, without a HELLO, so it binds no
- * tenant; a daemon that insists on a session is asked through libkvclient
- * instead), and `lookup`, `put` and `get` open a libkvclient session in the
- * namespace the command line describes (tenant and layout), using the
- * inline PUT/GET slow path for block bytes.
+ * operator commands (status, tiers, top, config, keys, health, evict,
+ * flush, pin, unpin; kvctl_ops.c) speak HTTP to the daemon's stats and
+ * admin sockets (daemon/OPS.md). The rest talk over the worker socket:
+ * `status --worker` asks for the daemon's STATUS (raw protocol, without a
+ * HELLO, so it binds no tenant; a daemon that insists on a session is
+ * asked through libkvclient instead), and `lookup`, `put` and `get` open a
+ * libkvclient session in the namespace the command line describes (tenant
+ * and layout), using the inline PUT/GET slow path for block bytes.
  *
  * Exit status, for scripts (in the manner of LMDB's mdb_stat): 0 success,
  * 1 the operation failed (daemon not running, key not found, block exists,
@@ -17,6 +20,7 @@
 #include <fcntl.h>
 #include <getopt.h>
 #include <jansson.h>
+#include <math.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -30,31 +34,63 @@
 #include "ipc/sock.h"
 #include "proto/wire.h"
 #include "tiers/evict.h"
+#include "tools/kvctl.h"
 
-#define EXIT_FAIL 1
-#define EXIT_USAGE 2
-#define DEFAULT_SOCKET "/run/kvcached/kvcached.sock"
+#define DEFAULT_SOCKET KVCTL_SOCKET_DIR "/kvcached.sock"
 #define DEFAULT_BLOCK 4096u
 
 static void usage(FILE *f) {
   fprintf(f,
           "usage: kvctl COMMAND [options] [args]\n"
           "\n"
-          "commands:\n"
-          "  status [--json]         the daemon's status: G2 use, sessions, counters\n"
+          "read-only commands (the stats socket, DIR/" KVCTL_STATS_SOCK "):\n"
+          "  status [--json]         tiers, hit rate, misses by reason, sessions, latency\n"
+          "                          (--json: the daemon's /stats as it is)\n"
+          "  tiers [--json]          one line per tier: state, capacity, used, blocks,\n"
+          "                          hits, evictions\n"
+          "  top [--interval S] [--count N] [--json]\n"
+          "                          a live view from successive /stats, every S seconds\n"
+          "                          (default 1) until interrupted or for N frames: hit\n"
+          "                          rate, requests/s, bytes/s per direction, occupancy\n"
+          "  config get [NAME] [--json]\n"
+          "                          the effective configuration, or one setting's value\n"
+          "  keys [--limit N] [--tier g2|g3] [--ns HEX] [--json]\n"
+          "                          a sample of the indexed blocks (N: 1 to 1000, default 20)\n"
+          "  health [--live]         exit 0 healthy, 1 degraded or unreachable; --live:\n"
+          "                          exit 0 whenever the daemon answers (a liveness probe)\n"
+          "\n"
+          "state-changing commands (the admin socket, DIR/" KVCTL_ADMIN_SOCK ";\n"
+          "root, the daemon's user or a member of admin.group):\n"
+          "  config set NAME VALUE   change a live setting (g2.capacity, g3.capacity,\n"
+          "                          cache.policy, g3.admit, g3.min_prio, log.level)\n"
+          "  evict --tier g2|g3 [--ns HEX] [--count N]\n"
+          "                          evict up to N blocks (default: all that can go)\n"
+          "                          through the policy; G2 victims may go to G3\n"
+          "  flush [--tier g2|g3] [--ns HEX]\n"
+          "                          drop every unpinned block in scope, no demotion\n"
+          "  pin --ns HEX KEY...     pin blocks until unpinned (exit 1 if some are missing)\n"
+          "  unpin --ns HEX KEY...   release them\n"
+          "\n"
+          "worker-protocol commands (DIR/kvcached.sock):\n"
+          "  status --worker [--json]\n"
+          "                          the worker socket's STATUS: G2 arenas and tenants\n"
           "  lookup KEY...           resident prefix length of the keys, and each key's tier\n"
           "  put KEY (--file F | --value STRING) [--parent KEY] [--prio N]\n"
           "                          store one block (inline path); the data is padded\n"
           "                          with zeros to the block size\n"
           "  get KEY [--out F]       fetch one block's bytes (to stdout, or to F)\n"
+          "\n"
+          "offline commands:\n"
           "  policies                list the eviction policies this build has\n"
           "  check-config FILE       validate a kvcached configuration file\n"
           "  version                 print kvctl's version\n"
           "\n"
-          "connection (status, lookup, put, get):\n"
-          "  -s, --socket PATH       the daemon's socket (default: $KVCACHED_SOCKET,\n"
-          "                          else " DEFAULT_SOCKET ")\n"
-          "  -d, --socket-dir DIR    the daemon's socket directory (DIR/kvcached.sock)\n"
+          "connection:\n"
+          "  -d, --socket-dir DIR    the daemon's socket directory (default: the directory\n"
+          "                          of $KVCACHED_SOCKET, else " KVCTL_SOCKET_DIR ")\n"
+          "  -s, --socket PATH       the worker socket (default: $KVCACHED_SOCKET, else\n"
+          "                          " DEFAULT_SOCKET "); the stats and admin sockets\n"
+          "                          are looked for beside it\n"
           "      --timeout MS        wait at most MS milliseconds for a reply (default 10000)\n"
           "\n"
           "namespace (lookup, put, get): blocks are seen only by the same tenant and layout\n"
@@ -69,51 +105,58 @@ static void usage(FILE *f) {
           "keys:\n"
           "  KEY is a hex digest of 1 to 32 bytes (2 to 64 hex digits, optional 0x);\n"
           "      --str               take KEYs and --parent as literal strings (1 to 32 bytes)\n"
+          "  --ns HEX is a namespace's digest as `kvctl keys` shows it (8 to 64 hex digits;\n"
+          "  a prefix selects it)\n"
           "\n"
           "output:\n"
-          "  -j, --json              JSON output (status, lookup)\n"
+          "  -j, --json              JSON output\n"
           "  -o, --out F             get: write the block to F instead of stdout\n"
           "  -h, --help              this text\n"
           "\n"
           "exit status: 0 success, 1 the operation failed (daemon not running, key not\n"
-          "found, ...), 2 bad usage\n");
+          "found, refused, degraded, ...), 2 bad usage\n");
 }
 
-/* Options of the daemon commands; `seen` records which were given, so that
- * an option a command does not take is a usage error, not silently ignored. */
-enum {
-  O_SOCKET = 1 << 0, O_SOCKDIR = 1 << 1, O_TIMEOUT = 1 << 2, O_TENANT = 1 << 3,
-  O_BLOCK = 1 << 4, O_DTYPE = 1 << 5, O_LAYOUT = 1 << 6, O_SALT = 1 << 7, O_STR = 1 << 8,
-  O_JSON = 1 << 9, O_OUT = 1 << 10, O_PARENT = 1 << 11, O_FILE = 1 << 12, O_VALUE = 1 << 13,
-  O_PRIO = 1 << 14,
+/* One usage line per command, printed under a usage error. */
+static const struct cmd_usage {
+  const char *name, *line;
+} cmd_usages[] = {
+    {"status", "status [--json] [--socket-dir DIR] | status --worker [--json] [--socket PATH]"},
+    {"tiers", "tiers [--json] [--socket-dir DIR]"},
+    {"top", "top [--interval SECONDS] [--count N] [--json] [--socket-dir DIR]"},
+    {"config", "config get [NAME] [--json] | config set NAME VALUE [--socket-dir DIR]"},
+    {"evict", "evict --tier g2|g3 [--ns HEX] [--count N] [--socket-dir DIR]"},
+    {"flush", "flush [--tier g2|g3] [--ns HEX] [--socket-dir DIR]"},
+    {"pin", "pin --ns HEX KEY... [--socket-dir DIR]"},
+    {"unpin", "unpin --ns HEX KEY... [--socket-dir DIR]"},
+    {"keys", "keys [--limit N] [--tier g2|g3] [--ns HEX] [--json] [--socket-dir DIR]"},
+    {"health", "health [--live] [--socket-dir DIR]"},
+    {"lookup", "lookup KEY... [--json] [namespace options] [--socket PATH]"},
+    {"put", "put KEY (--file F | --value STRING) [--parent KEY] [--prio N] [namespace options]"},
+    {"get", "get KEY [--out F] [namespace options] [--socket PATH]"},
+    {"check-config", "check-config FILE"},
 };
-#define O_CONN (O_SOCKET | O_SOCKDIR | O_TIMEOUT)
-#define O_NS (O_TENANT | O_BLOCK | O_DTYPE | O_LAYOUT | O_SALT | O_STR)
+static const char *cur_usage; /* the usage line of the command being run */
 
-typedef struct ctl {
-  unsigned seen;
-  char socket[KV_SOCK_PATH_MAX + 64];
-  int timeout_ms;
-  const char *tenant, *dtype;
-  uint32_t block_bytes;
-  uint32_t tokens_per_block, layers, kv_heads, head_dim;
-  uint32_t tp_rank, tp_size;
-  uint8_t salt[KV_SALT_MAX];
-  size_t salt_len;
-  int str_keys, json, prio;
-  const char *out, *parent, *file, *value;
-  int nargs;
-  char **args;
-} ctl;
+static void set_usage(const char *cmd) {
+  cur_usage = NULL;
+  for (size_t i = 0; i < sizeof cmd_usages / sizeof cmd_usages[0]; i++)
+    if (!strcmp(cmd, cmd_usages[i].name)) cur_usage = cmd_usages[i].line;
+}
 
-/* Prints "kvctl: <message>" and a pointer to --help; returns EXIT_USAGE. */
-__attribute__((format(printf, 1, 2))) static int bad_usage(const char *fmt, ...) {
+static void usage_tail(void) {
+  if (cur_usage) fprintf(stderr, "usage: kvctl %s\n", cur_usage);
+  fprintf(stderr, "(kvctl --help for usage)\n");
+}
+
+int bad_usage(const char *fmt, ...) {
   va_list ap;
   va_start(ap, fmt);
   fprintf(stderr, "kvctl: ");
   vfprintf(stderr, fmt, ap);
-  fprintf(stderr, "\n(kvctl --help for usage)\n");
+  fprintf(stderr, "\n");
   va_end(ap);
+  usage_tail();
   return EXIT_USAGE;
 }
 
@@ -137,7 +180,7 @@ static int hexval(char c) {
 
 /* Decodes hex text (optional 0x) of 0..max bytes into out. Returns the
  * byte count, or -EINVAL (odd length, not hex, too long). */
-static int parse_hex(const char *s, uint8_t *out, size_t max) {
+int kvctl_parse_hex(const char *s, uint8_t *out, size_t max) {
   if (s[0] == '0' && (s[1] == 'x' || s[1] == 'X')) s += 2;
   size_t n = strlen(s);
   if (n % 2 || n / 2 > max) return -EINVAL;
@@ -161,7 +204,7 @@ static int parse_key(const ctl *c, const char *s, kvc_key *k) {
     k->len = (uint8_t)n;
     return 0;
   }
-  int n = parse_hex(s, k->b, KVC_KEY_MAX);
+  int n = kvctl_parse_hex(s, k->b, KVC_KEY_MAX);
   if (n < 1)
     return bad_usage("bad key '%s': not a hex digest of 1 to 32 bytes (--str takes text keys)", s);
   k->len = (uint8_t)n;
@@ -183,7 +226,7 @@ static void key_text(const ctl *c, const kvc_key *k, char *out, size_t cap) {
  * command). 0, or an exit status. */
 static int parse_opts(ctl *c, int argc, char **argv) {
   enum { L_VALUE = 256, L_STR, L_DTYPE, L_TPB, L_LAYERS, L_HEADS, L_HDIM, L_RANK, L_SIZE, L_SALT,
-         L_PRIO, L_TIMEOUT };
+         L_PRIO, L_TIMEOUT, L_TIER, L_NSHEX, L_COUNT, L_LIMIT, L_INTERVAL, L_WORKER, L_LIVE };
   static const struct option lo[] = {
       {"socket", required_argument, 0, 's'},       {"socket-dir", required_argument, 0, 'd'},
       {"timeout", required_argument, 0, L_TIMEOUT}, {"tenant", required_argument, 0, 't'},
@@ -196,6 +239,10 @@ static int parse_opts(ctl *c, int argc, char **argv) {
       {"out", required_argument, 0, 'o'},          {"parent", required_argument, 0, 'p'},
       {"file", required_argument, 0, 'f'},         {"value", required_argument, 0, L_VALUE},
       {"prio", required_argument, 0, L_PRIO},      {"help", no_argument, 0, 'h'},
+      {"tier", required_argument, 0, L_TIER},      {"ns", required_argument, 0, L_NSHEX},
+      {"count", required_argument, 0, L_COUNT},    {"limit", required_argument, 0, L_LIMIT},
+      {"interval", required_argument, 0, L_INTERVAL}, {"worker", no_argument, 0, L_WORKER},
+      {"live", no_argument, 0, L_LIVE},
       {0, 0, 0, 0}};
   const char *env = getenv("KVCACHED_SOCKET");
   snprintf(c->socket, sizeof c->socket, "%s", env && env[0] ? env : DEFAULT_SOCKET);
@@ -205,6 +252,8 @@ static int parse_opts(ctl *c, int argc, char **argv) {
   c->tokens_per_block = 1;
   c->tp_size = 1;
   c->prio = 128;
+  c->interval_s = 1.0;
+  const char *sockdir = NULL;
   opterr = 0;
   optind = 1;
   int ch;
@@ -213,7 +262,11 @@ static int parse_opts(ctl *c, int argc, char **argv) {
     unsigned bit = O_LAYOUT;
     switch (ch) {
     case 's': bit = O_SOCKET; snprintf(c->socket, sizeof c->socket, "%s", optarg); break;
-    case 'd': bit = O_SOCKDIR; snprintf(c->socket, sizeof c->socket, "%s/kvcached.sock", optarg); break;
+    case 'd':
+      bit = O_SOCKDIR;
+      sockdir = optarg;
+      snprintf(c->socket, sizeof c->socket, "%s/kvcached.sock", optarg);
+      break;
     case L_TIMEOUT: bit = O_TIMEOUT; {
       uint32_t v;
       if (parse_u32(optarg, 1, INT32_MAX, &v)) return bad_usage("bad --timeout '%s'", optarg);
@@ -238,7 +291,7 @@ static int parse_opts(ctl *c, int argc, char **argv) {
     case L_SIZE: u = &c->tp_size; lo_v = 1; hi_v = UINT16_MAX; break;
     case L_SALT: {
       bit = O_SALT;
-      int n = parse_hex(optarg, c->salt, sizeof c->salt);
+      int n = kvctl_parse_hex(optarg, c->salt, sizeof c->salt);
       if (n < 0) return bad_usage("bad --salt '%s': hex, 0 to 64 bytes", optarg);
       c->salt_len = (size_t)n;
       break;
@@ -256,6 +309,41 @@ static int parse_opts(ctl *c, int argc, char **argv) {
       c->prio = (int)v;
       break;
     }
+    case L_TIER:
+      bit = O_TIER;
+      if (strcmp(optarg, "g2") && strcmp(optarg, "g3"))
+        return bad_usage("bad --tier '%s' (g2 or g3)", optarg);
+      c->tier = optarg;
+      break;
+    case L_NSHEX: {
+      bit = O_NSHEX;
+      size_t n = strlen(optarg), k = 0;
+      while (k < n && hexval(optarg[k]) >= 0) k++;
+      if (k != n || n < 8 || n > 64)
+        return bad_usage("bad --ns '%s': a namespace digest of 8 to 64 hex digits", optarg);
+      c->ns = optarg;
+      break;
+    }
+    case L_COUNT:
+      bit = O_COUNT;
+      if (parse_u32(optarg, 1, UINT32_MAX, &c->count)) return bad_usage("bad --count '%s' (1 or more)", optarg);
+      break;
+    case L_LIMIT:
+      bit = O_LIMIT;
+      if (parse_u32(optarg, 1, 1000, &c->limit)) return bad_usage("bad --limit '%s' (1 to 1000)", optarg);
+      break;
+    case L_INTERVAL: {
+      bit = O_INTERVAL;
+      char *end;
+      errno = 0;
+      double v = strtod(optarg, &end);
+      if (errno || end == optarg || *end || !isfinite(v) || v < 0.01 || v > 86400)
+        return bad_usage("bad --interval '%s' (seconds, 0.01 to 86400)", optarg);
+      c->interval_s = v;
+      break;
+    }
+    case L_WORKER: bit = O_WORKER; c->worker = 1; break;
+    case L_LIVE: bit = O_LIVE; c->live = 1; break;
     case 'h': usage(stdout); exit(0);
     case ':': return bad_usage("option '%s' needs a value", argv[optind - 1]);
     default: return bad_usage("unknown option '%s'", argv[optind - 1]);
@@ -268,6 +356,20 @@ static int parse_opts(ctl *c, int argc, char **argv) {
   }
   if ((c->seen & O_SOCKET) && (c->seen & O_SOCKDIR))
     return bad_usage("%s", "--socket and --socket-dir name the same thing: give one");
+  /* The stats and admin sockets live beside the worker socket. */
+  char dir[sizeof c->socket];
+  if (sockdir) {
+    snprintf(dir, sizeof dir, "%s", sockdir);
+  } else {
+    snprintf(dir, sizeof dir, "%s", c->socket);
+    char *slash = strrchr(dir, '/');
+    if (!slash) snprintf(dir, sizeof dir, ".");
+    else if (slash == dir) dir[1] = 0;
+    else *slash = 0;
+  }
+  const char *sep = dir[0] && dir[strlen(dir) - 1] == '/' ? "" : "/";
+  snprintf(c->stats_sock, sizeof c->stats_sock, "%s%s%s", dir, sep, KVCTL_STATS_SOCK);
+  snprintf(c->admin_sock, sizeof c->admin_sock, "%s%s%s", dir, sep, KVCTL_ADMIN_SOCK);
   if (c->tp_rank >= c->tp_size) return bad_usage("%s", "--tp-rank must be below --tp-size");
   size_t tl = strlen(c->tenant), dl = strlen(c->dtype);
   if (tl < 1 || tl > KV_TENANT_MAX) return bad_usage("bad --tenant '%s' (1 to 64 bytes)", c->tenant);
@@ -277,17 +379,16 @@ static int parse_opts(ctl *c, int argc, char **argv) {
   return 0;
 }
 
-/* Options the command does not take are usage errors. */
-static int only(const ctl *c, const char *cmd, unsigned allowed) {
+int kvctl_only(const ctl *c, const char *cmd, unsigned allowed) {
   static const char *names[] = {"--socket", "--socket-dir", "--timeout", "--tenant",
                                 "--block-bytes", "--dtype", "layout options", "--salt",
                                 "--str", "--json", "--out", "--parent", "--file", "--value",
-                                "--prio"};
+                                "--prio", "--tier", "--ns", "--count", "--limit",
+                                "--interval", "--worker", "--live"};
   unsigned extra = c->seen & ~allowed;
-  for (unsigned i = 0; extra; i++, extra >>= 1) {
+  for (unsigned i = 0; extra && i < sizeof names / sizeof names[0]; i++, extra >>= 1) {
     if (!(extra & 1)) continue;
-    fprintf(stderr, "kvctl: %s does not take %s\n(kvctl --help for usage)\n", cmd, names[i]);
-    return EXIT_USAGE;
+    return bad_usage("%s does not take %s", cmd, names[i]);
   }
   return 0;
 }
@@ -295,8 +396,8 @@ static int only(const ctl *c, const char *cmd, unsigned allowed) {
 /* A failed connection or HELLO, said clearly. Returns EXIT_FAIL. */
 static int open_failed(const ctl *c, int rc) {
   if (rc == -ENOENT || rc == -ECONNREFUSED || rc == -ENOTDIR)
-    fprintf(stderr, "kvctl: cannot connect to %s: %s (is kvcached running?)\n", c->socket,
-            kvc_strerror(rc));
+    fprintf(stderr, "kvctl: cannot reach kvcached at %s: %s (is the daemon running?)\n",
+            c->socket, kvc_strerror(rc));
   else if (rc == -EACCES || rc == -EPERM)
     fprintf(stderr, "kvctl: cannot connect to %s: %s (the socket's group may connect)\n",
             c->socket, kvc_strerror(rc));
@@ -374,7 +475,7 @@ out:
   return rc;
 }
 
-static void human_bytes(uint64_t v, char *out, size_t cap) {
+void kvctl_human_bytes(uint64_t v, char *out, size_t cap) {
   static const char *unit[] = {"B", "KiB", "MiB", "GiB", "TiB"};
   double d = (double)v;
   int u = 0;
@@ -400,7 +501,7 @@ static void scalar_text(const char *name, json_t *v, char *out, size_t cap) {
     long long x = (long long)json_integer_value(v);
     if (ends_with(name, "_bytes") && x >= 1024) {
       char h[32];
-      human_bytes((uint64_t)x, h, sizeof h);
+      kvctl_human_bytes((uint64_t)x, h, sizeof h);
       snprintf(out, cap, "%lld (%s)", x, h);
     } else {
       snprintf(out, cap, "%lld", x);
@@ -482,7 +583,8 @@ static void print_tables(json_t *o, const char *prefix) {
 }
 
 static int cmd_status(ctl *c) {
-  int rc = only(c, "status", O_CONN | O_JSON | O_NS);
+  if (!c->worker) return kvctl_status(c);
+  int rc = kvctl_only(c, "status --worker", O_CONN | O_JSON | O_NS | O_WORKER);
   if (rc) return rc;
   if (c->nargs) return bad_usage("status takes no arguments ('%s')", c->args[0]);
   char *text = NULL;
@@ -533,7 +635,7 @@ static const char *tier_name(uint8_t t) {
 }
 
 static int cmd_lookup(ctl *c) {
-  int rc = only(c, "lookup", O_CONN | O_NS | O_JSON);
+  int rc = kvctl_only(c, "lookup", O_CONN | O_NS | O_JSON);
   if (rc) return rc;
   if (c->nargs < 1) return bad_usage("%s", "lookup needs at least one KEY");
   if (c->nargs > KVC_BATCH_MAX) return bad_usage("%s", "lookup takes at most 4096 keys");
@@ -618,7 +720,7 @@ static int read_file(const char *path, uint8_t **out, size_t *len) {
 }
 
 static int cmd_put(ctl *c) {
-  int rc = only(c, "put", O_CONN | O_NS | O_PARENT | O_FILE | O_VALUE | O_PRIO);
+  int rc = kvctl_only(c, "put", O_CONN | O_NS | O_PARENT | O_FILE | O_VALUE | O_PRIO);
   if (rc) return rc;
   if (c->nargs != 1) return bad_usage("%s", "put takes exactly one KEY");
   if (!!c->file == !!c->value) return bad_usage("%s", "put needs one of --file F or --value STRING");
@@ -683,7 +785,7 @@ static int write_all(int fd, const uint8_t *p, size_t n) {
 }
 
 static int cmd_get(ctl *c) {
-  int rc = only(c, "get", O_CONN | O_NS | O_OUT);
+  int rc = kvctl_only(c, "get", O_CONN | O_NS | O_OUT);
   if (rc) return rc;
   if (c->nargs != 1) return bad_usage("%s", "get takes exactly one KEY");
   kvc_key key;
@@ -731,10 +833,7 @@ static int cmd_get(ctl *c) {
 /* --- offline commands -------------------------------------------------------------- */
 
 static int cmd_check_config(int argc, char **argv) {
-  if (argc != 2) {
-    fprintf(stderr, "usage: kvctl check-config FILE\n");
-    return EXIT_USAGE;
-  }
+  if (argc != 2) return bad_usage("%s", "check-config takes one FILE");
   kv_config c;
   char err[256];
   kv_config_defaults(&c);
@@ -750,10 +849,14 @@ int main(int argc, char **argv) {
   static const struct {
     const char *name;
     int (*fn)(ctl *);
-  } daemon_cmds[] = {{"status", cmd_status}, {"lookup", cmd_lookup}, {"put", cmd_put},
-                     {"get", cmd_get}};
+  } daemon_cmds[] = {{"status", cmd_status},   {"lookup", cmd_lookup}, {"put", cmd_put},
+                     {"get", cmd_get},         {"tiers", kvctl_tiers}, {"top", kvctl_top},
+                     {"config", kvctl_config}, {"evict", kvctl_evict}, {"flush", kvctl_flush},
+                     {"pin", kvctl_pin},       {"unpin", kvctl_unpin}, {"keys", kvctl_keys},
+                     {"health", kvctl_health}};
   if (argc < 2) { usage(stderr); return EXIT_USAGE; }
   const char *cmd = argv[1];
+  set_usage(cmd);
   if (!strcmp(cmd, "-h") || !strcmp(cmd, "--help") || !strcmp(cmd, "help")) { usage(stdout); return 0; }
   if (!strcmp(cmd, "version")) { printf("kvctl %s\n", KV_VERSION); return 0; }
   if (!strcmp(cmd, "policies")) {

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
-# kvctl.sh - kvctl against a real kvcached on a private socket directory:
-# status (table and JSON), lookup, put and get through the inline path,
+# kvctl.sh - kvctl's worker-protocol commands against a real kvcached on a
+# private socket directory: status --worker (table and JSON), lookup, put and get through the inline path,
 # hex and --str keys, namespaces, bad usage (exit 2), failed operations and
 # a daemon that is not running (exit 1, with a message that says so).
 source "$(dirname "$0")/lib.bash"
@@ -10,15 +10,15 @@ RUN=$T/run
 SOCK=$RUN/kvcached.sock
 
 # --- no daemon yet: a clear message and exit 1 ---------------------------------
-expect_exit 1 "status without a daemon fails" "$KVCTL" status --socket-dir "$RUN"
-grep -q "kvctl: cannot connect to $SOCK: No such file or directory (is kvcached running?)" "$T/err" \
+expect_exit 1 "status --worker without a daemon fails" "$KVCTL" status --worker --socket-dir "$RUN"
+grep -q "kvctl: cannot reach kvcached at $SOCK: No such file or directory (is the daemon running?)" "$T/err" \
   && ok "and says which socket and why" || bad "no-daemon message: $(cat "$T/err")"
 expect_exit 1 "lookup without a daemon fails" "$KVCTL" lookup 0a --socket-dir "$RUN"
 expect_exit 1 "put without a daemon fails" "$KVCTL" put 0a --value x --socket "$SOCK"
 expect_exit 1 "get without a daemon fails" "$KVCTL" get 0a --socket "$SOCK"
-grep -q "is kvcached running?" "$T/err" && ok "get says so too" || bad "get no-daemon message: $(cat "$T/err")"
-KVCACHED_SOCKET=$T/elsewhere.sock "$KVCTL" status >"$T/out" 2>"$T/err"
-grep -q "cannot connect to $T/elsewhere.sock" "$T/err" && ok "\$KVCACHED_SOCKET names the default socket" \
+grep -q "is the daemon running?" "$T/err" && ok "get says so too" || bad "get no-daemon message: $(cat "$T/err")"
+KVCACHED_SOCKET=$T/elsewhere.sock "$KVCTL" status --worker >"$T/out" 2>"$T/err"
+grep -q "cannot reach kvcached at $T/elsewhere.sock" "$T/err" && ok "\$KVCACHED_SOCKET names the default socket" \
   || bad "KVCACHED_SOCKET: $(cat "$T/err")"
 
 # --- usage errors need no daemon: exit 2 --------------------------------------------
@@ -46,10 +46,10 @@ expect_exit 2 "unknown option" "$KVCTL" status --frob
 expect_exit 2 "option without its value" "$KVCTL" status --socket
 expect_exit 2 "an option the command does not take" "$KVCTL" get 0a --value x --socket-dir "$RUN"
 grep -q "get does not take --value" "$T/err" && ok "and which" || bad "option not taken: $(cat "$T/err")"
-expect_exit 2 "status takes no arguments" "$KVCTL" status extra --socket-dir "$RUN"
+expect_exit 2 "status takes no arguments" "$KVCTL" status --worker extra --socket-dir "$RUN"
 expect_exit 2 "bad --block-bytes" "$KVCTL" get 0a --block-bytes 0 --socket-dir "$RUN"
 expect_exit 2 "bad --prio" "$KVCTL" put 0a --value x --prio 300 --socket-dir "$RUN"
-expect_exit 2 "--socket and --socket-dir together" "$KVCTL" status --socket "$SOCK" --socket-dir "$RUN"
+expect_exit 2 "--socket and --socket-dir together" "$KVCTL" status --worker --socket "$SOCK" --socket-dir "$RUN"
 expect_exit 2 "--tp-rank not below --tp-size" "$KVCTL" lookup 0a --tp-rank 1 --socket-dir "$RUN"
 expect_exit 2 "data larger than --block-bytes" "$KVCTL" put 0a --value 123456789 --block-bytes 8 --socket-dir "$RUN"
 expect_exit 1 "a missing --file" "$KVCTL" put 0a --file "$T/none" --socket-dir "$RUN"
@@ -64,14 +64,14 @@ pid=$!
 PIDS+=("$pid")
 if wait_for "$T/log" "ready:" 10; then ok "kvcached ready"; else bad "kvcached ready: $(cat "$T/log")"; finish; exit; fi
 
-expect_exit 0 "status" "$KVCTL" status --socket-dir "$RUN"
+expect_exit 0 "status --worker" "$KVCTL" status --worker --socket-dir "$RUN"
 grep -q "^g2.capacity_bytes  *16777216 (16.0 MiB)" "$T/out" && ok "status shows G2 capacity" \
   || bad "status table: $(cat "$T/out")"
 grep -q "^socket  *$SOCK" "$T/out" && ok "status names the socket" || bad "status socket row"
-expect_exit 0 "status --json" "$KVCTL" status --json --socket "$SOCK"
+expect_exit 0 "status --worker --json" "$KVCTL" status --worker --json --socket "$SOCK"
 check "status --json is the daemon's JSON" test "$(jq '.g2.capacity_bytes' "$T/out")" = 16777216
 check "status --json carries the version" test "$(jq -r '.version' "$T/out")" = "$("$KVCTL" version | cut -d' ' -f2)"
-KVCACHED_SOCKET=$SOCK "$KVCTL" status --json >"$T/out" 2>"$T/err"
+KVCACHED_SOCKET=$SOCK "$KVCTL" status --worker --json >"$T/out" 2>"$T/err"
 check "status finds the daemon through \$KVCACHED_SOCKET" test "$(jq '.g2.capacity_bytes' "$T/out")" = 16777216
 # status binds no tenant: a daemon with one arena still serves kvctl's tenant afterwards.
 check "status leaves the arena unbound" test "$(jq -r '.g2.tenants[0].tenant' "$T/out")" = ""
@@ -126,7 +126,7 @@ check "another salt sees nothing" test "$("$KVCTL" lookup 0a0b --salt 00ff --jso
 expect_exit 1 "a second tenant is refused by a one-arena daemon" "$KVCTL" lookup 0a0b --tenant other --socket-dir "$RUN"
 grep -q "every G2 arena is bound to another tenant" "$T/err" && ok "and says why" || bad "tenant message: $(cat "$T/err")"
 
-expect_exit 0 "status after the writes" "$KVCTL" status --json --socket-dir "$RUN"
+expect_exit 0 "status after the writes" "$KVCTL" status --worker --json --socket-dir "$RUN"
 check "status counts the blocks" test "$(jq '.g2.blocks' "$T/out")" -ge 6
 check "status names the bound tenant" test "$(jq -r '.g2.tenants[0].tenant' "$T/out")" = kvctl
 
@@ -135,7 +135,7 @@ kill -TERM "$pid"
 wait "$pid"
 rc=$?
 [ "$rc" -eq 0 ] && ok "kvcached stopped cleanly" || bad "kvcached exit status $rc"
-expect_exit 1 "status after the daemon stopped" "$KVCTL" status --socket-dir "$RUN"
-grep -q "is kvcached running?" "$T/err" && ok "says the daemon is not running" || bad "stopped message: $(cat "$T/err")"
+expect_exit 1 "status after the daemon stopped" "$KVCTL" status --worker --socket-dir "$RUN"
+grep -q "is the daemon running?" "$T/err" && ok "says the daemon is not running" || bad "stopped message: $(cat "$T/err")"
 expect_exit 1 "get after the daemon stopped" "$KVCTL" get 0a0b --socket-dir "$RUN"
 finish
