@@ -14,6 +14,12 @@
  *           daemon checksums it); GB/s of block bytes committed
  *   memcpy  the same copies as `load`, from a plain shared mapping of the
  *           same size, with no daemon: the ceiling `load` is compared to
+ *   swapin  the copies of `load`, of blocks that are on the SSD only: a
+ *           working set is stored, pushed down to G3 by as many blocks
+ *           again as G2 holds (which are then deleted, so G2 has room),
+ *           and each block is LOADed back once (read from G3 and verified
+ *           by the daemon), copied out and RELEASEd; GB/s of block bytes.
+ *           Needs a daemon with G3 whose admission takes every block
  *
  * --clients N runs N forked processes, each with its own connection (and
  * its own mapping of the arena), started together; rates are summed.
@@ -49,8 +55,8 @@
 #define RTT_SAMPLES_MAX (1u << 20)
 #define KEY_BYTES 16
 
-typedef enum { B_LOOKUP, B_LOAD, B_STORE, B_MEMCPY } bench_kind;
-static const char *const bench_name[] = {"lookup", "load", "store", "memcpy"};
+typedef enum { B_LOOKUP, B_LOAD, B_STORE, B_MEMCPY, B_SWAPIN } bench_kind;
+static const char *const bench_name[] = {"lookup", "load", "store", "memcpy", "swapin"};
 
 typedef struct dopts {
   bench_kind kind;
@@ -78,17 +84,49 @@ typedef struct cres {
   char err[160];
 } cres;
 
-static double now_s(void) {
+/* --- shared with the other benchmarks of a running daemon (kvbench.h) ------------ */
+
+double kvb_now_s(void) {
   struct timespec ts;
   clock_gettime(CLOCK_MONOTONIC, &ts);
   return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
 }
 
-static uint64_t now_ns(void) {
+uint64_t kvb_now_ns(void) {
   struct timespec ts;
   clock_gettime(CLOCK_MONOTONIC, &ts);
   return (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec;
 }
+
+int kvb_cmp_u64(const void *a, const void *b) {
+  uint64_t x = *(const uint64_t *)a, y = *(const uint64_t *)b;
+  return x < y ? -1 : x > y;
+}
+
+int kvb_open(const char *socket, const char *tenant, uint32_t block_bytes,
+             uint32_t tokens_per_block, kvc **out) {
+  kvc_opts ko = {.socket_path = socket, .tenant = tenant,
+                 .layout = {.block_bytes = block_bytes, .tokens_per_block = tokens_per_block,
+                            .layers = 1, .kv_heads = 1, .head_dim = 1, .tp_rank = 0,
+                            .tp_size = 1, .dtype = "u8"},
+                 .timeout_ms = 30000};
+  return kvc_open(&ko, out);
+}
+
+void kvb_say_open_error(const char *cmd, const char *socket, int rc) {
+  const char *path = socket ? socket : getenv("KVCACHED_SOCKET");
+  if (!path) path = "/run/kvcached/kvcached.sock";
+  fprintf(stderr, "kvbench %s: cannot open a session on %s: %s%s\n", cmd, path, kvc_strerror(rc),
+          rc == -ENOENT || rc == -ECONNREFUSED ? " (is kvcached running?)" : "");
+}
+
+int kvb_socket_opt(char *dst, size_t cap, int is_dir, const char *arg, const char *cmd) {
+  if ((size_t)snprintf(dst, cap, is_dir ? "%s/kvcached.sock" : "%s", arg) < cap) return 0;
+  fprintf(stderr, "kvbench %s: socket path too long\n", cmd);
+  return -ENAMETOOLONG;
+}
+
+/* ---------------------------------------------------------------------------------- */
 
 /* Keys private to one run: 8 bytes of run nonce, 4 of client (0xffffffff
  * for blocks the parent put in), 4 of index. */
@@ -107,19 +145,11 @@ static kvc_key mkkey(uint32_t client, uint32_t i) {
 static uint8_t fill_of(uint32_t i) { return (uint8_t)(0x5a ^ i ^ (i >> 8)); }
 
 static int open_conn(const dopts *o, kvc **out) {
-  kvc_opts ko = {.socket_path = o->have_socket ? o->socket : NULL, .tenant = o->tenant,
-                 .layout = {.block_bytes = o->block_bytes, .tokens_per_block = 16, .layers = 1,
-                            .kv_heads = 1, .head_dim = 1, .tp_rank = 0, .tp_size = 1,
-                            .dtype = "u8"},
-                 .timeout_ms = 30000};
-  return kvc_open(&ko, out);
+  return kvb_open(o->have_socket ? o->socket : NULL, o->tenant, o->block_bytes, 16, out);
 }
 
 static void say_open_error(const dopts *o, int rc) {
-  const char *path = o->have_socket ? o->socket : getenv("KVCACHED_SOCKET");
-  if (!path) path = "/run/kvcached/kvcached.sock";
-  fprintf(stderr, "kvbench %s: cannot open a session on %s: %s%s\n", bench_name[o->kind], path,
-          kvc_strerror(rc), rc == -ENOENT || rc == -ECONNREFUSED ? " (is kvcached running?)" : "");
+  kvb_say_open_error(bench_name[o->kind], o->have_socket ? o->socket : NULL, rc);
 }
 
 /* G2 bytes the daemon gives this tenant (its arena), from STATUS; 0 if
@@ -141,6 +171,18 @@ static uint64_t arena_capacity(kvc *c, const char *tenant) {
     cap = (uint64_t)json_integer_value(json_object_get(g2, "capacity_bytes")) / json_array_size(ts);
   json_decref(o);
   return cap;
+}
+
+/* STATUS's g3.<field>: -1 when the daemon has no G3 (or STATUS fails). */
+static int64_t status_g3(kvc *c, const char *field) {
+  char *text = NULL;
+  if (kvc_status(c, &text)) return -1;
+  json_t *o = json_loads(text, 0, NULL);
+  free(text);
+  json_t *v = json_object_get(json_object_get(o, "g3"), field);
+  int64_t r = json_is_integer(v) ? (int64_t)json_integer_value(v) : -1;
+  json_decref(o);
+  return r;
 }
 
 /* Puts blocks [0, n) of the parent's keys in, `batch` per request, block i
@@ -208,7 +250,7 @@ static int populate(const dopts *o, kvc *c, uint32_t n, int chain) {
     if (done) {
       stuck_since = 0;
     } else {
-      double t = now_s();
+      double t = kvb_now_s();
       if (stuck_since == 0) stuck_since = t;
       if (t - stuck_since > 5) {
         rc = out[0].status;
@@ -223,18 +265,19 @@ static int populate(const dopts *o, kvc *c, uint32_t n, int chain) {
   return rc;
 }
 
-/* Deletes blocks [0, n) of `client`'s keys (those evicted already are
- * simply not found). A block busy being written to G3 refuses its DELETE
- * (-EBUSY); what is still resident is asked again for up to 5 s. */
-static void delete_keys(kvc *c, uint32_t client, uint32_t n) {
+/* Deletes blocks [first, first + n) of `client`'s keys (those evicted
+ * already are simply not found). A block busy being written to G3 refuses
+ * its DELETE (-EBUSY); what is still resident is asked again for up to
+ * 5 s. */
+static void delete_keys(kvc *c, uint32_t client, uint32_t first, uint32_t n) {
   static kvc_key keys[KVC_BATCH_MAX], left[KVC_BATCH_MAX];
   static uint8_t tiers[KVC_BATCH_MAX];
   for (uint32_t at = 0; at < n; at += KVC_BATCH_MAX) {
     uint32_t m = n - at < KVC_BATCH_MAX ? n - at : KVC_BATCH_MAX;
-    for (uint32_t i = 0; i < m; i++) keys[i] = mkkey(client, at + i);
+    for (uint32_t i = 0; i < m; i++) keys[i] = mkkey(client, first + at + i);
     if (kvc_delete(c, keys, m) < 0) return;
-    double deadline = now_s() + 5;
-    while (now_s() < deadline) {
+    double deadline = kvb_now_s() + 5;
+    while (kvb_now_s() < deadline) {
       if (kvc_lookup(c, keys, m, tiers) < 0) return;
       uint32_t k = 0;
       for (uint32_t i = 0; i < m; i++)
@@ -246,11 +289,53 @@ static void delete_keys(kvc *c, uint32_t client, uint32_t n) {
   }
 }
 
+/* Waits until blocks [0, n) of the parent's are in G3 only (pushed out of
+ * G2, their SSD writes done), for at most 60 s. 0 or an error (printed). */
+static int wait_demoted(const dopts *o, kvc *c, uint32_t n) {
+  kvc_key *keys = calloc(KVC_BATCH_MAX, sizeof *keys);
+  uint8_t *tiers = malloc(KVC_BATCH_MAX);
+  double deadline = kvb_now_s() + 60;
+  int rc = keys && tiers ? 0 : -ENOMEM;
+  for (uint32_t at = 0; !rc && at < n;) {
+    uint32_t m = n - at < KVC_BATCH_MAX ? n - at : KVC_BATCH_MAX, i = 0;
+    for (uint32_t k = 0; k < m; k++) keys[k] = mkkey(PARENT_CLIENT, at + k);
+    int h = kvc_lookup(c, keys, m, tiers);
+    if (h < 0) {
+      rc = h;
+      fprintf(stderr, "kvbench %s: lookup: %s\n", bench_name[o->kind], kvc_strerror(rc));
+      break;
+    }
+    while (i < m && tiers[i] == KVC_G3) i++;
+    if (i == m) {
+      at += m;
+    } else if (tiers[i] == KVC_TIER_NONE) {
+      rc = -ENOENT;
+      fprintf(stderr, "kvbench %s: block %u left G2 without going to G3 (G3 full, refused by "
+              "g3.admit, or larger than g3.block_bytes)\n", bench_name[o->kind], at + i);
+    } else if (kvb_now_s() > deadline) {
+      rc = -ETIMEDOUT;
+      fprintf(stderr, "kvbench %s: block %u is still in G2 after 60 s\n", bench_name[o->kind],
+              at + i);
+    } else {
+      usleep(10000);
+    }
+  }
+  free(keys);
+  free(tiers);
+  return rc;
+}
+
 /* --- the client processes -------------------------------------------------------- */
 
 typedef struct runctx {
   const dopts *o;
   uint32_t nblocks;     /* working set (load, memcpy), resident keys (lookup) */
+  uint32_t base;        /* load: the working set is the parent's blocks
+                           [base, base + nblocks) */
+  uint32_t filler;      /* swapin: blocks [nblocks, nblocks + filler) pushed
+                           the working set down; deleted before the start */
+  kvc *parent;          /* swapin: the parent's connection */
+  int64_t g3_reads;     /* swapin: the daemon's G3 reads at the start */
   uint32_t warm_blocks; /* store: blocks written before the clock starts */
   uint8_t *src;         /* memcpy: the shared source */
   int ready_w, go_r;
@@ -306,7 +391,7 @@ static int load_run(runctx *x, kvc *c, lslot *sl, uint32_t *at, uint64_t limit, 
     lslot *s = &sl[d];
     s->first = *at;
     s->m = batch;
-    for (uint32_t i = 0; i < batch; i++) s->keys[i] = mkkey(PARENT_CLIENT, (*at + i) % n);
+    for (uint32_t i = 0; i < batch; i++) s->keys[i] = mkkey(PARENT_CLIENT, x->base + (*at + i) % n);
     *at = (*at + batch) % n;
     int64_t id = kvc_submit_load(c, KVC_G2, s->keys, batch, s->blk, s);
     if (id < 0) { fail_res(r, (int)id, "load"); return r->rc; }
@@ -338,16 +423,16 @@ static int load_run(runctx *x, kvc *c, lslot *sl, uint32_t *at, uint64_t limit, 
       }
       for (uint32_t i = 0; i < s->m; i++)
         st->bad += s->blk[i].length != o->block_bytes ||
-                   copy_check(dst, s->blk[i].ptr, o->block_bytes, fill_of((s->first + i) % n));
+                   copy_check(dst, s->blk[i].ptr, o->block_bytes, fill_of(x->base + (s->first + i) % n));
       st->units += s->m;
       int64_t id = kvc_submit_release(c, s->keys, s->m, NULL, (void *)(uintptr_t)s->m);
       if (id < 0) { fail_res(r, (int)id, "release"); return r->rc; }
       releases++;
       st->reqs += 2;
-      if (!stop) stop = limit ? asked >= limit : now_s() >= deadline;
+      if (!stop) stop = limit ? asked >= limit : kvb_now_s() >= deadline;
       if (stop) continue;
       s->first = *at;
-      for (uint32_t i = 0; i < s->m; i++) s->keys[i] = mkkey(PARENT_CLIENT, (*at + i) % n);
+      for (uint32_t i = 0; i < s->m; i++) s->keys[i] = mkkey(PARENT_CLIENT, x->base + (*at + i) % n);
       *at = (*at + s->m) % n;
       id = kvc_submit_load(c, KVC_G2, s->keys, s->m, s->blk, s);
       if (id < 0) { fail_res(r, (int)id, "load"); return r->rc; }
@@ -359,8 +444,13 @@ static int load_run(runctx *x, kvc *c, lslot *sl, uint32_t *at, uint64_t limit, 
 }
 
 /* `load` (plain == 0) and its reference `memcpy` (plain == 1). */
-static void client_load(runctx *x, uint32_t id, cres *r, int plain) {
+/* `load`, its reference `memcpy`, and `swapin`: the blocks of `load` read
+ * back from G3, one timed pass over this client's share of them, after an
+ * untimed pass over the filler that is still in G2 (it faults the mapping
+ * in; the parent deletes the filler before the start). */
+static void client_load(runctx *x, uint32_t id, cres *r, bench_kind kind) {
   const dopts *o = x->o;
+  int plain = kind == B_MEMCPY, swap = kind == B_SWAPIN;
   uint32_t n = x->nblocks;
   kvc *c = NULL;
   lslot *sl = plain ? NULL : calloc(o->depth, sizeof *sl);
@@ -369,27 +459,37 @@ static void client_load(runctx *x, uint32_t id, cres *r, int plain) {
   if (rc) fail_res(r, rc, "buffers");
   else if (!plain && (rc = open_conn(o, &c))) fail_res(r, rc, "open");
   uint32_t at = (uint32_t)((uint64_t)n * id / o->clients); /* clients start apart */
+  if (swap) {
+    x->base = n;
+    x->nblocks = x->filler;
+    at = 0;
+  }
   /* One pass untimed (it faults the mapping in), then the clock. */
   for (int timed = 0; timed < 2 && !r->rc; timed++) {
     lstats st = {0, 0, 0};
     double t0 = 0, deadline = 0;
+    if (timed && swap) { /* this client's share of the working set, once */
+      x->nblocks = n / o->clients;
+      x->base = x->nblocks * id;
+      at = 0;
+    }
     if (timed) {
       barrier(x);
-      t0 = now_s();
+      t0 = kvb_now_s();
       deadline = t0 + o->seconds;
     }
     if (plain) {
-      for (uint64_t passed = 0; timed ? now_s() < deadline : passed < n; passed += 32) {
+      for (uint64_t passed = 0; timed ? kvb_now_s() < deadline : passed < n; passed += 32) {
         for (uint32_t i = 0; i < 32; i++, at = (at + 1) % n)
           st.bad += (uint64_t)copy_check(dst, x->src + (size_t)at * o->block_bytes, o->block_bytes,
                                          fill_of(at));
         st.units += 32;
       }
     } else {
-      load_run(x, c, sl, &at, timed ? 0 : n, deadline, dst, &st, r);
+      load_run(x, c, sl, &at, swap ? x->nblocks : timed ? 0 : n, deadline, dst, &st, r);
     }
     if (timed) {
-      r->elapsed = now_s() - t0;
+      r->elapsed = kvb_now_s() - t0;
       r->units = st.units;
       r->bytes = st.units * o->block_bytes;
       r->requests = st.reqs;
@@ -421,10 +521,10 @@ static void client_store(runctx *x, uint32_t id, cres *r) {
     double t0 = 0, deadline = 0;
     if (timed) {
       barrier(x);
-      t0 = now_s();
+      t0 = kvb_now_s();
       deadline = t0 + o->seconds;
     }
-    while (!(timed ? now_s() >= deadline : passed >= x->warm_blocks)) {
+    while (!(timed ? kvb_now_s() >= deadline : passed >= x->warm_blocks)) {
       for (uint32_t i = 0; i < batch; i++) keys[i] = mkkey(id, next + i);
       next += batch;
       int got = kvc_alloc(c, KVC_G2, 128, keys, NULL, batch, blk);
@@ -439,7 +539,7 @@ static void client_store(runctx *x, uint32_t id, cres *r) {
         /* No room yet: other clients' uncommitted blocks hold the slots,
          * or victims are still being written to G3 (-EAGAIN). Retry for
          * a while, then give up. */
-        double t = now_s();
+        double t = kvb_now_s();
         if (refused_since == 0) refused_since = t;
         if (t - refused_since > 5) { fail_res(r, blk[0].status, "alloc (every block refused for 5 s)"); break; }
         usleep(100);
@@ -453,14 +553,14 @@ static void client_store(runctx *x, uint32_t id, cres *r) {
       reqs += 2;
     }
     if (timed) {
-      r->elapsed = now_s() - t0;
+      r->elapsed = kvb_now_s() - t0;
       r->units = units;
       r->bytes = units * o->block_bytes;
       r->requests = reqs;
     }
   }
   barrier(x);
-  if (c) delete_keys(c, id, next);
+  if (c) delete_keys(c, id, 0, next);
   kvc_close(c);
   free(keys); free(blk); free(st); free(src);
 }
@@ -481,15 +581,15 @@ static void client_lookup(runctx *x, uint32_t id, cres *r) {
     barrier(x);
   } else {
     barrier(x);
-    double t0 = now_s(), deadline = t0 + o->seconds / 2;
+    double t0 = kvb_now_s(), deadline = t0 + o->seconds / 2;
     uint64_t units = 0, reqs = 0;
     do {
       hit = kvc_lookup(c, keys, n, tiers);
       if (hit < 0) { fail_res(r, hit, "lookup"); break; }
       units += n;
       reqs++;
-    } while (now_s() < deadline);
-    r->elapsed = now_s() - t0;
+    } while (kvb_now_s() < deadline);
+    r->elapsed = kvb_now_s() - t0;
     r->units = units;
     r->requests = reqs;
   }
@@ -518,8 +618,7 @@ static int run_clients(runctx *x, cres *res) {
       x->ready_w = ready[1];
       x->go_r = go[0];
       switch (o->kind) {
-      case B_LOAD: client_load(x, i, &res[i], 0); break;
-      case B_MEMCPY: client_load(x, i, &res[i], 1); break;
+      case B_LOAD: case B_MEMCPY: case B_SWAPIN: client_load(x, i, &res[i], o->kind); break;
       case B_STORE: client_store(x, i, &res[i]); break;
       case B_LOOKUP: client_lookup(x, i, &res[i]); break;
       }
@@ -537,6 +636,11 @@ static int run_clients(runctx *x, cres *res) {
     char b;
     if (pr <= 0 || read(ready[0], &b, 1) != 1) break;
     nready++;
+  }
+  if (o->kind == B_SWAPIN && nready == started) {
+    /* The filler goes: G2 has room for the working set to come back. */
+    delete_keys(x->parent, PARENT_CLIENT, x->nblocks, x->filler);
+    x->g3_reads = status_g3(x->parent, "reads");
   }
   close(go[1]);
   int failed = started < o->clients || nready < started;
@@ -556,11 +660,6 @@ static int run_clients(runctx *x, cres *res) {
 
 /* --- the subcommands --------------------------------------------------------------- */
 
-static int cmp_u64(const void *a, const void *b) {
-  uint64_t x = *(const uint64_t *)a, y = *(const uint64_t *)b;
-  return x < y ? -1 : x > y;
-}
-
 /* Single-key LOOKUP round trips on one connection, for `seconds` (at
  * least 1000 samples). Fills p50/p99 in microseconds. 0 or an error. */
 static int measure_rtt(const dopts *o, kvc *c, uint32_t nres, double seconds, double *p50,
@@ -568,24 +667,24 @@ static int measure_rtt(const dopts *o, kvc *c, uint32_t nres, double seconds, do
   uint64_t *s = malloc(RTT_SAMPLES_MAX * sizeof *s);
   if (!s) return -ENOMEM;
   uint32_t n = 0;
-  double deadline = now_s() + seconds;
+  double deadline = kvb_now_s() + seconds;
   int rc = 0;
   uint32_t mod = nres ? nres : 1;
   for (uint32_t i = 0; i < 1000; i++) { /* warm-up */
     kvc_key k = mkkey(PARENT_CLIENT, i % mod);
     if ((rc = kvc_lookup(c, &k, 1, NULL)) < 0) break;
   }
-  while (rc >= 0 && n < RTT_SAMPLES_MAX && (n < 1000 || now_s() < deadline)) {
+  while (rc >= 0 && n < RTT_SAMPLES_MAX && (n < 1000 || kvb_now_s() < deadline)) {
     kvc_key k = mkkey(PARENT_CLIENT, n % mod);
-    uint64_t t0 = now_ns();
+    uint64_t t0 = kvb_now_ns();
     rc = kvc_lookup(c, &k, 1, NULL);
-    s[n++] = now_ns() - t0;
+    s[n++] = kvb_now_ns() - t0;
   }
   if (rc < 0) {
     free(s);
     return rc;
   }
-  qsort(s, n, sizeof *s, cmp_u64);
+  qsort(s, n, sizeof *s, kvb_cmp_u64);
   *p50 = (double)s[n / 2] / 1e3;
   *p99 = (double)s[(uint64_t)n * 99 / 100] / 1e3;
   *count = n;
@@ -604,11 +703,13 @@ static void usage(FILE *f, bench_kind k) {
           "          --depth LOADs in flight (default 2)\n"
           "  store   ALLOC --batch blocks, copy every byte in, COMMIT: GB/s\n"
           "  memcpy  the copies of `load` from plain shared memory, no daemon: GB/s\n"
+          "  swapin  the copies of `load`, once each, of blocks pushed down to G3 first\n"
+          "          (the daemon needs G3, admitting every block): GB/s\n"
           "  --block-bytes B  block size, K/M suffixes (default 256K)\n"
           "  --clients N      client processes, each with its own connection (default 1)\n"
           "  --seconds S      timed part of the run (default 2; lookup: half each phase)\n"
-          "  --blocks N       working set of load/memcpy (default: 512 MiB, at most half\n"
-          "                   the tenant's G2 arena)\n"
+          "  --blocks N       working set of load/memcpy/swapin (default: 512 MiB, at most\n"
+          "                   half the tenant's G2 arena, and for swapin half of G3)\n"
           "  --tenant T       tenant of the benchmark's namespace (default \"kvbench\")\n"
           "  --socket-dir DIR, --socket PATH   the daemon (default: $KVCACHED_SOCKET, else\n"
           "                   /run/kvcached/kvcached.sock)\n",
@@ -639,11 +740,8 @@ static int parse_opts(dopts *o, int argc, char **argv) {
     switch (ch) {
     case 'd':
     case 's':
-      if ((size_t)snprintf(o->socket, sizeof o->socket, ch == 'd' ? "%s/kvcached.sock" : "%s",
-                           optarg) >= sizeof o->socket) {
-        fprintf(stderr, "kvbench %s: socket path too long\n", bench_name[o->kind]);
+      if (kvb_socket_opt(o->socket, sizeof o->socket, ch == 'd', optarg, bench_name[o->kind]))
         return 2;
-      }
       o->have_socket = 1;
       break;
     case 'j': o->json = 1; break;
@@ -695,7 +793,7 @@ static int bench_main(bench_kind kind, int argc, char **argv) {
   o.kind = kind;
   int rc = parse_opts(&o, argc, argv);
   if (rc) return rc;
-  run_nonce = now_ns() ^ ((uint64_t)getpid() << 32);
+  run_nonce = kvb_now_ns() ^ ((uint64_t)getpid() << 32);
   cres *res = mmap(NULL, MAX_CLIENTS * sizeof *res, PROT_READ | PROT_WRITE,
                    MAP_SHARED | MAP_ANONYMOUS, -1, 0);
   if (res == MAP_FAILED) { perror("kvbench: mmap"); return 1; }
@@ -727,6 +825,32 @@ static int bench_main(bench_kind kind, int argc, char **argv) {
     x.nblocks = (uint32_t)want;
   } else if (kind == B_LOOKUP) {
     x.nblocks = fit < o.keys ? (uint32_t)fit : o.keys;
+  } else if (kind == B_SWAPIN) {
+    int64_t g3cap = status_g3(c, "capacity_bytes");
+    if (g3cap < 0) {
+      fprintf(stderr, "kvbench swapin: the daemon has no G3 tier (start it with --g3-path DIR)\n");
+      goto out;
+    }
+    uint64_t g3fit = (uint64_t)g3cap / 2 / o.block_bytes;
+    uint64_t want = o.blocks ? o.blocks : AUTO_SET_BYTES / o.block_bytes;
+    if (!o.blocks && want > fit) want = fit;
+    if (!o.blocks && want > g3fit) want = g3fit;
+    if (want > fit || want > g3fit) {
+      fprintf(stderr, "kvbench swapin: %llu blocks of %u bytes do not fit half of the G2 arena "
+              "(%llu bytes) and half of G3 (%lld bytes)\n", (unsigned long long)want,
+              o.block_bytes, (unsigned long long)cap, (long long)g3cap);
+      goto out;
+    }
+    /* Each client's share: whole batches, at least --depth of them. */
+    uint32_t share = (uint32_t)want / o.clients;
+    if (o.batch * o.depth > share) o.batch = share / o.depth;
+    if (o.batch == 0) {
+      fprintf(stderr, "kvbench swapin: %llu blocks are too few for %u clients at depth %u\n",
+              (unsigned long long)want, o.clients, o.depth);
+      goto out;
+    }
+    x.nblocks = (share - share % o.batch) * o.clients;
+    x.filler = (uint32_t)(cap / o.block_bytes);
   } else {
     uint64_t w = cap ? cap / o.block_bytes : 1024;
     x.warm_blocks = (uint32_t)(w > 65536 ? 65536 : w);
@@ -738,6 +862,12 @@ static int bench_main(bench_kind kind, int argc, char **argv) {
     if ((rc = populate(&o, c, x.nblocks, kind == B_LOOKUP))) goto out;
     populated = x.nblocks;
   }
+  if (kind == B_SWAPIN) { /* the working set, then the filler that pushes it to G3 */
+    rc = populate(&o, c, x.nblocks + x.filler, 0);
+    populated = x.nblocks + x.filler;
+    if (rc || wait_demoted(&o, c, x.nblocks)) goto out;
+    x.parent = c;
+  }
   if (kind == B_MEMCPY) {
     size_t bytes = (size_t)x.nblocks * o.block_bytes;
     x.src = mmap(NULL, bytes, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS, -1, 0);
@@ -745,9 +875,12 @@ static int bench_main(bench_kind kind, int argc, char **argv) {
     for (uint32_t i = 0; i < x.nblocks; i++)
       memset(x.src + (size_t)i * o.block_bytes, fill_of(i), o.block_bytes);
   }
-  /* Clients get connections of their own. */
-  kvc_close(c);
-  c = NULL;
+  /* Clients get connections of their own (swapin's parent keeps its own,
+   * to delete the filler at the start). */
+  if (kind != B_SWAPIN) {
+    kvc_close(c);
+    c = NULL;
+  }
   if (run_clients(&x, res)) goto out;
 
   double rate = 0, bytes_rate = 0, req_rate = 0;
@@ -788,6 +921,11 @@ static int bench_main(bench_kind kind, int argc, char **argv) {
     json_object_set_new(j, "blocks_per_s", json_real(rate));
     if (kind != B_MEMCPY) json_object_set_new(j, "requests_per_s", json_real(req_rate));
     if (kind != B_STORE) json_object_set_new(j, "bad_blocks", json_integer((json_int_t)bad));
+    if (kind == B_SWAPIN) {
+      int64_t reads = status_g3(c, "reads");
+      json_object_set_new(j, "g3_reads", json_integer(reads >= 0 && x.g3_reads >= 0
+                                                          ? (json_int_t)(reads - x.g3_reads) : -1));
+    }
     fprintf(stderr, "%s: %.3f GB/s, %.0f blocks/s of %u bytes (%u clients", bench_name[kind], gbps,
             rate, o.block_bytes, o.clients);
     if (kind != B_STORE) fprintf(stderr, ", working set %u blocks", x.nblocks);
@@ -804,7 +942,7 @@ static int bench_main(bench_kind kind, int argc, char **argv) {
 out:
   if (populated) {
     if (!c && open_conn(&o, &c)) c = NULL;
-    if (c) delete_keys(c, PARENT_CLIENT, populated);
+    if (c) delete_keys(c, PARENT_CLIENT, 0, populated);
   }
   kvc_close(c);
   if (x.src) munmap(x.src, (size_t)x.nblocks * o.block_bytes);
@@ -816,3 +954,4 @@ int kvbench_lookup(int argc, char **argv) { return bench_main(B_LOOKUP, argc, ar
 int kvbench_load(int argc, char **argv) { return bench_main(B_LOAD, argc, argv); }
 int kvbench_store(int argc, char **argv) { return bench_main(B_STORE, argc, argv); }
 int kvbench_memcpy(int argc, char **argv) { return bench_main(B_MEMCPY, argc, argv); }
+int kvbench_swapin(int argc, char **argv) { return bench_main(B_SWAPIN, argc, argv); }

@@ -18,6 +18,8 @@ static const struct {
     {"load", "a running daemon: LOAD and copy out resident G2 blocks, GB/s", kvbench_load},
     {"store", "a running daemon: ALLOC, copy in, COMMIT, GB/s", kvbench_store},
     {"memcpy", "the reference for load: the same copies from plain memory", kvbench_memcpy},
+    {"swapin", "a running daemon: LOAD blocks that were demoted to G3, GB/s", kvbench_swapin},
+    {"replay", "a running daemon: replay a Mooncake trace with N worker processes", kvbench_replay},
 };
 
 static void usage(FILE *f) {

@@ -1,9 +1,10 @@
 #!/usr/bin/env bash
 # kvbench_daemon.sh - the daemon benchmarks (kvbench lookup, load, store,
-# and the memcpy reference), each run briefly against a test kvcached: the
-# JSON each prints has its fields, every block read back is right, the
-# runs leave no block behind, and usage errors and a missing daemon are
-# reported. Performance is printed, never asserted.
+# swapin, and the memcpy reference), each run briefly against a test
+# kvcached (swapin against one with G3, checking that what it timed was
+# read from the SSD): the JSON each prints has its fields, every block
+# read back is right, the runs leave no block behind, and usage errors and
+# a missing daemon are reported. Performance is printed, never asserted.
 source "$(dirname "$0")/lib.bash"
 
 KVB=$BIN/kvbench
@@ -46,10 +47,31 @@ expect_exit 0 "kvbench memcpy" "$KVB" memcpy --json --seconds 0.3 --blocks 64
 check "memcpy: gbps > 0" num '.gbps > 0 and .bad_blocks == 0'
 expect_exit 1 "load of more blocks than fit is refused" "$KVB" load --socket-dir "$RUN" --blocks 1000 --seconds 0.2
 
-expect_exit 0 "status after the runs" "$BIN/kvctl" status --json --socket-dir "$RUN"
+expect_exit 0 "status after the runs" "$BIN/kvctl" status --worker --json --socket-dir "$RUN"
 check "the runs left no block behind" num '.g2.blocks == 0'
+expect_exit 1 "swapin without G3 is refused" "$KVB" swapin --socket-dir "$RUN" --seconds 0.2
+grep -q "no G3 tier" "$T/err" && ok "and says why" || bad "swapin without G3: $(cat "$T/err")"
 kill -TERM "$pid"
 wait "$pid"
 rc=$?
 [ "$rc" -eq 0 ] && ok "kvcached stopped cleanly" || bad "kvcached exit status $rc"
+
+# swapin: a daemon with G3; every block timed was read back from the SSD.
+"$BIN/kvcached" --socket-dir "$T/run3" --g2-capacity 32M --set g2.page_size=4M --set g2.lock=no \
+  --g3-path "$T/g3" --g3-capacity 64M 2>"$T/log3" &
+pid=$!
+PIDS+=("$pid")
+if wait_for "$T/log3" "ready:" 10; then ok "kvcached with G3 ready"; else bad "kvcached with G3: $(cat "$T/log3")"; finish; exit; fi
+for c in 1 2; do
+  expect_exit 0 "kvbench swapin, $c client(s)" "$KVB" swapin --socket-dir "$T/run3" --json --clients "$c"
+  check "swapin: gbps > 0, every block right ($c)" num '.gbps > 0 and .bad_blocks == 0 and .blocks > 0'
+  check "swapin: every block timed was read from G3 ($c)" num '.g3_reads == .blocks'
+  echo "# swapin $c: $(jq -c '{gbps, blocks, g3_reads}' "$T/out")"
+done
+expect_exit 0 "status after swapin" "$BIN/kvctl" status --worker --json --socket-dir "$T/run3"
+check "swapin left no block behind" num '.g2.blocks == 0'
+kill -TERM "$pid"
+wait "$pid"
+rc=$?
+[ "$rc" -eq 0 ] && ok "kvcached with G3 stopped cleanly" || bad "kvcached with G3 exit status $rc"
 finish

@@ -1,0 +1,91 @@
+#!/usr/bin/env bash
+# kvbench_replay.sh - `kvbench replay` against a test kvcached (small G2,
+# G3 on): the first 200 requests of the Mooncake trace by 2 clients, with
+# no waiting. Its JSON has every field, the rates are in [0, 1], no block
+# fails verification, the daemon's counters agree with the clients' own
+# (commits, allocations, keys looked up), a second replay of the
+# same requests hits what the first stored, a block stored under a trace
+# key with the wrong bytes is caught as a verify failure, and usage errors
+# and a missing daemon are reported. Performance is printed, never asserted.
+source "$(dirname "$0")/lib.bash"
+
+KVB=$BIN/kvbench
+RUN=$T/run
+TRACE=$SRC/../shared/data/mooncake_synthetic_trace.jsonl
+[ -r "$TRACE" ] || { echo "skip: no trace at $TRACE"; exit 77; }
+command -v jq >/dev/null || { echo "skip: jq not found (deploy/install-deps.sh)"; exit 77; }
+
+expect_exit 2 "replay without --trace" "$KVB" replay --socket-dir "$RUN"
+expect_exit 2 "bad --time-scale" "$KVB" replay --trace "$TRACE" --time-scale fast
+expect_exit 2 "bad --block-bytes (not a multiple of 8)" "$KVB" replay --trace "$TRACE" --block-bytes 1001
+expect_exit 2 "bad --deal" "$KVB" replay --trace "$TRACE" --deal random
+expect_exit 0 "replay --help" "$KVB" replay --help
+expect_exit 1 "replay without a daemon fails" "$KVB" replay --trace "$TRACE" --socket-dir "$RUN" --limit 5 --time-scale 0
+grep -q "is kvcached running?" "$T/err" && ok "and says so" || bad "no-daemon message: $(cat "$T/err")"
+echo '{"timestamp": 0, "input_length": 3, "hash_ids": "nope"}' >"$T/bad.jsonl"
+expect_exit 1 "a malformed trace is refused" "$KVB" replay --trace "$T/bad.jsonl" --socket-dir "$RUN"
+grep -q "bad.jsonl:1" "$T/err" && ok "with its line" || bad "bad-trace message: $(cat "$T/err")"
+
+"$BIN/kvcached" --socket-dir "$RUN" --g2-capacity 16M --set g2.page_size=4M --set g2.lock=no \
+  --g3-path "$T/g3" --g3-capacity 64M 2>"$T/log" &
+pid=$!
+PIDS+=("$pid")
+if wait_for "$T/log" "ready:" 10; then ok "kvcached ready"; else bad "kvcached ready: $(cat "$T/log")"; finish; exit; fi
+
+num() { jq -e "$1" "$T/out" >/dev/null; } # num FILTER: the filter holds on the last output
+replay() { "$KVB" replay --trace "$TRACE" --socket-dir "$RUN" --json --time-scale 0 "$@"; }
+
+expect_exit 0 "replay of 200 requests by 2 clients" replay --limit 200 --clients 2
+for f in prefix_hit_rate block_hit_rate hits.g2 hits.g3 bytes.g2_to_g3 bytes.g3_to_g2 \
+         bytes.client_read bytes.client_written requests_per_s lookup_us.p50 lookup_us.p99 \
+         load_us.p50 load_us.p99 verify_failures daemon.core.commits; do
+  check "field $f" num ".$f | type == \"number\""
+done
+check "200 requests, 2 clients" num '.requests == 200 and .clients == 2'
+check "rates in [0, 1]" num '[.prefix_hit_rate, .block_hit_rate] | all(. >= 0 and . <= 1)'
+check "no verify failure" num '.verify_failures == 0'
+check "hits per tier add up to the hit blocks" num '.hits.g2 + .hits.g3 == .blocks.hit'
+check "one lookup sample per request, p99 >= p50" num '.lookup_us.count == 200 and .lookup_us.p99 >= .lookup_us.p50'
+check "daemon commits == client commits" num '.cross_check.commits.client == .cross_check.commits.daemon and .blocks.committed > 0'
+check "daemon allocs == client allocs" num '.cross_check.allocs.client == .cross_check.allocs.daemon'
+check "daemon lookups == keys the clients looked up" num '.cross_check.lookup_keys.client == .cross_check.lookup_keys.daemon and .cross_check.lookup_keys.client == .blocks.referenced'
+check "bytes written == committed blocks x block size" num '.bytes.client_written == .blocks.committed * .block_bytes'
+echo "# first: $(jq -c '{prefix_hit_rate, block_hit_rate, hits, requests_per_s, lookup_us, load_us}' "$T/out")"
+
+# The same requests again, dealt by hash and waiting for room: what the
+# first run stored is found.
+expect_exit 0 "the same 200 requests again" replay --limit 200 --clients 2 --deal hash --alloc-wait-ms 20
+check "the second run hits blocks the first stored" num '.blocks.hit > 0 and .block_hit_rate > 0'
+check "and verifies them" num '.verify_failures == 0 and .bytes.client_read == .blocks.hit * .block_bytes'
+echo "# second: $(jq -c '{prefix_hit_rate, block_hit_rate, hits}' "$T/out")"
+
+# A wrong block under the key of a trace block (the first block of
+# request 0, stored with zeros through the inline path): served, but not
+# the bytes of that block: a verify failure, and exit status 1.
+if command -v b2sum >/dev/null; then
+  id=$(head -1 "$TRACE" | jq '.hash_ids[0]')
+  key=$( { printf 'kvcached-chain-v1'; head -c 36 /dev/zero
+           printf "$(printf '\\x%02x' $(for s in 0 8 16 24 32 40 48 56; do echo $(( (id >> s) & 255 )); done))"; } |
+         b2sum -l 256 | cut -c1-64)
+  "$BIN/kvcached" --socket-dir "$T/run2" --g2-capacity 16M --set g2.page_size=4M --set g2.lock=no \
+    --g3-path "" 2>"$T/log2" &
+  pid2=$!
+  PIDS+=("$pid2")
+  wait_for "$T/log2" "ready:" 10 || bad "second kvcached ready: $(cat "$T/log2")"
+  expect_exit 0 "a zero block stored under the first key" "$BIN/kvctl" put "$key" --value x \
+    --socket-dir "$T/run2" --tenant kvbench --block-bytes 64K --tokens-per-block 512 --layers 1 \
+    --kv-heads 1 --head-dim 1
+  expect_exit 1 "replay of request 0 fails" "$KVB" replay --trace "$TRACE" --socket-dir "$T/run2" --json --time-scale 0 --limit 1
+  check "the wrong block is a verify failure, not a hit" num '.verify_failures == 1 and .blocks.hit == 0'
+  grep -q "not theirs" "$T/err" && ok "and says so" || bad "verify-failure message: $(cat "$T/err")"
+  kill -TERM "$pid2"
+  wait "$pid2"
+else
+  echo "# b2sum not found: the wrong-block check is not run"
+fi
+
+kill -TERM "$pid"
+wait "$pid"
+rc=$?
+[ "$rc" -eq 0 ] && ok "kvcached stopped cleanly" || bad "kvcached exit status $rc"
+finish
