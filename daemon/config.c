@@ -281,3 +281,19 @@ void kv_config_print(const kv_config *c, FILE *f) {
     }
   }
 }
+
+void kv_config_foreach(const kv_config *c, kv_config_fn fn, void *arg) {
+  for (size_t i = 0; i < NOPTS; i++) {
+    const opt *o = &opts[i];
+    const void *p = (const char *)c + o->off;
+    char v[32];
+    const char *val = v;
+    switch (o->type) {
+    case OPT_SIZE: snprintf(v, sizeof v, "%llu", (unsigned long long)*(const uint64_t *)p); break;
+    case OPT_BOOL: val = *(const int *)p ? "yes" : "no"; break;
+    case OPT_U32: snprintf(v, sizeof v, "%u", *(const uint32_t *)p); break;
+    case OPT_STR: val = p; break;
+    }
+    fn(arg, o->section, o->name, val);
+  }
+}

@@ -52,6 +52,11 @@ int kv_config_validate(const kv_config *c, char *err, size_t errlen);
 /* Writes every option with its documentation and current value, as INI. */
 void kv_config_print(const kv_config *c, FILE *f);
 
+/* Calls fn with every option's section, name and current value as text
+ * (sizes in bytes, booleans yes/no), in the table's order. */
+typedef void (*kv_config_fn)(void *arg, const char *section, const char *name, const char *value);
+void kv_config_foreach(const kv_config *c, kv_config_fn fn, void *arg);
+
 /* Parses a size: digits with an optional K, M, G or T suffix (powers of
  * 1024), optionally followed by "B"/"iB". 0 or -EINVAL (empty, junk,
  * negative, overflow). */

@@ -110,6 +110,15 @@ int kvd_init(kvd *d) {
     kv_core_fini(&d->core);
     goto err;
   }
+  if ((rc = kvd_metrics_init(d))) {
+    kv_error("daemon", "cannot set up the metrics: %s", kv_strerror(rc));
+    if (d->g3) kv_g3_close(d->g3);
+    d->g3 = NULL;
+    kvd_registry_fini(&d->reg);
+    kv_core_fini(&d->core);
+    goto err;
+  }
+  kvd_session_init(&d->admin, 0);
   return 0;
 err:
   free(d->keys); free(d->tiers); free(d->status); free(d->loads); free(d->allocs);
@@ -118,12 +127,16 @@ err:
 }
 
 void kvd_fini(kvd *d) {
+  uint64_t pins = 0, allocs = 0;
+  kvd_session_close(&d->core, &d->admin, &pins, &allocs);
+  if (pins) kv_info("admin", "released %llu pin(s) the operator held", (unsigned long long)pins);
   if (d->g3) {
     /* Every write in flight completes and the last index batch commits. */
     kv_g3_close(d->g3);
     d->g3 = NULL;
     kv_info("g3", "index synced and closed");
   }
+  kvd_metrics_fini(d);
   kv_core_fini(&d->core);
   kvd_registry_fini(&d->reg);
   free(d->keys); free(d->tiers); free(d->status); free(d->loads); free(d->allocs);
@@ -194,6 +207,9 @@ static int op_lookup(kvd *d, kvd_session *s, const kv_msg *req, kv_buf *out) {
   if (rc) return kvd_fail(out, req, rc, NULL);
   int hit = kvd_registry_lookup(&d->reg, s->ns, d->keys, v->n, d->tiers);
   if (hit < 0) return kvd_fail(out, req, hit, NULL);
+  uint32_t core_ns = (uint32_t)session_ns(d, s)->core_ns;
+  for (uint32_t i = 0; i < v->n; i++)
+    if (d->tiers[i] == KV_TIER_NONE) kvd_miss_classify(d, s->ns, core_ns, &d->keys[i]);
   kv_msg m = kvd_reply_to(req);
   m.lookup_rep.hit_len = (uint32_t)hit;
   m.lookup_rep.n = v->n;
@@ -249,6 +265,7 @@ static int op_alloc(kvd *d, kvd_session *s, const kv_msg *req, kv_buf *out) {
     }
     e->offset = kv_arena_offset(b->slot[KV_G2]);
   }
+  if (d->core.adm.limit[KV_G2]) kv_core_enforce_limits(&d->core); /* a soft g2.capacity */
   kv_msg m = kvd_reply_to(req);
   m.alloc_rep.n = a->keys.n;
   m.alloc_rep.v = d->allocs;
@@ -267,6 +284,7 @@ static int op_commit_abort(kvd *d, kvd_session *s, const kv_msg *req, kv_buf *ou
       if (b->state == KV_BS_WRITING && b->slot[KV_G2] != KV_SLOT_NONE)
         crc = kv_crc32c(0, kv_core_g2_ptr(&d->core, b), b->size);
       d->status[i] = kvd_session_commit(&d->core, s, b, crc);
+      if (d->status[i] == 0) kvd_ghost_note(d, b->ns, &d->keys[i], 1);
     } else {
       d->status[i] = kvd_session_abort(&d->core, s, b);
     }
@@ -278,7 +296,13 @@ static int op_commit_abort(kvd *d, kvd_session *s, const kv_msg *req, kv_buf *ou
 typedef struct del_all { kvd *d; uint32_t core_ns; uint64_t n; } del_all;
 static int del_one(kv_block *b, void *arg) {
   del_all *x = arg;
-  if (b->ns == x->core_ns && b->state == KV_BS_READY && kv_core_delete(&x->d->core, b) == 0) x->n++;
+  if (b->ns != x->core_ns || b->state != KV_BS_READY) return 0;
+  kv_key k;
+  kv_key_set(&k, b->key, b->keylen);
+  if (kv_core_delete(&x->d->core, b) == 0) {
+    kvd_ghost_note(x->d, x->core_ns, &k, 0);
+    x->n++;
+  }
   return 0;
 }
 
@@ -297,6 +321,7 @@ static int op_delete(kvd *d, kvd_session *s, const kv_msg *req, kv_buf *out) {
   for (uint32_t i = 0; i < b->keys.n; i++) {
     kv_block *blk = kv_core_find(&d->core, (uint32_t)session_ns(d, s)->core_ns, &d->keys[i]);
     d->status[i] = blk ? kv_core_delete(&d->core, blk) : KV_ENOTFOUND;
+    if (d->status[i] == 0) kvd_ghost_note(d, (uint32_t)session_ns(d, s)->core_ns, &d->keys[i], 0);
     n += d->status[i] == 0;
   }
   m.delete_rep.deleted = n;
@@ -331,6 +356,8 @@ static int op_put(kvd *d, kvd_session *s, const kv_msg *req, kv_buf *out) {
   if (rc) return kvd_fail(out, req, rc, NULL);
   memcpy(kv_core_g2_ptr(&d->core, b), p->data.p, p->data.len);
   kv_core_commit(&d->core, b, kv_crc32c(0, p->data.p, p->data.len));
+  kvd_ghost_note(d, (uint32_t)n->core_ns, &k, 1);
+  if (d->core.adm.limit[KV_G2]) kv_core_enforce_limits(&d->core); /* a soft g2.capacity */
   kv_msg m = kvd_reply_to(req);
   return kv_msg_encode(out, &m);
 }
@@ -409,7 +436,12 @@ int kvd_handle(kvd *d, kvd_sink *sink, const kv_msg *req, kv_buf *out, int *fd_o
   if (req->op == KV_OP_STATUS) return op_status(d, s, req, out);
   if (s->ns < 0) return kvd_fail(out, req, KV_ENOSESSION, NULL);
   switch (req->op) {
-  case KV_OP_LOOKUP: return op_lookup(d, s, req, out);
+  case KV_OP_LOOKUP: {
+    uint64_t t0 = kvd_now_ns();
+    int rc = op_lookup(d, s, req, out);
+    kvd_req_done(d, KVD_REQ_LOOKUP, t0);
+    return rc;
+  }
   case KV_OP_LOAD: return kvd_op_load(d, sink, req, out);
   case KV_OP_RELEASE: return op_release(d, s, req, out);
   case KV_OP_ALLOC: return op_alloc(d, s, req, out);

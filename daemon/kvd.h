@@ -12,6 +12,7 @@
 #include "daemon/registry.h"
 #include "daemon/session.h"
 #include "daemon/sink.h"
+#include "daemon/stats.h"
 #include "proto/wire.h"
 #include "tiers/core.h"
 
@@ -38,6 +39,8 @@ typedef struct kvd {
   kv_alloc_ent *allocs;
   kv_g3 *g3;                   /* NULL when no SSD tier is configured */
   struct kvd_load *waiting;    /* LOADs waiting for G2 room (kvd_loads_retry) */
+  kvd_metrics m;               /* latencies, miss reasons (stats.h) */
+  kvd_session admin;           /* pins the operator took (POST /pin), released at fini */
 } kvd;
 
 /* kvd_handle()'s return when the reply will be sent later, through the sink. */
@@ -72,6 +75,10 @@ int kvd_op_load(kvd *d, kvd_sink *sink, const kv_msg *req, kv_buf *out);
 int kvd_op_prefetch(kvd *d, kvd_sink *sink, const kv_msg *req, kv_buf *out);
 /* Retries LOADs that waited for G2 room; call after G3 completions. */
 void kvd_loads_retry(kvd *d);
+/* Answers, with a timeout error, the blocks of LOADs that have waited for
+ * G2 room longer than daemon.load_timeout_ms; call from a timer. Returns
+ * the number of blocks timed out. */
+uint32_t kvd_loads_expire(kvd *d);
 /* Delivers G3 completions (and what they unblock). */
 void kvd_g3_poll(kvd *d);
 

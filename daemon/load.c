@@ -9,7 +9,15 @@
  * hit. When G2 has no room until a demotion completes (-EAGAIN), the LOAD
  * waits in d->waiting and is retried after each batch of G3 completions.
  * If the worker disconnects meanwhile, its pins are already released with
- * its session; the late reply is dropped.
+ * its session; the late reply is dropped. A LOAD that has waited for room
+ * longer than daemon.load_timeout_ms answers the blocks still waiting with
+ * -ETIMEDOUT (kvd_loads_expire, from the daemon's tick).
+ *
+ * Every block answered without its bytes is a miss with a reason
+ * (stats.h): absent, evicted or not_shareable when it is not indexed,
+ * corrupt or io_error when its SSD read failed, timeout as above. The
+ * LOAD's duration, from the request to its reply, goes to the LOAD
+ * latency histogram.
  */
 #include <errno.h>
 #include <stdlib.h>
@@ -17,6 +25,7 @@
 
 #include "daemon/kvd.h"
 #include "daemon/log.h"
+#include "ipc/sock.h"
 
 #define RETRY 1 /* entry status while waiting for G2 room */
 
@@ -35,6 +44,8 @@ struct kvd_load {
   uint32_t core_ns;
   kvd_load *next_wait;
   int waiting;
+  uint64_t t0;         /* kvd_now_ns() when the request was taken */
+  uint64_t wait_since; /* kv_now_ms() of the first wait for room; 0: never waited */
   kv_bid *bid;
   kv_load_ent *ent;
   load_key *keys;
@@ -59,6 +70,7 @@ static void fail_entry(kvd_load *ld, uint32_t i, int status) {
 }
 
 static void finish(kvd_load *ld) {
+  kvd_req_done(ld->d, KVD_REQ_LOAD, ld->t0);
   if (ld->sink->conn) {
     kv_buf out;
     kv_buf_init(&out);
@@ -78,8 +90,12 @@ static void finish(kvd_load *ld) {
 static void promoted(kv_core *c, kv_block *b, int status, void *arg) {
   load_key *k = arg;
   kvd_load *ld = k->ld;
-  if (status == 0) fill_g2(ld, k->i, b);
-  else fail_entry(ld, k->i, status);
+  if (status == 0) {
+    fill_g2(ld, k->i, b);
+  } else {
+    kvd_miss_add(ld->d, status == KV_ECORRUPT ? KVD_MISS_CORRUPT : KVD_MISS_IO_ERROR, 1);
+    fail_entry(ld, k->i, status);
+  }
   if (--ld->pending == 0 && !ld->waiting) finish(ld);
 }
 
@@ -101,6 +117,7 @@ static int start(kvd_load *ld, uint32_t i) {
 static void wait_for_room(kvd_load *ld) {
   if (ld->waiting) return;
   ld->waiting = 1;
+  if (!ld->wait_since) ld->wait_since = (uint64_t)kv_now_ms();
   ld->next_wait = ld->d->waiting;
   ld->d->waiting = ld;
 }
@@ -123,6 +140,7 @@ int kvd_op_load(kvd *d, kvd_sink *sink, const kv_msg *req, kv_buf *out) {
     return kvd_fail(out, req, -ENOMEM, NULL);
   }
   ld->d = d;
+  ld->t0 = kvd_now_ns();
   ld->sink = sink;
   kvd_sink_get(sink);
   ld->req = *req;
@@ -135,7 +153,11 @@ int kvd_op_load(kvd *d, kvd_sink *sink, const kv_msg *req, kv_buf *out) {
     ld->keys[i] = (load_key){ld, i};
     ld->bid[i] = KV_BID_NONE;
     kv_block *b = kv_core_find(&d->core, ld->core_ns, &d->keys[i]);
-    if (!b) { e->status = KV_ENOTFOUND; continue; }
+    if (!b) {
+      e->status = KV_ENOTFOUND;
+      kvd_miss_classify(d, s->ns, ld->core_ns, &d->keys[i]);
+      continue;
+    }
     if ((e->status = kvd_session_pin(&d->core, s, b))) continue;
     ld->bid[i] = b->id;
     kv_core_touch(&d->core, b);
@@ -150,6 +172,7 @@ int kvd_op_load(kvd *d, kvd_sink *sink, const kv_msg *req, kv_buf *out) {
   m.load_rep.n = n;
   m.load_rep.v = ld->ent;
   rc = kv_msg_encode(out, &m);
+  kvd_req_done(d, KVD_REQ_LOAD, ld->t0);
   kvd_sink_put(ld->sink);
   free(ld->bid);
   free(ld->ent);
@@ -182,6 +205,37 @@ void kvd_loads_retry(kvd *d) {
     if (still) wait_for_room(ld);
     else if (ld->pending == 0) finish(ld);
   }
+}
+
+uint32_t kvd_loads_expire(kvd *d) {
+  uint64_t now = (uint64_t)kv_now_ms();
+  uint32_t expired = 0;
+  kvd_load *list = d->waiting, **keep = &d->waiting;
+  d->waiting = NULL;
+  while (list) {
+    kvd_load *ld = list;
+    list = ld->next_wait;
+    if (now - ld->wait_since < d->cfg.load_timeout_ms) { /* still within its time */
+      ld->next_wait = NULL;
+      *keep = ld;
+      keep = &ld->next_wait;
+      continue;
+    }
+    ld->waiting = 0;
+    for (uint32_t i = 0; i < ld->n; i++) {
+      if (ld->ent[i].status != RETRY) continue;
+      fail_entry(ld, i, -ETIMEDOUT);
+      ld->pending--;
+      expired++;
+    }
+    if (ld->pending == 0) finish(ld);
+  }
+  if (expired) {
+    kvd_miss_add(d, KVD_MISS_TIMEOUT, expired);
+    kv_warn("load", "%u block(s) waited more than %u ms for G2 room: answered with a timeout",
+            expired, d->cfg.load_timeout_ms);
+  }
+  return expired;
 }
 
 void kvd_g3_poll(kvd *d) {

@@ -3,8 +3,10 @@
  *
  * Start-up reads the configuration (defaults, then --config FILE, then
  * flags), brings up the tiers it configures (G2 always; G1 when a CUDA
- * device answers), logs one "ready" line, and runs the libuv loop until
- * SIGTERM or SIGINT. SIGHUP re-reads the configuration file and applies
+ * device answers), listens on the worker socket, then on the stats and
+ * admin sockets (daemon/OPS.md), logs one "ready" line, tells systemd
+ * (sd_notify READY=1; STOPPING=1 when asked to stop), and runs the libuv
+ * loop until SIGTERM or SIGINT. SIGHUP re-reads the configuration file and applies
  * what can change live. Exit status: 0 on a clean stop, 1 on a start-up
  * failure, 2 on bad usage.
  */
@@ -17,6 +19,9 @@
 #include <uv.h>
 
 #include "cuda/gpu.h"
+#include <systemd/sd-daemon.h>
+
+#include "daemon/admin.h"
 #include "daemon/config.h"
 #include "daemon/kvd.h"
 #include "daemon/log.h"
@@ -27,6 +32,7 @@ typedef struct daemon_state {
   kvd d;
   const char *config_path;
   kvd_server srv;
+  kvd_ops ops;
   uv_loop_t loop;
   uv_signal_t sigterm, sigint, sighup;
   uv_poll_t g3poll;
@@ -57,6 +63,7 @@ static void usage(FILE *f) {
 
 static void on_stop(uv_signal_t *h, int signum) {
   kv_info("daemon", "%s: stopping", signum == SIGTERM ? "SIGTERM" : "SIGINT");
+  sd_notify(0, "STOPPING=1");
   uv_stop(h->loop);
 }
 
@@ -177,6 +184,12 @@ int main(int argc, char **argv) {
     uv_loop_close(&st.loop);
     return 1;
   }
+  if (kvd_ops_start(&st.ops, &st.d, &st.loop)) {
+    kvd_server_stop_listening(&st.srv);
+    uv_run(&st.loop, UV_RUN_NOWAIT);
+    kvd_fini(&st.d);
+    return 1;
+  }
   if (st.d.g3) {
     uv_poll_init(&st.loop, &st.g3poll, kv_g3_fd(st.d.g3));
     st.g3poll.data = &st;
@@ -199,9 +212,15 @@ int main(int argc, char **argv) {
           st.srv.lst.path, (unsigned long long)cap, st.d.reg.ntenants,
           locked == st.d.reg.ntenants ? "locked" : "not locked",
           st.d.g3 ? st.d.cfg.g3_path : "off", st.d.core.policy->name);
+  kv_info("daemon", "operator sockets: %s (stats%s%s), %s (admin)", st.ops.stats.ulst.path,
+          st.d.cfg.stats_listen[0] ? ", and TCP " : "", st.d.cfg.stats_listen, st.ops.admin.ulst.path);
+  sd_notifyf(0, "READY=1\nSTATUS=serving %s; G2 %llu bytes, G3 %s, policy %s\nMAINPID=%d",
+             st.srv.lst.path, (unsigned long long)cap, st.d.g3 ? "on" : "off",
+             st.d.core.policy->name, (int)getpid());
   uv_run(&st.loop, UV_RUN_DEFAULT);
 
   /* Stop accepting, send what is owed, release every session. */
+  kvd_ops_stop(&st.ops);
   kvd_server_stop_listening(&st.srv);
   kvd_server_close_all(&st.srv, 1000);
   if (st.d.g3) {

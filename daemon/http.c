@@ -1,0 +1,462 @@
+/* http.c - the operator surface's HTTP/1.1 server (see http.h). */
+#include "daemon/http.h"
+
+#include <errno.h>
+#include <http_parser.h>
+#include <jansson.h>
+#include <netdb.h>
+#include <netinet/in.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include "daemon/log.h"
+#include "proto/errors.h"
+
+struct kvd_http_conn {
+  uv_poll_t poll;
+  int fd;
+  kvd_http *h;
+  http_parser p;
+  kv_buf url, body, out;
+  size_t msg_bytes;      /* bytes of the request being parsed */
+  int too_big;
+  int close_after;       /* close once out is sent */
+  int closing;
+  int events;
+  int nreq;
+  int has_cred;
+  kv_peercred cred;
+  uint64_t last_ms;
+  kvd_http_conn *next, **pprev;
+};
+
+static void on_conn(uv_poll_t *p, int status, int events);
+static http_parser_settings settings;
+
+/* --- small helpers ----------------------------------------------------------- */
+
+int kvd_buf_printf(kv_buf *b, const char *fmt, ...) {
+  va_list ap;
+  char small[512];
+  va_start(ap, fmt);
+  int n = vsnprintf(small, sizeof small, fmt, ap);
+  va_end(ap);
+  if (n < 0) return -EINVAL;
+  if ((size_t)n < sizeof small) return kv_buf_append(b, small, (size_t)n);
+  int rc = kv_buf_reserve(b, (size_t)n + 1);
+  if (rc) return rc;
+  va_start(ap, fmt);
+  vsnprintf((char *)b->p + b->len, (size_t)n + 1, fmt, ap);
+  va_end(ap);
+  b->len += (size_t)n;
+  return 0;
+}
+
+const char *kvd_http_reason(int status) {
+  switch (status) {
+  case 200: return "OK";
+  case 400: return "Bad Request";
+  case 403: return "Forbidden";
+  case 404: return "Not Found";
+  case 405: return "Method Not Allowed";
+  case 409: return "Conflict";
+  case 500: return "Internal Server Error";
+  case 503: return "Service Unavailable";
+  default: return "Unknown";
+  }
+}
+
+void kvd_http_error(kvd_http_resp *resp, int status, const char *fmt, ...) {
+  char msg[512];
+  va_list ap;
+  va_start(ap, fmt);
+  vsnprintf(msg, sizeof msg, fmt, ap);
+  va_end(ap);
+  resp->status = status;
+  resp->content_type = "application/json";
+  kv_buf_reset(&resp->body);
+  json_t *o = json_pack("{s:s}", "error", msg);
+  char *text = o ? json_dumps(o, JSON_COMPACT) : NULL;
+  json_decref(o);
+  if (text) kv_buf_append(&resp->body, text, strlen(text));
+  free(text);
+}
+
+static int hexval(int c) {
+  if (c >= '0' && c <= '9') return c - '0';
+  if (c >= 'a' && c <= 'f') return c - 'a' + 10;
+  if (c >= 'A' && c <= 'F') return c - 'A' + 10;
+  return -1;
+}
+
+int kvd_http_query(const char *query, const char *name, char *out, size_t outlen) {
+  size_t nl = strlen(name);
+  for (const char *q = query; q && *q;) {
+    const char *end = strchr(q, '&');
+    if (!end) end = q + strlen(q);
+    const char *eq = memchr(q, '=', (size_t)(end - q));
+    const char *kend = eq ? eq : end;
+    if ((size_t)(kend - q) == nl && memcmp(q, name, nl) == 0) {
+      size_t o = 0;
+      int rc = 1;
+      for (const char *v = eq ? eq + 1 : end; v < end; v++) {
+        int ch = (unsigned char)*v;
+        if (ch == '+') ch = ' ';
+        else if (ch == '%') {
+          if (end - v < 3 || hexval(v[1]) < 0 || hexval(v[2]) < 0) return -EINVAL;
+          ch = hexval(v[1]) * 16 + hexval(v[2]);
+          v += 2;
+        }
+        if (o + 1 >= outlen) { rc = -E2BIG; break; }
+        out[o++] = (char)ch;
+      }
+      if (outlen) out[o < outlen ? o : outlen - 1] = 0;
+      return rc;
+    }
+    q = *end ? end + 1 : end;
+  }
+  if (outlen) out[0] = 0;
+  return 0;
+}
+
+static uint64_t mono_ms(void) { return (uint64_t)kv_now_ms(); }
+
+/* --- connections ----------------------------------------------------------- */
+
+static void conn_free_cb(uv_handle_t *hd) {
+  kvd_http_conn *c = hd->data;
+  kv_buf_free(&c->url);
+  kv_buf_free(&c->body);
+  kv_buf_free(&c->out);
+  close(c->fd);
+  free(c);
+}
+
+static void conn_close(kvd_http_conn *c) {
+  if (c->closing) return;
+  c->closing = 1;
+  *c->pprev = c->next;
+  if (c->next) c->next->pprev = c->pprev;
+  c->h->nconns--;
+  uv_poll_stop(&c->poll);
+  uv_close((uv_handle_t *)&c->poll, conn_free_cb);
+}
+
+static void set_events(kvd_http_conn *c) {
+  int ev = 0;
+  if (c->out.len < KVD_HTTP_OUT_MAX && !c->close_after) ev |= UV_READABLE;
+  if (c->out.len) ev |= UV_WRITABLE;
+  if (ev != c->events) {
+    c->events = ev;
+    uv_poll_start(&c->poll, ev | UV_DISCONNECT, on_conn);
+  }
+}
+
+/* Sends what it can. 0, or -errno: the connection is dead. */
+static int conn_flush(kvd_http_conn *c) {
+  while (c->out.len) {
+    ssize_t w = send(c->fd, c->out.p, c->out.len, MSG_NOSIGNAL | MSG_DONTWAIT);
+    if (w < 0 && errno == EINTR) continue;
+    if (w < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) return 0;
+    if (w < 0) return -errno;
+    kv_buf_consume(&c->out, (size_t)w);
+  }
+  return 0;
+}
+
+static void respond(kvd_http_conn *c, kvd_http_resp *r) {
+  int keep = !r->close && !c->close_after && http_should_keep_alive(&c->p);
+  if (kvd_buf_printf(&c->out,
+                     "HTTP/1.1 %d %s\r\nContent-Type: %s\r\nContent-Length: %zu\r\n"
+                     "Cache-Control: no-store\r\nConnection: %s\r\n\r\n",
+                     r->status, kvd_http_reason(r->status),
+                     r->content_type ? r->content_type : "application/json", r->body.len,
+                     keep ? "keep-alive" : "close") ||
+      kv_buf_append(&c->out, r->body.p, r->body.len)) {
+    kv_warn("http", "out of memory for a response: closing the connection");
+    keep = 0;
+  }
+  if (!keep) c->close_after = 1;
+}
+
+/* A request that never reached the handler: 400 and close. */
+static void refuse(kvd_http_conn *c, const char *why) {
+  kvd_http_resp r = {.status = 400, .close = 1};
+  kv_buf_init(&r.body);
+  kvd_http_error(&r, 400, "%s", why);
+  respond(c, &r);
+  kv_buf_free(&r.body);
+  c->h->bad_requests++;
+}
+
+static int grow(kvd_http_conn *c, kv_buf *b, const char *at, size_t n) {
+  c->msg_bytes += n;
+  if (c->msg_bytes > KVD_HTTP_MAX_REQUEST) {
+    c->too_big = 1;
+    return 1;
+  }
+  return b && kv_buf_append(b, at, n) ? 1 : 0;
+}
+
+static int on_begin(http_parser *p) {
+  kvd_http_conn *c = p->data;
+  kv_buf_reset(&c->url);
+  kv_buf_reset(&c->body);
+  c->msg_bytes = 0;
+  return 0;
+}
+static int on_url(http_parser *p, const char *at, size_t n) { return grow(p->data, &((kvd_http_conn *)p->data)->url, at, n); }
+static int on_hdr(http_parser *p, const char *at, size_t n) { return grow(p->data, NULL, at, n); }
+static int on_body(http_parser *p, const char *at, size_t n) { return grow(p->data, &((kvd_http_conn *)p->data)->body, at, n); }
+
+static int on_complete(http_parser *p) {
+  kvd_http_conn *c = p->data;
+  kvd_http *h = c->h;
+  if (kv_buf_append(&c->url, "", 1) || kv_buf_append(&c->body, "", 1)) return 1;
+  char *url = (char *)c->url.p;
+  char *q = strchr(url, '?');
+  if (q) *q++ = 0;
+  char *frag = strchr(q ? q : url, '#');
+  if (frag) *frag = 0;
+  kvd_http_req req = {.method = http_method_str((enum http_method)p->method),
+                      .path = url, .query = q ? q : "",
+                      .body = (const char *)c->body.p, .body_len = c->body.len - 1,
+                      .has_cred = c->has_cred, .cred = c->cred, .conn_requests = ++c->nreq};
+  kvd_http_resp r = {.status = 200, .content_type = "application/json"};
+  kv_buf_init(&r.body);
+  h->requests++;
+  h->fn(h->arg, &req, &r);
+  respond(c, &r);
+  kv_buf_free(&r.body);
+  /* Nothing after a response that closes is read: pause the parser. */
+  if (c->close_after) http_parser_pause(p, 1);
+  return 0;
+}
+
+static void conn_read(kvd_http_conn *c) {
+  char buf[16384];
+  while (!c->close_after && c->out.len < KVD_HTTP_OUT_MAX) {
+    ssize_t n = recv(c->fd, buf, sizeof buf, MSG_DONTWAIT);
+    if (n < 0 && errno == EINTR) continue;
+    if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) return;
+    if (n <= 0) { /* end of stream (maybe mid-request) or a reset: nothing owed */
+      conn_close(c);
+      return;
+    }
+    c->last_ms = mono_ms();
+    size_t done = http_parser_execute(&c->p, &settings, buf, (size_t)n);
+    enum http_errno e = HTTP_PARSER_ERRNO(&c->p);
+    if (e == HPE_PAUSED) return; /* a response that closes was queued */
+    if (c->too_big) {
+      refuse(c, "request larger than 64 KiB");
+      return;
+    }
+    if (e != HPE_OK || done != (size_t)n) {
+      char why[160];
+      snprintf(why, sizeof why, "malformed request: %s", http_errno_description(e));
+      refuse(c, why);
+      return;
+    }
+    if (c->p.upgrade) {
+      refuse(c, "protocol upgrades are not served");
+      return;
+    }
+  }
+}
+
+static void on_conn(uv_poll_t *p, int status, int events) {
+  kvd_http_conn *c = p->data;
+  if (c->closing) return;
+  if (status < 0) { conn_close(c); return; }
+  if (events & UV_READABLE) conn_read(c);
+  if (c->closing) return;
+  if (conn_flush(c) < 0) { conn_close(c); return; }
+  if (c->close_after && !c->out.len) {
+    shutdown(c->fd, SHUT_WR);
+    conn_close(c);
+    return;
+  }
+  if ((events & UV_DISCONNECT) && !(events & UV_READABLE)) { conn_close(c); return; }
+  set_events(c);
+}
+
+static void add_conn(kvd_http *h, int fd, int unix_sock) {
+  if (h->nconns >= KVD_HTTP_MAX_CONNS) {
+    h->refused_conns++;
+    kv_warn("http", "%s: %u connections open: refusing another", h->name, h->nconns);
+    close(fd);
+    return;
+  }
+  kvd_http_conn *c = calloc(1, sizeof *c);
+  if (!c) {
+    kv_warn("http", "%s: out of memory: refusing a connection", h->name);
+    close(fd);
+    return;
+  }
+  c->fd = fd;
+  c->h = h;
+  c->has_cred = unix_sock && kv_sock_peercred(fd, &c->cred) == 0;
+  http_parser_init(&c->p, HTTP_REQUEST);
+  c->p.data = c;
+  kv_buf_init(&c->url);
+  kv_buf_init(&c->body);
+  kv_buf_init(&c->out);
+  c->last_ms = mono_ms();
+  uv_poll_init(h->loop, &c->poll, fd);
+  c->poll.data = c;
+  c->next = h->conns;
+  c->pprev = &h->conns;
+  if (h->conns) h->conns->pprev = &c->next;
+  h->conns = c;
+  h->nconns++;
+  set_events(c);
+}
+
+static void on_accept_unix(uv_poll_t *p, int status, int events) {
+  kvd_http *h = p->data;
+  for (;;) {
+    int fd = kv_sock_accept(h->ulst.fd, KV_SOCK_NONBLOCK);
+    if (fd == -EAGAIN) return;
+    if (fd < 0) { kv_warn("http", "%s: accept: %s", h->name, kv_strerror(fd)); return; }
+    add_conn(h, fd, 1);
+  }
+}
+
+static void on_accept_tcp(uv_poll_t *p, int status, int events) {
+  kvd_http *h = p->data;
+  for (;;) {
+    int fd = accept4(h->tcp_fd, NULL, NULL, SOCK_NONBLOCK | SOCK_CLOEXEC);
+    if (fd < 0 && (errno == EINTR || errno == ECONNABORTED)) continue;
+    if (fd < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) return;
+    if (fd < 0) { kv_warn("http", "%s: accept: %s", h->name, strerror(errno)); return; }
+    add_conn(h, fd, 0);
+  }
+}
+
+/* Closes connections idle (or stuck mid-request) too long. */
+static void on_sweep(uv_timer_t *t) {
+  kvd_http *h = t->data;
+  uint64_t now = mono_ms();
+  for (kvd_http_conn *c = h->conns, *next; c; c = next) {
+    next = c->next;
+    if (now - c->last_ms >= KVD_HTTP_IDLE_MS) conn_close(c);
+  }
+}
+
+/* --- listeners --------------------------------------------------------------- */
+
+void kvd_http_init(kvd_http *h, uv_loop_t *loop, const char *name, kvd_http_fn fn, void *arg) {
+  memset(h, 0, sizeof *h);
+  h->loop = loop;
+  h->name = name;
+  h->fn = fn;
+  h->arg = arg;
+  h->ulst.fd = h->ulst.lock_fd = -1;
+  h->tcp_fd = -1;
+  settings = (http_parser_settings){.on_message_begin = on_begin, .on_url = on_url,
+                                    .on_header_field = on_hdr, .on_header_value = on_hdr,
+                                    .on_body = on_body, .on_message_complete = on_complete};
+}
+
+static void start_sweep(kvd_http *h) {
+  if (h->started) return;
+  h->started = 1;
+  uv_timer_init(h->loop, &h->sweep);
+  h->sweep.data = h;
+  uv_timer_start(&h->sweep, on_sweep, 5000, 5000);
+  uv_unref((uv_handle_t *)&h->sweep);
+}
+
+int kvd_http_listen_unix(kvd_http *h, const char *dir, const char *sockname, mode_t mode) {
+  kv_listen_opts lo = {.sock_mode = mode, .flags = KV_SOCK_NONBLOCK};
+  int rc = kv_listen(&h->ulst, dir, sockname, &lo);
+  if (rc) {
+    kv_error("http", "%s: cannot listen on %s/%s: %s", h->name, dir, sockname,
+             rc == -EADDRINUSE ? "another kvcached is serving it" : kv_strerror(rc));
+    return rc;
+  }
+  uv_poll_init(h->loop, &h->upoll, h->ulst.fd);
+  h->upoll.data = h;
+  uv_poll_start(&h->upoll, UV_READABLE, on_accept_unix);
+  h->uon = 1;
+  start_sweep(h);
+  return 0;
+}
+
+int kvd_http_listen_tcp(kvd_http *h, const char *hostport) {
+  char host[128], port[16];
+  const char *colon = strrchr(hostport, ':');
+  size_t hl = colon ? (size_t)(colon - hostport) : 0;
+  if (!colon || hl == 0 || hl >= sizeof host || strlen(colon + 1) >= sizeof port || !colon[1]) {
+    kv_error("http", "%s: '%s' is not host:port", h->name, hostport);
+    return -EINVAL;
+  }
+  memcpy(host, hostport, hl);
+  host[hl] = 0;
+  if (host[0] == '[' && hl > 2 && host[hl - 1] == ']') {
+    memmove(host, host + 1, hl - 2);
+    host[hl - 2] = 0;
+  }
+  snprintf(port, sizeof port, "%s", colon + 1);
+  struct addrinfo hints = {.ai_family = AF_UNSPEC, .ai_socktype = SOCK_STREAM,
+                           .ai_flags = AI_PASSIVE | AI_NUMERICSERV}, *ai = NULL;
+  int g = getaddrinfo(host, port, &hints, &ai);
+  if (g) {
+    kv_error("http", "%s: cannot resolve %s: %s", h->name, hostport, gai_strerror(g));
+    return -EINVAL;
+  }
+  int rc = -EADDRNOTAVAIL;
+  for (struct addrinfo *a = ai; a; a = a->ai_next) {
+    int fd = socket(a->ai_family, a->ai_socktype | SOCK_NONBLOCK | SOCK_CLOEXEC, a->ai_protocol);
+    if (fd < 0) { rc = -errno; continue; }
+    int one = 1;
+    setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof one);
+    if (bind(fd, a->ai_addr, a->ai_addrlen) == 0 && listen(fd, SOMAXCONN) == 0) {
+      h->tcp_fd = fd;
+      rc = 0;
+      break;
+    }
+    rc = -errno;
+    close(fd);
+  }
+  freeaddrinfo(ai);
+  if (rc) {
+    kv_error("http", "%s: cannot listen on %s: %s", h->name, hostport, kv_strerror(rc));
+    return rc;
+  }
+  uv_poll_init(h->loop, &h->tpoll, h->tcp_fd);
+  h->tpoll.data = h;
+  uv_poll_start(&h->tpoll, UV_READABLE, on_accept_tcp);
+  h->ton = 1;
+  start_sweep(h);
+  return 0;
+}
+
+void kvd_http_close(kvd_http *h) {
+  if (h->uon) {
+    h->uon = 0;
+    uv_poll_stop(&h->upoll);
+    uv_close((uv_handle_t *)&h->upoll, NULL);
+    kv_listener_close(&h->ulst);
+  }
+  if (h->ton) {
+    h->ton = 0;
+    uv_poll_stop(&h->tpoll);
+    uv_close((uv_handle_t *)&h->tpoll, NULL);
+    close(h->tcp_fd);
+    h->tcp_fd = -1;
+  }
+  while (h->conns) {
+    conn_flush(h->conns);
+    conn_close(h->conns);
+  }
+  if (h->started) {
+    h->started = 0;
+    uv_timer_stop(&h->sweep);
+    uv_close((uv_handle_t *)&h->sweep, NULL);
+  }
+}

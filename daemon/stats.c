@@ -1,0 +1,535 @@
+/* stats.c - the daemon's measurements and its read-only routes (see
+ * stats.h; the names and shapes are the contract of daemon/OPS.md). */
+#include "daemon/stats.h"
+
+#include <ctype.h>
+#include <stddef.h>
+#include <errno.h>
+#include <jansson.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <strings.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "daemon/kvd.h"
+#include "daemon/log.h"
+#include "proto/errors.h"
+
+#define GHOST_SLOTS (1u << 18) /* about 256 Ki keys remembered: 2 MiB */
+
+const char *const kvd_miss_names[KVD_MISS_COUNT] = {"absent", "evicted", "corrupt",
+                                                    "io_error", "timeout", "not_shareable"};
+const char *const kvd_dir_names[KVD_DIR_COUNT] = {"g1_to_g2", "g2_to_g1", "g2_to_g3", "g3_to_g2"};
+static const char *const tier_names[KV_NTIERS] = {"g1", "g2", "g3"};
+
+uint64_t kvd_now_ns(void) {
+  struct timespec ts;
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  return (uint64_t)ts.tv_sec * 1000000000u + (uint64_t)ts.tv_nsec;
+}
+
+/* --- histograms --------------------------------------------------------------- */
+
+void kvd_hist_add(kvd_hist *h, uint64_t ns) {
+  uint64_t us = (ns + 999) / 1000;
+  unsigned i = us <= 1 ? 0 : 64u - (unsigned)__builtin_clzll(us - 1); /* ceil(log2(us)) */
+  if (i > KVD_HIST_BUCKETS) i = KVD_HIST_BUCKETS;
+  h->b[i]++;
+  h->count++;
+  h->sum_ns += ns;
+}
+
+uint64_t kvd_hist_quantile_us(const kvd_hist *h, double q) {
+  if (!h->count) return 0;
+  uint64_t rank = (uint64_t)(q * (double)h->count + 0.999999);
+  if (rank == 0) rank = 1;
+  uint64_t seen = 0;
+  for (unsigned i = 0; i < KVD_HIST_BUCKETS; i++) {
+    seen += h->b[i];
+    if (seen >= rank) return 1ull << i;
+  }
+  return 1ull << KVD_HIST_BUCKETS; /* beyond the last bound: report the bound */
+}
+
+/* --- feeding ------------------------------------------------------------------ */
+
+static void on_copy(void *arg, kv_tier from, kv_tier to, uint32_t bytes, uint64_t ns, int status) {
+  kvd *d = arg;
+  int dir = from == KV_G2 && to == KV_G3 ? KVD_DIR_G2_TO_G3
+          : from == KV_G3 && to == KV_G2 ? KVD_DIR_G3_TO_G2
+          : from == KV_G1 && to == KV_G2 ? KVD_DIR_G1_TO_G2
+          : from == KV_G2 && to == KV_G1 ? KVD_DIR_G2_TO_G1 : -1;
+  if (dir < 0) return;
+  kvd_hist_add(&d->m.copy[dir], ns);
+  if (status == 0) {
+    d->m.copy_ops[dir]++;
+    d->m.copy_bytes[dir] += bytes;
+  }
+}
+
+static int remember(const kv_block *b, void *arg) {
+  kvd *d = arg;
+  kvd_ghost_add(&d->m.ghost, kvd_ghost_fp(b->ns, b->key, b->keylen));
+  return 0;
+}
+
+int kvd_metrics_init(kvd *d) {
+  memset(&d->m, 0, sizeof d->m);
+  int rc = kvd_ghost_init(&d->m.ghost, GHOST_SLOTS);
+  if (rc) return rc;
+  d->core.adm.on_copy = on_copy;
+  d->core.adm.on_copy_arg = d;
+  kv_core_sample(&d->core, KV_TIER_NONE, KV_NS_ANY, remember, d); /* warm blocks from G3 */
+  return 0;
+}
+
+void kvd_metrics_fini(kvd *d) {
+  d->core.adm.on_copy = NULL;
+  kvd_ghost_fini(&d->m.ghost);
+}
+
+void kvd_ghost_note(kvd *d, uint32_t core_ns, const kv_key *key, int held) {
+  uint64_t fp = kvd_ghost_fp(core_ns, key->b, key->len);
+  if (held) kvd_ghost_add(&d->m.ghost, fp);
+  else kvd_ghost_forget(&d->m.ghost, fp);
+}
+
+void kvd_miss_add(kvd *d, kvd_miss why, uint64_t n) { d->m.misses[why] += n; }
+
+void kvd_req_done(kvd *d, kvd_req_kind k, uint64_t t0) {
+  kvd_hist_add(&d->m.req[k], kvd_now_ns() - t0);
+}
+
+/* Held under a namespace of another tenant? Namespaces are few (tenants x
+ * layouts); past 64 the check is skipped to keep a miss cheap. */
+static int held_elsewhere(kvd *d, int reg_ns, const kv_key *key) {
+  const kvd_ns *me = kvd_registry_ns(&d->reg, reg_ns);
+  uint32_t n = d->reg.nns < 64 ? d->reg.nns : 64;
+  for (uint32_t i = 0; i < n; i++) {
+    const kvd_ns *o = &d->reg.ns[i];
+    if (o->tenant == me->tenant) continue;
+    if (kv_core_find(&d->core, (uint32_t)o->core_ns, key)) return 1;
+  }
+  return 0;
+}
+
+kvd_miss kvd_miss_classify(kvd *d, int reg_ns, uint32_t core_ns, const kv_key *key) {
+  kvd_miss why = KVD_MISS_ABSENT;
+  if (d->reg.ntenants > 1 && held_elsewhere(d, reg_ns, key)) why = KVD_MISS_NOT_SHAREABLE;
+  else if (kvd_ghost_has(&d->m.ghost, kvd_ghost_fp(core_ns, key->b, key->len))) why = KVD_MISS_EVICTED;
+  d->m.misses[why]++;
+  return why;
+}
+
+/* --- hex ------------------------------------------------------------------------ */
+
+static void to_hex(const uint8_t *p, size_t n, char *out) {
+  static const char digits[] = "0123456789abcdef";
+  for (size_t i = 0; i < n; i++) {
+    out[2 * i] = digits[p[i] >> 4];
+    out[2 * i + 1] = digits[p[i] & 15];
+  }
+  out[2 * n] = 0;
+}
+
+static int nib(int c) {
+  c = tolower(c);
+  return c >= '0' && c <= '9' ? c - '0' : c >= 'a' && c <= 'f' ? c - 'a' + 10 : -1;
+}
+
+int kvd_key_from_hex(const char *hex, size_t len, kv_key *k) {
+  if (len == 0 || len % 2 || len / 2 > KV_KEY_MAX) return -EINVAL;
+  uint8_t b[KV_KEY_MAX];
+  for (size_t i = 0; i < len / 2; i++) {
+    int hi = nib((unsigned char)hex[2 * i]), lo = nib((unsigned char)hex[2 * i + 1]);
+    if (hi < 0 || lo < 0) return -EINVAL;
+    b[i] = (uint8_t)(hi << 4 | lo);
+  }
+  return kv_key_set(k, b, (unsigned)(len / 2));
+}
+
+int kvd_ns_by_hex(kvd *d, const char *hex, uint32_t *core_ns) {
+  size_t n = strlen(hex);
+  if (n < 8 || n > 2 * KV_G3_NS_BYTES) return -EINVAL;
+  for (size_t i = 0; i < n; i++)
+    if (nib((unsigned char)hex[i]) < 0) return -EINVAL;
+  int found = -1;
+  for (uint32_t i = 0; i < d->core.nns; i++) {
+    const kv_core_ns *cn = &d->core.ns[i];
+    if (!cn->has_digest) continue;
+    char h[2 * KV_G3_NS_BYTES + 1];
+    to_hex(cn->digest, KV_G3_NS_BYTES, h);
+    if (strncasecmp(h, hex, n)) continue;
+    if (found >= 0) return -EEXIST;
+    found = (int)i;
+  }
+  if (found < 0) return -ENOENT;
+  *core_ns = (uint32_t)found;
+  return 0;
+}
+
+/* --- a snapshot of the state the routes report ---------------------------------- */
+
+typedef struct tier_view {
+  int enabled;
+  const char *state;
+  uint64_t capacity, used, blocks, hits, evictions;
+} tier_view;
+
+typedef struct snapshot {
+  tier_view t[KV_NTIERS];
+  uint64_t pinned, uncommitted;
+  int g3_state; /* kv_g3_state, or -1 when off */
+  kv_g3_stats gs;
+} snapshot;
+
+static void take(kvd *d, snapshot *s) {
+  memset(s, 0, sizeof *s);
+  s->t[KV_G1].state = "off";
+  tier_view *g2 = &s->t[KV_G2];
+  g2->enabled = 1;
+  for (uint32_t i = 0; i < d->reg.ntenants; i++) {
+    const kv_arena *a = &d->reg.tenants[i].arena;
+    uint64_t cap = a->capacity;
+    if (d->core.adm.limit[KV_G2] && d->core.adm.limit[KV_G2] < cap) cap = d->core.adm.limit[KV_G2];
+    g2->capacity += cap;
+    g2->used += a->used_bytes;
+    for (uint32_t k = 0; k < a->nclasses; k++) g2->blocks += a->cls[k].used;
+  }
+  g2->state = g2->capacity && g2->used >= g2->capacity ? "full" : "ok";
+  tier_view *g3 = &s->t[KV_G3];
+  s->g3_state = -1;
+  g3->state = "off";
+  if (d->g3) {
+    kv_g3_get_stats(d->g3, &s->gs);
+    g3->enabled = 1;
+    s->g3_state = (int)s->gs.state;
+    g3->state = kv_g3_state_name(s->gs.state);
+    g3->capacity = s->gs.capacity_bytes;
+    if (d->core.adm.limit[KV_G3] && d->core.adm.limit[KV_G3] < g3->capacity)
+      g3->capacity = d->core.adm.limit[KV_G3];
+    g3->used = s->gs.stored_bytes;
+    g3->blocks = s->gs.slots_stored;
+  }
+  for (int t = 0; t < KV_NTIERS; t++) {
+    s->t[t].hits = d->core.st.hits[t];
+    s->t[t].evictions = d->core.st.evictions[t];
+  }
+  uint64_t seen = 0;
+  for (kv_bid id = 0; id < d->core.ix.hiwater && seen < d->core.ix.count; id++) {
+    const kv_block *b = kv_index_at(&d->core.ix, id);
+    if (b->state == KV_BS_FREE) continue;
+    seen++;
+    s->pinned += b->pins > 0;
+    s->uncommitted += b->state == KV_BS_WRITING;
+  }
+}
+
+static uint64_t uptime_s(kvd *d) {
+  return ((uint64_t)kv_now_ms() - d->start_ms) / 1000;
+}
+
+/* --- /metrics -------------------------------------------------------------------- */
+
+#define P(...) do { if (kvd_buf_printf(out, __VA_ARGS__)) return -ENOMEM; } while (0)
+
+static int header(kv_buf *out, const char *name, const char *type, const char *help) {
+  P("# HELP %s %s\n# TYPE %s %s\n", name, help, name, type);
+  return 0;
+}
+
+static int histogram(kv_buf *out, const char *name, const char *label, const char *value,
+                     const kvd_hist *h) {
+  uint64_t cum = 0;
+  for (unsigned i = 0; i < KVD_HIST_BUCKETS; i++) {
+    cum += h->b[i];
+    P("%s_bucket{%s=\"%s\",le=\"%g\"} %llu\n", name, label, value, (double)(1ull << i) * 1e-6,
+      (unsigned long long)cum);
+  }
+  P("%s_bucket{%s=\"%s\",le=\"+Inf\"} %llu\n", name, label, value, (unsigned long long)h->count);
+  P("%s_sum{%s=\"%s\"} %.9f\n", name, label, value, (double)h->sum_ns * 1e-9);
+  P("%s_count{%s=\"%s\"} %llu\n", name, label, value, (unsigned long long)h->count);
+  return 0;
+}
+
+#define H(name, type, help) do { if (header(out, name, type, help)) return -ENOMEM; } while (0)
+#define U(x) ((unsigned long long)(x))
+
+int kvd_render_metrics(kvd *d, kv_buf *out) {
+  snapshot s;
+  take(d, &s);
+  const kv_core_stats *c = &d->core.st;
+#ifdef KV_HAVE_CUDA
+  const char *cuda = "yes";
+#else
+  const char *cuda = "no";
+#endif
+  H("kvcached_build_info", "gauge", "Build of the running daemon (always 1).");
+  P("kvcached_build_info{version=\"%s\",cuda=\"%s\"} 1\n", KV_VERSION, cuda);
+  H("kvcached_uptime_seconds", "gauge", "Seconds since the daemon started.");
+  P("kvcached_uptime_seconds %llu\n", U(uptime_s(d)));
+  static const struct { const char *name, *help; size_t off; } tg[] = {
+      {"kvcached_tier_capacity_bytes", "Bytes the tier may hold (a soft limit when one is set).",
+       offsetof(tier_view, capacity)},
+      {"kvcached_tier_used_bytes", "Bytes of blocks the tier holds.", offsetof(tier_view, used)},
+      {"kvcached_tier_blocks", "Blocks the tier holds.", offsetof(tier_view, blocks)},
+      {"kvcached_hits_total", "Keys looked up and found, by the fastest tier holding them.",
+       offsetof(tier_view, hits)},
+      {"kvcached_evictions_total", "Blocks evicted from the tier.", offsetof(tier_view, evictions)},
+  };
+  for (size_t i = 0; i < sizeof tg / sizeof tg[0]; i++) {
+    H(tg[i].name, strstr(tg[i].name, "_total") ? "counter" : "gauge", tg[i].help);
+    for (int t = 0; t < KV_NTIERS; t++)
+      P("%s{tier=\"%s\"} %llu\n", tg[i].name, tier_names[t],
+        U(*(const uint64_t *)((const char *)&s.t[t] + tg[i].off)));
+  }
+  H("kvcached_misses_total", "counter", "Keys asked for (LOOKUP, LOAD) and not served, by reason.");
+  for (int i = 0; i < KVD_MISS_COUNT; i++)
+    P("kvcached_misses_total{reason=\"%s\"} %llu\n", kvd_miss_names[i], U(d->m.misses[i]));
+  H("kvcached_lookups_total", "counter", "Keys looked up.");
+  P("kvcached_lookups_total %llu\n", U(c->lookups));
+  H("kvcached_copy_bytes_total", "counter", "Bytes copied between tiers, by direction.");
+  for (int i = 0; i < KVD_DIR_COUNT; i++)
+    P("kvcached_copy_bytes_total{direction=\"%s\"} %llu\n", kvd_dir_names[i], U(d->m.copy_bytes[i]));
+  H("kvcached_copy_ops_total", "counter", "Block copies between tiers completed, by direction.");
+  for (int i = 0; i < KVD_DIR_COUNT; i++)
+    P("kvcached_copy_ops_total{direction=\"%s\"} %llu\n", kvd_dir_names[i], U(d->m.copy_ops[i]));
+  H("kvcached_copy_duration_seconds", "histogram",
+    "Time from the start of a block copy between tiers to its completion.");
+  for (int i = 0; i < KVD_DIR_COUNT; i++)
+    if (histogram(out, "kvcached_copy_duration_seconds", "direction", kvd_dir_names[i], &d->m.copy[i]))
+      return -ENOMEM;
+  H("kvcached_demotions_total", "counter", "Victims handed down to the next tier, by source tier.");
+  P("kvcached_demotions_total{from=\"g1\"} 0\n");
+  P("kvcached_demotions_total{from=\"g2\"} %llu\n", U(c->demotions));
+  H("kvcached_admissions_refused_total", "counter",
+    "G2 victims the SSD tier did not take (admission policy, state or space).");
+  P("kvcached_admissions_refused_total %llu\n", U(c->g3_refused));
+  H("kvcached_pinned_blocks", "gauge", "Blocks pinned by workers or the operator.");
+  P("kvcached_pinned_blocks %llu\n", U(s.pinned));
+  H("kvcached_uncommitted_allocations", "gauge", "Blocks allocated and not yet committed.");
+  P("kvcached_uncommitted_allocations %llu\n", U(s.uncommitted));
+  H("kvcached_sessions", "gauge", "Worker connections open.");
+  P("kvcached_sessions %llu\n", U(d->nsessions));
+  H("kvcached_sessions_opened_total", "counter", "Worker connections accepted.");
+  P("kvcached_sessions_opened_total %llu\n", U(d->st.sessions_opened));
+  H("kvcached_requests_total", "counter", "Worker requests handled, by operation.");
+  for (uint16_t op = 1; op < KV_OP_COUNT; op++) {
+    const char *name = kv_op_name(op);
+    if (!name || op == KV_OP_ERROR) continue;
+    char low[32];
+    size_t i = 0;
+    for (; name[i] && i < sizeof low - 1; i++) low[i] = (char)tolower((unsigned char)name[i]);
+    low[i] = 0;
+    P("kvcached_requests_total{op=\"%s\"} %llu\n", low, U(d->st.ops[op]));
+  }
+  H("kvcached_request_duration_seconds", "histogram",
+    "Time from a decoded request to its reply (LOOKUP; LOAD, waits on the SSD included).");
+  if (histogram(out, "kvcached_request_duration_seconds", "op", "lookup", &d->m.req[KVD_REQ_LOOKUP]) ||
+      histogram(out, "kvcached_request_duration_seconds", "op", "load", &d->m.req[KVD_REQ_LOAD]))
+    return -ENOMEM;
+  H("kvcached_g3_state", "gauge", "State of the SSD tier (1 for the current one).");
+  static const char *const g3s[] = {"ok", "degraded", "full", "off"};
+  int cur = s.g3_state < 0 ? 3 : s.g3_state;
+  for (int i = 0; i < 4; i++) P("kvcached_g3_state{state=\"%s\"} %d\n", g3s[i], i == cur);
+  H("kvcached_g3_io_errors_total", "counter", "SSD transfers that failed with an I/O error.");
+  P("kvcached_g3_io_errors_total %llu\n", U(s.gs.io_errors));
+  H("kvcached_g3_corrupt_total", "counter", "SSD reads that failed verification.");
+  P("kvcached_g3_corrupt_total %llu\n", U(s.gs.corrupt));
+  H("kvcached_bad_frames_total", "counter", "Malformed frames received on the worker socket.");
+  P("kvcached_bad_frames_total %llu\n", U(d->st.bad_frames));
+  return 0;
+}
+#undef P
+#undef H
+
+/* --- JSON routes ------------------------------------------------------------------ */
+
+static json_t *tier_json(const tier_view *t) {
+  return json_pack("{s:b,s:s,s:I,s:I,s:I,s:I,s:I}", "enabled", t->enabled, "state", t->state,
+                   "capacity_bytes", (json_int_t)t->capacity, "used_bytes", (json_int_t)t->used,
+                   "blocks", (json_int_t)t->blocks, "hits", (json_int_t)t->hits,
+                   "evictions", (json_int_t)t->evictions);
+}
+
+static json_t *lat_json(const kvd_hist *h) {
+  return json_pack("{s:I,s:I,s:I}", "count", (json_int_t)h->count,
+                   "p50", (json_int_t)kvd_hist_quantile_us(h, 0.5),
+                   "p99", (json_int_t)kvd_hist_quantile_us(h, 0.99));
+}
+
+static json_t *stats_json(kvd *d) {
+  snapshot s;
+  take(d, &s);
+  const kv_core_stats *c = &d->core.st;
+  json_t *o = json_object();
+  json_object_set_new(o, "version", json_string(KV_VERSION));
+  json_object_set_new(o, "pid", json_integer(getpid()));
+  json_object_set_new(o, "uptime_s", json_integer((json_int_t)uptime_s(d)));
+  json_object_set_new(o, "policy", json_pack("{s:s,s:s}", "eviction", d->core.policy->name,
+                                             "admission", d->cfg.g3_admit));
+  json_t *tiers = json_object();
+  for (int t = 0; t < KV_NTIERS; t++) json_object_set_new(tiers, tier_names[t], tier_json(&s.t[t]));
+  json_object_set_new(o, "tiers", tiers);
+  json_t *m = json_object();
+  for (int i = 0; i < KVD_MISS_COUNT; i++)
+    json_object_set_new(m, kvd_miss_names[i], json_integer((json_int_t)d->m.misses[i]));
+  json_object_set_new(o, "misses", m);
+  json_object_set_new(o, "lookups", json_integer((json_int_t)c->lookups));
+  json_t *tr = json_object();
+  for (int i = 0; i < KVD_DIR_COUNT; i++)
+    json_object_set_new(tr, kvd_dir_names[i], json_pack("{s:I,s:I}", "bytes",
+                        (json_int_t)d->m.copy_bytes[i], "ops", (json_int_t)d->m.copy_ops[i]));
+  json_object_set_new(o, "traffic", tr);
+  json_object_set_new(o, "demotions", json_integer((json_int_t)c->demotions));
+  json_object_set_new(o, "admissions_refused", json_integer((json_int_t)c->g3_refused));
+  json_object_set_new(o, "pins", json_integer((json_int_t)s.pinned));
+  json_object_set_new(o, "uncommitted", json_integer((json_int_t)s.uncommitted));
+  json_object_set_new(o, "sessions", json_integer((json_int_t)d->nsessions));
+  json_t *rq = json_object();
+  for (uint16_t op = 1; op < KV_OP_COUNT; op++) {
+    const char *name = kv_op_name(op);
+    if (!name || op == KV_OP_ERROR) continue;
+    char low[32];
+    size_t i = 0;
+    for (; name[i] && i < sizeof low - 1; i++) low[i] = (char)tolower((unsigned char)name[i]);
+    low[i] = 0;
+    json_object_set_new(rq, low, json_integer((json_int_t)d->st.ops[op]));
+  }
+  json_object_set_new(o, "requests", rq);
+  json_object_set_new(o, "latency_us", json_pack("{s:o,s:o,s:o,s:o}",
+                      "lookup", lat_json(&d->m.req[KVD_REQ_LOOKUP]),
+                      "load", lat_json(&d->m.req[KVD_REQ_LOAD]),
+                      "g2_to_g3", lat_json(&d->m.copy[KVD_DIR_G2_TO_G3]),
+                      "g3_to_g2", lat_json(&d->m.copy[KVD_DIR_G3_TO_G2])));
+  return o;
+}
+
+static json_t *health_json(kvd *d, int *status) {
+  json_t *reasons = json_array();
+  if (d->g3) {
+    kv_g3_state st = kv_g3_get_state(d->g3);
+    if (st != KV_G3_OK) {
+      char r[32];
+      snprintf(r, sizeof r, "g3 %s", kv_g3_state_name(st));
+      json_array_append_new(reasons, json_string(r));
+    }
+  }
+  *status = json_array_size(reasons) ? 503 : 200;
+  if (*status == 200) {
+    json_decref(reasons);
+    return json_pack("{s:s}", "status", "ok");
+  }
+  return json_pack("{s:s,s:o}", "status", "degraded", "reasons", reasons);
+}
+
+static void config_one(void *arg, const char *section, const char *name, const char *value) {
+  char key[96];
+  snprintf(key, sizeof key, "%s.%s", section, name);
+  json_object_set_new(arg, key, json_string(value));
+}
+
+typedef struct keys_ctx {
+  kvd *d;
+  json_t *arr;
+  uint64_t limit;
+} keys_ctx;
+
+static int key_one(const kv_block *b, void *arg) {
+  keys_ctx *k = arg;
+  char key[2 * KV_KEY_MAX + 1], ns[2 * KV_G3_NS_BYTES + 1] = "";
+  to_hex(b->key, b->keylen, key);
+  const kv_core_ns *cn = &k->d->core.ns[b->ns];
+  if (cn->has_digest) to_hex(cn->digest, KV_G3_NS_BYTES, ns);
+  json_t *tiers = json_array();
+  for (int t = 0; t < KV_NTIERS; t++)
+    if (b->tiers & KV_TIER_BIT(t)) json_array_append_new(tiers, json_string(tier_names[t]));
+  json_array_append_new(k->arr, json_pack("{s:s,s:s,s:o,s:I,s:I,s:I,s:I}", "key", key, "ns", ns,
+                                          "tiers", tiers, "bytes", (json_int_t)b->size,
+                                          "pins", (json_int_t)b->pins, "prio", (json_int_t)b->prio,
+                                          "hits", (json_int_t)b->hits));
+  return json_array_size(k->arr) >= k->limit;
+}
+
+static json_t *keys_json(kvd *d, const kvd_http_req *req, kvd_http_resp *resp) {
+  char v[80];
+  uint64_t limit = 20;
+  int r = kvd_http_query(req->query, "limit", v, sizeof v);
+  if (r < 0 || (r == 1 && (kv_parse_size(v, &limit) || !isdigit((unsigned char)v[0]) ||
+                           limit == 0 || limit > 1000))) {
+    kvd_http_error(resp, 400, "limit: '%s' is not a count from 1 to 1000", r < 0 ? "?" : v);
+    return NULL;
+  }
+  uint8_t tier = KV_TIER_NONE;
+  r = kvd_http_query(req->query, "tier", v, sizeof v);
+  if (r == 1 && !strcmp(v, "g2")) tier = KV_G2;
+  else if (r == 1 && !strcmp(v, "g3")) tier = KV_G3;
+  else if (r != 0) {
+    kvd_http_error(resp, 400, "tier: '%s' is not g2 or g3", r < 0 ? "?" : v);
+    return NULL;
+  }
+  uint32_t ns = KV_NS_ANY;
+  r = kvd_http_query(req->query, "ns", v, sizeof v);
+  if (r != 0) {
+    int rc = r < 0 ? -EINVAL : kvd_ns_by_hex(d, v, &ns);
+    if (rc) {
+      kvd_http_error(resp, rc == -ENOENT ? 404 : 400, "ns: %s",
+                     rc == -ENOENT ? "no namespace has that digest"
+                     : rc == -EEXIST ? "the prefix names more than one namespace"
+                     : "wants the namespace digest in hex (at least 8 digits)");
+      return NULL;
+    }
+  }
+  keys_ctx k = {d, json_array(), limit};
+  uint64_t total = kv_core_sample(&d->core, tier, ns, key_one, &k);
+  return json_pack("{s:I,s:o}", "total", (json_int_t)total, "keys", k.arr);
+}
+
+static void send_json(kvd_http_resp *resp, json_t *o, int status) {
+  char *text = o ? json_dumps(o, JSON_COMPACT) : NULL;
+  json_decref(o);
+  if (!text) {
+    kvd_http_error(resp, 500, "out of memory");
+    return;
+  }
+  resp->status = status;
+  resp->content_type = "application/json";
+  kv_buf_append(&resp->body, text, strlen(text));
+  kv_buf_append(&resp->body, "\n", 1);
+  free(text);
+}
+
+int kvd_stats_route(kvd *d, const kvd_http_req *req, kvd_http_resp *resp) {
+  static const char *const routes[] = {"/metrics", "/stats", "/health", "/config", "/keys"};
+  int which = -1;
+  for (int i = 0; i < 5; i++)
+    if (!strcmp(req->path, routes[i])) which = i;
+  if (which < 0) return 0;
+  if (strcmp(req->method, "GET") && strcmp(req->method, "HEAD")) {
+    kvd_http_error(resp, 405, "%s takes GET", req->path);
+    return 1;
+  }
+  int status = 200;
+  json_t *o = NULL;
+  switch (which) {
+  case 0:
+    resp->content_type = "text/plain; version=0.0.4; charset=utf-8";
+    if (kvd_render_metrics(d, &resp->body)) kvd_http_error(resp, 500, "out of memory");
+    return 1;
+  case 1: o = stats_json(d); break;
+  case 2: o = health_json(d, &status); break;
+  case 3:
+    o = json_object();
+    kv_config_foreach(&d->cfg, config_one, o);
+    json_object_set_new(o, "cache.policy", json_string(d->core.policy->name));
+    break;
+  case 4:
+    o = keys_json(d, req, resp);
+    if (!o) return 1;
+    break;
+  }
+  send_json(resp, o, status);
+  return 1;
+}
