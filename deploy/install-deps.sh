@@ -12,6 +12,7 @@ pkgs=(
   libcriterion-dev clang libclang-rt-14-dev
   fio redis-server redis-tools jq
   libhttp-parser-dev libsystemd-dev prometheus curl
+  systemd python3-yaml
 )
 
 missing=()
