@@ -45,6 +45,7 @@ static int ns_class(kv_core *c, kv_arena *arena, uint32_t block_bytes) {
   if (!k->user) {
     kv_evict *e = calloc(1, sizeof *e);
     if (!e) return -ENOMEM;
+    e->capacity = (uint32_t)(arena->capacity / k->slot_bytes);
     int rc = kv_evict_init(e, c->policy, &c->ix, KV_G2);
     if (rc) { free(e); return rc; }
     k->user = e;
@@ -218,9 +219,10 @@ void kv_core_touch(kv_core *c, kv_block *b) {
   b->atime = ++c->clock;
   if (b->hits != UINT16_MAX) b->hits++;
   for (int t = 0; t < KV_NTIERS; t++) {
-    if (!(b->inpol & KV_TIER_BIT(t))) continue;
-    kv_evict *e = policy_of(c, b, (kv_tier)t);
-    if (e) e->ops->touch(e, b);
+    kv_evict *e = (b->tiers & KV_TIER_BIT(t)) ? policy_of(c, b, (kv_tier)t) : NULL;
+    if (!e) continue;
+    if (b->inpol & KV_TIER_BIT(t)) e->ops->touch(e, b);
+    else if (e->ops->seen) e->ops->seen(e, b);
   }
 }
 
@@ -490,6 +492,9 @@ static int learn_entry(const kv_g3_entry *e, void *arg) {
 
 int kv_core_attach_g3(kv_core *c, kv_g3 *g3, const kv_core_g3_opts *o) {
   if (!g3 || c->g3 || c->demote) return -EINVAL;
+  kv_g3_stats gs;
+  kv_g3_get_stats(g3, &gs);
+  c->g3_evict.capacity = (uint32_t)gs.slots;
   int rc = kv_evict_init(&c->g3_evict, c->policy, &c->ix, KV_G3);
   if (rc) return rc;
   c->g3 = g3;

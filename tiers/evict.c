@@ -6,11 +6,17 @@
 extern const kv_evict_ops kv_evict_lru_ops;
 extern const kv_evict_ops kv_evict_lru2_ops;
 extern const kv_evict_ops kv_evict_lfuda_ops;
+extern const kv_evict_ops kv_evict_arc_ops;
+extern const kv_evict_ops kv_evict_s3fifo_ops;
+extern const kv_evict_ops kv_evict_tinylfu_ops;
 
 const kv_evict_ops *const kv_evict_policies[] = {
     &kv_evict_lru_ops,
     &kv_evict_lru2_ops,
     &kv_evict_lfuda_ops,
+    &kv_evict_arc_ops,
+    &kv_evict_s3fifo_ops,
+    &kv_evict_tinylfu_ops,
     NULL,
 };
 
@@ -28,7 +34,7 @@ int kv_evict_init(kv_evict *e, const kv_evict_ops *ops, kv_index *ix, kv_tier ti
   e->ix = ix;
   e->tier = tier;
   e->count = 0;
-  e->priv = NULL;
+  e->priv = NULL; /* e->capacity: the owner's, kept */
   return ops->init(e);
 }
 

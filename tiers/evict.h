@@ -10,9 +10,17 @@
  * order. So every policy keeps chains whole and never offers a pinned block.
  *
  * A policy may use b->hpos[tier] as its own per-block word, and reads the
- * access history the core keeps in every record (atime, atime2, hits).
+ * access history the core keeps in every record (atime, atime2, hits). The
+ * word keeps its value while the block is out of the policy (pinned, or an
+ * interior block of a chain), so a policy may remember there what it knew
+ * when the block comes back; the index sets it to KV_SLOT_NONE at insert.
+ * The core calls remove() for the victim peek() offered once it evicts it:
+ * a policy that keeps ghosts of its victims tells the two cases apart by
+ * remembering what it offered.
  *
  * Adding a policy: write one kv_evict_ops table and list it in evict.c.
+ * evict_util.c has what several policies share: priority queues that keep
+ * the class-first rule, bounded ghost sets and a frequency sketch.
  */
 #ifndef KV_TIERS_EVICT_H
 #define KV_TIERS_EVICT_H
@@ -34,6 +42,9 @@ typedef struct kv_evict_ops {
   void (*remove)(kv_evict *e, kv_block *b); /* b is no longer evictable */
   void (*touch)(kv_evict *e, kv_block *b);  /* evictable b was accessed */
   kv_block *(*peek)(kv_evict *e);           /* next victim, or NULL */
+  /* Optional (NULL: not told): b, valid in the tier but not evictable (an
+   * interior block of a chain, pinned, or being copied), was accessed. */
+  void (*seen)(kv_evict *e, kv_block *b);
 } kv_evict_ops;
 
 struct kv_evict {
@@ -41,6 +52,9 @@ struct kv_evict {
   kv_index *ix;
   kv_tier tier;
   uint32_t count; /* blocks held */
+  uint32_t capacity; /* blocks the tier's class can hold; 0 unknown. Set by
+                      * the owner before kv_evict_init; policies that size
+                      * ghosts or segments use it (else their peak count). */
   void *priv;
 };
 
@@ -53,5 +67,79 @@ extern const char kv_evict_default[];
 
 int kv_evict_init(kv_evict *e, const kv_evict_ops *ops, kv_index *ix, kv_tier tier);
 void kv_evict_fini(kv_evict *e);
+
+/* ---- for policy implementations (evict_util.c) ---------------------------
+ *
+ * kv_pq: a min-heap of blocks keyed by a 64-bit key whose top byte must be
+ * the block's priority class (KV_PQ_KEY). A policy may keep up to 15 queues;
+ * b->hpos[tier] holds (queue id << 28 | heap index) while the block is in
+ * one, so remove and touch are O(log n). */
+typedef struct kv_pq_ent {
+  uint64_t key;
+  kv_bid bid;
+  uint32_t aux; /* the policy's per-block word while queued */
+} kv_pq_ent;
+
+typedef struct kv_pq {
+  kv_pq_ent *v;
+  uint32_t n, cap;
+  uint32_t id; /* 1..15 */
+} kv_pq;
+
+#define KV_PQ_SHIFT 28
+#define KV_PQ_IDX(w) ((w) & ((1u << KV_PQ_SHIFT) - 1))
+#define KV_PQ_ID(w) ((w) >> KV_PQ_SHIFT)
+#define KV_PQ_KEY(prio, order) (((uint64_t)(prio) << 56) | ((order) & ((1ull << 56) - 1)))
+
+/* 0 or -ENOMEM. */
+int kv_pq_push(kv_evict *e, kv_pq *q, kv_block *b, uint64_t key, uint32_t aux);
+/* Takes b (which must be in q) out; returns its aux word. */
+uint32_t kv_pq_del(kv_evict *e, kv_pq *q, kv_block *b);
+/* Changes b's key in q. */
+void kv_pq_rekey(kv_evict *e, kv_pq *q, kv_block *b, uint64_t key);
+static inline kv_pq_ent *kv_pq_top(kv_pq *q) { return q->n ? &q->v[0] : (kv_pq_ent *)0; }
+static inline kv_pq_ent *kv_pq_ent_of(kv_pq *q, const kv_block *b, kv_tier t) {
+  return &q->v[KV_PQ_IDX(b->hpos[t])];
+}
+void kv_pq_free(kv_pq *q);
+/* The lowest priority class at the top of any of the n queues (256: all empty). */
+unsigned kv_pq_min_class(kv_pq *const *qs, int n);
+static inline int kv_pq_top_in(kv_pq *q, unsigned cls) {
+  return q->n && (q->v[0].key >> 56) == cls;
+}
+
+/* kv_ghost: a bounded set of 32-bit key fingerprints, oldest forgotten
+ * first (FIFO): what a policy evicted recently, without the blocks. About
+ * 9-14 bytes per remembered key; never more than `cap` keys. */
+typedef struct kv_ghost {
+  uint32_t *ring;  /* fingerprints in insertion order */
+  uint32_t *tab;   /* open addressing, 0 = empty */
+  uint32_t cap, head, n, mask, live;
+} kv_ghost;
+
+/* The fingerprint of a block's (ns, key); never 0. */
+uint32_t kv_fingerprint(const kv_block *b);
+/* Sets the bound (forgets everything when it changes). 0 or -ENOMEM. */
+int kv_ghost_size(kv_ghost *g, uint32_t cap);
+void kv_ghost_add(kv_ghost *g, uint32_t fp);
+/* 1 if fp was remembered (and forgets it), else 0. */
+int kv_ghost_take(kv_ghost *g, uint32_t fp);
+void kv_ghost_free(kv_ghost *g);
+
+/* kv_sketch: a count-min sketch of 4-bit counters (Cormode & Muthukrishnan;
+ * as TinyLFU, Einziger et al. 2017, uses it): 4 rows of `width` counters.
+ * After `sample` increments every counter is halved, so old popularity
+ * fades. Estimates saturate at 15. */
+typedef struct kv_sketch {
+  uint64_t *rows; /* 4 * width/16 words, 16 counters per word */
+  uint32_t width; /* counters per row, a power of two */
+  uint32_t adds, sample;
+} kv_sketch;
+
+/* Sized for about n distinct keys. 0 or -ENOMEM. */
+int kv_sketch_size(kv_sketch *s, uint32_t n);
+void kv_sketch_add(kv_sketch *s, uint32_t fp);
+unsigned kv_sketch_get(const kv_sketch *s, uint32_t fp);
+void kv_sketch_free(kv_sketch *s);
 
 #endif

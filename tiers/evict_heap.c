@@ -141,15 +141,15 @@ static kv_block *heap_peek(kv_evict *e) {
 
 const kv_evict_ops kv_evict_lru_ops = {
     "lru", "least recently used (leaf-first, by priority class)",
-    init_lru, heap_fini, heap_add, heap_remove, heap_touch, heap_peek,
+    init_lru, heap_fini, heap_add, heap_remove, heap_touch, heap_peek, NULL,
 };
 
 const kv_evict_ops kv_evict_lru2_ops = {
     "lru2", "LRU-2: once-used blocks first, then by second-to-last use",
-    init_lru2, heap_fini, heap_add, heap_remove, heap_touch, heap_peek,
+    init_lru2, heap_fini, heap_add, heap_remove, heap_touch, heap_peek, NULL,
 };
 
 const kv_evict_ops kv_evict_lfuda_ops = {
     "lfuda", "LFU with dynamic aging: by use count, old popularity fading",
-    init_lfuda, heap_fini, heap_add, heap_remove, heap_touch, heap_peek,
+    init_lfuda, heap_fini, heap_add, heap_remove, heap_touch, heap_peek, NULL,
 };

@@ -1,0 +1,217 @@
+/*
+ * evict_util.c - what several eviction policies share (see evict.h, "for
+ * policy implementations"): priority queues keyed class-first, bounded
+ * ghost sets of key fingerprints, and a count-min frequency sketch.
+ */
+#include <errno.h>
+#include <stdlib.h>
+#include <string.h>
+#include <xxhash.h>
+
+#include "tiers/evict.h"
+#include "tiers/probe.h"
+
+/* ---- kv_pq ---------------------------------------------------------------- */
+
+static inline void pq_place(kv_evict *e, kv_pq *q, uint32_t i, kv_pq_ent x) {
+  q->v[i] = x;
+  kv_index_at(e->ix, x.bid)->hpos[e->tier] = (q->id << KV_PQ_SHIFT) | i;
+}
+
+static void pq_up(kv_evict *e, kv_pq *q, uint32_t i) {
+  kv_pq_ent x = q->v[i];
+  while (i > 0) {
+    uint32_t p = (i - 1) / 2;
+    if (q->v[p].key <= x.key) break;
+    pq_place(e, q, i, q->v[p]);
+    i = p;
+  }
+  pq_place(e, q, i, x);
+}
+
+static void pq_down(kv_evict *e, kv_pq *q, uint32_t i) {
+  kv_pq_ent x = q->v[i];
+  for (;;) {
+    uint32_t l = 2 * i + 1, m = i;
+    uint64_t mk = x.key;
+    if (l < q->n && q->v[l].key < mk) m = l, mk = q->v[l].key;
+    if (l + 1 < q->n && q->v[l + 1].key < mk) m = l + 1;
+    if (m == i) break;
+    pq_place(e, q, i, q->v[m]);
+    i = m;
+  }
+  pq_place(e, q, i, x);
+}
+
+int kv_pq_push(kv_evict *e, kv_pq *q, kv_block *b, uint64_t key, uint32_t aux) {
+  if (q->n == q->cap) {
+    if (q->cap >= (1u << KV_PQ_SHIFT) / 2) return -ENOMEM;
+    uint32_t cap = q->cap ? q->cap * 2 : 64;
+    kv_pq_ent *v = realloc(q->v, (size_t)cap * sizeof *v);
+    if (!v) return -ENOMEM;
+    q->v = v;
+    q->cap = cap;
+  }
+  q->v[q->n] = (kv_pq_ent){key, b->id, aux};
+  pq_up(e, q, q->n++);
+  return 0;
+}
+
+uint32_t kv_pq_del(kv_evict *e, kv_pq *q, kv_block *b) {
+  uint32_t i = KV_PQ_IDX(b->hpos[e->tier]);
+  uint32_t aux = q->v[i].aux;
+  b->hpos[e->tier] = KV_SLOT_NONE;
+  if (--q->n == i) return aux;
+  uint64_t gone = q->v[i].key;
+  q->v[i] = q->v[q->n];
+  if (q->v[i].key < gone) pq_up(e, q, i);
+  else pq_down(e, q, i);
+  return aux;
+}
+
+void kv_pq_rekey(kv_evict *e, kv_pq *q, kv_block *b, uint64_t key) {
+  uint32_t i = KV_PQ_IDX(b->hpos[e->tier]);
+  uint64_t old = q->v[i].key;
+  q->v[i].key = key;
+  if (key < old) pq_up(e, q, i);
+  else pq_down(e, q, i);
+}
+
+void kv_pq_free(kv_pq *q) {
+  free(q->v);
+  q->v = NULL;
+  q->n = q->cap = 0;
+}
+
+unsigned kv_pq_min_class(kv_pq *const *qs, int n) {
+  unsigned m = 256;
+  for (int i = 0; i < n; i++)
+    if (qs[i]->n && (qs[i]->v[0].key >> 56) < m) m = (unsigned)(qs[i]->v[0].key >> 56);
+  return m;
+}
+
+/* ---- kv_ghost ------------------------------------------------------------- */
+
+uint32_t kv_fingerprint(const kv_block *b) {
+  uint32_t fp = (uint32_t)XXH3_64bits_withSeed(b->key, b->keylen, b->ns ^ 0x9e3779b9u);
+  return fp ? fp : 1;
+}
+
+static inline uint32_t ghost_home(const kv_ghost *g, uint32_t fp) {
+  return (fp * 0x9E3779B1u) & g->mask;
+}
+
+int kv_ghost_size(kv_ghost *g, uint32_t cap) {
+  if (cap == g->cap) return 0;
+  kv_ghost_free(g);
+  if (cap == 0) return 0;
+  uint32_t t = 16;
+  while ((uint64_t)t * 3 < (uint64_t)cap * 4) t <<= 1; /* load <= 3/4 */
+  g->ring = malloc((size_t)cap * sizeof *g->ring);
+  g->tab = calloc(t, sizeof *g->tab);
+  if (!g->ring || !g->tab) { kv_ghost_free(g); return -ENOMEM; }
+  g->cap = cap;
+  g->mask = t - 1;
+  return 0;
+}
+
+static int ghost_erase(kv_ghost *g, uint32_t fp) {
+  uint32_t i = ghost_home(g, fp);
+  while (g->tab[i] != fp) {
+    if (!g->tab[i]) return 0;
+    i = (i + 1) & g->mask;
+  }
+  uint32_t hole = i, j = i;
+  for (;;) {
+    j = (j + 1) & g->mask;
+    uint32_t x = g->tab[j];
+    if (!x) break;
+    if (!kv_probe_stays(hole, j, ghost_home(g, x))) { g->tab[hole] = x; hole = j; }
+  }
+  g->tab[hole] = 0;
+  g->live--;
+  return 1;
+}
+
+void kv_ghost_add(kv_ghost *g, uint32_t fp) {
+  if (!g->cap) return;
+  if (g->n == g->cap) { /* forget the oldest (it may be gone already) */
+    ghost_erase(g, g->ring[g->head]);
+    g->head = (g->head + 1) % g->cap;
+    g->n--;
+  }
+  g->ring[(g->head + g->n) % g->cap] = fp;
+  g->n++;
+  uint32_t i = ghost_home(g, fp);
+  while (g->tab[i] && g->tab[i] != fp) i = (i + 1) & g->mask;
+  if (!g->tab[i]) g->live++;
+  g->tab[i] = fp;
+}
+
+int kv_ghost_take(kv_ghost *g, uint32_t fp) {
+  return g->cap ? ghost_erase(g, fp) : 0;
+}
+
+void kv_ghost_free(kv_ghost *g) {
+  free(g->ring);
+  free(g->tab);
+  memset(g, 0, sizeof *g);
+}
+
+/* ---- kv_sketch ------------------------------------------------------------ */
+
+int kv_sketch_size(kv_sketch *s, uint32_t n) {
+  uint32_t w = 64;
+  while (w < n && w < (1u << 30)) w <<= 1;
+  if (w == s->width) return 0;
+  uint64_t *rows = calloc((size_t)4 * (w / 16), sizeof *rows);
+  if (!rows) return -ENOMEM;
+  free(s->rows);
+  s->rows = rows;
+  s->width = w;
+  s->adds = 0;
+  /* TinyLFU's sample: 10 x the number of counters' worth of entries. */
+  s->sample = w > UINT32_MAX / 10 ? UINT32_MAX : 10 * w;
+  return 0;
+}
+
+static inline uint32_t sk_index(const kv_sketch *s, uint32_t fp, int row) {
+  static const uint64_t seed[4] = {0xc3a5c85c97cb3127ull, 0xb492b66fbe98f273ull,
+                                   0x9ae16a3b2f90404full, 0xcbf29ce484222325ull};
+  uint64_t h = (fp + seed[row]) * 0x9E3779B97F4A7C15ull;
+  return (uint32_t)(h >> 32) & (s->width - 1);
+}
+
+static inline unsigned sk_get(const kv_sketch *s, int row, uint32_t i) {
+  return (unsigned)(s->rows[(size_t)row * (s->width / 16) + i / 16] >> (4 * (i % 16))) & 15u;
+}
+
+void kv_sketch_add(kv_sketch *s, uint32_t fp) {
+  if (!s->width) return;
+  unsigned m = kv_sketch_get(s, fp);
+  if (m < 15) /* conservative update: only the counters at the minimum grow */
+    for (int r = 0; r < 4; r++) {
+      uint32_t i = sk_index(s, fp, r);
+      if (sk_get(s, r, i) == m) s->rows[(size_t)r * (s->width / 16) + i / 16] += 1ull << (4 * (i % 16));
+    }
+  if (++s->adds >= s->sample) { /* halve every counter */
+    size_t nw = (size_t)4 * (s->width / 16);
+    for (size_t k = 0; k < nw; k++) s->rows[k] = (s->rows[k] >> 1) & 0x7777777777777777ull;
+    s->adds /= 2;
+  }
+}
+
+unsigned kv_sketch_get(const kv_sketch *s, uint32_t fp) {
+  if (!s->width) return 0;
+  unsigned m = 15;
+  for (int r = 0; r < 4; r++) {
+    unsigned c = sk_get(s, r, sk_index(s, fp, r));
+    if (c < m) m = c;
+  }
+  return m;
+}
+
+void kv_sketch_free(kv_sketch *s) {
+  free(s->rows);
+  memset(s, 0, sizeof *s);
+}
