@@ -125,3 +125,135 @@ Test(evict, random_operations_keep_the_heap_consistent) {
     kv_index_fini(&ix);
   }
 }
+
+/* ---- a small cache driven the way the core drives a policy ------------------
+ * Capacity `cap` blocks, every block a leaf (evictable): an access to a
+ * held block touches it; a new key evicts peek()'s victim when full. */
+typedef struct sim {
+  kv_index ix;
+  kv_evict e;
+  uint64_t clock;
+  uint32_t cap;
+} sim;
+
+static void sim_open(sim *s, const char *policy, uint32_t cap) {
+  kv_index_init(&s->ix, cap * 2);
+  memset(&s->e, 0, sizeof s->e);
+  s->e.capacity = cap;
+  cr_assert_eq(kv_evict_init(&s->e, kv_evict_lookup(policy), &s->ix, KV_G2), 0, "%s", policy);
+  s->clock = 0;
+  s->cap = cap;
+}
+
+static void sim_close(sim *s) {
+  kv_evict_fini(&s->e);
+  kv_index_fini(&s->ix);
+}
+
+static kv_block *sim_find(sim *s, uint64_t v) {
+  uint8_t k[8];
+  for (int i = 0; i < 8; i++) k[i] = (uint8_t)(v >> (8 * i));
+  return kv_index_find(&s->ix, 0, k, 8);
+}
+
+static void sim_evict(sim *s) {
+  kv_block *v = s->e.ops->peek(&s->e);
+  cr_assert_not_null(v);
+  s->e.ops->remove(&s->e, v);
+  cr_assert_eq(kv_index_remove(&s->ix, v), 0);
+}
+
+static void sim_access(sim *s, uint64_t key) {
+  kv_block *b = sim_find(s, key);
+  if (b) {
+    b->atime2 = b->atime;
+    b->atime = ++s->clock;
+    b->hits++;
+    s->e.ops->touch(&s->e, b);
+    return;
+  }
+  if (s->e.count >= s->cap) sim_evict(s);
+  b = mk(&s->ix, key);
+  b->state = KV_BS_READY;
+  b->hits = 1;
+  b->atime = ++s->clock;
+  cr_assert_eq(s->e.ops->add(&s->e, b), 0);
+}
+
+/* A set used again and again survives one pass over many blocks used once
+ * under the scan-resistant policies; plain LRU (the control) loses it. */
+static int hot_left_after_scan(const char *policy) {
+  enum { CAP = 50, HOT = 10, SCAN = 500 };
+  sim s;
+  sim_open(&s, policy, CAP);
+  for (int round = 0; round < 6; round++)
+    for (uint64_t h = 0; h < HOT; h++) sim_access(&s, h);
+  for (uint64_t i = 0; i < SCAN; i++) sim_access(&s, 1000 + i);
+  int left = 0;
+  for (uint64_t h = 0; h < HOT; h++) left += sim_find(&s, h) != NULL;
+  cr_assert_leq(s.e.count, CAP);
+  sim_close(&s);
+  return left;
+}
+
+Test(evict, a_one_pass_scan_does_not_flush_a_frequently_used_set) {
+  static const char *const resistant[] = {"arc", "s3fifo"};
+  for (size_t i = 0; i < sizeof resistant / sizeof resistant[0]; i++)
+    cr_assert_eq(hot_left_after_scan(resistant[i]), 10, "%s lost hot blocks to a scan", resistant[i]);
+  cr_assert_eq(hot_left_after_scan("lru"), 0, "the control: LRU is flushed by the scan");
+}
+
+/* A block evicted from S3-FIFO's small queue and asked for again comes back
+ * straight into the main queue: newer one-time blocks in S go before it. */
+Test(evict, s3fifo_ghost_hit_enters_the_main_queue) {
+  sim s;
+  sim_open(&s, "s3fifo", 100);
+  sim_access(&s, 7);
+  sim_evict(&s); /* 7 was the only block: the victim, remembered as a ghost */
+  cr_assert_null(sim_find(&s, 7));
+  sim_access(&s, 7);
+  for (uint64_t i = 0; i < 20; i++) sim_access(&s, 100 + i);
+  kv_block *v = s.e.ops->peek(&s.e);
+  cr_assert_neq(v, sim_find(&s, 7), "the ghost hit was not promoted");
+  cr_assert_eq(v, sim_find(&s, 100));
+  sim_close(&s);
+}
+
+/* ARC: a block evicted from T1 and asked for again returns into T2, and
+ * the target size of T1 grows, so T1's blocks go before it. */
+Test(evict, arc_ghost_hit_enters_the_frequent_list) {
+  sim s;
+  sim_open(&s, "arc", 100);
+  sim_access(&s, 7);
+  sim_evict(&s);
+  sim_access(&s, 7); /* ghost hit in B1 */
+  for (uint64_t i = 0; i < 5; i++) sim_access(&s, 100 + i);
+  /* Without the ghost, 7 would be T1's least recently used block. */
+  kv_block *v = s.e.ops->peek(&s.e);
+  cr_assert_eq(v, sim_find(&s, 100), "victim %p, 7 is %p", (void *)v, (void *)sim_find(&s, 7));
+  sim_close(&s);
+}
+
+/* The ghost set never holds more than its bound, and forgets oldest first. */
+Test(evict, ghost_set_is_bounded_and_fifo) {
+  kv_ghost g = {0};
+  cr_assert_eq(kv_ghost_size(&g, 8), 0);
+  for (uint32_t i = 1; i <= 20; i++) kv_ghost_add(&g, i);
+  cr_assert_leq(g.live, 8);
+  cr_assert_eq(kv_ghost_take(&g, 3), 0, "old entries are forgotten");
+  cr_assert_eq(kv_ghost_take(&g, 20), 1);
+  cr_assert_eq(kv_ghost_take(&g, 20), 0, "a take forgets the entry");
+  kv_ghost_free(&g);
+}
+
+/* The sketch counts, saturates at 15 and halves after its sample. */
+Test(evict, sketch_counts_and_ages) {
+  kv_sketch s = {0};
+  cr_assert_eq(kv_sketch_size(&s, 64), 0);
+  for (int i = 0; i < 20; i++) kv_sketch_add(&s, 42);
+  cr_assert_eq(kv_sketch_get(&s, 42), 15);
+  cr_assert_leq(kv_sketch_get(&s, 43), 1);
+  for (uint32_t i = 0; i < s.sample; i++) kv_sketch_add(&s, 1000 + i);
+  cr_assert_leq(kv_sketch_get(&s, 42), 7, "halving ages old counts");
+  kv_sketch_free(&s);
+}
