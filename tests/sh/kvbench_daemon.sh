@@ -74,4 +74,16 @@ kill -TERM "$pid"
 wait "$pid"
 rc=$?
 [ "$rc" -eq 0 ] && ok "kvcached with G3 stopped cleanly" || bad "kvcached with G3 exit status $rc"
+
+# The one-run comparison, in its quick form (about 10 s): it completes and
+# every row of its table has numbers.
+if command -v fio >/dev/null && command -v redis-server >/dev/null && command -v redis-benchmark >/dev/null; then
+  expect_exit 0 "compare.sh --quick" env TMPDIR="$T" bash "$SRC/tools/bench/compare.sh" -b "$BIN" --quick
+  check "compare.sh: seven rows with a ratio each" \
+    test "$(grep -cE '^\| [^|]+ \| [0-9.]+ \| [0-9.]+ .*\| [0-9.]+ \|$' "$T/out")" -eq 7
+  check "compare.sh: the machine is described" grep -q -- "- kernel: " "$T/out"
+  sed -n '/^| path/,$p' "$T/out" | sed 's/^/# /'
+else
+  echo "# fio or redis not found: compare.sh --quick is not run (deploy/install-deps.sh)"
+fi
 finish

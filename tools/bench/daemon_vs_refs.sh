@@ -31,84 +31,35 @@
 #   REDIS_REQUESTS  requests per redis-benchmark run (default 10000)
 # Needs redis-server, redis-benchmark, redis-cli and jq (deploy/install-deps.sh).
 set -u
+prog=daemon_vs_refs
+source "$(dirname "$0")/lib.sh"
 
-here=$(cd "$(dirname "$0")/../.." && pwd)
-bin="" g2=2G secs=2 reps=3 clients="1 2" rreq=10000
+bindir="" g2=2G secs=2 reps=3 clients="1 2" rreq=10000
 while getopts "b:g:s:r:c:n:h" o; do
   case $o in
-    b) bin=$OPTARG ;; g) g2=$OPTARG ;; s) secs=$OPTARG ;; r) reps=$OPTARG ;;
+    b) bindir=$OPTARG ;; g) g2=$OPTARG ;; s) secs=$OPTARG ;; r) reps=$OPTARG ;;
     c) clients=$OPTARG ;; n) rreq=$OPTARG ;;
     h) awk 'NR > 1 && !/^#/ { exit } NR > 1' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
     *) exit 2 ;;
   esac
 done
-if [ -z "$bin" ]; then
-  for c in "$here/build/bin" "$here/build-tools/bin"; do
-    if [ -x "$c/kvcached" ] && [ -x "$c/kvbench" ]; then bin=$c; break; fi
-  done
-fi
-[ -x "${bin:-}/kvcached" ] && [ -x "$bin/kvbench" ] || { echo "daemon_vs_refs: no kvcached/kvbench (build first, or -b BIN_DIR)" >&2; exit 2; }
-for t in redis-server redis-benchmark redis-cli jq; do
-  command -v "$t" >/dev/null || { echo "daemon_vs_refs: $t not found (deploy/install-deps.sh)" >&2; exit 2; }
-done
+bin=$(find_bin "$bindir") || exit 2
+need redis-server redis-benchmark redis-cli jq
 
 BLOCK=262144
 SET_BYTES=$((512 << 20))
 NBLK=$((SET_BYTES / BLOCK))
-T=$(mktemp -d /tmp/kvcmp.XXXXXX)
-kpid="" rpid=""
-cleanup() {
-  for p in $kpid $rpid; do kill -TERM "$p" 2>/dev/null; done
-  for p in $kpid $rpid; do wait "$p" 2>/dev/null; done
-  rm -rf "$T"
-}
-trap cleanup EXIT
-trap 'exit 130' INT TERM
-
-die() { echo "daemon_vs_refs: $*" >&2; exit 1; }
-median() { tr ' ' '\n' | grep -v '^$' | sort -g | awk '{ v[NR] = $1 } END { if (NR) print v[int((NR + 1) / 2)]; else print 0 }'; }
-ratio() { awk -v a="$1" -v b="$2" 'BEGIN { if (b > 0) printf "%.2f", a / b; else print "-" }'; }
+bench_tmp
 verdict() { awk -v v="$1" -v op="$2" -v t="$3" 'BEGIN { ok = (op == ">=") ? v + 0 >= t : v + 0 <= t; print ok ? "met" : "MISSED" }'; }
 
 # --- the daemon and Redis ------------------------------------------------------------
 # G3 off: this compares the G2 data path (and keeps the run off any disk).
-"$bin/kvcached" --socket-dir "$T/run" --g2-capacity "$g2" --g3-path "" --log-level info \
-  2>"$T/kvcached.log" &
-kpid=$!
-for _ in $(seq 100); do grep -qs "ready:" "$T/kvcached.log" && break; sleep 0.1; done
-grep -qs "ready:" "$T/kvcached.log" || die "kvcached did not start: $(cat "$T/kvcached.log")"
-redis-server --port 0 --unixsocket "$T/redis.sock" --unixsocketperm 700 --save '' \
-  --appendonly no --dir "$T" --logfile "$T/redis.log" &
-rpid=$!
-for _ in $(seq 100); do redis-cli -s "$T/redis.sock" ping >/dev/null 2>&1 && break; sleep 0.1; done
-redis-cli -s "$T/redis.sock" ping >/dev/null 2>&1 || die "redis-server did not start: $(cat "$T/redis.log")"
-
-# Redis gets the same working set: NBLK values of 256 KiB, under the keys
-# redis-benchmark -r NBLK asks for (key:%012d).
-head -c "$BLOCK" /dev/zero | tr '\0' 'x' > "$T/value"
-for ((i = 0; i < NBLK; i++)); do
-  k=$(printf 'key:%012d' "$i")
-  printf '*3\r\n$3\r\nSET\r\n$%d\r\n%s\r\n$%d\r\n' "${#k}" "$k" "$BLOCK"
-  cat "$T/value"
-  printf '\r\n'
-done | redis-cli -s "$T/redis.sock" --pipe >"$T/pipe.out" 2>&1 || die "filling Redis: $(cat "$T/pipe.out")"
-[ "$(redis-cli -s "$T/redis.sock" dbsize)" = "$NBLK" ] || die "Redis holds $(redis-cli -s "$T/redis.sock" dbsize) keys, not $NBLK"
+start_kvcached "$T/kvcached.log" --socket-dir "$T/run" --g2-capacity "$g2" --g3-path ""
+start_redis "$T/redis.sock"
+# Redis gets the same working set: NBLK values of 256 KiB.
+fill_redis "$T/redis.sock" "$NBLK" "$BLOCK"
 [ "$(redis-cli -s "$T/redis.sock" strlen key:000000000007)" = "$BLOCK" ] || die "Redis values are not $BLOCK bytes"
 
-# redis_gbps get|set CLIENTS: one redis-benchmark run, in GB/s.
-redis_gbps() {
-  local threads=()
-  [ "$2" -gt 1 ] && threads=(--threads "$2")
-  redis-benchmark -s "$T/redis.sock" -t "$1" -d "$BLOCK" -r "$NBLK" -n "$rreq" -P 1 -c "$2" \
-    "${threads[@]}" --csv 2>/dev/null |
-    awk -F'"' -v t="$(echo "$1" | tr a-z A-Z)" -v b="$BLOCK" '$2 == t { printf "%.4f", $4 * b / 1e9 }'
-}
-# kv NAME FIELD ARGS...: one kvbench run, one field of its JSON.
-kv() {
-  local name=$1 field=$2
-  shift 2
-  "$bin/kvbench" "$name" --json --seconds "$secs" "$@" 2>>"$T/kvbench.err" | jq -r ".$field // empty"
-}
 
 cpu=$(awk -F': ' '/model name/ { print $2; exit }' /proc/cpuinfo)
 echo "kvcached vs references: ${BLOCK}-byte blocks, working set $((SET_BYTES >> 20)) MiB, median of $reps runs"
@@ -122,10 +73,10 @@ for c in $clients; do
     vals=""
     for _ in $(seq "$reps"); do
       case $name in
-        memcpy) v=$(kv memcpy gbps --block-bytes "$BLOCK" --blocks "$NBLK" --clients "$c") ;;
-        load) v=$(kv load gbps --socket-dir "$T/run" --block-bytes "$BLOCK" --blocks "$NBLK" --clients "$c") ;;
-        store) v=$(kv store gbps --socket-dir "$T/run" --block-bytes "$BLOCK" --clients "$c") ;;
-        get|set) v=$(redis_gbps "$name" "$c") ;;
+        memcpy) v=$(kv memcpy gbps --seconds "$secs" --block-bytes "$BLOCK" --blocks "$NBLK" --clients "$c") ;;
+        load) v=$(kv load gbps --seconds "$secs" --socket-dir "$T/run" --block-bytes "$BLOCK" --blocks "$NBLK" --clients "$c") ;;
+        store) v=$(kv store gbps --seconds "$secs" --socket-dir "$T/run" --block-bytes "$BLOCK" --clients "$c") ;;
+        get|set) v=$(redis_gbps "$T/redis.sock" "$name" "$BLOCK" "$NBLK" "$rreq" "$c") ;;
       esac
       [ -n "$v" ] || die "$name with $c client(s) failed: $(tail -3 "$T/kvbench.err")"
       vals="$vals $v"

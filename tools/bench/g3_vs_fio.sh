@@ -15,8 +15,9 @@
 # Needs fio. Default runtime: about three minutes. On a noisy (virtual) disk
 # single runs vary by 2x; medians of more runs settle the ratios.
 set -euo pipefail
-
-here=$(cd "$(dirname "$0")/../.." && pwd)
+prog=g3_vs_fio
+source "$(dirname "$0")/lib.sh"
+here=$bench_root
 dir="" size_mib=1024 reps=3 agg=median sizes="256K 1M 4M" depths="1 8 32" sync=batch kvbench=""
 while getopts "d:m:r:a:b:q:s:k:h" o; do
   case $o in
@@ -38,27 +39,12 @@ if [ -z "$dir" ]; then dir=$(mktemp -d /tmp/g3-vs-fio.XXXXXX); made=1; fi
 cleanup() { rm -f "$dir/fio.dat"; if [ $made = 1 ]; then rm -rf "$dir"; fi; }
 trap cleanup EXIT
 
-bytes_of() { # 256K -> 262144
-  local v=${1%[KkMmGg]} u=${1: -1}
-  case $u in K|k) echo $((v << 10)) ;; M|m) echo $((v << 20)) ;; G|g) echo $((v << 30)) ;; *) echo "$1" ;; esac
-}
-# GB/s (1e9 bytes/s) of one fio run: $1 = write|read, $2 = bs, $3 = depth
-fio_gbps() {
-  local out
-  out=$(fio --name=g3cmp --filename="$dir/fio.dat" --size=$((size_mib))M --bs="$2" \
-        --iodepth="$3" --ioengine=io_uring --direct=1 --rw="$1" --output-format=terse \
-        --terse-version=3 2>/dev/null)
-  # terse v3: field 6/9 read KiB and ms, field 47/50 write KiB and ms
-  echo "$out" | awk -F';' -v rw="$1" '{ kb = rw == "read" ? $6 : $47; ms = rw == "read" ? $9 : $50;
-    if (ms > 0) printf "%.3f", kb * 1024 / (ms / 1000) / 1e9; else print "0" }'
-}
 json_field() { sed -n "s/.*\"$1\":\([0-9.eE+-]*\).*/\1/p"; }
 # median or best of the numbers on stdin
 pick() { sort -g | awk -v agg="$agg" '{ v[NR] = $1 } END {
   if (NR == 0) { print 0; exit }
   if (agg == "best") print v[NR]; else if (NR % 2) print v[(NR + 1) / 2];
   else printf "%.3f\n", (v[NR / 2] + v[NR / 2 + 1]) / 2 }'; }
-ratio() { awk -v a="$1" -v b="$2" 'BEGIN { if (b > 0) printf "%.2f", a / b; else print "-" }'; }
 
 echo "disk: $(df -h "$dir" | awk 'NR==2 {print $1 " (" $2 ")"}'), dir $dir, ${size_mib} MiB per run, $agg of $reps, kvbench sync=$sync"
 printf "%-6s %4s | %9s %9s %6s | %9s %9s %6s\n" bs qd "fio_w" "g3_w" "w" "fio_r" "g3_r" "r"
@@ -71,8 +57,8 @@ for bs in $sizes; do
     fws="" frs="" gws="" grs=""
     for _ in $(seq "$reps"); do
       rm -f "$dir/fio.dat"
-      fws="$fws $(fio_gbps write "$bs" "$qd")"
-      frs="$frs $(fio_gbps read "$bs" "$qd")"
+      fws="$fws $(fio_gbps "$dir/fio.dat" "$size_mib" write "$bs" "$qd")"
+      frs="$frs $(fio_gbps "$dir/fio.dat" "$size_mib" read "$bs" "$qd")"
       rm -f "$dir/fio.dat"
       j=$("$kvbench" g3 --dir "$dir" --block-bytes "$b" --qd "$qd" --count "$count" \
             --sync "$sync" --json 2>/dev/null) || { echo "g3_vs_fio: kvbench g3 failed" >&2; exit 1; }
