@@ -281,11 +281,13 @@ static int admin_route(const char *path) {
 static void on_stats(void *arg, const kvd_http_req *req, kvd_http_resp *resp) {
   kvd_ops *o = arg;
   o->d->m.stats_requests++;
-  if (kvd_stats_route(o->d, req, resp)) return;
-  if (admin_route(req->path) >= 0) {
+  int r = admin_route(req->path);
+  int read_only = r == 0 && (!strcmp(req->method, "GET") || !strcmp(req->method, "HEAD"));
+  if (r >= 0 && !read_only) {
     kvd_http_error(resp, 403, "%s %s is served on the admin socket only", req->method, req->path);
     return;
   }
+  if (kvd_stats_route(o->d, req, resp)) return;
   kvd_http_error(resp, 404, "no route %s", req->path);
 }
 
