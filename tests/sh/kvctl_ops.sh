@@ -166,6 +166,19 @@ expect_exit 0 "health" "$KVCTL" health "${R[@]}"
 grep -q "^ok$" "$T/out" && ok "health says ok" || bad "health: $(cat "$T/out")"
 expect_exit 0 "health --live" "$KVCTL" health --live "${R[@]}"
 
+# The deploy files' queries name only metrics this daemon exports.
+if command -v curl >/dev/null; then
+  curl -s --unix-socket "$STATS" http://kvcached/metrics | grep -o '^kvcached_[a-z0-9_]*' | sort -u > "$T/exported"
+  cat "$SRC/deploy/grafana/kvcached-dashboard.json" "$SRC/deploy/prometheus/kvcached-alerts.yml" \
+    | grep -o 'kvcached_[a-z0-9_]*' | sort -u > "$T/queried"
+  check "the daemon exports metrics" test -s "$T/exported"
+  unknown=$(grep -vxF -f "$T/exported" "$T/queried" | tr '\n' ' ')
+  [ -z "$unknown" ] && ok "the dashboard and the alerts query only exported metrics ($(wc -l < "$T/queried"))" \
+    || bad "queried but not exported: $unknown"
+else
+  echo "skip - exported metrics: curl not found"
+fi
+
 # Blocks, through the worker socket; a lookup makes hits and a miss.
 for k in 0a01 0a02 0a03; do "$KVCTL" put $k --value "v$k" --socket-dir "$RUN" >/dev/null 2>&1 || bad "put $k"; done
 "$KVCTL" lookup 0a01 0a02 0a09 --socket-dir "$RUN" >/dev/null 2>&1
