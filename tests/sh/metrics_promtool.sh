@@ -27,7 +27,7 @@ for i in 1 2 3 4 5 6 7 8; do
 done
 "$BIN/kvctl" get --str key3 "${K[@]}" >"$T/got" || bad "get key3"
 check "get returns what put stored" grep -qa 'block 3' "$T/got"
-"$BIN/kvctl" lookup --str key1 nokey "${K[@]}" >/dev/null 2>&1
+"$BIN/kvctl" lookup --str key1 keyX "${K[@]}" >/dev/null 2>&1
 curl -sf -XPOST --unix-socket "$A" "http://kvcached/evict?tier=g2&count=2" >"$T/evict" || bad "POST /evict"
 check "evict answers a count" grep -q '"evicted":2' "$T/evict"
 
