@@ -33,6 +33,8 @@ echo "# index lookups/s: $(jq .index_lookups_per_s "$T/result.json")"
 
 expect_exit 0 "all policies compared in one run" "$BIN/kvbench" core-replay --trace "$trace" --policy all --json
 check "by_policy lists every policy" test "$(jq '.by_policy | length' "$T/out")" = "$("$BIN/kvctl" policies | wc -l)"
+check "arc, s3fifo and tinylfu replayed at six capacities" \
+  test "$(jq '[.by_policy.arc, .by_policy.s3fifo, .by_policy.tinylfu | length] == [6,6,6]' "$T/out")" = true
 
 # G2 + G3 with a real SSD tier, once per admission policy (a small trace:
 # the full one writes ~100k blocks and takes minutes).
