@@ -40,17 +40,7 @@ int kvd_ops_peer_allowed(const kvd_ops *o, const kv_peercred *cred) {
 
 /* --- helpers ---------------------------------------------------------------------- */
 
-static void reply(kvd_http_resp *resp, json_t *o) {
-  char *text = o ? json_dumps(o, JSON_COMPACT) : NULL;
-  json_decref(o);
-  if (!text) {
-    kvd_http_error(resp, 500, "out of memory");
-    return;
-  }
-  kv_buf_append(&resp->body, text, strlen(text));
-  kv_buf_append(&resp->body, "\n", 1);
-  free(text);
-}
+static void reply(kvd_http_resp *resp, json_t *o) { kvd_http_json(resp, o, 200); }
 
 /* A decimal count: digits only. */
 static int parse_count(const char *s, uint64_t *out) {

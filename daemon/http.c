@@ -86,6 +86,21 @@ void kvd_http_error(kvd_http_resp *resp, int status, const char *fmt, ...) {
   free(text);
 }
 
+void kvd_http_json(kvd_http_resp *resp, json_t *o, int status) {
+  char *text = o ? json_dumps(o, JSON_COMPACT) : NULL;
+  json_decref(o);
+  if (!text) {
+    kvd_http_error(resp, 500, "out of memory");
+    return;
+  }
+  resp->status = status;
+  resp->content_type = "application/json";
+  kv_buf_reset(&resp->body);
+  if (kv_buf_append(&resp->body, text, strlen(text)) || kv_buf_append(&resp->body, "\n", 1))
+    kvd_http_error(resp, 500, "out of memory");
+  free(text);
+}
+
 static int hexval(int c) {
   if (c >= '0' && c <= '9') return c - '0';
   if (c >= 'a' && c <= 'f') return c - 'a' + 10;

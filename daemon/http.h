@@ -99,6 +99,11 @@ int kvd_buf_printf(kv_buf *b, const char *fmt, ...) __attribute__((format(printf
 void kvd_http_error(kvd_http_resp *resp, int status, const char *fmt, ...)
     __attribute__((format(printf, 3, 4)));
 
+/* Sets resp to the compact JSON text of o (a reference it takes; NULL:
+ * out of memory, answered 500) with the given status. */
+typedef struct json_t json_t;
+void kvd_http_json(kvd_http_resp *resp, json_t *o, int status);
+
 /* The reason phrase of a status code ("Not Found"). */
 const char *kvd_http_reason(int status);
 

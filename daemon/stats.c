@@ -227,6 +227,16 @@ static void take(kvd *d, snapshot *s) {
   }
 }
 
+/* The `op` label of a request opcode ("lookup"); 0 for none (ERROR, gaps). */
+static int op_label(uint16_t op, char *low, size_t len) {
+  const char *name = kv_op_name(op);
+  if (!name || op == KV_OP_ERROR) return 0;
+  size_t i = 0;
+  for (; name[i] && i < len - 1; i++) low[i] = (char)tolower((unsigned char)name[i]);
+  low[i] = 0;
+  return 1;
+}
+
 static uint64_t uptime_s(kvd *d) {
   return ((uint64_t)kv_now_ms() - d->start_ms) / 1000;
 }
@@ -316,15 +326,10 @@ int kvd_render_metrics(kvd *d, kv_buf *out) {
   H("kvcached_sessions_opened_total", "counter", "Worker connections accepted.");
   P("kvcached_sessions_opened_total %llu\n", U(d->st.sessions_opened));
   H("kvcached_requests_total", "counter", "Worker requests handled, by operation.");
-  for (uint16_t op = 1; op < KV_OP_COUNT; op++) {
-    const char *name = kv_op_name(op);
-    if (!name || op == KV_OP_ERROR) continue;
-    char low[32];
-    size_t i = 0;
-    for (; name[i] && i < sizeof low - 1; i++) low[i] = (char)tolower((unsigned char)name[i]);
-    low[i] = 0;
-    P("kvcached_requests_total{op=\"%s\"} %llu\n", low, U(d->st.ops[op]));
-  }
+  char low[32];
+  for (uint16_t op = 1; op < KV_OP_COUNT; op++)
+    if (op_label(op, low, sizeof low))
+      P("kvcached_requests_total{op=\"%s\"} %llu\n", low, U(d->st.ops[op]));
   H("kvcached_request_duration_seconds", "histogram",
     "Time from a decoded request to its reply (LOOKUP; LOAD, waits on the SSD included).");
   if (histogram(out, "kvcached_request_duration_seconds", "op", "lookup", &d->m.req[KVD_REQ_LOOKUP]) ||
@@ -389,15 +394,9 @@ static json_t *stats_json(kvd *d) {
   json_object_set_new(o, "uncommitted", json_integer((json_int_t)s.uncommitted));
   json_object_set_new(o, "sessions", json_integer((json_int_t)d->nsessions));
   json_t *rq = json_object();
-  for (uint16_t op = 1; op < KV_OP_COUNT; op++) {
-    const char *name = kv_op_name(op);
-    if (!name || op == KV_OP_ERROR) continue;
-    char low[32];
-    size_t i = 0;
-    for (; name[i] && i < sizeof low - 1; i++) low[i] = (char)tolower((unsigned char)name[i]);
-    low[i] = 0;
-    json_object_set_new(rq, low, json_integer((json_int_t)d->st.ops[op]));
-  }
+  char low[32];
+  for (uint16_t op = 1; op < KV_OP_COUNT; op++)
+    if (op_label(op, low, sizeof low)) json_object_set_new(rq, low, json_integer((json_int_t)d->st.ops[op]));
   json_object_set_new(o, "requests", rq);
   json_object_set_new(o, "latency_us", json_pack("{s:o,s:o,s:o,s:o}",
                       "lookup", lat_json(&d->m.req[KVD_REQ_LOOKUP]),
@@ -487,20 +486,6 @@ static json_t *keys_json(kvd *d, const kvd_http_req *req, kvd_http_resp *resp) {
   return json_pack("{s:I,s:o}", "total", (json_int_t)total, "keys", k.arr);
 }
 
-static void send_json(kvd_http_resp *resp, json_t *o, int status) {
-  char *text = o ? json_dumps(o, JSON_COMPACT) : NULL;
-  json_decref(o);
-  if (!text) {
-    kvd_http_error(resp, 500, "out of memory");
-    return;
-  }
-  resp->status = status;
-  resp->content_type = "application/json";
-  kv_buf_append(&resp->body, text, strlen(text));
-  kv_buf_append(&resp->body, "\n", 1);
-  free(text);
-}
-
 int kvd_stats_route(kvd *d, const kvd_http_req *req, kvd_http_resp *resp) {
   static const char *const routes[] = {"/metrics", "/stats", "/health", "/config", "/keys"};
   int which = -1;
@@ -530,6 +515,6 @@ int kvd_stats_route(kvd *d, const kvd_http_req *req, kvd_http_resp *resp) {
     if (!o) return 1;
     break;
   }
-  send_json(resp, o, status);
+  kvd_http_json(resp, o, status);
   return 1;
 }
