@@ -19,6 +19,7 @@
 #include <pthread.h>
 #include <stdatomic.h>
 #include <stdint.h>
+#include <sys/uio.h>
 
 #include "tiers/g3.h"
 #include "tiers/g3_format.h"
@@ -60,7 +61,9 @@ typedef struct g3_op {
   const char *why;       /* reason a read failed verification */
   /* engine-private */
   uint32_t ebuf;         /* header buffer index */
-  uint32_t edone[2];     /* bytes moved: [0] header, [1] payload */
+  uint32_t edone[2];     /* bytes moved: [0] header (a write: header and
+                          * payload, one transfer), [1] payload */
+  struct iovec eiov[2];  /* a vectored transfer in flight */
   uint8_t epending;      /* transfers not finished */
   /* caller */
   kv_g3_cb cb;

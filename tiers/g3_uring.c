@@ -46,6 +46,10 @@ typedef struct uring_eng {
   uint64_t alen;
   g3_queue fin;       /* transfers done, not yet verified / handed on */
   int enter_err;      /* an io_uring_enter failure was logged */
+  int fixed_files;    /* the data files are registered: SQEs name their index */
+  unsigned setup;     /* the IORING_SETUP_* flags the ring got */
+  int start_rc;       /* the ring thread's set-up result, 1 while pending */
+  pthread_cond_t start_cv;
   kv_g3 *g;
 } uring_eng;
 
@@ -67,6 +71,11 @@ static struct io_uring_sqe *get_sqe(uring_eng *u) {
   return sqe;
 }
 
+/* The fd field of an SQE on op's file: its registered index, or the fd. */
+static int file_ref(const uring_eng *u, const g3_op *op) {
+  return u->fixed_files ? (int)op->file : u->g->files[op->file].fd;
+}
+
 static void arm_kick(uring_eng *u) {
   struct io_uring_sqe *sqe = get_sqe(u);
   io_uring_prep_read(sqe, u->kickfd, &u->kickval, sizeof u->kickval, 0);
@@ -84,7 +93,40 @@ static void finish(uring_eng *u, g3_op *op) {
   g3_q_push(&u->fin, op);
 }
 
-/* Issues (the rest of) one transfer: sub 0 header, sub 1 payload. */
+/* A write's one transfer: its header sector and, right after it on disk,
+ * its payload, as one vectored write from where a short one stopped. One
+ * request to the device and one extent conversion per block, where two
+ * separate writes cost two of each (the block layer does not merge them
+ * when they are the only two SQEs of a submission). */
+static void issue_write(uring_eng *u, g3_op *op) {
+  kv_g3 *g = u->g;
+  const g3_file *f = &g->files[op->file];
+  uint64_t off = g3_hdr_pos(&f->sb, op->fslot);
+  uint32_t done = op->edone[0];
+  if (done == 0) {
+    int e = g3_fault_io(g, op, 1, off, G3_SECTOR);
+    if (!e) e = g3_fault_io(g, op, 0, off + G3_SECTOR, op->iolen);
+    if (e) {
+      sub_result(u, op, 0, e);
+      return;
+    }
+  }
+  uint8_t *h = u->hbufs + (size_t)op->ebuf * G3_SECTOR;
+  unsigned n = 0;
+  if (done < G3_SECTOR) {
+    op->eiov[n++] = (struct iovec){h + done, G3_SECTOR - done};
+    op->eiov[n++] = (struct iovec){op->buf, op->iolen};
+  } else {
+    op->eiov[n++] = (struct iovec){op->buf + (done - G3_SECTOR), G3_SECTOR + op->iolen - done};
+  }
+  struct io_uring_sqe *sqe = get_sqe(u);
+  io_uring_prep_writev(sqe, file_ref(u, op), op->eiov, n, off + done);
+  if (u->fixed_files) sqe->flags |= IOSQE_FIXED_FILE;
+  if (g->opts.sync == KV_G3_SYNC_DSYNC) sqe->rw_flags = RWF_DSYNC;
+  io_uring_sqe_set_data64(sqe, (uint64_t)(uintptr_t)op);
+}
+
+/* Issues (the rest of) one read transfer: sub 0 header, sub 1 payload. */
 static void issue(uring_eng *u, g3_op *op, int sub) {
   kv_g3 *g = u->g;
   const g3_file *f = &g->files[op->file];
@@ -102,19 +144,15 @@ static void issue(uring_eng *u, g3_op *op, int sub) {
   }
   struct io_uring_sqe *sqe = get_sqe(u);
   int bi = buf_index(u, p, len);
-  if (op->kind == G3_OP_WRITE) {
-    if (bi >= 0) io_uring_prep_write_fixed(sqe, f->fd, p, len, off, bi);
-    else io_uring_prep_write(sqe, f->fd, p, len, off);
-    if (g->opts.sync == KV_G3_SYNC_DSYNC) sqe->rw_flags = RWF_DSYNC;
-  } else {
-    if (bi >= 0) io_uring_prep_read_fixed(sqe, f->fd, p, len, off, bi);
-    else io_uring_prep_read(sqe, f->fd, p, len, off);
-  }
+  if (bi >= 0) io_uring_prep_read_fixed(sqe, file_ref(u, op), p, len, off, bi);
+  else io_uring_prep_read(sqe, file_ref(u, op), p, len, off);
+  if (u->fixed_files) sqe->flags |= IOSQE_FIXED_FILE;
   io_uring_sqe_set_data64(sqe, (uint64_t)(uintptr_t)op | (uint64_t)sub);
 }
 
 static void sub_result(uring_eng *u, g3_op *op, int sub, int res) {
-  uint32_t total = sub ? op->iolen : G3_SECTOR;
+  int wr = op->kind == G3_OP_WRITE;
+  uint32_t total = wr ? G3_SECTOR + op->iolen : sub ? op->iolen : G3_SECTOR;
   if (res < 0) {
     if (!op->io_err) op->io_err = res;
   } else if (res == 0) {
@@ -122,7 +160,8 @@ static void sub_result(uring_eng *u, g3_op *op, int sub, int res) {
   } else {
     op->edone[sub] += (uint32_t)res;
     if (op->edone[sub] < total) { /* short transfer: go on from there */
-      issue(u, op, sub);
+      if (wr) issue_write(u, op);
+      else issue(u, op, sub);
       return;
     }
   }
@@ -131,18 +170,21 @@ static void sub_result(uring_eng *u, g3_op *op, int sub, int res) {
 
 static void start_op(uring_eng *u, g3_op *op) {
   op->ebuf = u->hfree[--u->nhfree];
-  op->epending = 2;
   op->edone[0] = op->edone[1] = 0;
   u->inflight++;
   if (op->kind == G3_OP_WRITE) {
     uint8_t *h = u->hbufs + (size_t)op->ebuf * G3_SECTOR;
     memset(h, 0, G3_SECTOR);
     memcpy(h, op->hdr, G3_REC_LEN);
+    op->epending = 1;
+    issue_write(u, op);
+    return;
   }
-  /* Header, then payload, right after it on disk: both in flight together,
-   * submitted in one call so the block layer can merge them. Either may
-   * finish at once (an injected fault); epending reaches 0 exactly once,
-   * and op is not touched here after the second issue. */
+  /* A read: header and payload as two fixed-buffer transfers in flight
+   * together (the payload lands in G2 with no per-I/O page pinning).
+   * Either may finish at once (an injected fault); epending reaches 0
+   * exactly once, and op is not touched here after the second issue. */
+  op->epending = 2;
   issue(u, op, 0);
   issue(u, op, 1);
 }
@@ -159,8 +201,16 @@ static int take_ops(uring_eng *u) {
   return done;
 }
 
+static int ring_setup(uring_eng *u);
+
 static void *ring_main(void *arg) {
   uring_eng *u = arg;
+  int src = ring_setup(u);
+  pthread_mutex_lock(&u->mu);
+  u->start_rc = src;
+  pthread_cond_signal(&u->start_cv);
+  pthread_mutex_unlock(&u->mu);
+  if (src) return NULL;
   arm_kick(u);
   for (;;) {
     if (take_ops(u)) break;
@@ -189,6 +239,8 @@ static void *ring_main(void *arg) {
     io_uring_submit(&u->ring);
     for (g3_op *op; (op = g3_q_pop(&u->fin));) g3_io_finished(u->g, op);
   }
+  /* The registered ring fd belongs to this thread: give it back here. */
+  io_uring_unregister_ring_fd(&u->ring);
   return NULL;
 }
 
@@ -229,10 +281,55 @@ static void register_buffers(uring_eng *u) {
           "(raise RLIMIT_MEMLOCK for zero-copy)", strerror(-err));
 }
 
+/* Ring set-up flags, best first; a kernel without one refuses it with
+ * EINVAL and the next is tried. SINGLE_ISSUER | DEFER_TASKRUN (6.1): only
+ * this thread submits, and completion work runs when it asks for events
+ * rather than interrupting it; COOP_TASKRUN (5.19) at least spares it the
+ * interrupts. SQPOLL is never asked for (it needs privileges on older
+ * kernels and a core of its own). */
+static const unsigned setup_flags[] = {
+    IORING_SETUP_SINGLE_ISSUER | IORING_SETUP_DEFER_TASKRUN,
+    IORING_SETUP_COOP_TASKRUN | IORING_SETUP_SINGLE_ISSUER,
+    IORING_SETUP_COOP_TASKRUN,
+    0,
+};
+
+/* On the ring thread, which is then the ring's only submitter: makes the
+ * ring, registers the buffers (falling back as register_buffers says),
+ * the data files (else SQEs carry plain fds) and the ring fd (else each
+ * io_uring_enter looks the ring up). 0 or -errno. */
+static int ring_setup(uring_eng *u) {
+  kv_g3 *g = u->g;
+  if (g->fault && g->fault->refuse_uring) return -g->fault->refuse_uring;
+  unsigned entries = 2 * g->qd + 4;
+  int rc = -EINVAL;
+  for (size_t i = 0; i < sizeof setup_flags / sizeof *setup_flags && rc == -EINVAL; i++) {
+    struct io_uring_params p;
+    memset(&p, 0, sizeof p);
+    p.flags = setup_flags[i];
+    rc = io_uring_queue_init_params(entries, &u->ring, &p);
+    if (rc == 0) u->setup = setup_flags[i];
+  }
+  if (rc < 0) return rc;
+  u->ring_ok = 1;
+  register_buffers(u);
+  int *fds = malloc(g->nfiles * sizeof *fds);
+  if (fds) {
+    for (unsigned i = 0; i < g->nfiles; i++) fds[i] = g->files[i].fd;
+    u->fixed_files = io_uring_register_files(&u->ring, fds, g->nfiles) == 0;
+    free(fds);
+  }
+  int rfd = io_uring_register_ring_fd(&u->ring);
+  kv_debug(G3_SUB, "io_uring: setup flags 0x%x, registered files %s, registered ring fd %s",
+           u->setup, u->fixed_files ? "yes" : "no", rfd == 1 ? "yes" : "no");
+  return 0;
+}
+
 static void ur_free(uring_eng *u) {
   if (u->ring_ok) io_uring_queue_exit(&u->ring);
   if (u->kickfd >= 0) close(u->kickfd);
   pthread_mutex_destroy(&u->mu);
+  pthread_cond_destroy(&u->start_cv);
   free(u->hbufs);
   free(u->hfree);
   free(u);
@@ -244,7 +341,9 @@ static int ur_start(kv_g3 *g) {
   int rc;
   u->g = g;
   u->kickfd = -1;
+  u->start_rc = 1;
   pthread_mutex_init(&u->mu, NULL);
+  pthread_cond_init(&u->start_cv, NULL);
   if (posix_memalign((void **)&u->hbufs, G3_SECTOR, (size_t)g->qd * G3_SECTOR)) {
     u->hbufs = NULL;
     rc = -ENOMEM;
@@ -257,34 +356,25 @@ static int ur_start(kv_g3 *g) {
   u->nhfree = g->qd;
   u->kickfd = eventfd(0, EFD_CLOEXEC);
   if (u->kickfd < 0) { rc = -errno; goto err; }
-
-  if (g->fault && g->fault->refuse_uring) {
-    rc = -g->fault->refuse_uring;
-    goto err;
-  }
-  unsigned entries = 2 * g->qd + 4;
-  struct io_uring_params p;
-  memset(&p, 0, sizeof p);
-  p.flags = IORING_SETUP_COOP_TASKRUN;
-  rc = io_uring_queue_init_params(entries, &u->ring, &p);
-  if (rc == -EINVAL) { /* older kernel: no COOP_TASKRUN */
-    memset(&p, 0, sizeof p);
-    rc = io_uring_queue_init_params(entries, &u->ring, &p);
-  }
-  if (rc < 0) goto err;
-  u->ring_ok = 1;
-  register_buffers(u);
   g->eng_priv = u;
   rc = pthread_create(&u->thr, NULL, ring_main, u);
   if (rc) {
     rc = -rc;
-    g->eng_priv = NULL;
-    g->fixed = 0;
+    goto err;
+  }
+  pthread_mutex_lock(&u->mu);
+  while (u->start_rc == 1) pthread_cond_wait(&u->start_cv, &u->mu);
+  rc = u->start_rc;
+  pthread_mutex_unlock(&u->mu);
+  if (rc) {
+    pthread_join(u->thr, NULL);
     goto err;
   }
   u->thr_started = 1;
   return 0;
 err:
+  g->eng_priv = NULL;
+  g->fixed = 0;
   ur_free(u);
   return rc;
 }
