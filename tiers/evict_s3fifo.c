@@ -99,7 +99,7 @@ static void s3_remove(kv_evict *e, kv_block *b) {
     f->offered = KV_BID_NONE;
     return;
   }
-  b->hpos[e->tier] = (Q_REMEMBERED << KV_PQ_SHIFT) | (qid << 4) | freq;
+  b->hpos[e->tier] = ((uint32_t)Q_REMEMBERED << KV_PQ_SHIFT) | (qid << 4) | freq;
 }
 
 static void s3_touch(kv_evict *e, kv_block *b) {

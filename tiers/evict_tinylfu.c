@@ -106,7 +106,7 @@ static void tlfu_remove(kv_evict *e, kv_block *b) {
   uint32_t id = KV_PQ_ID(b->hpos[e->tier]);
   kv_pq_del(e, queue(t, id), b);
   e->count--;
-  b->hpos[e->tier] = (Q_REMEMBERED << KV_PQ_SHIFT) | id;
+  b->hpos[e->tier] = ((uint32_t)Q_REMEMBERED << KV_PQ_SHIFT) | id;
 }
 
 static void tlfu_touch(kv_evict *e, kv_block *b) {
