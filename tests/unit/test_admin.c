@@ -41,7 +41,8 @@ Test(admin, oversized_request_is_400) {
   cr_assert(strstr(resp, "larger than 64 KiB"), "%.300s", resp);
   /* Many headers, together over the limit. */
   size_t off = (size_t)snprintf(big, n, "GET /stats HTTP/1.1\r\n");
-  while (off < n - 100) off += (size_t)snprintf(big + off, n - off, "X-Pad: %0500d\r\n", 0);
+  while (off + 600 < n) off += (size_t)snprintf(big + off, n - off, "X-Pad: %0500d\r\n", 0);
+  off += (size_t)snprintf(big + off, n - off, "\r\n");
   st = ops_raw(ops_stats, big, off, resp, sizeof resp);
   cr_assert_eq(st, 400, "%.300s", resp);
   free(big);
