@@ -422,6 +422,46 @@ Test(g3_faults, injected_write_eio) {
     injected_write(t_backends[be], EIO, KV_G3_DEGRADED, KV_EDEGRADED, "is now degraded");
 }
 
+/* A block's header and payload go to the disk as one transfer: a write
+ * whose payload is refused leaves no record header behind. The uring
+ * engine used to issue the header as a transfer of its own, which landed
+ * even when the payload's failed (a header naming bytes never written). */
+Test(g3_faults, refused_payload_leaves_no_header) {
+  for (int be = 0; be < T_NBACKENDS; be++) {
+    if (t_backends[be] == KV_G3_BACKEND_URING && !t_uring_ok()) continue;
+    inject in = {0};
+    kv_g3_fault fault = {.io = inject_io, .arg = &in};
+    fx f;
+    memset(&f, 0, sizeof f);
+    f.be = t_backends[be], f.block = 8192, f.cap = 4u << 20, f.fault = &fault;
+    t_mkdir(f.dir, sizeof f.dir);
+    t_arena(&f.arena, 8u << 20, f.block, &f.cls);
+    fx_open(&f);
+    void *b = t_buf(&f.arena, f.cls);
+    t_fill(b, f.block, 3, 0);
+    atomic_store(&in.write_err, EIO);
+    uint32_t s;
+    kv_g3_key k = t_key(9);
+    cr_assert_eq(kv_g3_alloc(f.g, &s), 0);
+    cr_assert_eq(kv_g3_write_sync(f.g, s, &k, 1, b, f.block), -EIO);
+    cr_assert_gt(atomic_load(&in.hits), 0);
+    kv_g3_close(f.g);
+    f.g = NULL;
+    g3_sb sb = fx_sb(&f);
+    char p[128];
+    fx_path(&f, p, sizeof p);
+    int fd = open(p, O_RDONLY);
+    cr_assert_geq(fd, 0);
+    uint8_t h[G3_SECTOR], zero[G3_SECTOR] = {0};
+    cr_assert_eq(pread(fd, h, sizeof h, (off_t)g3_hdr_pos(&sb, s)), (ssize_t)sizeof h);
+    close(fd);
+    cr_assert_eq(memcmp(h, zero, sizeof h), 0, "%s: a header was written for a failed write",
+                 kv_g3_backend_name(f.be));
+    kv_arena_fini(&f.arena);
+    t_rmdir(f.dir);
+  }
+}
+
 Test(g3_faults, injected_read_eio) {
   for (int be = 0; be < T_NBACKENDS; be++) {
     if (t_backends[be] == KV_G3_BACKEND_URING && !t_uring_ok()) continue;
