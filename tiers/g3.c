@@ -736,7 +736,7 @@ int kv_g3_open(kv_g3 **out, const kv_g3_opts *o, kv_g3_open_info *info) {
   pthread_condattr_setclock(&ca, CLOCK_MONOTONIC);
   pthread_cond_init(&g->ccv, &ca);
   pthread_condattr_destroy(&ca);
-  g->window_us = o->commit_window_us == 0 ? 25000 : o->commit_window_us;
+  g->window_us = o->commit_window_us == 0 ? 50000 : o->commit_window_us;
   pthread_mutex_init(&g->dmu, NULL);
   g->efd = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
   if (g->efd < 0) { rc = -errno; goto err; }

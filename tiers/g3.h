@@ -95,10 +95,10 @@ typedef struct kv_g3_opts {
   kv_arena *arena;       /* G2 arena to register as io_uring fixed buffers
                           * (NULL: none; I/O from it is then not zero-copy) */
   uint32_t commit_max;   /* most blocks per index transaction; 0: 4096 */
-  int commit_window_us;  /* group commit: a batch waits up to this long for
-                          * more writes while writes are still in flight,
-                          * to share one fdatasync and one index commit;
-                          * 0: 25000, < 0: commit at once */
+  int commit_window_us;  /* group commit: a batch waits up to this long
+                          * from its first write for more while writes are
+                          * still in flight, to share one fdatasync and one
+                          * index commit; 0: 50000, < 0: commit at once */
   int lock_wait_ms;      /* how long open waits for the files' lock held by
                           * another opener, or by a killed one's in-flight
                           * io_uring requests; 0: 5000, < 0: do not wait */

@@ -8,8 +8,8 @@
  *
  * Batching is group commit: whatever finished while the previous batch was
  * syncing forms the next one (at most opts.commit_max ops), and a batch
- * waits up to commit_window_us for more while writes are still in flight
- * at the engine - each fdatasync and index commit costs a device cache
+ * waits up to commit_window_us from its first write for more while writes
+ * are still in flight at the engine - each fdatasync and index commit costs a device cache
  * flush or more, so fewer, larger batches keep the device streaming. A
  * batch never waits once the engine has no write left: the end of a burst
  * commits at once.
@@ -50,9 +50,16 @@ g3_op *g3_done_take(kv_g3 *g) {
   return head;
 }
 
+/* With cmu held: op joins the committer's queue; an empty queue starts a
+ * batch, whose window opens now. */
+static void cq_push(kv_g3 *g, g3_op *op) {
+  if (!g->cq.head) clock_gettime(CLOCK_MONOTONIC, &g->cq_t0);
+  g3_q_push(&g->cq, op);
+}
+
 void g3_commit_push(kv_g3 *g, g3_op *op) {
   pthread_mutex_lock(&g->cmu);
-  g3_q_push(&g->cq, op);
+  cq_push(g, op);
   pthread_cond_signal(&g->ccv);
   pthread_mutex_unlock(&g->cmu);
 }
@@ -63,18 +70,21 @@ void g3_write_finished(kv_g3 *g, g3_op *op) {
    * more writes sees the engine run dry. */
   pthread_mutex_lock(&g->cmu);
   atomic_fetch_sub(&g->wr_engine, 1);
-  if (ok) g3_q_push(&g->cq, op);
+  if (ok) cq_push(g, op);
   pthread_cond_signal(&g->ccv);
   pthread_mutex_unlock(&g->cmu);
   if (!ok) g3_done_push(g, op);
 }
 
 /* Committer, with cmu held and the queue not empty: waits while the window
- * is open, the batch is not full and writes are still coming. */
+ * is open, the batch is not full and writes are still coming. The window
+ * runs from the batch's first write, not from when the committer got to
+ * it: writes that waited out the previous batch's sync are not held for a
+ * second window (an ack waits at most window + one commit, the G2 buffers
+ * with it). */
 static void window_wait(kv_g3 *g, uint32_t max) {
   if (g->window_us <= 0) return;
-  struct timespec dl;
-  clock_gettime(CLOCK_MONOTONIC, &dl);
+  struct timespec dl = g->cq_t0;
   dl.tv_nsec += (long)g->window_us * 1000L;
   dl.tv_sec += dl.tv_nsec / 1000000000L;
   dl.tv_nsec %= 1000000000L;

@@ -20,6 +20,7 @@
 #include <stdatomic.h>
 #include <stdint.h>
 #include <sys/uio.h>
+#include <time.h>
 
 #include "tiers/g3.h"
 #include "tiers/g3_format.h"
@@ -158,6 +159,7 @@ struct kv_g3 {
   pthread_mutex_t cmu;
   pthread_cond_t ccv;
   g3_queue cq;
+  struct timespec cq_t0;   /* when the first op of cq arrived (monotonic) */
   int cstop;
   atomic_uint_fast64_t a_txns, a_syncs, a_puts, a_dels;
   atomic_uint wr_engine;   /* writes submitted and not yet finished by the engine */

@@ -203,8 +203,9 @@ static void usage(FILE *f) {
           "       kvbench g3 rebuild --dir DIR [--dir DIR2 ...] [--no-verify] [--json]\n"
           "  Writes N blocks of B bytes (default 1M) into a fresh store, then reads them\n"
           "  back verified; prints write_gbps and read_gbps (1e9 bytes/s). Q (default\n"
-          "  32) block I/Os in flight at the device; K blocks outstanding (default: 64 MiB\n"
-          "  of them, at least 2*Q+8), the rest waiting in G3 or for their group commit.\n"
+          "  32) block I/Os in flight at the device; K blocks outstanding (default: 256\n"
+          "  MiB of them, at least 2*Q+8), the rest waiting in G3 or for their group\n"
+          "  commit. The write phase ends when every block is durable and indexed.\n"
           "  Sizes take K/M/G suffixes. The store is deleted afterwards unless --keep.\n");
 }
 
@@ -264,9 +265,11 @@ int kvbench_g3(int argc, char **argv) {
     return 2;
   }
   uint32_t slot = (uint32_t)((block + KV_G3_ALIGN - 1) / KV_G3_ALIGN * KV_G3_ALIGN);
-  /* Outstanding blocks: enough to keep qd at the device while a batch
-   * waits for its group commit (64 MiB of them, at least 2*qd+8). */
-  if (!nbuf) nbuf = 2 * qd + 8 > (64u << 20) / slot ? 2 * qd + 8 : (64u << 20) / slot;
+  /* Outstanding blocks: enough to keep qd at the device while one batch
+   * fills its group-commit window and the one before it syncs (256 MiB of
+   * them, at least 2*qd+8): a G2 buffer is held until its block is durable
+   * and indexed, as a demotion holds its G2 slot. */
+  if (!nbuf) nbuf = 2 * qd + 8 > (256u << 20) / slot ? 2 * qd + 8 : (256u << 20) / slot;
   if (nbuf > count) nbuf = count;
   /* files just big enough: the blocks, their header sectors, and the layout's
    * 1 MiB alignment of the data area */
