@@ -66,6 +66,9 @@ extern const kv_evict_ops *const kv_evict_policies[];
 extern const char kv_evict_default[];
 
 int kv_evict_init(kv_evict *e, const kv_evict_ops *ops, kv_index *ix, kv_tier tier);
+/* W-TinyLFU's window share (0..1) as its hill climber has set it; e must
+ * be a "tinylfu" policy. For tests and statistics. */
+double kv_evict_tinylfu_window(const kv_evict *e);
 void kv_evict_fini(kv_evict *e);
 
 /* ---- for policy implementations (evict_util.c) ---------------------------
@@ -126,17 +129,28 @@ void kv_ghost_add(kv_ghost *g, uint32_t fp);
 int kv_ghost_take(kv_ghost *g, uint32_t fp);
 void kv_ghost_free(kv_ghost *g);
 
-/* kv_sketch: a count-min sketch of 4-bit counters (Cormode & Muthukrishnan;
- * as TinyLFU, Einziger et al. 2017, uses it): 4 rows of `width` counters.
- * After `sample` increments every counter is halved, so old popularity
- * fades. Estimates saturate at 15. */
+/* kv_sketch: TinyLFU's frequency filter (Einziger et al., ACM ToS 2017):
+ * a doorkeeper Bloom filter in front of a count-min sketch of 4-bit
+ * counters (Cormode & Muthukrishnan). A key's first access in a sample only
+ * sets its doorkeeper bits; later ones count in the sketch (conservative
+ * update), so one-time keys - a scan - never load the counters. The
+ * estimate is the sketch's count plus one if the doorkeeper has the key,
+ * saturating at 15. After `sample` accesses (TinyLFU's W: 10 per entry of
+ * the cache) every counter is halved and the doorkeeper cleared, so old
+ * popularity fades. Sized as Caffeine sizes it: 4 rows of the power of two
+ * >= 4n counters for a cache of n entries (16 counters, 8 bytes, per
+ * entry); the doorkeeper has 8 bits per access of a sample, 3 hashes (~3%
+ * false positives even when every access of a sample is a new key). */
 typedef struct kv_sketch {
   uint64_t *rows; /* 4 * width/16 words, 16 counters per word */
+  uint64_t *door; /* doorkeeper: door_mask + 1 bits */
   uint32_t width; /* counters per row, a power of two */
+  uint32_t door_mask;
   uint32_t adds, sample;
 } kv_sketch;
 
-/* Sized for about n distinct keys. 0 or -ENOMEM. */
+/* Sized for a cache of n entries (counts reset when the size changes).
+ * 0 or -ENOMEM (the sketch is then unchanged). */
 int kv_sketch_size(kv_sketch *s, uint32_t n);
 void kv_sketch_add(kv_sketch *s, uint32_t fp);
 unsigned kv_sketch_get(const kv_sketch *s, uint32_t fp);

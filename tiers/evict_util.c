@@ -160,49 +160,86 @@ void kv_ghost_free(kv_ghost *g) {
 
 /* ---- kv_sketch ------------------------------------------------------------ */
 
+#define SK_COUNTERS_PER_ENTRY 4 /* per row; x 4 rows = Caffeine's 16 */
+#define SK_SAMPLE_PER_ENTRY 10  /* TinyLFU's W = 10 x the cache's size */
+#define SK_DOOR_BITS_PER_ACCESS 8
+
 int kv_sketch_size(kv_sketch *s, uint32_t n) {
+  if (n == 0) n = 1;
+  uint64_t want = (uint64_t)n * SK_COUNTERS_PER_ENTRY, sample = (uint64_t)n * SK_SAMPLE_PER_ENTRY;
   uint32_t w = 64;
-  while (w < n && w < (1u << 30)) w <<= 1;
-  if (w == s->width) return 0;
+  while (w < want && w < (1u << 28)) w <<= 1;
+  if (sample > UINT32_MAX) sample = UINT32_MAX;
+  uint64_t bits = 64;
+  while (bits < sample * SK_DOOR_BITS_PER_ACCESS && bits < (1ull << 32)) bits <<= 1;
+  if (w == s->width && bits - 1 == s->door_mask) return 0;
   uint64_t *rows = calloc((size_t)4 * (w / 16), sizeof *rows);
-  if (!rows) return -ENOMEM;
+  uint64_t *door = calloc((size_t)(bits / 64), sizeof *door);
+  if (!rows || !door) {
+    free(rows);
+    free(door);
+    return -ENOMEM;
+  }
   free(s->rows);
+  free(s->door);
   s->rows = rows;
+  s->door = door;
   s->width = w;
+  s->door_mask = (uint32_t)(bits - 1);
   s->adds = 0;
-  /* TinyLFU's sample: 10 x the number of counters' worth of entries. */
-  s->sample = w > UINT32_MAX / 10 ? UINT32_MAX : 10 * w;
+  s->sample = (uint32_t)sample;
   return 0;
+}
+
+/* splitmix64's finaliser (Steele et al. 2014) of fp and a per-use seed:
+ * rows must not collide together, as a plain multiply's rows would (equal
+ * differences between fingerprints give equal differences in every row). */
+static inline uint64_t sk_mix(uint32_t fp, uint64_t seed) {
+  uint64_t z = fp + seed;
+  z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+  z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+  return z ^ (z >> 31);
 }
 
 static inline uint32_t sk_index(const kv_sketch *s, uint32_t fp, int row) {
   static const uint64_t seed[4] = {0xc3a5c85c97cb3127ull, 0xb492b66fbe98f273ull,
                                    0x9ae16a3b2f90404full, 0xcbf29ce484222325ull};
-  uint64_t h = (fp + seed[row]) * 0x9E3779B97F4A7C15ull;
-  return (uint32_t)(h >> 32) & (s->width - 1);
+  return (uint32_t)(sk_mix(fp, seed[row]) >> 32) & (s->width - 1);
 }
 
 static inline unsigned sk_get(const kv_sketch *s, int row, uint32_t i) {
   return (unsigned)(s->rows[(size_t)row * (s->width / 16) + i / 16] >> (4 * (i % 16))) & 15u;
 }
 
-void kv_sketch_add(kv_sketch *s, uint32_t fp) {
-  if (!s->width) return;
-  unsigned m = kv_sketch_get(s, fp);
-  if (m < 15) /* conservative update: only the counters at the minimum grow */
-    for (int r = 0; r < 4; r++) {
-      uint32_t i = sk_index(s, fp, r);
-      if (sk_get(s, r, i) == m) s->rows[(size_t)r * (s->width / 16) + i / 16] += 1ull << (4 * (i % 16));
-    }
-  if (++s->adds >= s->sample) { /* halve every counter */
-    size_t nw = (size_t)4 * (s->width / 16);
-    for (size_t k = 0; k < nw; k++) s->rows[k] = (s->rows[k] >> 1) & 0x7777777777777777ull;
-    s->adds /= 2;
-  }
+/* The doorkeeper's three bit positions for fp (one 64-bit mix, split). */
+static inline void door_bits(const kv_sketch *s, uint32_t fp, uint32_t out[3]) {
+  uint64_t h = sk_mix(fp, 0x8ebc6af09c88c6e3ull);
+  uint32_t a = (uint32_t)(h >> 32), b = (uint32_t)h | 1u;
+  for (int k = 0; k < 3; k++) out[k] = (a + (uint32_t)k * b) & s->door_mask;
 }
 
-unsigned kv_sketch_get(const kv_sketch *s, uint32_t fp) {
-  if (!s->width) return 0;
+static int door_has(const kv_sketch *s, uint32_t fp) {
+  uint32_t bit[3];
+  door_bits(s, fp, bit);
+  for (int k = 0; k < 3; k++)
+    if (!(s->door[bit[k] / 64] >> (bit[k] % 64) & 1)) return 0;
+  return 1;
+}
+
+/* Sets fp's doorkeeper bits; 1 if they were all set already. */
+static int door_put(kv_sketch *s, uint32_t fp) {
+  uint32_t bit[3];
+  int had = 1;
+  door_bits(s, fp, bit);
+  for (int k = 0; k < 3; k++) {
+    uint64_t m = 1ull << (bit[k] % 64);
+    if (!(s->door[bit[k] / 64] & m)) had = 0;
+    s->door[bit[k] / 64] |= m;
+  }
+  return had;
+}
+
+static unsigned sk_count(const kv_sketch *s, uint32_t fp) {
   unsigned m = 15;
   for (int r = 0; r < 4; r++) {
     unsigned c = sk_get(s, r, sk_index(s, fp, r));
@@ -211,7 +248,32 @@ unsigned kv_sketch_get(const kv_sketch *s, uint32_t fp) {
   return m;
 }
 
+void kv_sketch_add(kv_sketch *s, uint32_t fp) {
+  if (!s->width) return;
+  if (door_put(s, fp)) {
+    unsigned m = sk_count(s, fp);
+    if (m < 15) /* conservative update: only the counters at the minimum grow */
+      for (int r = 0; r < 4; r++) {
+        uint32_t i = sk_index(s, fp, r);
+        if (sk_get(s, r, i) == m) s->rows[(size_t)r * (s->width / 16) + i / 16] += 1ull << (4 * (i % 16));
+      }
+  }
+  if (++s->adds >= s->sample) { /* halve every counter, forget the doorkeeper */
+    size_t nw = (size_t)4 * (s->width / 16);
+    for (size_t k = 0; k < nw; k++) s->rows[k] = (s->rows[k] >> 1) & 0x7777777777777777ull;
+    memset(s->door, 0, ((size_t)s->door_mask + 1) / 8);
+    s->adds /= 2;
+  }
+}
+
+unsigned kv_sketch_get(const kv_sketch *s, uint32_t fp) {
+  if (!s->width) return 0;
+  unsigned m = sk_count(s, fp) + (unsigned)door_has(s, fp);
+  return m < 15 ? m : 15;
+}
+
 void kv_sketch_free(kv_sketch *s) {
   free(s->rows);
+  free(s->door);
   memset(s, 0, sizeof *s);
 }
