@@ -54,6 +54,7 @@ static int ns_class(kv_core *c, kv_arena *arena, uint32_t block_bytes) {
 }
 
 static int ns_add(kv_core *c, kv_core_ns *proto) {
+  if (c->nns >= KV_NS_MAX) return -ENOSPC; /* records keep 16-bit namespaces */
   if (c->nns == c->capns) {
     uint32_t cap = c->capns ? c->capns * 2 : 8;
     kv_core_ns *n = realloc(c->ns, cap * sizeof *n);
@@ -130,25 +131,48 @@ static void sync_all(kv_core *c, kv_block *b) {
   for (int t = 0; t < KV_NTIERS; t++) sync_evictable(c, b, (kv_tier)t);
 }
 
+/* p gained a child valid in tier t (already linked, its bit already set). A
+ * count at KV_RCHILD_STUCK stays there: only a recount can lower it. */
+static void rchild_inc(kv_core *c, kv_block *p, kv_tier t) {
+  if (p->rchild[t] == KV_RCHILD_STUCK) return;
+  if (p->rchild[t]++ == 0) sync_evictable(c, p, t);
+}
+
+/* p lost a child valid in tier t (its bit already cleared). A stuck count
+ * is recounted from the children: the cost of a 16-bit count, paid only by
+ * a block with 65535 or more children valid in one tier. */
+static void rchild_dec(kv_core *c, kv_block *p, kv_tier t) {
+  if (p->rchild[t] == KV_RCHILD_STUCK) {
+    uint32_t n = 0;
+    for (kv_block *ch = kv_index_at(&c->ix, p->child); ch && n < KV_RCHILD_STUCK;
+         ch = kv_index_at(&c->ix, ch->next))
+      n += (ch->tiers & KV_TIER_BIT(t)) != 0;
+    p->rchild[t] = (uint16_t)n;
+  } else {
+    p->rchild[t]--;
+  }
+  if (p->rchild[t] == 0) sync_evictable(c, p, t);
+}
+
 /* b's bytes became valid (or stopped being valid) in tier t. */
 static void set_valid(kv_core *c, kv_block *b, kv_tier t) {
   b->tiers |= (uint8_t)KV_TIER_BIT(t);
   kv_block *p = kv_index_at(&c->ix, b->parent);
-  if (p && p->rchild[t]++ == 0) sync_evictable(c, p, t);
+  if (p) rchild_inc(c, p, t);
   sync_evictable(c, b, t);
 }
 
 static void clear_valid(kv_core *c, kv_block *b, kv_tier t) {
   b->tiers &= (uint8_t)~KV_TIER_BIT(t);
   kv_block *p = kv_index_at(&c->ix, b->parent);
-  if (p && --p->rchild[t] == 0) sync_evictable(c, p, t);
+  if (p) rchild_dec(c, p, t);
   sync_evictable(c, b, t);
 }
 
 static void link_parent(kv_core *c, kv_block *b, kv_block *p) {
   if (kv_index_link(&c->ix, b, p) != 0) return;
   for (int t = 0; t < KV_NTIERS; t++)
-    if ((b->tiers & KV_TIER_BIT(t)) && p->rchild[t]++ == 0) sync_evictable(c, p, (kv_tier)t);
+    if (b->tiers & KV_TIER_BIT(t)) rchild_inc(c, p, (kv_tier)t);
 }
 
 static void g3_key_of(kv_core *c, const kv_block *b, kv_g3_key *k) {
@@ -324,7 +348,7 @@ int kv_core_abort(kv_core *c, kv_block *b) {
 }
 
 int kv_core_pin(kv_core *c, kv_block *b) {
-  if (b->pins == UINT32_MAX) return -EOVERFLOW;
+  if (b->pins == UINT16_MAX) return -EOVERFLOW;
   if (b->pins++ == 0) sync_all(c, b);
   return 0;
 }

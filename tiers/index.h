@@ -7,6 +7,13 @@
  * find allocates nothing and takes no lock. Not thread-safe: one owner
  * (the daemon's loop) calls it.
  *
+ * Memory (tiers/INDEX.md has the measured figures): a table slot is 5
+ * bytes - a 32-bit record id and an 8-bit tag from the key's hash, so a
+ * probe reads a record only when the tags agree (1 in 255 otherwise). The
+ * table is any size, not a power of two: it is kept at most 4/5 full and
+ * grows by a quarter, so it costs 6.25-7.8 bytes per record. Records come
+ * in chunks of KV_INDEX_CHUNK.
+ *
  * The index also keeps the prefix tree: a record may name a parent record
  * and lists its children, so eviction can keep chains whole. Removing a
  * record orphans its children (their parent becomes KV_BID_NONE).
@@ -19,22 +26,22 @@
 
 #include "tiers/block.h"
 
-typedef struct kv_index_slot {
-  uint32_t tag; /* high half of the key's hash */
-  kv_bid bid;   /* KV_BID_NONE when empty */
+typedef struct __attribute__((packed)) kv_index_slot {
+  uint8_t tag; /* 0: empty; else 1..255 from the key's hash */
+  kv_bid bid;
 } kv_index_slot;
 
 typedef struct kv_index {
   kv_index_slot *tab;
-  uint32_t mask;     /* table size - 1 (a power of two) */
+  uint32_t size;     /* table slots (any number >= 64) */
   uint32_t count;    /* records in use */
   kv_block **chunks; /* KV_INDEX_CHUNK records each */
-  uint32_t nchunks;
+  uint32_t nchunks, capchunks;
   uint32_t hiwater;  /* records ever carved from chunks */
   kv_bid free_head;  /* free records, linked through ->next */
 } kv_index;
 
-#define KV_INDEX_CHUNK_SHIFT 12
+#define KV_INDEX_CHUNK_SHIFT 7
 #define KV_INDEX_CHUNK (1u << KV_INDEX_CHUNK_SHIFT)
 
 /* Prepares an empty index sized for about `hint` records. 0 or -ENOMEM. */
@@ -76,7 +83,22 @@ static inline kv_block *kv_index_at(const kv_index *ix, kv_bid id) {
  * which is then returned. fn must not insert or remove. */
 int kv_index_foreach(kv_index *ix, int (*fn)(kv_block *b, void *arg), void *arg);
 
-/* Bytes of memory the index holds (table, record chunks, chunk array). */
+/* Bytes of memory the index holds (table, record chunks, chunk array), as
+ * requested from the allocator. */
 size_t kv_index_memory(const kv_index *ix);
+
+/*
+ * The allocator of block metadata: the index and the eviction policies
+ * allocate through these, which keep a process-wide count of the bytes the
+ * allocator really handed out (malloc_usable_size), so a benchmark or a
+ * test can measure what metadata costs per block rather than compute it.
+ * Same contracts as malloc, calloc, realloc and free.
+ */
+void *kv_meta_malloc(size_t n);
+void *kv_meta_calloc(size_t n, size_t each);
+void *kv_meta_realloc(void *p, size_t n);
+void kv_meta_free(void *p);
+/* Bytes currently allocated through the functions above. */
+size_t kv_meta_bytes(void);
 
 #endif
