@@ -221,8 +221,8 @@ typedef struct g3_result {
 
 static void wait_promoted(kv_core *c, kv_block *b, int status, void *arg) { *(int *)arg = status; }
 
-static int replay_g3(const kv_trace *t, const char *dir, kv_admit admit, uint32_t g2cap,
-                     uint32_t g3cap, g3_result *out) {
+static int replay_g3(const kv_trace *t, const char *dir, const char *policy, kv_admit admit,
+                     uint32_t g2cap, uint32_t g3cap, g3_result *out) {
   static const uint8_t digest[KV_G3_NS_BYTES] = {0x6b, 0x76};
   kv_arena arena;
   kv_arena_opts ao = {.capacity = (size_t)g2cap * SLOT, .page_bytes = SLOT, .no_lock = 1,
@@ -236,7 +236,7 @@ static int replay_g3(const kv_trace *t, const char *dir, kv_admit admit, uint32_
   kv_g3 *g3;
   if ((rc = kv_g3_open(&g3, &go, NULL))) { kv_arena_fini(&arena); return rc; }
   kv_core core;
-  kv_core_opts co = {.index_hint = g2cap + g3cap};
+  kv_core_opts co = {.policy = policy, .index_hint = g2cap + g3cap};
   kv_core_init(&core, &co);
   kv_core_g3_opts ko = {.admit = admit, .min_prio = KV_PRIO_DEFAULT, .low_water = 32};
   kv_core_attach_g3(&core, g3, &ko);
@@ -303,7 +303,7 @@ static json_t *admission_json(const kv_trace *t, const char *dir, double g2f, do
   json_t *arr = json_array();
   for (size_t i = 0; i < sizeof pols / sizeof pols[0]; i++) {
     g3_result r;
-    int rc = replay_g3(t, dir, pols[i].a, g2cap, g3cap, &r);
+    int rc = replay_g3(t, dir, NULL, pols[i].a, g2cap, g3cap, &r);
     if (rc) {
       fprintf(stderr, "kvbench: G3 replay (%s): %s\n", pols[i].name, kv_strerror(rc));
       json_decref(arr);
@@ -323,6 +323,37 @@ static json_t *admission_json(const kv_trace *t, const char *dir, double g2f, do
               (unsigned long long)r.g3_writes, r.r.refs ? (double)r.g3_writes / r.r.refs : 0);
   }
   return arr;
+}
+
+/* Every eviction policy over G2 + G3 (admission `always`, the daemon's
+ * default): G2 at g2f and G3 at g3f of the unique blocks; the policy ranks
+ * both tiers, as in the daemon. */
+static json_t *g3_policies_json(const kv_trace *t, const char *dir, double g2f, double g3f,
+                                const char *const *policies, int npol, int human) {
+  uint32_t g2cap = (uint32_t)(g2f * (double)t->nunique + 0.5), g3cap = (uint32_t)(g3f * (double)t->nunique + 0.5);
+  if (g2cap < 1) g2cap = 1;
+  if (g3cap < 64) g3cap = 64;
+  json_t *o = json_object();
+  for (int p = 0; p < npol; p++) {
+    g3_result r;
+    int rc = replay_g3(t, dir, policies[p], KV_ADMIT_ALWAYS, g2cap, g3cap, &r);
+    if (rc) {
+      fprintf(stderr, "kvbench: G3 replay (policy %s): %s\n", policies[p], kv_strerror(rc));
+      json_decref(o);
+      return NULL;
+    }
+    json_t *x = rates_json(&r.r);
+    json_object_set_new(x, "g2_blocks", json_integer(g2cap));
+    json_object_set_new(x, "g3_blocks", json_integer(g3cap));
+    json_object_set_new(x, "prefix_hits_from_g3", json_integer((json_int_t)r.hits_g3));
+    json_object_set_new(x, "g3_writes", json_integer((json_int_t)r.g3_writes));
+    json_object_set_new(o, policies[p], x);
+    if (human)
+      fprintf(stderr, "policy %-7s G2 %u + G3 %u blocks: prefix hit %6.2f%%  (from G3 %llu)  SSD writes %llu\n",
+              policies[p], g2cap, g3cap, 100.0 * r.r.prefix_hits / r.r.refs,
+              (unsigned long long)r.hits_g3, (unsigned long long)r.g3_writes);
+  }
+  return o;
 }
 
 /* Index lookups per second: every block reference of the trace, looked up
@@ -407,7 +438,8 @@ int kvbench_core_replay(int argc, char **argv) {
              "         [--g3-dir DIR [--g2-fraction F] [--g3-fraction F]]\n"
              "  --g3-dir: also replay with a real SSD tier in DIR under a small G2\n"
              "            (default 1%% and 10%% of the unique blocks), once per admission\n"
-             "            policy, reporting hit rate and SSD writes\n");
+             "            policy, reporting hit rate and SSD writes; with more than one\n"
+             "            --policy (or all), also once per eviction policy (g3_by_policy)\n");
       return 0;
     default: return 2;
     }
@@ -482,6 +514,15 @@ int kvbench_core_replay(int argc, char **argv) {
       return 1;
     }
     json_object_set_new(out, "admission", adm);
+    if (npol > 1) {
+      json_t *gp = g3_policies_json(&t, g3dir, g2f, g3f, policies, npol, !json);
+      if (!gp) {
+        json_decref(out);
+        kv_trace_free(&t);
+        return 1;
+      }
+      json_object_set_new(out, "g3_by_policy", gp);
+    }
   }
   json_object_set_new(out, "index_lookups_per_s", json_real(lps));
   json_object_set_new(out, "index_lookup_ns", json_real(1e9 / lps));

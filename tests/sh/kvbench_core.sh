@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # kvbench_core.sh - `kvbench core-replay`: its JSON shape, the promise that
 # the default policy's prefix hit rate is never below plain LRU's measured
-# in the same run, and clear errors for bad traces.
+# in the same run, and clear errors for bad traces; `kvbench scale`: its
+# JSON and the 128-byte metadata budget per block at 10^4 and 10^5 blocks.
 source "$(dirname "$0")/lib.bash"
 
 trace="$SRC/../shared/data/mooncake_synthetic_trace.jsonl"
@@ -44,6 +45,24 @@ expect_exit 0 "core-replay with a G3 tier runs" "$BIN/kvbench" core-replay --tra
 check "three admission policies reported" test "$(jq '.admission | length' "$T/out")" = 3
 check "each with a hit rate and SSD writes" test "$(jq '[.admission[] | has("prefix_hit_rate") and has("g3_writes")] | all' "$T/out")" = true
 check "second-use writes no more than always" test "$(jq '.admission[0].g3_writes >= .admission[1].g3_writes' "$T/out")" = true
+check "one policy: no per-policy G3 table" test "$(jq 'has("g3_by_policy")' "$T/out")" = false
+expect_exit 0 "core-replay with a G3 tier, every policy" "$BIN/kvbench" core-replay --trace "$T/small.jsonl" --g3-dir "$T/g3" --policy all --json
+check "G3 replayed once per policy" test "$(jq '.g3_by_policy | length' "$T/out")" = "$("$BIN/kvctl" policies | wc -l)"
+check "each policy with a hit rate, hits from G3 and SSD writes" \
+  test "$(jq '[.g3_by_policy[] | has("prefix_hit_rate") and has("prefix_hits_from_g3") and .g3_writes > 0] | all' "$T/out")" = true
+
+# Scale: the index and the default policy at 10^4 and 10^5 blocks.
+expect_exit 0 "scale runs to 10^5 blocks" "$BIN/kvbench" scale --max 100000 --json
+cp "$T/out" "$T/scale.json"
+check "scale measured at 10^4 and 10^5 blocks" test "$(jq -c '[.sizes[].blocks]' "$T/scale.json")" = "[10000,100000]"
+check "scale reports bytes, lookup latency and inserts at each size" \
+  test "$(jq '[.sizes[] | (.bytes_per_block > 0) and (.hit_ns_p50 > 0) and (.hit_ns_p99 >= .hit_ns_p50) and (.miss_ns_p50 > 0) and (.miss_ns_p99 >= .miss_ns_p50) and (.inserts_per_s > 0)] | all' "$T/scale.json")" = true
+check "at most 128 bytes of metadata per block at each size" \
+  test "$(jq '([.sizes[] | .bytes_per_block <= 128] | all) and .meets_target' "$T/scale.json")" = true
+check "the bytes include the records" \
+  test "$(jq '.record_bytes as $r | [.sizes[] | .index_bytes_per_block >= $r] | all' "$T/scale.json")" = true
+echo "# scale: $(jq -c '[.sizes[] | {n: .blocks, B: .bytes_per_block, hit50: .hit_ns_p50, miss50: .miss_ns_p50}]' "$T/scale.json")"
+expect_exit 2 "scale --max 0 is a usage error" "$BIN/kvbench" scale --max 0
 
 printf '{"timestamp": 0, "input_length": 10, "hash_ids": [1, 2]}\nnot json\n' > "$T/bad.jsonl"
 expect_exit 1 "a malformed trace is refused" "$BIN/kvbench" core-replay --trace "$T/bad.jsonl"
