@@ -224,6 +224,13 @@ int kv_arena_alloc(kv_arena *a, int cls, uint32_t *slot) {
   }
 }
 
+uint64_t kv_arena_room(const kv_arena *a, int cls) {
+  if (cls < 0 || (uint32_t)cls >= a->nclasses) return 0;
+  const kv_arena_class *k = &a->cls[cls];
+  uint64_t own = k->nfree > k->nstale ? k->nfree - k->nstale : 0;
+  return own + (uint64_t)a->nfree_pages * k->slots_per_page;
+}
+
 int kv_arena_slot_class(const kv_arena *a, uint32_t slot) {
   if (kv_arena_offset(slot) >= a->capacity) return -EINVAL;
   uint32_t pg = slot_page(a, slot);

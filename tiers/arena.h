@@ -93,6 +93,10 @@ int kv_arena_alloc(kv_arena *a, int cls, uint32_t *slot);
  * nothing is changed on error. */
 int kv_arena_free(kv_arena *a, uint32_t slot);
 
+/* Slots of class `cls` that kv_arena_alloc could hand out now without a
+ * free: the class's free slots plus those of the unassigned pages. */
+uint64_t kv_arena_room(const kv_arena *a, int cls);
+
 /* The class a slot belongs to, or -EINVAL. */
 int kv_arena_slot_class(const kv_arena *a, uint32_t slot);
 

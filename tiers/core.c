@@ -283,16 +283,37 @@ int kv_core_evict_g2(kv_core *c, uint32_t ns) {
   return evict_one(c, n->arena->cls[n->cls].user);
 }
 
+/* The G2 room kept ready for n's class while G3 is attached: free slots
+ * plus demotions in flight (kv_core_g3_opts.g2_headroom). */
+static uint64_t g2_headroom(const kv_core *c, const kv_core_ns *n) {
+  if (!c->g3 || !n->arena || n->block_bytes == 0) return 0;
+  uint64_t want = c->g3o.g2_headroom, cap = n->arena->capacity / n->block_bytes / 64;
+  return want < cap ? want : cap;
+}
+
+/* Starts demotions until n's class has its headroom, so that the next
+ * stores find free slots while the SSD writes that make room go on. */
+static void keep_g2_room(kv_core *c, kv_core_ns *n) {
+  uint64_t want = g2_headroom(c, n);
+  while (kv_arena_room(n->arena, n->cls) + c->demoting < want)
+    if (evict_one(c, n->arena->cls[n->cls].user)) break;
+}
+
 /* A G2 slot of n's class, evicting as needed. 0, KV_EALLPINNED, -EAGAIN
- * (a demotion started: room comes when it completes), -ENOMEM. */
+ * (room comes when the demotions in flight complete), -ENOMEM. No more
+ * victims are demoted at once than the headroom: a burst of stores waits
+ * for the room on its way rather than emptying G2 into the SSD queue. */
 static int alloc_g2_slot(kv_core *c, kv_core_ns *n, uint32_t *slot) {
   int rc;
   while ((rc = kv_arena_alloc(n->arena, n->cls, slot)) == -ENOSPC) {
+    uint64_t want = g2_headroom(c, n);
+    if (want && c->demoting >= want) return -EAGAIN;
     uint32_t before = c->demoting;
     rc = evict_one(c, n->arena->cls[n->cls].user);
     if (rc) break;
-    if (c->demoting != before) { rc = -EAGAIN; break; }
+    if (c->demoting != before && kv_arena_room(n->arena, n->cls) == 0) { rc = -EAGAIN; break; }
   }
+  if (rc == 0) keep_g2_room(c, n);
   return rc;
 }
 
@@ -524,6 +545,7 @@ int kv_core_attach_g3(kv_core *c, kv_g3 *g3, const kv_core_g3_opts *o) {
   c->g3 = g3;
   if (o) c->g3o = *o;
   if (!c->g3o.low_water) c->g3o.low_water = 64;
+  if (!c->g3o.g2_headroom) c->g3o.g2_headroom = 32;
   c->g3_seq = kv_g3_max_seq(g3);
   warm_ctx w = {c, 0};
   rc = kv_g3_foreach(g3, learn_entry, &w);

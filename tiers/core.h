@@ -55,6 +55,12 @@ typedef struct kv_core_g3_opts {
   kv_admit admit;
   uint8_t min_prio;       /* for KV_ADMIT_MIN_PRIO */
   uint32_t low_water;     /* free G3 slots kept ready by evicting ahead; 0: 64 */
+  /* G2 slots kept free (or being freed by a demotion in flight) per size
+   * class, so that a store finds room at once instead of waiting for an SSD
+   * write; at most 1/64 of the class's share of the arena (none in
+   * arenas too small to spare it). 0: 32, the G3
+   * queue depth's default: enough demotions to keep the SSD queue full. */
+  uint32_t g2_headroom;
 } kv_core_g3_opts;
 
 typedef struct kv_core_stats {
