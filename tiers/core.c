@@ -300,18 +300,14 @@ static void keep_g2_room(kv_core *c, kv_core_ns *n) {
 }
 
 /* A G2 slot of n's class, evicting as needed. 0, KV_EALLPINNED, -EAGAIN
- * (room comes when the demotions in flight complete), -ENOMEM. No more
- * victims are demoted at once than the headroom: a burst of stores waits
- * for the room on its way rather than emptying G2 into the SSD queue. */
+ * (a demotion started: room comes when it completes), -ENOMEM. */
 static int alloc_g2_slot(kv_core *c, kv_core_ns *n, uint32_t *slot) {
   int rc;
   while ((rc = kv_arena_alloc(n->arena, n->cls, slot)) == -ENOSPC) {
-    uint64_t want = g2_headroom(c, n);
-    if (want && c->demoting >= want) return -EAGAIN;
     uint32_t before = c->demoting;
     rc = evict_one(c, n->arena->cls[n->cls].user);
     if (rc) break;
-    if (c->demoting != before && kv_arena_room(n->arena, n->cls) == 0) { rc = -EAGAIN; break; }
+    if (c->demoting != before) { rc = -EAGAIN; break; }
   }
   if (rc == 0) keep_g2_room(c, n);
   return rc;
