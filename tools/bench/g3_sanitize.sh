@@ -27,7 +27,7 @@ if [ "$what" = tsan ] || [ "$what" = all ]; then
   # shellcheck disable=SC2046
   cc -std=gnu11 -g -O1 -fsanitize=thread -D_GNU_SOURCE -DKV_G3_STANDALONE -I"$root" \
      "$root/tests/unit/test_g3_stress.c" "$b/lib/libkvcore.a" \
-     $(pkg-config --libs liburing lmdb) -lpthread -o "$b/bin/g3_stress"
+     $(pkg-config --libs liburing lmdb libsystemd) -lpthread -o "$b/bin/g3_stress"
   export TSAN_OPTIONS="halt_on_error=1 second_deadlock_stack=1"
   "$b/bin/g3_stress" 20000 2>&1 | grep -v ' info g3: '
   tmp=$(mktemp -d /tmp/g3-tsan.XXXXXX)
