@@ -117,7 +117,9 @@ int kvc_release(kvc *c, const kvc_key *keys, uint32_t n, int32_t *status);
  * block is invisible until kvc_commit(). Returns how many slots were
  * reserved, or an error. Per key: KV_EEXISTS (the key exists, or another
  * worker is writing it), KV_EALLPINNED (G2 full of pinned blocks), -EAGAIN
- * (G2 full while victims are being written to the SSD: retry shortly). */
+ * (no room came within the daemon's daemon.load_timeout_ms while victims
+ * were being written to the SSD - the daemon waits that long for the room
+ * before answering: retry later). */
 int kvc_alloc(kvc *c, uint8_t tier, uint8_t prio, const kvc_key *keys,
               const kvc_key *parents, uint32_t n, kvc_block *out);
 /* Makes written blocks visible (the daemon checksums them) / drops them.

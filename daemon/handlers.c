@@ -242,37 +242,7 @@ static int op_release(kvd *d, kvd_session *s, const kv_msg *req, kv_buf *out) {
   return statuses(req, out, d->status, req->batch.keys.n);
 }
 
-/* --- ALLOC / COMMIT / ABORT ----------------------------------------------- */
-static int op_alloc(kvd *d, kvd_session *s, const kv_msg *req, kv_buf *out) {
-  const kv_alloc_req *a = &req->alloc;
-  if (a->tier != KV_G2) return kvd_fail(out, req, -EOPNOTSUPP, "ALLOC serves tier G2 in this build");
-  int rc = kvd_load_keys(d, &a->keys);
-  if (rc) return kvd_fail(out, req, rc, NULL);
-  kvd_ns *n = session_ns(d, s);
-  for (uint32_t i = 0; i < a->keys.n; i++) {
-    kv_alloc_ent *e = &d->allocs[i];
-    e->offset = 0;
-    kv_key parent;
-    const uint8_t *pb = kv_alloc_parent(a, i);
-    if (pb) kv_key_set(&parent, pb, a->keys.klen);
-    kv_block *b;
-    e->status = kv_core_alloc(&d->core, (uint32_t)n->core_ns, &d->keys[i], pb ? &parent : NULL,
-                              a->prio, &b);
-    if (e->status) continue;
-    if (kvd_session_track_alloc(s, b)) {
-      kv_core_abort(&d->core, b);
-      e->status = -ENOMEM;
-      continue;
-    }
-    e->offset = kv_arena_offset(b->slot[KV_G2]);
-  }
-  if (d->core.adm.limit[KV_G2]) kv_core_enforce_limits(&d->core); /* a soft g2.capacity */
-  kv_msg m = kvd_reply_to(req);
-  m.alloc_rep.n = a->keys.n;
-  m.alloc_rep.v = d->allocs;
-  return kv_msg_encode(out, &m);
-}
-
+/* --- COMMIT / ABORT (ALLOC: alloc.c) ----------------------------------------- */
 static int op_commit_abort(kvd *d, kvd_session *s, const kv_msg *req, kv_buf *out, int commit) {
   int rc = kvd_load_keys(d, &req->batch.keys);
   if (rc) return kvd_fail(out, req, rc, NULL);
@@ -445,7 +415,7 @@ int kvd_handle(kvd *d, kvd_sink *sink, const kv_msg *req, kv_buf *out, int *fd_o
   }
   case KV_OP_LOAD: return kvd_op_load(d, sink, req, out);
   case KV_OP_RELEASE: return op_release(d, s, req, out);
-  case KV_OP_ALLOC: return op_alloc(d, s, req, out);
+  case KV_OP_ALLOC: return kvd_op_alloc(d, sink, req, out);
   case KV_OP_COMMIT: return op_commit_abort(d, s, req, out, 1);
   case KV_OP_ABORT: return op_commit_abort(d, s, req, out, 0);
   case KV_OP_PREFETCH: return kvd_op_prefetch(d, sink, req, out);

@@ -39,6 +39,7 @@ typedef struct kvd {
   kv_alloc_ent *allocs;
   kv_g3 *g3;                   /* NULL when no SSD tier is configured */
   struct kvd_load *waiting;    /* LOADs waiting for G2 room (kvd_loads_retry) */
+  struct kvd_alloc *alloc_waiting; /* ALLOCs waiting for G2 room (alloc.c) */
   kvd_metrics m;               /* latencies, miss reasons (stats.h) */
   kvd_session admin;           /* pins the operator took (POST /pin), released at fini */
 } kvd;
@@ -73,6 +74,16 @@ int kvd_load_keys(kvd *d, const kv_keyvec *v);
  * the sink when the last block is up). */
 int kvd_op_load(kvd *d, kvd_sink *sink, const kv_msg *req, kv_buf *out);
 int kvd_op_prefetch(kvd *d, kvd_sink *sink, const kv_msg *req, kv_buf *out);
+/* ALLOC (alloc.c): 0 (reply appended) or KVD_DEFERRED (keys wait for G2
+ * room; the reply goes through the sink). kvd_allocs_retry after G3
+ * completions; kvd_allocs_expire from the tick answers keys that waited
+ * longer than daemon.load_timeout_ms with -EAGAIN (returns how many);
+ * kvd_allocs_fini answers what still waits with -ECANCELED (shutdown). */
+typedef struct kvd_alloc kvd_alloc;
+int kvd_op_alloc(kvd *d, kvd_sink *sink, const kv_msg *req, kv_buf *out);
+void kvd_allocs_retry(kvd *d);
+uint32_t kvd_allocs_expire(kvd *d);
+void kvd_allocs_fini(kvd *d);
 /* Retries LOADs that waited for G2 room; call after G3 completions. */
 void kvd_loads_retry(kvd *d);
 /* Answers, with a timeout error, the blocks of LOADs that have waited for

@@ -242,6 +242,7 @@ void kvd_g3_poll(kvd *d) {
   if (!d->g3) return;
   kv_g3_poll(d->g3);
   if (d->waiting) kvd_loads_retry(d);
+  kvd_allocs_retry(d);
 }
 
 int kvd_op_prefetch(kvd *d, kvd_sink *sink, const kv_msg *req, kv_buf *out) {

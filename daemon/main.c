@@ -222,6 +222,7 @@ int main(int argc, char **argv) {
   /* Stop accepting, send what is owed, release every session. */
   kvd_ops_stop(&st.ops);
   kvd_server_stop_listening(&st.srv);
+  kvd_allocs_fini(&st.d);
   kvd_server_close_all(&st.srv, 1000);
   if (st.d.g3) {
     uv_poll_stop(&st.g3poll);

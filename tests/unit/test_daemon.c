@@ -464,6 +464,38 @@ Test(daemon, load_brings_blocks_up_from_ssd_verified) {
   kvc_close(c);
 }
 
+/* G2 holds 32 blocks; with the SSD tier attached, a store into a full G2
+ * waits in the daemon for the demotions that make room instead of failing:
+ * batches of 16 keys, six times G2's worth in all, every key gets a slot at
+ * the first try, and the newest blocks read back. */
+Test(daemon, stores_into_a_full_g2_wait_for_room_instead_of_failing) {
+  kvc *c = open_one();
+  kvc_key keys[16];
+  kvc_block out[16];
+  for (uint64_t batch = 0; batch < 6; batch++) {
+    for (uint32_t i = 0; i < 16; i++) keys[i] = K(7000 + batch * 16 + i);
+    int r = kvc_alloc(c, KVC_G2, 128, keys, NULL, 16, out);
+    for (uint32_t i = 0; i < 16; i++)
+      cr_assert_eq(out[i].status, 0, "batch %llu key %u: %s", (unsigned long long)batch, i,
+                   kvc_strerror(out[i].status));
+    cr_assert_eq(r, 16);
+    for (uint32_t i = 0; i < 16; i++) fill_pattern(out[i].ptr, 7000 + batch * 16 + i);
+    cr_assert_eq(kvc_commit(c, keys, 16, NULL), 16);
+  }
+  uint8_t *want = malloc(BLOCK);
+  for (uint64_t v = 7060; v < 7096; v += 5) { /* G2 and G3 together keep the newest */
+    kvc_key k = K(v);
+    kvc_block b;
+    int lr = kvc_load(c, KVC_G2, &k, 1, &b);
+    cr_assert_eq(lr, 1, "block %llu: %d %s", (unsigned long long)v, lr, kvc_strerror(b.status));
+    fill_pattern(want, v);
+    cr_assert_eq(memcmp(b.ptr, want, BLOCK), 0);
+    kvc_release(c, &k, 1, NULL);
+  }
+  free(want);
+  kvc_close(c);
+}
+
 static void restart_and_check(int sig) {
   kvc *c = open_one();
   store_many(c, 2000, 40);
