@@ -27,7 +27,8 @@ static const opt opts[] = {
     {"daemon", "socket_dir", OPT_STR, O(socket_dir), sizeof(((kv_config *)0)->socket_dir),
      "/run/kvcached", "directory of the worker socket (kvcached.sock); created 0750 if missing"},
     {"daemon", "load_timeout_ms", OPT_U32, O(load_timeout_ms), 0, "5000",
-     "a LOAD waiting this long for G2 room answers its waiting blocks with a timeout"},
+     "a LOAD or ALLOC waiting this long for G2 room answers its waiting blocks "
+     "with a timeout (LOAD) or -EAGAIN (ALLOC)"},
     {"g2", "capacity", OPT_SIZE, O(g2_capacity), 0, "1G",
      "bytes of pinned host memory for the G2 tier (K/M/G/T suffixes)"},
     {"g2", "page_size", OPT_SIZE, O(g2_page_size), 0, "64M",
