@@ -1,6 +1,7 @@
 /* config.c - the option table and its readers (see config.h). */
 #include "daemon/config.h"
 
+#include <arpa/inet.h>
 #include <ctype.h>
 #include <errno.h>
 #include <ini.h>
@@ -257,6 +258,23 @@ int kv_config_validate(const kv_config *c, char *err, size_t errlen) {
     unsigned long port = colon ? strtoul(colon + 1, &end, 10) : 0;
     if (!colon || colon == c->stats_listen || !colon[1] || *end || port == 0 || port > 65535) {
       snprintf(err, errlen, "stats.listen: '%s' is not host:port", c->stats_listen);
+      return -EINVAL;
+    }
+    /* The host is an address literal (IPv6 in brackets): nothing to resolve. */
+    char host[64];
+    size_t hl = (size_t)(colon - c->stats_listen);
+    const char *h = c->stats_listen;
+    if (hl >= 2 && h[0] == '[' && h[hl - 1] == ']') { h++; hl -= 2; }
+    unsigned char addr[16];
+    int ok = hl < sizeof host;
+    if (ok) {
+      memcpy(host, h, hl);
+      host[hl] = 0;
+      ok = inet_pton(AF_INET, host, addr) == 1 || inet_pton(AF_INET6, host, addr) == 1;
+    }
+    if (!ok) {
+      snprintf(err, errlen, "stats.listen: '%.*s' is not an IPv4 or [IPv6] address",
+               (int)(colon - c->stats_listen), c->stats_listen);
       return -EINVAL;
     }
   }
