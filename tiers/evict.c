@@ -9,6 +9,7 @@ extern const kv_evict_ops kv_evict_lfuda_ops;
 extern const kv_evict_ops kv_evict_arc_ops;
 extern const kv_evict_ops kv_evict_s3fifo_ops;
 extern const kv_evict_ops kv_evict_tinylfu_ops;
+extern const kv_evict_ops kv_evict_auto_ops;
 
 const kv_evict_ops *const kv_evict_policies[] = {
     &kv_evict_lru_ops,
@@ -17,6 +18,7 @@ const kv_evict_ops *const kv_evict_policies[] = {
     &kv_evict_arc_ops,
     &kv_evict_s3fifo_ops,
     &kv_evict_tinylfu_ops,
+    &kv_evict_auto_ops,
     NULL,
 };
 

@@ -69,6 +69,10 @@ int kv_evict_init(kv_evict *e, const kv_evict_ops *ops, kv_index *ix, kv_tier ti
 /* W-TinyLFU's window share (0..1) as its hill climber has set it; e must
  * be a "tinylfu" policy. For tests and statistics. */
 double kv_evict_tinylfu_window(const kv_evict *e);
+/* The expert an "auto" policy follows now ("lru" or "tinylfu") and, in
+ * *switches if not NULL, how often it has changed; e must be an "auto"
+ * policy. For tests and statistics. */
+const char *kv_evict_auto_following(const kv_evict *e, uint64_t *switches);
 void kv_evict_fini(kv_evict *e);
 
 /* ---- for policy implementations (evict_util.c) ---------------------------

@@ -2,6 +2,7 @@
  * offers is always one it holds, priority classes order first, and its
  * heap survives random add/remove/touch against a brute-force model. */
 #include <criterion/criterion.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -30,7 +31,7 @@ Test(evict, lower_priority_class_always_first) {
   for (int p = 0; kv_evict_policies[p]; p++) {
     kv_index ix;
     kv_index_init(&ix, 16);
-    kv_evict e;
+    kv_evict e = {0}; /* capacity 0: unknown */
     cr_assert_eq(kv_evict_init(&e, kv_evict_policies[p], &ix, KV_G2), 0);
     kv_block *old = mk(&ix, 1), *young = mk(&ix, 2);
     old->atime = 1, old->hits = 5, old->atime2 = 0, old->prio = 200;
@@ -72,7 +73,7 @@ Test(evict, random_operations_keep_the_heap_consistent) {
   for (int p = 0; kv_evict_policies[p]; p++) {
     kv_index ix;
     kv_index_init(&ix, N);
-    kv_evict e;
+    kv_evict e = {.capacity = N / 4}; /* auto runs its miniatures */
     kv_evict_init(&e, kv_evict_policies[p], &ix, KV_G2);
     kv_block *b[N];
     int in[N] = {0}, held = 0;
@@ -163,14 +164,15 @@ static void sim_evict(sim *s) {
   cr_assert_eq(kv_index_remove(&s->ix, v), 0);
 }
 
-static void sim_access(sim *s, uint64_t key) {
+/* 1 on a hit, 0 on a miss. */
+static int sim_access(sim *s, uint64_t key) {
   kv_block *b = sim_find(s, key);
   if (b) {
     b->atime2 = b->atime;
     b->atime = ++s->clock;
     b->hits++;
     s->e.ops->touch(&s->e, b);
-    return;
+    return 1;
   }
   if (s->e.count >= s->cap) sim_evict(s);
   b = mk(&s->ix, key);
@@ -178,6 +180,7 @@ static void sim_access(sim *s, uint64_t key) {
   b->hits = 1;
   b->atime = ++s->clock;
   cr_assert_eq(s->e.ops->add(&s->e, b), 0);
+  return 0;
 }
 
 /* A set used again and again survives one pass over many blocks used once
@@ -344,4 +347,68 @@ Test(evict, tinylfu_window_follows_the_workload) {
   double rec = window_after(1), freq = window_after(0);
   cr_assert_gt(rec, 0.05, "recency-friendly stream: window %.3f", rec);
   cr_assert_lt(freq, 0.01, "frequency-friendly stream: window %.3f", freq);
+}
+
+/* auto follows whichever of its experts is better on the stream, and so
+ * comes within a small margin of the better one on each: the recency- and
+ * frequency-friendly streams of window_after (lru wins the first, tinylfu
+ * the second). The margin: what the steps before the miniatures reach
+ * significance, and each switch, may cost - 2 points of hit rate. */
+static double hit_rate_on(const char *policy, int recency, char *following, size_t len) {
+  enum { CAP = 200, STEPS = 400 * CAP };
+  sim s;
+  sim_open(&s, policy, CAP);
+  uint64_t x = 88172645463325252ull, fresh = 1000000, hits = 0;
+  for (int step = 0; step < STEPS; step++) {
+    if (recency) {
+      int phase = step / (8 * (CAP * 3 / 4)), i = step % (CAP * 3 / 4);
+      hits += sim_access(&s, (uint64_t)phase * CAP + (uint64_t)i);
+    } else if (step % 2) {
+      hits += sim_access(&s, fresh++);
+    } else {
+      x ^= x << 13, x ^= x >> 7, x ^= x << 17;
+      hits += sim_access(&s, x % (CAP * 3 / 4));
+    }
+    cr_assert_leq(s.e.count, CAP);
+  }
+  if (following) snprintf(following, len, "%s", kv_evict_auto_following(&s.e, NULL));
+  sim_close(&s);
+  return 100.0 * (double)hits / STEPS;
+}
+
+static void auto_follows_the_better_expert(int recency, const char *better, const char *worse) {
+  char following[16];
+  double b = hit_rate_on(better, recency, NULL, 0), w = hit_rate_on(worse, recency, NULL, 0);
+  double a = hit_rate_on("auto", recency, following, sizeof following);
+  cr_assert_gt(b, w + 5, "the stream must separate the experts: %s %.2f, %s %.2f", better, b, worse, w);
+  cr_assert_str_eq(following, better, "auto follows %s (%s %.2f, %s %.2f)", following, better, b, worse, w);
+  cr_assert_geq(a, b - 2, "auto %.2f%%, %s %.2f%%, %s %.2f%%", a, better, b, worse, w);
+}
+
+Test(evict, auto_follows_lru_on_a_recency_friendly_stream) {
+  auto_follows_the_better_expert(1, "lru", "tinylfu");
+}
+
+Test(evict, auto_follows_tinylfu_on_a_frequency_friendly_stream) {
+  auto_follows_the_better_expert(0, "tinylfu", "lru");
+}
+
+/* Without a capacity there is nothing to scale the miniatures by: auto is
+ * lru, and says so. */
+Test(evict, auto_without_capacity_is_lru) {
+  kv_index ix;
+  kv_index_init(&ix, 16);
+  kv_evict e = {0};
+  cr_assert_eq(kv_evict_init(&e, kv_evict_lookup("auto"), &ix, KV_G2), 0);
+  kv_block *old = mk(&ix, 1), *young = mk(&ix, 2);
+  old->atime = 1, young->atime = 2;
+  old->prio = young->prio = KV_PRIO_DEFAULT;
+  cr_assert_eq(e.ops->add(&e, young), 0);
+  cr_assert_eq(e.ops->add(&e, old), 0);
+  cr_assert_eq(e.ops->peek(&e), old);
+  cr_assert_str_eq(kv_evict_auto_following(&e, NULL), "lru");
+  e.ops->remove(&e, old);
+  e.ops->remove(&e, young);
+  kv_evict_fini(&e);
+  kv_index_fini(&ix);
 }
