@@ -11,8 +11,8 @@
  * stride = 4096 + slot_bytes; data_off = 1 MiB. Every multi-byte field is
  * little-endian. A header sector holds one G3_REC_LEN-byte record and
  * zeros. Header and payload are adjacent, so a block is one contiguous
- * range: its two transfers form one sequential stream (the block layer
- * may merge them into one device command).
+ * range, written with one vectored transfer and read as one sequential
+ * stream.
  */
 #ifndef KV_TIERS_G3_FORMAT_H
 #define KV_TIERS_G3_FORMAT_H

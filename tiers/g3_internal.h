@@ -99,8 +99,9 @@ typedef struct g3_engine_ops {
   kv_g3_backend kind;
   /* Starts the engine. 0, or -errno with nothing left running. */
   int (*start)(kv_g3 *g);
-  /* Queues op for its two transfers (header, payload); never fails. When
-   * both are done the engine calls g3_io_finished(). Any thread. */
+  /* Queues op for its transfers (header and payload: one vectored write,
+   * or two reads); never fails. When they are done the engine calls
+   * g3_io_finished(). Any thread. */
   void (*submit)(kv_g3 *g, g3_op *op);
   /* Finishes every submitted op, then stops and frees the engine. */
   void (*stop)(kv_g3 *g);

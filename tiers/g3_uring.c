@@ -1,16 +1,20 @@
 /*
- * g3_uring.c - the G3 io_uring engine. One thread owns the ring: it takes
- * queued ops (at most queue_depth in flight), issues each op's header and
- * payload transfers as two SQEs, reaps completions, resubmits the rest of
- * short transfers, and hands finished ops on. Callers wake it through an
- * eventfd that the ring itself keeps a read armed on.
+ * g3_uring.c - the G3 io_uring engine. One thread makes and owns the ring
+ * (its only submitter: SINGLE_ISSUER | DEFER_TASKRUN where the kernel has
+ * them, with fallbacks; data files and ring fd registered): it takes
+ * queued ops (at most queue_depth in flight), issues a write as one
+ * vectored SQE (header sector and payload, adjacent on disk) and a read as
+ * two (header, payload), reaps completions, resubmits the rest of short
+ * transfers, and hands finished ops on. Callers wake it through an eventfd
+ * that the ring itself keeps a read armed on.
  *
  * Buffers: the engine's header sectors and the G2 arena (in chunks of at
  * most 1 GiB, the kernel's limit per buffer) are registered as fixed
- * buffers, so payloads move between the SSD and G2 with no copy and no
- * per-I/O page pinning. If registration is refused (RLIMIT_MEMLOCK, kernel
- * limits) a shorter prefix of the arena is tried, then none: I/O then uses
- * plain READ/WRITE, logged once.
+ * buffers, so reads land in G2 with no copy and no per-I/O page pinning;
+ * writes go from G2 with no copy too, the kernel pinning the pages per I/O
+ * (a vectored write cannot span two registered buffers). If registration
+ * is refused (RLIMIT_MEMLOCK, kernel limits) a shorter prefix of the arena
+ * is tried, then none: reads then use plain READ, logged once.
  */
 #include <errno.h>
 #include <liburing.h>

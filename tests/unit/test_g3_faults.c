@@ -371,17 +371,24 @@ static int inject_io(void *arg, int is_write, int is_header, unsigned file, uint
   return -e;
 }
 
+/* Opens an 8 KiB-block store on backend be whose transfers go through
+ * fault. 0 (nothing opened) where io_uring is not available. */
+static int fx_init_fault(fx *f, kv_g3_backend be, const kv_g3_fault *fault) {
+  memset(f, 0, sizeof *f);
+  if (be == KV_G3_BACKEND_URING && !t_uring_ok()) return 0;
+  f->be = be, f->block = 8192, f->cap = 4u << 20, f->fault = fault;
+  t_mkdir(f->dir, sizeof f->dir);
+  t_arena(&f->arena, 8u << 20, f->block, &f->cls);
+  fx_open(f);
+  return 1;
+}
+
 static void injected_write(kv_g3_backend be, int err, kv_g3_state want, int alloc_rc,
                            const char *needle) {
   inject in = {0};
   kv_g3_fault fault = {.io = inject_io, .arg = &in};
   fx f;
-  memset(&f, 0, sizeof f);
-  if (be == KV_G3_BACKEND_URING && !t_uring_ok()) return;
-  f.be = be, f.block = 8192, f.cap = 4u << 20, f.fault = &fault;
-  t_mkdir(f.dir, sizeof f.dir);
-  t_arena(&f.arena, 8u << 20, f.block, &f.cls);
-  fx_open(&f);
+  if (!fx_init_fault(&f, be, &fault)) return;
   fx_fill(&f, 5);
   atomic_store(&in.write_err, err);
   void *b = t_buf(&f.arena, f.cls);
@@ -428,15 +435,10 @@ Test(g3_faults, injected_write_eio) {
  * even when the payload's failed (a header naming bytes never written). */
 Test(g3_faults, refused_payload_leaves_no_header) {
   for (int be = 0; be < T_NBACKENDS; be++) {
-    if (t_backends[be] == KV_G3_BACKEND_URING && !t_uring_ok()) continue;
     inject in = {0};
     kv_g3_fault fault = {.io = inject_io, .arg = &in};
     fx f;
-    memset(&f, 0, sizeof f);
-    f.be = t_backends[be], f.block = 8192, f.cap = 4u << 20, f.fault = &fault;
-    t_mkdir(f.dir, sizeof f.dir);
-    t_arena(&f.arena, 8u << 20, f.block, &f.cls);
-    fx_open(&f);
+    if (!fx_init_fault(&f, t_backends[be], &fault)) continue;
     void *b = t_buf(&f.arena, f.cls);
     t_fill(b, f.block, 3, 0);
     atomic_store(&in.write_err, EIO);
@@ -464,15 +466,10 @@ Test(g3_faults, refused_payload_leaves_no_header) {
 
 Test(g3_faults, injected_read_eio) {
   for (int be = 0; be < T_NBACKENDS; be++) {
-    if (t_backends[be] == KV_G3_BACKEND_URING && !t_uring_ok()) continue;
     inject in = {0};
     kv_g3_fault fault = {.io = inject_io, .arg = &in};
     fx f;
-    memset(&f, 0, sizeof f);
-    f.be = t_backends[be], f.block = 8192, f.cap = 4u << 20, f.fault = &fault;
-    t_mkdir(f.dir, sizeof f.dir);
-    t_arena(&f.arena, 8u << 20, f.block, &f.cls);
-    fx_open(&f);
+    if (!fx_init_fault(&f, t_backends[be], &fault)) continue;
     fx_fill(&f, 4);
     void *b = t_buf(&f.arena, f.cls);
     atomic_store(&in.read_err, EIO);
