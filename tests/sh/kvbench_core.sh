@@ -36,6 +36,8 @@ expect_exit 0 "all policies compared in one run" "$BIN/kvbench" core-replay --tr
 check "by_policy lists every policy" test "$(jq '.by_policy | length' "$T/out")" = "$("$BIN/kvctl" policies | wc -l)"
 check "arc, s3fifo and tinylfu replayed at six capacities" \
   test "$(jq '[.by_policy.arc, .by_policy.s3fifo, .by_policy.tinylfu | length] == [6,6,6]' "$T/out")" = true
+check "auto at or above plain LRU at every capacity" \
+  test "$(jq '[.by_policy.auto[] | .prefix_hit_rate >= .reference_lru.prefix_hit_rate - 1e-9] | all' "$T/out")" = true
 
 # G2 + G3 with a real SSD tier, once per admission policy (a small trace:
 # the full one writes ~100k blocks and takes minutes).
