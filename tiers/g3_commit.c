@@ -57,6 +57,8 @@ static void cq_push(kv_g3 *g, g3_op *op) {
   g3_q_push(&g->cq, op);
 }
 
+static uint32_t commit_max(const kv_g3 *g) { return g->opts.commit_max ? g->opts.commit_max : 4096; }
+
 void g3_commit_push(kv_g3 *g, g3_op *op) {
   pthread_mutex_lock(&g->cmu);
   cq_push(g, op);
@@ -67,11 +69,18 @@ void g3_commit_push(kv_g3 *g, g3_op *op) {
 void g3_write_finished(kv_g3 *g, g3_op *op) {
   int ok = op->res == 0;
   /* Counted down under the committer's lock, so a committer waiting for
-   * more writes sees the engine run dry. */
+   * more writes sees the engine run dry. It is woken only when that
+   * changes what it does - a batch to start, the engine dry, the batch
+   * full - not for every write joining an open window (a context switch
+   * per block on a busy machine). */
   pthread_mutex_lock(&g->cmu);
-  atomic_fetch_sub(&g->wr_engine, 1);
-  if (ok) cq_push(g, op);
-  pthread_cond_signal(&g->ccv);
+  int wake = atomic_fetch_sub(&g->wr_engine, 1) == 1;
+  if (ok) {
+    wake |= !g->cq.head;
+    cq_push(g, op);
+    wake |= g->cq.n >= commit_max(g);
+  }
+  if (wake) pthread_cond_signal(&g->ccv);
   pthread_mutex_unlock(&g->cmu);
   if (!ok) g3_done_push(g, op);
 }
@@ -118,7 +127,7 @@ static void commit_batch(kv_g3 *g, g3_op *batch) {
 
 static void *committer_main(void *arg) {
   kv_g3 *g = arg;
-  uint32_t max = g->opts.commit_max ? g->opts.commit_max : 4096;
+  uint32_t max = commit_max(g);
   for (;;) {
     pthread_mutex_lock(&g->cmu);
     while (!g->cq.head && !g->cstop) pthread_cond_wait(&g->ccv, &g->cmu);
