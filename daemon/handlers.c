@@ -63,8 +63,7 @@ static int open_g3(kvd *d) {
   kv_core_g3_opts go = {.admit = !strcmp(d->cfg.g3_admit, "second-use") ? KV_ADMIT_SECOND_USE
                                : !strcmp(d->cfg.g3_admit, "min-prio") ? KV_ADMIT_MIN_PRIO
                                : KV_ADMIT_ALWAYS,
-                        .min_prio = (uint8_t)d->cfg.g3_min_prio,
-                        .g2_headroom = d->cfg.g3_queue_depth};
+                        .min_prio = (uint8_t)d->cfg.g3_min_prio};
   rc = kv_core_attach_g3(&d->core, d->g3, &go);
   if (rc < 0) {
     kv_error("g3", "cannot attach the SSD tier: %s", kv_strerror(rc));

@@ -287,8 +287,8 @@ int kv_core_evict_g2(kv_core *c, uint32_t ns) {
  * plus demotions in flight (kv_core_g3_opts.g2_headroom). */
 static uint64_t g2_headroom(const kv_core *c, const kv_core_ns *n) {
   if (!c->g3 || !n->arena || n->block_bytes == 0) return 0;
-  uint64_t want = c->g3o.g2_headroom, cap = n->arena->capacity / n->block_bytes / 64;
-  return want < cap ? want : cap;
+  uint64_t cap = n->arena->capacity / n->block_bytes / 64;
+  return c->g3o.g2_headroom && c->g3o.g2_headroom < cap ? c->g3o.g2_headroom : cap;
 }
 
 /* Starts demotions until n's class has its headroom, so that the next
@@ -541,7 +541,6 @@ int kv_core_attach_g3(kv_core *c, kv_g3 *g3, const kv_core_g3_opts *o) {
   c->g3 = g3;
   if (o) c->g3o = *o;
   if (!c->g3o.low_water) c->g3o.low_water = 64;
-  if (!c->g3o.g2_headroom) c->g3o.g2_headroom = 32;
   c->g3_seq = kv_g3_max_seq(g3);
   warm_ctx w = {c, 0};
   rc = kv_g3_foreach(g3, learn_entry, &w);

@@ -278,7 +278,7 @@ Test(core_g3, restart_is_warm) {
 Test(core_g3, stores_find_room_kept_ahead) {
   fx f;
   setup(&f, 1024, 4096, KV_ADMIT_ALWAYS);
-  const uint32_t want = 1024 / 64; /* min(default 32, 1/64 of the class) */
+  const uint32_t want = 1024 / 64; /* 1/64 of the class */
   for (uint64_t v = 0; v < 1200; v++) store(&f, v);
   kv_g3_drain(f.g3);
   cr_assert_geq(kv_arena_room(&f.arena, 0), want, "room kept ahead: %llu free",
