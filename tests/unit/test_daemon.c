@@ -188,14 +188,16 @@ Test(daemon, a_killed_worker_releases_its_pins) {
     _exit(0);
   }
   char ok = 0;
-  cr_assert_eq(read(pfd[0], &ok, 1), 1);
-  cr_assert_eq(ok, 'y', "the worker could not pin every block");
+  ssize_t got = read(pfd[0], &ok, 1);
   kvc_key nk = K(999);
   kvc_block out;
-  cr_assert_eq(kvc_alloc(c, KVC_G2, 128, &nk, NULL, 1, &out), 0);
-  cr_assert_eq(out.status, KV_EALLPINNED, "everything is pinned: a clear error");
-  kill(w, SIGKILL);
+  int r = kvc_alloc(c, KVC_G2, 128, &nk, NULL, 1, &out);
+  kill(w, SIGKILL); /* before any assertion: a failed one must not leave it paused */
   waitpid(w, NULL, 0);
+  cr_assert_eq(got, 1);
+  cr_assert_eq(ok, 'y', "the worker could not pin every block");
+  cr_assert_eq(r, 0);
+  cr_assert_eq(out.status, KV_EALLPINNED, "everything is pinned: a clear error");
   int stored = 0;
   for (int i = 0; i < 100 && !stored; i++) {
     stored = kvc_alloc(c, KVC_G2, 128, &nk, NULL, 1, &out) == 1;
