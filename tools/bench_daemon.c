@@ -36,12 +36,10 @@
 #include <getopt.h>
 #include <jansson.h>
 #include <poll.h>
-#include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/mman.h>
-#include <sys/wait.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -50,7 +48,6 @@
 #include "proto/errors.h"
 #include "tools/kvbench.h"
 
-#define MAX_CLIENTS 64
 #define AUTO_SET_BYTES (512ull << 20) /* default working set of load/memcpy */
 #define RTT_SAMPLES_MAX (1u << 20)
 #define KEY_BYTES 16
@@ -338,8 +335,8 @@ typedef struct runctx {
   int64_t g3_reads;     /* swapin: the daemon's G3 reads at the start */
   uint32_t warm_blocks; /* store: blocks written before the clock starts */
   uint8_t *src;         /* memcpy: the shared source */
-  int ready_w, go_r;
-  int passed;           /* this client went through the barrier */
+  kvb_sync *sync;       /* in a client: its start barrier */
+  cres *res;            /* one result per client, shared with the parent */
 } runctx;
 
 static void fail_res(cres *r, int rc, const char *what) {
@@ -348,15 +345,8 @@ static void fail_res(cres *r, int rc, const char *what) {
 }
 
 /* Tells the parent this client is ready (or failed), then waits for the
- * start: the parent closes the go pipe. Once per client; later calls
- * return at once. */
-static void barrier(runctx *x) {
-  char b = 1;
-  if (x->passed) return;
-  x->passed = 1;
-  if (write(x->ready_w, &b, 1) != 1) _exit(3);
-  while (read(x->go_r, &b, 1) > 0) {}
-}
+ * start; once per client. */
+static void barrier(runctx *x) { kvb_sync_wait(x->sync); }
 
 /* Copies block `len` bytes from src to dst and checks the fill byte at
  * both ends; returns 1 if they are not `want`. */
@@ -597,65 +587,39 @@ static void client_lookup(runctx *x, uint32_t id, cres *r) {
   free(keys); free(tiers);
 }
 
+static int client_run(void *arg, uint32_t i, kvb_sync *sync) {
+  runctx *x = arg;
+  cres *r = &x->res[i];
+  x->sync = sync;
+  switch (x->o->kind) {
+  case B_LOAD: case B_MEMCPY: case B_SWAPIN: client_load(x, i, r, x->o->kind); break;
+  case B_STORE: client_store(x, i, r); break;
+  case B_LOOKUP: client_lookup(x, i, r); break;
+  }
+  return r->rc ? 1 : 0;
+}
+
+/* swapin: the filler goes, so G2 has room for the working set to come back. */
+static void clients_ready(void *arg) {
+  runctx *x = arg;
+  if (x->o->kind != B_SWAPIN) return;
+  delete_keys(x->parent, PARENT_CLIENT, x->nblocks, x->filler);
+  x->g3_reads = status_g3(x->parent, "reads");
+}
+
+static const char *client_err(void *arg, uint32_t i) {
+  runctx *x = arg;
+  return x->res[i].rc ? x->res[i].err : NULL;
+}
+
 /* Forks o->clients clients, starts them together, waits for them all.
  * 0, or -1 when one failed (its message printed). */
 static int run_clients(runctx *x, cres *res) {
-  const dopts *o = x->o;
-  int ready[2], go[2];
-  if (pipe(ready) || pipe(go)) {
-    perror("kvbench: pipe");
-    return -1;
-  }
-  pid_t pids[MAX_CLIENTS];
-  uint32_t started = 0;
-  for (uint32_t i = 0; i < o->clients; i++) {
-    fflush(NULL);
-    pid_t p = fork();
-    if (p < 0) { perror("kvbench: fork"); break; }
-    if (p == 0) {
-      close(ready[0]);
-      close(go[1]);
-      x->ready_w = ready[1];
-      x->go_r = go[0];
-      switch (o->kind) {
-      case B_LOAD: case B_MEMCPY: case B_SWAPIN: client_load(x, i, &res[i], o->kind); break;
-      case B_STORE: client_store(x, i, &res[i]); break;
-      case B_LOOKUP: client_lookup(x, i, &res[i]); break;
-      }
-      _exit(res[i].rc ? 1 : 0);
-    }
-    pids[started++] = p;
-  }
-  close(ready[1]);
-  close(go[0]);
-  /* Everybody ready (or gone), then go. */
-  uint32_t nready = 0;
-  while (nready < started) {
-    struct pollfd pf = {ready[0], POLLIN, 0};
-    int pr = poll(&pf, 1, 120000);
-    char b;
-    if (pr <= 0 || read(ready[0], &b, 1) != 1) break;
-    nready++;
-  }
-  if (o->kind == B_SWAPIN && nready == started) {
-    /* The filler goes: G2 has room for the working set to come back. */
-    delete_keys(x->parent, PARENT_CLIENT, x->nblocks, x->filler);
-    x->g3_reads = status_g3(x->parent, "reads");
-  }
-  close(go[1]);
-  int failed = started < o->clients || nready < started;
-  for (uint32_t i = 0; i < started; i++) {
-    if (nready < started) kill(pids[i], SIGKILL);
-    int st;
-    while (waitpid(pids[i], &st, 0) < 0 && errno == EINTR) {}
-    if (!WIFEXITED(st) || WEXITSTATUS(st) != 0) {
-      failed = 1;
-      fprintf(stderr, "kvbench %s: client %u: %s\n", bench_name[o->kind], i,
-              res[i].rc ? res[i].err : "died");
-    }
-  }
-  close(ready[0]);
-  return failed ? -1 : 0;
+  static const kvb_clients_ops ops = {client_run, clients_ready, client_err};
+  char cmd[64];
+  snprintf(cmd, sizeof cmd, "kvbench %s", bench_name[x->o->kind]);
+  x->res = res;
+  return kvb_run_clients(cmd, x->o->clients, &ops, x, NULL);
 }
 
 /* --- the subcommands --------------------------------------------------------------- */
@@ -756,7 +720,7 @@ static int parse_opts(dopts *o, int argc, char **argv) {
       break;
     case 'b': case 'c': case 'n': case 'B': case 'k': case 'D':
       if (kv_parse_size(optarg, &v) || v == 0 || v > UINT32_MAX ||
-          (ch == 'c' && v > MAX_CLIENTS) || ((ch == 'B' || ch == 'k') && v > KVC_BATCH_MAX) ||
+          (ch == 'c' && v > KVB_MAX_CLIENTS) || ((ch == 'B' || ch == 'k') && v > KVC_BATCH_MAX) ||
           (ch == 'D' && v > 16)) {
         fprintf(stderr, "kvbench %s: bad value '%s' for %s\n", bench_name[o->kind], optarg,
                 argv[optind - 1]);
@@ -794,10 +758,10 @@ static int bench_main(bench_kind kind, int argc, char **argv) {
   int rc = parse_opts(&o, argc, argv);
   if (rc) return rc;
   run_nonce = kvb_now_ns() ^ ((uint64_t)getpid() << 32);
-  cres *res = mmap(NULL, MAX_CLIENTS * sizeof *res, PROT_READ | PROT_WRITE,
+  cres *res = mmap(NULL, KVB_MAX_CLIENTS * sizeof *res, PROT_READ | PROT_WRITE,
                    MAP_SHARED | MAP_ANONYMOUS, -1, 0);
   if (res == MAP_FAILED) { perror("kvbench: mmap"); return 1; }
-  memset(res, 0, MAX_CLIENTS * sizeof *res);
+  memset(res, 0, KVB_MAX_CLIENTS * sizeof *res);
   runctx x = {.o = &o};
   kvc *c = NULL;
   uint64_t cap = 0;
@@ -946,7 +910,7 @@ out:
   }
   kvc_close(c);
   if (x.src) munmap(x.src, (size_t)x.nblocks * o.block_bytes);
-  munmap(res, MAX_CLIENTS * sizeof *res);
+  munmap(res, KVB_MAX_CLIENTS * sizeof *res);
   return status;
 }
 

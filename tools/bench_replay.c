@@ -33,13 +33,10 @@
 #include <errno.h>
 #include <getopt.h>
 #include <jansson.h>
-#include <poll.h>
-#include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/mman.h>
-#include <sys/wait.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -50,7 +47,6 @@
 #include "tools/trace.h"
 
 #define TOKENS_PER_BLOCK 512 /* the Mooncake trace's block */
-#define MAX_CLIENTS 64
 #define STORE_PRIO 128
 #define NO_SAMPLE UINT64_MAX
 
@@ -133,6 +129,7 @@ typedef struct client {
   int32_t *st;
   kvc_key *ak, *ap; /* store: the keys asked for, their parents */
   uint32_t *idx;    /* store: their block indices in the request */
+  rres *res;        /* one result per client, shared with the parent */
 } client;
 
 /* Stores blocks [from, n) of request q (the ones after its hit). A slot
@@ -241,7 +238,12 @@ static int replay_one(client *x, size_t qi, rres *r) {
   return rc;
 }
 
-static void client_main(client *x, int id, rres *r, int ready_w, int go_r) {
+/* Client `id`: sets up, passes the start barrier, replays its requests.
+ * Returns its exit status (0: every request went through). */
+static int client_main(void *arg, uint32_t uid, kvb_sync *sync) {
+  client *x = arg;
+  int id = (int)uid;
+  rres *r = &x->res[uid];
   const ropts *o = x->o;
   uint32_t maxn = 1;
   for (size_t i = 0; i < x->nreq; i++)
@@ -256,9 +258,7 @@ static void client_main(client *x, int id, rres *r, int ready_w, int go_r) {
   int rc = x->keys && x->tiers && x->blk && x->st && x->ak && x->ap && x->idx ? 0 : -ENOMEM;
   if (rc) fail(r, rc, "buffers", 0);
   else if ((rc = open_conn(o, &x->c))) fail(r, rc, "open", 0);
-  char b = 1;
-  if (write(ready_w, &b, 1) != 1) _exit(3);
-  while (read(go_r, &b, 1) > 0) {} /* the parent closes it: go */
+  kvb_sync_wait(sync);
   double t0 = kvb_now_s();
   uint64_t ts0 = x->nreq ? x->t->req[0].ts_ms : 0;
   for (size_t i = 0; i < x->nreq && !rc; i++) {
@@ -277,7 +277,7 @@ static void client_main(client *x, int id, rres *r, int ready_w, int go_r) {
   kvc_close(x->c);
   free(x->keys); free(x->tiers); free(x->blk); free(x->st);
   free(x->ak); free(x->ap); free(x->idx);
-  _exit(rc ? 1 : 0);
+  return rc ? 1 : 0;
 }
 
 /* --- the parent ----------------------------------------------------------------- */
@@ -395,7 +395,7 @@ static int parse_opts(ropts *o, int argc, char **argv) {
       o->alloc_wait_ms = (uint32_t)v;
       break;
     case 'c': case 'b': case 'l':
-      if (kv_parse_size(optarg, &v) || v == 0 || v > UINT32_MAX || (ch == 'c' && v > MAX_CLIENTS) ||
+      if (kv_parse_size(optarg, &v) || v == 0 || v > UINT32_MAX || (ch == 'c' && v > KVB_MAX_CLIENTS) ||
           (ch == 'b' && (v % 8 || v < 64))) {
         fprintf(stderr, "kvbench replay: bad value '%s' for %s%s\n", optarg, argv[optind - 1],
                 ch == 'b' ? " (a multiple of 8, at least 64)" : "");
@@ -421,50 +421,18 @@ static int parse_opts(ropts *o, int argc, char **argv) {
   return 0;
 }
 
+static const char *client_err(void *arg, uint32_t i) {
+  client *x = arg;
+  return x->res[i].rc ? x->res[i].err : NULL;
+}
+
 /* Forks the clients, starts them together, waits for them all; the
  * wall-clock seconds from the start in *elapsed. 0, or -1 when one failed
  * (its message printed). */
 static int run_clients(client *x, rres *res, double *elapsed) {
-  const ropts *o = x->o;
-  int ready[2], go[2];
-  if (pipe(ready) || pipe(go)) { perror("kvbench replay: pipe"); return -1; }
-  pid_t pids[MAX_CLIENTS];
-  uint32_t started = 0;
-  for (uint32_t i = 0; i < o->clients; i++) {
-    fflush(NULL);
-    pid_t p = fork();
-    if (p < 0) { perror("kvbench replay: fork"); break; }
-    if (p == 0) {
-      close(ready[0]);
-      close(go[1]);
-      client_main(x, (int)i, &res[i], ready[1], go[0]);
-    }
-    pids[started++] = p;
-  }
-  close(ready[1]);
-  close(go[0]);
-  uint32_t nready = 0;
-  while (nready < started) {
-    struct pollfd pf = {ready[0], POLLIN, 0};
-    char b;
-    if (poll(&pf, 1, 120000) <= 0 || read(ready[0], &b, 1) != 1) break;
-    nready++;
-  }
-  double t0 = kvb_now_s();
-  close(go[1]);
-  int failed = started < o->clients || nready < started;
-  for (uint32_t i = 0; i < started; i++) {
-    if (nready < started) kill(pids[i], SIGKILL);
-    int st;
-    while (waitpid(pids[i], &st, 0) < 0 && errno == EINTR) {}
-    if (!WIFEXITED(st) || WEXITSTATUS(st) != 0) {
-      failed = 1;
-      fprintf(stderr, "kvbench replay: client %u: %s\n", i, res[i].rc ? res[i].err : "died");
-    }
-  }
-  *elapsed = kvb_now_s() - t0;
-  close(ready[0]);
-  return failed ? -1 : 0;
+  static const kvb_clients_ops ops = {client_main, NULL, client_err};
+  x->res = res;
+  return kvb_run_clients("kvbench replay", x->o->clients, &ops, x, elapsed);
 }
 
 static double rate(uint64_t a, uint64_t b) { return b ? (double)a / (double)b : 0.0; }
@@ -489,13 +457,13 @@ int kvbench_replay(int argc, char **argv) {
       kv_trace_free(&t);
       return 1;
     }
-  size_t shm = MAX_CLIENTS * sizeof(rres) + 2 * (nreq ? nreq : 1) * sizeof(uint64_t);
+  size_t shm = KVB_MAX_CLIENTS * sizeof(rres) + 2 * (nreq ? nreq : 1) * sizeof(uint64_t);
   void *mem = mmap(NULL, shm, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS, -1, 0);
   if (mem == MAP_FAILED) { perror("kvbench replay: mmap"); kv_trace_free(&t); return 1; }
   rres *res = mem;
-  memset(res, 0, MAX_CLIENTS * sizeof *res);
+  memset(res, 0, KVB_MAX_CLIENTS * sizeof *res);
   client x = {.o = &o, .t = &t, .nreq = nreq,
-              .lookup_ns = (uint64_t *)(res + MAX_CLIENTS)};
+              .lookup_ns = (uint64_t *)(res + KVB_MAX_CLIENTS)};
   x.load_ns = x.lookup_ns + nreq;
   for (size_t i = 0; i < 2 * nreq; i++) x.lookup_ns[i] = NO_SAMPLE;
 

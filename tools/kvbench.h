@@ -35,4 +35,29 @@ void kvb_say_open_error(const char *cmd, const char *socket, int rc);
  * stderr) if it does not fit. */
 int kvb_socket_opt(char *dst, size_t cap, int is_dir, const char *arg, const char *cmd);
 
+/* The client processes of one run (bench_clients.c). */
+#define KVB_MAX_CLIENTS 64
+typedef struct kvb_sync {
+  int ready_w, go_r;
+  int passed;
+} kvb_sync;
+/* In a client: says it is ready (set up, or failed), then waits for the
+ * start. Once per client; later calls return at once. */
+void kvb_sync_wait(kvb_sync *s);
+typedef struct kvb_clients_ops {
+  /* Runs in client i (a forked process), calls kvb_sync_wait(s) once set
+   * up (or failed), and returns its exit status: 0 when it succeeded. */
+  int (*child)(void *arg, uint32_t i, kvb_sync *s);
+  /* In the parent once every client is ready, before the start; may be NULL. */
+  void (*all_ready)(void *arg);
+  /* Why client i failed (its own words), or NULL; may be NULL. */
+  const char *(*why)(void *arg, uint32_t i);
+} kvb_clients_ops;
+/* Forks n (at most KVB_MAX_CLIENTS) clients, starts them together, waits
+ * for them all; *elapsed (may be NULL) gets the seconds from the start to
+ * the last exit. 0, or -1 when one could not start or failed (said on
+ * stderr, prefixed with cmd). */
+int kvb_run_clients(const char *cmd, uint32_t n, const kvb_clients_ops *ops, void *arg,
+                    double *elapsed);
+
 #endif
