@@ -62,15 +62,10 @@ static void free_alloc(kvd_alloc *a) {
 }
 
 static void answer(kvd_alloc *a) {
-  if (a->sink->conn) {
-    kv_buf out;
-    kv_buf_init(&out);
-    kv_msg m = kvd_reply_to(&a->req);
-    m.alloc_rep.n = a->n;
-    m.alloc_rep.v = a->ent;
-    if (kv_msg_encode(&out, &m) == 0) a->sink->deliver(a->sink, &out);
-    kv_buf_free(&out);
-  }
+  kv_msg m = kvd_reply_to(&a->req);
+  m.alloc_rep.n = a->n;
+  m.alloc_rep.v = a->ent;
+  kvd_sink_reply(a->sink, &m);
   free_alloc(a);
 }
 

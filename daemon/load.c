@@ -71,15 +71,10 @@ static void fail_entry(kvd_load *ld, uint32_t i, int status) {
 
 static void finish(kvd_load *ld) {
   kvd_req_done(ld->d, KVD_REQ_LOAD, ld->t0);
-  if (ld->sink->conn) {
-    kv_buf out;
-    kv_buf_init(&out);
-    kv_msg m = kvd_reply_to(&ld->req);
-    m.load_rep.n = ld->n;
-    m.load_rep.v = ld->ent;
-    if (kv_msg_encode(&out, &m) == 0) ld->sink->deliver(ld->sink, &out);
-    kv_buf_free(&out);
-  }
+  kv_msg m = kvd_reply_to(&ld->req);
+  m.load_rep.n = ld->n;
+  m.load_rep.v = ld->ent;
+  kvd_sink_reply(ld->sink, &m);
   kvd_sink_put(ld->sink);
   free(ld->bid);
   free(ld->ent);

@@ -28,4 +28,9 @@ struct kvd_sink {
 static inline void kvd_sink_get(kvd_sink *s) { s->refs++; }
 void kvd_sink_put(kvd_sink *s);
 
+/* Encodes the deferred reply m and delivers it, if the connection is still
+ * there (otherwise nothing is owed to anybody). */
+struct kv_msg;
+void kvd_sink_reply(kvd_sink *s, const struct kv_msg *m);
+
 #endif
