@@ -5,20 +5,7 @@
 # JSON and the 128-byte metadata budget per block at 10^4 and 10^5 blocks.
 source "$(dirname "$0")/lib.bash"
 
-trace="$SRC/../shared/data/mooncake_synthetic_trace.jsonl"
-if [ ! -f "$trace" ]; then
-  # No shared data beside the checkout: a small trace of the same format,
-  # with shared prefixes, made here.
-  trace="$T/trace.jsonl"
-  awk 'BEGIN { srand(3); id = 0;
-    for (r = 0; r < 800; r++) {
-      n = 4 + int(rand() * 12); root = int(rand() * 20) * 1000;
-      s = "";
-      for (i = 0; i < n; i++) { v = (i < 3) ? root + i : 100000 + id++; s = s (i ? ", " : "") v }
-      printf "{\"timestamp\": %d, \"input_length\": %d, \"output_length\": 1, \"hash_ids\": [%s]}\n", r * 10, n * 512 - 100, s
-    } }' > "$trace"
-  echo "# shared trace not found; using a generated one"
-fi
+trace=$(mooncake_trace)
 
 expect_exit 0 "core-replay runs" "$BIN/kvbench" core-replay --trace "$trace" --json
 cp "$T/out" "$T/result.json"

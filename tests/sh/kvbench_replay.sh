@@ -11,8 +11,7 @@ source "$(dirname "$0")/lib.bash"
 
 KVB=$BIN/kvbench
 RUN=$T/run
-TRACE=$SRC/../shared/data/mooncake_synthetic_trace.jsonl
-[ -r "$TRACE" ] || { echo "skip: no trace at $TRACE"; exit 77; }
+TRACE=$(mooncake_trace)
 command -v jq >/dev/null || { echo "skip: jq not found (deploy/install-deps.sh)"; exit 77; }
 
 expect_exit 2 "replay without --trace" "$KVB" replay --socket-dir "$RUN"

@@ -41,3 +41,20 @@ finish() {
   echo "$PASS passed, $FAIL failed"
   [ "$FAIL" -eq 0 ]
 }
+
+# mooncake_trace: prints the path of the Mooncake trace beside the checkout
+# (../shared/data), or, when there is none, of a small trace of the same
+# format with shared prefixes, generated into $T (and says so on stderr).
+mooncake_trace() {
+  local shared="$SRC/../shared/data/mooncake_synthetic_trace.jsonl"
+  if [ -r "$shared" ]; then echo "$shared"; return; fi
+  awk 'BEGIN { srand(3); id = 0;
+    for (r = 0; r < 800; r++) {
+      n = 4 + int(rand() * 12); root = int(rand() * 20) * 1000;
+      s = "";
+      for (i = 0; i < n; i++) { v = (i < 3) ? root + i : 100000 + id++; s = s (i ? ", " : "") v }
+      printf "{\"timestamp\": %d, \"input_length\": %d, \"output_length\": 1, \"hash_ids\": [%s]}\n", r * 10, n * 512 - 100, s
+    } }' > "$T/trace.jsonl"
+  echo "# shared trace not found; using a generated one" >&2
+  echo "$T/trace.jsonl"
+}
