@@ -1,0 +1,1 @@
+# The worker-side gather/scatter kernels and their host implementation.
