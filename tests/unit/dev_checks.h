@@ -25,9 +25,9 @@
 
 static char dc_msg[512];
 
-static const char *dc_fmt(const char *file, int line, const char *fmt, ...)
+static inline const char *dc_fmt(const char *file, int line, const char *fmt, ...)
     __attribute__((format(printf, 3, 4)));
-static const char *dc_fmt(const char *file, int line, const char *fmt, ...) {
+static inline const char *dc_fmt(const char *file, int line, const char *fmt, ...) {
   int k = snprintf(dc_msg, sizeof dc_msg, "%s:%d: ", file, line);
   va_list ap;
   va_start(ap, fmt);
@@ -52,12 +52,12 @@ static const char *dc_fmt(const char *file, int line, const char *fmt, ...) {
 
 #define DC_HANG_MS 60000 /* a guard against a hang, not a timing assertion */
 
-static int dc_open(kv_dev **d, kv_dev_backend be, const uint8_t *uuid) {
+static inline int dc_open(kv_dev **d, kv_dev_backend be, const uint8_t *uuid) {
   kv_dev_opts o = {.backend = be, .uuid = uuid};
   return kv_dev_open(d, &o);
 }
 
-static void dc_fill(uint8_t *p, size_t n, uint32_t seed) {
+static inline void dc_fill(uint8_t *p, size_t n, uint32_t seed) {
   uint32_t x = seed * 2654435761u + 1;
   for (size_t i = 0; i < n; i++) {
     x ^= x << 13, x ^= x >> 17, x ^= x << 5;
@@ -67,7 +67,7 @@ static void dc_fill(uint8_t *p, size_t n, uint32_t seed) {
 
 /* Reaps `want` completions into out (waiting on the fd with poll). -1 on a
  * hang (DC_HANG_MS without progress) or more than want. */
-static int dc_reap_n(kv_dev *d, kv_dev_done *out, unsigned want) {
+static inline int dc_reap_n(kv_dev *d, kv_dev_done *out, unsigned want) {
   unsigned got = 0;
   while (got < want) {
     struct pollfd p = {.fd = kv_dev_completion_fd(d), .events = POLLIN};
@@ -81,7 +81,7 @@ static int dc_reap_n(kv_dev *d, kv_dev_done *out, unsigned want) {
 }
 
 /* One submission, waited for. 0 or its status (or -ETIME on a hang). */
-static int dc_copy_wait(kv_dev *d, kv_dev_dir dir, void *dst, const void *src, size_t n) {
+static inline int dc_copy_wait(kv_dev *d, kv_dev_dir dir, void *dst, const void *src, size_t n) {
   kv_dev_copy c = {dst, src, n};
   int rc = kv_dev_submit(d, dir, &c, 1, 0xfeed);
   if (rc) return rc;
@@ -92,7 +92,7 @@ static int dc_copy_wait(kv_dev *d, kv_dev_dir dir, void *dst, const void *src, s
 
 /* ---- export codec (pure) ------------------------------------------------------- */
 
-static const char *dc_export_codec(void) {
+static inline const char *dc_export_codec(void) {
   kv_dev_export x, y;
   uint8_t buf[KV_DEVX_ENCODED_MAX + 8];
   for (int kind = 1; kind <= 3; kind++) {
@@ -157,7 +157,7 @@ fail:
 
 /* ---- pool shared with another process ---------------------------------------- */
 
-static ssize_t dc_recv_fd(int sock, void *buf, size_t cap, int *fd) {
+static inline ssize_t dc_recv_fd(int sock, void *buf, size_t cap, int *fd) {
   char cbuf[CMSG_SPACE(sizeof(int))];
   struct iovec iov = {buf, cap};
   struct msghdr mh = {.msg_iov = &iov, .msg_iovlen = 1, .msg_control = cbuf,
@@ -174,7 +174,7 @@ static ssize_t dc_recv_fd(int sock, void *buf, size_t cap, int *fd) {
 
 /* The worker: imports the pool, reads what the daemon wrote (D2H), writes
  * its own pattern after it (H2D). Returns the process's exit status. */
-static int dc_share_child(int sock, kv_dev_backend be) {
+static inline int dc_share_child(int sock, kv_dev_backend be) {
   uint8_t enc[KV_DEVX_ENCODED_MAX];
   int fd = -1;
   kv_dev *d = NULL;
@@ -217,7 +217,7 @@ fail:
   return 1;
 }
 
-static const char *dc_share_fork(kv_dev_backend be) {
+static inline const char *dc_share_fork(kv_dev_backend be) {
   int sv[2];
   kv_dev *d = NULL;
   uint8_t *h = NULL;
@@ -272,7 +272,7 @@ fail:
 }
 
 /* Import refusals: another device's uuid, a kind of the other backend. */
-static const char *dc_import_errors(kv_dev_backend be) {
+static inline const char *dc_import_errors(kv_dev_backend be) {
   kv_dev *d = NULL;
   kv_dev_pool *p;
   kv_dev_map *m = NULL;
@@ -310,7 +310,7 @@ typedef struct dc_env {
   size_t bytes;  /* of each */
 } dc_env;
 
-static int dc_env_open(dc_env *e, kv_dev_backend be, size_t bytes) {
+static inline int dc_env_open(dc_env *e, kv_dev_backend be, size_t bytes) {
   memset(e, 0, sizeof *e);
   int rc = dc_open(&e->d, be, NULL);
   if (!rc) rc = kv_dev_pool_create(e->d, bytes, &e->p);
@@ -322,7 +322,7 @@ static int dc_env_open(dc_env *e, kv_dev_backend be, size_t bytes) {
   return kv_dev_host_register(e->d, e->h, bytes);
 }
 
-static void dc_env_close(dc_env *e) {
+static inline void dc_env_close(dc_env *e) {
   kv_dev_close(e->d); /* frees the pool and the registration too */
   free(e->h);
   memset(e, 0, sizeof *e);
@@ -330,7 +330,7 @@ static void dc_env_close(dc_env *e) {
 
 /* Many blocks per submission; each tag reaped exactly once with status 0;
  * the completion fd readable; reaping in parts leaves it readable. */
-static const char *dc_batch(kv_dev_backend be) {
+static inline const char *dc_batch(kv_dev_backend be) {
   dc_env e;
   enum { NSUB = 16, NBLK = 64, BLK = 16384 };
   DC_OK(dc_env_open(&e, be, (size_t)NSUB * NBLK * BLK));
@@ -384,7 +384,7 @@ fail:
 
 /* FIFO within a direction: completions in submission order, and the last
  * of many writes to one place wins. */
-static const char *dc_fifo(kv_dev_backend be) {
+static inline const char *dc_fifo(kv_dev_backend be) {
   dc_env e;
   enum { NSUB = 200, BLK = 4096 };
   DC_OK(dc_env_open(&e, be, (size_t)(NSUB + 1) * BLK));
@@ -409,7 +409,7 @@ fail:
 }
 
 /* H2D, D2H and D2D in flight at once, each on its own region. */
-static const char *dc_concurrent(kv_dev_backend be) {
+static inline const char *dc_concurrent(kv_dev_backend be) {
   dc_env e;
   enum { R = 1 << 20, N = 64 };
   DC_OK(dc_env_open(&e, be, 6 * (size_t)R));
@@ -451,7 +451,7 @@ fail:
 }
 
 /* Bad submissions are refused whole, with nothing to reap. */
-static const char *dc_refusals(kv_dev_backend be) {
+static inline const char *dc_refusals(kv_dev_backend be) {
   dc_env e;
   uint8_t *stray = malloc(8192);
   DC_OK(dc_env_open(&e, be, 1 << 20));
@@ -501,7 +501,7 @@ fail:
 }
 
 /* An injected failure is reaped with its status; the next is clean. */
-static const char *dc_inject(kv_dev_backend be) {
+static inline const char *dc_inject(kv_dev_backend be) {
   dc_env e;
   DC_OK(dc_env_open(&e, be, 1 << 20));
   kv_dev_copy v[4];
@@ -526,7 +526,7 @@ fail:
 }
 
 /* kv_dev_close with copies in flight: every copy lands before it returns. */
-static const char *dc_close_inflight(kv_dev_backend be) {
+static inline const char *dc_close_inflight(kv_dev_backend be) {
   dc_env e;
   enum { R = 8 << 20, N = 512 };
   uint8_t *want = malloc(R);
@@ -556,20 +556,20 @@ fail:
 /* Thousands of random copies, each round a set of submissions on all
  * directions that do not conflict, checked byte for byte against memcpy
  * on a model of both memories. */
-static int dc_overlaps(uintptr_t a, size_t n, const uintptr_t *lo, const size_t *len, int k) {
+static inline int dc_overlaps(uintptr_t a, size_t n, const uintptr_t *lo, const size_t *len, int k) {
   for (int i = 0; i < k; i++)
     if (a < lo[i] + len[i] && lo[i] < a + n) return 1;
   return 0;
 }
 
-static uint32_t dc_rnd(uint32_t *x) {
+static inline uint32_t dc_rnd(uint32_t *x) {
   *x ^= *x << 13;
   *x ^= *x >> 17;
   *x ^= *x << 5;
   return *x;
 }
 
-static const char *dc_random(kv_dev_backend be, unsigned rounds, uint32_t seed) {
+static inline const char *dc_random(kv_dev_backend be, unsigned rounds, uint32_t seed) {
   dc_env e;
   enum { R = 4 << 20, MAXC = 32, MAXS = 8 };
   uint8_t *mh = malloc(R), *md = malloc(R);
