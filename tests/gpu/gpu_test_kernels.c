@@ -138,9 +138,13 @@ int main(void) {
                 "FAIL %s case %zu (L%u T%u H%u D%u E%u pages %u strides %d n %zu mis %u): %s\n",
                 modes[m], i, c->layers, c->page_tokens, c->kv_heads, c->head_dim,
                 c->elem_bytes, c->num_pages, c->strides, c->n, c->misalign, why);
-        if (rc != -1 && cudaGetLastError() != cudaSuccess) break; /* a sticky error */
+        if (rc != -1 && cudaGetLastError() != cudaSuccess) {
+          fprintf(stderr, "the CUDA context is broken: stopping\n");
+          goto end;
+        }
       }
     }
+end:
   cudaStreamDestroy(stream);
   printf("gpu_test_kernels: %d cases, %d failed\n", ran, fails);
   return fails ? 1 : 0;
