@@ -41,6 +41,15 @@ static const opt opts[] = {
     {"g2", "tenants", OPT_U32, O(g2_tenants), 0, "1",
      "tenants served at once; each gets its own G2 arena of capacity/tenants, "
      "so no tenant is handed memory holding another's blocks"},
+    {"g1", "enable", OPT_STR, O(g1_enable), sizeof(((kv_config *)0)->g1_enable), "auto",
+     "G1 device pools: auto (on when a CUDA device answers), on (start fails without "
+     "a device), off"},
+    {"g1", "capacity", OPT_SIZE, O(g1_capacity), 0, "1G",
+     "bytes of device memory in the G1 pool (rounded up to the allocation granularity)"},
+    {"g1", "backend", OPT_STR, O(g1_backend), sizeof(((kv_config *)0)->g1_backend), "auto",
+     "auto (CUDA), cuda, or sim (device memory simulated in shared host memory: tests, demos)"},
+    {"g1", "device", OPT_U32, O(g1_device), 0, "0",
+     "the device ordinal of the pool (one device per daemon for now)"},
     {"g3", "path", OPT_STR, O(g3_path), sizeof(((kv_config *)0)->g3_path), "/var/lib/kvcached",
      "directories of the SSD tier, comma-separated (one preallocated file each, "
      "created if missing); empty: no G3"},
@@ -231,6 +240,18 @@ int kv_config_validate(const kv_config *c, char *err, size_t errlen) {
   if (strcmp(c->g3_admit, "always") && strcmp(c->g3_admit, "second-use") &&
       strcmp(c->g3_admit, "min-prio")) {
     snprintf(err, errlen, "g3.admit: '%s' is not always, second-use or min-prio", c->g3_admit);
+    return -EINVAL;
+  }
+  if (strcmp(c->g1_enable, "auto") && strcmp(c->g1_enable, "on") && strcmp(c->g1_enable, "off")) {
+    snprintf(err, errlen, "g1.enable: '%s' is not auto, on or off", c->g1_enable);
+    return -EINVAL;
+  }
+  if (strcmp(c->g1_backend, "auto") && strcmp(c->g1_backend, "cuda") && strcmp(c->g1_backend, "sim")) {
+    snprintf(err, errlen, "g1.backend: '%s' is not auto, cuda or sim", c->g1_backend);
+    return -EINVAL;
+  }
+  if (strcmp(c->g1_enable, "off") && c->g1_capacity == 0) {
+    snprintf(err, errlen, "g1.capacity must be more than 0 unless g1.enable = off");
     return -EINVAL;
   }
   if (c->g3_min_prio > 255) {

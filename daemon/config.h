@@ -32,6 +32,10 @@ typedef struct kv_config {
   uint32_t load_timeout_ms; /* [daemon] load_timeout_ms */
   char stats_listen[64];  /* [stats] listen: host:port for the TCP stats listener; "" = off */
   char admin_group[64];   /* [admin] group: members may use the admin socket; "" = none */
+  char g1_enable[8];      /* [g1] enable: auto, on, off */
+  uint64_t g1_capacity;   /* [g1] capacity: bytes of the device pool */
+  char g1_backend[8];     /* [g1] backend: auto, cuda, sim */
+  uint32_t g1_device;     /* [g1] device: the CUDA ordinal (one device for now) */
 } kv_config;
 
 /* Fills *c with the defaults. */

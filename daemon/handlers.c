@@ -96,17 +96,28 @@ int kvd_init(kvd *d) {
     kv_error("core", "cannot start the cache core: %s", kv_strerror(rc));
     goto err;
   }
+  if ((rc = kvd_g1_open(&d->g1, &d->cfg))) {
+    kv_core_fini(&d->core);
+    goto err;
+  }
   kvd_registry_opts ro = {.g2_capacity = d->cfg.g2_capacity, .g2_page_size = d->cfg.g2_page_size,
                           .tenants = d->cfg.g2_tenants, .lock = d->cfg.g2_lock, .core = &d->core};
+  if (d->g1.on) {
+    ro.register_fn = kvd_g1_arena_register;
+    ro.unregister_fn = kvd_g1_arena_unregister;
+    ro.register_arg = &d->g1;
+  }
   rc = kvd_registry_init(&d->reg, &ro);
   if (rc) {
     kv_error("g2", "cannot create the G2 arenas (%llu bytes for %u tenant(s)): %s",
              (unsigned long long)d->cfg.g2_capacity, d->cfg.g2_tenants, kv_strerror(rc));
+    kvd_g1_close(&d->g1);
     kv_core_fini(&d->core);
     goto err;
   }
   if (d->cfg.g3_path[0] && (rc = open_g3(d))) {
     kvd_registry_fini(&d->reg);
+    kvd_g1_close(&d->g1);
     kv_core_fini(&d->core);
     goto err;
   }
@@ -115,6 +126,7 @@ int kvd_init(kvd *d) {
     if (d->g3) kv_g3_close(d->g3);
     d->g3 = NULL;
     kvd_registry_fini(&d->reg);
+    kvd_g1_close(&d->g1);
     kv_core_fini(&d->core);
     goto err;
   }
@@ -138,7 +150,8 @@ void kvd_fini(kvd *d) {
   }
   kvd_metrics_fini(d);
   kv_core_fini(&d->core);
-  kvd_registry_fini(&d->reg);
+  kvd_registry_fini(&d->reg); /* unregisters the arenas from the device */
+  kvd_g1_close(&d->g1);
   free(d->keys); free(d->tiers); free(d->status); free(d->loads); free(d->allocs);
   d->keys = NULL;
 }
@@ -268,7 +281,7 @@ static int del_one(kv_block *b, void *arg) {
   del_all *x = arg;
   if (b->ns != x->core_ns || b->state != KV_BS_READY) return 0;
   kv_key k;
-  kv_key_set(&k, b->key, b->keylen);
+  kv_key_set(&k, b->key, kv_block_keylen(b));
   if (kv_core_delete(&x->d->core, b) == 0) {
     kvd_ghost_note(x->d, x->core_ns, &k, 0);
     x->n++;

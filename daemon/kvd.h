@@ -9,6 +9,7 @@
 #include <stdint.h>
 
 #include "daemon/config.h"
+#include "daemon/g1.h"
 #include "daemon/registry.h"
 #include "daemon/session.h"
 #include "daemon/sink.h"
@@ -38,6 +39,7 @@ typedef struct kvd {
   kv_load_ent *loads;
   kv_alloc_ent *allocs;
   kv_g3 *g3;                   /* NULL when no SSD tier is configured */
+  kvd_g1 g1;                   /* the device pool; g1.on = 0 when G1 is off */
   struct kvd_load *waiting;    /* LOADs waiting for G2 room (kvd_loads_retry) */
   struct kvd_alloc *alloc_waiting; /* ALLOCs waiting for G2 room (alloc.c) */
   kvd_metrics m;               /* latencies, miss reasons (stats.h) */

@@ -18,7 +18,6 @@
 #include <unistd.h>
 #include <uv.h>
 
-#include "cuda/gpu.h"
 #include <systemd/sd-daemon.h>
 
 #include "daemon/admin.h"
@@ -170,14 +169,7 @@ int main(int argc, char **argv) {
   kv_log_threshold = kv_log_parse_level(st.d.cfg.log_level);
   kv_info("daemon", "kvcached %s starting (pid %d)", KV_VERSION, (int)getpid());
 
-  kv_gpu_info gpu;
-  kv_gpu_probe(&gpu);
-  if (gpu.ndev > 0)
-    kv_info("g1", "%d CUDA device(s) found; G1 pools arrive in a later release", gpu.ndev);
-  else
-    kv_info("g1", "G1 disabled: %s", gpu.reason);
-
-  if (kvd_init(&st.d)) return 1;
+  if (kvd_init(&st.d)) return 1; /* G1 too: daemon/g1.h logs whether it is on */
   uv_loop_init(&st.loop);
   if (kvd_server_start(&st.srv, &st.d, &st.loop)) {
     kvd_fini(&st.d);
@@ -190,6 +182,8 @@ int main(int argc, char **argv) {
     kvd_fini(&st.d);
     return 1;
   }
+  if ((rc = kvd_g1_start(&st.d.g1, &st.loop)))
+    kv_warn("g1", "cannot poll the device's completions: %s", uv_strerror(rc));
   if (st.d.g3) {
     uv_poll_init(&st.loop, &st.g3poll, kv_g3_fd(st.d.g3));
     st.g3poll.data = &st;
@@ -208,9 +202,10 @@ int main(int argc, char **argv) {
     cap += st.d.reg.tenants[i].arena.capacity;
     locked += st.d.reg.tenants[i].arena.locked;
   }
-  kv_info("daemon", "ready: socket %s, G2 %llu bytes for %u tenant(s) (%s), G3 %s, policy %s",
+  kv_info("daemon", "ready: socket %s, G2 %llu bytes for %u tenant(s) (%s), G1 %s, G3 %s, policy %s",
           st.srv.lst.path, (unsigned long long)cap, st.d.reg.ntenants,
           locked == st.d.reg.ntenants ? "locked" : "not locked",
+          st.d.g1.on ? kv_dev_backend_name(kv_dev_backend_of(st.d.g1.dev)) : "off",
           st.d.g3 ? st.d.cfg.g3_path : "off", st.d.core.policy->name);
   kv_info("daemon", "operator sockets: %s (stats%s%s), %s (admin)", st.ops.stats.ulst.path,
           st.d.cfg.stats_listen[0] ? ", and TCP " : "", st.d.cfg.stats_listen, st.ops.admin.ulst.path);
@@ -224,6 +219,7 @@ int main(int argc, char **argv) {
   kvd_server_stop_listening(&st.srv);
   kvd_allocs_fini(&st.d);
   kvd_server_close_all(&st.srv, 1000);
+  kvd_g1_stop(&st.d.g1);
   if (st.d.g3) {
     uv_poll_stop(&st.g3poll);
     uv_close((uv_handle_t *)&st.g3poll, NULL);

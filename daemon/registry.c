@@ -20,7 +20,8 @@ int kvd_registry_init(kvd_registry *r, const kvd_registry_opts *o) {
     char name[32];
     snprintf(name, sizeof name, "kvcached-g2-%u", i);
     kv_arena_opts ao = {.capacity = each, .page_bytes = o->g2_page_size,
-                        .no_lock = !o->lock, .name = name};
+                        .no_lock = !o->lock, .name = name, .register_fn = o->register_fn,
+                        .unregister_fn = o->unregister_fn, .register_arg = o->register_arg};
     int rc = kv_arena_init(&r->tenants[i].arena, &ao);
     if (rc) {
       kvd_registry_fini(r);

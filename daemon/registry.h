@@ -18,6 +18,7 @@
 #ifndef KV_DAEMON_REGISTRY_H
 #define KV_DAEMON_REGISTRY_H
 
+#include <stddef.h>
 #include <stdint.h>
 
 #include "proto/wire.h"
@@ -67,6 +68,10 @@ typedef struct kvd_registry_opts {
   uint32_t tenants;      /* > 0 */
   int lock;
   kv_core *core;
+  /* Passed to every arena (kv_arena_opts): the device registration. */
+  int (*register_fn)(void *base, size_t len, void *arg);
+  void (*unregister_fn)(void *base, size_t len, void *arg);
+  void *register_arg;
 } kvd_registry_opts;
 
 /* Creates every tenant arena. 0 or the arena's error (see arena.h). */

@@ -71,7 +71,7 @@ static void on_copy(void *arg, kv_tier from, kv_tier to, uint32_t bytes, uint64_
 
 static int remember(const kv_block *b, void *arg) {
   kvd *d = arg;
-  kvd_ghost_add(&d->m.ghost, kvd_ghost_fp(b->ns, b->key, b->keylen));
+  kvd_ghost_add(&d->m.ghost, kvd_ghost_fp(b->ns, b->key, kv_block_keylen(b)));
   return 0;
 }
 
@@ -343,6 +343,17 @@ int kvd_render_metrics(kvd *d, kv_buf *out) {
   P("kvcached_g3_io_errors_total %llu\n", U(s.gs.io_errors));
   H("kvcached_g3_corrupt_total", "counter", "SSD reads that failed verification.");
   P("kvcached_g3_corrupt_total %llu\n", U(s.gs.corrupt));
+  H("kvcached_g1_enabled", "gauge", "1 when the G1 device pool is up.");
+  P("kvcached_g1_enabled %d\n", d->g1.on);
+  H("kvcached_g1_unavailable", "gauge",
+    "1 when G1 was wanted (g1.enable auto or on) but no device or pool could be had (reason in the log).");
+  P("kvcached_g1_unavailable %d\n", !d->g1.on && strcmp(d->cfg.g1_enable, "off") != 0);
+  H("kvcached_g1_pool_bytes", "gauge", "Bytes of the G1 device pool (0 when off).");
+  P("kvcached_g1_pool_bytes %llu\n", U(d->g1.pool ? kv_dev_pool_bytes(d->g1.pool) : 0));
+  H("kvcached_g1_exports_total", "counter", "G1 pool exports sent to workers in HELLO replies.");
+  static const char *const g1k[] = {"vmm_fd", "legacy_ipc", "sim_fd"};
+  for (int i = 0; i < 3; i++)
+    P("kvcached_g1_exports_total{kind=\"%s\"} %llu\n", g1k[i], U(d->g1.exports[i + 1]));
   H("kvcached_bad_frames_total", "counter", "Malformed frames received on the worker socket.");
   P("kvcached_bad_frames_total %llu\n", U(d->st.bad_frames));
   return 0;
@@ -439,7 +450,7 @@ typedef struct keys_ctx {
 static int key_one(const kv_block *b, void *arg) {
   keys_ctx *k = arg;
   char key[2 * KV_KEY_MAX + 1], ns[2 * KV_G3_NS_BYTES + 1] = "";
-  to_hex(b->key, b->keylen, key);
+  to_hex(b->key, kv_block_keylen(b), key);
   const kv_core_ns *cn = &k->d->core.ns[b->ns];
   if (cn->has_digest) to_hex(cn->digest, KV_G3_NS_BYTES, ns);
   json_t *tiers = json_array();

@@ -1,0 +1,165 @@
+/* g1.c - the daemon's G1 tier: device, pool, export, completions (g1.h). */
+#include "daemon/g1.h"
+
+#include <errno.h>
+#include <stdio.h>
+#include <string.h>
+
+#include "daemon/log.h"
+#include "proto/errors.h"
+
+static void off(kvd_g1 *g, const char *why) {
+  snprintf(g->reason, sizeof g->reason, "%s", why);
+  kv_info("g1", "G1 disabled: %s", g->reason);
+}
+
+int kvd_g1_open(kvd_g1 *g, const kv_config *c) {
+  memset(g, 0, sizeof *g);
+  g->x.fd = -1;
+  if (!strcmp(c->g1_enable, "off")) {
+    snprintf(g->reason, sizeof g->reason, "g1.enable = off");
+    kv_info("g1", "G1 off (g1.enable = off)");
+    return 0;
+  }
+  int must = !strcmp(c->g1_enable, "on");
+  char why[KV_DEV_REASON_MAX] = "";
+  kv_dev_opts o = {.backend = !strcmp(c->g1_backend, "sim") ? KV_DEV_SIM : KV_DEV_CUDA,
+                   .ordinal = (int)c->g1_device, .reason = why, .reason_len = sizeof why};
+  int rc = kv_dev_open(&g->dev, &o);
+  if (rc) {
+    char msg[KV_DEV_REASON_MAX + 96];
+    snprintf(msg, sizeof msg, "%s device %u: %s", kv_dev_backend_name(o.backend), c->g1_device,
+             why[0] ? why : kv_strerror(rc));
+    g->dev = NULL;
+    if (must) {
+      snprintf(g->reason, sizeof g->reason, "%s", msg);
+      kv_error("g1", "g1.enable = on but %s", msg);
+      return rc;
+    }
+    off(g, msg);
+    return 0;
+  }
+  rc = kv_dev_pool_create(g->dev, (size_t)c->g1_capacity, &g->pool);
+  if (rc == 0) rc = kv_dev_pool_export(g->pool, &g->x);
+  if (rc == 0) {
+    g->enc_len = kv_dev_export_encode(&g->x, g->enc, sizeof g->enc);
+    if (g->enc_len < 0) rc = g->enc_len;
+  }
+  if (rc) {
+    char msg[KV_DEV_REASON_MAX + 96];
+    snprintf(msg, sizeof msg, "cannot make a %llu-byte pool on %s device %u: %s",
+             (unsigned long long)c->g1_capacity, kv_dev_backend_name(o.backend), c->g1_device,
+             kv_dev_reason(g->dev)[0] ? kv_dev_reason(g->dev) : kv_strerror(rc));
+    if (g->pool) kv_dev_pool_destroy(g->dev, g->pool);
+    g->pool = NULL;
+    kv_dev_close(g->dev);
+    g->dev = NULL;
+    g->x.fd = -1;
+    if (must) {
+      snprintf(g->reason, sizeof g->reason, "%s", msg);
+      kv_error("g1", "g1.enable = on but %s", msg);
+      return rc;
+    }
+    off(g, msg);
+    return 0;
+  }
+  g->on = 1;
+  static const char *const kinds[] = {"?", "CUDA VMM (POSIX fd)", "legacy CUDA IPC", "simulated (memfd)"};
+  kv_info("g1", "pool of %llu bytes on %s device %d, exported as %s",
+          (unsigned long long)kv_dev_pool_bytes(g->pool), kv_dev_backend_name(kv_dev_backend_of(g->dev)),
+          kv_dev_ordinal(g->dev), g->x.kind < 4 ? kinds[g->x.kind] : "?");
+  return 0;
+}
+
+static void on_poll(uv_poll_t *h, int status, int events) { kvd_g1_reap(h->data); }
+
+int kvd_g1_start(kvd_g1 *g, uv_loop_t *loop) {
+  if (!g->on) return 0;
+  int rc = uv_poll_init(loop, &g->poll, kv_dev_completion_fd(g->dev));
+  if (rc) return rc;
+  g->poll.data = g;
+  rc = uv_poll_start(&g->poll, UV_READABLE, on_poll);
+  if (rc) {
+    uv_close((uv_handle_t *)&g->poll, NULL);
+    return rc;
+  }
+  g->polling = 1;
+  return 0;
+}
+
+void kvd_g1_stop(kvd_g1 *g) {
+  if (!g->polling) return;
+  uv_poll_stop(&g->poll);
+  uv_close((uv_handle_t *)&g->poll, NULL);
+  g->polling = 0;
+}
+
+unsigned kvd_g1_reap(kvd_g1 *g) {
+  if (!g->dev) return 0;
+  kv_dev_done done[64];
+  unsigned n, total = 0;
+  while ((n = kv_dev_reap(g->dev, done, 64)) > 0) {
+    for (unsigned i = 0; i < n; i++) {
+      if (done[i].status)
+        kv_warn("g1", "copy %llu failed: %s", (unsigned long long)done[i].tag,
+                kv_strerror(done[i].status));
+      if (g->done) g->done(g->done_arg, done[i].tag, done[i].status);
+    }
+    total += n;
+  }
+  g->reaped += total;
+  return total;
+}
+
+void kvd_g1_close(kvd_g1 *g) {
+  if (!g->dev) return;
+  while (kv_dev_inflight(g->dev) > 0) {
+    int rc = kv_dev_wait(g->dev, 1000);
+    if (rc && rc != -ETIMEDOUT) break;
+    kvd_g1_reap(g);
+  }
+  if (g->pool) {
+    int rc = kv_dev_pool_destroy(g->dev, g->pool);
+    if (rc) kv_warn("g1", "pool: %s (released with the device)", kv_strerror(rc));
+  }
+  g->pool = NULL;
+  kv_dev_close(g->dev); /* also waits for anything still in flight */
+  g->dev = NULL;
+  g->x.fd = -1;
+  g->on = 0;
+  kv_info("g1", "pool released");
+}
+
+int kvd_g1_arena_register(void *base, size_t len, void *arg) {
+  kvd_g1 *g = arg;
+  if (!g || !g->dev) return 0;
+  int rc = kv_dev_host_register(g->dev, base, len);
+  if (rc) {
+    kv_warn("g1", "cannot register a G2 arena of %zu bytes with the device (%s): "
+            "G1<->G2 copies of it will not be DMA", len, kv_dev_reason(g->dev));
+    return rc;
+  }
+  g->arenas++;
+  return 0;
+}
+
+void kvd_g1_arena_unregister(void *base, size_t len, void *arg) {
+  kvd_g1 *g = arg;
+  if (!g || !g->dev) return;
+  while (kv_dev_inflight(g->dev) > 0) {
+    int rc = kv_dev_wait(g->dev, 1000);
+    if (rc && rc != -ETIMEDOUT) break;
+    kvd_g1_reap(g);
+  }
+  int rc = kv_dev_host_unregister(g->dev, base);
+  if (rc) kv_warn("g1", "cannot unregister a G2 arena: %s", kv_strerror(rc));
+  else g->arenas--;
+}
+
+int kvd_g1_export(kvd_g1 *g, uint8_t *kind, int *fd) {
+  if (!g->on) return -ENODEV;
+  *kind = g->x.kind;
+  *fd = g->x.fd;
+  if (g->x.kind < 4) g->exports[g->x.kind]++;
+  return 0;
+}

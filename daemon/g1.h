@@ -1,0 +1,79 @@
+/*
+ * g1.h - the daemon's G1 tier: the device, its pool, its export to workers.
+ *
+ * kvd_g1_open (start-up, before the G2 arenas exist) decides from the
+ * configuration whether G1 is on:
+ *   g1.enable = off  - off.
+ *   g1.enable = auto - on when the device answers (g1.backend auto|cuda:
+ *                      a CUDA device; sim: the simulation), else off with
+ *                      the reason logged once.
+ *   g1.enable = on   - as auto, but a device that does not answer fails
+ *                      the start.
+ * The simulation (cuda/dev.h, KV_DEV_SIM) is used only when g1.backend =
+ * sim says so: a plain machine without a GPU runs with G1 off.
+ * When on, it holds one pool of g1.capacity bytes on device g1.device (one
+ * device per daemon for now) and its export (kv_dev_export, encoded once).
+ *
+ * G2 arenas are registered with the device as they are made
+ * (kvd_g1_arena_register / kvd_g1_arena_unregister are kv_arena_opts'
+ * register_fn / unregister_fn, the kvd_g1 their arg) so G1<->G2 copies are
+ * DMA. kvd_g1_arena_unregister must run before kvd_g1_close.
+ *
+ * Completions: kvd_g1_start puts the device's completion fd in a uv_poll on
+ * the loop; each reaped {tag, status} goes to the dispatch hook (nothing
+ * submits yet: LOAD to G1 comes with the core's G1 support). kvd_g1_stop
+ * closes the poll; kvd_g1_close waits for copies in flight, reaps them,
+ * destroys the pool and closes the device. Every function is a no-op on a
+ * kvd_g1 that is off. Owner: the loop thread.
+ */
+#ifndef KV_DAEMON_G1_H
+#define KV_DAEMON_G1_H
+
+#include <stddef.h>
+#include <stdint.h>
+#include <uv.h>
+
+#include "cuda/dev.h"
+#include "daemon/config.h"
+
+typedef void (*kvd_g1_done_fn)(void *arg, uint64_t tag, int status);
+
+typedef struct kvd_g1 {
+  int on;                      /* 1 when the pool exists */
+  char reason[KV_DEV_REASON_MAX + 128]; /* why G1 is off ("" when on or disabled by config) */
+  kv_dev *dev;
+  kv_dev_pool *pool;
+  kv_dev_export x;             /* the pool's export (x.fd owned by the pool) */
+  uint8_t enc[KV_DEVX_ENCODED_MAX]; /* x encoded (kv_dev_export_encode) */
+  int enc_len;
+  uint64_t exports[4];         /* exports sent, by KV_DEVX_* kind */
+  uint32_t arenas;             /* G2 arenas registered */
+  uint64_t reaped;             /* completions reaped */
+  kvd_g1_done_fn done;         /* dispatch hook for reaped tags, or NULL */
+  void *done_arg;
+  uv_poll_t poll;
+  int polling;
+} kvd_g1;
+
+/* Opens G1 per c. 0 (on, or off with g->reason set and logged), or
+ * -ENODEV / the device's error when g1.enable = on and it cannot be had. */
+int kvd_g1_open(kvd_g1 *g, const kv_config *c);
+/* Starts polling the completion fd on loop. 0 or a libuv error. */
+int kvd_g1_start(kvd_g1 *g, uv_loop_t *loop);
+/* Stops the poll (its close completes on the loop's next run). */
+void kvd_g1_stop(kvd_g1 *g);
+/* Reaps whatever is done (the poll's callback; callable directly). Returns
+ * the count. */
+unsigned kvd_g1_reap(kvd_g1 *g);
+/* Waits for copies in flight, destroys the pool, closes the device. */
+void kvd_g1_close(kvd_g1 *g);
+
+/* kv_arena_opts hooks; arg is the kvd_g1. */
+int kvd_g1_arena_register(void *base, size_t len, void *arg);
+void kvd_g1_arena_unregister(void *base, size_t len, void *arg);
+
+/* The tier-info entry kind (KV_TI_G1_*) and the fd to send with it (-1 for
+ * the legacy IPC kind); counts one export. -ENODEV when G1 is off. */
+int kvd_g1_export(kvd_g1 *g, uint8_t *kind, int *fd);
+
+#endif
