@@ -66,7 +66,7 @@ static const opt opts[] = {
     {"g3", "min_prio", OPT_U32, O(g3_min_prio), 0, "128",
      "with admit = min-prio: the lowest priority written to SSD (0..255)"},
     {"cache", "policy", OPT_STR, O(policy), sizeof(((kv_config *)0)->policy),
-     NULL /* kv_evict_default */, "eviction policy: lru, lru2 or lfuda"},
+     NULL /* kv_evict_default */, "eviction policy: reuse, lru, lru2, lfuda, arc, s3fifo, tinylfu or auto"},
     {"log", "level", OPT_STR, O(log_level), sizeof(((kv_config *)0)->log_level),
      "info", "least severe level logged: debug, info, warn, error"},
     {"stats", "listen", OPT_STR, O(stats_listen), sizeof(((kv_config *)0)->stats_listen), "",

@@ -177,8 +177,8 @@ static void link_parent(kv_core *c, kv_block *b, kv_block *p) {
 
 static void g3_key_of(kv_core *c, const kv_block *b, kv_g3_key *k) {
   memcpy(k->ns, c->ns[b->ns].digest, KV_G3_NS_BYTES);
-  k->len = b->keylen;
-  memcpy(k->b, b->key, b->keylen);
+  k->len = (uint8_t)kv_block_keylen(b);
+  memcpy(k->b, b->key, k->len);
 }
 
 /* Removes b's record once nothing holds it: no tier, no slot, no pin, no
@@ -239,9 +239,8 @@ int kv_core_lookup(kv_core *c, uint32_t ns, const kv_key *keys, uint32_t n,
 }
 
 void kv_core_touch(kv_core *c, kv_block *b) {
-  b->atime2 = b->atime;
   b->atime = ++c->clock;
-  if (b->hits != UINT16_MAX) b->hits++;
+  if (b->hits != KV_HITS_MAX) b->hits++;
   for (int t = 0; t < KV_NTIERS; t++) {
     kv_evict *e = (b->tiers & KV_TIER_BIT(t)) ? policy_of(c, b, (kv_tier)t) : NULL;
     if (!e) continue;

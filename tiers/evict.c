@@ -10,6 +10,7 @@ extern const kv_evict_ops kv_evict_arc_ops;
 extern const kv_evict_ops kv_evict_s3fifo_ops;
 extern const kv_evict_ops kv_evict_tinylfu_ops;
 extern const kv_evict_ops kv_evict_auto_ops;
+extern const kv_evict_ops kv_evict_reuse_ops;
 
 const kv_evict_ops *const kv_evict_policies[] = {
     &kv_evict_lru_ops,
@@ -19,11 +20,12 @@ const kv_evict_ops *const kv_evict_policies[] = {
     &kv_evict_s3fifo_ops,
     &kv_evict_tinylfu_ops,
     &kv_evict_auto_ops,
+    &kv_evict_reuse_ops,
     NULL,
 };
 
 /* Chosen by `kvbench core-replay` (see README.md, "Choosing the policy"). */
-const char kv_evict_default[] = "lru";
+const char kv_evict_default[] = "reuse";
 
 const kv_evict_ops *kv_evict_lookup(const char *name) {
   for (int i = 0; kv_evict_policies[i]; i++)

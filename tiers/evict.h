@@ -10,7 +10,7 @@
  * order. So every policy keeps chains whole and never offers a pinned block.
  *
  * A policy may use b->hpos[tier] as its own per-block word, and reads the
- * access history the core keeps in every record (atime, atime2, hits). The
+ * access history the core keeps in every record (atime, hits). The
  * word keeps its value while the block is out of the policy (pinned, or an
  * interior block of a chain), so a policy may remember there what it knew
  * when the block comes back; the index sets it to KV_SLOT_NONE at insert.
@@ -132,6 +132,30 @@ void kv_ghost_add(kv_ghost *g, uint32_t fp);
 /* 1 if fp was remembered (and forgets it), else 0. */
 int kv_ghost_take(kv_ghost *g, uint32_t fp);
 void kv_ghost_free(kv_ghost *g);
+
+/* kv_seen: which keys were added lately - a compact, approximate history
+ * of a policy's victims for as long as it takes the policy to evict 2n..4n
+ * more blocks (n set by kv_seen_size). Two generations, each a
+ * set-associative table of 16-bit tags (8 ways) sized for 2n keys: keys
+ * go into the current one, which is retired once 2n keys went in (the
+ * older is then cleared and becomes current); a key is known while either
+ * generation holds its tag. 2 bytes per remembered key, 8 per block of n;
+ * a key not added answers "known" about 1 time in 4,000 (16 tags compared
+ * against 16 bits); a full set forgets one of its tags early (at the end of
+ * a generation about 1 key in 7 is lost that way). */
+typedef struct kv_seen {
+  uint16_t *gen[2]; /* [0] current, [1] previous; nsets * 8 tags each */
+  uint32_t nsets;   /* sets per generation */
+  uint32_t adds, per_gen;
+  uint32_t n;       /* what it was sized for */
+} kv_seen;
+
+/* Sized for victims of a cache of n blocks (forgets everything when n
+ * changes; n = 0 frees it). 0 or -ENOMEM (then empty, and remembers nothing). */
+int kv_seen_size(kv_seen *s, uint32_t n);
+void kv_seen_add(kv_seen *s, uint32_t fp);
+int kv_seen_has(const kv_seen *s, uint32_t fp);
+void kv_seen_free(kv_seen *s);
 
 /* kv_sketch: TinyLFU's frequency filter (Einziger et al., ACM ToS 2017):
  * a doorkeeper Bloom filter in front of a count-min sketch of 4-bit

@@ -229,20 +229,19 @@ static const kv_block *root_of(const kv_index *ix, const kv_block *rb) {
  * leads. */
 static void observe(kv_evict *e, autop *a, const kv_block *rb) {
   if (!a->minis || sample_hash(root_of(e->ix, rb)) >= a->sample) return;
-  kv_block *m = kv_index_find(&a->mix, rb->ns, rb->key, rb->keylen);
+  kv_block *m = kv_index_find(&a->mix, rb->ns, rb->key, kv_block_keylen(rb));
   if (!m) {
-    if (kv_index_insert(&a->mix, rb->ns, rb->key, rb->keylen, &m)) return; /* out of memory: unsampled */
+    if (kv_index_insert(&a->mix, rb->ns, rb->key, kv_block_keylen(rb), &m)) return; /* out of memory: unsampled */
     m->state = KV_BS_READY;
     m->hits = 0;
     m->inpol = 0;
     for (int i = 0; i < NX; i++) m->rchild[i] = 0;
     const kv_block *rp = rb->parent != KV_BID_NONE ? kv_index_at(e->ix, rb->parent) : NULL;
-    kv_block *p = rp ? kv_index_find(&a->mix, rp->ns, rp->key, rp->keylen) : NULL;
+    kv_block *p = rp ? kv_index_find(&a->mix, rp->ns, rp->key, kv_block_keylen(rp)) : NULL;
     if (p) kv_index_link(&a->mix, m, p);
   }
-  m->atime2 = m->atime;
   m->atime = ++a->clock & KV_ATIME_MASK;
-  if (m->hits != UINT16_MAX) m->hits++;
+  if (m->hits != KV_HITS_MAX) m->hits++;
   m->prio = rb->prio;
   int hit[NX];
   for (int i = 0; i < NX; i++) {

@@ -5,6 +5,9 @@
  *   lru   least recently used: score = last access time.
  *   lru2  LRU-K with K = 2 (O'Neil et al.): blocks seen once go first, in
  *         LRU order; then blocks by the time of their second-to-last access.
+ *         The record keeps only the last access, so lru2 keeps, by block
+ *         id, the last two access times it was told of (add, touch, seen:
+ *         16 bytes per id up to the highest held).
  *         A block used once (most of a prompt's tail) cannot push out a
  *         block that is used again and again (a shared system prompt).
  *
@@ -30,6 +33,11 @@ struct heap {
   uint32_t n, cap;
   uint64_t age; /* lfuda: the score of the last block offered as victim */
   uint64_t (*score)(const heap *h, const kv_block *b);
+  kv_seen *seen;  /* reuse: its victims lately; NULL for the others */
+  uint64_t *last, *prev; /* lru2: by block id, the last access time and the one before */
+  uint32_t nids;         /* lru2: ids covered by last and prev */
+  kv_bid offered; /* reuse: the last block peek offered */
+  kv_bid newest;  /* reuse: the last block added */
 };
 
 #define TIME_MASK ((1ull << 55) - 1)
@@ -40,8 +48,13 @@ static uint64_t score_lru(const heap *h, const kv_block *b) {
 
 static uint64_t score_lru2(const heap *h, const kv_block *b) {
   uint64_t seen_twice = b->hits >= 2;
-  uint64_t t = seen_twice ? b->atime2 : b->atime;
+  uint64_t t = seen_twice ? h->prev[b->id] : b->atime;
   return ((uint64_t)b->prio << 56) | (seen_twice << 55) | (t & TIME_MASK);
+}
+
+static uint64_t score_reuse(const heap *h, const kv_block *b) {
+  uint64_t again = b->hits >= 2;
+  return ((uint64_t)b->prio << 56) | (again << 55) | (b->atime & TIME_MASK);
 }
 
 /* LFU with dynamic aging (Arlitt et al.): hits plus the age of the cache
@@ -112,10 +125,26 @@ static int heap_init(kv_evict *e, uint64_t (*score)(const heap *, const kv_block
 static int init_lru(kv_evict *e) { return heap_init(e, score_lru); }
 static int init_lru2(kv_evict *e) { return heap_init(e, score_lru2); }
 static int init_lfuda(kv_evict *e) { return heap_init(e, score_lfuda); }
+static int init_reuse(kv_evict *e) {
+  if (heap_init(e, score_reuse)) return -ENOMEM;
+  heap *h = e->priv;
+  h->offered = h->newest = KV_BID_NONE;
+  h->seen = kv_meta_calloc(1, sizeof *h->seen);
+  if (!h->seen) {
+    kv_meta_free(h);
+    e->priv = NULL;
+    return -ENOMEM;
+  }
+  return 0;
+}
 
 static void heap_fini(kv_evict *e) {
   heap *h = e->priv;
-  if (h) kv_meta_free(h->v), kv_meta_free(h->key);
+  if (h) {
+    kv_meta_free(h->v), kv_meta_free(h->key);
+    kv_meta_free(h->last), kv_meta_free(h->prev);
+    if (h->seen) kv_seen_free(h->seen), kv_meta_free(h->seen);
+  }
   kv_meta_free(h);
   e->priv = NULL;
 }
@@ -173,6 +202,94 @@ static kv_block *heap_peek(kv_evict *e) {
   return kv_index_at(e->ix, h->v[0]);
 }
 
+/* lru2: records b's access at b->atime, if it is new to the policy. The
+ * arrays grow by a quarter (at least 256 ids). 0 or -ENOMEM. */
+static int lru2_note(heap *h, const kv_block *b) {
+  if (b->id >= h->nids) {
+    uint64_t want = (uint64_t)h->nids + (h->nids / 4 > 256 ? h->nids / 4 : 256);
+    if (want <= b->id) want = (uint64_t)b->id + 1;
+    if (want > UINT32_MAX) return -ENOMEM;
+    uint64_t *l = kv_meta_realloc(h->last, (size_t)want * sizeof *l);
+    if (!l) return -ENOMEM;
+    h->last = l;
+    uint64_t *p = kv_meta_realloc(h->prev, (size_t)want * sizeof *p);
+    if (!p) return -ENOMEM; /* last is larger, nids unchanged: nothing lost */
+    h->prev = p;
+    for (uint32_t i = h->nids; i < want; i++) h->last[i] = h->prev[i] = 0;
+    h->nids = (uint32_t)want;
+  }
+  if (h->last[b->id] != b->atime) {
+    h->prev[b->id] = h->last[b->id] ? h->last[b->id] : b->atime;
+    h->last[b->id] = b->atime;
+  }
+  return 0;
+}
+
+static int lru2_add(kv_evict *e, kv_block *b) {
+  heap *h = e->priv;
+  if (b->hits < 2 && b->id < h->nids) h->last[b->id] = h->prev[b->id] = 0; /* a new record */
+  return lru2_note(h, b) ? -ENOMEM : heap_add(e, b);
+}
+
+static void lru2_touch(kv_evict *e, kv_block *b) {
+  (void)lru2_note(e->priv, b); /* b was added, so its id is covered */
+  heap_touch(e, b);
+}
+
+static void lru2_seen(kv_evict *e, kv_block *b) {
+  heap *h = e->priv;
+  if (b->id < h->nids) (void)lru2_note(h, b); /* never grows: b was held once, or is new */
+}
+
+/* reuse: the history is sized by the tier's capacity, or while that is
+ * unknown by the most blocks held (resized, and so forgotten, as that
+ * doubles). A failed resize leaves it empty: the policy is then lru2-like
+ * on the core's counts alone, never wrong, only forgetful. */
+static void reuse_size(kv_evict *e, heap *h) {
+  uint32_t want = e->capacity;
+  if (!want) {
+    if (e->count <= h->seen->n * 2 && h->seen->n) return;
+    want = e->count > 1024 ? e->count : 1024;
+  }
+  if (want != h->seen->n) (void)kv_seen_size(h->seen, want);
+}
+
+static int reuse_add(kv_evict *e, kv_block *b) {
+  heap *h = e->priv;
+  reuse_size(e, h);
+  if (b->hits < 2 && kv_seen_has(h->seen, kv_fingerprint(b)))
+    b->hits = 2; /* evicted lately, and back: this is its second use */
+  int rc = heap_add(e, b);
+  if (rc == 0) h->newest = b->id;
+  return rc;
+}
+
+static void reuse_remove(kv_evict *e, kv_block *b) {
+  heap *h = e->priv;
+  if (b->id == h->offered) { /* the victim peek offered: remember its key */
+    kv_seen_add(h->seen, kv_fingerprint(b));
+    h->offered = KV_BID_NONE;
+  }
+  heap_remove(e, b);
+}
+
+/* The newest block is offered only when it is alone: it is the leaf a
+ * chain being stored grows from (the core stores a chain a block at a
+ * time), and once-used blocks rank first, so without this rule a tier full
+ * of blocks used again would cut every new chain at its first block. The
+ * next best is the smaller of the root's children, if it is of the same
+ * priority class (a lower class always goes first). */
+static kv_block *reuse_peek(kv_evict *e) {
+  heap *h = e->priv;
+  kv_block *b = heap_peek(e);
+  if (b && b->id == h->newest && h->n > 1) {
+    uint32_t i = h->n > 2 && key_at(e, h, 2) < key_at(e, h, 1) ? 2 : 1;
+    if (key_at(e, h, i) >> 56 == b->prio) b = kv_index_at(e->ix, h->v[i]); /* same class only */
+  }
+  h->offered = b ? b->id : KV_BID_NONE;
+  return b;
+}
+
 const kv_evict_ops kv_evict_lru_ops = {
     "lru", "least recently used (leaf-first, by priority class)",
     init_lru, heap_fini, heap_add, heap_remove, heap_touch, heap_peek, NULL,
@@ -180,10 +297,15 @@ const kv_evict_ops kv_evict_lru_ops = {
 
 const kv_evict_ops kv_evict_lru2_ops = {
     "lru2", "LRU-2: once-used blocks first, then by second-to-last use",
-    init_lru2, heap_fini, heap_add, heap_remove, heap_touch, heap_peek, NULL,
+    init_lru2, heap_fini, lru2_add, heap_remove, lru2_touch, heap_peek, lru2_seen,
 };
 
 const kv_evict_ops kv_evict_lfuda_ops = {
     "lfuda", "LFU with dynamic aging: by use count, old popularity fading",
     init_lfuda, heap_fini, heap_add, heap_remove, heap_touch, heap_peek, NULL,
+};
+
+const kv_evict_ops kv_evict_reuse_ops = {
+    "reuse", "blocks used once go first, then blocks used again (or evicted lately and back), each in LRU order",
+    init_reuse, heap_fini, reuse_add, reuse_remove, heap_touch, reuse_peek, NULL,
 };

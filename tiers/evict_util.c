@@ -93,7 +93,7 @@ unsigned kv_pq_min_class(kv_pq *const *qs, int n) {
 /* ---- kv_ghost ------------------------------------------------------------- */
 
 uint32_t kv_fingerprint(const kv_block *b) {
-  uint32_t fp = (uint32_t)XXH3_64bits_withSeed(b->key, b->keylen, b->ns ^ 0x9e3779b9u);
+  uint32_t fp = (uint32_t)XXH3_64bits_withSeed(b->key, kv_block_keylen(b), b->ns ^ 0x9e3779b9u);
   return fp ? fp : 1;
 }
 
@@ -156,6 +156,72 @@ void kv_ghost_free(kv_ghost *g) {
   free(g->ring);
   free(g->tab);
   memset(g, 0, sizeof *g);
+}
+
+/* ---- kv_seen ---------------------------------------------------------------- */
+
+#define SEEN_WAYS 8
+
+/* Set and tag from independent bits of a mixed fingerprint (splitmix64's
+ * finaliser), so keys that share a set rarely share a tag. */
+static inline uint16_t *seen_set(const kv_seen *s, int g, uint32_t fp, uint16_t *tag) {
+  uint64_t z = (uint64_t)fp * 0x9E3779B97F4A7C15ull;
+  z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
+  z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
+  z ^= z >> 31;
+  *tag = (uint16_t)z ? (uint16_t)z : 1;
+  return &s->gen[g][(size_t)(((z >> 32) * s->nsets) >> 32) * SEEN_WAYS];
+}
+
+int kv_seen_size(kv_seen *s, uint32_t n) {
+  if (n == s->n && (n == 0 || s->gen[0])) return 0;
+  kv_seen_free(s);
+  if (n == 0) return 0;
+  uint64_t per = (uint64_t)n * 2;
+  if (per > UINT32_MAX) per = UINT32_MAX;
+  uint32_t nsets = (uint32_t)((per + SEEN_WAYS - 1) / SEEN_WAYS);
+  for (int g = 0; g < 2; g++) {
+    s->gen[g] = kv_meta_calloc((size_t)nsets * SEEN_WAYS, sizeof *s->gen[g]);
+    if (!s->gen[g]) { kv_seen_free(s); return -ENOMEM; }
+  }
+  s->nsets = nsets;
+  s->per_gen = (uint32_t)per;
+  s->n = n;
+  return 0;
+}
+
+void kv_seen_add(kv_seen *s, uint32_t fp) {
+  if (!s->gen[0]) return;
+  if (s->adds == s->per_gen) { /* retire the current generation */
+    uint16_t *old = s->gen[1];
+    memset(old, 0, (size_t)s->nsets * SEEN_WAYS * sizeof *old);
+    s->gen[1] = s->gen[0];
+    s->gen[0] = old;
+    s->adds = 0;
+  }
+  s->adds++;
+  uint16_t tag, *set = seen_set(s, 0, fp, &tag);
+  for (int i = 0; i < SEEN_WAYS; i++) {
+    if (set[i] == tag) return;
+    if (set[i] == 0) { set[i] = tag; return; }
+  }
+  set[tag % SEEN_WAYS] = tag; /* full: one tag goes early */
+}
+
+int kv_seen_has(const kv_seen *s, uint32_t fp) {
+  if (!s->gen[0]) return 0;
+  for (int g = 0; g < 2; g++) {
+    uint16_t tag, *set = seen_set(s, g, fp, &tag);
+    for (int i = 0; i < SEEN_WAYS; i++)
+      if (set[i] == tag) return 1;
+  }
+  return 0;
+}
+
+void kv_seen_free(kv_seen *s) {
+  kv_meta_free(s->gen[0]);
+  kv_meta_free(s->gen[1]);
+  memset(s, 0, sizeof *s);
 }
 
 /* ---- kv_sketch ------------------------------------------------------------ */

@@ -89,7 +89,7 @@ void kv_index_fini(kv_index *ix) {
 
 static inline int rec_matches(const kv_block *b, uint32_t ns, const uint8_t *key,
                               unsigned len) {
-  return b->ns == ns && b->keylen == len && memcmp(b->key, key, len) == 0;
+  return b->ns == ns && kv_block_keylen(b) == len && memcmp(b->key, key, len) == 0;
 }
 
 /* Position of (ns,key) in the table, or of the empty slot ending its run. */
@@ -128,7 +128,7 @@ static int table_grow(kv_index *ix) {
     if (ix->tab[i].tag == 0) continue;
     kv_bid id = ix->tab[i].bid;
     const kv_block *b = kv_index_at(ix, id);
-    uint32_t j = home_of(key_hash(b->ns, b->key, b->keylen), n);
+    uint32_t j = home_of(key_hash(b->ns, b->key, kv_block_keylen(b)), n);
     while (t[j].tag != 0) j = next_slot(j, n);
     t[j] = ix->tab[i];
   }
@@ -190,7 +190,7 @@ int kv_index_insert(kv_index *ix, uint32_t ns, const uint8_t *key,
   memset(b, 0, sizeof *b);
   b->id = id;
   memcpy(b->key, key, keylen);
-  b->keylen = (uint8_t)keylen;
+  kv_block_set_keylen(b, keylen);
   b->ns = (uint16_t)ns;
   b->state = KV_BS_WRITING;
   b->prio = KV_PRIO_DEFAULT;
@@ -230,8 +230,8 @@ int kv_index_link(kv_index *ix, kv_block *b, kv_block *parent) {
 int kv_index_remove(kv_index *ix, kv_block *b) {
   if (b->tiers || b->busy || b->pins || b->inpol) return -EBUSY;
   int found;
-  uint32_t i = probe(ix, key_hash(b->ns, b->key, b->keylen), b->ns, b->key,
-                     b->keylen, &found);
+  uint32_t i = probe(ix, key_hash(b->ns, b->key, kv_block_keylen(b)), b->ns, b->key,
+                     kv_block_keylen(b), &found);
   if (!found || ix->tab[i].bid != b->id) return -ENOENT;
 
   unlink_from_parent(ix, b);
@@ -249,7 +249,7 @@ int kv_index_remove(kv_index *ix, kv_block *b) {
     kv_index_slot *s = &ix->tab[j];
     if (s->tag == 0) break;
     const kv_block *o = kv_index_at(ix, s->bid);
-    uint32_t home = home_of(key_hash(o->ns, o->key, o->keylen), ix->size);
+    uint32_t home = home_of(key_hash(o->ns, o->key, kv_block_keylen(o)), ix->size);
     if (!kv_probe_stays(hole, j, home)) {
       ix->tab[hole] = *s;
       hole = j;

@@ -358,7 +358,7 @@ Test(core, invariants_hold_under_random_operations) {
       } else if (op < 8) {
         int i = rand() % 16;
         if (pinned[i]) {
-          kv_key pk = {.len = pinned[i]->keylen};
+          kv_key pk = {.len = (uint8_t)kv_block_keylen(pinned[i])};
           memcpy(pk.b, pinned[i]->key, pk.len);
           kv_core_unpin(&f.core, pinned[i]);
           pinned[i] = NULL;

@@ -34,7 +34,7 @@ Test(evict, lower_priority_class_always_first) {
     kv_evict e = {0}; /* capacity 0: unknown */
     cr_assert_eq(kv_evict_init(&e, kv_evict_policies[p], &ix, KV_G2), 0);
     kv_block *old = mk(&ix, 1), *young = mk(&ix, 2);
-    old->atime = 1, old->hits = 5, old->atime2 = 0, old->prio = 200;
+    old->atime = 1, old->hits = 5, old->prio = 200;
     young->atime = 1000, young->hits = 1, young->prio = 100;
     e.ops->add(&e, old);
     e.ops->add(&e, young);
@@ -55,7 +55,7 @@ Test(evict, lru2_prefers_blocks_seen_once) {
   kv_evict e;
   kv_evict_init(&e, kv_evict_lookup("lru2"), &ix, KV_G2);
   kv_block *reused = mk(&ix, 1), *once = mk(&ix, 2);
-  reused->hits = 2, reused->atime2 = 1, reused->atime = 2;
+  reused->hits = 2, reused->atime = 2;
   once->hits = 1, once->atime = 50;
   e.ops->add(&e, reused);
   e.ops->add(&e, once);
@@ -84,7 +84,6 @@ Test(evict, random_operations_keep_the_heap_consistent) {
       int i = rand() % N;
       int op = rand() % 3;
       if (!in[i]) {
-        b[i]->atime2 = b[i]->atime;
         b[i]->atime = clock++;
         b[i]->hits = (uint16_t)(1 + rand() % 3);
         b[i]->prio = (uint8_t)(rand() % 2 ? 128 : 64);
@@ -94,7 +93,6 @@ Test(evict, random_operations_keep_the_heap_consistent) {
         e.ops->remove(&e, b[i]);
         in[i] = 0, held--;
       } else {
-        b[i]->atime2 = b[i]->atime;
         b[i]->atime = clock++;
         if (b[i]->hits < 100) b[i]->hits++;
         e.ops->touch(&e, b[i]);
@@ -168,7 +166,6 @@ static void sim_evict(sim *s) {
 static int sim_access(sim *s, uint64_t key) {
   kv_block *b = sim_find(s, key);
   if (b) {
-    b->atime2 = b->atime;
     b->atime = ++s->clock;
     b->hits++;
     s->e.ops->touch(&s->e, b);
@@ -202,7 +199,7 @@ static int hot_left_after_scan_of(const char *policy, uint64_t scan) {
 static int hot_left_after_scan(const char *policy) { return hot_left_after_scan_of(policy, 500); }
 
 Test(evict, a_one_pass_scan_does_not_flush_a_frequently_used_set) {
-  static const char *const resistant[] = {"arc", "s3fifo"};
+  static const char *const resistant[] = {"arc", "s3fifo", "reuse"};
   for (size_t i = 0; i < sizeof resistant / sizeof resistant[0]; i++)
     cr_assert_eq(hot_left_after_scan(resistant[i]), 10, "%s lost hot blocks to a scan", resistant[i]);
   cr_assert_eq(hot_left_after_scan("lru"), 0, "the control: LRU is flushed by the scan");
@@ -237,6 +234,81 @@ Test(evict, arc_ghost_hit_enters_the_frequent_list) {
   kv_block *v = s.e.ops->peek(&s.e);
   cr_assert_eq(v, sim_find(&s, 100), "victim %p, 7 is %p", (void *)v, (void *)sim_find(&s, 7));
   sim_close(&s);
+}
+
+/* reuse: a block used once goes before an older block used again. */
+Test(evict, reuse_puts_blocks_used_once_first) {
+  sim s;
+  sim_open(&s, "reuse", 100);
+  sim_access(&s, 1);
+  sim_access(&s, 1); /* used again: hits 2 */
+  sim_access(&s, 2);
+  sim_access(&s, 3); /* the newest, protected while a chain may grow from it */
+  cr_assert_eq(s.e.ops->peek(&s.e), sim_find(&s, 2), "the once-used block goes first");
+  sim_evict(&s);
+  /* 1 (used again, older) and 3 (used once, newest): the newest leaf is
+   * kept while anything else of its class is left, so 1 goes. */
+  cr_assert_eq(s.e.ops->peek(&s.e), sim_find(&s, 1));
+  sim_access(&s, 4);
+  cr_assert_eq(s.e.ops->peek(&s.e), sim_find(&s, 3), "3 is no longer the newest");
+  sim_close(&s);
+}
+
+/* reuse: a key it evicted comes back as used again, so once-used blocks
+ * that arrived after it go first; a key it never evicted does not. */
+Test(evict, reuse_remembers_its_victims) {
+  sim s;
+  sim_open(&s, "reuse", 100);
+  sim_access(&s, 7);
+  sim_evict(&s);
+  cr_assert_null(sim_find(&s, 7));
+  sim_access(&s, 7); /* a new record, hits 1, but evicted lately */
+  cr_assert_eq(sim_find(&s, 7)->hits, 2, "the second life counts as a second use");
+  for (uint64_t i = 0; i < 5; i++) sim_access(&s, 100 + i);
+  cr_assert_eq(s.e.ops->peek(&s.e), sim_find(&s, 100));
+  sim_access(&s, 8); /* never seen */
+  cr_assert_eq(sim_find(&s, 8)->hits, 1);
+  sim_close(&s);
+}
+
+/* reuse: the history covers the last 2C..4C victims, then forgets. */
+Test(evict, reuse_forgets_victims_after_four_capacities) {
+  enum { CAP = 64 };
+  sim s;
+  sim_open(&s, "reuse", CAP);
+  sim_access(&s, 7);
+  sim_evict(&s);
+  for (uint64_t i = 0; i < 4 * CAP + 2; i++) { /* 4C + 1 more victims */
+    sim_access(&s, 1000 + i);
+    if (s.e.count > 1) sim_evict(&s);
+  }
+  sim_access(&s, 7);
+  cr_assert_eq(sim_find(&s, 7)->hits, 1, "remembered past four capacities of victims");
+  sim_close(&s);
+}
+
+/* kv_seen: known after add, across one retirement, forgotten after two;
+ * false positives on keys never added stay rare. */
+Test(evict, seen_history_generations_and_false_positives) {
+  kv_seen h = {0};
+  cr_assert_eq(kv_seen_size(&h, 1000), 0); /* 2000 keys per generation */
+  cr_assert_eq(kv_seen_has(&h, 42), 0);
+  kv_seen_add(&h, 42);
+  cr_assert(kv_seen_has(&h, 42));
+  for (uint32_t i = 0; i < 2000; i++) kv_seen_add(&h, 0x10000000u + i);
+  cr_assert(kv_seen_has(&h, 42), "forgotten at the first retirement");
+  for (uint32_t i = 0; i < 2000; i++) kv_seen_add(&h, 0x20000000u + i);
+  cr_assert_eq(kv_seen_has(&h, 42), 0, "remembered past two generations");
+  int fp = 0;
+  for (uint32_t i = 0; i < 100000; i++) fp += kv_seen_has(&h, 0x40000000u + i);
+  cr_assert_lt(fp, 100, "%d false positives in 100000 (expected ~25)", fp);
+  /* Most of the last 2000 keys added are still known: a generation filled
+   * to the brim loses about 1 in 7 to full sets (Poisson, 8 ways). */
+  int known = 0;
+  for (uint32_t i = 0; i < 2000; i++) known += kv_seen_has(&h, 0x20000000u + i);
+  cr_assert_gt(known, 1600, "only %d of 2000 recent keys known", known);
+  cr_assert_eq(kv_seen_size(&h, 0), 0);
+  cr_assert_eq(kv_seen_has(&h, 0x20000000u), 0);
 }
 
 /* The ghost set never holds more than its bound, and forgets oldest first. */

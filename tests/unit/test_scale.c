@@ -50,7 +50,7 @@ Test(scale, metadata_per_block_is_at_most_128_bytes_at_100k_blocks) {
     key_of(i, k);
     kv_block *b = kv_index_find(&ix, 3, k, KV_KEY_MAX);
     cr_assert_not_null(b, "block %llu not found", (unsigned long long)i);
-    cr_assert_eq(b->keylen, KV_KEY_MAX);
+    cr_assert_eq(kv_block_keylen(b), KV_KEY_MAX);
     cr_assert_eq(memcmp(b->key, k, KV_KEY_MAX), 0);
     cr_assert_null(kv_index_find(&ix, 4, k, KV_KEY_MAX), "another namespace must miss");
     key_of(i + N, k);
