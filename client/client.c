@@ -9,11 +9,13 @@
  * requests wait in a list for kvc_poll().
  */
 #include <errno.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/mman.h>
 #include <unistd.h>
 
+#include "client/g1.h"
 #include "client/kvclient.h"
 #include "ipc/reader.h"
 #include "ipc/sock.h"
@@ -51,7 +53,22 @@ struct kvc {
   int sync_result;
   int sync_done;
   int dead;           /* sticky connection error */
+  kvc__g1 g1;         /* the imported G1 pool, if any */
 };
+
+int kvc_g1_info(const kvc *c, kvc_g1 *out) {
+  if (!c || !out) return -EINVAL;
+  *out = c->g1.info;
+  return 0;
+}
+
+int kvc_g1_ptr(const kvc *c, uint64_t offset, uint64_t len, void **out) {
+  if (!c || !out) return -EINVAL;
+  if (!c->g1.info.available) return -ENODEV;
+  if (len == 0 || offset > c->g1.info.bytes || len > c->g1.info.bytes - offset) return -ERANGE;
+  *out = (uint8_t *)c->g1.info.base + offset;
+  return 0;
+}
 
 const char *kvc_strerror(int err) { return kv_strerror(err); }
 uint64_t kvc_session_id(const kvc *c) { return c->session; }
@@ -482,6 +499,7 @@ int kvc_open(const kvc_opts *o, kvc **out) {
   m.hello.layout.tp_rank = o->layout.tp_rank;
   m.hello.layout.tp_size = o->layout.tp_size;
   m.hello.layout.dtype = (kv_str){o->layout.dtype, (uint32_t)strlen(o->layout.dtype)};
+  if (!o->no_g1) m.hello.caps |= KV_CAP_G1;
   if ((rc = send_msg(c, &m))) goto err;
 
   kv_frame f;
@@ -496,8 +514,30 @@ int kvc_open(const kvc_opts *o, kvc **out) {
     rc = KV_EBADFRAME;
   if (rc) {
     if (f.fd >= 0) close(f.fd);
+    if (f.fd2 >= 0) close(f.fd2);
     goto err;
   }
+  /* G1: the first entry for tier G1, if the daemon granted it; the pool's
+   * fd (KV_F_FD2) is closed by the import either way. */
+  int g1fd = f.fd2, g1done = 0;
+  if (r.hello_rep.caps & KV_CAP_G1) {
+    for (unsigned i = 0; i < r.hello_rep.ntierinfo && !g1done; i++) {
+      kv_tierinfo t;
+      kv_hello_tierinfo(&r.hello_rep, i, &t);
+      if (t.tier != KV_G1) continue;
+      kvc__g1_import(&c->g1, t.kind, t.p, t.len, g1fd);
+      g1fd = -1;
+      g1done = 1;
+    }
+    if (!g1done)
+      snprintf(c->g1.info.reason, sizeof c->g1.info.reason, "the daemon granted G1 but sent no pool");
+  } else if (!o->no_g1) {
+    snprintf(c->g1.info.reason, sizeof c->g1.info.reason,
+             "the daemon offers no G1 pool (G1 off there: see its log and kvcached_g1_unavailable)");
+  } else {
+    snprintf(c->g1.info.reason, sizeof c->g1.info.reason, "not asked for (kvc_opts.no_g1)");
+  }
+  if (g1fd >= 0) close(g1fd);
   c->session = r.hello_rep.session_id;
   c->slot_bytes = r.hello_rep.slot_bytes;
   c->block_bytes = o->layout.block_bytes;
@@ -516,6 +556,7 @@ err:
 
 void kvc_close(kvc *c) {
   if (!c) return;
+  kvc__g1_release(&c->g1);
   if (c->arena) munmap(c->arena, c->arena_bytes);
   if (c->fd >= 0) close(c->fd);
   kv_reader_free(&c->rd);

@@ -75,6 +75,7 @@ typedef struct kvc_opts {
   size_t salt_len;
   kvc_layout layout;
   int timeout_ms;            /* for blocking calls; 0: 10000, -1: none */
+  int no_g1;                 /* 1: do not offer G1 import (KV_CAP_G1) in HELLO */
 } kvc_opts;
 
 typedef struct kvc kvc;
@@ -90,6 +91,31 @@ void kvc_close(kvc *c);
 /* What HELLO answered. */
 uint64_t kvc_session_id(const kvc *c);
 uint32_t kvc_slot_bytes(const kvc *c);
+
+/* G1: when the daemon has a device pool and this library can import it
+ * (the HELLO reply carries the pool's export, cuda/dev.h), kvc_open maps
+ * it once. When it cannot (G1 off in the daemon, the pool on a device this
+ * process does not see, a handle kind it cannot map, no driver), the
+ * session works on G2 as before and kvc_g1_info says why. */
+#define KVC_G1_CUDA 1
+#define KVC_G1_SIM 2 /* the daemon's simulated device (g1.backend = sim) */
+struct kv_dev;
+typedef struct kvc_g1 {
+  int available;      /* 1: the pool is mapped in this process */
+  char reason[320];   /* when not: why ("" when the daemon offered none) */
+  uint8_t uuid[16];   /* the pool's device */
+  int backend;        /* KVC_G1_CUDA or KVC_G1_SIM; 0 when not available */
+  uint8_t kind;       /* how it was shared: KV_TI_G1_* (proto/wire.h) */
+  void *base;         /* device address of the pool in this process */
+  uint64_t bytes;
+  struct kv_dev *dev; /* the device (cuda/dev.h), for copies; owned by c */
+} kvc_g1;
+/* Fills *out. 0, or -EINVAL (NULL). */
+int kvc_g1_info(const kvc *c, kvc_g1 *out);
+/* The device address of [offset, offset + len) of the pool (a block's
+ * offset comes from the daemon). 0, -ENODEV (no G1 in this session),
+ * -ERANGE (outside the pool, or len 0), -EINVAL (NULL). */
+int kvc_g1_ptr(const kvc *c, uint64_t offset, uint64_t len, void **out);
 
 /* One block's result from load or alloc. */
 typedef struct kvc_block {

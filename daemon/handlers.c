@@ -183,7 +183,10 @@ int kvd_load_keys(kvd *d, const kv_keyvec *v) {
 static kvd_ns *session_ns(kvd *d, kvd_session *s) { return kvd_registry_ns(&d->reg, s->ns); }
 
 /* --- HELLO ---------------------------------------------------------------- */
-static int op_hello(kvd *d, kvd_session *s, const kv_msg *req, kv_buf *out, int *fd_out) {
+/* The G1 tier-info value: kv_dev_export_encode's bytes (the pool's
+ * device, size and handle). A block's device pointer will be the imported
+ * base plus the offset a LOAD reply gives. */
+static int op_hello(kvd *d, kvd_session *s, const kv_msg *req, kv_buf *out, int fd_out[2]) {
   const kv_hello_req *h = &req->hello;
   if (s->ns >= 0) return kvd_fail(out, req, KV_EBADSTATE, "HELLO was already said on this connection");
   if (h->ver_major != KV_PROTO_MAJOR) return kvd_fail(out, req, KV_EBADVERSION, NULL);
@@ -202,14 +205,27 @@ static int op_hello(kvd *d, kvd_session *s, const kv_msg *req, kv_buf *out, int 
   m.flags |= KV_F_FD;
   m.hello_rep.ver_major = KV_PROTO_MAJOR;
   m.hello_rep.ver_minor = min_u16(h->ver_minor, KV_PROTO_MINOR);
-  m.hello_rep.caps = 0; /* G1 import: not offered by this build yet */
+  m.hello_rep.caps = 0;
   m.hello_rep.session_id = s->id;
   m.hello_rep.ns_id = (uint32_t)ns;
   m.hello_rep.arena_bytes = a->capacity;
   m.hello_rep.slot_align = KV_ARENA_ALIGN;
   m.hello_rep.slot_bytes = n->slot_bytes;
+  kv_tierinfo ti;
+  uint8_t kind;
+  int g1fd = -1;
+  if ((h->caps & KV_CAP_G1) && kvd_g1_export(&d->g1, &kind, &g1fd) == 0) {
+    m.hello_rep.caps |= KV_CAP_G1;
+    ti = (kv_tierinfo){.tier = KV_G1, .kind = kind, .len = (uint16_t)d->g1.enc_len, .p = d->g1.enc};
+    m.hello_rep.ntierinfo = 1;
+    m.hello_rep.tierinfo = &ti;
+    if (g1fd >= 0) m.flags |= KV_F_FD2;
+  }
   int rc = kv_msg_encode(out, &m);
-  if (rc == 0) *fd_out = a->fd;
+  if (rc == 0) {
+    fd_out[0] = a->fd;
+    fd_out[1] = (m.flags & KV_F_FD2) ? g1fd : -1;
+  }
   return rc;
 }
 
@@ -410,9 +426,9 @@ static int op_status(kvd *d, kvd_session *s, const kv_msg *req, kv_buf *out) {
   return rc;
 }
 
-int kvd_handle(kvd *d, kvd_sink *sink, const kv_msg *req, kv_buf *out, int *fd_out) {
+int kvd_handle(kvd *d, kvd_sink *sink, const kv_msg *req, kv_buf *out, int fd_out[2]) {
   kvd_session *s = sink->sess;
-  *fd_out = -1;
+  fd_out[0] = fd_out[1] = -1;
   if (req->flags & KV_F_REPLY) return kvd_fail(out, req, KV_EBADFRAME, "a reply sent to the daemon");
   if (req->op < KV_OP_COUNT) d->st.ops[req->op]++;
   if (req->op == KV_OP_HELLO) return op_hello(d, s, req, out, fd_out);

@@ -58,12 +58,13 @@ void kvd_fini(kvd *d);
 /*
  * Handles one decoded request of session s and appends exactly one reply
  * frame (the op's reply, or an ERROR reply) to out. When the reply carries
- * a descriptor (HELLO: the G2 arena), *fd_out is set to it (the daemon's
- * own fd: the caller sends a copy and does not close it), else -1.
+ * descriptors (HELLO: the G2 arena, then the G1 pool when it travels as an
+ * fd), fd_out[0] and fd_out[1] are set to them (the daemon's own fds: the
+ * caller sends copies, in that order, and does not close them), else -1.
  * Returns 0, or a negative error when the reply could not be encoded (the
  * caller then closes the connection).
  */
-int kvd_handle(kvd *d, kvd_sink *sink, const kv_msg *req, kv_buf *out, int *fd_out);
+int kvd_handle(kvd *d, kvd_sink *sink, const kv_msg *req, kv_buf *out, int fd_out[2]);
 
 /* Shared by the handlers: a reply header for req; an ERROR reply (msg NULL:
  * the code's own text); the request's keys copied into d->keys. */

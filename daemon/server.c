@@ -19,7 +19,7 @@ struct kvd_conn {
   kvd_sink *sink;
   kv_reader rd;
   kv_buf out;
-  struct { size_t at; int fd; } ofd[MAX_OUT_FDS]; /* fd to send with byte `at` of out */
+  struct { size_t at; int fd[2]; unsigned n; } ofd[MAX_OUT_FDS]; /* fds to send with byte `at` of out */
   unsigned nofd;
   int events;
   int closing;
@@ -105,14 +105,14 @@ static void set_events(kvd_conn *c) {
 static int conn_flush(kvd_conn *c) {
   while (c->out.len) {
     size_t n = c->out.len;
-    int fd = -1;
-    if (c->nofd && c->ofd[0].at == 0) fd = c->ofd[0].fd;
-    else if (c->nofd && c->ofd[0].at < n) n = c->ofd[0].at; /* stop before the fd's frame */
+    int with_fds = c->nofd && c->ofd[0].at == 0;
+    if (!with_fds && c->nofd && c->ofd[0].at < n) n = c->ofd[0].at; /* stop before the fd's frame */
     struct iovec iov = {c->out.p, n};
-    ssize_t w = kv_sock_sendmsg(c->fd, &iov, 1, fd, 1);
+    ssize_t w = kv_sock_sendmsg_fds(c->fd, &iov, 1, with_fds ? c->ofd[0].fd : NULL,
+                                    with_fds ? c->ofd[0].n : 0, 1);
     if (w == -EAGAIN) return 0;
     if (w < 0) return (int)w;
-    if (fd >= 0) {
+    if (with_fds) {
       memmove(c->ofd, c->ofd + 1, (--c->nofd) * sizeof c->ofd[0]);
     }
     for (unsigned i = 0; i < c->nofd; i++) c->ofd[i].at -= (size_t)w;
@@ -127,14 +127,15 @@ static void handle_frame(kvd_conn *c, const kv_frame *f) {
   kv_msg m;
   d->st.frames_in++;
   if (f->fd >= 0) close(f->fd); /* workers send the daemon no descriptors */
+  if (f->fd2 >= 0) close(f->fd2);
   size_t before = c->out.len;
   int rc = kv_msg_decode(f->p, f->len, &m);
-  int out_fd = -1;
+  int out_fd[2] = {-1, -1};
   if (rc) {
     d->st.bad_frames++;
     rc = kv_msg_encode_error(&c->out, f->hdr.id, f->hdr.op, rc, kv_strerror(rc));
   } else {
-    rc = kvd_handle(d, c->sink, &m, &c->out, &out_fd);
+    rc = kvd_handle(d, c->sink, &m, &c->out, out_fd);
     if (rc == KVD_DEFERRED) return;
   }
   if (rc) {
@@ -143,9 +144,11 @@ static void handle_frame(kvd_conn *c, const kv_frame *f) {
     conn_close(c, "reply failed");
     return;
   }
-  if (out_fd >= 0 && c->nofd < MAX_OUT_FDS) {
+  if (out_fd[0] >= 0 && c->nofd < MAX_OUT_FDS) {
     c->ofd[c->nofd].at = before;
-    c->ofd[c->nofd].fd = out_fd;
+    c->ofd[c->nofd].fd[0] = out_fd[0];
+    c->ofd[c->nofd].fd[1] = out_fd[1];
+    c->ofd[c->nofd].n = out_fd[1] >= 0 ? 2 : 1;
     c->nofd++;
   }
 }
@@ -270,8 +273,10 @@ void kvd_server_close_all(kvd_server *s, int timeout_ms) {
     kvd_conn *c = s->conns;
     if (c->out.len) {
       struct iovec iov = {c->out.p, c->out.len};
-      int fd = c->nofd && c->ofd[0].at == 0 ? c->ofd[0].fd : -1;
-      if (kv_sock_send_frame(c->fd, &iov, 1, fd, timeout_ms) == 0) kv_buf_reset(&c->out);
+      int with_fds = c->nofd && c->ofd[0].at == 0;
+      if (kv_sock_send_frame_fds(c->fd, &iov, 1, with_fds ? c->ofd[0].fd : NULL,
+                                 with_fds ? c->ofd[0].n : 0, timeout_ms) == 0)
+        kv_buf_reset(&c->out);
     }
     conn_close(c, "daemon stopping");
   }

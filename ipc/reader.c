@@ -43,6 +43,13 @@ static int fail(kv_reader *rd, int err) {
   return rd->err;
 }
 
+/* KV_EBADFD, closing every fd queued: none of them can be paired now. */
+static int fail_fds(kv_reader *rd) {
+  for (unsigned i = 0; i < rd->nfds; i++) close(rd->fds[i].fd);
+  rd->nfds = 0;
+  return fail(rd, KV_EBADFD);
+}
+
 static void compact(kv_reader *rd) {
   if (rd->r == 0) return;
   if (rd->w > rd->r) memmove(rd->buf, rd->buf + rd->r, rd->w - rd->r);
@@ -166,13 +173,13 @@ ssize_t kv_reader_fill(kv_reader *rd, int sock, int dontwait) {
   }
   uint64_t lo = rd->pos + rd->w;
   rd->w += (size_t)n;
-  if ((mh.msg_flags & MSG_CTRUNC) || extra || ngot > 1 ||
-      (ngot == 1 && (n == 0 || rd->nfds == KV_READER_FDS))) {
+  if ((mh.msg_flags & MSG_CTRUNC) || extra || ngot > 2 ||
+      (ngot >= 1 && (n == 0 || rd->nfds + ngot > KV_READER_FDS))) {
     for (unsigned j = 0; j < ngot; j++) close(got[j]);
     return fail(rd, KV_EBADFD);
   }
-  if (ngot == 1) {
-    rd->fds[rd->nfds].fd = got[0];
+  for (unsigned j = 0; j < ngot; j++) {
+    rd->fds[rd->nfds].fd = got[j];
     rd->fds[rd->nfds].lo = lo;
     rd->fds[rd->nfds].hi = lo + (uint64_t)n;
     rd->nfds++;
@@ -200,16 +207,24 @@ int kv_reader_next(kv_reader *rd, kv_frame *f) {
   if (rc) return rc;
   if (rd->w - rd->r < want) return 0;
 
-  int fd = -1;
+  int fd = -1, fd2 = -1;
   if (h.flags & KV_F_FD) {
     if (!rd->nfds || rd->fds[0].lo > start) return fail(rd, KV_EBADFD);
+    /* KV_F_FD2: exactly two fds came together; else exactly one. */
+    int two = rd->nfds >= 2 && rd->fds[1].lo == rd->fds[0].lo;
+    if (two != ((h.flags & KV_F_FD2) != 0)) return fail_fds(rd);
     fd = rd->fds[0].fd;
     pop_fd(rd);
+    if (h.flags & KV_F_FD2) {
+      fd2 = rd->fds[0].fd;
+      pop_fd(rd);
+    }
   }
   f->hdr = h;
   f->p = rd->buf + rd->r;
   f->len = want;
   f->fd = fd;
+  f->fd2 = fd2;
   rd->r += want;
   return 1;
 }

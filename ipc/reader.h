@@ -15,9 +15,11 @@
  * byte (ipc/sock.h), and Linux never merges bytes that follow an fd into
  * the same recvmsg(), so an fd belongs to a frame that starts within the
  * bytes of the recvmsg() that brought it. The reader hands it out with
- * that frame when its header has KV_F_FD. Anything else is KV_EBADFD and
- * the fd is closed: a frame with KV_F_FD but no fd, an fd no frame claims,
- * more than one fd in one recvmsg(), truncated control data (MSG_CTRUNC).
+ * that frame when its header has KV_F_FD, and a second fd of the same
+ * recvmsg() when it also has KV_F_FD2. Anything else is KV_EBADFD and the
+ * fds are closed: a frame with KV_F_FD (KV_F_FD2) but no (second) fd, an fd
+ * no frame claims, more than two fds in one recvmsg(), truncated control
+ * data (MSG_CTRUNC).
  *
  * Use from an event loop: on readable, kv_reader_fill() (or, with a loop
  * that reads for you, kv_reader_space() + kv_reader_commit()), then
@@ -40,6 +42,7 @@ typedef struct kv_frame {
   const uint8_t *p; /* the whole frame, header included; for kv_msg_decode() */
   size_t len;       /* KV_HDR_SIZE + hdr.len */
   int fd;           /* the fd that came with it (now the caller's), or -1 */
+  int fd2;          /* the second fd (KV_F_FD2: the G1 pool), or -1 */
 } kv_frame;
 
 typedef struct kv_reader {

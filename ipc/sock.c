@@ -213,22 +213,25 @@ int kv_sock_peercred(int sock, kv_peercred *out) {
   return 0;
 }
 
-ssize_t kv_sock_sendmsg(int sock, const struct iovec *iov, int iovcnt, int pass_fd,
-                        int dontwait) {
+ssize_t kv_sock_sendmsg_fds(int sock, const struct iovec *iov, int iovcnt, const int *fds,
+                            unsigned nfds, int dontwait) {
   union {
-    char buf[CMSG_SPACE(sizeof(int))];
+    char buf[CMSG_SPACE(sizeof(int) * KV_SOCK_FDS_MAX)];
     struct cmsghdr align;
   } cm;
   struct msghdr mh = {.msg_iov = (struct iovec *)iov, .msg_iovlen = (size_t)iovcnt};
-  if (pass_fd >= 0) {
+  if (nfds > KV_SOCK_FDS_MAX) return -EINVAL;
+  for (unsigned i = 0; i < nfds; i++)
+    if (fds[i] < 0) return -EINVAL;
+  if (nfds) {
     memset(&cm, 0, sizeof cm);
     mh.msg_control = cm.buf;
-    mh.msg_controllen = sizeof cm.buf;
+    mh.msg_controllen = CMSG_SPACE(sizeof(int) * nfds);
     struct cmsghdr *c = CMSG_FIRSTHDR(&mh);
     c->cmsg_level = SOL_SOCKET;
     c->cmsg_type = SCM_RIGHTS;
-    c->cmsg_len = CMSG_LEN(sizeof(int));
-    memcpy(CMSG_DATA(c), &pass_fd, sizeof(int));
+    c->cmsg_len = CMSG_LEN(sizeof(int) * nfds);
+    memcpy(CMSG_DATA(c), fds, sizeof(int) * nfds);
   }
   int fl = MSG_NOSIGNAL | (dontwait ? MSG_DONTWAIT : 0);
   for (;;) {
@@ -239,17 +242,28 @@ ssize_t kv_sock_sendmsg(int sock, const struct iovec *iov, int iovcnt, int pass_
   }
 }
 
+ssize_t kv_sock_sendmsg(int sock, const struct iovec *iov, int iovcnt, int pass_fd,
+                        int dontwait) {
+  return kv_sock_sendmsg_fds(sock, iov, iovcnt, &pass_fd, pass_fd >= 0 ? 1 : 0, dontwait);
+}
+
 int kv_sock_send_frame(int sock, const struct iovec *iov, int iovcnt, int pass_fd,
                        int timeout_ms) {
+  return kv_sock_send_frame_fds(sock, iov, iovcnt, &pass_fd, pass_fd >= 0 ? 1 : 0, timeout_ms);
+}
+
+int kv_sock_send_frame_fds(int sock, const struct iovec *iov, int iovcnt, const int *fds,
+                           unsigned nfds, int timeout_ms) {
   struct iovec v[KV_SEND_IOV_MAX];
   if (iovcnt < 1 || iovcnt > KV_SEND_IOV_MAX) return -EINVAL;
   memcpy(v, iov, sizeof *v * (size_t)iovcnt);
   int64_t deadline = timeout_ms < 0 ? -1 : kv_now_ms() + timeout_ms;
-  int i = 0, fd = pass_fd;
+  int i = 0;
+  if (nfds > KV_SOCK_FDS_MAX) return -EINVAL;
   while (i < iovcnt && v[i].iov_len == 0) i++;
   if (i == iovcnt) return -EINVAL; /* nothing to carry an fd, nothing to send */
   while (i < iovcnt) {
-    ssize_t n = kv_sock_sendmsg(sock, v + i, iovcnt - i, fd, 1);
+    ssize_t n = kv_sock_sendmsg_fds(sock, v + i, iovcnt - i, fds, nfds, 1);
     if (n == -EAGAIN) {
       int rc = kv_sock_wait(sock, POLLOUT, deadline);
       if (rc) return rc;
@@ -257,7 +271,7 @@ int kv_sock_send_frame(int sock, const struct iovec *iov, int iovcnt, int pass_f
     }
     if (n < 0) return (int)n;
     if (n == 0) return -EIO; /* a stream socket that takes nothing */
-    fd = -1; /* went with the first byte */
+    nfds = 0; /* they went with the first byte */
     size_t left = (size_t)n;
     while (i < iovcnt && left >= v[i].iov_len) left -= v[i++].iov_len;
     if (i < iovcnt) {

@@ -123,4 +123,13 @@ ssize_t kv_sock_sendmsg(int sock, const struct iovec *iov, int iovcnt, int pass_
 int kv_sock_send_frame(int sock, const struct iovec *iov, int iovcnt, int pass_fd,
                        int timeout_ms);
 
+/* As kv_sock_sendmsg / kv_sock_send_frame, with nfds (0..KV_SOCK_FDS_MAX)
+ * fds in one SCM_RIGHTS message, in order (a HELLO reply: the G2 arena,
+ * then the G1 pool). Negative entries are not allowed (-EINVAL). */
+#define KV_SOCK_FDS_MAX 2
+ssize_t kv_sock_sendmsg_fds(int sock, const struct iovec *iov, int iovcnt, const int *fds,
+                            unsigned nfds, int dontwait);
+int kv_sock_send_frame_fds(int sock, const struct iovec *iov, int iovcnt, const int *fds,
+                           unsigned nfds, int timeout_ms);
+
 #endif

@@ -80,8 +80,10 @@ typedef enum kv_op {
 
 /* Header flags. Any other bit set is KV_EBADFRAME. */
 #define KV_F_REPLY 0x0001u /* a reply (daemon -> worker) */
-#define KV_F_FD 0x0002u    /* exactly one fd travels with this frame */
-#define KV_F_KNOWN (KV_F_REPLY | KV_F_FD)
+#define KV_F_FD 0x0002u    /* an fd travels with this frame (the G2 arena) */
+#define KV_F_FD2 0x0004u   /* a second fd travels, after the first (the G1 pool);
+                            * only with KV_F_FD */
+#define KV_F_KNOWN (KV_F_REPLY | KV_F_FD | KV_F_FD2)
 
 /* HELLO capability bits. Unknown bits are ignored by the receiver and never
  * granted in the reply: they are how a minor version adds a feature. */
@@ -91,8 +93,11 @@ typedef enum kv_op {
 #define KV_DEL_ALL 0x01u /* DELETE: every block of the session's namespace */
 
 /* Tier-info kinds (HELLO reply). Unknown kinds are skipped by clients. */
-#define KV_TI_G1_VMM 1     /* G1 pool exported as CUDA VMM POSIX-fd handle */
-#define KV_TI_G1_CUDAIPC 2 /* G1 pool exported as a legacy cudaIpcMemHandle */
+#define KV_TI_G1_VMM_FD 1     /* G1 pool, CUDA VMM POSIX-fd handle (the fd: KV_F_FD2) */
+#define KV_TI_G1_LEGACY_IPC 2 /* G1 pool, legacy cudaIpcMemHandle in the value, no fd */
+#define KV_TI_G1_SIM_FD 3     /* G1 pool, simulated device memory (memfd: KV_F_FD2) */
+#define KV_TI_G1_VMM KV_TI_G1_VMM_FD          /* older names */
+#define KV_TI_G1_CUDAIPC KV_TI_G1_LEGACY_IPC
 
 typedef struct kv_hdr {
   uint32_t magic;   /* KV_PROTO_MAGIC */

@@ -32,6 +32,8 @@ static inline int kv__hdr_rules(uint16_t op, uint16_t flags, int32_t status, uin
   /* Only a HELLO reply carries an fd (the G2 arena), checked against
    * arena_bytes with the payload. */
   if ((flags & KV_F_FD) && !(reply && op == KV_OP_HELLO)) return 1;
+  /* The second fd (the G1 pool) only comes after the first. */
+  if ((flags & KV_F_FD2) && !(flags & KV_F_FD)) return 1;
   return 0;
 }
 

@@ -248,6 +248,81 @@ Test(reader_bad, two_fds_in_one_message) {
   kv_buf_free(&b);
 }
 
+/* KV_F_FD2 announces a second fd: a frame that says so and brings one fd,
+ * or three fds, is KV_EBADFD with every fd closed. */
+static void hello_rep2(kv_buf *b, uint64_t id) {
+  kv_msg m = kv_sample_rep(KV_OP_HELLO, id);
+  m.flags |= KV_F_FD | KV_F_FD2;
+  m.hello_rep = (kv_hello_rep){.ver_major = 1, .session_id = id, .ns_id = 1,
+                               .arena_bytes = 1 << 20, .slot_align = 64, .slot_bytes = 4096};
+  cr_assert_eq(kv_msg_encode(b, &m), 0);
+}
+
+Test(reader_bad, fd2_flag_with_one_fd) {
+  int p[2];
+  cr_assert_eq(pipe(p), 0);
+  kv_buf b;
+  kv_buf_init(&b);
+  hello_rep2(&b, 1);
+  send_buf(pair[1], &b, p[1]);
+  close(p[1]);
+  kv_frame f;
+  cr_assert_eq(kv_reader_recv(&rd, pair[0], &f, 1000), KV_EBADFD);
+  expect_all_closed(p[0]);
+  kv_buf_free(&b);
+}
+
+Test(reader_bad, three_fds_in_one_message) {
+  int p[2], q[2], r[2];
+  cr_assert_eq(pipe(p), 0);
+  cr_assert_eq(pipe(q), 0);
+  cr_assert_eq(pipe(r), 0);
+  kv_buf b;
+  kv_buf_init(&b);
+  hello_rep2(&b, 1);
+  int fds[3] = {p[1], q[1], r[1]};
+  send_fds(pair[1], b.p, b.len, fds, 3);
+  close(p[1]);
+  close(q[1]);
+  close(r[1]);
+  kv_frame f;
+  cr_assert_eq(kv_reader_recv(&rd, pair[0], &f, 1000), KV_EBADFD);
+  expect_all_closed(p[0]);
+  expect_all_closed(q[0]);
+  expect_all_closed(r[0]);
+  kv_buf_free(&b);
+}
+
+/* The HELLO reply with a G1 pool: two fds in one message, in order. */
+Test(reader_ok, two_fds_with_fd2) {
+  int p[2], q[2];
+  cr_assert_eq(pipe(p), 0);
+  cr_assert_eq(pipe(q), 0);
+  kv_buf b;
+  kv_buf_init(&b);
+  hello_rep2(&b, 1);
+  struct iovec iov = {b.p, b.len};
+  int fds[2] = {p[1], q[1]};
+  cr_assert_eq(kv_sock_send_frame_fds(pair[1], &iov, 1, fds, 2, 5000), 0);
+  close(p[1]);
+  close(q[1]);
+  kv_frame f;
+  cr_assert_eq(kv_reader_recv(&rd, pair[0], &f, 1000), 1);
+  cr_assert(f.fd >= 0 && f.fd2 >= 0);
+  cr_assert_eq(write(f.fd, "a", 1), 1);
+  cr_assert_eq(write(f.fd2, "b", 1), 1);
+  char c = 0;
+  cr_assert_eq(read(p[0], &c, 1), 1);
+  cr_assert_eq(c, 'a', "the arena's fd comes first");
+  cr_assert_eq(read(q[0], &c, 1), 1);
+  cr_assert_eq(c, 'b');
+  close(f.fd);
+  close(f.fd2);
+  close(p[0]);
+  close(q[0]);
+  kv_buf_free(&b);
+}
+
 Test(reader_bad, control_data_truncated) {
   enum { N = 12 }; /* more than one recvmsg() takes in */
   int r[N], w[N];

@@ -457,6 +457,13 @@ Test(wire_bad, hello_reply_fields) {
   cr_assert_eq(REP(KV_OP_HELLO), 0);
   hello_rep_body(1 << 20, 4095, 0, 0, 0);
   cr_assert_eq(pdecode(KV_OP_HELLO, KV_F_REPLY | KV_F_FD, 0), KV_EBADFRAME, "alignment");
+  /* The second fd (the G1 pool) comes only after the arena's. */
+  hello_rep_body(1 << 20, 4096, 1, 16, KV_G1);
+  cr_assert_eq(pdecode(KV_OP_HELLO, KV_F_REPLY | KV_F_FD | KV_F_FD2, 0), 0, "arena and G1 fds");
+  hello_rep_body(0, 0, 1, 16, KV_G1);
+  cr_assert_eq(pdecode(KV_OP_HELLO, KV_F_REPLY | KV_F_FD2, 0), KV_EBADFRAME, "second fd without a first");
+  pb32(0);
+  cr_assert_eq(pdecode(KV_OP_STATUS, KV_F_REPLY | KV_F_FD | KV_F_FD2, 0), KV_EBADFRAME, "fds on STATUS");
   hello_rep_body(0, 0, KV_TIERINFO_MAX + 1, 0, 0);
   cr_assert_eq(REP(KV_OP_HELLO), KV_EBADFRAME, "9 tier-info entries");
   hello_rep_body(0, 0, 1, KV_TIERINFO_BYTES_MAX + 1, 0);
