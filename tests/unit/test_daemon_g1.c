@@ -1,0 +1,310 @@
+/* test_daemon_g1.c - G1 through the real kvcached on the simulated device
+ * (g1.backend = sim): the HELLO reply's G1 entry and fd, libkvclient's
+ * import (kvc_g1_info, kvc_g1_ptr), bytes written by one worker through the
+ * device seen by another, workers that do not ask, a daemon with G1 off,
+ * the g1 metrics, and the client's refusal of a corrupt entry. */
+#include "test_ops_util.h"
+
+#include <fcntl.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+
+#include "client/g1.h"
+#include "cuda/dev.h"
+#include "ipc/reader.h"
+#include "proto/errors.h"
+#include "proto/wire.h"
+
+/* The value of an unlabelled (or fully labelled) metric line, -1 if none. */
+static long long metric(const char *name) {
+  static char resp[1 << 20];
+  const char *body;
+  cr_assert_eq(ops_req(ops_stats, "GET", "/metrics", resp, sizeof resp, &body), 200);
+  char want[160];
+  snprintf(want, sizeof want, "\n%s ", name);
+  const char *p = strstr(body - 1, want);
+  if (!p) return -1;
+  return atoll(p + strlen(want));
+}
+
+static const char *const sim_on[] = {"g1.enable=on", "g1.backend=sim", "g1.capacity=4M", NULL};
+
+static kvc *open_g1(int no_g1) {
+  kvc_opts o = {.socket_path = ops_sock, .tenant = "t1", .no_g1 = no_g1,
+                .layout = {.block_bytes = OPS_BLOCK, .tokens_per_block = 16, .layers = 2,
+                           .kv_heads = 2, .head_dim = 64, .tp_rank = 0, .tp_size = 1,
+                           .dtype = "bf16"}};
+  kvc *c = NULL;
+  int rc = kvc_open(&o, &c);
+  cr_assert_eq(rc, 0, "kvc_open: %s", kvc_strerror(rc));
+  return c;
+}
+
+#define PAT_OFF (3u << 20)
+#define PAT_LEN 65536u
+
+/* A second worker: waits for the go byte, opens its own session (its own
+ * import of the pool), reads the pattern back through the device. Exit 0
+ * when the bytes match. */
+static int second_worker(int go) {
+  char b;
+  if (read(go, &b, 1) != 1) return 10;
+  kvc *c = open_g1(0);
+  kvc_g1 g;
+  if (kvc_g1_info(c, &g) || !g.available) return 11;
+  void *src;
+  if (kvc_g1_ptr(c, PAT_OFF, PAT_LEN, &src)) return 12;
+  static uint8_t host[PAT_LEN];
+  if (kv_dev_host_register(g.dev, host, sizeof host)) return 13;
+  if (kv_dev_memcpy_sync(g.dev, KV_DEV_D2H, host, src, PAT_LEN)) return 14;
+  for (uint32_t i = 0; i < PAT_LEN; i++)
+    if (host[i] != (uint8_t)(i * 7 + 1)) return 15;
+  if (kv_dev_host_unregister(g.dev, host)) return 16;
+  kvc_close(c);
+  return 0;
+}
+
+Test(g1, sim_pool_shared_between_workers, .timeout = 60) {
+  int go[2];
+  cr_assert_eq(pipe(go), 0);
+  ops_start(NULL, sim_on);
+  /* Forked before this process imports anything: the child maps the pool
+   * through its own HELLO. */
+  pid_t child = fork();
+  cr_assert_geq(child, 0);
+  if (child == 0) {
+    close(go[1]);
+    _exit(second_worker(go[0]));
+  }
+  close(go[0]);
+
+  kvc *c = open_g1(0);
+  kvc_g1 g;
+  cr_assert_eq(kvc_g1_info(c, &g), 0);
+  cr_assert_eq(g.available, 1, "G1 not imported: %s", g.reason);
+  cr_assert_eq(g.backend, KVC_G1_SIM);
+  cr_assert_eq(g.kind, KV_TI_G1_SIM_FD);
+  cr_assert_geq(g.bytes, 4u << 20);
+  cr_assert_not_null(g.base);
+  cr_assert_not_null(g.dev);
+  /* Bounds-checked block pointers. */
+  void *p;
+  cr_assert_eq(kvc_g1_ptr(c, 0, g.bytes, &p), 0);
+  cr_assert_eq(p, g.base);
+  cr_assert_eq(kvc_g1_ptr(c, g.bytes - 1, 2, &p), -ERANGE);
+  cr_assert_eq(kvc_g1_ptr(c, g.bytes, 1, &p), -ERANGE);
+  cr_assert_eq(kvc_g1_ptr(c, 0, 0, &p), -ERANGE);
+  cr_assert_eq(kvc_g1_ptr(c, UINT64_MAX, 2, &p), -ERANGE);
+
+  /* Write a pattern into the pool through the device (H2D from a
+   * registered host buffer), then let the other worker read it. */
+  static uint8_t host[PAT_LEN];
+  for (uint32_t i = 0; i < PAT_LEN; i++) host[i] = (uint8_t)(i * 7 + 1);
+  cr_assert_eq(kv_dev_host_register(g.dev, host, sizeof host), 0);
+  cr_assert_eq(kvc_g1_ptr(c, PAT_OFF, PAT_LEN, &p), 0);
+  cr_assert_eq(kv_dev_memcpy_sync(g.dev, KV_DEV_H2D, p, host, PAT_LEN), 0);
+  cr_assert_eq(kv_dev_host_unregister(g.dev, host), 0);
+  cr_assert_eq(write(go[1], "g", 1), 1);
+  int st;
+  cr_assert_eq(waitpid(child, &st, 0), child);
+  cr_assert(WIFEXITED(st) && WEXITSTATUS(st) == 0, "second worker: exit %d",
+            WIFEXITED(st) ? WEXITSTATUS(st) : -1);
+
+  /* G2 still works in the same session. */
+  kvc_key k = ops_key(1), parent = {0};
+  kvc_block b;
+  cr_assert_eq(kvc_alloc(c, KVC_G2, 128, &k, &parent, 1, &b), 1);
+  memset(b.ptr, 0x5a, OPS_BLOCK);
+  cr_assert_eq(kvc_commit(c, &k, 1, NULL), 1);
+
+  cr_assert_eq(metric("kvcached_g1_enabled"), 1);
+  cr_assert_eq(metric("kvcached_g1_unavailable"), 0);
+  cr_assert_geq(metric("kvcached_g1_pool_bytes"), 4 << 20);
+  cr_assert_eq(metric("kvcached_g1_exports_total{kind=\"sim_fd\"}"), 2);
+  cr_assert_eq(metric("kvcached_g1_exports_total{kind=\"vmm_fd\"}"), 0);
+  kvc_close(c);
+  close(go[1]);
+  ops_stop();
+}
+
+Test(g1, worker_without_cap_gets_no_pool, .timeout = 60) {
+  ops_start(NULL, sim_on);
+  kvc *c = open_g1(1);
+  kvc_g1 g;
+  cr_assert_eq(kvc_g1_info(c, &g), 0);
+  cr_assert_eq(g.available, 0);
+  cr_assert(strstr(g.reason, "not asked"), "%s", g.reason);
+  void *p;
+  cr_assert_eq(kvc_g1_ptr(c, 0, 1, &p), -ENODEV);
+  cr_assert_eq(metric("kvcached_g1_exports_total{kind=\"sim_fd\"}"), 0, "no entry was sent");
+  kvc_close(c);
+  ops_stop();
+}
+
+/* The raw reply: a HELLO without KV_CAP_G1 has no tier-info and one fd;
+ * with it, one G1 entry and a second fd. */
+static void raw_hello(uint32_t caps, kv_msg *r, kv_frame *f, kv_reader *rd, int *sockfd) {
+  int s = kv_sock_connect(ops_sock, 0);
+  cr_assert_geq(s, 0);
+  kv_msg m;
+  memset(&m, 0, sizeof m);
+  m.op = KV_OP_HELLO;
+  m.id = 1;
+  m.hello.ver_major = KV_PROTO_MAJOR;
+  m.hello.caps = caps;
+  m.hello.tenant = (kv_str){"t1", 2};
+  m.hello.layout = (kv_layout){.block_bytes = OPS_BLOCK, .tokens_per_block = 16, .tp_size = 1,
+                               .dtype = {"bf16", 4}};
+  kv_buf b;
+  kv_buf_init(&b);
+  cr_assert_eq(kv_msg_encode(&b, &m), 0);
+  struct iovec iov = {b.p, b.len};
+  cr_assert_eq(kv_sock_send_frame(s, &iov, 1, -1, 5000), 0);
+  kv_buf_free(&b);
+  kv_reader_init(rd, 0);
+  cr_assert_eq(kv_reader_recv(rd, s, f, 5000), 1);
+  cr_assert_eq(kv_msg_decode(f->p, f->len, r), 0);
+  *sockfd = s;
+}
+
+Test(g1, raw_hello_entry_and_fds, .timeout = 60) {
+  ops_start(NULL, sim_on);
+  kv_msg r;
+  kv_frame f;
+  kv_reader rd;
+  int s;
+  raw_hello(0, &r, &f, &rd, &s);
+  cr_assert_eq(r.hello_rep.ntierinfo, 0);
+  cr_assert_eq(r.hello_rep.caps & KV_CAP_G1, 0);
+  cr_assert(f.fd >= 0 && f.fd2 < 0);
+  close(f.fd);
+  kv_reader_free(&rd);
+  close(s);
+
+  raw_hello(KV_CAP_G1, &r, &f, &rd, &s);
+  cr_assert_eq(r.hello_rep.ntierinfo, 1);
+  cr_assert(r.hello_rep.caps & KV_CAP_G1);
+  cr_assert(r.flags & KV_F_FD2);
+  cr_assert(f.fd >= 0 && f.fd2 >= 0);
+  kv_tierinfo t;
+  kv_hello_tierinfo(&r.hello_rep, 0, &t);
+  cr_assert_eq(t.tier, KV_G1);
+  cr_assert_eq(t.kind, KV_TI_G1_SIM_FD);
+  kv_dev_export x;
+  cr_assert_eq(kv_dev_export_decode(t.p, t.len, &x), 0);
+  cr_assert_geq(x.bytes, 4u << 20);
+  /* The second fd is the pool (the first the arena): as large as the export. */
+  struct stat st1, st2;
+  cr_assert_eq(fstat(f.fd2, &st2), 0);
+  cr_assert_eq((uint64_t)st2.st_size, x.bytes);
+  cr_assert_eq(fstat(f.fd, &st1), 0);
+  cr_assert_eq((uint64_t)st1.st_size, r.hello_rep.arena_bytes);
+  close(f.fd);
+  close(f.fd2);
+  kv_reader_free(&rd);
+  close(s);
+  ops_stop();
+}
+
+Test(g1, daemon_with_g1_off, .timeout = 60) {
+  static const char *const off[] = {"g1.enable=off", NULL};
+  ops_start(NULL, off);
+  kvc *c = open_g1(0);
+  kvc_g1 g;
+  cr_assert_eq(kvc_g1_info(c, &g), 0);
+  cr_assert_eq(g.available, 0);
+  cr_assert(strstr(g.reason, "no G1 pool"), "%s", g.reason);
+  cr_assert_eq(metric("kvcached_g1_enabled"), 0);
+  cr_assert_eq(metric("kvcached_g1_unavailable"), 0, "off by configuration is not unavailable");
+  cr_assert_eq(metric("kvcached_g1_pool_bytes"), 0);
+  /* G2 as before. */
+  kvc_key k = ops_key(2), parent = {0};
+  kvc_block b;
+  cr_assert_eq(kvc_alloc(c, KVC_G2, 128, &k, &parent, 1, &b), 1);
+  cr_assert_eq(kvc_commit(c, &k, 1, NULL), 1);
+  kvc_close(c);
+  ops_stop();
+}
+
+/* auto on the CUDA backend: on where a GPU answers, else unavailable -
+ * exactly one of the two, and the daemon starts either way. */
+Test(g1, auto_is_on_or_unavailable, .timeout = 60) {
+  static const char *const autoc[] = {"g1.enable=auto", "g1.backend=cuda", "g1.capacity=2M", NULL};
+  ops_start(NULL, autoc);
+  long long on = metric("kvcached_g1_enabled"), un = metric("kvcached_g1_unavailable");
+  cr_assert(on + un == 1 && on >= 0 && un >= 0, "enabled %lld, unavailable %lld", on, un);
+  ops_stop();
+}
+
+/* The client's import of the entry: bad values give a reason, not a crash,
+ * and the fd is closed either way. */
+static int memfd_of(size_t n) {
+  int fd = memfd_create("g1-test", MFD_CLOEXEC);
+  cr_assert_geq(fd, 0);
+  cr_assert_eq(ftruncate(fd, (off_t)n), 0);
+  return fd;
+}
+
+static int is_closed(int fd) { return fcntl(fd, F_GETFD) < 0 && errno == EBADF; }
+
+Test(g1_client, corrupt_entries_give_reasons) {
+  kv_dev *d;
+  cr_assert_eq(kv_dev_open(&d, &(kv_dev_opts){.backend = KV_DEV_SIM}), 0);
+  kv_dev_pool *pool;
+  cr_assert_eq(kv_dev_pool_create(d, 1 << 20, &pool), 0);
+  kv_dev_export x;
+  cr_assert_eq(kv_dev_pool_export(pool, &x), 0);
+  uint8_t enc[KV_DEVX_ENCODED_MAX];
+  int n = kv_dev_export_encode(&x, enc, sizeof enc);
+  cr_assert_gt(n, 0);
+
+  kvc__g1 g;
+  /* Corrupt magic. */
+  memset(&g, 0, sizeof g);
+  uint8_t bad[KV_DEVX_ENCODED_MAX];
+  memcpy(bad, enc, (size_t)n);
+  bad[0] ^= 0xff;
+  int fd = dup(x.fd);
+  cr_assert_eq(kvc__g1_import(&g, KV_TI_G1_SIM_FD, bad, (size_t)n, fd), KV_EBADFRAME);
+  cr_assert_eq(g.info.available, 0);
+  cr_assert(strstr(g.info.reason, "does not decode"), "%s", g.info.reason);
+  cr_assert(is_closed(fd));
+  /* Truncated. */
+  memset(&g, 0, sizeof g);
+  fd = dup(x.fd);
+  cr_assert_eq(kvc__g1_import(&g, KV_TI_G1_SIM_FD, enc, (size_t)n - 1, fd), KV_EBADFRAME);
+  cr_assert(is_closed(fd));
+  /* Entry kind and export kind disagree. */
+  memset(&g, 0, sizeof g);
+  fd = dup(x.fd);
+  cr_assert_eq(kvc__g1_import(&g, KV_TI_G1_VMM_FD, enc, (size_t)n, fd), KV_EBADFRAME);
+  /* Unknown kind. */
+  memset(&g, 0, sizeof g);
+  fd = dup(x.fd);
+  cr_assert_eq(kvc__g1_import(&g, 77, enc, (size_t)n, fd), -EOPNOTSUPP);
+  cr_assert(strstr(g.info.reason, "77"), "%s", g.info.reason);
+  cr_assert(is_closed(fd));
+  /* No fd for an fd kind. */
+  memset(&g, 0, sizeof g);
+  cr_assert_eq(kvc__g1_import(&g, KV_TI_G1_SIM_FD, enc, (size_t)n, -1), KV_EBADFD);
+  cr_assert(strstr(g.info.reason, "fd"), "%s", g.info.reason);
+  /* An fd smaller than the pool the export claims. */
+  memset(&g, 0, sizeof g);
+  fd = memfd_of(4096);
+  cr_assert_lt(kvc__g1_import(&g, KV_TI_G1_SIM_FD, enc, (size_t)n, fd), 0);
+  cr_assert_eq(g.info.available, 0);
+  cr_assert(strstr(g.info.reason, "cannot map"), "%s", g.info.reason);
+  cr_assert(is_closed(fd));
+  kvc__g1_release(&g);
+  /* The real thing imports, and the mapping shows the pool's bytes. */
+  memset(&g, 0, sizeof g);
+  fd = dup(x.fd);
+  cr_assert_eq(kvc__g1_import(&g, KV_TI_G1_SIM_FD, enc, (size_t)n, fd), 0, "%s", g.info.reason);
+  cr_assert_eq(g.info.available, 1);
+  cr_assert_eq(g.info.bytes, kv_dev_pool_bytes(pool));
+  cr_assert(is_closed(fd));
+  kvc__g1_release(&g);
+  cr_assert_eq(g.info.available, 0);
+  cr_assert_eq(kv_dev_pool_destroy(d, pool), 0);
+  kv_dev_close(d);
+}
