@@ -98,6 +98,12 @@ typedef struct kv_pq {
 #define KV_PQ_ID(w) ((w) >> KV_PQ_SHIFT)
 #define KV_PQ_KEY(prio, order) (((uint64_t)(prio) << 56) | ((order) & ((1ull << 56) - 1)))
 
+/* Grows the array *v, of *n elements of `each` bytes, to at least `want`
+ * elements: by a quarter and at least 256, through kv_meta_realloc (so the
+ * bytes are counted), *n updated; new elements are not initialised.
+ * 0 or -ENOMEM (then *v and *n unchanged). */
+int kv_meta_grow(void **v, uint32_t *n, uint64_t want, size_t each);
+
 /* 0 or -ENOMEM. */
 int kv_pq_push(kv_evict *e, kv_pq *q, kv_block *b, uint64_t key, uint32_t aux);
 /* Takes b (which must be in q) out; returns its aux word. */

@@ -116,23 +116,9 @@ static void resift(kv_evict *e, autop *a, uint32_t i) {
   put(a, i, x);
 }
 
-/* Grows *v (n elements of `each` bytes) to at least `want`, by a quarter
- * and at least 256. 0 or -ENOMEM (unchanged). */
-static int grow(void **v, uint32_t *n, uint64_t want, size_t each) {
-  if (want <= *n) return 0;
-  uint64_t to = (uint64_t)*n + (*n / 4 > 256 ? *n / 4 : 256);
-  if (to < want) to = want;
-  if (to > UINT32_MAX) return -ENOMEM;
-  void *p = kv_meta_realloc(*v, (size_t)to * each);
-  if (!p) return -ENOMEM;
-  *v = p;
-  *n = (uint32_t)to;
-  return 0;
-}
-
 static int heap_add(kv_evict *e, autop *a, kv_block *b) {
-  if (grow((void **)&a->heap, &a->cap, (uint64_t)a->n + 1, sizeof *a->heap) ||
-      grow((void **)&a->pos, &a->npos, (uint64_t)b->id + 1, sizeof *a->pos))
+  if (kv_meta_grow((void **)&a->heap, &a->cap, (uint64_t)a->n + 1, sizeof *a->heap) ||
+      kv_meta_grow((void **)&a->pos, &a->npos, (uint64_t)b->id + 1, sizeof *a->pos))
     return -ENOMEM;
   put(a, a->n++, b->id);
   resift(e, a, a->n - 1);

@@ -34,8 +34,8 @@ struct heap {
   uint64_t age; /* lfuda: the score of the last block offered as victim */
   uint64_t (*score)(const heap *h, const kv_block *b);
   kv_seen *seen;  /* reuse: its victims lately; NULL for the others */
-  uint64_t *last, *prev; /* lru2: by block id, the last access time and the one before */
-  uint32_t nids;         /* lru2: ids covered by last and prev */
+  struct lru2_times { uint64_t last, prev; } *t; /* lru2: by block id, the last two access times */
+  uint32_t nids;                                 /* lru2: ids covered by t */
   kv_bid offered; /* reuse: the last block peek offered */
   kv_bid newest;  /* reuse: the last block added */
 };
@@ -48,7 +48,7 @@ static uint64_t score_lru(const heap *h, const kv_block *b) {
 
 static uint64_t score_lru2(const heap *h, const kv_block *b) {
   uint64_t seen_twice = b->hits >= 2;
-  uint64_t t = seen_twice ? h->prev[b->id] : b->atime;
+  uint64_t t = seen_twice ? h->t[b->id].prev : b->atime;
   return ((uint64_t)b->prio << 56) | (seen_twice << 55) | (t & TIME_MASK);
 }
 
@@ -142,7 +142,7 @@ static void heap_fini(kv_evict *e) {
   heap *h = e->priv;
   if (h) {
     kv_meta_free(h->v), kv_meta_free(h->key);
-    kv_meta_free(h->last), kv_meta_free(h->prev);
+    kv_meta_free(h->t);
     if (h->seen) kv_seen_free(h->seen), kv_meta_free(h->seen);
   }
   kv_meta_free(h);
@@ -202,32 +202,23 @@ static kv_block *heap_peek(kv_evict *e) {
   return kv_index_at(e->ix, h->v[0]);
 }
 
-/* lru2: records b's access at b->atime, if it is new to the policy. The
- * arrays grow by a quarter (at least 256 ids). 0 or -ENOMEM. */
+/* lru2: records b's access at b->atime, if it is new to the policy.
+ * 0 or -ENOMEM. */
 static int lru2_note(heap *h, const kv_block *b) {
-  if (b->id >= h->nids) {
-    uint64_t want = (uint64_t)h->nids + (h->nids / 4 > 256 ? h->nids / 4 : 256);
-    if (want <= b->id) want = (uint64_t)b->id + 1;
-    if (want > UINT32_MAX) return -ENOMEM;
-    uint64_t *l = kv_meta_realloc(h->last, (size_t)want * sizeof *l);
-    if (!l) return -ENOMEM;
-    h->last = l;
-    uint64_t *p = kv_meta_realloc(h->prev, (size_t)want * sizeof *p);
-    if (!p) return -ENOMEM; /* last is larger, nids unchanged: nothing lost */
-    h->prev = p;
-    for (uint32_t i = h->nids; i < want; i++) h->last[i] = h->prev[i] = 0;
-    h->nids = (uint32_t)want;
-  }
-  if (h->last[b->id] != b->atime) {
-    h->prev[b->id] = h->last[b->id] ? h->last[b->id] : b->atime;
-    h->last[b->id] = b->atime;
+  uint32_t had = h->nids;
+  if (kv_meta_grow((void **)&h->t, &h->nids, (uint64_t)b->id + 1, sizeof *h->t)) return -ENOMEM;
+  for (uint32_t i = had; i < h->nids; i++) h->t[i].last = h->t[i].prev = 0;
+  struct lru2_times *t = &h->t[b->id];
+  if (t->last != b->atime) {
+    t->prev = t->last ? t->last : b->atime;
+    t->last = b->atime;
   }
   return 0;
 }
 
 static int lru2_add(kv_evict *e, kv_block *b) {
   heap *h = e->priv;
-  if (b->hits < 2 && b->id < h->nids) h->last[b->id] = h->prev[b->id] = 0; /* a new record */
+  if (b->hits < 2 && b->id < h->nids) h->t[b->id].last = h->t[b->id].prev = 0; /* a new record */
   return lru2_note(h, b) ? -ENOMEM : heap_add(e, b);
 }
 

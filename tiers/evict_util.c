@@ -83,6 +83,18 @@ void kv_pq_free(kv_pq *q) {
   q->n = q->cap = 0;
 }
 
+int kv_meta_grow(void **v, uint32_t *n, uint64_t want, size_t each) {
+  if (want <= *n) return 0;
+  uint64_t to = (uint64_t)*n + (*n / 4 > 256 ? *n / 4 : 256);
+  if (to < want) to = want;
+  if (to > UINT32_MAX) return -ENOMEM;
+  void *p = kv_meta_realloc(*v, (size_t)to * each);
+  if (!p) return -ENOMEM;
+  *v = p;
+  *n = (uint32_t)to;
+  return 0;
+}
+
 unsigned kv_pq_min_class(kv_pq *const *qs, int n) {
   unsigned m = 256;
   for (int i = 0; i < n; i++)
