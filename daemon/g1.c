@@ -8,9 +8,16 @@
 #include "daemon/log.h"
 #include "proto/errors.h"
 
-static void off(kvd_g1 *g, const char *why) {
+/* G1 cannot be had, for `why`: with g1.enable = on that fails the start
+ * (rc), else G1 is off and the daemon goes on (0). */
+static int unavailable(kvd_g1 *g, int must, const char *why, int rc) {
   snprintf(g->reason, sizeof g->reason, "%s", why);
-  kv_info("g1", "G1 disabled: %s", g->reason);
+  if (must) {
+    kv_error("g1", "g1.enable = on but %s", why);
+    return rc;
+  }
+  kv_info("g1", "G1 disabled: %s", why);
+  return 0;
 }
 
 int kvd_g1_open(kvd_g1 *g, const kv_config *c) {
@@ -31,13 +38,7 @@ int kvd_g1_open(kvd_g1 *g, const kv_config *c) {
     snprintf(msg, sizeof msg, "%s device %u: %s", kv_dev_backend_name(o.backend), c->g1_device,
              why[0] ? why : kv_strerror(rc));
     g->dev = NULL;
-    if (must) {
-      snprintf(g->reason, sizeof g->reason, "%s", msg);
-      kv_error("g1", "g1.enable = on but %s", msg);
-      return rc;
-    }
-    off(g, msg);
-    return 0;
+    return unavailable(g, must, msg, rc);
   }
   rc = kv_dev_pool_create(g->dev, (size_t)c->g1_capacity, &g->pool);
   if (rc == 0) rc = kv_dev_pool_export(g->pool, &g->x);
@@ -55,13 +56,7 @@ int kvd_g1_open(kvd_g1 *g, const kv_config *c) {
     kv_dev_close(g->dev);
     g->dev = NULL;
     g->x.fd = -1;
-    if (must) {
-      snprintf(g->reason, sizeof g->reason, "%s", msg);
-      kv_error("g1", "g1.enable = on but %s", msg);
-      return rc;
-    }
-    off(g, msg);
-    return 0;
+    return unavailable(g, must, msg, rc);
   }
   g->on = 1;
   static const char *const kinds[] = {"?", "CUDA VMM (POSIX fd)", "legacy CUDA IPC", "simulated (memfd)"};
