@@ -29,16 +29,7 @@ static long long metric(const char *name) {
 
 static const char *const sim_on[] = {"g1.enable=on", "g1.backend=sim", "g1.capacity=4M", NULL};
 
-static kvc *open_g1(int no_g1) {
-  kvc_opts o = {.socket_path = ops_sock, .tenant = "t1", .no_g1 = no_g1,
-                .layout = {.block_bytes = OPS_BLOCK, .tokens_per_block = 16, .layers = 2,
-                           .kv_heads = 2, .head_dim = 64, .tp_rank = 0, .tp_size = 1,
-                           .dtype = "bf16"}};
-  kvc *c = NULL;
-  int rc = kvc_open(&o, &c);
-  cr_assert_eq(rc, 0, "kvc_open: %s", kvc_strerror(rc));
-  return c;
-}
+static kvc *open_g1(int no_g1) { return ops_open_with("t1", no_g1); }
 
 #define PAT_OFF (3u << 20)
 #define PAT_LEN 65536u

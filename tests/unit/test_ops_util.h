@@ -135,8 +135,9 @@ static long long ops_num(json_t *o, const char *path) {
   return (long long)json_integer_value(v);
 }
 
-static kvc *ops_open(const char *tenant) {
-  kvc_opts o = {.socket_path = ops_sock, .tenant = tenant,
+/* A worker session of `tenant`; no_g1: it does not offer to import G1. */
+static kvc *ops_open_with(const char *tenant, int no_g1) {
+  kvc_opts o = {.socket_path = ops_sock, .tenant = tenant, .no_g1 = no_g1,
                 .layout = {.block_bytes = OPS_BLOCK, .tokens_per_block = 16, .layers = 2,
                            .kv_heads = 2, .head_dim = 64, .tp_rank = 0, .tp_size = 1,
                            .dtype = "bf16"}};
@@ -145,6 +146,8 @@ static kvc *ops_open(const char *tenant) {
   cr_assert_eq(rc, 0, "kvc_open: %s", kvc_strerror(rc));
   return c;
 }
+
+static kvc *ops_open(const char *tenant) { return ops_open_with(tenant, 0); }
 
 static kvc_key ops_key(uint64_t v) {
   kvc_key k = {.len = 8};
