@@ -264,12 +264,13 @@ static void reuse_remove(kv_evict *e, kv_block *b) {
   heap_remove(e, b);
 }
 
-/* The newest block is offered only when it is alone: it is the leaf a
- * chain being stored grows from (the core stores a chain a block at a
- * time), and once-used blocks rank first, so without this rule a tier full
- * of blocks used again would cut every new chain at its first block. The
- * next best is the smaller of the root's children, if it is of the same
- * priority class (a lower class always goes first). */
+/* The newest block is offered only when no other block of its priority
+ * class is held: it is the leaf a chain being stored grows from (the core
+ * stores a chain a block at a time), and once-used blocks rank first, so
+ * without this rule a tier full of blocks used again would cut every new
+ * chain at its first block. The next best is the smaller of the root's
+ * children, if it is of the same priority class (a lower class always goes
+ * first). */
 static kv_block *reuse_peek(kv_evict *e) {
   heap *h = e->priv;
   kv_block *b = heap_peek(e);
