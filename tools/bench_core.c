@@ -19,6 +19,7 @@
 
 #include "proto/errors.h"
 #include "tiers/core.h"
+#include "tiers/crc32c.h"
 #include "tiers/probe.h"
 #include "tools/kvbench.h"
 #include "tools/trace.h"
@@ -269,6 +270,8 @@ static int replay_g3(const kv_trace *t, const char *dir, const char *policy, kv_
           while ((prc = kv_core_promote(&core, b, wait_promoted, &st)) == -EAGAIN || prc == -EBUSY)
             kv_g3_drain(g3);
           if (prc == 0) kv_g3_drain(g3);
+          /* What came up from the SSD is the block that went down. */
+          if (prc == 0 && st == 0 && memcmp(kv_core_g2_ptr(&core, b), keys[i].b, 8)) rc = -EIO;
           kv_core_unpin(&core, b);
         }
         continue;
@@ -277,9 +280,20 @@ static int replay_g3(const kv_trace *t, const char *dir, const char *policy, kv_
       while ((arc = kv_core_alloc(&core, (uint32_t)ns, &keys[i], i ? &keys[i - 1] : NULL,
                                   KV_PRIO_DEFAULT, &b)) == -EAGAIN)
         kv_g3_drain(g3);
-      if (arc == 0) arc = kv_core_commit(&core, b, 0);
+      if (arc == 0) {
+        /* A payload that names the block, with its real checksum: G3
+         * verifies it when the block comes back. */
+        uint8_t *p = kv_core_g2_ptr(&core, b);
+        memcpy(p, keys[i].b, 8);
+        arc = kv_core_commit(&core, b, kv_crc32c(0, p, SLOT));
+      }
       if (arc) rc = arc;
     }
+    /* Deliver the SSD writes this request started before the next one, as
+     * the daemon's loop does while the next request is on its way; without
+     * it a write completes only when an allocation waits for one, and its
+     * block holds a G2 slot and a G3 slot while readable in G2 alone. */
+    kv_g3_drain(g3);
   }
   kv_g3_drain(g3);
   kv_g3_stats gs;
