@@ -19,6 +19,21 @@ static atomic_int lock_warned;
 
 static void *zalloc(size_t n, size_t sz) { return calloc(n ? n : 1, sz); }
 
+/* The arena's own memory: a sealed memfd of a->capacity bytes, mapped. */
+static int make_memory(kv_arena *a) {
+  const kv_arena_opts *o = &a->opts;
+  a->fd = memfd_create(o->name ? o->name : "kvcached-g2", MFD_CLOEXEC | MFD_ALLOW_SEALING);
+  if (a->fd < 0) return -errno;
+  if (ftruncate(a->fd, (off_t)a->capacity) < 0) return -errno;
+  /* The size is fixed for the arena's life: a worker holding the fd must not
+   * be able to shrink it under the daemon (that would be SIGBUS here). */
+  if (fcntl(a->fd, F_ADD_SEALS, F_SEAL_SHRINK | F_SEAL_GROW | F_SEAL_SEAL) < 0) return -errno;
+  void *p = mmap(NULL, a->capacity, PROT_READ | PROT_WRITE, MAP_SHARED, a->fd, 0);
+  if (p == MAP_FAILED) return -errno;
+  a->base = p;
+  return 0;
+}
+
 int kv_arena_init(kv_arena *a, const kv_arena_opts *o) {
   memset(a, 0, sizeof *a);
   a->fd = -1;
@@ -36,18 +51,8 @@ int kv_arena_init(kv_arena *a, const kv_arena_opts *o) {
   a->capacity = npages * page;
 
   int rc;
-  a->fd = memfd_create(o->name ? o->name : "kvcached-g2", MFD_CLOEXEC | MFD_ALLOW_SEALING);
-  if (a->fd < 0) return -errno;
-  if (ftruncate(a->fd, (off_t)a->capacity) < 0) { rc = -errno; goto err; }
-  /* The size is fixed for the arena's life: a worker holding the fd must not
-   * be able to shrink it under the daemon (that would be SIGBUS here). */
-  if (fcntl(a->fd, F_ADD_SEALS, F_SEAL_SHRINK | F_SEAL_GROW | F_SEAL_SEAL) < 0) {
-    rc = -errno;
-    goto err;
-  }
-  void *p = mmap(NULL, a->capacity, PROT_READ | PROT_WRITE, MAP_SHARED, a->fd, 0);
-  if (p == MAP_FAILED) { rc = -errno; goto err; }
-  a->base = p;
+  if (o->memory) a->base = o->memory;
+  else if ((rc = make_memory(a))) goto err;
 
   size_t units = a->capacity / KV_ARENA_ALIGN;
   a->page_cls = malloc(a->npages);
@@ -63,6 +68,7 @@ int kv_arena_init(kv_arena *a, const kv_arena_opts *o) {
   a->free_head = 0;
   a->nfree_pages = a->npages;
 
+  if (o->memory) return 0; /* not ours: nothing to lock or register */
   if (!o->no_lock) {
     if (mlock(a->base, a->capacity) == 0) {
       a->locked = 1;
@@ -86,7 +92,7 @@ err:
 }
 
 void kv_arena_fini(kv_arena *a) {
-  if (a->base) {
+  if (a->base && !a->opts.memory) {
     if (a->registered && a->opts.unregister_fn)
       a->opts.unregister_fn(a->base, a->capacity, a->opts.register_arg);
     munmap(a->base, a->capacity);

@@ -33,6 +33,10 @@ typedef struct kv_arena_opts {
   size_t page_bytes; /* 0: KV_ARENA_DEFAULT_PAGE, clamped to capacity */
   const char *name;  /* memfd name, for /proc/<pid>/fd; NULL: "kvcached-g2" */
   int no_lock;       /* 1: do not mlock (tests, tiny arenas) */
+  /* Non-NULL: manage slots of this memory instead of making some (G1's
+   * device pool, whose addresses this process must not touch): no memfd
+   * (fd -1), no mapping, no lock, no register_fn. `memory` is base. */
+  void *memory;
   /* Called once after mapping, e.g. to cudaHostRegister the range.
    * A failure is logged and the arena goes on unregistered. */
   int (*register_fn)(void *base, size_t len, void *arg);

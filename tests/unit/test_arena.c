@@ -242,3 +242,30 @@ Test(arena, locks_when_allowed) {
   cr_assert_eq(a.locked, 1);
   kv_arena_fini(&a);
 }
+
+Test(arena, manages_memory_it_does_not_own_without_touching_it) {
+  /* G1's device pool: the arena hands out slots of memory this process
+   * cannot read or write. PROT_NONE makes any touch a crash. */
+  size_t cap = 8u << 20;
+  void *mem = mmap(NULL, cap, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+  cr_assert_neq(mem, MAP_FAILED);
+  reg_calls = 0;
+  kv_arena a;
+  kv_arena_opts o = {.capacity = cap, .page_bytes = 1u << 20, .memory = mem,
+                     .register_fn = reg_ok};
+  cr_assert_eq(kv_arena_init(&a, &o), 0);
+  cr_assert_eq(a.fd, -1, "no memfd of its own");
+  cr_assert_eq(a.base, mem);
+  cr_assert_eq(reg_calls, 0, "nothing to register");
+  int cls = kv_arena_class_for(&a, 64u << 10);
+  cr_assert_geq(cls, 0);
+  uint32_t s, n = 0;
+  while (kv_arena_alloc(&a, cls, &s) == 0) {
+    cr_assert_leq((uint8_t *)kv_arena_ptr(&a, s) + (64u << 10), (uint8_t *)mem + cap);
+    n++;
+  }
+  cr_assert_eq(n, cap / (64u << 10));
+  cr_assert_eq(kv_arena_free(&a, s = 0), 0);
+  kv_arena_fini(&a);
+  cr_assert_eq(munmap(mem, cap), 0, "the memory is still the caller's");
+}
