@@ -21,8 +21,19 @@ int kv_core_init(kv_core *c, const kv_core_opts *o) {
   return kv_index_init(&c->ix, o && o->index_hint ? o->index_hint : 1024);
 }
 
+static void free_class_policies(kv_arena *a) {
+  for (uint32_t k = 0; a && k < a->nclasses; k++) {
+    kv_evict *e = a->cls[k].user;
+    if (!e) continue;
+    kv_evict_fini(e);
+    free(e);
+    a->cls[k].user = NULL;
+  }
+}
+
 void kv_core_fini(kv_core *c) {
   if (c->g3) kv_evict_fini(&c->g3_evict);
+  free_class_policies(c->g1);
   for (uint32_t i = 0; i < c->nns; i++) {
     if (!c->ns[i].arena) continue;
     kv_arena_class *k = &c->ns[i].arena->cls[c->ns[i].cls];
@@ -37,8 +48,9 @@ void kv_core_fini(kv_core *c) {
   memset(c, 0, sizeof *c);
 }
 
-/* Makes sure the arena class for block_bytes has its G2 policy. */
-static int ns_class(kv_core *c, kv_arena *arena, uint32_t block_bytes) {
+/* Makes sure the arena class for block_bytes has its policy for tier t
+ * (G2's arenas, G1's pool). Returns the class or an error. */
+int kv_core__class(kv_core *c, kv_arena *arena, uint32_t block_bytes, kv_tier t) {
   int cls = kv_arena_class_for(arena, block_bytes);
   if (cls < 0) return cls;
   kv_arena_class *k = &arena->cls[cls];
@@ -46,7 +58,7 @@ static int ns_class(kv_core *c, kv_arena *arena, uint32_t block_bytes) {
     kv_evict *e = calloc(1, sizeof *e);
     if (!e) return -ENOMEM;
     e->capacity = (uint32_t)(arena->capacity / k->slot_bytes);
-    int rc = kv_evict_init(e, c->policy, &c->ix, KV_G2);
+    int rc = kv_evict_init(e, c->policy, &c->ix, t);
     if (rc) { free(e); return rc; }
     k->user = e;
   }
@@ -68,7 +80,7 @@ static int ns_add(kv_core *c, kv_core_ns *proto) {
 
 int kv_core_ns_register(kv_core *c, kv_arena *arena, uint32_t block_bytes) {
   if (!arena) return -EINVAL;
-  int cls = ns_class(c, arena, block_bytes);
+  int cls = kv_core__class(c, arena, block_bytes, KV_G2);
   if (cls < 0) return cls;
   kv_core_ns n = {.arena = arena, .cls = cls, .block_bytes = block_bytes, .live = 1};
   return ns_add(c, &n);
@@ -82,13 +94,13 @@ int kv_core_ns_register_digest(kv_core *c, kv_arena *arena, uint32_t block_bytes
     if (!n->has_digest || memcmp(n->digest, digest, KV_G3_NS_BYTES)) continue;
     if (n->arena) return n->arena == arena && n->block_bytes == block_bytes ? (int)i : -EINVAL;
     if (n->block_bytes != block_bytes) return -EINVAL;
-    int cls = ns_class(c, arena, block_bytes);
+    int cls = kv_core__class(c, arena, block_bytes, KV_G2);
     if (cls < 0) return cls;
     n->arena = arena;
     n->cls = cls;
     return (int)i;
   }
-  int cls = ns_class(c, arena, block_bytes);
+  int cls = kv_core__class(c, arena, block_bytes, KV_G2);
   if (cls < 0) return cls;
   kv_core_ns n = {.arena = arena, .cls = cls, .block_bytes = block_bytes, .live = 1,
                   .has_digest = 1};
@@ -103,9 +115,24 @@ static inline kv_core_ns *ns_get(kv_core *c, uint32_t ns) {
 
 static kv_evict *policy_of(kv_core *c, const kv_block *b, kv_tier t) {
   if (t == KV_G3) return c->g3 ? &c->g3_evict : NULL;
-  if (t != KV_G2) return NULL; /* G1 brings its own */
   kv_core_ns *n = &c->ns[b->ns];
+  if (t == KV_G1) return c->g1 && n->g1cls1 ? c->g1->cls[n->g1cls1 - 1].user : NULL;
   return n->arena ? n->arena->cls[n->cls].user : NULL;
+}
+
+/* Whether evicting b from tier t would leave children of b in a faster
+ * tier with no parent anywhere: t is the last tier a copy of b can go to
+ * (G3, or G2 with nothing to demote into), b has no copy in another tier,
+ * and a child of b is valid in a faster tier. Such a copy stays: with a
+ * small G2 in front of G3, dropping the SSD copy of a block whose child
+ * was just promoted would cut the chain at that block, and every block
+ * after it would be stored but never reached by a prefix lookup. */
+static int strands_children(const kv_core *c, const kv_block *b, kv_tier t) {
+  if (t == KV_G1 || (t == KV_G2 && (c->g3 || c->demote))) return 0; /* demoted, not dropped */
+  if (b->tiers & (uint8_t)~KV_TIER_BIT(t)) return 0;
+  for (int u = 0; u < (int)t; u++)
+    if (b->rchild[u]) return 1;
+  return 0;
 }
 
 /* Puts b into, or takes it out of, tier t's policy to match the rule in
@@ -113,7 +140,7 @@ static kv_evict *policy_of(kv_core *c, const kv_block *b, kv_tier t) {
 static void sync_evictable(kv_core *c, kv_block *b, kv_tier t) {
   uint8_t bit = (uint8_t)KV_TIER_BIT(t);
   int want = (b->tiers & bit) && b->state == KV_BS_READY && b->pins == 0 &&
-             !(b->busy & bit) && b->rchild[t] == 0;
+             !(b->busy & bit) && b->rchild[t] == 0 && !strands_children(c, b, t);
   int have = (b->inpol & bit) != 0;
   if (want == have) return;
   kv_evict *e = policy_of(c, b, t);
@@ -130,12 +157,13 @@ static void sync_evictable(kv_core *c, kv_block *b, kv_tier t) {
 static void sync_all(kv_core *c, kv_block *b) {
   for (int t = 0; t < KV_NTIERS; t++) sync_evictable(c, b, (kv_tier)t);
 }
+void kv_core__sync_all(kv_core *c, kv_block *b) { sync_all(c, b); }
 
 /* p gained a child valid in tier t (already linked, its bit already set). A
  * count at KV_RCHILD_STUCK stays there: only a recount can lower it. */
 static void rchild_inc(kv_core *c, kv_block *p, kv_tier t) {
   if (p->rchild[t] == KV_RCHILD_STUCK) return;
-  if (p->rchild[t]++ == 0) sync_evictable(c, p, t);
+  if (p->rchild[t]++ == 0) sync_all(c, p);
 }
 
 /* p lost a child valid in tier t (its bit already cleared). A stuck count
@@ -151,22 +179,22 @@ static void rchild_dec(kv_core *c, kv_block *p, kv_tier t) {
   } else {
     p->rchild[t]--;
   }
-  if (p->rchild[t] == 0) sync_evictable(c, p, t);
+  if (p->rchild[t] == 0) sync_all(c, p);
 }
 
 /* b's bytes became valid (or stopped being valid) in tier t. */
-static void set_valid(kv_core *c, kv_block *b, kv_tier t) {
+void kv_core__set_valid(kv_core *c, kv_block *b, kv_tier t) {
   b->tiers |= (uint8_t)KV_TIER_BIT(t);
   kv_block *p = kv_index_at(&c->ix, b->parent);
   if (p) rchild_inc(c, p, t);
-  sync_evictable(c, b, t);
+  sync_all(c, b);
 }
 
 static void clear_valid(kv_core *c, kv_block *b, kv_tier t) {
   b->tiers &= (uint8_t)~KV_TIER_BIT(t);
   kv_block *p = kv_index_at(&c->ix, b->parent);
   if (p) rchild_dec(c, p, t);
-  sync_evictable(c, b, t);
+  sync_all(c, b);
 }
 
 static void link_parent(kv_core *c, kv_block *b, kv_block *p) {
@@ -183,7 +211,7 @@ static void g3_key_of(kv_core *c, const kv_block *b, kv_g3_key *k) {
 
 /* Removes b's record once nothing holds it: no tier, no slot, no pin, no
  * copy in flight. */
-static void reap(kv_core *c, kv_block *b) {
+void kv_core__reap(kv_core *c, kv_block *b) {
   if (b->state != KV_BS_READY && b->state != KV_BS_WRITING) return;
   int held = b->tiers || b->busy || b->pins;
   for (int t = 0; t < KV_NTIERS; t++) held |= b->slot[t] != KV_SLOT_NONE;
@@ -197,6 +225,8 @@ static void drop_tier(kv_core *c, kv_block *b, kv_tier t) {
     int rc = 0;
     if (t == KV_G2) {
       rc = kv_arena_free(c->ns[b->ns].arena, b->slot[KV_G2]);
+    } else if (t == KV_G1) {
+      rc = kv_arena_free(c->g1, b->slot[KV_G1]);
     } else if (t == KV_G3) {
       kv_g3_key k;
       g3_key_of(c, b, &k);
@@ -206,7 +236,7 @@ static void drop_tier(kv_core *c, kv_block *b, kv_tier t) {
                      b->slot[t], kv_strerror(rc));
     b->slot[t] = KV_SLOT_NONE;
   }
-  reap(c, b);
+  kv_core__reap(c, b);
 }
 
 static void drop_g2(kv_core *c, kv_block *b) { drop_tier(c, b, KV_G2); }
@@ -300,7 +330,7 @@ static void keep_g2_room(kv_core *c, kv_core_ns *n) {
 
 /* A G2 slot of n's class, evicting as needed. 0, KV_EALLPINNED, -EAGAIN
  * (a demotion started: room comes when it completes), -ENOMEM. */
-static int alloc_g2_slot(kv_core *c, kv_core_ns *n, uint32_t *slot) {
+int kv_core__alloc_g2_slot(kv_core *c, kv_core_ns *n, uint32_t *slot) {
   int rc;
   while ((rc = kv_arena_alloc(n->arena, n->cls, slot)) == -ENOSPC) {
     uint32_t before = c->demoting;
@@ -322,7 +352,7 @@ int kv_core_alloc(kv_core *c, uint32_t ns, const kv_key *key,
     return KV_EEXISTS;
   }
   uint32_t slot;
-  int rc = alloc_g2_slot(c, n, &slot);
+  int rc = kv_core__alloc_g2_slot(c, n, &slot);
   if (rc) {
     c->st.alloc_failed++;
     return rc;
@@ -351,7 +381,7 @@ int kv_core_commit(kv_core *c, kv_block *b, uint32_t crc) {
   b->state = KV_BS_READY;
   b->hits = 0;
   kv_core_touch(c, b);
-  set_valid(c, b, KV_G2);
+  kv_core__set_valid(c, b, KV_G2);
   c->st.commits++;
   return 0;
 }
@@ -373,7 +403,7 @@ int kv_core_unpin(kv_core *c, kv_block *b) {
   if (b->pins == 0) return KV_EPINUNDERFLOW;
   if (--b->pins == 0) {
     sync_all(c, b);
-    reap(c, b); /* its bytes may have gone while it was pinned (a failed read) */
+    kv_core__reap(c, b); /* its bytes may have gone while it was pinned (a failed read) */
   }
   return 0;
 }
@@ -381,8 +411,11 @@ int kv_core_unpin(kv_core *c, kv_block *b) {
 int kv_core_delete(kv_core *c, kv_block *b) {
   if (b->pins || b->busy || b->state != KV_BS_READY) return -EBUSY;
   c->st.deletes++;
-  if (b->slot[KV_G3] != KV_SLOT_NONE) drop_tier(c, b, KV_G3);
-  if (kv_index_at(&c->ix, b->id) == b && b->state == KV_BS_READY) drop_tier(c, b, KV_G2);
+  /* Each drop may reap the record: stop once it is gone. G2 goes last. */
+  static const kv_tier order[] = {KV_G1, KV_G3, KV_G2};
+  kv_bid id = b->id;
+  for (unsigned i = 0; i < 3 && kv_index_at(&c->ix, id) == b && b->state == KV_BS_READY; i++)
+    if (b->slot[order[i]] != KV_SLOT_NONE || order[i] == KV_G2) drop_tier(c, b, order[i]);
   return 0;
 }
 
@@ -416,7 +449,7 @@ typedef struct g3_op {
   uint64_t t0; /* start, for kv_core_admin.on_copy */
 } g3_op;
 
-static uint64_t mono_ns(void) {
+uint64_t kv_core__mono_ns(void) {
   struct timespec ts;
   clock_gettime(CLOCK_MONOTONIC, &ts);
   return (uint64_t)ts.tv_sec * 1000000000u + (uint64_t)ts.tv_nsec;
@@ -424,7 +457,7 @@ static uint64_t mono_ns(void) {
 
 static void copied(kv_core *c, const g3_op *op, kv_tier from, kv_tier to, uint32_t bytes,
                    int status) {
-  if (c->adm.on_copy) c->adm.on_copy(c->adm.on_copy_arg, from, to, bytes, mono_ns() - op->t0, status);
+  if (c->adm.on_copy) c->adm.on_copy(c->adm.on_copy_arg, from, to, bytes, kv_core__mono_ns() - op->t0, status);
 }
 
 static int admitted(kv_core *c, const kv_block *b) {
@@ -452,7 +485,7 @@ static void g3_written(int status, void *arg) {
   b->busy &= (uint8_t)~KV_TIER_BIT(KV_G3);
   if (status == 0) {
     c->st.g3_admitted++;
-    set_valid(c, b, KV_G3);
+    kv_core__set_valid(c, b, KV_G3);
   } else {
     c->st.g3_write_failed++;
     kv_g3_free(c->g3, b->slot[KV_G3]);
@@ -481,7 +514,7 @@ static int g3_demote(kv_core *c, kv_block *v, kv_tier from, void *unused) {
     c->st.g3_refused++;
     return KV_DEMOTE_DONE;
   }
-  *op = (g3_op){c, v->id, slot, NULL, NULL, mono_ns()};
+  *op = (g3_op){c, v->id, slot, NULL, NULL, kv_core__mono_ns()};
   kv_g3_key k;
   g3_key_of(c, v, &k);
   v->slot[KV_G3] = slot;
@@ -525,7 +558,7 @@ static int learn_entry(const kv_g3_entry *e, void *arg) {
   b->crc = e->crc;
   b->slot[KV_G3] = e->slot;
   b->atime = ++c->clock;
-  set_valid(c, b, KV_G3);
+  kv_core__set_valid(c, b, KV_G3);
   c->st.warm_blocks++;
   return 0;
 }
@@ -558,7 +591,7 @@ static void g3_read_done(int status, void *arg) {
   b->busy &= (uint8_t)~KV_TIER_BIT(KV_G2);
   if (status == 0) {
     c->st.promotions++;
-    set_valid(c, b, KV_G2);
+    kv_core__set_valid(c, b, KV_G2);
   } else {
     /* Never served: the store dropped its index entry; free both slots. */
     c->st.promote_failed++;
@@ -569,7 +602,7 @@ static void g3_read_done(int status, void *arg) {
     b->slot[KV_G3] = KV_SLOT_NONE;
   }
   if (cb) cb(c, b, status, cbarg);
-  reap(c, b);
+  kv_core__reap(c, b);
 }
 
 int kv_core_promote(kv_core *c, kv_block *b, kv_promote_cb cb, void *arg) {
@@ -579,14 +612,14 @@ int kv_core_promote(kv_core *c, kv_block *b, kv_promote_cb cb, void *arg) {
   kv_core_ns *n = ns_get(c, b->ns);
   if (!n) return -EINVAL;
   uint32_t slot;
-  int rc = alloc_g2_slot(c, n, &slot);
+  int rc = kv_core__alloc_g2_slot(c, n, &slot);
   if (rc) return rc;
   g3_op *op = malloc(sizeof *op);
   if (!op) {
     kv_arena_free(n->arena, slot);
     return -ENOMEM;
   }
-  *op = (g3_op){c, b->id, slot, cb, arg, mono_ns()};
+  *op = (g3_op){c, b->id, slot, cb, arg, kv_core__mono_ns()};
   b->slot[KV_G2] = slot;
   b->busy |= (uint8_t)KV_TIER_BIT(KV_G2);
   kv_g3_expect ex = {.len = b->size, .crc = b->crc, .flags = KV_G3_EXPECT_CRC};

@@ -37,6 +37,10 @@ typedef struct kv_core kv_core;
 
 typedef int (*kv_demote_fn)(kv_core *c, kv_block *b, kv_tier from, void *arg);
 
+/* G1's mover (kv_core_attach_g1). */
+typedef int (*kv_g1_copy_fn)(void *arg, int to_g1, void *g1, void *g2, uint32_t bytes,
+                             uint64_t tag);
+
 typedef struct kv_core_opts {
   const char *policy;   /* eviction policy name; NULL: kv_evict_default */
   uint32_t index_hint;  /* expected number of blocks */
@@ -80,6 +84,10 @@ typedef struct kv_core_stats {
   uint64_t promotions;        /* G3 -> G2 reads that verified */
   uint64_t promote_failed;    /* ... that did not: corrupt or I/O error */
   uint64_t warm_blocks;       /* blocks learned from G3 at attach */
+  uint64_t g1_loads;          /* G2 -> G1 copies done */
+  uint64_t g1_load_failed;    /* ... that the device failed */
+  uint64_t g1_writebacks;     /* G1 victims copied down to G2 (G1 -> G2) */
+  uint64_t g1_writeback_failed;
 } kv_core_stats;
 
 /* --- operator operations (tiers/core_admin.c) ---------------------------
@@ -140,15 +148,23 @@ uint64_t kv_core_sample(kv_core *c, uint8_t t, uint32_t ns, kv_sample_fn fn, voi
 /* Internal to the core's files (core.c exports them for core_admin.c). */
 int kv_core__evict_block(kv_core *c, kv_block *v, kv_tier t);
 void kv_core__drop_tier(kv_core *c, kv_block *b, kv_tier t);
+typedef struct kv_core_ns kv_core_ns;
+int kv_core__class(kv_core *c, kv_arena *arena, uint32_t block_bytes, kv_tier t);
+void kv_core__set_valid(kv_core *c, kv_block *b, kv_tier t);
+void kv_core__sync_all(kv_core *c, kv_block *b);
+void kv_core__reap(kv_core *c, kv_block *b);
+uint64_t kv_core__mono_ns(void); /* CLOCK_MONOTONIC, for kv_core_admin.on_copy */
+int kv_core__alloc_g2_slot(kv_core *c, kv_core_ns *n, uint32_t *slot);
 
-typedef struct kv_core_ns {
+struct kv_core_ns {
   kv_arena *arena;      /* NULL while dormant (known from G3, no HELLO yet) */
   int cls;              /* arena size class of its blocks */
+  int g1cls1;           /* 1 + its class in G1's pool; 0 until first needed */
   uint32_t block_bytes;
   int live;
   int has_digest;
   uint8_t digest[KV_G3_NS_BYTES]; /* identity across restarts (G3 records) */
-} kv_core_ns;
+};
 
 struct kv_core {
   kv_index ix;
@@ -165,7 +181,54 @@ struct kv_core {
   kv_core_g3_opts g3o;
   uint64_t g3_seq;      /* last sequence number written to G3 */
   kv_core_admin adm;    /* operator state: limits, copy observer (core_admin.c) */
+  kv_arena *g1;         /* NULL: no GPU tier; else the slots of its pool */
+  kv_g1_copy_fn g1_copy;
+  void *g1_arg;
+  uint32_t g1_writing;  /* G1 -> G2 write-backs in flight */
 };
+
+/* --- the GPU tier (tiers/core_g1.c) -------------------------------------
+ *
+ * G1 is a device pool whose slots the core hands out like G2's (an arena
+ * made with kv_arena_opts.memory = the pool, so it never touches the
+ * bytes). The core moves blocks with a copy function its owner gives (the
+ * daemon: cuda/dev.h's copy engine): to_g1 1 copies bytes from g2 to g1,
+ * 0 from g1 to g2; the owner calls kv_core_g1_done(tag, status) on the
+ * loop's thread when the copy is over. A copy function that fails returns
+ * -errno and never calls back. While a copy runs, both slots are busy: no
+ * eviction, no reuse (cuda/dev.h's reuse rule).
+ *
+ * G1 is inclusive of nothing: a block comes up to G1 from G2 and keeps its
+ * G2 copy while that lasts. G1's victims, in the order of the same policy
+ * module as the other tiers, lose their G1 copy at once when G2 still
+ * holds the block, else are written back to a G2 slot first (a G1 -> G2
+ * copy; G2 makes room as a store would, demoting to G3). */
+/* Attaches G1: pool is an arena over the device pool, copy the mover.
+ * 0, -EINVAL (already attached, NULL). */
+int kv_core_attach_g1(kv_core *c, kv_arena *pool, kv_g1_copy_fn copy, void *arg);
+
+/* Brings a block valid in G2 up to G1: a G1 slot (evicting as above), then
+ * a G2 -> G1 copy; cb(status) runs from kv_core_g1_done. Returns 0 when
+ * started, 1 when b is already valid in G1 (no callback), or at once:
+ * KV_ENOTFOUND (not valid in G2: promote it there first), -EBUSY (a copy
+ * of b is in flight, or its load waits for a write-back), -EAGAIN (a
+ * write-back needs G2 room that a demotion to G3 in flight will free),
+ * KV_EALLPINNED (G1 full of pinned blocks), KV_ETOOBIG (block larger than
+ * a pool page), -EINVAL (no G1, dormant namespace), or the copy
+ * function's error. When G1 is full and its victim must be written back,
+ * b's load is chained to that write-back (0: started) and takes the slot
+ * it frees; cb then reports the load. The caller should hold a pin on b. */
+typedef void (*kv_promote_cb)(kv_core *c, kv_block *b, int status, void *arg);
+int kv_core_promote_g1(kv_core *c, kv_block *b, kv_promote_cb cb, void *arg);
+
+/* A copy started through kv_g1_copy_fn is over (status 0 or -errno). */
+void kv_core_g1_done(kv_core *c, uint64_t tag, int status);
+
+/* The device address of b's G1 slot, or NULL. */
+static inline void *kv_core_g1_ptr(const kv_core *c, const kv_block *b) {
+  if (!c->g1 || b->slot[KV_G1] == KV_SLOT_NONE) return 0;
+  return kv_arena_ptr(c->g1, b->slot[KV_G1]);
+}
 
 /* 0, -EINVAL (unknown policy name) or -ENOMEM. */
 int kv_core_init(kv_core *c, const kv_core_opts *o);
@@ -196,8 +259,6 @@ int kv_core_ns_register_digest(kv_core *c, kv_arena *arena, uint32_t block_bytes
  */
 int kv_core_attach_g3(kv_core *c, kv_g3 *g3, const kv_core_g3_opts *o);
 
-/* Completion of kv_core_promote(). */
-typedef void (*kv_promote_cb)(kv_core *c, kv_block *b, int status, void *arg);
 
 /*
  * Brings a block that is in G3 only into G2: a G2 slot (evicting as alloc

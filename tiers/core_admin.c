@@ -21,6 +21,13 @@ static kv_evict *g2_policy_of_ns(kv_core *c, uint32_t ns) {
   return n->arena && n->cls >= 0 ? n->arena->cls[n->cls].user : NULL;
 }
 
+/* The policy instance ranking namespace ns's blocks in tier t, or NULL. */
+static kv_evict *policy_of_ns(kv_core *c, uint32_t ns, kv_tier t) {
+  if (t == KV_G3) return c->g3 ? &c->g3_evict : NULL;
+  if (t == KV_G1) return c->g1 && c->ns[ns].g1cls1 ? c->g1->cls[c->ns[ns].g1cls1 - 1].user : NULL;
+  return g2_policy_of_ns(c, ns);
+}
+
 /* Block ids of every record for which keep(b) holds; *out is malloc'd. */
 static int64_t collect(kv_core *c, int (*keep)(const kv_block *b, const void *arg),
                        const void *arg, kv_bid **out) {
@@ -44,11 +51,11 @@ static int in_policy(const kv_block *b, const void *arg) {
   return (b->inpol & KV_TIER_BIT(*(const kv_tier *)arg)) != 0;
 }
 
-/* The distinct G2 policy instances (one per arena class in use). */
-static uint32_t g2_policies(kv_core *c, kv_evict **out, uint32_t max) {
+/* The distinct policy instances of tier t (one per class in use). */
+static uint32_t tier_policies(kv_core *c, kv_tier t, kv_evict **out, uint32_t max) {
   uint32_t n = 0;
   for (uint32_t i = 0; i < c->nns; i++) {
-    kv_evict *e = g2_policy_of_ns(c, i);
+    kv_evict *e = policy_of_ns(c, i, t);
     if (!e) continue;
     uint32_t j = 0;
     while (j < n && out[j] != e) j++;
@@ -63,7 +70,7 @@ static int refill(kv_core *c, kv_evict *e, const kv_evict_ops *ops, kv_tier t,
   kv_tier tier = e->tier;
   for (int64_t i = 0; i < n; i++) { /* a rollback empties an instance already filled */
     kv_block *b = kv_index_at(&c->ix, v[i]);
-    if (t == KV_G3 || g2_policy_of_ns(c, b->ns) == e) b->inpol &= (uint8_t)~KV_TIER_BIT(t);
+    if (policy_of_ns(c, b->ns, t) == e) b->inpol &= (uint8_t)~KV_TIER_BIT(t);
   }
   kv_evict_fini(e);
   int rc = kv_evict_init(e, ops, &c->ix, tier);
@@ -71,7 +78,7 @@ static int refill(kv_core *c, kv_evict *e, const kv_evict_ops *ops, kv_tier t,
   for (int64_t i = 0; i < n; i++) {
     kv_block *b = kv_index_at(&c->ix, v[i]);
     if (b->inpol & KV_TIER_BIT(t)) continue; /* already moved */
-    if (t == KV_G2 && g2_policy_of_ns(c, b->ns) != e) continue;
+    if (policy_of_ns(c, b->ns, t) != e) continue;
     if (e->ops->add(e, b) == 0) b->inpol |= (uint8_t)KV_TIER_BIT(t);
     else kv_warn("core", "eviction policy out of memory: a block stays unevictable");
   }
@@ -82,41 +89,42 @@ int kv_core_set_policy(kv_core *c, const char *name) {
   const kv_evict_ops *ops = name ? kv_evict_lookup(name) : NULL;
   if (!ops) return -EINVAL;
   if (ops == c->policy) return 0;
-  kv_evict *g2[KV_ARENA_MAX_CLASSES * 64];
-  uint32_t ng2 = g2_policies(c, g2, sizeof g2 / sizeof g2[0]);
+  enum { MAXPOL = KV_ARENA_MAX_CLASSES * 64 };
+  static kv_evict *pol[KV_NTIERS][MAXPOL]; /* the loop's thread only */
+  uint32_t npol[KV_NTIERS];
   kv_bid *v[KV_NTIERS] = {NULL};
   int64_t nv[KV_NTIERS] = {0};
-  for (int t = KV_G2; t <= KV_G3; t++) {
+  for (int t = 0; t < KV_NTIERS; t++) {
     kv_tier tt = (kv_tier)t;
+    npol[t] = tier_policies(c, tt, pol[t], MAXPOL);
     nv[t] = collect(c, in_policy, &tt, &v[t]);
     if (nv[t] < 0) {
-      free(v[KV_G2]);
+      for (int u = 0; u < t; u++) free(v[u]);
       return -ENOMEM;
     }
   }
   /* Take every block out of its old instance, then rebuild each instance
    * in place with the new policy: the pointers the arenas hold stay. */
-  for (int t = KV_G2; t <= KV_G3; t++) {
+  for (int t = 0; t < KV_NTIERS; t++) {
     for (int64_t i = 0; i < nv[t]; i++) {
       kv_block *b = kv_index_at(&c->ix, v[t][i]);
-      kv_evict *e = t == KV_G3 ? &c->g3_evict : g2_policy_of_ns(c, b->ns);
+      kv_evict *e = policy_of_ns(c, b->ns, (kv_tier)t);
       e->ops->remove(e, b);
       b->inpol &= (uint8_t)~KV_TIER_BIT(t);
     }
   }
   const kv_evict_ops *old = c->policy;
   int rc = 0;
-  for (uint32_t i = 0; i < ng2 && !rc; i++) rc = refill(c, g2[i], ops, KV_G2, v[KV_G2], nv[KV_G2]);
-  if (!rc && c->g3) rc = refill(c, &c->g3_evict, ops, KV_G3, v[KV_G3], nv[KV_G3]);
+  for (int t = 0; t < KV_NTIERS && !rc; t++)
+    for (uint32_t i = 0; i < npol[t] && !rc; i++) rc = refill(c, pol[t][i], ops, (kv_tier)t, v[t], nv[t]);
   if (rc) {
     /* Out of memory building the new instances: back to the old policy. */
-    for (uint32_t i = 0; i < ng2; i++) refill(c, g2[i], old, KV_G2, v[KV_G2], nv[KV_G2]);
-    if (c->g3) refill(c, &c->g3_evict, old, KV_G3, v[KV_G3], nv[KV_G3]);
+    for (int t = 0; t < KV_NTIERS; t++)
+      for (uint32_t i = 0; i < npol[t]; i++) refill(c, pol[t][i], old, (kv_tier)t, v[t], nv[t]);
   } else {
     c->policy = ops;
   }
-  free(v[KV_G2]);
-  free(v[KV_G3]);
+  for (int t = 0; t < KV_NTIERS; t++) free(v[t]);
   return rc;
 }
 

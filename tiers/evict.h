@@ -3,9 +3,11 @@
  *
  * One policy instance orders the *evictable* blocks of one tier's size
  * class. The core (core.h) decides what is evictable - resident and valid
- * in the tier, committed, not pinned, no copy in flight, and no child whose
+ * in the tier, committed, not pinned, no copy in flight, no child whose
  * bytes are valid in the same tier (leaf-first: a prefix chain is cut from
- * its end) - and tells the policy as blocks enter and leave that set. The
+ * its end), and, in the last tier a block can go to, no child in a faster
+ * tier unless the block has another copy (a chain is not cut above G2) -
+ * and tells the policy as blocks enter and leave that set. The
  * policy only ranks: priority class first (lower goes first), then its own
  * order. So every policy keeps chains whole and never offers a pinned block.
  *
