@@ -139,14 +139,25 @@ static int count_ok_status(const kv_statvec *s, int32_t *out, uint32_t n) {
 }
 
 /* Fills one block result of a LOAD or ALLOC reply. A pointer is handed out
- * only inside the G2 mapping: anything else is KV_EBADFRAME. Returns 1 if
- * the block is usable. */
+ * only inside the G2 mapping or the G1 pool this handle imported: anything
+ * else is KV_EBADFRAME. Returns 1 if the block is usable. */
 static int set_block(kvc *c, kvc_block *b, int32_t status, uint8_t tier, uint64_t offset,
                      uint32_t length) {
   memset(b, 0, sizeof *b);
   b->tier = KVC_TIER_NONE;
   b->status = status;
   if (status != 0) return 0;
+  if (tier == KV_G1) {
+    void *p;
+    if (length == 0 || kvc_g1_ptr(c, offset, length, &p)) {
+      b->status = KV_EBADFRAME;
+      return 0;
+    }
+    b->tier = KVC_G1;
+    b->ptr = p;
+    b->length = length;
+    return 1;
+  }
   if (tier != KV_G2 || offset > c->arena_bytes || length > c->arena_bytes - offset) {
     b->status = KV_EBADFRAME;
     return 0;
@@ -324,6 +335,7 @@ int64_t kvc_submit_lookup(kvc *c, const kvc_key *keys, uint32_t n, uint8_t *tier
 int64_t kvc_submit_load(kvc *c, uint8_t tier, const kvc_key *keys, uint32_t n, kvc_block *out,
                         void *user) {
   if (!out) return -EINVAL;
+  if (tier == KVC_G1 && !c->g1.info.available) return -ENODEV; /* not mapped here: load to G2 */
   pending *p;
   int64_t id = batch(c, KV_OP_LOAD, tier, 0, 0, keys, n, &p, user);
   if (id > 0) c->pend[c->npend - 1].blocks = out;

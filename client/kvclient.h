@@ -120,7 +120,8 @@ int kvc_g1_ptr(const kvc *c, uint64_t offset, uint64_t len, void **out);
 /* One block's result from load or alloc. */
 typedef struct kvc_block {
   int32_t status; /* 0: usable; else why not (KV_ENOTFOUND: absent, ...) */
-  uint8_t tier;   /* where ptr points (KVC_G2), KVC_TIER_NONE on error */
+  uint8_t tier;   /* where ptr points: KVC_G2 (host) or KVC_G1 (a device
+                   * address in the imported pool), KVC_TIER_NONE on error */
   void *ptr;      /* the block's bytes in this process, NULL on error */
   uint32_t length;
 } kvc_block;
@@ -130,9 +131,12 @@ typedef struct kvc_block {
  * TP group the length is one every rank has. */
 int kvc_lookup(kvc *c, const kvc_key *keys, uint32_t n, uint8_t *tiers);
 
-/* Pins each block in `tier` (KVC_G2) and fills out[i]. Returns how many
- * blocks are usable (status 0), or an error for the whole request. Pinned
- * blocks must be released with kvc_release(). */
+/* Pins each block in `tier` (KVC_G2, or KVC_G1 when kvc_g1_info says G1 is
+ * available: else -ENODEV) and fills out[i]. Returns how many blocks are
+ * usable (status 0), or an error for the whole request. A LOAD to G1
+ * brings blocks up from G2 or G3 (device copies); a block whose copy to G1
+ * failed comes back usable in G2 (out[i].tier says which). Pinned blocks
+ * must be released with kvc_release(). */
 int kvc_load(kvc *c, uint8_t tier, const kvc_key *keys, uint32_t n, kvc_block *out);
 /* Drops this handle's pins. status (may be NULL) gets each key's result.
  * Returns how many were released, or an error. */

@@ -23,6 +23,7 @@ static int unavailable(kvd_g1 *g, int must, const char *why, int rc) {
 int kvd_g1_open(kvd_g1 *g, const kv_config *c) {
   memset(g, 0, sizeof *g);
   g->x.fd = -1;
+  g->slots.fd = -1; /* kv_arena_fini of a never-made arena closes nothing */
   if (!strcmp(c->g1_enable, "off")) {
     snprintf(g->reason, sizeof g->reason, "g1.enable = off");
     kv_info("g1", "G1 off (g1.enable = off)");
@@ -43,6 +44,11 @@ int kvd_g1_open(kvd_g1 *g, const kv_config *c) {
   rc = kv_dev_pool_create(g->dev, (size_t)c->g1_capacity, &g->pool);
   if (rc == 0) rc = kv_dev_pool_export(g->pool, &g->x);
   if (rc == 0) {
+    kv_arena_opts ao = {.capacity = kv_dev_pool_bytes(g->pool), .page_bytes = c->g2_page_size,
+                        .memory = kv_dev_pool_base(g->pool)};
+    rc = kv_arena_init(&g->slots, &ao);
+  }
+  if (rc == 0) {
     g->enc_len = kv_dev_export_encode(&g->x, g->enc, sizeof g->enc);
     if (g->enc_len < 0) rc = g->enc_len;
   }
@@ -51,6 +57,7 @@ int kvd_g1_open(kvd_g1 *g, const kv_config *c) {
     snprintf(msg, sizeof msg, "cannot make a %llu-byte pool on %s device %u: %s",
              (unsigned long long)c->g1_capacity, kv_dev_backend_name(o.backend), c->g1_device,
              kv_dev_reason(g->dev)[0] ? kv_dev_reason(g->dev) : kv_strerror(rc));
+    kv_arena_fini(&g->slots);
     if (g->pool) kv_dev_pool_destroy(g->dev, g->pool);
     g->pool = NULL;
     kv_dev_close(g->dev);
@@ -113,6 +120,7 @@ void kvd_g1_close(kvd_g1 *g) {
     if (rc && rc != -ETIMEDOUT) break;
     kvd_g1_reap(g);
   }
+  if (g->on) kv_arena_fini(&g->slots);
   if (g->pool) {
     int rc = kv_dev_pool_destroy(g->dev, g->pool);
     if (rc) kv_warn("g1", "pool: %s (released with the device)", kv_strerror(rc));
@@ -123,6 +131,15 @@ void kvd_g1_close(kvd_g1 *g) {
   g->x.fd = -1;
   g->on = 0;
   kv_info("g1", "pool released");
+}
+
+int kvd_g1_copy(void *arg, int to_g1, void *g1, void *g2, uint32_t bytes, uint64_t tag) {
+  kvd_g1 *g = arg;
+  kv_dev_copy cp = {.dst = to_g1 ? g1 : g2, .src = to_g1 ? g2 : g1, .bytes = bytes};
+  int rc = kv_dev_submit(g->dev, to_g1 ? KV_DEV_H2D : KV_DEV_D2H, &cp, 1, tag);
+  if (rc) kv_warn("g1", "a %s copy of %u bytes was refused: %s", to_g1 ? "G2->G1" : "G1->G2",
+                  bytes, kv_dev_reason(g->dev)[0] ? kv_dev_reason(g->dev) : kv_strerror(rc));
+  return rc;
 }
 
 int kvd_g1_arena_register(void *base, size_t len, void *arg) {

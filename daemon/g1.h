@@ -19,9 +19,13 @@
  * register_fn / unregister_fn, the kvd_g1 their arg) so G1<->G2 copies are
  * DMA. kvd_g1_arena_unregister must run before kvd_g1_close.
  *
+ * The pool's slots: `slots`, an arena over the pool's device memory
+ * (kv_arena_opts.memory), which the core hands out (kv_core_attach_g1 with
+ * kvd_g1_copy as the mover, the kvd_g1 its arg).
+ *
  * Completions: kvd_g1_start puts the device's completion fd in a uv_poll on
- * the loop; each reaped {tag, status} goes to the dispatch hook (nothing
- * submits yet: LOAD to G1 comes with the core's G1 support). kvd_g1_stop
+ * the loop; each reaped {tag, status} goes to the dispatch hook (the
+ * daemon's: kv_core_g1_done, then the LOADs waiting for room). kvd_g1_stop
  * closes the poll; kvd_g1_close waits for copies in flight, reaps them,
  * destroys the pool and closes the device. Every function is a no-op on a
  * kvd_g1 that is off. Owner: the loop thread.
@@ -35,6 +39,7 @@
 
 #include "cuda/dev.h"
 #include "daemon/config.h"
+#include "tiers/arena.h"
 
 typedef void (*kvd_g1_done_fn)(void *arg, uint64_t tag, int status);
 
@@ -43,6 +48,7 @@ typedef struct kvd_g1 {
   char reason[KV_DEV_REASON_MAX + 128]; /* why G1 is off ("" when on or disabled by config) */
   kv_dev *dev;
   kv_dev_pool *pool;
+  kv_arena slots;              /* the pool's slots (valid while on) */
   kv_dev_export x;             /* the pool's export (x.fd owned by the pool) */
   uint8_t enc[KV_DEVX_ENCODED_MAX]; /* x encoded (kv_dev_export_encode) */
   int enc_len;
@@ -67,6 +73,10 @@ void kvd_g1_stop(kvd_g1 *g);
 unsigned kvd_g1_reap(kvd_g1 *g);
 /* Waits for copies in flight, destroys the pool, closes the device. */
 void kvd_g1_close(kvd_g1 *g);
+
+/* The core's mover (kv_g1_copy_fn): one copy on the direction's stream
+ * under tag. 0 or kv_dev_submit's error. arg is the kvd_g1. */
+int kvd_g1_copy(void *arg, int to_g1, void *g1, void *g2, uint32_t bytes, uint64_t tag);
 
 /* kv_arena_opts hooks; arg is the kvd_g1. */
 int kvd_g1_arena_register(void *base, size_t len, void *arg);

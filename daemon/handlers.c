@@ -100,6 +100,11 @@ int kvd_init(kvd *d) {
     kv_core_fini(&d->core);
     goto err;
   }
+  if (d->g1.on) {
+    kv_core_attach_g1(&d->core, &d->g1.slots, kvd_g1_copy, &d->g1);
+    d->g1.done = kvd_g1_copied;
+    d->g1.done_arg = d;
+  }
   kvd_registry_opts ro = {.g2_capacity = d->cfg.g2_capacity, .g2_page_size = d->cfg.g2_page_size,
                           .tenants = d->cfg.g2_tenants, .lock = d->cfg.g2_lock, .core = &d->core};
   if (d->g1.on) {

@@ -87,7 +87,7 @@ int kvd_op_alloc(kvd *d, kvd_sink *sink, const kv_msg *req, kv_buf *out);
 void kvd_allocs_retry(kvd *d);
 uint32_t kvd_allocs_expire(kvd *d);
 void kvd_allocs_fini(kvd *d);
-/* Retries LOADs that waited for G2 room; call after G3 completions. */
+/* Retries LOADs that waited for room; call after G3 or G1 completions. */
 void kvd_loads_retry(kvd *d);
 /* Answers, with a timeout error, the blocks of LOADs that have waited for
  * G2 room longer than daemon.load_timeout_ms; call from a timer. Returns
@@ -95,5 +95,8 @@ void kvd_loads_retry(kvd *d);
 uint32_t kvd_loads_expire(kvd *d);
 /* Delivers G3 completions (and what they unblock). */
 void kvd_g3_poll(kvd *d);
+/* The G1 completion hook (kvd_g1.done, arg the kvd): ends the core's copy
+ * and retries the LOADs waiting for room. */
+void kvd_g1_copied(void *arg, uint64_t tag, int status);
 
 #endif

@@ -2,12 +2,16 @@
  * load.c - LOAD and PREFETCH: pin blocks where the worker can read them,
  * bringing them up from the SSD when they are there only.
  *
- * A LOAD answers per block. Blocks already in G2 are answered at once;
- * blocks in G3 only are promoted (kv_core_promote: a G2 slot, a verified
- * read) and the reply waits for the last of them. A block whose read fails
+ * A LOAD answers per block. Blocks already in the target tier are
+ * answered at once; blocks in G3 only are promoted (kv_core_promote: a G2
+ * slot, a verified read) and, for a LOAD to G1, then copied up from G2
+ * (kv_core_promote_g1); the reply waits for the last of them. A block
+ * whose G2 -> G1 copy fails is answered from G2 (its entry says tier G2):
+ * the worker reads it there. A block whose read fails
  * verification is answered with KV_ECORRUPT (or the I/O error), never as a
  * hit. When G2 has no room until a demotion completes (-EAGAIN), the LOAD
- * waits in d->waiting and is retried after each batch of G3 completions.
+ * waits in d->waiting and is retried after each batch of G3 or G1
+ * completions (so does a LOAD to G1 whose G1 room comes with a write-back).
  * If the worker disconnects meanwhile, its pins are already released with
  * its session; the late reply is dropped. A LOAD that has waited for room
  * longer than daemon.load_timeout_ms answers the blocks still waiting with
@@ -42,6 +46,7 @@ struct kvd_load {
   kv_msg req;          /* id and op, for the reply */
   uint32_t n, pending;
   uint32_t core_ns;
+  uint8_t target;      /* KV_G1 or KV_G2 */
   kvd_load *next_wait;
   int waiting;
   uint64_t t0;         /* kvd_now_ns() when the request was taken */
@@ -56,6 +61,14 @@ static void fill_g2(kvd_load *ld, uint32_t i, const kv_block *b) {
   e->status = 0;
   e->tier = KV_G2;
   e->offset = kv_arena_offset(b->slot[KV_G2]);
+  e->length = b->size;
+}
+
+static void fill_g1(kvd_load *ld, uint32_t i, const kv_block *b) {
+  kv_load_ent *e = &ld->ent[i];
+  e->status = 0;
+  e->tier = KV_G1;
+  e->offset = kv_arena_offset(b->slot[KV_G1]); /* in the pool the worker mapped */
   e->length = b->size;
 }
 
@@ -82,25 +95,53 @@ static void finish(kvd_load *ld) {
   free(ld);
 }
 
+static void wait_for_room(kvd_load *ld);
+static int start(kvd_load *ld, uint32_t i);
+
+/* One step of an entry is over: the reply goes when the last one is. */
+static void step_done(kvd_load *ld) {
+  if (--ld->pending == 0 && !ld->waiting) finish(ld);
+}
+
 static void promoted(kv_core *c, kv_block *b, int status, void *arg) {
   load_key *k = arg;
   kvd_load *ld = k->ld;
-  if (status == 0) {
+  if (status == 0 && ld->target == KV_G1) {
+    if (start(ld, k->i)) { /* on its way up to G1: still pending */
+      if (ld->ent[k->i].status == RETRY) wait_for_room(ld);
+      return;
+    }
+  } else if (status == 0) {
     fill_g2(ld, k->i, b);
   } else {
     kvd_miss_add(ld->d, status == KV_ECORRUPT ? KVD_MISS_CORRUPT : KVD_MISS_IO_ERROR, 1);
     fail_entry(ld, k->i, status);
   }
-  if (--ld->pending == 0 && !ld->waiting) finish(ld);
+  step_done(ld);
 }
 
-/* Starts (or retries) bringing entry i up. Returns 1 if it is now pending
- * on a completion or waiting for room, 0 if the entry is final. */
+static void copied_up(kv_core *c, kv_block *b, int status, void *arg) {
+  load_key *k = arg;
+  if (status == 0) fill_g1(k->ld, k->i, b);
+  else fill_g2(k->ld, k->i, b); /* pinned: its G2 copy is still there */
+  step_done(k->ld);
+}
+
+/* Starts (or retries) bringing entry i up to the target tier. Returns 1 if
+ * it is now pending on a completion or waiting for room, 0 if the entry is
+ * final. */
 static int start(kvd_load *ld, uint32_t i) {
-  kv_block *b = kv_index_at(&ld->d->core.ix, ld->bid[i]);
-  int rc = kv_core_promote(&ld->d->core, b, promoted, &ld->keys[i]);
+  kv_core *core = &ld->d->core;
+  kv_block *b = kv_index_at(&core->ix, ld->bid[i]);
+  int rc = kv_core_promote(core, b, promoted, &ld->keys[i]);
+  if (rc == 1 && ld->target == KV_G1) {
+    rc = kv_core_promote_g1(core, b, copied_up, &ld->keys[i]);
+    if (rc == 1) { fill_g1(ld, i, b); return 0; }
+  } else if (rc == 1) {
+    fill_g2(ld, i, b);
+    return 0;
+  }
   if (rc == 0) return 1;
-  if (rc == 1) { fill_g2(ld, i, b); return 0; }
   if (rc == -EAGAIN || rc == -EBUSY) {
     ld->ent[i].status = RETRY;
     return 1;
@@ -122,7 +163,8 @@ int kvd_op_load(kvd *d, kvd_sink *sink, const kv_msg *req, kv_buf *out) {
   kvd_session *s = sink->sess;
   int rc = kvd_load_keys(d, &br->keys);
   if (rc) return kvd_fail(out, req, rc, NULL);
-  if (br->tier != KV_G2) return kvd_fail(out, req, -EOPNOTSUPP, "LOAD serves tier G2 in this build");
+  if (br->tier == KV_G1 && !d->core.g1)
+    return kvd_fail(out, req, -ENODEV, d->g1.reason[0] ? d->g1.reason : "G1 is off");
   uint32_t n = br->keys.n;
   kvd_load *ld = calloc(1, sizeof *ld);
   if (ld) {
@@ -140,6 +182,7 @@ int kvd_op_load(kvd *d, kvd_sink *sink, const kv_msg *req, kv_buf *out) {
   kvd_sink_get(sink);
   ld->req = *req;
   ld->n = n;
+  ld->target = br->tier;
   ld->core_ns = (uint32_t)kvd_registry_ns(&d->reg, s->ns)->core_ns;
 
   for (uint32_t i = 0; i < n; i++) {
@@ -156,8 +199,18 @@ int kvd_op_load(kvd *d, kvd_sink *sink, const kv_msg *req, kv_buf *out) {
     if ((e->status = kvd_session_pin(&d->core, s, b))) continue;
     ld->bid[i] = b->id;
     kv_core_touch(&d->core, b);
-    if (b->tiers & KV_TIER_BIT(KV_G2)) fill_g2(ld, i, b);
-    else ld->pending += (uint32_t)start(ld, i);
+  }
+  /* Every block is pinned before any moves: the room one block's copy
+   * makes is never taken from another block of the same LOAD. */
+  for (uint32_t i = 0; i < n; i++) {
+    kv_block *b = kv_index_at(&d->core.ix, ld->bid[i]);
+    if (!b || ld->ent[i].status) continue;
+    if (b->tiers & KV_TIER_BIT(ld->target)) {
+      if (ld->target == KV_G1) fill_g1(ld, i, b);
+      else fill_g2(ld, i, b);
+    } else {
+      ld->pending += (uint32_t)start(ld, i);
+    }
   }
   for (uint32_t i = 0; i < n; i++)
     if (ld->ent[i].status == RETRY) { wait_for_room(ld); break; }
@@ -231,6 +284,12 @@ uint32_t kvd_loads_expire(kvd *d) {
             expired, d->cfg.load_timeout_ms);
   }
   return expired;
+}
+
+void kvd_g1_copied(void *arg, uint64_t tag, int status) {
+  kvd *d = arg;
+  kv_core_g1_done(&d->core, tag, status);
+  if (d->waiting) kvd_loads_retry(d); /* G1 room may have come */
 }
 
 void kvd_g3_poll(kvd *d) {

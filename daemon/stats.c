@@ -188,6 +188,15 @@ typedef struct snapshot {
 static void take(kvd *d, snapshot *s) {
   memset(s, 0, sizeof *s);
   s->t[KV_G1].state = "off";
+  if (d->core.g1) {
+    tier_view *g1 = &s->t[KV_G1];
+    const kv_arena *a = d->core.g1;
+    g1->enabled = 1;
+    g1->capacity = a->capacity;
+    g1->used = a->used_bytes;
+    for (uint32_t k = 0; k < a->nclasses; k++) g1->blocks += a->cls[k].used;
+    g1->state = g1->used >= g1->capacity ? "full" : "ok";
+  }
   tier_view *g2 = &s->t[KV_G2];
   g2->enabled = 1;
   for (uint32_t i = 0; i < d->reg.ntenants; i++) {
@@ -354,6 +363,14 @@ int kvd_render_metrics(kvd *d, kv_buf *out) {
   static const char *const g1k[] = {"vmm_fd", "legacy_ipc", "sim_fd"};
   for (int i = 0; i < 3; i++)
     P("kvcached_g1_exports_total{kind=\"%s\"} %llu\n", g1k[i], U(d->g1.exports[i + 1]));
+  H("kvcached_g1_copies_total", "counter",
+    "Block copies between G1 and G2 that completed: load (G2->G1, for a LOAD to G1) and writeback (a G1 victim not in G2).");
+  P("kvcached_g1_copies_total{dir=\"load\"} %llu\n", U(d->core.st.g1_loads));
+  P("kvcached_g1_copies_total{dir=\"writeback\"} %llu\n", U(d->core.st.g1_writebacks));
+  H("kvcached_g1_copy_failures_total", "counter",
+    "Block copies between G1 and G2 the device failed (a failed load is answered from G2; a failed write-back keeps the G1 copy).");
+  P("kvcached_g1_copy_failures_total{dir=\"load\"} %llu\n", U(d->core.st.g1_load_failed));
+  P("kvcached_g1_copy_failures_total{dir=\"writeback\"} %llu\n", U(d->core.st.g1_writeback_failed));
   H("kvcached_bad_frames_total", "counter", "Malformed frames received on the worker socket.");
   P("kvcached_bad_frames_total %llu\n", U(d->st.bad_frames));
   return 0;

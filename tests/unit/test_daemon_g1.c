@@ -197,6 +197,109 @@ Test(g1, raw_hello_entry_and_fds, .timeout = 60) {
   ops_stop();
 }
 
+/* The value of a metric line with labels, -1 if none. */
+static long long metric_l(const char *name_labels) { return metric(name_labels); }
+
+/* Reads n bytes at device address src back through the worker's device. */
+static void read_device(kvc *c, const void *src, uint8_t *host, size_t n) {
+  kvc_g1 g;
+  cr_assert_eq(kvc_g1_info(c, &g), 0);
+  cr_assert_eq(kv_dev_memcpy_sync(g.dev, KV_DEV_D2H, host, src, n), 0);
+}
+
+static int all_bytes(const uint8_t *p, size_t n, uint8_t v) {
+  for (size_t i = 0; i < n; i++)
+    if (p[i] != v) return 0;
+  return 1;
+}
+
+/* LOAD to G1 over the whole path: blocks come up from G2 through the
+ * device copy engine, the worker reads them through its import; G1 victims
+ * that G2 has lost are written back to G2 first, bytes intact (victims G2
+ * still holds just lose their G1 copy: test_core_g1). G2 and G1 hold 32
+ * blocks each. */
+static void load_g1(kvc *c, uint64_t first, uint32_t n, uint8_t *host) {
+  kvc_key k[32];
+  kvc_block out[32];
+  for (uint32_t i = 0; i < n; i++) k[i] = ops_key(first + i);
+  int ok = kvc_load(c, KVC_G1, k, n, out);
+  for (uint32_t i = 0; i < n; i++)
+    cr_assert_eq(out[i].status, 0, "load of %llu to G1: %d of %u; this one: %s", (unsigned long long)(first + i),
+                 ok, n, kvc_strerror(out[i].status));
+  cr_assert_eq(ok, (int)n);
+  for (uint32_t i = 0; i < n; i++) {
+    cr_assert_eq(out[i].tier, KVC_G1, "block %llu: tier %u", (unsigned long long)(first + i), out[i].tier);
+    cr_assert_eq(out[i].length, OPS_BLOCK);
+    read_device(c, out[i].ptr, host, OPS_BLOCK);
+    cr_assert(all_bytes(host, OPS_BLOCK, (uint8_t)(first + i)), "block %llu's bytes on the device",
+              (unsigned long long)(first + i));
+  }
+  cr_assert_eq(kvc_release(c, k, n, NULL), (int)n);
+}
+
+static uint8_t tier_of(kvc *c, uint64_t v) {
+  kvc_key k = ops_key(v);
+  uint8_t t;
+  kvc_lookup(c, &k, 1, &t);
+  return t;
+}
+
+Test(g1, load_to_g1_and_write_back, .timeout = 60) {
+  static const char *const conf[] = {"g1.enable=on", "g1.backend=sim", "g1.capacity=2M",
+                                     "cache.policy=lru", NULL};
+  ops_start(NULL, conf);
+  kvc *c = open_g1(0);
+  kvc_g1 g;
+  cr_assert_eq(kvc_g1_info(c, &g), 0);
+  cr_assert(g.available, "%s", g.reason);
+  cr_assert_eq(g.bytes, 2u << 20);
+  static uint8_t host[OPS_BLOCK];
+  cr_assert_eq(kv_dev_host_register(g.dev, host, sizeof host), 0);
+
+  ops_store(c, 1, 16);
+  load_g1(c, 1, 16, host);
+  cr_assert_eq(tier_of(c, 1), KVC_G1, "the fastest tier holding it");
+  cr_assert_eq(metric_l("kvcached_g1_copies_total{dir=\"load\"}"), 16);
+  cr_assert_eq(metric_l("kvcached_copy_ops_total{direction=\"g2_to_g1\"}"), 16);
+  cr_assert_eq(metric_l("kvcached_copy_bytes_total{direction=\"g2_to_g1\"}"), 16ll * OPS_BLOCK);
+  /* 32 new blocks push 1..16 out of G2: they live in G1 only. */
+  ops_store(c, 17, 48);
+  cr_assert_eq(metric_l("kvcached_evictions_total{tier=\"g2\"}"), 16);
+  cr_assert_eq(tier_of(c, 1), KVC_G1);
+  /* G1 has room for 16 more; the next 8 take the room of 1..8, which G2
+   * has lost: they are written back first. */
+  load_g1(c, 17, 16, host);
+  cr_assert_eq(metric_l("kvcached_evictions_total{tier=\"g1\"}"), 0);
+  load_g1(c, 33, 8, host);
+  cr_assert_eq(metric_l("kvcached_evictions_total{tier=\"g1\"}"), 8);
+  cr_assert_eq(metric_l("kvcached_g1_copies_total{dir=\"writeback\"}"), 8);
+  cr_assert_eq(metric_l("kvcached_copy_ops_total{direction=\"g1_to_g2\"}"), 8);
+  cr_assert_eq(metric_l("kvcached_g1_copy_failures_total{dir=\"load\"}"), 0);
+  for (uint64_t v = 1; v <= 8; v++) cr_assert_eq(tier_of(c, v), KVC_G2, "block %llu written back", (unsigned long long)v);
+  cr_assert_eq(tier_of(c, 9), KVC_G1);
+  kvc_key k = ops_key(1);
+  kvc_block out;
+  cr_assert_eq(kvc_load(c, KVC_G2, &k, 1, &out), 1);
+  cr_assert(all_bytes(out.ptr, OPS_BLOCK, 1), "written back intact");
+  cr_assert_eq(kvc_release(c, &k, 1, NULL), 1);
+  cr_assert_eq(kv_dev_host_unregister(g.dev, host), 0);
+  kvc_close(c);
+  ops_stop();
+}
+
+Test(g1, load_to_g1_without_g1_is_refused, .timeout = 60) {
+  static const char *const off[] = {"g1.enable=off", NULL};
+  ops_start(NULL, off);
+  kvc *c = open_g1(0);
+  ops_store(c, 1, 1);
+  kvc_key k = ops_key(1);
+  kvc_block out;
+  cr_assert_eq(kvc_load(c, KVC_G1, &k, 1, &out), -ENODEV, "the worker loads to G2 instead");
+  cr_assert_eq(kvc_load(c, KVC_G2, &k, 1, &out), 1);
+  kvc_close(c);
+  ops_stop();
+}
+
 Test(g1, daemon_with_g1_off, .timeout = 60) {
   static const char *const off[] = {"g1.enable=off", NULL};
   ops_start(NULL, off);
