@@ -546,6 +546,16 @@ int kvc_open(const kvc_opts *o, kvc **out) {
   } else if (!o->no_g1) {
     snprintf(c->g1.info.reason, sizeof c->g1.info.reason,
              "the daemon offers no G1 pool (G1 off there: see its log and kvcached_g1_unavailable)");
+    for (unsigned i = 0; i < r.hello_rep.ntierinfo; i++) {
+      kv_tierinfo t;
+      kv_hello_tierinfo(&r.hello_rep, i, &t);
+      if (t.tier != KV_G1 || t.kind != KV_TI_G1_NONE) continue;
+      snprintf(c->g1.info.reason, sizeof c->g1.info.reason, "the daemon offers no G1 pool: %.*s",
+               (int)t.len, (const char *)t.p);
+      for (char *q = c->g1.info.reason; *q; q++) /* text from the socket: printable only */
+        if ((unsigned char)*q < 0x20 || (unsigned char)*q == 0x7f) *q = '?';
+      break;
+    }
   } else {
     snprintf(c->g1.info.reason, sizeof c->g1.info.reason, "not asked for (kvc_opts.no_g1)");
   }

@@ -225,6 +225,15 @@ static int op_hello(kvd *d, kvd_session *s, const kv_msg *req, kv_buf *out, int 
     m.hello_rep.ntierinfo = 1;
     m.hello_rep.tierinfo = &ti;
     if (g1fd >= 0) m.flags |= KV_F_FD2;
+  } else if (h->caps & KV_CAP_G1) {
+    /* Asked for and not granted: say why, so the worker can too. */
+    const char *why = d->g1.reason[0] ? d->g1.reason : "G1 is off";
+    size_t len = strlen(why);
+    if (len > KV_TIERINFO_BYTES_MAX) len = KV_TIERINFO_BYTES_MAX;
+    ti = (kv_tierinfo){.tier = KV_G1, .kind = KV_TI_G1_NONE, .len = (uint16_t)len,
+                       .p = (const uint8_t *)why};
+    m.hello_rep.ntierinfo = 1;
+    m.hello_rep.tierinfo = &ti;
   }
   int rc = kv_msg_encode(out, &m);
   if (rc == 0) {

@@ -96,6 +96,7 @@ typedef enum kv_op {
 #define KV_TI_G1_VMM_FD 1     /* G1 pool, CUDA VMM POSIX-fd handle (the fd: KV_F_FD2) */
 #define KV_TI_G1_LEGACY_IPC 2 /* G1 pool, legacy cudaIpcMemHandle in the value, no fd */
 #define KV_TI_G1_SIM_FD 3     /* G1 pool, simulated device memory (memfd: KV_F_FD2) */
+#define KV_TI_G1_NONE 4       /* no G1 pool for this worker: the value is the reason (text) */
 #define KV_TI_G1_VMM KV_TI_G1_VMM_FD          /* older names */
 #define KV_TI_G1_CUDAIPC KV_TI_G1_LEGACY_IPC
 

@@ -308,6 +308,7 @@ Test(g1, daemon_with_g1_off, .timeout = 60) {
   cr_assert_eq(kvc_g1_info(c, &g), 0);
   cr_assert_eq(g.available, 0);
   cr_assert(strstr(g.reason, "no G1 pool"), "%s", g.reason);
+  cr_assert(strstr(g.reason, "g1.enable = off"), "the daemon's reason comes along: %s", g.reason);
   cr_assert_eq(metric("kvcached_g1_enabled"), 0);
   cr_assert_eq(metric("kvcached_g1_unavailable"), 0, "off by configuration is not unavailable");
   cr_assert_eq(metric("kvcached_g1_pool_bytes"), 0);
@@ -327,6 +328,14 @@ Test(g1, auto_is_on_or_unavailable, .timeout = 60) {
   ops_start(NULL, autoc);
   long long on = metric("kvcached_g1_enabled"), un = metric("kvcached_g1_unavailable");
   cr_assert(on + un == 1 && on >= 0 && un >= 0, "enabled %lld, unavailable %lld", on, un);
+  kvc *c = open_g1(0);
+  kvc_g1 g;
+  cr_assert_eq(kvc_g1_info(c, &g), 0);
+  if (un == 1) /* the worker learns the daemon's reason in the HELLO reply */
+    cr_assert(strstr(g.reason, "no G1 pool: cuda device 0"), "%s", g.reason);
+  else
+    cr_assert(g.available, "%s", g.reason);
+  kvc_close(c);
   ops_stop();
 }
 
