@@ -261,6 +261,9 @@ Test(g1, load_to_g1_and_write_back, .timeout = 60) {
   cr_assert_eq(tier_of(c, 1), KVC_G1, "the fastest tier holding it");
   cr_assert_eq(metric_l("kvcached_g1_copies_total{dir=\"load\"}"), 16);
   cr_assert_eq(metric_l("kvcached_copy_ops_total{direction=\"g2_to_g1\"}"), 16);
+  cr_assert_eq(metric_l("kvcached_tier_blocks{tier=\"g1\"}"), 16);
+  cr_assert_eq(metric_l("kvcached_tier_capacity_bytes{tier=\"g1\"}"), 2ll << 20);
+  cr_assert_eq(metric_l("kvcached_tier_used_bytes{tier=\"g1\"}"), 16ll * OPS_BLOCK);
   cr_assert_eq(metric_l("kvcached_copy_bytes_total{direction=\"g2_to_g1\"}"), 16ll * OPS_BLOCK);
   /* 32 new blocks push 1..16 out of G2: they live in G1 only. */
   ops_store(c, 17, 48);
