@@ -56,19 +56,13 @@ struct kvd_load {
   load_key *keys;
 };
 
-static void fill_g2(kvd_load *ld, uint32_t i, const kv_block *b) {
+/* Entry i is a hit in tier t (G1 or G2): its slot's offset in the memory
+ * the worker mapped for that tier (the G2 arena, the G1 pool). */
+static void fill(kvd_load *ld, uint32_t i, const kv_block *b, kv_tier t) {
   kv_load_ent *e = &ld->ent[i];
   e->status = 0;
-  e->tier = KV_G2;
-  e->offset = kv_arena_offset(b->slot[KV_G2]);
-  e->length = b->size;
-}
-
-static void fill_g1(kvd_load *ld, uint32_t i, const kv_block *b) {
-  kv_load_ent *e = &ld->ent[i];
-  e->status = 0;
-  e->tier = KV_G1;
-  e->offset = kv_arena_offset(b->slot[KV_G1]); /* in the pool the worker mapped */
+  e->tier = (uint8_t)t;
+  e->offset = kv_arena_offset(b->slot[t]);
   e->length = b->size;
 }
 
@@ -112,7 +106,7 @@ static void promoted(kv_core *c, kv_block *b, int status, void *arg) {
       return;
     }
   } else if (status == 0) {
-    fill_g2(ld, k->i, b);
+    fill(ld, k->i, b, KV_G2);
   } else {
     kvd_miss_add(ld->d, status == KV_ECORRUPT ? KVD_MISS_CORRUPT : KVD_MISS_IO_ERROR, 1);
     fail_entry(ld, k->i, status);
@@ -122,8 +116,8 @@ static void promoted(kv_core *c, kv_block *b, int status, void *arg) {
 
 static void copied_up(kv_core *c, kv_block *b, int status, void *arg) {
   load_key *k = arg;
-  if (status == 0) fill_g1(k->ld, k->i, b);
-  else fill_g2(k->ld, k->i, b); /* pinned: its G2 copy is still there */
+  /* On failure the pinned block's G2 copy is still there. */
+  fill(k->ld, k->i, b, status == 0 ? KV_G1 : KV_G2);
   step_done(k->ld);
 }
 
@@ -136,9 +130,9 @@ static int start(kvd_load *ld, uint32_t i) {
   int rc = kv_core_promote(core, b, promoted, &ld->keys[i]);
   if (rc == 1 && ld->target == KV_G1) {
     rc = kv_core_promote_g1(core, b, copied_up, &ld->keys[i]);
-    if (rc == 1) { fill_g1(ld, i, b); return 0; }
+    if (rc == 1) { fill(ld, i, b, KV_G1); return 0; }
   } else if (rc == 1) {
-    fill_g2(ld, i, b);
+    fill(ld, i, b, KV_G2);
     return 0;
   }
   if (rc == 0) return 1;
@@ -205,12 +199,8 @@ int kvd_op_load(kvd *d, kvd_sink *sink, const kv_msg *req, kv_buf *out) {
   for (uint32_t i = 0; i < n; i++) {
     kv_block *b = kv_index_at(&d->core.ix, ld->bid[i]);
     if (!b || ld->ent[i].status) continue;
-    if (b->tiers & KV_TIER_BIT(ld->target)) {
-      if (ld->target == KV_G1) fill_g1(ld, i, b);
-      else fill_g2(ld, i, b);
-    } else {
-      ld->pending += (uint32_t)start(ld, i);
-    }
+    if (b->tiers & KV_TIER_BIT(ld->target)) fill(ld, i, b, (kv_tier)ld->target);
+    else ld->pending += (uint32_t)start(ld, i);
   }
   for (uint32_t i = 0; i < n; i++)
     if (ld->ent[i].status == RETRY) { wait_for_room(ld); break; }

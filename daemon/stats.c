@@ -185,28 +185,26 @@ typedef struct snapshot {
   kv_g3_stats gs;
 } snapshot;
 
+/* Adds arena a (a soft limit per arena: 0 for none) to the tier's view. */
+static void add_arena(tier_view *v, const kv_arena *a, uint64_t limit) {
+  v->capacity += limit && limit < a->capacity ? limit : a->capacity;
+  v->used += a->used_bytes;
+  for (uint32_t k = 0; k < a->nclasses; k++) v->blocks += a->cls[k].used;
+}
+
 static void take(kvd *d, snapshot *s) {
   memset(s, 0, sizeof *s);
   s->t[KV_G1].state = "off";
   if (d->core.g1) {
     tier_view *g1 = &s->t[KV_G1];
-    const kv_arena *a = d->core.g1;
     g1->enabled = 1;
-    g1->capacity = a->capacity;
-    g1->used = a->used_bytes;
-    for (uint32_t k = 0; k < a->nclasses; k++) g1->blocks += a->cls[k].used;
+    add_arena(g1, d->core.g1, 0);
     g1->state = g1->used >= g1->capacity ? "full" : "ok";
   }
   tier_view *g2 = &s->t[KV_G2];
   g2->enabled = 1;
-  for (uint32_t i = 0; i < d->reg.ntenants; i++) {
-    const kv_arena *a = &d->reg.tenants[i].arena;
-    uint64_t cap = a->capacity;
-    if (d->core.adm.limit[KV_G2] && d->core.adm.limit[KV_G2] < cap) cap = d->core.adm.limit[KV_G2];
-    g2->capacity += cap;
-    g2->used += a->used_bytes;
-    for (uint32_t k = 0; k < a->nclasses; k++) g2->blocks += a->cls[k].used;
-  }
+  for (uint32_t i = 0; i < d->reg.ntenants; i++)
+    add_arena(g2, &d->reg.tenants[i].arena, d->core.adm.limit[KV_G2]);
   g2->state = g2->capacity && g2->used >= g2->capacity ? "full" : "ok";
   tier_view *g3 = &s->t[KV_G3];
   s->g3_state = -1;

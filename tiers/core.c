@@ -21,6 +21,7 @@ int kv_core_init(kv_core *c, const kv_core_opts *o) {
   return kv_index_init(&c->ix, o && o->index_hint ? o->index_hint : 1024);
 }
 
+/* Frees the policies the core made for a's classes (NULL: none). */
 static void free_class_policies(kv_arena *a) {
   for (uint32_t k = 0; a && k < a->nclasses; k++) {
     kv_evict *e = a->cls[k].user;
@@ -34,15 +35,7 @@ static void free_class_policies(kv_arena *a) {
 void kv_core_fini(kv_core *c) {
   if (c->g3) kv_evict_fini(&c->g3_evict);
   free_class_policies(c->g1);
-  for (uint32_t i = 0; i < c->nns; i++) {
-    if (!c->ns[i].arena) continue;
-    kv_arena_class *k = &c->ns[i].arena->cls[c->ns[i].cls];
-    kv_evict *e = k->user;
-    if (!e) continue;
-    kv_evict_fini(e);
-    free(e);
-    k->user = NULL;
-  }
+  for (uint32_t i = 0; i < c->nns; i++) free_class_policies(c->ns[i].arena);
   free(c->ns);
   kv_index_fini(&c->ix);
   memset(c, 0, sizeof *c);
@@ -113,11 +106,15 @@ static inline kv_core_ns *ns_get(kv_core *c, uint32_t ns) {
   return ns < c->nns && c->ns[ns].live && c->ns[ns].arena ? &c->ns[ns] : NULL;
 }
 
-static kv_evict *policy_of(kv_core *c, const kv_block *b, kv_tier t) {
+kv_evict *kv_core__policy(kv_core *c, uint32_t ns, kv_tier t) {
   if (t == KV_G3) return c->g3 ? &c->g3_evict : NULL;
-  kv_core_ns *n = &c->ns[b->ns];
+  kv_core_ns *n = &c->ns[ns];
   if (t == KV_G1) return c->g1 && n->g1cls1 ? c->g1->cls[n->g1cls1 - 1].user : NULL;
-  return n->arena ? n->arena->cls[n->cls].user : NULL;
+  return n->arena && n->cls >= 0 ? n->arena->cls[n->cls].user : NULL;
+}
+
+static kv_evict *policy_of(kv_core *c, const kv_block *b, kv_tier t) {
+  return kv_core__policy(c, b->ns, t);
 }
 
 /* Whether evicting b from tier t would leave children of b in a faster
@@ -411,10 +408,10 @@ int kv_core_unpin(kv_core *c, kv_block *b) {
 int kv_core_delete(kv_core *c, kv_block *b) {
   if (b->pins || b->busy || b->state != KV_BS_READY) return -EBUSY;
   c->st.deletes++;
-  /* Each drop may reap the record: stop once it is gone. G2 goes last. */
+  /* Each drop may reap the record (its state turns free): stop then. G2
+   * goes last. */
   static const kv_tier order[] = {KV_G1, KV_G3, KV_G2};
-  kv_bid id = b->id;
-  for (unsigned i = 0; i < 3 && kv_index_at(&c->ix, id) == b && b->state == KV_BS_READY; i++)
+  for (unsigned i = 0; i < 3 && b->state == KV_BS_READY; i++)
     if (b->slot[order[i]] != KV_SLOT_NONE || order[i] == KV_G2) drop_tier(c, b, order[i]);
   return 0;
 }
@@ -455,9 +452,9 @@ uint64_t kv_core__mono_ns(void) {
   return (uint64_t)ts.tv_sec * 1000000000u + (uint64_t)ts.tv_nsec;
 }
 
-static void copied(kv_core *c, const g3_op *op, kv_tier from, kv_tier to, uint32_t bytes,
-                   int status) {
-  if (c->adm.on_copy) c->adm.on_copy(c->adm.on_copy_arg, from, to, bytes, kv_core__mono_ns() - op->t0, status);
+void kv_core__copied(kv_core *c, kv_tier from, kv_tier to, uint32_t bytes, uint64_t t0,
+                     int status) {
+  if (c->adm.on_copy) c->adm.on_copy(c->adm.on_copy_arg, from, to, bytes, kv_core__mono_ns() - t0, status);
 }
 
 static int admitted(kv_core *c, const kv_block *b) {
@@ -480,7 +477,7 @@ static void g3_written(int status, void *arg) {
   g3_op *op = arg;
   kv_core *c = op->c;
   kv_block *b = kv_index_at(&c->ix, op->bid);
-  copied(c, op, KV_G2, KV_G3, b->size, status);
+  kv_core__copied(c, KV_G2, KV_G3, b->size, op->t0, status);
   free(op);
   b->busy &= (uint8_t)~KV_TIER_BIT(KV_G3);
   if (status == 0) {
@@ -586,7 +583,7 @@ static void g3_read_done(int status, void *arg) {
   kv_block *b = kv_index_at(&c->ix, op->bid);
   kv_promote_cb cb = op->cb;
   void *cbarg = op->arg;
-  copied(c, op, KV_G3, KV_G2, b->size, status);
+  kv_core__copied(c, KV_G3, KV_G2, b->size, op->t0, status);
   free(op);
   b->busy &= (uint8_t)~KV_TIER_BIT(KV_G2);
   if (status == 0) {

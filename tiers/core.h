@@ -154,6 +154,11 @@ void kv_core__set_valid(kv_core *c, kv_block *b, kv_tier t);
 void kv_core__sync_all(kv_core *c, kv_block *b);
 void kv_core__reap(kv_core *c, kv_block *b);
 uint64_t kv_core__mono_ns(void); /* CLOCK_MONOTONIC, for kv_core_admin.on_copy */
+/* Tells kv_core_admin.on_copy of a copy started at t0 (kv_core__mono_ns). */
+void kv_core__copied(kv_core *c, kv_tier from, kv_tier to, uint32_t bytes, uint64_t t0,
+                     int status);
+/* The policy ranking namespace ns's blocks in tier t, or NULL. */
+kv_evict *kv_core__policy(kv_core *c, uint32_t ns, kv_tier t);
 int kv_core__alloc_g2_slot(kv_core *c, kv_core_ns *n, uint32_t *slot);
 
 struct kv_core_ns {

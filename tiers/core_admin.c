@@ -16,18 +16,6 @@
 #include "daemon/log.h"
 #include "tiers/core.h"
 
-static kv_evict *g2_policy_of_ns(kv_core *c, uint32_t ns) {
-  kv_core_ns *n = &c->ns[ns];
-  return n->arena && n->cls >= 0 ? n->arena->cls[n->cls].user : NULL;
-}
-
-/* The policy instance ranking namespace ns's blocks in tier t, or NULL. */
-static kv_evict *policy_of_ns(kv_core *c, uint32_t ns, kv_tier t) {
-  if (t == KV_G3) return c->g3 ? &c->g3_evict : NULL;
-  if (t == KV_G1) return c->g1 && c->ns[ns].g1cls1 ? c->g1->cls[c->ns[ns].g1cls1 - 1].user : NULL;
-  return g2_policy_of_ns(c, ns);
-}
-
 /* Block ids of every record for which keep(b) holds; *out is malloc'd. */
 static int64_t collect(kv_core *c, int (*keep)(const kv_block *b, const void *arg),
                        const void *arg, kv_bid **out) {
@@ -55,7 +43,7 @@ static int in_policy(const kv_block *b, const void *arg) {
 static uint32_t tier_policies(kv_core *c, kv_tier t, kv_evict **out, uint32_t max) {
   uint32_t n = 0;
   for (uint32_t i = 0; i < c->nns; i++) {
-    kv_evict *e = policy_of_ns(c, i, t);
+    kv_evict *e = kv_core__policy(c, i, t);
     if (!e) continue;
     uint32_t j = 0;
     while (j < n && out[j] != e) j++;
@@ -70,7 +58,7 @@ static int refill(kv_core *c, kv_evict *e, const kv_evict_ops *ops, kv_tier t,
   kv_tier tier = e->tier;
   for (int64_t i = 0; i < n; i++) { /* a rollback empties an instance already filled */
     kv_block *b = kv_index_at(&c->ix, v[i]);
-    if (policy_of_ns(c, b->ns, t) == e) b->inpol &= (uint8_t)~KV_TIER_BIT(t);
+    if (kv_core__policy(c, b->ns, t) == e) b->inpol &= (uint8_t)~KV_TIER_BIT(t);
   }
   kv_evict_fini(e);
   int rc = kv_evict_init(e, ops, &c->ix, tier);
@@ -78,7 +66,7 @@ static int refill(kv_core *c, kv_evict *e, const kv_evict_ops *ops, kv_tier t,
   for (int64_t i = 0; i < n; i++) {
     kv_block *b = kv_index_at(&c->ix, v[i]);
     if (b->inpol & KV_TIER_BIT(t)) continue; /* already moved */
-    if (policy_of_ns(c, b->ns, t) != e) continue;
+    if (kv_core__policy(c, b->ns, t) != e) continue;
     if (e->ops->add(e, b) == 0) b->inpol |= (uint8_t)KV_TIER_BIT(t);
     else kv_warn("core", "eviction policy out of memory: a block stays unevictable");
   }
@@ -108,7 +96,7 @@ int kv_core_set_policy(kv_core *c, const char *name) {
   for (int t = 0; t < KV_NTIERS; t++) {
     for (int64_t i = 0; i < nv[t]; i++) {
       kv_block *b = kv_index_at(&c->ix, v[t][i]);
-      kv_evict *e = policy_of_ns(c, b->ns, (kv_tier)t);
+      kv_evict *e = kv_core__policy(c, b->ns, (kv_tier)t);
       e->ops->remove(e, b);
       b->inpol &= (uint8_t)~KV_TIER_BIT(t);
     }
@@ -136,7 +124,7 @@ static kv_block *g2_victim(kv_core *c, const kv_arena *a) {
   kv_block *best = NULL;
   for (uint32_t i = 0; i < c->nns; i++) {
     if (a && c->ns[i].arena != a) continue;
-    kv_evict *e = g2_policy_of_ns(c, i);
+    kv_evict *e = kv_core__policy(c, i, KV_G2);
     kv_block *v = e ? e->ops->peek(e) : NULL;
     if (v && (!best || v->prio < best->prio || (v->prio == best->prio && v->atime < best->atime)))
       best = v;

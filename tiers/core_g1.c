@@ -36,6 +36,12 @@ static int g1_class(kv_core *c, kv_core_ns *n) {
   return cls;
 }
 
+static void set_busy(kv_core *c, kv_block *b, int on) {
+  if (on) b->busy |= BUSY_BOTH;
+  else b->busy &= (uint8_t)~BUSY_BOTH;
+  kv_core__sync_all(c, b);
+}
+
 /* Starts op's copy of b; both of b's slots are busy until it is over. */
 static int start_copy(kv_core *c, kv_block *b, g1_op *op) {
   g1_op *o = malloc(sizeof *o);
@@ -48,15 +54,8 @@ static int start_copy(kv_core *c, kv_block *b, g1_op *op) {
     free(o);
     return rc;
   }
-  b->busy |= BUSY_BOTH;
-  kv_core__sync_all(c, b);
+  set_busy(c, b, 1);
   return 0;
-}
-
-static void set_busy(kv_core *c, kv_block *b, int on) {
-  if (on) b->busy |= BUSY_BOTH;
-  else b->busy &= (uint8_t)~BUSY_BOTH;
-  kv_core__sync_all(c, b);
 }
 
 /* Makes room in G1 for w (cb, arg: its load's completion) with one victim
@@ -132,9 +131,7 @@ void kv_core_g1_done(kv_core *c, uint64_t tag, int status) {
   free(op);
   kv_block *b = kv_index_at(&c->ix, o.bid);
   b->busy &= (uint8_t)~BUSY_BOTH;
-  if (c->adm.on_copy)
-    c->adm.on_copy(c->adm.on_copy_arg, o.to_g1 ? KV_G2 : KV_G1, o.to_g1 ? KV_G1 : KV_G2, b->size,
-                   kv_core__mono_ns() - o.t0, status);
+  kv_core__copied(c, o.to_g1 ? KV_G2 : KV_G1, o.to_g1 ? KV_G1 : KV_G2, b->size, o.t0, status);
   if (o.to_g1) {
     if (status == 0) {
       c->st.g1_loads++;
@@ -161,5 +158,5 @@ void kv_core_g1_done(kv_core *c, uint64_t tag, int status) {
     kv_core__sync_all(c, b);
     resume(c, o.waiter, o.cb, o.arg, status);
   }
-  if (kv_index_at(&c->ix, o.bid) == b) kv_core__reap(c, b);
+  kv_core__reap(c, b);
 }
