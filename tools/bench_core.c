@@ -218,6 +218,7 @@ static json_t *rates_json(const replay_result *r) {
 typedef struct g3_result {
   replay_result r;
   uint64_t hits_g3, g3_writes, g3_bytes;
+  uint64_t promotions, promote_failed; /* G3 -> G2 reads that verified, and not */
 } g3_result;
 
 static void wait_promoted(kv_core *c, kv_block *b, int status, void *arg) { *(int *)arg = status; }
@@ -300,6 +301,8 @@ static int replay_g3(const kv_trace *t, const char *dir, const char *policy, kv_
   kv_g3_get_stats(g3, &gs);
   out->g3_writes = gs.writes;
   out->g3_bytes = gs.write_bytes;
+  out->promotions = core.st.promotions;
+  out->promote_failed = core.st.promote_failed;
   free(keys);
   free(tiers);
   kv_core_fini(&core);
@@ -308,12 +311,33 @@ static int replay_g3(const kv_trace *t, const char *dir, const char *policy, kv_
   return rc;
 }
 
+/* G2 and G3 capacities in blocks for fractions g2f and g3f of the unique
+ * blocks (G3 at least 64: the store keeps free slots ahead). */
+static void g3_caps(const kv_trace *t, double g2f, double g3f, uint32_t *g2cap, uint32_t *g3cap) {
+  *g2cap = (uint32_t)(g2f * (double)t->nunique + 0.5);
+  *g3cap = (uint32_t)(g3f * (double)t->nunique + 0.5);
+  if (*g2cap < 1) *g2cap = 1;
+  if (*g3cap < 64) *g3cap = 64;
+}
+
+/* One G2 + G3 replay's figures. */
+static json_t *g3_json(const g3_result *r, uint32_t g2cap, uint32_t g3cap) {
+  json_t *o = rates_json(&r->r);
+  json_object_set_new(o, "g2_blocks", json_integer(g2cap));
+  json_object_set_new(o, "g3_blocks", json_integer(g3cap));
+  json_object_set_new(o, "prefix_hits_from_g3", json_integer((json_int_t)r->hits_g3));
+  json_object_set_new(o, "g3_writes", json_integer((json_int_t)r->g3_writes));
+  json_object_set_new(o, "g3_writes_per_block_ref", json_real(r->r.refs ? (double)r->g3_writes / r->r.refs : 0));
+  json_object_set_new(o, "g3_promotions", json_integer((json_int_t)r->promotions));
+  json_object_set_new(o, "g3_promote_failed", json_integer((json_int_t)r->promote_failed));
+  return o;
+}
+
 static json_t *admission_json(const kv_trace *t, const char *dir, double g2f, double g3f, int human) {
   static const struct { kv_admit a; const char *name; } pols[] = {
       {KV_ADMIT_ALWAYS, "always"}, {KV_ADMIT_SECOND_USE, "second-use"}, {KV_ADMIT_MIN_PRIO, "min-prio"}};
-  uint32_t g2cap = (uint32_t)(g2f * (double)t->nunique + 0.5), g3cap = (uint32_t)(g3f * (double)t->nunique + 0.5);
-  if (g2cap < 1) g2cap = 1;
-  if (g3cap < 64) g3cap = 64;
+  uint32_t g2cap, g3cap;
+  g3_caps(t, g2f, g3f, &g2cap, &g3cap);
   json_t *arr = json_array();
   for (size_t i = 0; i < sizeof pols / sizeof pols[0]; i++) {
     g3_result r;
@@ -323,13 +347,8 @@ static json_t *admission_json(const kv_trace *t, const char *dir, double g2f, do
       json_decref(arr);
       return NULL;
     }
-    json_t *o = rates_json(&r.r);
+    json_t *o = g3_json(&r, g2cap, g3cap);
     json_object_set_new(o, "admit", json_string(pols[i].name));
-    json_object_set_new(o, "g2_blocks", json_integer(g2cap));
-    json_object_set_new(o, "g3_blocks", json_integer(g3cap));
-    json_object_set_new(o, "prefix_hits_from_g3", json_integer((json_int_t)r.hits_g3));
-    json_object_set_new(o, "g3_writes", json_integer((json_int_t)r.g3_writes));
-    json_object_set_new(o, "g3_writes_per_block_ref", json_real(r.r.refs ? (double)r.g3_writes / r.r.refs : 0));
     json_array_append_new(arr, o);
     if (human)
       fprintf(stderr, "admit %-10s G2 %u + G3 %u blocks: prefix hit %6.2f%%  SSD writes %llu (%.3f per block reference)\n",
@@ -344,9 +363,8 @@ static json_t *admission_json(const kv_trace *t, const char *dir, double g2f, do
  * both tiers, as in the daemon. */
 static json_t *g3_policies_json(const kv_trace *t, const char *dir, double g2f, double g3f,
                                 const char *const *policies, int npol, int human) {
-  uint32_t g2cap = (uint32_t)(g2f * (double)t->nunique + 0.5), g3cap = (uint32_t)(g3f * (double)t->nunique + 0.5);
-  if (g2cap < 1) g2cap = 1;
-  if (g3cap < 64) g3cap = 64;
+  uint32_t g2cap, g3cap;
+  g3_caps(t, g2f, g3f, &g2cap, &g3cap);
   json_t *o = json_object();
   for (int p = 0; p < npol; p++) {
     g3_result r;
@@ -356,12 +374,7 @@ static json_t *g3_policies_json(const kv_trace *t, const char *dir, double g2f, 
       json_decref(o);
       return NULL;
     }
-    json_t *x = rates_json(&r.r);
-    json_object_set_new(x, "g2_blocks", json_integer(g2cap));
-    json_object_set_new(x, "g3_blocks", json_integer(g3cap));
-    json_object_set_new(x, "prefix_hits_from_g3", json_integer((json_int_t)r.hits_g3));
-    json_object_set_new(x, "g3_writes", json_integer((json_int_t)r.g3_writes));
-    json_object_set_new(o, policies[p], x);
+    json_object_set_new(o, policies[p], g3_json(&r, g2cap, g3cap));
     if (human)
       fprintf(stderr, "policy %-7s G2 %u + G3 %u blocks: prefix hit %6.2f%%  (from G3 %llu)  SSD writes %llu\n",
               policies[p], g2cap, g3cap, 100.0 * r.r.prefix_hits / r.r.refs,

@@ -33,6 +33,8 @@ mkdir -p "$T/g3"
 expect_exit 0 "core-replay with a G3 tier runs" "$BIN/kvbench" core-replay --trace "$T/small.jsonl" --g3-dir "$T/g3" --json
 check "three admission policies reported" test "$(jq '.admission | length' "$T/out")" = 3
 check "each with a hit rate and SSD writes" test "$(jq '[.admission[] | has("prefix_hit_rate") and has("g3_writes")] | all' "$T/out")" = true
+check "blocks come back from G3, every one verified (its real checksum)" \
+  test "$(jq '[.admission[] | .g3_promotions > 0 and .g3_promote_failed == 0] | all' "$T/out")" = true
 check "second-use writes no more than always" test "$(jq '.admission[0].g3_writes >= .admission[1].g3_writes' "$T/out")" = true
 check "one policy: no per-policy G3 table" test "$(jq 'has("g3_by_policy")' "$T/out")" = false
 expect_exit 0 "core-replay with a G3 tier, every policy" "$BIN/kvbench" core-replay --trace "$T/small.jsonl" --g3-dir "$T/g3" --policy all --json
