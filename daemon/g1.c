@@ -52,6 +52,7 @@ int kvd_g1_open(kvd_g1 *g, const kv_config *c) {
     g->enc_len = kv_dev_export_encode(&g->x, g->enc, sizeof g->enc);
     if (g->enc_len < 0) rc = g->enc_len;
   }
+  if (rc == 0) rc = kv_dev_batcher_init(&g->batch, g->dev, 0);
   if (rc) {
     char msg[KV_DEV_REASON_MAX + 96];
     snprintf(msg, sizeof msg, "cannot make a %llu-byte pool on %s device %u: %s",
@@ -74,6 +75,7 @@ int kvd_g1_open(kvd_g1 *g, const kv_config *c) {
 }
 
 static void on_poll(uv_poll_t *h, int status, int events) { kvd_g1_reap(h->data); }
+static void on_prepare(uv_prepare_t *h) { kvd_g1_flush(h->data); }
 
 int kvd_g1_start(kvd_g1 *g, uv_loop_t *loop) {
   if (!g->on) return 0;
@@ -85,48 +87,82 @@ int kvd_g1_start(kvd_g1 *g, uv_loop_t *loop) {
     uv_close((uv_handle_t *)&g->poll, NULL);
     return rc;
   }
+  uv_prepare_init(loop, &g->prep); /* cannot fail */
+  g->prep.data = g;
+  uv_prepare_start(&g->prep, on_prepare);
   g->polling = 1;
   return 0;
 }
 
 void kvd_g1_stop(kvd_g1 *g) {
   if (!g->polling) return;
+  kvd_g1_flush(g);
   uv_poll_stop(&g->poll);
   uv_close((uv_handle_t *)&g->poll, NULL);
+  uv_prepare_stop(&g->prep);
+  uv_close((uv_handle_t *)&g->prep, NULL);
   g->polling = 0;
 }
 
+static uint64_t refused(const kvd_g1 *g) {
+  uint64_t n = 0;
+  for (int d = 0; d < KV_DEV_NDIR; d++) n += g->batch.refused[d];
+  return n;
+}
+
+void kvd_g1_flush(kvd_g1 *g) {
+  if (!g->on) return;
+  while (kv_dev_batch_queued(&g->batch) > 0) {
+    uint64_t before = refused(g);
+    kv_dev_batch_flush(&g->batch);
+    if (refused(g) > before)
+      kv_warn("g1", "the device refused %llu copies: %s", (unsigned long long)(refused(g) - before),
+              kv_dev_reason(g->dev)[0] ? kv_dev_reason(g->dev) : "no reason given");
+    kvd_g1_reap(g); /* refusals (and whatever is done), which may queue more */
+  }
+}
+
 unsigned kvd_g1_reap(kvd_g1 *g) {
-  if (!g->dev) return 0;
+  if (!g->on) return 0;
   kv_dev_done done[64];
-  unsigned n, total = 0;
-  while ((n = kv_dev_reap(g->dev, done, 64)) > 0) {
+  unsigned n, total = 0, failed = 0;
+  int first = 0;
+  while ((n = kv_dev_batch_reap(&g->batch, done, 64)) > 0) {
     for (unsigned i = 0; i < n; i++) {
-      if (done[i].status)
-        kv_warn("g1", "copy %llu failed: %s", (unsigned long long)done[i].tag,
-                kv_strerror(done[i].status));
+      if (done[i].status && failed++ == 0) first = done[i].status;
       if (g->done) g->done(g->done_arg, done[i].tag, done[i].status);
     }
     total += n;
   }
+  if (failed) kv_warn("g1", "%u of %u copies failed (%s)", failed, total, kv_strerror(first));
   g->reaped += total;
   return total;
 }
 
-void kvd_g1_close(kvd_g1 *g) {
-  if (!g->dev) return;
+/* Submits what is queued and waits until every copy is reaped. */
+static void drain(kvd_g1 *g) {
+  kvd_g1_flush(g);
   while (kv_dev_inflight(g->dev) > 0) {
     int rc = kv_dev_wait(g->dev, 1000);
     if (rc && rc != -ETIMEDOUT) break;
     kvd_g1_reap(g);
+    kvd_g1_flush(g);
   }
-  if (g->on) kv_arena_fini(&g->slots);
+}
+
+void kvd_g1_close(kvd_g1 *g) {
+  if (!g->dev) return;
+  if (g->on) {
+    drain(g);
+    kv_arena_fini(&g->slots);
+  }
   if (g->pool) {
     int rc = kv_dev_pool_destroy(g->dev, g->pool);
     if (rc) kv_warn("g1", "pool: %s (released with the device)", kv_strerror(rc));
   }
   g->pool = NULL;
   kv_dev_close(g->dev); /* also waits for anything still in flight */
+  if (g->on) kv_dev_batcher_fini(&g->batch);
   g->dev = NULL;
   g->x.fd = -1;
   g->on = 0;
@@ -136,10 +172,7 @@ void kvd_g1_close(kvd_g1 *g) {
 int kvd_g1_copy(void *arg, int to_g1, void *g1, void *g2, uint32_t bytes, uint64_t tag) {
   kvd_g1 *g = arg;
   kv_dev_copy cp = {.dst = to_g1 ? g1 : g2, .src = to_g1 ? g2 : g1, .bytes = bytes};
-  int rc = kv_dev_submit(g->dev, to_g1 ? KV_DEV_H2D : KV_DEV_D2H, &cp, 1, tag);
-  if (rc) kv_warn("g1", "a %s copy of %u bytes was refused: %s", to_g1 ? "G2->G1" : "G1->G2",
-                  bytes, kv_dev_reason(g->dev)[0] ? kv_dev_reason(g->dev) : kv_strerror(rc));
-  return rc;
+  return kv_dev_batch_add(&g->batch, to_g1 ? KV_DEV_H2D : KV_DEV_D2H, &cp, tag);
 }
 
 int kvd_g1_arena_register(void *base, size_t len, void *arg) {
@@ -158,11 +191,7 @@ int kvd_g1_arena_register(void *base, size_t len, void *arg) {
 void kvd_g1_arena_unregister(void *base, size_t len, void *arg) {
   kvd_g1 *g = arg;
   if (!g || !g->dev) return;
-  while (kv_dev_inflight(g->dev) > 0) {
-    int rc = kv_dev_wait(g->dev, 1000);
-    if (rc && rc != -ETIMEDOUT) break;
-    kvd_g1_reap(g);
-  }
+  if (g->on) drain(g);
   int rc = kv_dev_host_unregister(g->dev, base);
   if (rc) kv_warn("g1", "cannot unregister a G2 arena: %s", kv_strerror(rc));
   else g->arenas--;

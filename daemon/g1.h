@@ -23,12 +23,20 @@
  * (kv_arena_opts.memory), which the core hands out (kv_core_attach_g1 with
  * kvd_g1_copy as the mover, the kvd_g1 its arg).
  *
+ * Batches: kvd_g1_copy queues the copy (cuda/batch.h) and returns; the
+ * copies queued during one turn of the loop - every block of a LOAD, and
+ * of every LOAD read in that turn - go to the device as one submission per
+ * direction when kvd_g1_flush runs: from a uv_prepare, so before the loop
+ * blocks, and from every path that waits for the device.
+ *
  * Completions: kvd_g1_start puts the device's completion fd in a uv_poll on
  * the loop; each reaped {tag, status} goes to the dispatch hook (the
- * daemon's: kv_core_g1_done, then the LOADs waiting for room). kvd_g1_stop
- * closes the poll; kvd_g1_close waits for copies in flight, reaps them,
- * destroys the pool and closes the device. Every function is a no-op on a
- * kvd_g1 that is off. Owner: the loop thread.
+ * daemon's: kv_core_g1_done, then the LOADs waiting for room), one per
+ * copy, also for a copy the device refused at submit (never from inside
+ * kvd_g1_copy). kvd_g1_stop closes the poll and the prepare; kvd_g1_close
+ * submits what is queued, waits for copies in flight, reaps them, destroys
+ * the pool and closes the device. Every function is a no-op on a kvd_g1
+ * that is off. Owner: the loop thread.
  */
 #ifndef KV_DAEMON_G1_H
 #define KV_DAEMON_G1_H
@@ -37,6 +45,7 @@
 #include <stdint.h>
 #include <uv.h>
 
+#include "cuda/batch.h"
 #include "cuda/dev.h"
 #include "daemon/config.h"
 #include "tiers/arena.h"
@@ -57,7 +66,9 @@ typedef struct kvd_g1 {
   uint64_t reaped;             /* completions reaped */
   kvd_g1_done_fn done;         /* dispatch hook for reaped tags, or NULL */
   void *done_arg;
+  kv_dev_batcher batch;        /* copies queued for the next submission */
   uv_poll_t poll;
+  uv_prepare_t prep;           /* flushes the batch before the loop blocks */
   int polling;
 } kvd_g1;
 
@@ -71,11 +82,14 @@ void kvd_g1_stop(kvd_g1 *g);
 /* Reaps whatever is done (the poll's callback; callable directly). Returns
  * the count. */
 unsigned kvd_g1_reap(kvd_g1 *g);
+/* Submits the queued copies (one submission per direction) and delivers
+ * any the device refused; repeats while that queued more. */
+void kvd_g1_flush(kvd_g1 *g);
 /* Waits for copies in flight, destroys the pool, closes the device. */
 void kvd_g1_close(kvd_g1 *g);
 
-/* The core's mover (kv_g1_copy_fn): one copy on the direction's stream
- * under tag. 0 or kv_dev_submit's error. arg is the kvd_g1. */
+/* The core's mover (kv_g1_copy_fn): queues one copy for the direction's
+ * next submission under tag. 0 or -ENOMEM. arg is the kvd_g1. */
 int kvd_g1_copy(void *arg, int to_g1, void *g1, void *g2, uint32_t bytes, uint64_t tag);
 
 /* kv_arena_opts hooks; arg is the kvd_g1. */

@@ -369,6 +369,14 @@ int kvd_render_metrics(kvd *d, kv_buf *out) {
     "Block copies between G1 and G2 the device failed (a failed load is answered from G2; a failed write-back keeps the G1 copy).");
   P("kvcached_g1_copy_failures_total{dir=\"load\"} %llu\n", U(d->core.st.g1_load_failed));
   P("kvcached_g1_copy_failures_total{dir=\"writeback\"} %llu\n", U(d->core.st.g1_writeback_failed));
+  H("kvcached_g1_submissions_total", "counter",
+    "Submissions to the device's copy engine: the copies queued in one turn of the loop go as one per direction.");
+  P("kvcached_g1_submissions_total{dir=\"load\"} %llu\n", U(d->g1.batch.submissions[KV_DEV_H2D]));
+  P("kvcached_g1_submissions_total{dir=\"writeback\"} %llu\n", U(d->g1.batch.submissions[KV_DEV_D2H]));
+  H("kvcached_g1_copies_refused_total", "counter",
+    "Copies the device refused at submit (each fails alone: a refused submission is retried copy by copy).");
+  P("kvcached_g1_copies_refused_total{dir=\"load\"} %llu\n", U(d->g1.batch.refused[KV_DEV_H2D]));
+  P("kvcached_g1_copies_refused_total{dir=\"writeback\"} %llu\n", U(d->g1.batch.refused[KV_DEV_D2H]));
   H("kvcached_bad_frames_total", "counter", "Malformed frames received on the worker socket.");
   P("kvcached_bad_frames_total %llu\n", U(d->st.bad_frames));
   return 0;

@@ -75,6 +75,7 @@ static const char *c_conc(void) { return dc_concurrent(KV_DEV_CUDA); }
 static const char *c_refuse(void) { return dc_refusals(KV_DEV_CUDA); }
 static const char *c_inject(void) { return dc_inject(KV_DEV_CUDA); }
 static const char *c_close(void) { return dc_close_inflight(KV_DEV_CUDA); }
+static const char *c_batcher(void) { return dc_batcher(KV_DEV_CUDA); }
 static const char *c_random(void) { return dc_random(KV_DEV_CUDA, 2000, 777); }
 
 static const struct {
@@ -88,6 +89,7 @@ static const struct {
     {"fifo", c_fifo},                {"directions_at_once", c_conc},
     {"refusals", c_refuse},          {"injected_failure", c_inject},
     {"close_inflight", c_close},     {"random_vs_model", c_random},
+    {"batcher", c_batcher},
 };
 
 /* Runs fn in a child; its exit status (0 pass, 1 fail, 77 skip). */

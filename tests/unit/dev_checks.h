@@ -20,6 +20,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include "cuda/batch.h"
 #include "cuda/dev.h"
 #include "ipc/sock.h"
 
@@ -644,6 +645,128 @@ fail:
   dc_env_close(&e);
   free(mh);
   free(md);
+  return dc_msg;
+}
+
+/* ---- the batcher (cuda/batch.h) ------------------------------------------------ */
+
+/* Reaps `want` tags from b into out, a few at a time; -1 on a hang or on
+ * more than want. */
+static inline int dc_breap_n(kv_dev_batcher *b, kv_dev_done *out, unsigned want) {
+  unsigned got = 0;
+  while (got < want) {
+    unsigned k = kv_dev_batch_reap(b, out + got, want - got < 7 ? want - got : 7);
+    if (k == 0 && kv_dev_wait(b->dev, DC_HANG_MS) == -ETIMEDOUT) return -1;
+    got += k;
+  }
+  kv_dev_done extra;
+  return kv_dev_batch_reap(b, &extra, 1) == 0 ? 0 : -1;
+}
+
+/* Copies added one at a time go as one submission per direction; every tag
+ * comes back once with its submission's status; a submission refused whole
+ * is retried copy by copy so the bad copy fails alone, reaped before any
+ * wait; an injected failure reaches every tag of its submission; a
+ * direction that fills (max) is submitted at once; the bytes land. */
+static inline const char *dc_batcher(kv_dev_backend be) {
+  dc_env e;
+  kv_dev_batcher b;
+  memset(&b, 0, sizeof b);
+  enum { NH = 300, ND = 40, BLK = 4096 };
+  static kv_dev_done done[NH + ND];
+  uint8_t *want = NULL;
+  DC_OK(dc_env_open(&e, be, 4u << 20));
+  DC_OK(kv_dev_batcher_init(&b, e.d, 0));
+  DC_REQ(kv_dev_batcher_init(&b, e.d, KV_DEV_BATCH_MAX + 1) == -EINVAL, "max over the device's");
+  dc_fill(e.h, e.bytes, 9);
+  /* Device blocks NH.. hold a pattern to read back. */
+  DC_OK(dc_copy_wait(e.d, KV_DEV_H2D, e.dev + (size_t)NH * BLK, e.h + (size_t)NH * BLK,
+                     (size_t)ND * BLK));
+  want = malloc(e.bytes);
+  DC_REQ(want, "malloc");
+  memcpy(want, e.h, e.bytes);
+  for (unsigned i = 0; i < NH; i++) { /* host block i -> device block NH - 1 - i */
+    kv_dev_copy c = {e.dev + (size_t)(NH - 1 - i) * BLK, e.h + (size_t)i * BLK, BLK};
+    DC_OK(kv_dev_batch_add(&b, KV_DEV_H2D, &c, 1 + i));
+  }
+  for (unsigned i = 0; i < ND; i++) { /* device block NH + i -> host block 512 + i */
+    kv_dev_copy c = {e.h + (size_t)(512 + i) * BLK, e.dev + (size_t)(NH + i) * BLK, BLK};
+    DC_OK(kv_dev_batch_add(&b, KV_DEV_D2H, &c, 1001 + i));
+  }
+  kv_dev_copy zero = {e.dev, e.h, 0};
+  DC_REQ(kv_dev_batch_add(&b, KV_DEV_H2D, &zero, 7) == -EINVAL, "a copy of 0 bytes queued");
+  DC_REQ(kv_dev_batch_add(&b, (kv_dev_dir)KV_DEV_NDIR, &zero, 7) == -EINVAL, "a bad direction");
+  DC_REQ(kv_dev_inflight(e.d) == 0, "submitted before the flush: %u", kv_dev_inflight(e.d));
+  DC_REQ(kv_dev_batch_queued(&b) == NH + ND, "queued %u", kv_dev_batch_queued(&b));
+  DC_REQ(kv_dev_batch_reap(&b, done, 1) == 0, "reaped before the flush");
+  DC_REQ(kv_dev_batch_flush(&b) == 2, "not one submission per direction");
+  DC_REQ(kv_dev_inflight(e.d) == 2, "inflight %u", kv_dev_inflight(e.d));
+  DC_REQ(b.submissions[KV_DEV_H2D] == 1 && b.copies[KV_DEV_H2D] == NH, "H2D: %llu submissions, %llu copies",
+         (unsigned long long)b.submissions[KV_DEV_H2D], (unsigned long long)b.copies[KV_DEV_H2D]);
+  DC_REQ(kv_dev_batch_queued(&b) == 0 && kv_dev_batch_flush(&b) == 0, "a second flush submitted");
+  DC_REQ(dc_breap_n(&b, done, NH + ND) == 0, "reaping %u tags", NH + ND);
+  {
+    static unsigned seen[NH + ND];
+    memset(seen, 0, sizeof seen);
+    for (unsigned i = 0; i < NH + ND; i++) {
+      uint64_t t = done[i].tag;
+      DC_REQ(done[i].status == 0, "tag %llu: status %d", (unsigned long long)t, done[i].status);
+      DC_REQ((t >= 1 && t <= NH) || (t >= 1001 && t < 1001 + ND), "stray tag %llu", (unsigned long long)t);
+      seen[t <= NH ? t - 1 : NH + t - 1001]++;
+    }
+    for (unsigned i = 0; i < NH + ND; i++) DC_REQ(seen[i] == 1, "tag #%u reaped %u times", i, seen[i]);
+  }
+  DC_REQ(kv_dev_inflight(e.d) == 0, "inflight after reaping");
+  for (unsigned i = 0; i < ND; i++)
+    DC_REQ(!memcmp(e.h + (size_t)(512 + i) * BLK, want + (size_t)(NH + i) * BLK, BLK), "D2H block %u", i);
+  DC_OK(dc_copy_wait(e.d, KV_DEV_D2H, e.h + (size_t)600 * BLK, e.dev, (size_t)NH * BLK));
+  for (unsigned i = 0; i < NH; i++)
+    DC_REQ(!memcmp(e.h + (size_t)(600 + NH - 1 - i) * BLK, want + (size_t)i * BLK, BLK), "H2D block %u", i);
+
+  /* One copy from unregistered memory: the others go on without it. */
+  static uint8_t stray[BLK];
+  kv_dev_copy r[3] = {{e.dev, e.h, BLK}, {e.dev + BLK, stray, BLK}, {e.dev + 2 * BLK, e.h + BLK, BLK}};
+  for (unsigned i = 0; i < 3; i++) DC_OK(kv_dev_batch_add(&b, KV_DEV_H2D, &r[i], 50 + i));
+  DC_REQ(kv_dev_batch_flush(&b) == 2, "the good copies were not submitted");
+  DC_REQ(b.split[KV_DEV_H2D] == 1 && b.refused[KV_DEV_H2D] == 1, "split %llu refused %llu",
+         (unsigned long long)b.split[KV_DEV_H2D], (unsigned long long)b.refused[KV_DEV_H2D]);
+  DC_REQ(kv_dev_batch_reap(&b, done, 1) == 1 && done[0].tag == 51 && done[0].status == -EFAULT,
+         "the refused copy is not reaped first with -EFAULT (tag %llu, %d)", (unsigned long long)done[0].tag,
+         done[0].status);
+  DC_REQ(dc_breap_n(&b, done, 2) == 0, "the other two");
+  for (unsigned i = 0; i < 2; i++)
+    DC_REQ(done[i].tag != 51 && done[i].status == 0, "tag %llu: %d", (unsigned long long)done[i].tag, done[i].status);
+
+  /* An injected failure reaches every copy of its submission. */
+  DC_OK(kv_dev_inject_fail_next(e.d, -EIO));
+  for (unsigned i = 0; i < 4; i++) {
+    kv_dev_copy c = {e.dev + (size_t)i * BLK, e.h + (size_t)i * BLK, BLK};
+    DC_OK(kv_dev_batch_add(&b, KV_DEV_H2D, &c, 60 + i));
+  }
+  DC_REQ(kv_dev_batch_flush(&b) == 1, "one submission");
+  DC_REQ(dc_breap_n(&b, done, 4) == 0, "four tags");
+  for (unsigned i = 0; i < 4; i++) DC_REQ(done[i].status == -EIO, "tag %llu: %d", (unsigned long long)done[i].tag, done[i].status);
+  kv_dev_batcher_fini(&b);
+
+  /* A full direction is submitted at once. */
+  DC_OK(kv_dev_batcher_init(&b, e.d, 8));
+  for (unsigned i = 0; i < 20; i++) {
+    kv_dev_copy c = {e.dev + (size_t)i * BLK, e.h + (size_t)i * BLK, BLK};
+    DC_OK(kv_dev_batch_add(&b, KV_DEV_H2D, &c, 70 + i));
+  }
+  DC_REQ(b.submissions[KV_DEV_H2D] == 2 && kv_dev_batch_queued(&b) == 4, "%llu submissions, %u queued",
+         (unsigned long long)b.submissions[KV_DEV_H2D], kv_dev_batch_queued(&b));
+  DC_REQ(kv_dev_batch_flush(&b) == 1, "the rest");
+  DC_REQ(dc_breap_n(&b, done, 20) == 0, "twenty tags");
+  for (unsigned i = 0; i < 20; i++) DC_REQ(done[i].tag == 70 + i, "FIFO: #%u is %llu", i, (unsigned long long)done[i].tag);
+  kv_dev_batcher_fini(&b);
+  free(want);
+  dc_env_close(&e);
+  return NULL;
+fail:
+  kv_dev_batcher_fini(&b);
+  free(want);
+  dc_env_close(&e);
   return dc_msg;
 }
 

@@ -265,6 +265,8 @@ Test(g1, load_to_g1_and_write_back, .timeout = 60) {
   cr_assert_eq(metric_l("kvcached_tier_capacity_bytes{tier=\"g1\"}"), 2ll << 20);
   cr_assert_eq(metric_l("kvcached_tier_used_bytes{tier=\"g1\"}"), 16ll * OPS_BLOCK);
   cr_assert_eq(metric_l("kvcached_copy_bytes_total{direction=\"g2_to_g1\"}"), 16ll * OPS_BLOCK);
+  /* The LOAD's 16 copies went to the device as one submission. */
+  cr_assert_eq(metric_l("kvcached_g1_submissions_total{dir=\"load\"}"), 1);
   /* 32 new blocks push 1..16 out of G2: they live in G1 only. */
   ops_store(c, 17, 48);
   cr_assert_eq(metric_l("kvcached_evictions_total{tier=\"g2\"}"), 16);
@@ -277,6 +279,11 @@ Test(g1, load_to_g1_and_write_back, .timeout = 60) {
   cr_assert_eq(metric_l("kvcached_evictions_total{tier=\"g1\"}"), 8);
   cr_assert_eq(metric_l("kvcached_g1_copies_total{dir=\"writeback\"}"), 8);
   cr_assert_eq(metric_l("kvcached_copy_ops_total{direction=\"g1_to_g2\"}"), 8);
+  /* One submission for the 8 write-backs; the 8 loads they made room for
+   * went as one more (one per LOAD before: 16 + 16 + 8). */
+  cr_assert_eq(metric_l("kvcached_g1_submissions_total{dir=\"writeback\"}"), 1);
+  cr_assert_eq(metric_l("kvcached_g1_submissions_total{dir=\"load\"}"), 3);
+  cr_assert_eq(metric_l("kvcached_g1_copies_refused_total{dir=\"load\"}"), 0);
   cr_assert_eq(metric_l("kvcached_g1_copy_failures_total{dir=\"load\"}"), 0);
   for (uint64_t v = 1; v <= 8; v++) cr_assert_eq(tier_of(c, v), KVC_G2, "block %llu written back", (unsigned long long)v);
   cr_assert_eq(tier_of(c, 9), KVC_G1);

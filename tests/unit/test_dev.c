@@ -130,6 +130,7 @@ Test(dev, directions_at_once) { CHECK(dc_concurrent(KV_DEV_SIM)); }
 Test(dev, refusals_and_the_reuse_guards) { CHECK(dc_refusals(KV_DEV_SIM)); }
 Test(dev, injected_failure_is_reaped) { CHECK(dc_inject(KV_DEV_SIM)); }
 Test(dev, close_waits_for_copies_in_flight) { CHECK(dc_close_inflight(KV_DEV_SIM)); }
+Test(dev, batcher_many_copies_per_submission) { CHECK(dc_batcher(KV_DEV_SIM)); }
 Test(dev, random_copies_match_a_model) { CHECK(dc_random(KV_DEV_SIM, 400, 12345)); }
 
 /* The completion fd works under a plain poll loop with copies in flight on
