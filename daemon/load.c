@@ -62,7 +62,7 @@ static void fill(kvd_load *ld, uint32_t i, const kv_block *b, kv_tier t) {
   kv_load_ent *e = &ld->ent[i];
   e->status = 0;
   e->tier = (uint8_t)t;
-  e->offset = kv_arena_offset(b->slot[t]);
+  e->offset = t == KV_G1 ? kv_core_g1_offset(b) : kv_arena_offset(b->slot[t]);
   e->length = b->size;
 }
 
@@ -129,7 +129,7 @@ static int start(kvd_load *ld, uint32_t i) {
   kv_block *b = kv_index_at(&core->ix, ld->bid[i]);
   int rc = kv_core_promote(core, b, promoted, &ld->keys[i]);
   if (rc == 1 && ld->target == KV_G1) {
-    rc = kv_core_promote_g1(core, b, copied_up, &ld->keys[i]);
+    rc = kv_core_promote_g1(core, b, 0, copied_up, &ld->keys[i]);
     if (rc == 1) { fill(ld, i, b, KV_G1); return 0; }
   } else if (rc == 1) {
     fill(ld, i, b, KV_G2);
@@ -157,7 +157,7 @@ int kvd_op_load(kvd *d, kvd_sink *sink, const kv_msg *req, kv_buf *out) {
   kvd_session *s = sink->sess;
   int rc = kvd_load_keys(d, &br->keys);
   if (rc) return kvd_fail(out, req, rc, NULL);
-  if (br->tier == KV_G1 && !d->core.g1)
+  if (br->tier == KV_G1 && !d->core.ng1)
     return kvd_fail(out, req, -ENODEV, d->g1.reason[0] ? d->g1.reason : "G1 is off");
   uint32_t n = br->keys.n;
   kvd_load *ld = calloc(1, sizeof *ld);

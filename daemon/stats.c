@@ -195,10 +195,10 @@ static void add_arena(tier_view *v, const kv_arena *a, uint64_t limit) {
 static void take(kvd *d, snapshot *s) {
   memset(s, 0, sizeof *s);
   s->t[KV_G1].state = "off";
-  if (d->core.g1) {
+  if (d->core.ng1) {
     tier_view *g1 = &s->t[KV_G1];
     g1->enabled = 1;
-    add_arena(g1, d->core.g1, 0);
+    for (uint32_t p = 0; p < d->core.ng1; p++) add_arena(g1, d->core.g1[p], 0);
     g1->state = g1->used >= g1->capacity ? "full" : "ok";
   }
   tier_view *g2 = &s->t[KV_G2];

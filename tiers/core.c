@@ -34,7 +34,7 @@ static void free_class_policies(kv_arena *a) {
 
 void kv_core_fini(kv_core *c) {
   if (c->g3) kv_evict_fini(&c->g3_evict);
-  free_class_policies(c->g1);
+  for (uint32_t p = 0; p < c->ng1; p++) free_class_policies(c->g1[p]);
   for (uint32_t i = 0; i < c->nns; i++) free_class_policies(c->ns[i].arena);
   free(c->ns);
   kv_index_fini(&c->ix);
@@ -106,15 +106,21 @@ static inline kv_core_ns *ns_get(kv_core *c, uint32_t ns) {
   return ns < c->nns && c->ns[ns].live && c->ns[ns].arena ? &c->ns[ns] : NULL;
 }
 
-kv_evict *kv_core__policy(kv_core *c, uint32_t ns, kv_tier t) {
+kv_evict *kv_core__policy(kv_core *c, uint32_t ns, kv_tier t, unsigned pool) {
   if (t == KV_G3) return c->g3 ? &c->g3_evict : NULL;
   kv_core_ns *n = &c->ns[ns];
-  if (t == KV_G1) return c->g1 && n->g1cls1 ? c->g1->cls[n->g1cls1 - 1].user : NULL;
+  if (t == KV_G1)
+    return pool < c->ng1 && n->g1cls1[pool] ? c->g1[pool]->cls[n->g1cls1[pool] - 1].user : NULL;
   return n->arena && n->cls >= 0 ? n->arena->cls[n->cls].user : NULL;
 }
 
+kv_evict *kv_core__policy_of(kv_core *c, const kv_block *b, kv_tier t) {
+  unsigned pool = t == KV_G1 && b->slot[KV_G1] != KV_SLOT_NONE ? kv_g1_pool_of(b->slot[KV_G1]) : 0;
+  return kv_core__policy(c, b->ns, t, pool);
+}
+
 static kv_evict *policy_of(kv_core *c, const kv_block *b, kv_tier t) {
-  return kv_core__policy(c, b->ns, t);
+  return kv_core__policy_of(c, b, t);
 }
 
 /* Whether evicting b from tier t would leave children of b in a faster
@@ -223,7 +229,7 @@ static void drop_tier(kv_core *c, kv_block *b, kv_tier t) {
     if (t == KV_G2) {
       rc = kv_arena_free(c->ns[b->ns].arena, b->slot[KV_G2]);
     } else if (t == KV_G1) {
-      rc = kv_arena_free(c->g1, b->slot[KV_G1]);
+      rc = kv_arena_free(c->g1[kv_g1_pool_of(b->slot[KV_G1])], kv_g1_slot_of(b->slot[KV_G1]));
     } else if (t == KV_G3) {
       kv_g3_key k;
       g3_key_of(c, b, &k);

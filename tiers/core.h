@@ -37,9 +37,17 @@ typedef struct kv_core kv_core;
 
 typedef int (*kv_demote_fn)(kv_core *c, kv_block *b, kv_tier from, void *arg);
 
-/* G1's mover (kv_core_attach_g1). */
+/* G1's mover (kv_core_attach_g1); arg is the one given with the pool. */
 typedef int (*kv_g1_copy_fn)(void *arg, int to_g1, void *g1, void *g2, uint32_t bytes,
                              uint64_t tag);
+
+/* G1 pools: one per device. A block's G1 slot names its pool in the top
+ * bits and the slot in that pool's arena below (kv_g1_pool_of,
+ * kv_g1_slot_of): a pool holds at most 2^29 - 1 slots (2 TiB). */
+#define KV_G1_POOLS_MAX 8
+#define KV_G1_SLOT_BITS 29
+static inline unsigned kv_g1_pool_of(uint32_t s) { return s >> KV_G1_SLOT_BITS; }
+static inline uint32_t kv_g1_slot_of(uint32_t s) { return s & ((1u << KV_G1_SLOT_BITS) - 1); }
 
 typedef struct kv_core_opts {
   const char *policy;   /* eviction policy name; NULL: kv_evict_default */
@@ -157,14 +165,17 @@ uint64_t kv_core__mono_ns(void); /* CLOCK_MONOTONIC, for kv_core_admin.on_copy *
 /* Tells kv_core_admin.on_copy of a copy started at t0 (kv_core__mono_ns). */
 void kv_core__copied(kv_core *c, kv_tier from, kv_tier to, uint32_t bytes, uint64_t t0,
                      int status);
-/* The policy ranking namespace ns's blocks in tier t, or NULL. */
-kv_evict *kv_core__policy(kv_core *c, uint32_t ns, kv_tier t);
+/* The policy ranking namespace ns's blocks in tier t (for G1: in G1 pool
+ * `pool`; ignored for the other tiers), or NULL. */
+kv_evict *kv_core__policy(kv_core *c, uint32_t ns, kv_tier t, unsigned pool);
+/* The policy that ranks b in tier t (for G1, that of b's pool), or NULL. */
+kv_evict *kv_core__policy_of(kv_core *c, const kv_block *b, kv_tier t);
 int kv_core__alloc_g2_slot(kv_core *c, kv_core_ns *n, uint32_t *slot);
 
 struct kv_core_ns {
   kv_arena *arena;      /* NULL while dormant (known from G3, no HELLO yet) */
   int cls;              /* arena size class of its blocks */
-  int g1cls1;           /* 1 + its class in G1's pool; 0 until first needed */
+  int g1cls1[KV_G1_POOLS_MAX]; /* 1 + its class in each G1 pool; 0 until first needed */
   uint32_t block_bytes;
   int live;
   int has_digest;
@@ -186,17 +197,19 @@ struct kv_core {
   kv_core_g3_opts g3o;
   uint64_t g3_seq;      /* last sequence number written to G3 */
   kv_core_admin adm;    /* operator state: limits, copy observer (core_admin.c) */
-  kv_arena *g1;         /* NULL: no GPU tier; else the slots of its pool */
+  uint32_t ng1;         /* G1 pools attached (0: no GPU tier) */
+  kv_arena *g1[KV_G1_POOLS_MAX]; /* the slots of each pool */
+  void *g1_arg[KV_G1_POOLS_MAX]; /* the mover's arg for each */
   kv_g1_copy_fn g1_copy;
-  void *g1_arg;
   uint32_t g1_writing;  /* G1 -> G2 write-backs in flight */
 };
 
 /* --- the GPU tier (tiers/core_g1.c) -------------------------------------
  *
- * G1 is a device pool whose slots the core hands out like G2's (an arena
- * made with kv_arena_opts.memory = the pool, so it never touches the
- * bytes). The core moves blocks with a copy function its owner gives (the
+ * G1 is one pool per device, whose slots the core hands out like G2's (an
+ * arena made with kv_arena_opts.memory = the pool, so it never touches the
+ * bytes). A block is in at most one pool at a time: the one of the device
+ * whose worker loaded it; each pool has its own policies and victims. The core moves blocks with a copy function its owner gives (the
  * daemon: cuda/dev.h's copy engine): to_g1 1 copies bytes from g2 to g1,
  * 0 from g1 to g2; the owner calls kv_core_g1_done(tag, status) on the
  * loop's thread when the copy is over. A copy function that fails returns
@@ -208,31 +221,40 @@ struct kv_core {
  * module as the other tiers, lose their G1 copy at once when G2 still
  * holds the block, else are written back to a G2 slot first (a G1 -> G2
  * copy; G2 makes room as a store would, demoting to G3). */
-/* Attaches G1: pool is an arena over the device pool, copy the mover.
- * 0, -EINVAL (already attached, NULL). */
+/* Attaches one G1 pool: an arena over a device's pool, the mover (the same
+ * for every pool) and its arg for this pool. Returns the pool's index (0
+ * for the first, in order), -EINVAL (NULL, another mover), -ENOSPC
+ * (KV_G1_POOLS_MAX pools already) or -EFBIG (more slots than a G1 slot
+ * can name). */
 int kv_core_attach_g1(kv_core *c, kv_arena *pool, kv_g1_copy_fn copy, void *arg);
 
-/* Brings a block valid in G2 up to G1: a G1 slot (evicting as above), then
- * a G2 -> G1 copy; cb(status) runs from kv_core_g1_done. Returns 0 when
- * started, 1 when b is already valid in G1 (no callback), or at once:
+/* Brings a block valid in G2 up to G1 pool `pool`: a slot there (evicting
+ * as above), then a G2 -> G1 copy; cb(status) runs from kv_core_g1_done.
+ * Returns 0 when started, 1 when b is already valid in that pool (no
+ * callback), or at once: -EXDEV (b is in another pool's G1: read it from
+ * G2 when it is valid there; it moves when that pool evicts it),
  * KV_ENOTFOUND (not valid in G2: promote it there first), -EBUSY (a copy
  * of b is in flight, or its load waits for a write-back), -EAGAIN (a
  * write-back needs G2 room that a demotion to G3 in flight will free),
  * KV_EALLPINNED (G1 full of pinned blocks), KV_ETOOBIG (block larger than
- * a pool page), -EINVAL (no G1, dormant namespace), or the copy
+ * a pool page), -EINVAL (no such pool, dormant namespace), or the copy
  * function's error. When G1 is full and its victim must be written back,
  * b's load is chained to that write-back (0: started) and takes the slot
  * it frees; cb then reports the load. The caller should hold a pin on b. */
 typedef void (*kv_promote_cb)(kv_core *c, kv_block *b, int status, void *arg);
-int kv_core_promote_g1(kv_core *c, kv_block *b, kv_promote_cb cb, void *arg);
+int kv_core_promote_g1(kv_core *c, kv_block *b, unsigned pool, kv_promote_cb cb, void *arg);
 
 /* A copy started through kv_g1_copy_fn is over (status 0 or -errno). */
 void kv_core_g1_done(kv_core *c, uint64_t tag, int status);
 
-/* The device address of b's G1 slot, or NULL. */
+/* The device address of b's G1 slot (in its pool), or NULL. */
 static inline void *kv_core_g1_ptr(const kv_core *c, const kv_block *b) {
-  if (!c->g1 || b->slot[KV_G1] == KV_SLOT_NONE) return 0;
-  return kv_arena_ptr(c->g1, b->slot[KV_G1]);
+  if (b->slot[KV_G1] == KV_SLOT_NONE || kv_g1_pool_of(b->slot[KV_G1]) >= c->ng1) return 0;
+  return kv_arena_ptr(c->g1[kv_g1_pool_of(b->slot[KV_G1])], kv_g1_slot_of(b->slot[KV_G1]));
+}
+/* b's offset in its G1 pool (b must have a G1 slot). */
+static inline uint64_t kv_core_g1_offset(const kv_block *b) {
+  return kv_arena_offset(kv_g1_slot_of(b->slot[KV_G1]));
 }
 
 /* 0, -EINVAL (unknown policy name) or -ENOMEM. */

@@ -42,12 +42,15 @@ static int in_policy(const kv_block *b, const void *arg) {
 /* The distinct policy instances of tier t (one per class in use). */
 static uint32_t tier_policies(kv_core *c, kv_tier t, kv_evict **out, uint32_t max) {
   uint32_t n = 0;
+  unsigned pools = t == KV_G1 ? c->ng1 : 1;
   for (uint32_t i = 0; i < c->nns; i++) {
-    kv_evict *e = kv_core__policy(c, i, t);
-    if (!e) continue;
-    uint32_t j = 0;
-    while (j < n && out[j] != e) j++;
-    if (j == n && n < max) out[n++] = e;
+    for (unsigned p = 0; p < pools; p++) {
+      kv_evict *e = kv_core__policy(c, i, t, p);
+      if (!e) continue;
+      uint32_t j = 0;
+      while (j < n && out[j] != e) j++;
+      if (j == n && n < max) out[n++] = e;
+    }
   }
   return n;
 }
@@ -58,7 +61,7 @@ static int refill(kv_core *c, kv_evict *e, const kv_evict_ops *ops, kv_tier t,
   kv_tier tier = e->tier;
   for (int64_t i = 0; i < n; i++) { /* a rollback empties an instance already filled */
     kv_block *b = kv_index_at(&c->ix, v[i]);
-    if (kv_core__policy(c, b->ns, t) == e) b->inpol &= (uint8_t)~KV_TIER_BIT(t);
+    if (kv_core__policy_of(c, b, t) == e) b->inpol &= (uint8_t)~KV_TIER_BIT(t);
   }
   kv_evict_fini(e);
   int rc = kv_evict_init(e, ops, &c->ix, tier);
@@ -66,7 +69,7 @@ static int refill(kv_core *c, kv_evict *e, const kv_evict_ops *ops, kv_tier t,
   for (int64_t i = 0; i < n; i++) {
     kv_block *b = kv_index_at(&c->ix, v[i]);
     if (b->inpol & KV_TIER_BIT(t)) continue; /* already moved */
-    if (kv_core__policy(c, b->ns, t) != e) continue;
+    if (kv_core__policy_of(c, b, t) != e) continue;
     if (e->ops->add(e, b) == 0) b->inpol |= (uint8_t)KV_TIER_BIT(t);
     else kv_warn("core", "eviction policy out of memory: a block stays unevictable");
   }
@@ -96,7 +99,7 @@ int kv_core_set_policy(kv_core *c, const char *name) {
   for (int t = 0; t < KV_NTIERS; t++) {
     for (int64_t i = 0; i < nv[t]; i++) {
       kv_block *b = kv_index_at(&c->ix, v[t][i]);
-      kv_evict *e = kv_core__policy(c, b->ns, (kv_tier)t);
+      kv_evict *e = kv_core__policy_of(c, b, (kv_tier)t);
       e->ops->remove(e, b);
       b->inpol &= (uint8_t)~KV_TIER_BIT(t);
     }
@@ -124,7 +127,7 @@ static kv_block *g2_victim(kv_core *c, const kv_arena *a) {
   kv_block *best = NULL;
   for (uint32_t i = 0; i < c->nns; i++) {
     if (a && c->ns[i].arena != a) continue;
-    kv_evict *e = kv_core__policy(c, i, KV_G2);
+    kv_evict *e = kv_core__policy(c, i, KV_G2, 0);
     kv_block *v = e ? e->ops->peek(e) : NULL;
     if (v && (!best || v->prio < best->prio || (v->prio == best->prio && v->atime < best->atime)))
       best = v;

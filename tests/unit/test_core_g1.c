@@ -108,14 +108,16 @@ static void on_done(kv_core *c, kv_block *b, int status, void *arg) {
 }
 
 /* Loads v into G1 and runs the copies; asserts it got there. */
-static void load_up(fx *f, uint64_t v) {
+static void load_to(fx *f, uint64_t v, unsigned pool) {
   done d = {0, 0};
-  cr_assert_eq(kv_core_promote_g1(&f->core, find(f, v), on_done, &d), 0, "load %llu", (unsigned long long)v);
+  cr_assert_eq(kv_core_promote_g1(&f->core, find(f, v), pool, on_done, &d), 0, "load %llu", (unsigned long long)v);
   run_copies(f);
   cr_assert_eq(d.called, 1);
   cr_assert_eq(d.status, 0);
   cr_assert_eq(tier_of(f, v), KV_G1);
+  cr_assert_eq(kv_g1_pool_of(find(f, v)->slot[KV_G1]), pool);
 }
+static void load_up(fx *f, uint64_t v) { load_to(f, v, 0); }
 
 static int all_bytes(const uint8_t *p, uint8_t v) {
   for (uint32_t i = 0; i < BLK; i++)
@@ -129,12 +131,12 @@ Test(core_g1, a_load_copies_from_g2_and_keeps_both_copies) {
   store(&f, 7);
   kv_block *b = find(&f, 7);
   done d = {0, 0};
-  cr_assert_eq(kv_core_promote_g1(&f.core, b, on_done, &d), 0);
+  cr_assert_eq(kv_core_promote_g1(&f.core, b, 0, on_done, &d), 0);
   cr_assert_eq(f.nq, 1);
   cr_assert(f.q[0].to_g1);
   cr_assert_eq(tier_of(&f, 7), KV_G2, "not valid in G1 before the copy is over");
   cr_assert(!(b->inpol & KV_TIER_BIT(KV_G2)), "the source is not evictable while read");
-  cr_assert_eq(kv_core_promote_g1(&f.core, b, on_done, &d), -EBUSY);
+  cr_assert_eq(kv_core_promote_g1(&f.core, b, 0, on_done, &d), -EBUSY);
   cr_assert_eq(run_copies(&f), 1);
   cr_assert_eq(d.called, 1);
   cr_assert_eq(d.status, 0);
@@ -143,7 +145,7 @@ Test(core_g1, a_load_copies_from_g2_and_keeps_both_copies) {
   cr_assert(all_bytes(kv_core_g1_ptr(&f.core, b), 7));
   cr_assert(b->inpol & KV_TIER_BIT(KV_G1));
   cr_assert(b->inpol & KV_TIER_BIT(KV_G2));
-  cr_assert_eq(kv_core_promote_g1(&f.core, b, on_done, &d), 1, "already there");
+  cr_assert_eq(kv_core_promote_g1(&f.core, b, 0, on_done, &d), 1, "already there");
   cr_assert_eq(f.core.st.g1_loads, 1);
   teardown(&f);
 }
@@ -178,11 +180,11 @@ Test(core_g1, a_victim_in_g1_only_is_written_back_to_g2_first) {
   /* G1's one slot holds 1: it must go down to G2 (where 3 makes room),
    * and 2's load waits for exactly that slot. */
   d.called = 0;
-  cr_assert_eq(kv_core_promote_g1(&f.core, b2, on_done, &d), 0);
+  cr_assert_eq(kv_core_promote_g1(&f.core, b2, 0, on_done, &d), 0);
   cr_assert_eq(f.nq, 1);
   cr_assert(!f.q[0].to_g1, "a write-back first");
   cr_assert_eq(tier_of(&f, 1), KV_G1, "readable in G1 while written back");
-  cr_assert_eq(kv_core_promote_g1(&f.core, b2, on_done, &d), -EBUSY, "its load is under way");
+  cr_assert_eq(kv_core_promote_g1(&f.core, b2, 0, on_done, &d), -EBUSY, "its load is under way");
   cr_assert(!(b2->inpol & KV_TIER_BIT(KV_G2)), "the waiting load's source stays put");
   cr_assert_eq(run_copies(&f), 2, "the write-back, then the load into the slot it freed");
   cr_assert_eq(d.called, 1);
@@ -205,12 +207,12 @@ Test(core_g1, device_failures_lose_nothing) {
   kv_block *b = find(&f, 5);
   done d = {0, 0};
   f.fail_submit = 1;
-  cr_assert_eq(kv_core_promote_g1(&f.core, b, on_done, &d), -EIO);
+  cr_assert_eq(kv_core_promote_g1(&f.core, b, 0, on_done, &d), -EIO);
   cr_assert_eq(b->slot[KV_G1], KV_SLOT_NONE, "the slot was given back");
   cr_assert_eq(b->busy, 0);
   f.fail_submit = 0;
   f.fail_copy = 1;
-  cr_assert_eq(kv_core_promote_g1(&f.core, b, on_done, &d), 0);
+  cr_assert_eq(kv_core_promote_g1(&f.core, b, 0, on_done, &d), 0);
   run_copies(&f);
   cr_assert_eq(d.status, -EIO);
   cr_assert_eq(tier_of(&f, 5), KV_G2, "still served from G2");
@@ -230,7 +232,7 @@ Test(core_g1, pinned_blocks_stay_in_g1) {
   kv_block *b1 = find(&f, 1);
   load_up(&f, 1);
   kv_core_pin(&f.core, b1);
-  cr_assert_eq(kv_core_promote_g1(&f.core, find(&f, 2), on_done, &d), KV_EALLPINNED);
+  cr_assert_eq(kv_core_promote_g1(&f.core, find(&f, 2), 0, on_done, &d), KV_EALLPINNED);
   kv_core_unpin(&f.core, b1);
   load_up(&f, 2);
   teardown(&f);
@@ -256,4 +258,58 @@ Test(core_g1, delete_and_policy_switch_cover_g1) {
   cr_assert_eq(f.core.st.evictions[KV_G1], 1);
   cr_assert_eq(tier_of(&f, 4), KV_G1);
   teardown(&f);
+}
+
+static int other_mover(void *arg, int to_g1, void *g1, void *g2, uint32_t bytes, uint64_t tag) {
+  return -EIO;
+}
+
+/* Two devices, two pools: a block goes to the pool it is loaded to, each
+ * pool evicts among its own blocks only, a block in one pool is not
+ * loaded to the other (-EXDEV), and delete and a policy switch cover both. */
+Test(core_g1, one_pool_per_device) {
+  fx f;
+  setup(&f, 16, 2);
+  uint8_t *mem2 = calloc(2, BLK);
+  kv_arena p2;
+  kv_arena_opts o = {.capacity = 2 * BLK, .page_bytes = BLK, .memory = mem2};
+  cr_assert_eq(kv_arena_init(&p2, &o), 0);
+  cr_assert_eq(kv_core_attach_g1(&f.core, &p2, other_mover, &f), -EINVAL, "one mover");
+  cr_assert_eq(kv_core_attach_g1(&f.core, &p2, mover, &f), 1, "the second pool's index");
+  cr_assert_eq(f.core.ng1, 2);
+  done d = {0, 0};
+  for (uint64_t v = 1; v <= 6; v++) store(&f, v);
+  cr_assert_eq(kv_core_promote_g1(&f.core, find(&f, 1), 2, on_done, &d), -EINVAL, "no pool 2");
+  load_to(&f, 1, 0);
+  load_to(&f, 2, 0);
+  load_to(&f, 3, 1);
+  load_to(&f, 4, 1);
+  uint8_t *p3 = kv_core_g1_ptr(&f.core, find(&f, 3));
+  cr_assert(p3 >= mem2 && p3 < mem2 + 2 * BLK, "block 3 is not in the second pool's memory");
+  cr_assert(all_bytes(p3, 3));
+  cr_assert(all_bytes(kv_core_g1_ptr(&f.core, find(&f, 1)), 1));
+  cr_assert_eq(kv_core_g1_offset(find(&f, 4)) + (uint64_t)mem2, (uint64_t)kv_core_g1_ptr(&f.core, find(&f, 4)));
+  cr_assert_eq(kv_core_promote_g1(&f.core, find(&f, 1), 1, on_done, &d), -EXDEV);
+  cr_assert_eq(kv_core_promote_g1(&f.core, find(&f, 3), 1, on_done, &d), 1, "already there");
+  /* Pool 1 is full: its victim is 3, its least recent; pool 0 keeps 1 and 2. */
+  load_to(&f, 5, 1);
+  cr_assert_eq(f.core.st.evictions[KV_G1], 1);
+  cr_assert_eq(tier_of(&f, 3), KV_G2);
+  cr_assert_eq(tier_of(&f, 1), KV_G1);
+  cr_assert_eq(tier_of(&f, 2), KV_G1);
+  /* 3 may now go to pool 0, whose victim is 1. */
+  load_to(&f, 3, 0);
+  cr_assert_eq(tier_of(&f, 1), KV_G2);
+  cr_assert_eq(tier_of(&f, 4), KV_G1);
+  cr_assert_eq(kv_core_set_policy(&f.core, "arc"), 0);
+  cr_assert(find(&f, 5)->inpol & KV_TIER_BIT(KV_G1), "pool 1's blocks are still evictable");
+  cr_assert_eq(kv_core_delete(&f.core, find(&f, 5)), 0);
+  cr_assert_eq(kv_arena_room(&p2, 0), 1, "its slot in pool 1 is free");
+  cr_assert_eq(kv_arena_room(&f.g1, 0), 0, "pool 0 untouched");
+  load_to(&f, 6, 1);
+  load_to(&f, 1, 1); /* pool 1 evicts (4) through the new policy */
+  cr_assert_eq(tier_of(&f, 4), KV_G2);
+  teardown(&f);
+  kv_arena_fini(&p2);
+  free(mem2);
 }

@@ -151,6 +151,14 @@ Test(core_g3, victims_are_demoted_and_promoted_back_verified) {
   teardown(&f);
 }
 
+/* Where a G3 slot's bytes are on disk (kv_g3_foreach's callback). */
+typedef struct { uint32_t slot; uint64_t off; uint32_t file; } g3_loc;
+static int find_slot(const kv_g3_entry *e, void *arg) {
+  g3_loc *x = arg;
+  if (e->slot == x->slot) { x->off = e->offset; x->file = e->file; return 1; }
+  return 0;
+}
+
 Test(core_g3, corrupt_ssd_bytes_are_never_served) {
   fx f;
   setup(&f, 2, 16, KV_ADMIT_ALWAYS);
@@ -160,14 +168,8 @@ Test(core_g3, corrupt_ssd_bytes_are_never_served) {
   /* Flip a byte of block 1's payload in the file. */
   kv_key k = K(1);
   kv_block *b = kv_core_find(&f.core, (uint32_t)f.ns, &k);
-  typedef struct { uint32_t slot; uint64_t off; uint32_t file; } loc;
-  loc l = {b->slot[KV_G3], 0, 0};
-  int find(const kv_g3_entry *e, void *arg) {
-    loc *x = arg;
-    if (e->slot == x->slot) { x->off = e->offset; x->file = e->file; return 1; }
-    return 0;
-  }
-  cr_assert_eq(kv_g3_foreach(f.g3, find, &l), 1);
+  g3_loc l = {b->slot[KV_G3], 0, 0};
+  cr_assert_eq(kv_g3_foreach(f.g3, find_slot, &l), 1);
   char path[128];
   snprintf(path, sizeof path, "%s/kvg3-%u.dat", f.dir, l.file);
   int fd = open(path, O_RDWR);
