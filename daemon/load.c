@@ -47,6 +47,7 @@ struct kvd_load {
   uint32_t n, pending;
   uint32_t core_ns;
   uint8_t target;      /* KV_G1 or KV_G2 */
+  unsigned pool;       /* target G1: the pool of the worker's device (one device per daemon: 0) */
   kvd_load *next_wait;
   int waiting;
   uint64_t t0;         /* kvd_now_ns() when the request was taken */
@@ -129,8 +130,10 @@ static int start(kvd_load *ld, uint32_t i) {
   kv_block *b = kv_index_at(&core->ix, ld->bid[i]);
   int rc = kv_core_promote(core, b, promoted, &ld->keys[i]);
   if (rc == 1 && ld->target == KV_G1) {
-    rc = kv_core_promote_g1(core, b, 0, copied_up, &ld->keys[i]);
+    rc = kv_core_promote_g1(core, b, ld->pool, copied_up, &ld->keys[i]);
     if (rc == 1) { fill(ld, i, b, KV_G1); return 0; }
+    /* In another device's pool: the worker reads it from G2. */
+    if (rc == -EXDEV && (b->tiers & KV_TIER_BIT(KV_G2))) { fill(ld, i, b, KV_G2); return 0; }
   } else if (rc == 1) {
     fill(ld, i, b, KV_G2);
     return 0;
@@ -199,7 +202,9 @@ int kvd_op_load(kvd *d, kvd_sink *sink, const kv_msg *req, kv_buf *out) {
   for (uint32_t i = 0; i < n; i++) {
     kv_block *b = kv_index_at(&d->core.ix, ld->bid[i]);
     if (!b || ld->ent[i].status) continue;
-    if (b->tiers & KV_TIER_BIT(ld->target)) fill(ld, i, b, (kv_tier)ld->target);
+    int there = (b->tiers & KV_TIER_BIT(ld->target)) &&
+                (ld->target != KV_G1 || kv_g1_pool_of(b->slot[KV_G1]) == ld->pool);
+    if (there) fill(ld, i, b, (kv_tier)ld->target);
     else ld->pending += (uint32_t)start(ld, i);
   }
   for (uint32_t i = 0; i < n; i++)
