@@ -130,6 +130,7 @@ unsigned kv_dev_batch_reap(kv_dev_batcher *b, kv_dev_done *out, unsigned max) {
   }
   unsigned n = b->rn - b->rhead;
   if (n > max) n = max;
+  if (n == 0) return 0;
   memcpy(out, b->ready + b->rhead, (size_t)n * sizeof *out);
   b->rhead += n;
   b->outstanding -= n;
