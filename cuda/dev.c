@@ -103,6 +103,11 @@ int kv_dev_open(kv_dev **out, const kv_dev_opts *opts) {
   if (o.backend == KV_DEV_SIM) {
     rc = open_be(&kv__dev_sim, &o, out, why, sizeof why);
     if (rc) set_out_reason(opts, why);
+    /* Test hook (the simulation only): KV_DEV_SIM_FAIL=<errno> makes every
+     * submission copy half its bytes and be reaped with -errno, so a
+     * daemon's failure paths can be driven from outside. */
+    const char *f = getenv("KV_DEV_SIM_FAIL");
+    if (rc == 0 && f && atoi(f) > 0) (*out)->fail_all = -atoi(f);
     return rc;
   }
   rc = open_be(&kv__dev_cuda, &o, out, why, sizeof why);
@@ -406,7 +411,7 @@ int kv_dev_submit(kv_dev *dev, kv_dev_dir dir, const kv_dev_copy *v, unsigned n,
   s->dev = dev;
   s->tag = tag;
   s->status = 0;
-  s->fail = dev->fail_next;
+  s->fail = dev->fail_next ? dev->fail_next : dev->fail_all;
   s->dir = dir;
   s->n = n;
   s->bk = NULL;

@@ -247,5 +247,8 @@ int kv_dev_memcpy_sync(kv_dev *dev, kv_dev_dir dir, void *dst, const void *src, 
  * the first half of its copies and is reaped with `status` (< 0). So the
  * upper layers can test their error paths. -EINVAL if status >= 0. */
 int kv_dev_inject_fail_next(kv_dev *dev, int status);
+/* The same for every submission, from outside a process: the simulation
+ * reads KV_DEV_SIM_FAIL=<errno> (> 0) at open (tests of the daemon's
+ * failure paths; CUDA ignores it). */
 
 #endif

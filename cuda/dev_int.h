@@ -88,6 +88,7 @@ struct kv_dev {
   kv__sub *done_head, *done_tail;
   unsigned inflight;             /* owner thread only */
   int fail_next;                 /* owner thread only */
+  int fail_all;                  /* SIM, KV_DEV_SIM_FAIL: every submission fails so */
   kv_dev_pool *pools;
   kv_dev_map *maps;
   kv__range *host;               /* registered host ranges */

@@ -297,6 +297,36 @@ Test(g1, load_to_g1_and_write_back, .timeout = 60) {
   ops_stop();
 }
 
+/* Every device copy fails (the simulation's KV_DEV_SIM_FAIL): a LOAD to G1
+ * is still answered, from G2, bytes intact; the failures are counted and
+ * nothing is left in G1. */
+Test(g1, failed_device_copies_are_answered_from_g2, .timeout = 60) {
+  static const char *const conf[] = {"g1.enable=on", "g1.backend=sim", "g1.capacity=2M", NULL};
+  setenv("KV_DEV_SIM_FAIL", "5", 1); /* EIO, inherited by the daemon */
+  ops_start(NULL, conf);
+  unsetenv("KV_DEV_SIM_FAIL");
+  kvc *c = open_g1(0);
+  ops_store(c, 1, 4);
+  kvc_key k[4];
+  kvc_block out[4];
+  for (uint32_t i = 0; i < 4; i++) k[i] = ops_key(1 + i);
+  cr_assert_eq(kvc_load(c, KVC_G1, k, 4, out), 4);
+  for (uint32_t i = 0; i < 4; i++) {
+    cr_assert_eq(out[i].status, 0, "block %u: %s", i + 1, kvc_strerror(out[i].status));
+    cr_assert_eq(out[i].tier, KVC_G2, "block %u answered from tier %u", i + 1, out[i].tier);
+    cr_assert(all_bytes(out[i].ptr, OPS_BLOCK, (uint8_t)(1 + i)), "block %u's bytes in G2", i + 1);
+  }
+  cr_assert_eq(kvc_release(c, k, 4, NULL), 4);
+  cr_assert_eq(metric_l("kvcached_g1_copy_failures_total{dir=\"load\"}"), 4);
+  cr_assert_eq(metric_l("kvcached_g1_copies_total{dir=\"load\"}"), 0);
+  cr_assert_eq(metric_l("kvcached_g1_submissions_total{dir=\"load\"}"), 1);
+  cr_assert_eq(metric_l("kvcached_tier_blocks{tier=\"g1\"}"), 0);
+  cr_assert_eq(metric_l("kvcached_tier_used_bytes{tier=\"g1\"}"), 0, "a failed copy's slot was given back");
+  cr_assert_eq(tier_of(c, 1), KVC_G2);
+  kvc_close(c);
+  ops_stop();
+}
+
 Test(g1, load_to_g1_without_g1_is_refused, .timeout = 60) {
   static const char *const off[] = {"g1.enable=off", NULL};
   ops_start(NULL, off);
