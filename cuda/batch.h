@@ -18,8 +18,10 @@
  *   kv_dev_batch_reap   up to max {tag, status}: first the copies refused
  *                       at submit, then those of completed submissions,
  *                       oldest first. Call it until it returns 0 whenever
- *                       the device's completion fd is readable, and after a
- *                       flush (a refusal is not signalled on the fd).
+ *                       the device's completion fd is readable, and
+ *                       whenever kv_dev_batch_ready is not 0 (a refusal,
+ *                       at a flush or at an add that filled a direction,
+ *                       is not signalled on the fd).
  *
  * Every tag added is reaped exactly once, with 0 or a negative errno, and
  * never from inside kv_dev_batch_add or kv_dev_batch_flush: a caller may
@@ -73,6 +75,9 @@ int kv_dev_batch_add(kv_dev_batcher *b, kv_dev_dir dir, const kv_dev_copy *cp, u
 unsigned kv_dev_batch_flush(kv_dev_batcher *b);
 /* Copies queued and not yet submitted. */
 unsigned kv_dev_batch_queued(const kv_dev_batcher *b);
+/* Tags kv_dev_batch_reap can hand out without a device completion (the
+ * refused copies, and what is left of reaped submissions). */
+static inline unsigned kv_dev_batch_ready(const kv_dev_batcher *b) { return b->rn - b->rhead; }
 /* Hands out up to max {tag, status} (see above); returns the count. */
 unsigned kv_dev_batch_reap(kv_dev_batcher *b, kv_dev_done *out, unsigned max);
 /* Frees the queues. Copies still queued are dropped unreaped; call it after

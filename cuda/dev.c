@@ -107,7 +107,8 @@ int kv_dev_open(kv_dev **out, const kv_dev_opts *opts) {
      * submission copy half its bytes and be reaped with -errno, so a
      * daemon's failure paths can be driven from outside. */
     const char *f = getenv("KV_DEV_SIM_FAIL");
-    if (rc == 0 && f && atoi(f) > 0) (*out)->fail_all = -atoi(f);
+    int err = f ? atoi(f) : 0;
+    if (rc == 0 && err > 0) (*out)->fail_all = -err;
     return rc;
   }
   rc = open_be(&kv__dev_cuda, &o, out, why, sizeof why);

@@ -112,7 +112,9 @@ static uint64_t refused(const kvd_g1 *g) {
 
 void kvd_g1_flush(kvd_g1 *g) {
   if (!g->on) return;
-  while (kv_dev_batch_queued(&g->batch) > 0) {
+  /* Refusals wait in the batcher (the fd does not signal them), also those
+   * of a direction that filled up during an add. */
+  while (kv_dev_batch_queued(&g->batch) > 0 || kv_dev_batch_ready(&g->batch) > 0) {
     uint64_t before = refused(g);
     kv_dev_batch_flush(&g->batch);
     if (refused(g) > before)
