@@ -37,7 +37,7 @@
 
 #define KV_PROTO_MAGIC 0x4443564Bu /* bytes "KVCD" */
 #define KV_PROTO_MAJOR 1           /* in every header; a change breaks peers */
-#define KV_PROTO_MINOR 0           /* negotiated by HELLO; additions only */
+#define KV_PROTO_MINOR 1           /* negotiated by HELLO; additions only (1: G1_SELECT) */
 
 #define KV_HDR_SIZE 32
 
@@ -75,14 +75,16 @@ typedef enum kv_op {
   KV_OP_GET = 12,
   KV_OP_STATUS = 13,
   KV_OP_ERROR = 14, /* reply only: the request failed as a whole */
+  KV_OP_G1_SELECT = 15, /* since 1.1: the G1 pool of the worker's device */
   KV_OP_COUNT       /* one past the last opcode; not an opcode */
 } kv_op;
 
 /* Header flags. Any other bit set is KV_EBADFRAME. */
 #define KV_F_REPLY 0x0001u /* a reply (daemon -> worker) */
-#define KV_F_FD 0x0002u    /* an fd travels with this frame (the G2 arena) */
+#define KV_F_FD 0x0002u    /* an fd travels with this frame: the G2 arena (HELLO
+                            * reply) or the G1 pool (G1_SELECT reply) */
 #define KV_F_FD2 0x0004u   /* a second fd travels, after the first (the G1 pool);
-                            * only with KV_F_FD */
+                            * only with KV_F_FD, only on a HELLO reply */
 #define KV_F_KNOWN (KV_F_REPLY | KV_F_FD | KV_F_FD2)
 
 /* HELLO capability bits. Unknown bits are ignored by the receiver and never
@@ -215,6 +217,15 @@ typedef struct kv_tierinfo {
   const uint8_t *p;
 } kv_tierinfo;
 
+/* G1_SELECT: the worker names the device it computes on (CUDA's uuid of
+ * it); the reply is one tier-info entry, tier KV_G1: the export of the
+ * daemon's pool on that device (its fd, for kinds that have one, travels
+ * with KV_F_FD), or KV_TI_G1_NONE with the reason there is none. */
+#define KV_UUID_BYTES 16
+typedef struct kv_g1_select_req {
+  uint8_t uuid[KV_UUID_BYTES];
+} kv_g1_select_req;
+
 /* ---- messages ----------------------------------------------------------------- */
 
 typedef struct kv_layout {
@@ -326,6 +337,7 @@ typedef struct kv_error_rep {
  *   PUT            req put            rep (empty)
  *   GET            req get_key        rep get_rep
  *   STATUS         req status_flags   rep status_text (UTF-8 JSON)
+ *   G1_SELECT      req g1_select      rep g1_pool (tier KV_G1)
  *   ERROR          -                  rep error, with status < 0
  */
 typedef struct kv_msg {
@@ -340,6 +352,7 @@ typedef struct kv_msg {
     kv_put_req put;
     kv_bytes get_key;       /* 1..KV_KEY_MAX */
     uint8_t status_flags;   /* 0 */
+    kv_g1_select_req g1_select;
     kv_hello_rep hello_rep;
     kv_lookup_rep lookup_rep;
     kv_loadvec load_rep;
@@ -350,6 +363,7 @@ typedef struct kv_msg {
     kv_get_rep get_rep;
     kv_str status_text;     /* 0..KV_STATUS_TEXT_MAX bytes */
     kv_error_rep error;
+    kv_tierinfo g1_pool;
   };
 } kv_msg;
 

@@ -127,6 +127,16 @@ static int dec_hello_req(rcur *c, kv_hello_req *h) {
   return kv__hello_ok(h) ? 0 : KV_EBADFRAME;
 }
 
+/* One tier-info entry: u8 tier | u8 kind | u16 len | len bytes. */
+static int rtierinfo(rcur *c, kv_tierinfo *t) {
+  t->tier = r8(c);
+  t->kind = r8(c);
+  t->len = r16(c);
+  if (c->bad || !kv__tierinfo_ok(t)) return KV_EBADFRAME;
+  t->p = rtake(c, t->len);
+  return t->p || t->len == 0 ? 0 : KV_EBADFRAME;
+}
+
 static int dec_hello_rep(rcur *c, kv_msg *m) {
   kv_hello_rep *r = &m->hello_rep;
   r->ver_major = r16(c);
@@ -143,10 +153,7 @@ static int dec_hello_rep(rcur *c, kv_msg *m) {
   r->tierinfo_wire = c->p + c->off;
   for (unsigned i = 0; i < r->ntierinfo; i++) {
     kv_tierinfo t;
-    t.tier = r8(c);
-    t.kind = r8(c);
-    t.len = r16(c);
-    if (c->bad || !kv__tierinfo_ok(&t) || !rtake(c, t.len)) return KV_EBADFRAME;
+    if (rtierinfo(c, &t)) return KV_EBADFRAME;
   }
   return 0;
 }
@@ -311,6 +318,16 @@ static int dec_payload(rcur *c, kv_msg *m) {
     return m->status_flags ? KV_EBADFRAME : 0;
   case KV_OP_ERROR:
     return dec_error_rep(c, &m->error);
+  case KV_OP_G1_SELECT: {
+    if (reply) {
+      int rc = rtierinfo(c, &m->g1_pool);
+      return rc ? rc : m->g1_pool.tier == KV_G1 ? 0 : KV_EBADFRAME;
+    }
+    const uint8_t *u = rtake(c, KV_UUID_BYTES);
+    if (!u) return KV_EBADFRAME;
+    memcpy(m->g1_select.uuid, u, KV_UUID_BYTES);
+    return 0;
+  }
   case KV_OP_COUNT:
     break;
   }

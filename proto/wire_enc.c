@@ -132,6 +132,16 @@ static int enc_hello_req(wcur *c, const kv_hello_req *h) {
   return wstr8(c, l->dtype.p, l->dtype.len, 1, KV_DTYPE_MAX, 1);
 }
 
+/* One tier-info entry: u8 tier | u8 kind | u16 len | len bytes. */
+static int wtierinfo(wcur *c, const kv_tierinfo *t) {
+  if (!kv__tierinfo_ok(t) || (t->len && !t->p)) return -EINVAL;
+  w8(c, t->tier);
+  w8(c, t->kind);
+  w16(c, t->len);
+  wmem(c, t->p, t->len);
+  return 0;
+}
+
 static int enc_hello_rep(wcur *c, const kv_msg *m) {
   const kv_hello_rep *r = &m->hello_rep;
   if (!kv__hello_rep_ok(r, m->flags & KV_F_FD)) return -EINVAL;
@@ -148,11 +158,8 @@ static int enc_hello_rep(wcur *c, const kv_msg *m) {
   for (unsigned i = 0; i < r->ntierinfo; i++) {
     kv_tierinfo t;
     kv_hello_tierinfo(r, i, &t);
-    if (!kv__tierinfo_ok(&t) || (t.len && !t.p)) return -EINVAL;
-    w8(c, t.tier);
-    w8(c, t.kind);
-    w16(c, t.len);
-    wmem(c, t.p, t.len);
+    int rc = wtierinfo(c, &t);
+    if (rc) return rc;
   }
   return 0;
 }
@@ -320,6 +327,13 @@ static int enc_payload(wcur *c, const kv_msg *m) {
     return 0;
   case KV_OP_ERROR:
     return enc_error_rep(c, &m->error);
+  case KV_OP_G1_SELECT:
+    if (!reply) {
+      wmem(c, m->g1_select.uuid, KV_UUID_BYTES);
+      return 0;
+    }
+    if (m->g1_pool.tier != KV_G1) return -EINVAL;
+    return wtierinfo(c, &m->g1_pool);
   case KV_OP_COUNT:
     break;
   }

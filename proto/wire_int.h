@@ -29,11 +29,11 @@ static inline int kv__hdr_rules(uint16_t op, uint16_t flags, int32_t status, uin
   } else if (status != 0 || id == 0) {
     return 1;
   }
-  /* Only a HELLO reply carries an fd (the G2 arena), checked against
-   * arena_bytes with the payload. */
-  if ((flags & KV_F_FD) && !(reply && op == KV_OP_HELLO)) return 1;
-  /* The second fd (the G1 pool) only comes after the first. */
-  if ((flags & KV_F_FD2) && !(flags & KV_F_FD)) return 1;
+  /* Only a HELLO reply (the G2 arena, checked against arena_bytes with the
+   * payload) and a G1_SELECT reply (the G1 pool) carry an fd. */
+  if ((flags & KV_F_FD) && !(reply && (op == KV_OP_HELLO || op == KV_OP_G1_SELECT))) return 1;
+  /* The second fd (the G1 pool) only comes after the first, on a HELLO reply. */
+  if ((flags & KV_F_FD2) && (!(flags & KV_F_FD) || op != KV_OP_HELLO)) return 1;
   return 0;
 }
 

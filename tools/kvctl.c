@@ -368,8 +368,11 @@ static int parse_opts(ctl *c, int argc, char **argv) {
     else *slash = 0;
   }
   const char *sep = dir[0] && dir[strlen(dir) - 1] == '/' ? "" : "/";
-  snprintf(c->stats_sock, sizeof c->stats_sock, "%s%s%s", dir, sep, KVCTL_STATS_SOCK);
-  snprintf(c->admin_sock, sizeof c->admin_sock, "%s%s%s", dir, sep, KVCTL_ADMIN_SOCK);
+  if ((size_t)snprintf(c->stats_sock, sizeof c->stats_sock, "%s%s%s", dir, sep, KVCTL_STATS_SOCK) >=
+          sizeof c->stats_sock ||
+      (size_t)snprintf(c->admin_sock, sizeof c->admin_sock, "%s%s%s", dir, sep, KVCTL_ADMIN_SOCK) >=
+          sizeof c->admin_sock)
+    return bad_usage("socket directory '%s' is too long for the operator sockets' paths", dir);
   if (c->tp_rank >= c->tp_size) return bad_usage("%s", "--tp-rank must be below --tp-size");
   size_t tl = strlen(c->tenant), dl = strlen(c->dtype);
   if (tl < 1 || tl > KV_TENANT_MAX) return bad_usage("bad --tenant '%s' (1 to 64 bytes)", c->tenant);

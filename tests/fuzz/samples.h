@@ -193,6 +193,20 @@ static inline void kv_samples(kv_sample_fn fn, void *arg) {
   m.status = KV_EBADVERSION;
   m.error = (kv_error_rep){.req_op = 0x7777, .msg = {NULL, 0}};
   fn(&m, "error rep, no request, no text", arg);
+
+  /* G1_SELECT (1.1) */
+  m = kv_sample_req(KV_OP_G1_SELECT, id++);
+  memcpy(m.g1_select.uuid, kv_sample_keys + 16, KV_UUID_BYTES);
+  fn(&m, "g1_select req", arg);
+  static const uint8_t devx[40] = {'K', 'V', 'D', 'X', 1, 1, 0, 0, 0, 0, 0, 0x40};
+  m = kv_sample_rep(KV_OP_G1_SELECT, 35);
+  m.flags |= KV_F_FD;
+  m.g1_pool = (kv_tierinfo){.tier = KV_G1, .kind = KV_TI_G1_VMM_FD, .len = sizeof devx, .p = devx};
+  fn(&m, "g1_select rep, a pool and its fd", arg);
+  m = kv_sample_rep(KV_OP_G1_SELECT, 36);
+  m.g1_pool = (kv_tierinfo){.tier = KV_G1, .kind = KV_TI_G1_NONE, .len = 9,
+                            .p = (const uint8_t *)"no device"};
+  fn(&m, "g1_select rep, none", arg);
 }
 
 #endif

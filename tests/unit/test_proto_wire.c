@@ -140,6 +140,11 @@ static int msg_eq(const kv_msg *a, const kv_msg *b) {
   case KV_OP_ERROR:
     return a->error.req_op == b->error.req_op &&
            mem_eq(a->error.msg.p, a->error.msg.len, b->error.msg.p, b->error.msg.len);
+  case KV_OP_G1_SELECT:
+    if (rep)
+      return a->g1_pool.tier == b->g1_pool.tier && a->g1_pool.kind == b->g1_pool.kind &&
+             mem_eq(a->g1_pool.p, a->g1_pool.len, b->g1_pool.p, b->g1_pool.len);
+    return !memcmp(a->g1_select.uuid, b->g1_select.uuid, KV_UUID_BYTES);
   }
   return 0;
 }
@@ -473,6 +478,54 @@ Test(wire_bad, hello_reply_fields) {
   hello_rep_body(0, 0, 2, 3, 0);
   P.len -= 1; /* second entry short */
   cr_assert_eq(REP(KV_OP_HELLO), KV_EBADFRAME, "tier-info runs past the frame");
+}
+
+Test(wire_bad, g1_select) {
+  /* request: exactly a 16-byte uuid */
+  pbfill(0x11, KV_UUID_BYTES);
+  cr_assert_eq(REQ(KV_OP_G1_SELECT), 0);
+  cr_assert_eq(M.g1_select.uuid[15], 0x11);
+  pbfill(0x11, KV_UUID_BYTES - 1);
+  cr_assert_eq(REQ(KV_OP_G1_SELECT), KV_EBADFRAME, "short uuid");
+  pbfill(0x11, KV_UUID_BYTES + 1);
+  cr_assert_eq(REQ(KV_OP_G1_SELECT), KV_EBADFRAME, "bytes after the uuid");
+  pbfill(0x11, KV_UUID_BYTES);
+  cr_assert_eq(pdecode(KV_OP_G1_SELECT, KV_F_FD, 0), KV_EBADFRAME, "an fd on the request");
+  /* reply: one tier-info entry of tier G1, with at most the one fd */
+  pb8(KV_G1), pb8(KV_TI_G1_SIM_FD), pb16(3), pbfill(0xab, 3);
+  cr_assert_eq(pdecode(KV_OP_G1_SELECT, KV_F_REPLY | KV_F_FD, 0), 0);
+  cr_assert_eq(M.g1_pool.kind, KV_TI_G1_SIM_FD);
+  cr_assert_eq(M.g1_pool.len, 3);
+  pb8(KV_G1), pb8(KV_TI_G1_NONE), pb16(0);
+  cr_assert_eq(REP(KV_OP_G1_SELECT), 0, "none, no fd");
+  pb8(KV_G1), pb8(KV_TI_G1_SIM_FD), pb16(3), pbfill(0xab, 3);
+  cr_assert_eq(pdecode(KV_OP_G1_SELECT, KV_F_REPLY | KV_F_FD | KV_F_FD2, 0), KV_EBADFRAME,
+               "two fds on a G1_SELECT reply");
+  pb8(KV_G2), pb8(KV_TI_G1_SIM_FD), pb16(0);
+  cr_assert_eq(REP(KV_OP_G1_SELECT), KV_EBADFRAME, "an entry of another tier");
+  pb8(KV_G1), pb8(KV_TI_G1_SIM_FD), pb16(4), pbfill(0xab, 3);
+  cr_assert_eq(REP(KV_OP_G1_SELECT), KV_EBADFRAME, "value runs past the frame");
+  pb8(KV_G1), pb8(KV_TI_G1_SIM_FD), pb16(KV_TIERINFO_BYTES_MAX + 1), pbfill(0, KV_TIERINFO_BYTES_MAX + 1);
+  cr_assert_eq(REP(KV_OP_G1_SELECT), KV_EBADFRAME, "value over the limit");
+
+  kv_buf b;
+  kv_buf_init(&b);
+  kv_msg m = kv_sample_rep(KV_OP_G1_SELECT, 5);
+  m.g1_pool = (kv_tierinfo){.tier = KV_G2, .kind = KV_TI_G1_NONE};
+  cr_assert_eq(kv_msg_encode(&b, &m), -EINVAL, "encoder: tier G2");
+  m.g1_pool.tier = KV_G1;
+  m.flags |= KV_F_FD | KV_F_FD2;
+  cr_assert_eq(kv_msg_encode(&b, &m), -EINVAL, "encoder: two fds");
+  cr_assert_eq(b.len, 0);
+  /* the documented bytes: request 15, a uuid */
+  m = kv_sample_req(KV_OP_G1_SELECT, 2);
+  for (int i = 0; i < KV_UUID_BYTES; i++) m.g1_select.uuid[i] = (uint8_t)i;
+  cr_assert_eq(kv_msg_encode(&b, &m), 0);
+  cr_assert_eq(b.len, KV_HDR_SIZE + KV_UUID_BYTES);
+  cr_assert_eq(b.p[6], 15);
+  cr_assert_eq(b.p[12], KV_UUID_BYTES);
+  cr_assert_eq(b.p[KV_HDR_SIZE + 15], 15);
+  kv_buf_free(&b);
 }
 
 /* BATCH body with n keys of klen bytes each. */
