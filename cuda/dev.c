@@ -161,7 +161,7 @@ void kv_dev_close(kv_dev *dev) {
     free(m);
   }
   for (unsigned i = 0; i < dev->nhost; i++)
-    dev->be->host_unregister(dev, (void *)dev->host[i].lo);
+    if (dev->host[i].own) dev->be->host_unregister(dev, (void *)dev->host[i].lo);
   free(dev->host);
   dev->be->close(dev);
   pthread_mutex_destroy(&dev->qmu);
@@ -325,6 +325,10 @@ int kv_dev_unmap(kv_dev *dev, kv_dev_map *m) {
 void *kv_dev_map_base(const kv_dev_map *m) { return m->base; }
 size_t kv_dev_map_bytes(const kv_dev_map *m) { return m->bytes; }
 
+int kv_dev_current_uuid(uint8_t uuid[16]) {
+  return kv__dev_cuda.current_uuid ? kv__dev_cuda.current_uuid(uuid) : -ENODEV;
+}
+
 /* ---- host ranges --------------------------------------------------------------- */
 
 int kv_dev_host_register(kv_dev *dev, void *p, size_t n) {
@@ -341,8 +345,8 @@ int kv_dev_host_register(kv_dev *dev, void *p, size_t n) {
     dev->caphost = cap;
   }
   int rc = dev->be->host_register(dev, p, n);
-  if (rc) return rc;
-  dev->host[dev->nhost++] = (kv__range){lo, hi};
+  if (rc < 0) return rc;
+  dev->host[dev->nhost++] = (kv__range){lo, hi, rc == 0};
   return 0;
 }
 
@@ -352,7 +356,7 @@ int kv_dev_host_unregister(kv_dev *dev, void *p) {
     if (dev->inflight)
       return kv__dev_fail(dev, -EBUSY, "host unregister with %u submission(s) unreaped",
                           dev->inflight);
-    dev->be->host_unregister(dev, p);
+    if (dev->host[i].own) dev->be->host_unregister(dev, p);
     dev->host[i] = dev->host[--dev->nhost];
     return 0;
   }

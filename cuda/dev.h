@@ -109,6 +109,10 @@ int kv_dev_ordinal(const kv_dev *dev);
  * and the ordinal, so the daemon and its workers (other processes of the
  * same boot) agree on it, like they would on a GPU's. */
 void kv_dev_uuid(const kv_dev *dev, uint8_t uuid[16]);
+/* The uuid of the CUDA device current on the calling thread (the one a
+ * worker computes on: cudaGetDevice). 0, or -ENODEV when there is none (no
+ * CUDA in the build, no driver, no device). Needs no kv_dev. */
+int kv_dev_current_uuid(uint8_t uuid[16]);
 /* The last failure's reason (or AUTO's fallback reason); "" if none. */
 const char *kv_dev_reason(const kv_dev *dev);
 
@@ -188,8 +192,12 @@ size_t kv_dev_map_bytes(const kv_dev_map *m);
 
 /* Registers [p, p+n) as the host side of copies (CUDA: cudaHostRegister,
  * portable, so the copies are DMA; G2 arenas go here, see kv_arena_opts'
- * register_fn). -EINVAL (NULL, 0, overlap with a registered range),
- * -EIO (driver), -ENOMEM. */
+ * register_fn). A range another kv_dev of this process registered already
+ * (a daemon with a pool on each of several GPUs) is taken as it is: the
+ * portable registration serves every device, and only the kv_dev that made
+ * it undoes it, so unregister it from the others first. -EINVAL (NULL, 0,
+ * overlap with a range registered with this kv_dev), -EIO (driver),
+ * -ENOMEM. */
 int kv_dev_host_register(kv_dev *dev, void *p, size_t n);
 /* p: exactly a registered range's start. -ENOENT if none, -EBUSY while
  * copies are unreaped. */

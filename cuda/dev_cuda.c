@@ -411,6 +411,10 @@ static void cu_unmap(kv_dev *dev, kv_dev_map *m) {
 static int cu_host_register(kv_dev *dev, void *p, size_t n) {
   cudaSetDevice(dev->ordinal);
   cudaError_t e = cudaHostRegister(p, n, cudaHostRegisterPortable);
+  if (e == cudaErrorHostMemoryAlreadyRegistered) { /* by another kv_dev: portable */
+    cudaGetLastError();
+    return 1;
+  }
   if (e != cudaSuccess) {
     cudaGetLastError();
     return kv__dev_fail(dev, -EIO, "cudaHostRegister %p+%zu: %s", p, n, cudaGetErrorString(e));
@@ -542,6 +546,19 @@ static int cu_memcpy_sync(kv_dev *dev, kv_dev_dir dir, void *dst, const void *sr
   return 0;
 }
 
+static int cu_current_uuid(uint8_t uuid[16]) {
+  int ord = -1, n = 0;
+  struct cudaDeviceProp prop;
+  /* No device count, no current device: no driver or no GPU. */
+  if (cudaGetDeviceCount(&n) != cudaSuccess || n <= 0 || cudaGetDevice(&ord) != cudaSuccess ||
+      cudaGetDeviceProperties(&prop, ord) != cudaSuccess) {
+    cudaGetLastError();
+    return -ENODEV;
+  }
+  memcpy(uuid, prop.uuid.bytes, 16);
+  return 0;
+}
+
 const kv__backend kv__dev_cuda = {
     .id = KV_DEV_CUDA,
     .open = cu_open,
@@ -556,4 +573,5 @@ const kv__backend kv__dev_cuda = {
     .submit = cu_submit,
     .finish = cu_finish,
     .memcpy_sync = cu_memcpy_sync,
+    .current_uuid = cu_current_uuid,
 };

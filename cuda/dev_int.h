@@ -53,6 +53,8 @@ struct kv_dev_map {
 
 typedef struct kv__range {
   uintptr_t lo, hi;    /* [lo, hi) */
+  int own;             /* 1: this kv_dev's registration, undone at unregister;
+                        * 0: another kv_dev of the process registered it */
 } kv__range;
 
 typedef struct kv__backend {
@@ -68,6 +70,8 @@ typedef struct kv__backend {
   void (*pool_destroy)(kv_dev *dev, kv_dev_pool *p);
   int (*import)(kv_dev *dev, const kv_dev_export *x, kv_dev_map *m);
   void (*unmap)(kv_dev *dev, kv_dev_map *m);
+  /* 0: registered; 1: already registered in this process by another
+   * kv_dev, in a way that serves this one too (CUDA: portable); -errno. */
   int (*host_register)(kv_dev *dev, void *p, size_t n);
   void (*host_unregister)(kv_dev *dev, void *p);
   /* Queues s (checked). On 0 the backend owns s until kv__dev_complete. */
@@ -76,6 +80,8 @@ typedef struct kv__backend {
    * s->status from what the device says, frees s->bk. Owner thread. */
   void (*finish)(kv_dev *dev, kv__sub *s);
   int (*memcpy_sync)(kv_dev *dev, kv_dev_dir dir, void *dst, const void *src, size_t n);
+  /* Optional (CUDA): the uuid of the calling thread's current device. */
+  int (*current_uuid)(uint8_t uuid[16]);
 } kv__backend;
 
 struct kv_dev {

@@ -180,9 +180,38 @@ static int sim_import(kv_dev *dev, const kv_dev_export *x, kv_dev_map *m) {
 
 static void sim_unmap(kv_dev *dev, kv_dev_map *m) { munmap(m->base, m->bytes); }
 
-/* Registration is dev.c's range registry; there is nothing to pin. */
-static int sim_host_register(kv_dev *dev, void *p, size_t n) { return 0; }
-static void sim_host_unregister(kv_dev *dev, void *p) {}
+/* There is nothing to pin: dev.c keeps each kv_dev's ranges. What is
+ * modelled is that CUDA's registration belongs to the process (portable):
+ * a range a second kv_dev registers is already registered (1), and only
+ * its first registrant undoes it. */
+#define SIM_HOST_MAX 256
+static struct {
+  pthread_mutex_t mu;
+  unsigned n;
+  void *p[SIM_HOST_MAX];
+} sim_host = {.mu = PTHREAD_MUTEX_INITIALIZER};
+
+static int sim_host_register(kv_dev *dev, void *p, size_t n) {
+  int rc = 0;
+  pthread_mutex_lock(&sim_host.mu);
+  for (unsigned i = 0; i < sim_host.n && rc == 0; i++)
+    if (sim_host.p[i] == p) rc = 1;
+  if (rc == 0 && sim_host.n == SIM_HOST_MAX)
+    rc = kv__dev_fail(dev, -ENOMEM, "sim: more than %d host ranges registered", SIM_HOST_MAX);
+  if (rc == 0) sim_host.p[sim_host.n++] = p;
+  pthread_mutex_unlock(&sim_host.mu);
+  return rc;
+}
+
+static void sim_host_unregister(kv_dev *dev, void *p) {
+  pthread_mutex_lock(&sim_host.mu);
+  for (unsigned i = 0; i < sim_host.n; i++)
+    if (sim_host.p[i] == p) {
+      sim_host.p[i] = sim_host.p[--sim_host.n];
+      break;
+    }
+  pthread_mutex_unlock(&sim_host.mu);
+}
 
 static int sim_submit(kv_dev *dev, kv__sub *s) {
   sim_q *q = &((sim_state *)dev->bk)->q[s->dir];

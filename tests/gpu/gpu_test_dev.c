@@ -77,6 +77,22 @@ static const char *c_inject(void) { return dc_inject(KV_DEV_CUDA); }
 static const char *c_close(void) { return dc_close_inflight(KV_DEV_CUDA); }
 static const char *c_batcher(void) { return dc_batcher(KV_DEV_CUDA); }
 static const char *c_random(void) { return dc_random(KV_DEV_CUDA, 2000, 777); }
+static const char *c_shared_host(void) { return dc_shared_host(KV_DEV_CUDA); }
+/* What a worker asks the daemon for: the current device's uuid is the one
+ * kv_dev_open gives device 0 (the default current device). */
+static const char *check_current_uuid(void) {
+  kv_dev *d = NULL;
+  uint8_t cur[16], u[16];
+  DC_OK(kv_dev_current_uuid(cur));
+  DC_OK(dc_open(&d, KV_DEV_CUDA, NULL));
+  kv_dev_uuid(d, u);
+  DC_REQ(!memcmp(cur, u, 16), "current device uuid differs from device 0's");
+  kv_dev_close(d);
+  return NULL;
+fail:
+  kv_dev_close(d);
+  return dc_msg;
+}
 
 static const struct {
   const char *name;
@@ -89,7 +105,8 @@ static const struct {
     {"fifo", c_fifo},                {"directions_at_once", c_conc},
     {"refusals", c_refuse},          {"injected_failure", c_inject},
     {"close_inflight", c_close},     {"random_vs_model", c_random},
-    {"batcher", c_batcher},
+    {"batcher", c_batcher},          {"host_range_two_devices", c_shared_host},
+    {"current_uuid", check_current_uuid},
 };
 
 /* Runs fn in a child; its exit status (0 pass, 1 fail, 77 skip). */

@@ -329,6 +329,61 @@ static inline void dc_env_close(dc_env *e) {
   memset(e, 0, sizeof *e);
 }
 
+/* One host range registered with two kv_devs of the process (a daemon
+ * with a pool per GPU registers each G2 arena with every device): both
+ * take it, both copy from and to it, and it stays usable by one after the
+ * other lets it go, whichever registered it first. */
+static inline const char *dc_shared_host(kv_dev_backend be) {
+  dc_env e;
+  kv_dev *d2 = NULL;
+  kv_dev_pool *p2 = NULL;
+  uint8_t *back = malloc(4096);
+  DC_REQ(back, "malloc");
+  DC_OK(dc_env_open(&e, be, 1 << 20));
+  DC_OK(dc_open(&d2, be, NULL));
+  DC_OK(kv_dev_pool_create(d2, 1 << 20, &p2));
+  DC_OK(kv_dev_host_register(d2, e.h, e.bytes));
+  DC_REQ(kv_dev_host_register(d2, e.h, e.bytes) == -EINVAL, "a second registration with one kv_dev");
+  uint8_t *dev2 = kv_dev_pool_base(p2);
+  for (int round = 0; round < 2; round++) {
+    dc_fill(e.h, 4096, 7u + (uint32_t)round);
+    DC_OK(dc_copy_wait(d2, KV_DEV_H2D, dev2, e.h, 4096));
+    DC_OK(dc_copy_wait(e.d, KV_DEV_H2D, e.dev, e.h, 4096));
+    memset(e.h, 0, 4096);
+    DC_OK(dc_copy_wait(d2, KV_DEV_D2H, e.h, dev2, 4096));
+    dc_fill(back, 4096, 7u + (uint32_t)round);
+    DC_REQ(!memcmp(e.h, back, 4096), "round %d: bytes through the second device", round);
+    memset(e.h, 0, 4096);
+    DC_OK(dc_copy_wait(e.d, KV_DEV_D2H, e.h, e.dev, 4096));
+    DC_REQ(!memcmp(e.h, back, 4096), "round %d: bytes through the first device", round);
+    /* The second lets the range go (it did not make the registration) and
+     * takes it again; the first still copies in between. */
+    DC_OK(kv_dev_host_unregister(d2, e.h));
+    DC_OK(dc_copy_wait(e.d, KV_DEV_D2H, e.h, e.dev, 4096));
+    DC_REQ(!memcmp(e.h, back, 4096), "round %d: first device after the second let go", round);
+    DC_OK(kv_dev_host_register(d2, e.h, e.bytes));
+  }
+  /* Now the registrant lets go first: the other still copies. */
+  DC_OK(kv_dev_host_unregister(e.d, e.h));
+  dc_fill(e.h, 4096, 99);
+  DC_OK(dc_copy_wait(d2, KV_DEV_H2D, dev2, e.h, 4096));
+  DC_OK(kv_dev_host_unregister(d2, e.h));
+  DC_OK(kv_dev_host_register(d2, e.h, e.bytes)); /* registers it anew */
+  memset(e.h, 0, 4096);
+  DC_OK(dc_copy_wait(d2, KV_DEV_D2H, e.h, dev2, 4096));
+  dc_fill(back, 4096, 99);
+  DC_REQ(!memcmp(e.h, back, 4096), "bytes after the registrant let go");
+  kv_dev_close(d2);
+  dc_env_close(&e);
+  free(back);
+  return NULL;
+fail:
+  kv_dev_close(d2);
+  dc_env_close(&e);
+  free(back);
+  return dc_msg;
+}
+
 /* Many blocks per submission; each tag reaped exactly once with status 0;
  * the completion fd readable; reaping in parts leaves it readable. */
 static inline const char *dc_batch(kv_dev_backend be) {

@@ -131,6 +131,7 @@ Test(dev, refusals_and_the_reuse_guards) { CHECK(dc_refusals(KV_DEV_SIM)); }
 Test(dev, injected_failure_is_reaped) { CHECK(dc_inject(KV_DEV_SIM)); }
 Test(dev, close_waits_for_copies_in_flight) { CHECK(dc_close_inflight(KV_DEV_SIM)); }
 Test(dev, batcher_many_copies_per_submission) { CHECK(dc_batcher(KV_DEV_SIM)); }
+Test(dev, host_range_shared_by_two_devices) { CHECK(dc_shared_host(KV_DEV_SIM)); }
 Test(dev, random_copies_match_a_model) { CHECK(dc_random(KV_DEV_SIM, 400, 12345)); }
 
 /* The completion fd works under a plain poll loop with copies in flight on
@@ -158,4 +159,22 @@ Test(dev, reap_while_submitting) {
   }
   cr_assert_eq(kv_dev_inflight(e.d), 0);
   dc_env_close(&e);
+}
+
+/* The device a worker computes on: CUDA's current device when there is
+ * one (then it is device 0's uuid, the default), -ENODEV when CUDA cannot
+ * open a device (this build without CUDA, or no driver). */
+Test(dev, current_device_uuid) {
+  uint8_t cur[16], u[16];
+  int rc = kv_dev_current_uuid(cur);
+  kv_dev *d = NULL;
+  kv_dev_opts o = {.backend = KV_DEV_CUDA};
+  if (kv_dev_open(&d, &o) != 0) {
+    cr_assert_eq(rc, -ENODEV, "no CUDA device, yet a current one: %d", rc);
+    return;
+  }
+  cr_assert_eq(rc, 0);
+  kv_dev_uuid(d, u);
+  cr_assert_eq(memcmp(cur, u, 16), 0);
+  kv_dev_close(d);
 }
