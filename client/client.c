@@ -477,6 +477,96 @@ int kvc_status(kvc *c, char **json) {
 
 /* --- open / close ------------------------------------------------------------ */
 
+/* One request of kvc_open's, before replies can come out of order: sends
+ * m, reads the next frame into *f (its fds, -1 when none) and decodes it
+ * into *r. 0, the decoder's error, or the error that broke the connection
+ * (*f then holds no fds); the caller closes the fds *f holds. */
+static int call_open(kvc *c, kv_msg *m, kv_frame *f, kv_msg *r) {
+  f->fd = f->fd2 = -1;
+  int rc = send_msg(c, m);
+  if (rc) return rc;
+  rc = kv_reader_recv(&c->rd, c->fd, f, c->timeout_ms);
+  if (rc == 0) rc = -ECONNRESET;
+  if (rc < 0) {
+    f->fd = f->fd2 = -1;
+    return rc;
+  }
+  return kv_msg_decode(f->p, f->len, r);
+}
+
+/* g1.info.reason = prefix and the daemon's text (printable only). */
+static void g1_reason_text(kvc *c, const char *prefix, const kv_tierinfo *t) {
+  snprintf(c->g1.info.reason, sizeof c->g1.info.reason, "%s%.*s", prefix, (int)t->len,
+           (const char *)t->p);
+  for (char *q = c->g1.info.reason; *q; q++) /* text from the socket */
+    if ((unsigned char)*q < 0x20 || (unsigned char)*q == 0x7f) *q = '?';
+}
+
+/* The device this worker computes on: kvc_opts.g1_uuid, else, for a pool
+ * on a real GPU, the calling thread's current CUDA device. 0 when there is
+ * no preference (a simulated pool, or no CUDA device here): the worker
+ * takes the pool HELLO offers. */
+static int g1_wanted(const kvc_opts *o, uint8_t kind, uint8_t want[16]) {
+  if (o->g1_uuid) {
+    memcpy(want, o->g1_uuid, 16);
+    return 1;
+  }
+  if (kind != KV_TI_G1_VMM_FD && kind != KV_TI_G1_LEGACY_IPC) return 0;
+  return kv_dev_current_uuid(want) == 0;
+}
+
+/* G1_SELECT: asks for the pool on device `want` and imports it. Returns 0
+ * (the outcome, pool or not, is in c->g1) or the error that broke the
+ * connection. */
+static int g1_select(kvc *c, const uint8_t want[16]) {
+  kv_msg m;
+  memset(&m, 0, sizeof m);
+  m.op = KV_OP_G1_SELECT;
+  m.id = c->next_id++;
+  memcpy(m.g1_select.uuid, want, 16);
+  kv_frame f;
+  kv_msg r;
+  int rc = call_open(c, &m, &f, &r);
+  if (f.fd2 >= 0) close(f.fd2); /* never announced on this reply */
+  if (rc == 0 && r.op == KV_OP_ERROR && r.id == m.id) {
+    char us[KV_DEV_UUID_STR];
+    snprintf(c->g1.info.reason, sizeof c->g1.info.reason,
+             "the daemon refused G1_SELECT for device %s: %s", kv_dev_uuid_str(want, us),
+             kv_strerror(r.status));
+    rc = 0;
+  } else if (rc || r.op != KV_OP_G1_SELECT || !(r.flags & KV_F_REPLY) || r.id != m.id) {
+    rc = rc ? rc : KV_EBADFRAME;
+  } else if (r.g1_pool.kind == KV_TI_G1_NONE) {
+    g1_reason_text(c, "the daemon has no G1 pool on this worker's device: ", &r.g1_pool);
+  } else {
+    kvc__g1_import(&c->g1, r.g1_pool.kind, r.g1_pool.p, r.g1_pool.len, f.fd);
+    f.fd = -1;
+  }
+  if (f.fd >= 0) close(f.fd);
+  return rc;
+}
+
+/* HELLO's G1 entry t (fd: its pool's, or -1; closed here either way): the
+ * pool when it is on this worker's device, or when the worker has no
+ * preference; else that device's pool through G1_SELECT (protocol 1.1).
+ * 0, or the error that broke the connection. */
+static int g1_choose(kvc *c, const kvc_opts *o, uint16_t minor, const kv_tierinfo *t, int fd) {
+  uint8_t want[16];
+  kv_dev_export x;
+  if (!g1_wanted(o, t->kind, want) || kv_dev_export_decode(t->p, t->len, &x) != 0 ||
+      !memcmp(x.uuid, want, 16)) {
+    kvc__g1_import(&c->g1, t->kind, t->p, t->len, fd); /* reports a bad entry itself */
+    return 0;
+  }
+  if (fd >= 0) close(fd);
+  if (minor >= 1) return g1_select(c, want);
+  char a[KV_DEV_UUID_STR], b[KV_DEV_UUID_STR];
+  snprintf(c->g1.info.reason, sizeof c->g1.info.reason,
+           "the daemon's G1 pool is on device %s, this worker computes on %s, and the daemon "
+           "(protocol 1.0) cannot offer another", kv_dev_uuid_str(x.uuid, a), kv_dev_uuid_str(want, b));
+  return 0;
+}
+
 int kvc_open(const kvc_opts *o, kvc **out) {
   if (!o || !out || !o->tenant || !o->layout.dtype) return -EINVAL;
   const char *path = o->socket_path;
@@ -512,14 +602,9 @@ int kvc_open(const kvc_opts *o, kvc **out) {
   m.hello.layout.tp_size = o->layout.tp_size;
   m.hello.layout.dtype = (kv_str){o->layout.dtype, (uint32_t)strlen(o->layout.dtype)};
   if (!o->no_g1) m.hello.caps |= KV_CAP_G1;
-  if ((rc = send_msg(c, &m))) goto err;
-
   kv_frame f;
-  rc = kv_reader_recv(&c->rd, c->fd, &f, c->timeout_ms);
-  if (rc == 0) rc = -ECONNRESET;
-  if (rc < 0) goto err;
   kv_msg r;
-  rc = kv_msg_decode(f.p, f.len, &r);
+  rc = call_open(c, &m, &f, &r);
   if (rc == 0 && r.op == KV_OP_ERROR) rc = r.status < 0 ? r.status : KV_EBADFRAME;
   else if (rc == 0 && (r.op != KV_OP_HELLO || !(r.flags & KV_F_REPLY) || f.fd < 0 ||
                        r.hello_rep.arena_bytes == 0))
@@ -529,15 +614,20 @@ int kvc_open(const kvc_opts *o, kvc **out) {
     if (f.fd2 >= 0) close(f.fd2);
     goto err;
   }
+  c->session = r.hello_rep.session_id;
+  c->slot_bytes = r.hello_rep.slot_bytes;
+  c->block_bytes = o->layout.block_bytes;
+  c->arena_bytes = r.hello_rep.arena_bytes;
+  int arena_fd = f.fd;
   /* G1: the first entry for tier G1, if the daemon granted it; the pool's
-   * fd (KV_F_FD2) is closed by the import either way. */
+   * fd (KV_F_FD2) is closed by the import (or g1_choose) either way. */
   int g1fd = f.fd2, g1done = 0;
   if (r.hello_rep.caps & KV_CAP_G1) {
     for (unsigned i = 0; i < r.hello_rep.ntierinfo && !g1done; i++) {
       kv_tierinfo t;
       kv_hello_tierinfo(&r.hello_rep, i, &t);
       if (t.tier != KV_G1) continue;
-      kvc__g1_import(&c->g1, t.kind, t.p, t.len, g1fd);
+      rc = g1_choose(c, o, r.hello_rep.ver_minor, &t, g1fd);
       g1fd = -1;
       g1done = 1;
     }
@@ -550,23 +640,20 @@ int kvc_open(const kvc_opts *o, kvc **out) {
       kv_tierinfo t;
       kv_hello_tierinfo(&r.hello_rep, i, &t);
       if (t.tier != KV_G1 || t.kind != KV_TI_G1_NONE) continue;
-      snprintf(c->g1.info.reason, sizeof c->g1.info.reason, "the daemon offers no G1 pool: %.*s",
-               (int)t.len, (const char *)t.p);
-      for (char *q = c->g1.info.reason; *q; q++) /* text from the socket: printable only */
-        if ((unsigned char)*q < 0x20 || (unsigned char)*q == 0x7f) *q = '?';
+      g1_reason_text(c, "the daemon offers no G1 pool: ", &t);
       break;
     }
   } else {
     snprintf(c->g1.info.reason, sizeof c->g1.info.reason, "not asked for (kvc_opts.no_g1)");
   }
   if (g1fd >= 0) close(g1fd);
-  c->session = r.hello_rep.session_id;
-  c->slot_bytes = r.hello_rep.slot_bytes;
-  c->block_bytes = o->layout.block_bytes;
-  c->arena_bytes = r.hello_rep.arena_bytes;
-  void *map = mmap(NULL, c->arena_bytes, PROT_READ | PROT_WRITE, MAP_SHARED, f.fd, 0);
+  if (rc) { /* the connection broke while asking for the device's pool */
+    close(arena_fd);
+    goto err;
+  }
+  void *map = mmap(NULL, c->arena_bytes, PROT_READ | PROT_WRITE, MAP_SHARED, arena_fd, 0);
   rc = map == MAP_FAILED ? -errno : 0;
-  close(f.fd);
+  close(arena_fd);
   if (rc) goto err;
   c->arena = map;
   *out = c;

@@ -76,6 +76,9 @@ typedef struct kvc_opts {
   kvc_layout layout;
   int timeout_ms;            /* for blocking calls; 0: 10000, -1: none */
   int no_g1;                 /* 1: do not offer G1 import (KV_CAP_G1) in HELLO */
+  const uint8_t *g1_uuid;    /* the device this worker computes on (16 bytes, CUDA's
+                              * uuid); NULL: the calling thread's current CUDA
+                              * device, if any. kvc_open maps that device's pool. */
 } kvc_opts;
 
 typedef struct kvc kvc;
@@ -93,10 +96,13 @@ uint64_t kvc_session_id(const kvc *c);
 uint32_t kvc_slot_bytes(const kvc *c);
 
 /* G1: when the daemon has a device pool and this library can import it
- * (the HELLO reply carries the pool's export, cuda/dev.h), kvc_open maps
- * it once. When it cannot (G1 off in the daemon, the pool on a device this
- * process does not see, a handle kind it cannot map, no driver), the
- * session works on G2 as before and kvc_g1_info says why. */
+ * (the HELLO reply carries the first device's pool's export, cuda/dev.h),
+ * kvc_open maps it once. A worker on another device (kvc_opts.g1_uuid, or
+ * the current CUDA device) asks the daemon for that device's pool instead
+ * (G1_SELECT). A pool on a simulated device is taken as offered unless
+ * g1_uuid names another. When there is no pool to map (G1 off in the
+ * daemon, no pool on this worker's device, a handle kind it cannot map, no
+ * driver), the session works on G2 as before and kvc_g1_info says why. */
 #define KVC_G1_CUDA 1
 #define KVC_G1_SIM 2 /* the daemon's simulated device (g1.backend = sim) */
 struct kv_dev;

@@ -325,6 +325,19 @@ int kv_dev_unmap(kv_dev *dev, kv_dev_map *m) {
 void *kv_dev_map_base(const kv_dev_map *m) { return m->base; }
 size_t kv_dev_map_bytes(const kv_dev_map *m) { return m->bytes; }
 
+const char *kv_dev_uuid_str(const uint8_t u[16], char out[KV_DEV_UUID_STR]) {
+  static const char hex[] = "0123456789abcdef";
+  char *p = out + 4;
+  memcpy(out, "GPU-", 4);
+  for (int i = 0; i < 16; i++) {
+    if (i == 4 || i == 6 || i == 8 || i == 10) *p++ = '-';
+    *p++ = hex[u[i] >> 4];
+    *p++ = hex[u[i] & 15];
+  }
+  *p = 0;
+  return out;
+}
+
 int kv_dev_current_uuid(uint8_t uuid[16]) {
   return kv__dev_cuda.current_uuid ? kv__dev_cuda.current_uuid(uuid) : -ENODEV;
 }

@@ -109,6 +109,9 @@ int kv_dev_ordinal(const kv_dev *dev);
  * and the ordinal, so the daemon and its workers (other processes of the
  * same boot) agree on it, like they would on a GPU's. */
 void kv_dev_uuid(const kv_dev *dev, uint8_t uuid[16]);
+/* A uuid as nvidia-smi writes it: "GPU-" and 8-4-4-4-12 hex digits. */
+#define KV_DEV_UUID_STR 41
+const char *kv_dev_uuid_str(const uint8_t uuid[16], char out[KV_DEV_UUID_STR]);
 /* The uuid of the CUDA device current on the calling thread (the one a
  * worker computes on: cudaGetDevice). 0, or -ENODEV when there is none (no
  * CUDA in the build, no driver, no device). Needs no kv_dev. */

@@ -45,11 +45,12 @@ static const opt opts[] = {
      "G1 device pools: auto (on when a CUDA device answers), on (start fails without "
      "a device), off"},
     {"g1", "capacity", OPT_SIZE, O(g1_capacity), 0, "1G",
-     "bytes of device memory in the G1 pool (rounded up to the allocation granularity)"},
+     "bytes of device memory in the G1 pool of each device (rounded up to the allocation granularity)"},
     {"g1", "backend", OPT_STR, O(g1_backend), sizeof(((kv_config *)0)->g1_backend), "auto",
      "auto (CUDA), cuda, or sim (device memory simulated in shared host memory: tests, demos)"},
-    {"g1", "device", OPT_U32, O(g1_device), 0, "0",
-     "the device ordinal of the pool (one device per daemon for now)"},
+    {"g1", "device", OPT_STR, O(g1_device), sizeof(((kv_config *)0)->g1_device), "0",
+     "device ordinals, comma-separated (up to 8): a pool of g1.capacity on each; "
+     "a worker gets the pool of the device it computes on"},
     {"g3", "path", OPT_STR, O(g3_path), sizeof(((kv_config *)0)->g3_path), "/var/lib/kvcached",
      "directories of the SSD tier, comma-separated (one preallocated file each, "
      "created if missing); empty: no G3"},
@@ -215,6 +216,24 @@ int kv_config_load(kv_config *c, const char *path, char *err, size_t errlen) {
   return 0;
 }
 
+int kv_config_g1_devices(const kv_config *c, int ord[KV_CFG_G1_DEVICES_MAX]) {
+  int n = 0;
+  const char *p = c->g1_device;
+  for (;;) {
+    while (*p == ' ') p++;
+    if (*p < '0' || *p > '9') return -EINVAL;
+    int v = 0;
+    while (*p >= '0' && *p <= '9' && v <= 255) v = v * 10 + (*p++ - '0');
+    if (v > 255 || n == KV_CFG_G1_DEVICES_MAX) return -EINVAL;
+    for (int i = 0; i < n; i++)
+      if (ord[i] == v) return -EINVAL;
+    ord[n++] = v;
+    while (*p == ' ') p++;
+    if (*p == 0) return n;
+    if (*p++ != ',') return -EINVAL;
+  }
+}
+
 int kv_config_validate(const kv_config *c, char *err, size_t errlen) {
   if (c->g2_capacity < 4096) {
     snprintf(err, errlen, "g2.capacity must be at least 4K");
@@ -248,6 +267,12 @@ int kv_config_validate(const kv_config *c, char *err, size_t errlen) {
   }
   if (strcmp(c->g1_backend, "auto") && strcmp(c->g1_backend, "cuda") && strcmp(c->g1_backend, "sim")) {
     snprintf(err, errlen, "g1.backend: '%s' is not auto, cuda or sim", c->g1_backend);
+    return -EINVAL;
+  }
+  int ord[KV_CFG_G1_DEVICES_MAX];
+  if (kv_config_g1_devices(c, ord) < 0) {
+    snprintf(err, errlen, "g1.device: '%s' is not a list of 1 to %d distinct device ordinals "
+             "(0..255, comma-separated)", c->g1_device, KV_CFG_G1_DEVICES_MAX);
     return -EINVAL;
   }
   if (strcmp(c->g1_enable, "off") && c->g1_capacity == 0) {

@@ -35,8 +35,10 @@ typedef struct kv_config {
   char g1_enable[8];      /* [g1] enable: auto, on, off */
   uint64_t g1_capacity;   /* [g1] capacity: bytes of the device pool */
   char g1_backend[8];     /* [g1] backend: auto, cuda, sim */
-  uint32_t g1_device;     /* [g1] device: the CUDA ordinal (one device for now) */
+  char g1_device[64];     /* [g1] device: CUDA ordinals, comma-separated: a pool on each */
 } kv_config;
+
+#define KV_CFG_G1_DEVICES_MAX 8 /* devices in g1.device */
 
 /* Fills *c with the defaults. */
 void kv_config_defaults(kv_config *c);
@@ -52,6 +54,11 @@ int kv_config_set(kv_config *c, const char *dotted, const char *value,
 
 /* Checks values that depend on each other. 0 or -EINVAL with a message. */
 int kv_config_validate(const kv_config *c, char *err, size_t errlen);
+
+/* The ordinals of g1.device, in its order, into ord. Returns how many
+ * (1..KV_CFG_G1_DEVICES_MAX), or -EINVAL (empty, not a number, above 255,
+ * named twice, too many). */
+int kv_config_g1_devices(const kv_config *c, int ord[KV_CFG_G1_DEVICES_MAX]);
 
 /* Writes every option with its documentation and current value, as INI. */
 void kv_config_print(const kv_config *c, FILE *f);

@@ -7,6 +7,7 @@
 
 #include "daemon/log.h"
 #include "proto/errors.h"
+#include "tiers/core.h"
 
 /* G1 cannot be had, for `why`: with g1.enable = on that fails the start
  * (rc), else G1 is off and the daemon goes on (0). */
@@ -20,8 +21,10 @@ static int unavailable(kvd_g1 *g, int must, const char *why, int rc) {
   return 0;
 }
 
-int kvd_g1_open(kvd_g1 *g, const kv_config *c) {
+int kvd_g1_open(kvd_g1 *g, const kv_config *c, int ordinal) {
   memset(g, 0, sizeof *g);
+  g->ordinal = ordinal;
+  g->core_pool = -1;
   g->x.fd = -1;
   g->slots.fd = -1; /* kv_arena_fini of a never-made arena closes nothing */
   if (!strcmp(c->g1_enable, "off")) {
@@ -32,11 +35,11 @@ int kvd_g1_open(kvd_g1 *g, const kv_config *c) {
   int must = !strcmp(c->g1_enable, "on");
   char why[KV_DEV_REASON_MAX] = "";
   kv_dev_opts o = {.backend = !strcmp(c->g1_backend, "sim") ? KV_DEV_SIM : KV_DEV_CUDA,
-                   .ordinal = (int)c->g1_device, .reason = why, .reason_len = sizeof why};
+                   .ordinal = ordinal, .reason = why, .reason_len = sizeof why};
   int rc = kv_dev_open(&g->dev, &o);
   if (rc) {
     char msg[KV_DEV_REASON_MAX + 96];
-    snprintf(msg, sizeof msg, "%s device %u: %s", kv_dev_backend_name(o.backend), c->g1_device,
+    snprintf(msg, sizeof msg, "%s device %d: %s", kv_dev_backend_name(o.backend), ordinal,
              why[0] ? why : kv_strerror(rc));
     g->dev = NULL;
     return unavailable(g, must, msg, rc);
@@ -55,8 +58,8 @@ int kvd_g1_open(kvd_g1 *g, const kv_config *c) {
   if (rc == 0) rc = kv_dev_batcher_init(&g->batch, g->dev, 0);
   if (rc) {
     char msg[KV_DEV_REASON_MAX + 96];
-    snprintf(msg, sizeof msg, "cannot make a %llu-byte pool on %s device %u: %s",
-             (unsigned long long)c->g1_capacity, kv_dev_backend_name(o.backend), c->g1_device,
+    snprintf(msg, sizeof msg, "cannot make a %llu-byte pool on %s device %d: %s",
+             (unsigned long long)c->g1_capacity, kv_dev_backend_name(o.backend), ordinal,
              kv_dev_reason(g->dev)[0] ? kv_dev_reason(g->dev) : kv_strerror(rc));
     kv_arena_fini(&g->slots);
     if (g->pool) kv_dev_pool_destroy(g->dev, g->pool);
@@ -67,6 +70,7 @@ int kvd_g1_open(kvd_g1 *g, const kv_config *c) {
     return unavailable(g, must, msg, rc);
   }
   g->on = 1;
+  kv_dev_uuid(g->dev, g->uuid);
   static const char *const kinds[] = {"?", "CUDA VMM (POSIX fd)", "legacy CUDA IPC", "simulated (memfd)"};
   kv_info("g1", "pool of %llu bytes on %s device %d, exported as %s",
           (unsigned long long)kv_dev_pool_bytes(g->pool), kv_dev_backend_name(kv_dev_backend_of(g->dev)),
@@ -168,7 +172,7 @@ void kvd_g1_close(kvd_g1 *g) {
   g->dev = NULL;
   g->x.fd = -1;
   g->on = 0;
-  kv_info("g1", "pool released");
+  kv_info("g1", "pool on device %d released", g->ordinal);
 }
 
 int kvd_g1_copy(void *arg, int to_g1, void *g1, void *g2, uint32_t bytes, uint64_t tag) {
@@ -205,4 +209,89 @@ int kvd_g1_export(kvd_g1 *g, uint8_t *kind, int *fd) {
   *fd = g->x.fd;
   if (g->x.kind < 4) g->exports[g->x.kind]++;
   return 0;
+}
+
+/* ---- every device of g1.device ------------------------------------------------ */
+
+_Static_assert(KV_CFG_G1_DEVICES_MAX <= KV_G1_POOLS_MAX, "a core pool for every device");
+
+int kvd_g1s_open(kvd_g1s *s, const kv_config *c) {
+  int ord[KV_CFG_G1_DEVICES_MAX];
+  int n = kv_config_g1_devices(c, ord);
+  memset(s, 0, sizeof *s);
+  if (n < 0) { /* kv_config_validate refuses this; a default to stay safe */
+    n = 1;
+    ord[0] = 0;
+  }
+  for (int i = 0; i < n; i++) {
+    int rc = kvd_g1_open(&s->g[i], c, ord[i]);
+    s->n = (unsigned)i + 1;
+    if (rc) {
+      kvd_g1s_close(s);
+      return rc;
+    }
+    s->on += (unsigned)s->g[i].on;
+  }
+  /* Why G1 is off: each device's reason (one device: its own). */
+  size_t k = 0;
+  for (unsigned i = 0; i < s->n && !s->on && k < sizeof s->reason; i++) {
+    int w = snprintf(s->reason + k, sizeof s->reason - k, "%s%s", i ? "; " : "", s->g[i].reason);
+    if (w < 0) break;
+    k += (size_t)w;
+  }
+  if (s->on && s->n > 1)
+    kv_info("g1", "%u of %u devices have a pool", s->on, s->n);
+  return 0;
+}
+
+int kvd_g1s_start(kvd_g1s *s, uv_loop_t *loop) {
+  for (unsigned i = 0; i < s->n; i++) {
+    int rc = kvd_g1_start(&s->g[i], loop);
+    if (rc) return rc;
+  }
+  return 0;
+}
+
+void kvd_g1s_stop(kvd_g1s *s) {
+  for (unsigned i = 0; i < s->n; i++) kvd_g1_stop(&s->g[i]);
+}
+
+void kvd_g1s_close(kvd_g1s *s) {
+  for (unsigned i = 0; i < s->n; i++) kvd_g1_close(&s->g[i]);
+  s->on = 0;
+}
+
+kvd_g1 *kvd_g1s_first(kvd_g1s *s) {
+  for (unsigned i = 0; i < s->n; i++)
+    if (s->g[i].on) return &s->g[i];
+  return NULL;
+}
+
+kvd_g1 *kvd_g1s_find(kvd_g1s *s, const uint8_t uuid[16]) {
+  for (unsigned i = 0; i < s->n; i++)
+    if (s->g[i].on && !memcmp(s->g[i].uuid, uuid, 16)) return &s->g[i];
+  return NULL;
+}
+
+int kvd_g1s_arena_register(void *base, size_t len, void *arg) {
+  kvd_g1s *s = arg;
+  for (unsigned i = 0; i < s->n; i++) {
+    if (!s->g[i].on) continue;
+    int rc = kvd_g1_arena_register(base, len, &s->g[i]);
+    if (rc) { /* none, rather than copies that work on some devices only */
+      while (i-- > 0)
+        if (s->g[i].on) kvd_g1_arena_unregister(base, len, &s->g[i]);
+      return rc;
+    }
+  }
+  return 0;
+}
+
+void kvd_g1s_arena_unregister(void *base, size_t len, void *arg) {
+  kvd_g1s *s = arg;
+  /* Every device's copies end first; the first registrant lets go last. */
+  for (unsigned i = 0; i < s->n; i++)
+    if (s->g[i].on) drain(&s->g[i]);
+  for (unsigned i = s->n; i-- > 0;)
+    if (s->g[i].on) kvd_g1_arena_unregister(base, len, &s->g[i]);
 }

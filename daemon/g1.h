@@ -1,8 +1,11 @@
 /*
- * g1.h - the daemon's G1 tier: the device, its pool, its export to workers.
+ * g1.h - the daemon's G1 tier: the devices, their pools, their export to
+ * workers.
  *
- * kvd_g1_open (start-up, before the G2 arenas exist) decides from the
- * configuration whether G1 is on:
+ * g1.device names up to KV_CFG_G1_DEVICES_MAX devices; a kvd_g1s holds one
+ * kvd_g1 per name, in its order (kvd_g1s_* below), and each kvd_g1 one
+ * device and its pool. kvd_g1_open (start-up, before the G2 arenas exist)
+ * decides from the configuration whether a device's G1 is on:
  *   g1.enable = off  - off.
  *   g1.enable = auto - on when the device answers (g1.backend auto|cuda:
  *                      a CUDA device; sim: the simulation), else off with
@@ -11,8 +14,9 @@
  *                      the start.
  * The simulation (cuda/dev.h, KV_DEV_SIM) is used only when g1.backend =
  * sim says so: a plain machine without a GPU runs with G1 off.
- * When on, it holds one pool of g1.capacity bytes on device g1.device (one
- * device per daemon for now) and its export (kv_dev_export, encoded once).
+ * When on, it holds one pool of g1.capacity bytes on its device and the
+ * pool's export (kv_dev_export, encoded once). The core numbers the pools
+ * in the order they come up (kvd_g1.core_pool, kv_core_attach_g1).
  *
  * G2 arenas are registered with the device as they are made
  * (kvd_g1_arena_register / kvd_g1_arena_unregister are kv_arena_opts'
@@ -54,6 +58,9 @@ typedef void (*kvd_g1_done_fn)(void *arg, uint64_t tag, int status);
 
 typedef struct kvd_g1 {
   int on;                      /* 1 when the pool exists */
+  int ordinal;                 /* the device, as g1.device names it */
+  int core_pool;               /* the core's index of the pool (kv_core_attach_g1); -1: none */
+  uint8_t uuid[16];            /* the device's (valid while on) */
   char reason[KV_DEV_REASON_MAX + 128]; /* why G1 is off ("" when on or disabled by config) */
   kv_dev *dev;
   kv_dev_pool *pool;
@@ -72,9 +79,10 @@ typedef struct kvd_g1 {
   int polling;
 } kvd_g1;
 
-/* Opens G1 per c. 0 (on, or off with g->reason set and logged), or
- * -ENODEV / the device's error when g1.enable = on and it cannot be had. */
-int kvd_g1_open(kvd_g1 *g, const kv_config *c);
+/* Opens G1 on device `ordinal` per c. 0 (on, or off with g->reason set
+ * and logged), or -ENODEV / the device's error when g1.enable = on and it
+ * cannot be had. */
+int kvd_g1_open(kvd_g1 *g, const kv_config *c, int ordinal);
 /* Starts polling the completion fd on loop. 0 or a libuv error. */
 int kvd_g1_start(kvd_g1 *g, uv_loop_t *loop);
 /* Stops the poll (its close completes on the loop's next run). */
@@ -99,5 +107,31 @@ void kvd_g1_arena_unregister(void *base, size_t len, void *arg);
 /* The tier-info entry kind (KV_TI_G1_*) and the fd to send with it (-1 for
  * the legacy IPC kind); counts one export. -ENODEV when G1 is off. */
 int kvd_g1_export(kvd_g1 *g, uint8_t *kind, int *fd);
+
+/* ---- every device of g1.device ---------------------------------------------- */
+
+typedef struct kvd_g1s {
+  unsigned n;                  /* devices g1.device names */
+  unsigned on;                 /* of them, with a pool */
+  kvd_g1 g[KV_CFG_G1_DEVICES_MAX];
+  char reason[KV_DEV_REASON_MAX + 160]; /* why G1 is off ("" while a pool is up) */
+  uint64_t selects[2];         /* G1_SELECT answered [0] with a pool, [1] without */
+} kvd_g1s;
+
+/* Opens every device of g1.device (kvd_g1_open each). 0 (with s->on pools
+ * up, maybe none: s->reason says why), or, with g1.enable = on, the error
+ * of the first device that cannot be had (nothing left open). */
+int kvd_g1s_open(kvd_g1s *s, const kv_config *c);
+int kvd_g1s_start(kvd_g1s *s, uv_loop_t *loop); /* 0 or the first libuv error */
+void kvd_g1s_stop(kvd_g1s *s);
+void kvd_g1s_close(kvd_g1s *s);
+/* The first device with a pool (what HELLO offers), or NULL. */
+kvd_g1 *kvd_g1s_first(kvd_g1s *s);
+/* The device with a pool whose uuid is uuid, or NULL. */
+kvd_g1 *kvd_g1s_find(kvd_g1s *s, const uint8_t uuid[16]);
+/* kv_arena_opts hooks for every device with a pool; arg is the kvd_g1s.
+ * Register: all or none (0, or the first device's error). */
+int kvd_g1s_arena_register(void *base, size_t len, void *arg);
+void kvd_g1s_arena_unregister(void *base, size_t len, void *arg);
 
 #endif

@@ -96,33 +96,43 @@ int kvd_init(kvd *d) {
     kv_error("core", "cannot start the cache core: %s", kv_strerror(rc));
     goto err;
   }
-  if ((rc = kvd_g1_open(&d->g1, &d->cfg))) {
+  if ((rc = kvd_g1s_open(&d->g1, &d->cfg))) {
     kv_core_fini(&d->core);
     goto err;
   }
-  if (d->g1.on) {
-    kv_core_attach_g1(&d->core, &d->g1.slots, kvd_g1_copy, &d->g1);
-    d->g1.done = kvd_g1_copied;
-    d->g1.done_arg = d;
+  for (unsigned i = 0; i < d->g1.n; i++) {
+    kvd_g1 *g = &d->g1.g[i];
+    if (!g->on) continue;
+    g->core_pool = kv_core_attach_g1(&d->core, &g->slots, kvd_g1_copy, g);
+    if (g->core_pool < 0) {
+      rc = g->core_pool;
+      kv_error("g1", "cannot attach the pool of device %d to the cache core: %s", g->ordinal,
+               kv_strerror(rc));
+      kvd_g1s_close(&d->g1);
+      kv_core_fini(&d->core);
+      goto err;
+    }
+    g->done = kvd_g1_copied;
+    g->done_arg = d;
   }
   kvd_registry_opts ro = {.g2_capacity = d->cfg.g2_capacity, .g2_page_size = d->cfg.g2_page_size,
                           .tenants = d->cfg.g2_tenants, .lock = d->cfg.g2_lock, .core = &d->core};
   if (d->g1.on) {
-    ro.register_fn = kvd_g1_arena_register;
-    ro.unregister_fn = kvd_g1_arena_unregister;
+    ro.register_fn = kvd_g1s_arena_register;
+    ro.unregister_fn = kvd_g1s_arena_unregister;
     ro.register_arg = &d->g1;
   }
   rc = kvd_registry_init(&d->reg, &ro);
   if (rc) {
     kv_error("g2", "cannot create the G2 arenas (%llu bytes for %u tenant(s)): %s",
              (unsigned long long)d->cfg.g2_capacity, d->cfg.g2_tenants, kv_strerror(rc));
-    kvd_g1_close(&d->g1);
+    kvd_g1s_close(&d->g1);
     kv_core_fini(&d->core);
     goto err;
   }
   if (d->cfg.g3_path[0] && (rc = open_g3(d))) {
     kvd_registry_fini(&d->reg);
-    kvd_g1_close(&d->g1);
+    kvd_g1s_close(&d->g1);
     kv_core_fini(&d->core);
     goto err;
   }
@@ -131,7 +141,7 @@ int kvd_init(kvd *d) {
     if (d->g3) kv_g3_close(d->g3);
     d->g3 = NULL;
     kvd_registry_fini(&d->reg);
-    kvd_g1_close(&d->g1);
+    kvd_g1s_close(&d->g1);
     kv_core_fini(&d->core);
     goto err;
   }
@@ -156,7 +166,7 @@ void kvd_fini(kvd *d) {
   kvd_metrics_fini(d);
   kv_core_fini(&d->core);
   kvd_registry_fini(&d->reg); /* unregisters the arenas from the device */
-  kvd_g1_close(&d->g1);
+  kvd_g1s_close(&d->g1);
   free(d->keys); free(d->tiers); free(d->status); free(d->loads); free(d->allocs);
   d->keys = NULL;
 }
@@ -188,9 +198,38 @@ int kvd_load_keys(kvd *d, const kv_keyvec *v) {
 static kvd_ns *session_ns(kvd *d, kvd_session *s) { return kvd_registry_ns(&d->reg, s->ns); }
 
 /* --- HELLO ---------------------------------------------------------------- */
-/* The G1 tier-info value: kv_dev_export_encode's bytes (the pool's
- * device, size and handle). A block's device pointer will be the imported
- * base plus the offset a LOAD reply gives. */
+/* The G1 tier-info entry of HELLO and G1_SELECT replies: g's pool, whose
+ * value is kv_dev_export_encode's bytes (its device, size and handle; a
+ * block's device pointer is the imported base plus the offset a LOAD reply
+ * gives), with *fd the fd to send (-1: none); or, when g is NULL, kind
+ * KV_TI_G1_NONE with the reason (why G1 is off, or that `uuid` names no
+ * device with a pool), and -ENODEV. The entry points into d or into a
+ * buffer of its own, valid until the next call. */
+static int g1_entry(kvd *d, kvd_g1 *g, const uint8_t *uuid, kv_tierinfo *ti, int *fd) {
+  static char why[KV_DEV_REASON_MAX + 512];
+  char us[KV_DEV_UUID_STR];
+  uint8_t kind;
+  *fd = -1;
+  if (g && kvd_g1_export(g, &kind, fd) == 0) {
+    *ti = (kv_tierinfo){.tier = KV_G1, .kind = kind, .len = (uint16_t)g->enc_len, .p = g->enc};
+    return 0;
+  }
+  if (!uuid || !d->g1.on) {
+    snprintf(why, sizeof why, "%s", d->g1.reason[0] ? d->g1.reason : "G1 is off");
+  } else {
+    int k = snprintf(why, sizeof why, "no G1 pool on device %s; pools on", kv_dev_uuid_str(uuid, us));
+    for (unsigned i = 0; i < d->g1.n && k > 0 && (size_t)k < sizeof why; i++)
+      if (d->g1.g[i].on)
+        k += snprintf(why + k, sizeof why - (size_t)k, " %s (ordinal %d)",
+                      kv_dev_uuid_str(d->g1.g[i].uuid, us), d->g1.g[i].ordinal);
+  }
+  size_t len = strlen(why);
+  if (len > KV_TIERINFO_BYTES_MAX) len = KV_TIERINFO_BYTES_MAX;
+  *ti = (kv_tierinfo){.tier = KV_G1, .kind = KV_TI_G1_NONE, .len = (uint16_t)len,
+                      .p = (const uint8_t *)why};
+  return -ENODEV;
+}
+
 static int op_hello(kvd *d, kvd_session *s, const kv_msg *req, kv_buf *out, int fd_out[2]) {
   const kv_hello_req *h = &req->hello;
   if (s->ns >= 0) return kvd_fail(out, req, KV_EBADSTATE, "HELLO was already said on this connection");
@@ -216,22 +255,15 @@ static int op_hello(kvd *d, kvd_session *s, const kv_msg *req, kv_buf *out, int 
   m.hello_rep.arena_bytes = a->capacity;
   m.hello_rep.slot_align = KV_ARENA_ALIGN;
   m.hello_rep.slot_bytes = n->slot_bytes;
+  kvd_g1 *g = kvd_g1s_first(&d->g1);
+  s->g1pool = g ? g->core_pool : -1;
   kv_tierinfo ti;
-  uint8_t kind;
   int g1fd = -1;
-  if ((h->caps & KV_CAP_G1) && kvd_g1_export(&d->g1, &kind, &g1fd) == 0) {
-    m.hello_rep.caps |= KV_CAP_G1;
-    ti = (kv_tierinfo){.tier = KV_G1, .kind = kind, .len = (uint16_t)d->g1.enc_len, .p = d->g1.enc};
-    m.hello_rep.ntierinfo = 1;
-    m.hello_rep.tierinfo = &ti;
-    if (g1fd >= 0) m.flags |= KV_F_FD2;
-  } else if (h->caps & KV_CAP_G1) {
-    /* Asked for and not granted: say why, so the worker can too. */
-    const char *why = d->g1.reason[0] ? d->g1.reason : "G1 is off";
-    size_t len = strlen(why);
-    if (len > KV_TIERINFO_BYTES_MAX) len = KV_TIERINFO_BYTES_MAX;
-    ti = (kv_tierinfo){.tier = KV_G1, .kind = KV_TI_G1_NONE, .len = (uint16_t)len,
-                       .p = (const uint8_t *)why};
+  if (h->caps & KV_CAP_G1) {
+    if (g1_entry(d, g, NULL, &ti, &g1fd) == 0) {
+      m.hello_rep.caps |= KV_CAP_G1;
+      if (g1fd >= 0) m.flags |= KV_F_FD2;
+    }
     m.hello_rep.ntierinfo = 1;
     m.hello_rep.tierinfo = &ti;
   }
@@ -240,6 +272,27 @@ static int op_hello(kvd *d, kvd_session *s, const kv_msg *req, kv_buf *out, int 
     fd_out[0] = a->fd;
     fd_out[1] = (m.flags & KV_F_FD2) ? g1fd : -1;
   }
+  return rc;
+}
+
+/* --- G1_SELECT -------------------------------------------------------------- */
+static int op_g1_select(kvd *d, kvd_session *s, const kv_msg *req, kv_buf *out, int fd_out[2]) {
+  if (s->g1_loaded)
+    return kvd_fail(out, req, KV_EBADSTATE,
+                    "this session already holds G1 offsets from a LOAD: select before the first one");
+  kvd_g1 *g = kvd_g1s_find(&d->g1, req->g1_select.uuid);
+  kv_msg m = kvd_reply_to(req);
+  int g1fd = -1;
+  if (g1_entry(d, g, req->g1_select.uuid, &m.g1_pool, &g1fd) == 0) {
+    s->g1pool = g->core_pool;
+    if (g1fd >= 0) m.flags |= KV_F_FD;
+    d->g1.selects[0]++;
+  } else {
+    s->g1pool = -1;
+    d->g1.selects[1]++;
+  }
+  int rc = kv_msg_encode(out, &m);
+  if (rc == 0) fd_out[0] = (m.flags & KV_F_FD) ? g1fd : -1;
   return rc;
 }
 
@@ -465,6 +518,7 @@ int kvd_handle(kvd *d, kvd_sink *sink, const kv_msg *req, kv_buf *out, int fd_ou
   case KV_OP_SET_PRIORITY: return op_set_priority(d, s, req, out);
   case KV_OP_PUT: return op_put(d, s, req, out);
   case KV_OP_GET: return op_get(d, s, req, out);
+  case KV_OP_G1_SELECT: return op_g1_select(d, s, req, out, fd_out);
   default: return kvd_fail(out, req, KV_EBADOP, NULL);
   }
 }

@@ -39,7 +39,7 @@ typedef struct kvd {
   kv_load_ent *loads;
   kv_alloc_ent *allocs;
   kv_g3 *g3;                   /* NULL when no SSD tier is configured */
-  kvd_g1 g1;                   /* the device pool; g1.on = 0 when G1 is off */
+  kvd_g1s g1;                  /* the device pools; g1.on = 0 when G1 is off */
   struct kvd_load *waiting;    /* LOADs waiting for G2 room (kvd_loads_retry) */
   struct kvd_alloc *alloc_waiting; /* ALLOCs waiting for G2 room (alloc.c) */
   kvd_metrics m;               /* latencies, miss reasons (stats.h) */

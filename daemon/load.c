@@ -47,7 +47,7 @@ struct kvd_load {
   uint32_t n, pending;
   uint32_t core_ns;
   uint8_t target;      /* KV_G1 or KV_G2 */
-  unsigned pool;       /* target G1: the pool of the worker's device (one device per daemon: 0) */
+  unsigned pool;       /* target G1: the session's pool (its worker's device) */
   kvd_load *next_wait;
   int waiting;
   uint64_t t0;         /* kvd_now_ns() when the request was taken */
@@ -160,8 +160,11 @@ int kvd_op_load(kvd *d, kvd_sink *sink, const kv_msg *req, kv_buf *out) {
   kvd_session *s = sink->sess;
   int rc = kvd_load_keys(d, &br->keys);
   if (rc) return kvd_fail(out, req, rc, NULL);
-  if (br->tier == KV_G1 && !d->core.ng1)
-    return kvd_fail(out, req, -ENODEV, d->g1.reason[0] ? d->g1.reason : "G1 is off");
+  if (br->tier == KV_G1 && s->g1pool < 0)
+    return kvd_fail(out, req, -ENODEV,
+                    !d->core.ng1 ? (d->g1.reason[0] ? d->g1.reason : "G1 is off")
+                                 : "this session has no G1 pool (G1_SELECT named a device without one)");
+  if (br->tier == KV_G1) s->g1_loaded = 1;
   uint32_t n = br->keys.n;
   kvd_load *ld = calloc(1, sizeof *ld);
   if (ld) {
@@ -180,6 +183,7 @@ int kvd_op_load(kvd *d, kvd_sink *sink, const kv_msg *req, kv_buf *out) {
   ld->req = *req;
   ld->n = n;
   ld->target = br->tier;
+  ld->pool = br->tier == KV_G1 ? (unsigned)s->g1pool : 0;
   ld->core_ns = (uint32_t)kvd_registry_ns(&d->reg, s->ns)->core_ns;
 
   for (uint32_t i = 0; i < n; i++) {

@@ -182,7 +182,7 @@ int main(int argc, char **argv) {
     kvd_fini(&st.d);
     return 1;
   }
-  if ((rc = kvd_g1_start(&st.d.g1, &st.loop)))
+  if ((rc = kvd_g1s_start(&st.d.g1, &st.loop)))
     kv_warn("g1", "cannot poll the device's completions: %s", uv_strerror(rc));
   if (st.d.g3) {
     uv_poll_init(&st.loop, &st.g3poll, kv_g3_fd(st.d.g3));
@@ -202,10 +202,15 @@ int main(int argc, char **argv) {
     cap += st.d.reg.tenants[i].arena.capacity;
     locked += st.d.reg.tenants[i].arena.locked;
   }
+  char g1desc[32] = "off";
+  kvd_g1 *g1first = kvd_g1s_first(&st.d.g1);
+  if (g1first)
+    snprintf(g1desc, sizeof g1desc, "%s on %u device(s)",
+             kv_dev_backend_name(kv_dev_backend_of(g1first->dev)), st.d.g1.on);
   kv_info("daemon", "ready: socket %s, G2 %llu bytes for %u tenant(s) (%s), G1 %s, G3 %s, policy %s",
           st.srv.lst.path, (unsigned long long)cap, st.d.reg.ntenants,
           locked == st.d.reg.ntenants ? "locked" : "not locked",
-          st.d.g1.on ? kv_dev_backend_name(kv_dev_backend_of(st.d.g1.dev)) : "off",
+          g1desc,
           st.d.g3 ? st.d.cfg.g3_path : "off", st.d.core.policy->name);
   kv_info("daemon", "operator sockets: %s (stats%s%s), %s (admin)", st.ops.stats.ulst.path,
           st.d.cfg.stats_listen[0] ? ", and TCP " : "", st.d.cfg.stats_listen, st.ops.admin.ulst.path);
@@ -219,7 +224,7 @@ int main(int argc, char **argv) {
   kvd_server_stop_listening(&st.srv);
   kvd_allocs_fini(&st.d);
   kvd_server_close_all(&st.srv, 1000);
-  kvd_g1_stop(&st.d.g1);
+  kvd_g1s_stop(&st.d.g1);
   if (st.d.g3) {
     uv_poll_stop(&st.g3poll);
     uv_close((uv_handle_t *)&st.g3poll, NULL);

@@ -9,6 +9,7 @@ void kvd_session_init(kvd_session *s, uint64_t id) {
   memset(s, 0, sizeof *s);
   s->id = id;
   s->ns = -1;
+  s->g1pool = -1;
 }
 
 int kvd_session_pin(kv_core *c, kvd_session *s, kv_block *b) {

@@ -20,6 +20,9 @@
 typedef struct kvd_session {
   uint64_t id;
   int ns;        /* registry namespace index; -1 before HELLO */
+  int g1pool;    /* the core's index of this session's G1 pool (HELLO: the
+                  * first; G1_SELECT: its device's); -1: none */
+  int g1_loaded; /* 1 once a LOAD to G1 came: offsets into g1pool were given */
   u32map pins;   /* block id -> pins this session holds on it */
   u32map allocs; /* block id -> 1 while this session writes it */
 } kvd_session;

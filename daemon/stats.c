@@ -350,17 +350,43 @@ int kvd_render_metrics(kvd *d, kv_buf *out) {
   P("kvcached_g3_io_errors_total %llu\n", U(s.gs.io_errors));
   H("kvcached_g3_corrupt_total", "counter", "SSD reads that failed verification.");
   P("kvcached_g3_corrupt_total %llu\n", U(s.gs.corrupt));
-  H("kvcached_g1_enabled", "gauge", "1 when the G1 device pool is up.");
-  P("kvcached_g1_enabled %d\n", d->g1.on);
+  const kvd_g1s *g1 = &d->g1;
+  uint64_t pool_bytes = 0, exports[4] = {0}, subs[KV_DEV_NDIR] = {0}, refused[KV_DEV_NDIR] = {0};
+  for (unsigned i = 0; i < g1->n; i++) {
+    const kvd_g1 *g = &g1->g[i];
+    if (!g->on) continue;
+    pool_bytes += kv_dev_pool_bytes(g->pool);
+    for (int k = 0; k < 4; k++) exports[k] += g->exports[k];
+    for (int k = 0; k < KV_DEV_NDIR; k++) {
+      subs[k] += g->batch.submissions[k];
+      refused[k] += g->batch.refused[k];
+    }
+  }
+  int wanted = strcmp(d->cfg.g1_enable, "off") != 0;
+  H("kvcached_g1_enabled", "gauge", "1 when a G1 device pool is up.");
+  P("kvcached_g1_enabled %d\n", g1->on > 0);
   H("kvcached_g1_unavailable", "gauge",
-    "1 when G1 was wanted (g1.enable auto or on) but no device or pool could be had (reason in the log).");
-  P("kvcached_g1_unavailable %d\n", !d->g1.on && strcmp(d->cfg.g1_enable, "off") != 0);
-  H("kvcached_g1_pool_bytes", "gauge", "Bytes of the G1 device pool (0 when off).");
-  P("kvcached_g1_pool_bytes %llu\n", U(d->g1.pool ? kv_dev_pool_bytes(d->g1.pool) : 0));
-  H("kvcached_g1_exports_total", "counter", "G1 pool exports sent to workers in HELLO replies.");
+    "1 when G1 was wanted (g1.enable auto or on) but a device of g1.device or its pool could not be had (reason in the log).");
+  P("kvcached_g1_unavailable %d\n", wanted && g1->on < g1->n);
+  H("kvcached_g1_pool_bytes", "gauge", "Bytes of the G1 device pools, all devices together (0 when off).");
+  P("kvcached_g1_pool_bytes %llu\n", U(pool_bytes));
+  H("kvcached_g1_device_up", "gauge",
+    "Per device of g1.device (its ordinal): 1 when its pool is up, 0 when it could not be had.");
+  for (unsigned i = 0; i < g1->n; i++)
+    P("kvcached_g1_device_up{device=\"%d\"} %d\n", g1->g[i].ordinal, g1->g[i].on);
+  H("kvcached_g1_device_pool_bytes", "gauge", "Bytes of the G1 pool on each device (its ordinal).");
+  for (unsigned i = 0; i < g1->n; i++)
+    P("kvcached_g1_device_pool_bytes{device=\"%d\"} %llu\n", g1->g[i].ordinal,
+      U(g1->g[i].on ? kv_dev_pool_bytes(g1->g[i].pool) : 0));
+  H("kvcached_g1_exports_total", "counter",
+    "G1 pool exports sent to workers, in HELLO and G1_SELECT replies.");
   static const char *const g1k[] = {"vmm_fd", "legacy_ipc", "sim_fd"};
   for (int i = 0; i < 3; i++)
-    P("kvcached_g1_exports_total{kind=\"%s\"} %llu\n", g1k[i], U(d->g1.exports[i + 1]));
+    P("kvcached_g1_exports_total{kind=\"%s\"} %llu\n", g1k[i], U(exports[i + 1]));
+  H("kvcached_g1_selects_total", "counter",
+    "G1_SELECT requests (a worker asking for its device's pool): answered with a pool, or with none (the worker uses G2).");
+  P("kvcached_g1_selects_total{result=\"pool\"} %llu\n", U(g1->selects[0]));
+  P("kvcached_g1_selects_total{result=\"none\"} %llu\n", U(g1->selects[1]));
   H("kvcached_g1_copies_total", "counter",
     "Block copies between G1 and G2 that completed: load (G2->G1, for a LOAD to G1) and writeback (a G1 victim not in G2).");
   P("kvcached_g1_copies_total{dir=\"load\"} %llu\n", U(d->core.st.g1_loads));
@@ -370,13 +396,13 @@ int kvd_render_metrics(kvd *d, kv_buf *out) {
   P("kvcached_g1_copy_failures_total{dir=\"load\"} %llu\n", U(d->core.st.g1_load_failed));
   P("kvcached_g1_copy_failures_total{dir=\"writeback\"} %llu\n", U(d->core.st.g1_writeback_failed));
   H("kvcached_g1_submissions_total", "counter",
-    "Submissions to the device's copy engine: the copies queued in one turn of the loop go as one per direction.");
-  P("kvcached_g1_submissions_total{dir=\"load\"} %llu\n", U(d->g1.batch.submissions[KV_DEV_H2D]));
-  P("kvcached_g1_submissions_total{dir=\"writeback\"} %llu\n", U(d->g1.batch.submissions[KV_DEV_D2H]));
+    "Submissions to the devices' copy engines: the copies queued in one turn of the loop go as one per direction and device.");
+  P("kvcached_g1_submissions_total{dir=\"load\"} %llu\n", U(subs[KV_DEV_H2D]));
+  P("kvcached_g1_submissions_total{dir=\"writeback\"} %llu\n", U(subs[KV_DEV_D2H]));
   H("kvcached_g1_copies_refused_total", "counter",
     "Copies the device refused at submit (each fails alone: a refused submission is retried copy by copy).");
-  P("kvcached_g1_copies_refused_total{dir=\"load\"} %llu\n", U(d->g1.batch.refused[KV_DEV_H2D]));
-  P("kvcached_g1_copies_refused_total{dir=\"writeback\"} %llu\n", U(d->g1.batch.refused[KV_DEV_D2H]));
+  P("kvcached_g1_copies_refused_total{dir=\"load\"} %llu\n", U(refused[KV_DEV_H2D]));
+  P("kvcached_g1_copies_refused_total{dir=\"writeback\"} %llu\n", U(refused[KV_DEV_D2H]));
   H("kvcached_bad_frames_total", "counter", "Malformed frames received on the worker socket.");
   P("kvcached_bad_frames_total %llu\n", U(d->st.bad_frames));
   return 0;

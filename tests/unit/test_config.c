@@ -82,7 +82,7 @@ Test(config, validation_catches_bad_combinations) {
   cr_assert_str_eq(c.g1_enable, "auto");
   cr_assert_str_eq(c.g1_backend, "auto");
   cr_assert_eq(c.g1_capacity, 1ull << 30);
-  cr_assert_eq(c.g1_device, 0);
+  cr_assert_str_eq(c.g1_device, "0");
   cr_assert_eq(kv_config_set(&c, "g1.enable", "maybe", err, sizeof err), 0);
   cr_assert_eq(kv_config_validate(&c, err, sizeof err), -EINVAL);
   cr_assert(strstr(err, "g1.enable"), "%s", err);
@@ -99,7 +99,23 @@ Test(config, validation_catches_bad_combinations) {
   cr_assert_eq(kv_config_set(&c, "g1.backend", "sim", err, sizeof err), 0);
   cr_assert_eq(kv_config_set(&c, "g1.device", "3", err, sizeof err), 0);
   cr_assert_eq(kv_config_validate(&c, err, sizeof err), 0, "%s", err);
-  cr_assert_eq(c.g1_device, 3);
+  int ord[KV_CFG_G1_DEVICES_MAX];
+  cr_assert_eq(kv_config_g1_devices(&c, ord), 1);
+  cr_assert_eq(ord[0], 3);
+  /* A pool per device: a list, in its order. */
+  cr_assert_eq(kv_config_set(&c, "g1.device", "2, 0,7,1,3,4,5,6", err, sizeof err), 0);
+  cr_assert_eq(kv_config_validate(&c, err, sizeof err), 0, "%s", err);
+  cr_assert_eq(kv_config_g1_devices(&c, ord), 8);
+  cr_assert_eq(ord[0], 2);
+  cr_assert_eq(ord[1], 0);
+  cr_assert_eq(ord[7], 6);
+  static const char *const bad[] = {"", " ", "0,", ",0", "0,,1", "1,1", "256", "99999999999",
+                                    "-1", "0x1", "a", "0 1", "0,1,2,3,4,5,6,7,8"};
+  for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+    cr_assert_eq(kv_config_set(&c, "g1.device", bad[i], err, sizeof err), 0);
+    cr_assert_eq(kv_config_validate(&c, err, sizeof err), -EINVAL, "g1.device = '%s'", bad[i]);
+    cr_assert(strstr(err, "g1.device"), "%s", err);
+  }
   cr_assert_eq(kv_config_set(&c, "nosuch", "1", err, sizeof err), -ENOENT);
   cr_assert_eq(kv_config_set(&c, "g2.nosuch", "1", err, sizeof err), -ENOENT);
   char big[64];

@@ -2,7 +2,8 @@
  * (g1.backend = sim): the HELLO reply's G1 entry and fd, libkvclient's
  * import (kvc_g1_info, kvc_g1_ptr), bytes written by one worker through the
  * device seen by another, workers that do not ask, a daemon with G1 off,
- * the g1 metrics, and the client's refusal of a corrupt entry. */
+ * a pool per device with each worker on its own (G1_SELECT), the g1
+ * metrics, and the client's refusal of a corrupt entry. */
 #include "test_ops_util.h"
 
 #include <fcntl.h>
@@ -377,6 +378,238 @@ Test(g1, auto_is_on_or_unavailable, .timeout = 60) {
     cr_assert(g.available, "%s", g.reason);
   kvc_close(c);
   ops_stop();
+}
+
+/* ---- a pool per device (g1.device = 0,2 on the simulation) -------------------- */
+
+static const char *const two_devs[] = {"g1.enable=on", "g1.backend=sim", "g1.capacity=2M",
+                                       "g1.device=0,2", "cache.policy=lru", NULL};
+
+static void sim_uuid(int ordinal, uint8_t u[16]) {
+  kv_dev *d;
+  cr_assert_eq(kv_dev_open(&d, &(kv_dev_opts){.backend = KV_DEV_SIM, .ordinal = ordinal}), 0);
+  kv_dev_uuid(d, u);
+  kv_dev_close(d);
+}
+
+/* A worker computing on the device with this uuid. */
+static kvc *open_on(const uint8_t *uuid) { return ops_open_on("t1", 0, uuid); }
+
+/* Loads first..first+n-1 to G1; each entry's tier must be `tier`, its
+ * bytes the block's (read through the worker's device for G1). */
+static void load_expect(kvc *c, uint64_t first, uint32_t n, uint8_t tier, uint8_t *host) {
+  kvc_key k[8];
+  kvc_block out[8];
+  for (uint32_t i = 0; i < n; i++) k[i] = ops_key(first + i);
+  cr_assert_eq(kvc_load(c, KVC_G1, k, n, out), (int)n);
+  for (uint32_t i = 0; i < n; i++) {
+    uint64_t v = first + i;
+    cr_assert_eq(out[i].status, 0, "block %llu: %s", (unsigned long long)v, kvc_strerror(out[i].status));
+    cr_assert_eq(out[i].tier, tier, "block %llu in tier %u, wanted %u", (unsigned long long)v,
+                 out[i].tier, tier);
+    if (tier == KVC_G1) read_device(c, out[i].ptr, host, OPS_BLOCK);
+    else memcpy(host, out[i].ptr, OPS_BLOCK);
+    cr_assert(all_bytes(host, OPS_BLOCK, (uint8_t)v), "block %llu's bytes", (unsigned long long)v);
+  }
+  cr_assert_eq(kvc_release(c, k, n, NULL), (int)n);
+}
+
+Test(g1, a_pool_per_device_each_worker_maps_its_own, .timeout = 60) {
+  uint8_t u0[16], u2[16], u5[16];
+  sim_uuid(0, u0);
+  sim_uuid(2, u2);
+  sim_uuid(5, u5);
+  ops_start(NULL, two_devs);
+  cr_assert_eq(metric_l("kvcached_g1_device_up{device=\"0\"}"), 1);
+  cr_assert_eq(metric_l("kvcached_g1_device_up{device=\"2\"}"), 1);
+  cr_assert_eq(metric_l("kvcached_g1_device_pool_bytes{device=\"2\"}"), 2ll << 20);
+  cr_assert_eq(metric("kvcached_g1_pool_bytes"), 4ll << 20);
+  cr_assert_eq(metric("kvcached_g1_unavailable"), 0);
+
+  /* Device 0's worker takes what HELLO offers; device 2's asks for its own. */
+  kvc *a = open_on(u0), *b = open_on(u2);
+  kvc_g1 ga, gb;
+  cr_assert_eq(kvc_g1_info(a, &ga), 0);
+  cr_assert_eq(kvc_g1_info(b, &gb), 0);
+  cr_assert(ga.available, "%s", ga.reason);
+  cr_assert(gb.available, "%s", gb.reason);
+  cr_assert_eq(memcmp(ga.uuid, u0, 16), 0);
+  cr_assert_eq(memcmp(gb.uuid, u2, 16), 0);
+  cr_assert_eq(metric_l("kvcached_g1_selects_total{result=\"pool\"}"), 1);
+  cr_assert_eq(metric_l("kvcached_g1_selects_total{result=\"none\"}"), 0);
+  static uint8_t ha[OPS_BLOCK], hb[OPS_BLOCK];
+  cr_assert_eq(kv_dev_host_register(ga.dev, ha, sizeof ha), 0);
+  cr_assert_eq(kv_dev_host_register(gb.dev, hb, sizeof hb), 0);
+
+  ops_store(a, 1, 8);
+  /* Each worker's LOAD to G1 fills its own device's pool ... */
+  load_expect(b, 1, 4, KVC_G1, hb);
+  load_expect(a, 5, 4, KVC_G1, ha);
+  cr_assert_eq(metric_l("kvcached_tier_blocks{tier=\"g1\"}"), 8);
+  /* ... one submission per device. */
+  cr_assert_eq(metric_l("kvcached_g1_submissions_total{dir=\"load\"}"), 2);
+  /* A block in the other device's pool is answered from G2, bytes intact. */
+  load_expect(a, 1, 4, KVC_G2, ha);
+  load_expect(b, 5, 4, KVC_G2, hb);
+  /* and again from its own pool without a copy. */
+  load_expect(b, 1, 4, KVC_G1, hb);
+  cr_assert_eq(metric_l("kvcached_g1_copies_total{dir=\"load\"}"), 8);
+
+  /* A worker on a device without a pool: G2, and the reason names the
+   * devices that have one. */
+  kvc *c = open_on(u5);
+  kvc_g1 gc;
+  cr_assert_eq(kvc_g1_info(c, &gc), 0);
+  cr_assert_eq(gc.available, 0);
+  char us[KV_DEV_UUID_STR];
+  cr_assert(strstr(gc.reason, "no G1 pool on this worker's device"), "%s", gc.reason);
+  cr_assert(strstr(gc.reason, kv_dev_uuid_str(u5, us)), "%s", gc.reason);
+  cr_assert(strstr(gc.reason, kv_dev_uuid_str(u2, us)), "%s", gc.reason);
+  cr_assert_eq(metric_l("kvcached_g1_selects_total{result=\"none\"}"), 1);
+  kvc_key k = ops_key(1);
+  kvc_block out;
+  cr_assert_eq(kvc_load(c, KVC_G2, &k, 1, &out), 1);
+  cr_assert(all_bytes(out.ptr, OPS_BLOCK, 1));
+  cr_assert_eq(kvc_release(c, &k, 1, NULL), 1);
+
+  cr_assert_eq(kv_dev_host_unregister(ga.dev, ha), 0);
+  cr_assert_eq(kv_dev_host_unregister(gb.dev, hb), 0);
+  kvc_close(c);
+  kvc_close(b);
+  kvc_close(a);
+  ops_stop();
+}
+
+/* Sends m on s and reads the reply into *r (its frame in *f). */
+static void raw_call(int s, kv_reader *rd, kv_msg *m, kv_frame *f, kv_msg *r) {
+  kv_buf b;
+  kv_buf_init(&b);
+  cr_assert_eq(kv_msg_encode(&b, m), 0);
+  struct iovec iov = {b.p, b.len};
+  cr_assert_eq(kv_sock_send_frame(s, &iov, 1, -1, 5000), 0);
+  kv_buf_free(&b);
+  cr_assert_eq(kv_reader_recv(rd, s, f, 5000), 1);
+  cr_assert_eq(kv_msg_decode(f->p, f->len, r), 0);
+  cr_assert_eq(r->id, m->id);
+}
+
+static kv_msg select_msg(uint64_t id, const uint8_t uuid[16]) {
+  kv_msg m;
+  memset(&m, 0, sizeof m);
+  m.op = KV_OP_G1_SELECT;
+  m.id = id;
+  memcpy(m.g1_select.uuid, uuid, 16);
+  return m;
+}
+
+static kv_msg load_none_to_g1(uint64_t id) {
+  kv_msg m;
+  memset(&m, 0, sizeof m);
+  m.op = KV_OP_LOAD;
+  m.id = id;
+  m.batch.tier = KV_G1;
+  return m;
+}
+
+/* The bytes of G1_SELECT: a pool's entry and its fd (the frame's only
+ * one); none, with the reason, and the session then has no G1; refused once
+ * the session has loaded to G1; without a session, refused too. */
+Test(g1, raw_g1_select, .timeout = 60) {
+  uint8_t u2[16], u7[16];
+  sim_uuid(2, u2);
+  sim_uuid(7, u7);
+  ops_start(NULL, two_devs);
+  kv_msg r, m;
+  kv_frame f, f2;
+  kv_reader rd;
+  int s;
+
+  /* Before HELLO. */
+  s = kv_sock_connect(ops_sock, 0);
+  cr_assert_geq(s, 0);
+  kv_reader_init(&rd, 0);
+  m = select_msg(1, u2);
+  raw_call(s, &rd, &m, &f2, &r);
+  cr_assert_eq(r.op, KV_OP_ERROR);
+  cr_assert_eq(r.status, KV_ENOSESSION);
+  kv_reader_free(&rd);
+  close(s);
+
+  raw_hello(KV_CAP_G1, &r, &f, &rd, &s);
+  close(f.fd);
+  close(f.fd2);
+  m = select_msg(2, u2);
+  raw_call(s, &rd, &m, &f2, &r);
+  cr_assert_eq(r.op, KV_OP_G1_SELECT);
+  cr_assert_eq(r.flags & (KV_F_FD | KV_F_FD2), KV_F_FD);
+  cr_assert_eq(r.g1_pool.tier, KV_G1);
+  cr_assert_eq(r.g1_pool.kind, KV_TI_G1_SIM_FD);
+  kv_dev_export x;
+  cr_assert_eq(kv_dev_export_decode(r.g1_pool.p, r.g1_pool.len, &x), 0);
+  cr_assert_eq(memcmp(x.uuid, u2, 16), 0, "device 2's pool");
+  cr_assert(f2.fd >= 0 && f2.fd2 < 0);
+  struct stat st;
+  cr_assert_eq(fstat(f2.fd, &st), 0);
+  cr_assert_eq((uint64_t)st.st_size, x.bytes, "the fd is that pool");
+  close(f2.fd);
+  /* A device without a pool: none, and the reason. */
+  m = select_msg(3, u7);
+  raw_call(s, &rd, &m, &f2, &r);
+  cr_assert_eq(r.op, KV_OP_G1_SELECT);
+  cr_assert_eq(r.flags & KV_F_FD, 0);
+  cr_assert_eq(f2.fd, -1);
+  cr_assert_eq(r.g1_pool.kind, KV_TI_G1_NONE);
+  char us[KV_DEV_UUID_STR], text[1100];
+  snprintf(text, sizeof text, "%.*s", (int)r.g1_pool.len, (const char *)r.g1_pool.p);
+  cr_assert(strstr(text, kv_dev_uuid_str(u7, us)), "%s", text);
+  /* ... so a LOAD to G1 on this session is refused. */
+  m = load_none_to_g1(4);
+  raw_call(s, &rd, &m, &f2, &r);
+  cr_assert_eq(r.op, KV_OP_ERROR);
+  cr_assert_eq(r.status, -ENODEV);
+  /* Back to device 2, load to G1; then no more changing devices. */
+  m = select_msg(5, u2);
+  raw_call(s, &rd, &m, &f2, &r);
+  cr_assert_eq(r.g1_pool.kind, KV_TI_G1_SIM_FD);
+  close(f2.fd);
+  m = load_none_to_g1(6);
+  raw_call(s, &rd, &m, &f2, &r);
+  cr_assert_eq(r.op, KV_OP_LOAD);
+  m = select_msg(7, u2);
+  raw_call(s, &rd, &m, &f2, &r);
+  cr_assert_eq(r.op, KV_OP_ERROR);
+  cr_assert_eq(r.status, KV_EBADSTATE);
+  cr_assert_eq(f2.fd, -1);
+  kv_reader_free(&rd);
+  close(s);
+  ops_stop();
+}
+
+/* A device of the list that cannot be had: with auto the others serve
+ * and the metrics say which is missing; with on the daemon does not start. */
+Test(g1, a_missing_device_of_the_list, .timeout = 60) {
+  static const char *const autoc[] = {"g1.enable=auto", "g1.backend=sim", "g1.capacity=2M",
+                                      "g1.device=1,9", NULL};
+  ops_start(NULL, autoc);
+  cr_assert_eq(metric("kvcached_g1_enabled"), 1);
+  cr_assert_eq(metric("kvcached_g1_unavailable"), 1);
+  cr_assert_eq(metric_l("kvcached_g1_device_up{device=\"1\"}"), 1);
+  cr_assert_eq(metric_l("kvcached_g1_device_up{device=\"9\"}"), 0);
+  cr_assert_eq(metric_l("kvcached_g1_device_pool_bytes{device=\"9\"}"), 0);
+  cr_assert_eq(metric("kvcached_g1_pool_bytes"), 2ll << 20);
+  kvc *c = open_g1(0); /* no preference: the first pool, device 1's */
+  kvc_g1 g;
+  uint8_t u1[16];
+  sim_uuid(1, u1);
+  cr_assert_eq(kvc_g1_info(c, &g), 0);
+  cr_assert(g.available, "%s", g.reason);
+  cr_assert_eq(memcmp(g.uuid, u1, 16), 0);
+  kvc_close(c);
+  ops_stop();
+
+  static const char *const on[] = {"g1.enable=on", "g1.backend=sim", "g1.capacity=2M",
+                                   "g1.device=1,9", NULL};
+  cr_assert_neq(ops_try_start(NULL, on), 0, "g1.enable = on with device 9 missing started");
 }
 
 /* The client's import of the entry: bad values give a reason, not a crash,

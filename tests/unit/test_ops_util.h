@@ -27,8 +27,10 @@ static char ops_dir[64], ops_sock[128], ops_stats[128], ops_admin[128];
 static pid_t ops_pid;
 
 /* Starts kvcached: G2 2 MiB for `tenants` tenants, G3 off, plus `extra`
- * (--set values, NULL-terminated, may be NULL). */
-static void ops_start(const char *tenants, const char *const *extra) {
+ * (--set values, NULL-terminated, may be NULL). 0 once it serves; its exit
+ * status (> 0; 128 + signal) when it exits before it does, its directory
+ * removed. */
+static int ops_try_start(const char *tenants, const char *const *extra) {
   snprintf(ops_dir, sizeof ops_dir, "/tmp/kvops-test-XXXXXX");
   cr_assert_not_null(mkdtemp(ops_dir));
   snprintf(ops_sock, sizeof ops_sock, "%s/kvcached.sock", ops_dir);
@@ -54,10 +56,24 @@ static void ops_start(const char *tenants, const char *const *extra) {
   }
   for (int i = 0; i < 250; i++) {
     int fd = kv_sock_connect(ops_admin, 0);
-    if (fd >= 0) { close(fd); return; }
+    if (fd >= 0) { close(fd); return 0; }
+    int st;
+    if (waitpid(ops_pid, &st, WNOHANG) == ops_pid) {
+      ops_pid = 0;
+      char cmd[128];
+      snprintf(cmd, sizeof cmd, "rm -rf %s", ops_dir);
+      system(cmd);
+      return WIFEXITED(st) ? (WEXITSTATUS(st) ? WEXITSTATUS(st) : 255) : 128 + WTERMSIG(st);
+    }
     usleep(20000);
   }
-  cr_assert_fail("kvcached did not start");
+  cr_assert_fail("kvcached neither served nor exited");
+  return -1;
+}
+
+static void ops_start(const char *tenants, const char *const *extra) {
+  int rc = ops_try_start(tenants, extra);
+  cr_assert_eq(rc, 0, "kvcached did not start (exit %d)", rc);
 }
 
 static void ops_stop(void) {
@@ -136,8 +152,9 @@ static long long ops_num(json_t *o, const char *path) {
 }
 
 /* A worker session of `tenant`; no_g1: it does not offer to import G1. */
-static kvc *ops_open_with(const char *tenant, int no_g1) {
-  kvc_opts o = {.socket_path = ops_sock, .tenant = tenant, .no_g1 = no_g1,
+/* A worker of `tenant`; no_g1 and g1_uuid as in kvc_opts. */
+static kvc *ops_open_on(const char *tenant, int no_g1, const uint8_t *g1_uuid) {
+  kvc_opts o = {.socket_path = ops_sock, .tenant = tenant, .no_g1 = no_g1, .g1_uuid = g1_uuid,
                 .layout = {.block_bytes = OPS_BLOCK, .tokens_per_block = 16, .layers = 2,
                            .kv_heads = 2, .head_dim = 64, .tp_rank = 0, .tp_size = 1,
                            .dtype = "bf16"}};
@@ -147,6 +164,7 @@ static kvc *ops_open_with(const char *tenant, int no_g1) {
   return c;
 }
 
+static kvc *ops_open_with(const char *tenant, int no_g1) { return ops_open_on(tenant, no_g1, NULL); }
 static kvc *ops_open(const char *tenant) { return ops_open_with(tenant, 0); }
 
 static kvc_key ops_key(uint64_t v) {
