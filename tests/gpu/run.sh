@@ -55,7 +55,8 @@ if [ $bundle = 1 ]; then
   # (libcuda, libnvidia-*) must be the machine's own.
   skip='^(linux-vdso|ld-linux|libc\.so|libm\.so|libdl\.so|libpthread\.so|librt\.so|libutil\.so|libresolv\.so|libcuda\.so|libnvidia-)'
   n=0
-  for p in "${progs[@]}"; do
+  # gpu_test_daemon runs the daemon built beside it: its libraries too.
+  for p in "${progs[@]}" "$bd/bin/kvcached"; do
     while read -r name path; do
       [ -n "$path" ] && [ -f "$path" ] || continue
       [[ $name =~ $skip ]] && continue
