@@ -96,7 +96,7 @@ static kvc *worker(const uint8_t *uuid) {
   return c;
 }
 
-static kvc_key key(uint32_t v) {
+static kvc_key key(uint64_t v) {
   kvc_key k = {.len = 8};
   for (int i = 0; i < 8; i++) k.b[i] = (uint8_t)(v >> (8 * i) ^ 0x5c);
   return k;
