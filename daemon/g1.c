@@ -289,9 +289,8 @@ int kvd_g1s_arena_register(void *base, size_t len, void *arg) {
 
 void kvd_g1s_arena_unregister(void *base, size_t len, void *arg) {
   kvd_g1s *s = arg;
-  /* Every device's copies end first; the first registrant lets go last. */
-  for (unsigned i = 0; i < s->n; i++)
-    if (s->g[i].on) drain(&s->g[i]);
+  /* Each device drains its copies before it lets go (kvd_g1_arena_unregister);
+   * the first registrant, whose registration the others borrow, goes last. */
   for (unsigned i = s->n; i-- > 0;)
     if (s->g[i].on) kvd_g1_arena_unregister(base, len, &s->g[i]);
 }
