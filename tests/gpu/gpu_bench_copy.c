@@ -100,15 +100,24 @@ static int worker(int sock) {
   if (cudaMalloc((void **)&own, POOL) != cudaSuccess ||
       cudaStreamCreateWithFlags(&st, cudaStreamNonBlocking) != cudaSuccess)
     return 1;
-  for (size_t blk = 64 << 10; blk <= MAXBLK / 2; blk <<= 2) {
-    double a[64], b[64];
+  /* Two rows per size: the copy engine's machinery (kv_dev_submit, its
+   * completion through the eventfd) within the imported pool, and the plain
+   * cudaMemcpyAsync loop within the imported pool - the memory itself, what
+   * an engine's own copies from its G1 blocks meet - each against the same
+   * loop within an allocation of the worker's own. */
+  const char *kind = x.kind == KV_DEVX_VMM_FD ? "VMM" : "IPC";
+  for (size_t blk = 64 << 10; blk <= MAXBLK / 2; blk <<= 1) {
+    double a[64], b[64], p[64];
     for (int r = 0; r < runs; r++) {
       a[r] = run_dev(d, KV_DEV_D2D, kv_dev_map_base(m), NULL, blk);
+      p[r] = run_plain(st, KV_DEV_D2D, kv_dev_map_base(m), NULL, blk);
       b[r] = run_plain(st, KV_DEV_D2D, own, NULL, blk);
-      if (a[r] < 0 || b[r] < 0) return 1;
+      if (a[r] < 0 || b[r] < 0 || p[r] < 0) return 1;
     }
-    row(x.kind == KV_DEVX_VMM_FD ? "D2D imp/VMM" : "D2D imp/IPC", blk, median(a, runs),
-        median(b, runs), "import", "own cudaMemcpy");
+    char what[32];
+    snprintf(what, sizeof what, "D2D imp/%s", kind);
+    row(what, blk, median(a, runs), median(b, runs), "kv_dev", "own cudaMemcpy");
+    row(what, blk, median(p, runs), median(b, runs), "memcpy", "own cudaMemcpy");
   }
   cudaFree(own);
   kv_dev_unmap(d, m);
@@ -124,7 +133,9 @@ int main(void) {
   pid_t pid = fork(); /* before any CUDA call: the worker needs its own */
   if (pid == 0) {
     close(sv[0]);
-    _exit(worker(sv[1]));
+    int rc = worker(sv[1]);
+    fflush(stdout); /* _exit does not flush: a pipe would lose the rows */
+    _exit(rc);
   }
   close(sv[1]);
   char why[KV_DEV_REASON_MAX];
@@ -166,6 +177,7 @@ int main(void) {
           median(b, runs), "kv_dev", "cudaMemcpy");
     }
   }
+  fflush(stdout); /* the worker's rows come after these */
   kv_dev_export x;
   kv_dev_pool_export(p, &x);
   uint8_t enc[KV_DEVX_ENCODED_MAX];
