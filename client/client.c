@@ -15,6 +15,7 @@
 #include <sys/mman.h>
 #include <unistd.h>
 
+#include "client/engine.h"
 #include "client/g1.h"
 #include "client/kvclient.h"
 #include "ipc/reader.h"
@@ -54,6 +55,7 @@ struct kvc {
   int sync_done;
   int dead;           /* sticky connection error */
   kvc__g1 g1;         /* the imported G1 pool, if any */
+  kvc__g2 g2;         /* the G2 mapping's CUDA registration (engine.c) */
 };
 
 int kvc_g1_info(const kvc *c, kvc_g1 *out) {
@@ -61,6 +63,15 @@ int kvc_g1_info(const kvc *c, kvc_g1 *out) {
   *out = c->g1.info;
   return 0;
 }
+
+int kvc_g2_info(const kvc *c, kvc_g2 *out) {
+  if (!c || !out) return -EINVAL;
+  *out = c->g2.info;
+  return 0;
+}
+
+kvc__g2 *kvc__g2_of(kvc *c) { return &c->g2; }
+const kvc_g1 *kvc__g1_of(const kvc *c) { return &c->g1.info; }
 
 int kvc_g1_ptr(const kvc *c, uint64_t offset, uint64_t len, void **out) {
   if (!c || !out) return -EINVAL;
@@ -656,6 +667,8 @@ int kvc_open(const kvc_opts *o, kvc **out) {
   close(arena_fd);
   if (rc) goto err;
   c->arena = map;
+  c->g2.info.base = map;
+  c->g2.info.bytes = c->arena_bytes;
   *out = c;
   return 0;
 err:
@@ -666,6 +679,7 @@ err:
 void kvc_close(kvc *c) {
   if (!c) return;
   kvc__g1_release(&c->g1);
+  kvc__g2_release(&c->g2); /* the registration goes before the mapping */
   if (c->arena) munmap(c->arena, c->arena_bytes);
   if (c->fd >= 0) close(c->fd);
   kv_reader_free(&c->rd);

@@ -18,8 +18,9 @@
  *
  * Thread-safety: a handle is used by one thread at a time (no internal
  * lock); use one handle per thread, or serialise. Different handles are
- * independent. kvc_chain_hash(), kvc_strerror() and kvc_version() are safe
- * from any thread.
+ * independent. kvc_chain_hash(), kvc_strerror(), kvc_version(),
+ * kvc_page_block_bytes() and kvc_cuda_error() (per thread) are safe from
+ * any thread; so are kvc_pages_* and kvc_memcpy_batch with c NULL.
  *
  * Two ways to call: blocking calls (kvc_lookup, ...) wait for their reply,
  * with the handle's timeout; the non-blocking form submits requests
@@ -221,6 +222,128 @@ int64_t kvc_submit_commit(kvc *c, const kvc_key *keys, uint32_t n, int32_t *stat
 int kvc_poll(kvc *c, kvc_completion *out, int max);
 /* Requests submitted and not yet returned by kvc_poll(). */
 int kvc_pending(const kvc *c);
+
+/* ---- for engines: G2 as DMA memory, paged layouts, batched copies ---------- */
+
+/*
+ * Registers this handle's G2 mapping with CUDA on the calling thread's
+ * current device (cudaHostRegister with cudaHostRegisterPortable |
+ * cudaHostRegisterMapped), so an engine's copies between G2 blocks and its
+ * device tensors are DMA (not staged pageable copies), and kernels can
+ * reach G2 blocks in place. The registration is the worker's, of the
+ * worker's own mapping, in its own process (the daemon registers its own
+ * mapping of the same arena in its process: neither serves the other). It
+ * pins the whole arena: expect it to take a while for a large one.
+ * Idempotent (0 when already registered); undone by kvc_close, which the
+ * caller must call only once its streams no longer use G2 blocks.
+ * 0; -ENODEV: no CUDA in this build, no driver or no device (nothing
+ * changed; kvc_g2_info().reason says why); -EIO: the driver refused
+ * (nothing changed, reason set); -ENOMEM; -EINVAL (NULL). With
+ * KV_DEV_BACKEND=sim in the environment the simulated device (cuda/dev.h,
+ * backend SIM) records the registration instead (kv_dev_host_register on
+ * a SIM kv_dev owned by the handle), so the paths above the CUDA calls run
+ * in CI; such a registration serves KVC_MEM_HOST only (KVC_MEM_CUDA on its
+ * blocks is -ENODEV). The calling thread's current device is left as it
+ * was, here and in kvc_close.
+ */
+int kvc_g2_register_cuda(kvc *c);
+
+typedef struct kvc_g2 {
+  void *base;        /* the G2 arena mapped in this process */
+  uint64_t bytes;
+  int registered;    /* 0, KVC_G1_CUDA or KVC_G1_SIM */
+  char reason[256];  /* why kvc_g2_register_cuda failed; "" otherwise */
+} kvc_g2;
+/* Fills *out. 0, or -EINVAL (NULL). */
+int kvc_g2_info(const kvc *c, kvc_g2 *out);
+
+/* An engine's paged KV layout: cuda/kernels.h's kv_kern_layout, field for
+ * field (same order, same types), with the same meaning: per layer, a
+ * tensor [num_pages][2 (K, V)][page_tokens][kv_heads][head_dim] of
+ * elem_bytes-wide elements, or a strided view of one (page_stride,
+ * kv_stride in bytes, 0: dense; the vLLM flash-attention layout
+ * [2, num_pages, ...] is page_stride = half, kv_stride = num_pages * half,
+ * half = page_tokens * kv_heads * head_dim * elem_bytes). */
+typedef struct kvc_page_layout {
+  uint32_t layers, page_tokens, kv_heads, head_dim, elem_bytes, num_pages;
+  uint64_t page_stride, kv_stride;
+} kvc_page_layout;
+#define KVC_MEM_HOST 0 /* engine tensors and blocks are host memory: memcpy */
+#define KVC_MEM_CUDA 1 /* engine tensors are device memory of the current device: one kernel
+                        * launch on `stream` */
+/* Bytes of one block (kv_kern_block_bytes): layers * 2 * page_tokens *
+ * kv_heads * head_dim * elem_bytes, the block_bytes to declare in HELLO
+ * (kvc_layout, with tokens_per_block = page_tokens); 0 for a bad geometry
+ * (a zero field, elem_bytes not 1, 2 or 4, more than 256 layers, strides
+ * that overlap, a block over UINT32_MAX bytes). */
+uint64_t kvc_page_block_bytes(const kvc_page_layout *lo);
+/*
+ * cuda/kernels.h's gather (page page_ids[i] of every layer -> block
+ * blocks[i]) and scatter (block blocks[i] -> page page_ids[i] of every
+ * layer), i < n, with the same contract and the same block format
+ * ([layers][2][page_tokens][kv_heads][head_dim], no padding): layers[]
+ * holds lo->layers tensor bases; a gather may name a page twice but its
+ * blocks must not overlap, a scatter may not name a page twice. layers,
+ * page_ids and blocks are host arrays, free again when the call returns.
+ *
+ * mem KVC_MEM_HOST: everything is host memory; done on return. A block
+ * inside c's G1 pool on a real GPU is -EFAULT (device memory).
+ * mem KVC_MEM_CUDA: blocks may be G1 pointers (device) or G2 pointers of a
+ * handle whose mapping is registered (kvc_g2_register_cuda): c (may be
+ * NULL when no block is in G2) lets the library translate a G2 pointer
+ * into its device-side address (cudaHostGetDevicePointer of the arena
+ * base, computed once at registration), and a G2 block of a handle that
+ * is not registered is -EFAULT (never a silent pageable access). stream: a
+ * cudaStream_t (NULL: legacy default). Returns once queued: the copy is
+ * done when the stream says so, and the blocks (G2 slots, pins) must stay
+ * the engine's until then.
+ *
+ * Either mode: a block that overlaps c's G2 mapping without lying inside
+ * it is -EFAULT. Checked in this order, before anything is copied:
+ * arguments (-EINVAL, -ENOMEM), G2 and G1 blocks (-EFAULT; -ENODEV for G2
+ * blocks registered with the simulation under KVC_MEM_CUDA), the device.
+ * n 0 (with a good geometry) is 0 and does nothing.
+ * 0, -EINVAL (kernels.h's checks, or mem unknown), -ENODEV (KVC_MEM_CUDA
+ * without CUDA: no CUDA in this build, no driver or no device), -EFAULT,
+ * -EIO (CUDA error); kvc_cuda_error() gives the text behind -ENODEV/-EIO.
+ */
+int kvc_pages_gather(kvc *c, const kvc_page_layout *lo, void *const *layers,
+                     const uint32_t *page_ids, void *const *blocks, size_t n, int mem,
+                     void *stream);
+int kvc_pages_scatter(kvc *c, const kvc_page_layout *lo, void *const *layers,
+                      const uint32_t *page_ids, void *const *blocks, size_t n, int mem,
+                      void *stream);
+
+/*
+ * Batched copies (e.g. G2 blocks -> a device staging buffer).
+ * KVC_MEM_HOST: memcpy each, in order, synchronously.
+ * KVC_MEM_CUDA: one cudaMemcpyBatchAsync (direction inferred from the
+ * addresses, UVA; location hints from cudaPointerGetAttributes; a loop of
+ * cudaMemcpyAsync on the legacy default stream, which the batch call
+ * refuses, and from then on in this process when the driver refuses the
+ * batch call, as cuda/dev_cuda.c does) on `stream`; returns once queued.
+ * Copies of one batch are not ordered against each other. A host side
+ * inside c's G2 mapping must be registered (else -EFAULT; a side that
+ * overlaps the mapping without lying inside it is -EFAULT in either
+ * mode); c may be NULL when none is.
+ * Every copy is checked before any is made: all or nothing.
+ * 0, -EINVAL (n 0 is fine and does nothing; v NULL, bytes 0, NULL
+ * pointers, a copy whose source and destination overlap, mem unknown are
+ * -EINVAL), -ENODEV, -EFAULT, -EIO (CUDA error; when the driver refused a
+ * copy of the loop, the ones before it are queued: synchronize the stream
+ * before reusing any), -ENOMEM.
+ */
+typedef struct kvc_copy {
+  void *dst;
+  const void *src;
+  size_t bytes;
+} kvc_copy;
+int kvc_memcpy_batch(kvc *c, const kvc_copy *v, size_t n, int mem, void *stream);
+
+/* Text of this thread's last CUDA error behind -EIO/-ENODEV from the calls
+ * above (kvc_g2_register_cuda, kvc_pages_*, kvc_memcpy_batch), or "": each
+ * of those calls clears it first. Never NULL. */
+const char *kvc_cuda_error(void);
 
 /* --- helpers ---------------------------------------------------------------- */
 

@@ -344,7 +344,7 @@ int kv_dev_current_uuid(uint8_t uuid[16]) {
 
 /* ---- host ranges --------------------------------------------------------------- */
 
-int kv_dev_host_register(kv_dev *dev, void *p, size_t n) {
+static int host_register(kv_dev *dev, void *p, size_t n, int mapped) {
   uintptr_t lo = (uintptr_t)p, hi = lo + n;
   if (!p || n == 0 || hi < lo) return kv__dev_fail(dev, -EINVAL, "host range %p+%zu", p, n);
   for (unsigned i = 0; i < dev->nhost; i++)
@@ -357,10 +357,28 @@ int kv_dev_host_register(kv_dev *dev, void *p, size_t n) {
     dev->host = r;
     dev->caphost = cap;
   }
-  int rc = dev->be->host_register(dev, p, n);
+  int rc = dev->be->host_register(dev, p, n, mapped);
   if (rc < 0) return rc;
   dev->host[dev->nhost++] = (kv__range){lo, hi, rc == 0};
   return 0;
+}
+
+int kv_dev_host_register(kv_dev *dev, void *p, size_t n) { return host_register(dev, p, n, 0); }
+
+int kv_dev_host_register_mapped(kv_dev *dev, void *p, size_t n, void **dptr) {
+  *dptr = NULL;
+  int rc = host_register(dev, p, n, 1);
+  if (rc) return rc;
+  if (!dev->be->host_device_ptr) {
+    *dptr = p;
+    return 0;
+  }
+  rc = dev->be->host_device_ptr(dev, p, dptr);
+  if (rc) { /* the reason is the backend's: undo without touching it */
+    *dptr = NULL;
+    kv_dev_host_unregister(dev, p);
+  }
+  return rc;
 }
 
 int kv_dev_host_unregister(kv_dev *dev, void *p) {

@@ -205,6 +205,20 @@ int kv_dev_host_register(kv_dev *dev, void *p, size_t n);
 /* p: exactly a registered range's start. -ENOENT if none, -EBUSY while
  * copies are unreaped. */
 int kv_dev_host_unregister(kv_dev *dev, void *p);
+/* kv_dev_host_register, and the range is also mapped into the device's
+ * address space so kernels can read and write it in place (CUDA:
+ * cudaHostRegisterPortable | cudaHostRegisterMapped). *dptr gets the
+ * device-side address of p (CUDA: cudaHostGetDevicePointer, which equals
+ * p on current GPUs - cudaDevAttrCanUseHostPointerForRegisteredMem - but
+ * is not assumed to; SIM: p). A range another kv_dev registered already
+ * must have been mapped too, else -EIO and nothing is registered here.
+ * Undone by kv_dev_host_unregister. Errors as kv_dev_host_register. What a
+ * worker registers its G2 mapping with (kvc_g2_register_cuda). */
+int kv_dev_host_register_mapped(kv_dev *dev, void *p, size_t n, void **dptr);
+/* Test hook: 1 when [p, ...) starts a host range registered with the
+ * simulation in this process (by any SIM kv_dev; the process-wide list
+ * that models CUDA's portable registration), else 0. */
+int kv_dev_sim_host_registered(const void *p);
 
 /* ---- the copy engine --------------------------------------------------------- */
 

@@ -408,16 +408,18 @@ static void cu_unmap(kv_dev *dev, kv_dev_map *m) {
   cs->f.MemRelease((CUmemGenericAllocationHandle)m->bk[0]);
 }
 
-static int cu_host_register(kv_dev *dev, void *p, size_t n) {
+static int cu_host_register(kv_dev *dev, void *p, size_t n, int mapped) {
   cudaSetDevice(dev->ordinal);
-  cudaError_t e = cudaHostRegister(p, n, cudaHostRegisterPortable);
+  unsigned flags = cudaHostRegisterPortable | (mapped ? cudaHostRegisterMapped : 0);
+  cudaError_t e = cudaHostRegister(p, n, flags);
   if (e == cudaErrorHostMemoryAlreadyRegistered) { /* by another kv_dev: portable */
     cudaGetLastError();
     return 1;
   }
   if (e != cudaSuccess) {
     cudaGetLastError();
-    return kv__dev_fail(dev, -EIO, "cudaHostRegister %p+%zu: %s", p, n, cudaGetErrorString(e));
+    return kv__dev_fail(dev, -EIO, "cudaHostRegister %p+%zu%s: %s", p, n,
+                        mapped ? " (mapped)" : "", cudaGetErrorString(e));
   }
   return 0;
 }
@@ -427,61 +429,130 @@ static void cu_host_unregister(kv_dev *dev, void *p) {
   cudaHostUnregister(p);
 }
 
+static int cu_host_device_ptr(kv_dev *dev, void *p, void **out) {
+  cudaSetDevice(dev->ordinal);
+  cudaError_t e = cudaHostGetDevicePointer(out, p, 0);
+  if (e != cudaSuccess) {
+    cudaGetLastError();
+    *out = NULL;
+    return kv__dev_fail(dev, -EIO,
+                        "cudaHostGetDevicePointer %p: %s (registered elsewhere in this process "
+                        "without cudaHostRegisterMapped?)",
+                        p, cudaGetErrorString(e));
+  }
+  return 0;
+}
+
 /* The host function: no CUDA call here. */
 static void CUDART_CB cu_done(void *arg) {
   kv__sub *s = arg;
   kv__dev_complete(s->dev, s);
 }
 
-static cudaError_t cu_enqueue(cu_state *cs, kv__sub *s, cudaStream_t st) {
-  unsigned k = kv__sub_ncopy(s);
+#if CUDART_VERSION >= 12080
+/* A location hint for p: what the copy engine's direction says, or, for
+ * a batch of mixed directions, what CUDA knows of the pointer. */
+static struct cudaMemLocation loc_hint(const void *p, int dir, int src) {
+  struct cudaMemLocation l;
+  memset(&l, 0, sizeof l);
+  if (dir < KV_DEV_NDIR) {
+    int dev = src ? dir != KV_DEV_H2D : dir != KV_DEV_D2H;
+    l.type = dev ? cudaMemLocationTypeDevice : cudaMemLocationTypeHost;
+    return l;
+  }
+  struct cudaPointerAttributes a;
+  if (cudaPointerGetAttributes(&a, p) != cudaSuccess) {
+    cudaGetLastError();
+    a.type = cudaMemoryTypeUnregistered;
+  }
+  l.type = a.type == cudaMemoryTypeDevice || a.type == cudaMemoryTypeManaged
+               ? cudaMemLocationTypeDevice
+               : cudaMemLocationTypeHost;
+  if (l.type == cudaMemLocationTypeDevice) l.id = a.device;
+  return l;
+}
+
+static int same_loc(const struct cudaMemLocation *a, const struct cudaMemLocation *b) {
+  return a->type == b->type && a->id == b->id;
+}
+
+/* One cudaMemcpyBatchAsync of v[0..k): one attribute per run of copies
+ * with the same hints. cudaErrorMemoryAllocation when the arrays could not
+ * be had (nothing tried). */
+static cudaError_t batch_call(const kv_dev_copy *v, size_t k, int dir, cudaStream_t st) {
+  void **dsts = malloc(k * sizeof *dsts);
+  const void **srcs = malloc(k * sizeof *srcs);
+  size_t na_max = dir < KV_DEV_NDIR ? 1 : k; /* one direction: one attribute */
+  size_t *sizes = malloc(k * sizeof *sizes), *idx = malloc(na_max * sizeof *idx);
+  struct cudaMemcpyAttributes *at = malloc(na_max * sizeof *at);
+  cudaError_t e = cudaErrorMemoryAllocation;
+  if (dsts && srcs && sizes && idx && at) {
+    size_t na = 0;
+    for (size_t i = 0; i < k; i++) {
+      dsts[i] = v[i].dst;
+      srcs[i] = v[i].src;
+      sizes[i] = v[i].bytes;
+      if (i && dir < KV_DEV_NDIR) continue;
+      struct cudaMemcpyAttributes a;
+      memset(&a, 0, sizeof a);
+      a.srcAccessOrder = cudaMemcpySrcAccessOrderStream;
+      a.srcLocHint = loc_hint(v[i].src, dir, 1);
+      a.dstLocHint = loc_hint(v[i].dst, dir, 0);
+      if (na && same_loc(&at[na - 1].srcLocHint, &a.srcLocHint) &&
+          same_loc(&at[na - 1].dstLocHint, &a.dstLocHint))
+        continue;
+      at[na] = a;
+      idx[na++] = i;
+    }
+#if CUDART_VERSION >= 13000
+    e = cudaMemcpyBatchAsync(dsts, (const void *const *)srcs, sizes, k, at, idx, na, st);
+#else
+    size_t fail = 0;
+    e = cudaMemcpyBatchAsync(dsts, (void **)srcs, sizes, k, at, idx, na, &fail, st);
+#endif
+  }
+  free(dsts);
+  free(srcs);
+  free(sizes);
+  free(idx);
+  free(at);
+  return e;
+}
+#endif
+
+int kv__cuda_enqueue(const kv_dev_copy *v, size_t k, int dir, void *stream, int *batch,
+                     size_t *queued) {
+  cudaStream_t st = stream;
+  if (queued) *queued = 0;
   if (k == 0) return cudaSuccess;
 #if CUDART_VERSION >= 12080
-  if (cs->batch && k > 1) {
-    void **dsts = malloc(k * sizeof *dsts);
-    const void **srcs = malloc(k * sizeof *srcs);
-    size_t *sizes = malloc(k * sizeof *sizes);
-    cudaError_t e = cudaErrorMemoryAllocation;
-    if (dsts && srcs && sizes) {
-      for (unsigned i = 0; i < k; i++) {
-        dsts[i] = s->v[i].dst;
-        srcs[i] = s->v[i].src;
-        sizes[i] = s->v[i].bytes;
-      }
-      struct cudaMemcpyAttributes at;
-      memset(&at, 0, sizeof at);
-      at.srcAccessOrder = cudaMemcpySrcAccessOrderStream;
-      at.srcLocHint.type = s->dir == KV_DEV_H2D ? cudaMemLocationTypeHost
-                                                : cudaMemLocationTypeDevice;
-      at.dstLocHint.type = s->dir == KV_DEV_D2H ? cudaMemLocationTypeHost
-                                                : cudaMemLocationTypeDevice;
-      size_t idx = 0;
-#if CUDART_VERSION >= 13000
-      e = cudaMemcpyBatchAsync(dsts, (const void *const *)srcs, sizes, k, &at, &idx, 1, st);
-#else
-      size_t fail = 0;
-      e = cudaMemcpyBatchAsync(dsts, (void **)srcs, sizes, k, &at, &idx, 1, &fail, st);
-#endif
-    }
-    free(dsts);
-    free(srcs);
-    free(sizes);
-    if (e == cudaSuccess) return e;
-    if (e == cudaErrorMemoryAllocation) return e;
+  /* The batch call refuses the legacy default stream: loop there. */
+  if (*batch && k > 1 && st != NULL && st != cudaStreamLegacy) {
+    cudaError_t e = batch_call(v, k, dir, st);
+    if (e == cudaSuccess && queued) *queued = k;
+    if (e == cudaSuccess || e == cudaErrorMemoryAllocation) return e;
     /* Not supported here (driver too old, or these pointers): loop from now on. */
     cudaGetLastError();
-    cs->batch = 0;
+    *batch = 0;
   }
 #endif
-  for (unsigned i = 0; i < k; i++) {
-    cudaError_t e =
-        cudaMemcpyAsync(s->v[i].dst, s->v[i].src, s->v[i].bytes, cudaMemcpyDefault, st);
+  for (size_t i = 0; i < k; i++) {
+    cudaError_t e = cudaMemcpyAsync(v[i].dst, v[i].src, v[i].bytes, cudaMemcpyDefault, st);
     if (e != cudaSuccess) {
       cudaGetLastError();
-      return i ? cudaErrorUnknown : e; /* Unknown: some copies are queued */
+      if (queued) *queued = i;
+      return e;
     }
   }
+  if (queued) *queued = k;
   return cudaSuccess;
+}
+
+static cudaError_t cu_enqueue(cu_state *cs, kv__sub *s, cudaStream_t st) {
+  size_t queued = 0;
+  cudaError_t e = (cudaError_t)kv__cuda_enqueue(s->v, kv__sub_ncopy(s), s->dir, st, &cs->batch,
+                                                &queued);
+  return e != cudaSuccess && queued ? cudaErrorUnknown : e; /* Unknown: some copies are queued */
 }
 
 static int cu_submit(kv_dev *dev, kv__sub *s) {
@@ -570,6 +641,7 @@ const kv__backend kv__dev_cuda = {
     .unmap = cu_unmap,
     .host_register = cu_host_register,
     .host_unregister = cu_host_unregister,
+    .host_device_ptr = cu_host_device_ptr,
     .submit = cu_submit,
     .finish = cu_finish,
     .memcpy_sync = cu_memcpy_sync,

@@ -71,9 +71,14 @@ typedef struct kv__backend {
   int (*import)(kv_dev *dev, const kv_dev_export *x, kv_dev_map *m);
   void (*unmap)(kv_dev *dev, kv_dev_map *m);
   /* 0: registered; 1: already registered in this process by another
-   * kv_dev, in a way that serves this one too (CUDA: portable); -errno. */
-  int (*host_register)(kv_dev *dev, void *p, size_t n);
+   * kv_dev, in a way that serves this one too (CUDA: portable); -errno.
+   * mapped: also map the range into the device's address space (CUDA:
+   * cudaHostRegisterMapped), for kv_dev_host_register_mapped. */
+  int (*host_register)(kv_dev *dev, void *p, size_t n, int mapped);
   void (*host_unregister)(kv_dev *dev, void *p);
+  /* Optional (CUDA): the device-side address of p, a registered and mapped
+   * host address (cudaHostGetDevicePointer). Absent: p itself (SIM). */
+  int (*host_device_ptr)(kv_dev *dev, void *p, void **out);
   /* Queues s (checked). On 0 the backend owns s until kv__dev_complete. */
   int (*submit)(kv_dev *dev, kv__sub *s);
   /* Optional: s leaves the done list (reaped or dropped); may set
@@ -112,5 +117,22 @@ int kv__dev_fail(kv_dev *dev, int rc, const char *fmt, ...)
     __attribute__((format(printf, 3, 4)));
 /* The copies a submission actually performs: all, or half if injected. */
 static inline unsigned kv__sub_ncopy(const kv__sub *s) { return s->fail ? s->n / 2 : s->n; }
+
+/*
+ * dev_cuda.c (CUDA builds only), shared with libkvclient's kvc_memcpy_batch:
+ * queues v[0..k) on `stream` (a cudaStream_t) as one cudaMemcpyBatchAsync
+ * while *batch is 1 (k > 1, and a stream other than the legacy default,
+ * which the batch call refuses), else - or when the driver refuses the
+ * batch call, which then sets *batch to 0 for good - as a loop of
+ * cudaMemcpyAsync(cudaMemcpyDefault). Source access order "stream";
+ * location hints from dir (H2D, D2H, D2D), or with dir KV_DEV_NDIR from
+ * each pointer (cudaPointerGetAttributes: what a batch of mixed directions
+ * needs). Returns 0 (cudaSuccess) or the cudaError_t of the call that
+ * failed, cleared from the thread's error state; *queued (may be NULL)
+ * gets how many copies were queued before it: k on success, 0 when a
+ * batch call failed (all or nothing), i when copy i of the loop failed.
+ */
+int kv__cuda_enqueue(const kv_dev_copy *v, size_t k, int dir, void *stream, int *batch,
+                     size_t *queued);
 
 #endif

@@ -183,7 +183,9 @@ static void sim_unmap(kv_dev *dev, kv_dev_map *m) { munmap(m->base, m->bytes); }
 /* There is nothing to pin: dev.c keeps each kv_dev's ranges. What is
  * modelled is that CUDA's registration belongs to the process (portable):
  * a range a second kv_dev registers is already registered (1), and only
- * its first registrant undoes it. */
+ * its first registrant undoes it. `mapped` changes nothing: simulated
+ * device memory and host memory are one address space, so a mapped
+ * range's device-side address is its own (no host_device_ptr). */
 #define SIM_HOST_MAX 256
 static struct {
   pthread_mutex_t mu;
@@ -191,7 +193,7 @@ static struct {
   void *p[SIM_HOST_MAX];
 } sim_host = {.mu = PTHREAD_MUTEX_INITIALIZER};
 
-static int sim_host_register(kv_dev *dev, void *p, size_t n) {
+static int sim_host_register(kv_dev *dev, void *p, size_t n, int mapped) {
   int rc = 0;
   pthread_mutex_lock(&sim_host.mu);
   for (unsigned i = 0; i < sim_host.n && rc == 0; i++)
@@ -211,6 +213,14 @@ static void sim_host_unregister(kv_dev *dev, void *p) {
       break;
     }
   pthread_mutex_unlock(&sim_host.mu);
+}
+
+int kv_dev_sim_host_registered(const void *p) {
+  int found = 0;
+  pthread_mutex_lock(&sim_host.mu);
+  for (unsigned i = 0; i < sim_host.n && !found; i++) found = sim_host.p[i] == p;
+  pthread_mutex_unlock(&sim_host.mu);
+  return found;
 }
 
 static int sim_submit(kv_dev *dev, kv__sub *s) {
