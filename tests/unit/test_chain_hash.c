@@ -56,3 +56,32 @@ Test(chain_hash, bad_arguments) {
   cr_assert_eq(kvc_chain_hash(d, NULL, NULL, 0, NULL, 4, NULL, 0), -EINVAL);
   cr_assert_eq(kvc_chain_hash(d, NULL, NULL, 0, NULL, 0, NULL, 0), 0, "an empty block is allowed");
 }
+
+/* kvc_chain_keys gives, in one call, what kvc_chain_hash gives block by
+ * block: for every salt kind (none, in BLAKE2b's key range, hashed), with a
+ * parent and extra keys, stopping at the last full block and at max_keys. */
+Test(chain_hash, chain_keys_equals_block_by_block) {
+  int32_t toks[103];
+  for (int i = 0; i < 103; i++) toks[i] = i * 7919 - 50;
+  const char *salts[] = {NULL, "s", "a-salt-of-16-bytes", NULL};
+  size_t salt_lens[] = {0, 1, 18, 0};
+  uint8_t parent[32] = {9, 8, 7};
+  for (int s = 0; s < 4; s++) {
+    const uint8_t *par = s == 3 ? parent : NULL;
+    uint8_t keys[8][32], want[32], prev[32];
+    int n = kvc_chain_keys(&keys[0][0], 8, par, toks, 103, 16, "lora:1", 6, salts[s], salt_lens[s]);
+    cr_assert_eq(n, 6, "103 tokens: 6 full blocks of 16");
+    for (int i = 0; i < n; i++) {
+      cr_assert_eq(kvc_chain_hash(want, i ? prev : par, toks + 16 * i, 16, "lora:1", 6, salts[s],
+                                  salt_lens[s]), 0);
+      cr_assert_eq(memcmp(keys[i], want, 32), 0, "salt %d block %d", s, i);
+      memcpy(prev, want, 32);
+    }
+  }
+  uint8_t keys[2][32];
+  cr_assert_eq(kvc_chain_keys(&keys[0][0], 2, NULL, toks, 103, 16, NULL, 0, NULL, 0), 2);
+  cr_assert_eq(kvc_chain_keys(NULL, 0, NULL, toks, 15, 16, NULL, 0, NULL, 0), 0);
+  cr_assert_eq(kvc_chain_keys(&keys[0][0], 2, NULL, toks, 103, 0, NULL, 0, NULL, 0), -EINVAL);
+  cr_assert_eq(kvc_chain_keys(&keys[0][0], 2, NULL, NULL, 5, 1, NULL, 0, NULL, 0), -EINVAL);
+  cr_assert_eq(kvc_chain_keys(NULL, 2, NULL, toks, 32, 16, NULL, 0, NULL, 0), -EINVAL);
+}
