@@ -20,12 +20,12 @@
 #include "cuda/dev.h"
 #include "ipc/sock.h"
 #include "proto/wire.h"
+#include "tests/gpu/gpu_daemon.h"
 
 #define BLOCK (1u << 20)
 #define NBLOCKS 32
 
-static char dir[64], sock_path[128];
-static pid_t daemon_pid;
+static gd_daemon kd;
 
 #define REQ(cond, ...)                                                          \
   do {                                                                          \
@@ -37,57 +37,16 @@ static pid_t daemon_pid;
     }                                                                           \
   } while (0)
 
+/* kvcached with G1 on `backend` (cuda or sim): G2 96 MiB, G1 64 MiB. */
 static int start_daemon(const char *backend) {
-  char exe[512];
-  ssize_t n = readlink("/proc/self/exe", exe, sizeof exe - 32);
-  REQ(n > 0, "readlink /proc/self/exe: %s", strerror(errno));
-  exe[n] = 0;
-  strcpy(strrchr(exe, '/') + 1, "kvcached");
-  snprintf(dir, sizeof dir, "/tmp/kvgpu-XXXXXX");
-  REQ(mkdtemp(dir), "mkdtemp: %s", strerror(errno));
-  snprintf(sock_path, sizeof sock_path, "%s/kvcached.sock", dir);
   char be[32];
   snprintf(be, sizeof be, "g1.backend=%s", backend);
-  daemon_pid = fork();
-  REQ(daemon_pid >= 0, "fork");
-  if (daemon_pid == 0) {
-    prctl(PR_SET_PDEATHSIG, SIGKILL);
-    execl(exe, "kvcached", "--socket-dir", dir, "--g2-capacity", "96M", "--set", "g2.page_size=4M",
-          "--set", "g2.lock=no", "--g3-path", "", "--set", "g1.enable=on", "--set", be, "--set",
-          "g1.capacity=64M", "--log-level", "warn", (char *)NULL);
-    fprintf(stderr, "    cannot run %s: %s\n", exe, strerror(errno));
-    _exit(127);
-  }
-  for (int i = 0; i < 500; i++) {
-    int fd = kv_sock_connect(sock_path, 0);
-    if (fd >= 0) {
-      close(fd);
-      return 0;
-    }
-    int st;
-    REQ(waitpid(daemon_pid, &st, WNOHANG) != daemon_pid, "kvcached exited (status %d) before serving", st);
-    usleep(20000);
-  }
-  REQ(0, "kvcached did not serve within 10 s");
-}
-
-static int stop_daemon(void) {
-  int st = 0;
-  if (daemon_pid > 0) {
-    kill(daemon_pid, SIGTERM);
-    waitpid(daemon_pid, &st, 0);
-    daemon_pid = 0;
-  }
-  char cmd[96];
-  snprintf(cmd, sizeof cmd, "rm -rf %s", dir);
-  if (system(cmd)) { /* a leftover temporary directory is not a failure */
-  }
-  REQ(WIFEXITED(st) && WEXITSTATUS(st) == 0, "kvcached did not stop cleanly (status %d)", st);
-  return 0;
+  const char *sets[] = {"g2.page_size=4M", "g1.enable=on", be, "g1.capacity=64M", NULL};
+  return gd_start(&kd, "96M", sets);
 }
 
 static kvc *worker(const uint8_t *uuid) {
-  kvc_opts o = {.socket_path = sock_path, .tenant = "gpu", .g1_uuid = uuid,
+  kvc_opts o = {.socket_path = kd.sock, .tenant = "gpu", .g1_uuid = uuid,
                 .layout = {.block_bytes = BLOCK, .tokens_per_block = 16, .layers = 1,
                            .kv_heads = 8, .head_dim = 128, .tp_size = 1, .dtype = "bf16"}};
   kvc *c = NULL;
@@ -169,11 +128,11 @@ int main(int argc, char **argv) {
   printf("gpu_test_daemon: kvcached with its G1 pool on the %s device, this process its worker\n",
          sim ? "simulated" : "CUDA");
   if (start_daemon(sim ? "sim" : "cuda")) {
-    if (daemon_pid > 0) stop_daemon();
+    gd_stop(&kd);
     return 1;
   }
   int rc = run(sim);
-  int st = stop_daemon();
+  int st = gd_stop(&kd);
   rc = rc || st;
   printf("gpu_test_daemon: %s\n", rc ? "FAILED" : "passed");
   return rc;
