@@ -3,6 +3,10 @@
 # need on Debian 12. Idempotent: packages already present are skipped, and a
 # second run changes nothing. The CUDA toolkit is optional (KV_CUDA=AUTO):
 # it is used when nvcc is found, and is not installed here.
+# Python (client/python): Debian's /usr/bin/python3 with Debian's torch,
+# numpy and pytest (there is no package index to install from); OpenBLAS
+# replaces the reference BLAS that torch would otherwise use (about 40x
+# slower matrix products).
 set -euo pipefail
 
 pkgs=(
@@ -13,6 +17,8 @@ pkgs=(
   fio redis-server redis-tools jq
   libhttp-parser-dev libsystemd-dev prometheus curl
   systemd python3-yaml
+  python3-torch python3-numpy python3-pytest python3-venv python3-setuptools
+  libopenblas0-pthread
 )
 
 missing=()

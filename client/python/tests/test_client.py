@@ -1,0 +1,433 @@
+"""kvclient.Client against a real kvcached: the session, every operation,
+zero-copy views, per-block results, errors, the asyncio form, and that the
+ctypes declarations agree with client/kvclient.h."""
+import asyncio
+import ctypes
+import errno
+import hashlib
+import os
+import re
+import shutil
+import struct
+import subprocess
+import sys
+import textwrap
+import time
+
+import pytest
+
+import kvclient
+from kvclient import G2, TIER_NONE, Client, KvError, Layout, chain_hash, chain_keys
+from kvclient import _lib
+from kvclient.aio import AsyncClient
+from kvclient.errors import CODES
+
+from conftest import REPO, Daemon
+
+LAYOUT = Layout(block_bytes=4096, tokens_per_block=16, layers=2, kv_heads=2, head_dim=64,
+                dtype="fp16")
+
+
+def connect(daemon, layout=LAYOUT, **kw):
+    kw.setdefault("tenant", "t")
+    return Client(daemon.socket, layout=layout, **kw)
+
+
+def store(c, keys, fill=lambda i: bytes([i % 251 + 1])):
+    """Stores keys as one chain; block i is filled with fill(i)."""
+    with c.alloc(keys, parents=[None] + keys[:-1]) as a:
+        for i, b in enumerate(a.blocks):
+            assert b.ok, b.error
+            b.view[:] = fill(i) * (len(b.view) // len(fill(i)))
+        assert a.commit() == [0] * len(keys)
+
+
+# --- the C ABI as ctypes sees it ------------------------------------------------
+
+STRUCTS = {"kvc_key": _lib.KvcKey, "kvc_layout": _lib.KvcLayout, "kvc_opts": _lib.KvcOpts,
+           "kvc_g1": _lib.KvcG1, "kvc_g2": _lib.KvcG2, "kvc_block": _lib.KvcBlock,
+           "kvc_completion": _lib.KvcCompletion, "kvc_page_layout": _lib.KvcPageLayout,
+           "kvc_copy": _lib.KvcCopy}
+
+
+def test_struct_sizes_match_the_header(tmp_path):
+    """Compiles client/kvclient.h and compares every structure's size and
+    field offsets with the ctypes declarations (a drift corrupts memory)."""
+    lines = ['#include <stddef.h>', '#include <stdio.h>', '#include "client/kvclient.h"',
+             'int main(void) {']
+    for cname, py in STRUCTS.items():
+        lines.append(f'  printf("{cname} %zu\\n", sizeof({cname}));')
+        for f, _ in py._fields_:
+            lines.append(f'  printf("{cname}.{f} %zu\\n", offsetof({cname}, {f}));')
+    lines += ['  return 0;', '}']
+    src = tmp_path / "sizes.c"
+    src.write_text("\n".join(lines))
+    exe = tmp_path / "sizes"
+    subprocess.run(["cc", "-I", REPO, str(src), "-o", str(exe)], check=True)
+    got = dict(l.split() for l in subprocess.run([str(exe)], capture_output=True, text=True,
+                                                   check=True).stdout.splitlines())
+    for cname, py in STRUCTS.items():
+        assert int(got[cname]) == ctypes.sizeof(py), cname
+        for f, _ in py._fields_:
+            assert int(got[f"{cname}.{f}"]) == getattr(py, f).offset, f"{cname}.{f}"
+
+
+def test_block_results_unpack_as_the_structure_lays_them_out():
+    b = (_lib.KvcBlock * 2)()
+    b[1].status, b[1].tier, b[1].ptr, b[1].length = -10002, 255, 0x1234567890, 4096
+    assert struct.calcsize(_lib.BLOCK_FORMAT) == ctypes.sizeof(_lib.KvcBlock)
+    assert kvclient.client._blocks(b, 2) == [(0, 0, 0, 0), (-10002, 255, 0x1234567890, 4096)]
+
+
+def test_error_codes_match_proto_errors_h():
+    text = open(os.path.join(REPO, "proto", "errors.h")).read()
+    base = int(re.search(r"#define KV_ERR_BASE (\d+)", text).group(1))
+    table = dict((f"KV_E{n}", -(base + int(o))) for n, o in re.findall(r"X\((\w+),\s*(\d+),", text))
+    assert table == CODES
+
+
+def test_every_declared_function_exists():
+    L = _lib.lib()
+    missing = [n for n in _lib._SIGS if getattr(L, n, None) is None]
+    assert not missing, f"{_lib.path()} lacks {missing}"
+
+
+def test_library_is_found_from_env_and_fails_clearly(tmp_path):
+    code = "import kvclient; print(kvclient.library_version(), kvclient.library_path())"
+    env = dict(os.environ, PYTHONPATH=os.path.join(REPO, "client", "python"))
+    _lib.lib()
+    libdir = os.path.dirname(_lib.path())
+    env["KVCLIENT_LIB"] = libdir
+    r = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True)
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.split()[0] == kvclient.library_version()
+    assert os.path.dirname(r.stdout.split()[1]) == libdir
+    env["KVCLIENT_LIB"] = str(tmp_path / "nope.so")
+    r = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True)
+    assert r.returncode != 0
+    assert "KVCLIENT_LIB" in r.stderr and "nope.so" in r.stderr
+
+
+# --- keys ---------------------------------------------------------------------
+
+def reference_chain_hash(tokens, parent=None, extra=b"", salt=b""):
+    """The definition in client/kvclient.h, written again with hashlib."""
+    if salt and not 16 <= len(salt) <= 64:
+        salt = hashlib.blake2b(salt, digest_size=32).digest()
+    h = hashlib.blake2b(digest_size=32, key=salt)
+    h.update(b"kvcached-chain-v1")
+    h.update(parent if parent else bytes(32))
+    h.update(struct.pack("<I", len(tokens)))
+    h.update(b"".join(struct.pack("<I", t & 0xFFFFFFFF) for t in tokens))
+    h.update(extra)
+    return h.digest()
+
+
+@pytest.mark.parametrize("salt", [b"", b"s", b"0123456789abcdef", b"x" * 64, b"y" * 65])
+def test_chain_hash_is_the_documented_blake2b(salt):
+    toks = [1, 2, 3, 70000, -1, 0]
+    p = reference_chain_hash([9])
+    assert chain_hash(toks, salt=salt) == reference_chain_hash(toks, salt=salt)
+    assert chain_hash(toks, p, b"lora:7", salt) == reference_chain_hash(toks, p, b"lora:7", salt)
+    assert chain_hash([], salt=salt) == reference_chain_hash([], salt=salt)
+
+
+def test_chain_keys_cover_full_blocks_and_chain():
+    toks = list(range(50))
+    ks = chain_keys(toks, 16)
+    assert len(ks) == 3
+    assert ks[0] == chain_hash(toks[:16])
+    assert ks[2] == chain_hash(toks[32:48], chain_hash(toks[16:32], ks[0]))
+    assert chain_keys(toks, 16, salt=b"a")[0] != ks[0]
+    assert chain_keys(toks, 16, extra=b"img:1")[1] != ks[1]
+    changed = toks[:]
+    changed[3] = 999  # a change in block 0 changes every later key
+    assert all(a != b for a, b in zip(chain_keys(changed, 16), ks))
+    with pytest.raises(ValueError):
+        chain_hash([1], parent=b"short")
+
+
+# --- the session ----------------------------------------------------------------
+
+def test_open_without_a_daemon_says_where(tmp_path):
+    with pytest.raises(KvError) as e:
+        Client(str(tmp_path / "none.sock"), tenant="t", layout=LAYOUT)
+    assert e.value.code in (-errno.ENOENT, -errno.ECONNREFUSED)
+    assert "none.sock" in str(e.value) and e.value.errno in (errno.ENOENT, errno.ECONNREFUSED)
+
+
+def test_bad_layouts_are_refused_before_the_wire(daemon):
+    for bad in (dict(block_bytes=0), dict(tp_rank=2, tp_size=2), dict(dtype=""),
+                dict(dtype="x" * 17)):
+        lay = Layout(**{**LAYOUT.__dict__, **bad})
+        with pytest.raises(ValueError):
+            connect(daemon, lay)
+
+
+def test_block_larger_than_a_g2_page_is_refused_with_the_reason(daemon):
+    with pytest.raises(KvError) as e:
+        connect(daemon, Layout(8 << 20, 16, 1, 1, 1, "u8"))
+    assert e.value.name == "KV_ETOOBIG"
+
+
+def test_store_lookup_load_release_round_trip(daemon):
+    with connect(daemon) as c:
+        assert c.session_id > 0 and c.slot_bytes >= 4096
+        keys = c.chain_keys(list(range(16 * 5)))
+        assert c.lookup(keys) == (0, [TIER_NONE] * 5)
+        store(c, keys)
+        assert c.lookup(keys) == (5, [G2] * 5)
+        with c.load(keys) as got:
+            assert got.usable == 5 and got.prefix == 5
+            for i, b in enumerate(got.blocks):
+                assert b.ok and b.tier == G2 and b.length == 4096
+                assert bytes(b.view[:3]) == bytes([i + 1]) * 3
+        assert got.released
+
+
+def test_views_are_zero_copy_over_the_shared_mapping(daemon):
+    np = pytest.importorskip("numpy")
+    torch = pytest.importorskip("torch")
+    with connect(daemon) as c:
+        keys = c.chain_keys(list(range(32)))
+        store(c, keys)
+        with c.load(keys) as got:
+            b = got.blocks[1]
+            arr = b.numpy(np.float16)
+            assert arr.__array_interface__["data"][0] == b.ptr and arr.size == 2048
+            t = b.torch(torch.float16)
+            assert t.data_ptr() == b.ptr and t.numel() == 2048
+            mv = b.view
+            assert mv.readonly
+            assert bytes(mv[:2]) == b"\x02\x02"
+        # a new allocation's writable view, written through torch, is what
+        # the next load reads (no copy anywhere in between)
+        k2 = c.chain_keys(list(range(100, 116)))
+        with c.alloc(k2) as a:
+            t = a.blocks[0].torch(torch.int16)
+            t[:] = torch.arange(2048, dtype=torch.int16)
+            a.commit()
+        with c.load(k2) as got:
+            assert torch.equal(got.blocks[0].torch(torch.int16), torch.arange(2048, dtype=torch.int16))
+
+
+def test_failed_blocks_stay_per_block(daemon):
+    with connect(daemon) as c:
+        keys = c.chain_keys(list(range(48)))
+        store(c, keys[:2])
+        missing = b"\x07" * 32
+        with c.load([keys[0], missing, keys[1]]) as got:
+            assert [b.ok for b in got.blocks] == [True, False, True]
+            assert got.prefix == 1 and got.usable == 2
+            bad = got.blocks[1]
+            assert bad.status == CODES["KV_ENOTFOUND"] and bad.error.name == "KV_ENOTFOUND"
+            assert "not found" in str(bad.error)
+            with pytest.raises(KvError):
+                bad.view
+        with pytest.raises(KvError) as e:  # views die with the pins
+            got.blocks[0].view
+        assert e.value.errno == errno.EBADF
+
+
+def test_allocation_is_invisible_until_commit_and_aborted_on_error(daemon):
+    with connect(daemon) as c, connect(daemon) as other:
+        keys = c.chain_keys(list(range(32)))
+        with pytest.raises(RuntimeError):
+            with c.alloc(keys) as a:
+                a.blocks[0].view[:] = b"\x01" * 4096
+                assert other.lookup(keys)[0] == 0  # not visible while written
+                raise RuntimeError("engine failed mid-write")
+        assert other.lookup(keys)[0] == 0
+        store(c, keys)
+        with c.alloc(keys) as a:  # the same keys again: they exist
+            assert [b.status for b in a.blocks] == [CODES["KV_EEXISTS"]] * 2
+            assert a.usable == 0
+        # a partial commit: block 1 is aborted, block 0 becomes visible
+        k2 = c.chain_keys(list(range(500, 532)))
+        with c.alloc(k2) as a:
+            a.commit([0])
+        assert other.lookup(k2) == (1, [G2, TIER_NONE])
+        with pytest.raises(KvError):
+            a.commit()
+
+
+def test_namespaces_isolate_tenants_salts_and_layouts(tmp_root):
+    daemon = Daemon(tmp_root, tenants=2).start()
+    with connect(daemon) as c:
+        keys = c.chain_keys(list(range(32)))
+        store(c, keys)
+        with connect(daemon, tenant="u") as u:
+            assert u.lookup(keys)[0] == 0
+        with connect(daemon, salt=b"other") as s:
+            assert s.lookup(keys)[0] == 0
+            assert s.chain_keys(list(range(32))) != keys  # salted keys differ too
+        with connect(daemon, Layout(4096, 16, 2, 2, 64, "bf16")) as d:
+            assert d.lookup(keys)[0] == 0
+        with connect(daemon) as same:
+            assert same.lookup(keys)[0] == 2
+    daemon.stop()
+
+
+def test_delete_priority_prefetch_status_put_get(daemon):
+    with connect(daemon) as c:
+        keys = c.chain_keys(list(range(64)))
+        store(c, keys)
+        assert c.set_priority(keys[:2], 200) == [0, 0]
+        assert c.set_priority([b"\x09" * 32], 1) == [CODES["KV_ENOTFOUND"]]
+        assert c.prefetch(keys) >= 0
+        st = c.status()
+        assert st["g2"]["blocks"] == 4 and st["sessions"] >= 1
+        assert c.delete(keys[3:]) == 1
+        assert c.lookup(keys)[0] == 3
+        k = b"inline-key"
+        c.put(k, b"\xab" * 4096)
+        assert c.get(k) == b"\xab" * 4096
+        with pytest.raises(KvError) as e:
+            c.get(b"absent-key")
+        assert e.value.name == "KV_ENOTFOUND"
+        assert c.delete() == 4  # the whole namespace
+        assert c.lookup(keys)[0] == 0
+
+
+def test_batch_limits_and_bad_keys(daemon):
+    with connect(daemon) as c:
+        with pytest.raises(KvError) as e:
+            c.lookup([b"k" * 32] * 4097)
+        assert e.value.errno == errno.E2BIG
+        with pytest.raises(ValueError):
+            c.lookup([b"a" * 32, b"b" * 31])
+        with pytest.raises(ValueError):
+            c.lookup([b""])
+        with pytest.raises(ValueError):
+            c.alloc([b"a" * 32], parents=[b"short"])
+        assert c.lookup([]) == (0, [])
+
+
+def test_a_closed_client_and_its_views_refuse(daemon):
+    c = connect(daemon)
+    keys = c.chain_keys(list(range(16)))
+    store(c, keys)
+    got = c.load(keys)
+    c.close()
+    with pytest.raises(KvError) as e:
+        c.lookup(keys)
+    assert e.value.errno == errno.EBADF
+    got.release()  # after close: nothing to do, no crash
+    c.close()  # twice is fine
+
+
+def test_close_drops_pins_at_once(daemon):
+    """A worker's pins belong to its connection: gone when it closes."""
+    with connect(daemon) as c:
+        keys = c.chain_keys(list(range(32)))
+        store(c, keys)
+        other = connect(daemon)
+        other.load(keys)  # pinned, never released
+        assert c.delete(keys) == 0  # pinned blocks are skipped
+        other.close()
+        # the daemon sees the hang-up on its loop, not in this socket's order
+        deadline = time.monotonic() + 5
+        n = 0
+        while n < 2 and time.monotonic() < deadline:
+            n += c.delete(keys)
+            time.sleep(0.005)
+        assert n == 2
+
+
+def test_g1_info_says_why_there_is_none(daemon):
+    with connect(daemon) as c:
+        g = c.g1
+        assert not g.available and "g1.enable = off" in g.reason
+    with connect(daemon, g1=False) as c:
+        assert "not asked for" in c.g1.reason
+
+
+def test_register_cuda_without_a_device_is_a_clear_error(daemon, monkeypatch):
+    monkeypatch.delenv("KV_DEV_BACKEND", raising=False)
+    with connect(daemon) as c:
+        with pytest.raises(KvError) as e:
+            c.register_cuda()
+        assert e.value.errno == errno.ENODEV and str(e.value).strip()
+        assert c.g2.registered == 0 and c.g2.reason
+        store(c, c.chain_keys(list(range(16))))  # the session is unaffected
+
+
+def test_register_cuda_with_the_simulated_device(daemon, monkeypatch):
+    monkeypatch.setenv("KV_DEV_BACKEND", "sim")
+    with connect(daemon) as c:
+        c.register_cuda()
+        c.register_cuda()  # idempotent
+        g = c.g2
+        assert g.registered == kvclient.G1_SIM and g.bytes > 0 and g.base
+
+
+# --- asyncio --------------------------------------------------------------------
+
+def test_asyncio_many_requests_in_flight(daemon):
+    async def main():
+        with connect(daemon) as c:
+            ac = AsyncClient(c)
+            chains = [c.chain_keys(list(range(j * 1000, j * 1000 + 32))) for j in range(8)]
+            allocs = await asyncio.gather(*(ac.alloc(k, parents=[None, k[0]]) for k in chains))
+            for j, a in enumerate(allocs):
+                for b in a.blocks:
+                    b.view[:] = bytes([j + 1]) * 4096
+            assert await asyncio.gather(*(ac.commit(a) for a in allocs)) == [[0, 0]] * 8
+            looks = await asyncio.gather(*(ac.lookup(k) for k in chains))
+            assert looks == [(2, [G2, G2])] * 8
+            loads = await asyncio.gather(*(ac.load(k) for k in chains))
+            for j, got in enumerate(loads):
+                assert bytes(got.blocks[1].view[:1]) == bytes([j + 1])
+            # a blocking call in between reads replies meant for futures
+            fut = asyncio.ensure_future(ac.lookup(chains[0]))
+            await asyncio.sleep(0)
+            assert c.lookup(chains[1])[0] == 2
+            assert (await asyncio.wait_for(fut, 5)) == (2, [G2, G2])
+            assert await asyncio.gather(*(ac.release(g) for g in loads)) == [[0, 0]] * 8
+            assert await ac.release(loads[0]) == []  # once
+            with pytest.raises(ValueError):  # parents are checked as the blocking call checks them
+                await ac.alloc(chains[0][:1], parents=[b"short"])
+            with pytest.raises(KvError):
+                await ac.commit(allocs[0])  # committed already
+            ac.close()
+    asyncio.run(main())
+
+
+def test_asyncio_fails_pending_requests_when_the_daemon_dies(daemon):
+    async def main():
+        with connect(daemon) as c:
+            ac = AsyncClient(c)
+            keys = c.chain_keys(list(range(16)))
+            assert (await ac.lookup(keys))[0] == 0
+            daemon.stop(9)
+            with pytest.raises(KvError):
+                await asyncio.wait_for(ac.lookup(keys), 5)
+    asyncio.run(main())
+
+
+def test_pip_installs_into_a_venv_without_an_index(tmp_path):
+    """The documented install: a venv that sees Debian's packages, pip from the
+    checkout, no package index; the installed package finds the library
+    through KVCLIENT_LIB."""
+    venv = tmp_path / "venv"
+    r = subprocess.run(["/usr/bin/python3", "-m", "venv", "--system-site-packages", str(venv)],
+                       capture_output=True, text=True)
+    if r.returncode != 0:
+        pytest.skip(f"python3 -m venv unavailable here: {r.stderr.strip()[-200:]}")
+    py = str(venv / "bin" / "python")
+    src = tmp_path / "src"  # a copy: building writes build/ and egg-info beside the sources
+    shutil.copytree(os.path.join(REPO, "client", "python"), src,
+                    ignore=shutil.ignore_patterns("tests", "__pycache__", "build", "*.egg-info"))
+    r = subprocess.run([py, "-m", "pip", "install", "--no-index", "--no-build-isolation", "-q",
+                        str(src)], capture_output=True, text=True, cwd=tmp_path)
+    assert r.returncode == 0, r.stdout + r.stderr
+    code = textwrap.dedent("""
+        import kvclient, os
+        assert os.path.dirname(kvclient.__file__).startswith(os.environ["VENV"]), kvclient.__file__
+        print(kvclient.library_version())
+    """)
+    env = dict(os.environ, VENV=str(venv), KVCLIENT_LIB=_lib.path())
+    env.pop("PYTHONPATH", None)
+    r = subprocess.run([py, "-c", code], capture_output=True, text=True, env=env, cwd=tmp_path)
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.strip() == kvclient.library_version()
