@@ -1,0 +1,518 @@
+"""kvclient.paged: between an engine's paged KV cache and kvcached blocks.
+
+An engine keeps its KV in pages of `page_tokens` tokens; kvcached keeps
+blocks. One block holds `pages_per_block` consecutive pages of one sequence
+in the format of cuda/kernels.h, page after page:
+
+    block = pages_per_block x [layers][2 (K, V)][page_tokens][kv_heads][head_dim]
+
+so a block written by the CPU path is read by the GPU path of the same
+layout, and by any engine that declares the same layout (MLA: the latent
+vector's bytes take the place of [2][page_tokens][kv_heads][head_dim];
+see PagedLayout.mla).
+
+    layout = PagedLayout.vllm(kv_caches)             # per layer [2, pages, T, H, D]
+    with Client(tenant=..., layout=layout.client_layout()) as c:
+        kv = PagedKV(c, layout)
+        r = kv.load(token_ids, page_ids)            # -> LoadResult: r.tokens are valid
+        model.prefill(..., start=r.tokens)          # compute the rest
+        kv.save(token_ids, page_ids)                # -> SaveResult
+
+Keys are kvc_chain_hash over the tokens of each full block (with the
+client's salt and `extra`, e.g. a LoRA id or hashes of multimodal inputs),
+so engines and nodes agree without sharing a hash seed.
+
+Fail closed: load() uses a block only when its status is 0, and the first
+block that is not ends the usable prefix (a later block depends on it); the
+engine recomputes from there. A block that another worker already stored is
+counted by save(), not an error. A worker that dies between ALLOC and
+COMMIT leaves nothing visible.
+
+Copies: torch on CPU: kvc_pages_gather/scatter (memcpy). Torch on CUDA:
+the project's gather/scatter kernels; G1 blocks are read in place (device to
+device); G2 blocks either through a device staging buffer filled by the copy
+engine (kvc_memcpy_batch, DMA: g2_path="stage") or read/written in place by
+the kernel over the bus (g2_path="direct"). The G2 mapping is registered
+with CUDA (Client.register_cuda) on first use.
+"""
+from __future__ import annotations
+
+import ctypes
+import errno
+import time
+from dataclasses import dataclass, field
+
+from . import _lib
+from .client import G1, G2, Client, Layout
+from .errors import CODES, KvError
+
+KV_EEXISTS = CODES["KV_EEXISTS"]
+
+MEM_HOST, MEM_CUDA = 0, 1
+_DTYPE_NAMES = {"float32": "fp32", "float16": "fp16", "bfloat16": "bf16", "float8_e4m3fn": "fp8e4m3",
+                "float8_e5m2": "fp8e5m2", "uint8": "u8", "int8": "i8"}
+
+
+def _torch():
+    import torch
+    return torch
+
+
+def dtype_name(dtype) -> str:
+    """The dtype string HELLO carries for a torch dtype ("bf16", ...)."""
+    return _DTYPE_NAMES.get(str(dtype).replace("torch.", ""), str(dtype).replace("torch.", ""))
+
+
+class PagedLayout:
+    """Where an engine's pages are, as the kernels of cuda/kernels.h see them.
+
+    Build it with a constructor for the engine's layout: vllm(),
+    page_major(), from_pages() (any layout whose K (and V) part of one page
+    of one layer is contiguous: SGLang's per-layer K/V buffers, its host
+    pools' layer-first and page-first-direct layouts, a Hugging Face cache
+    packed into pages), or mla(). The tensors must outlive the layout (it
+    holds references).
+    """
+
+    def __init__(self, *, bases, page_tokens, kernel_tokens, kv_heads, head_dim, elem_bytes, num_pages,
+                 page_stride, kv_stride, half_bytes, model_layers, model_kv_heads,
+                 model_head_dim, dtype, device, keep):
+        self.bases = list(bases)            # one per kernel layer
+        self.page_tokens = page_tokens      # tokens per engine page
+        self.num_pages = num_pages
+        self.model_layers = model_layers    # what HELLO declares
+        self.model_kv_heads = model_kv_heads
+        self.model_head_dim = model_head_dim
+        self.dtype = dtype                  # HELLO's dtype string
+        self.device = device                # torch.device
+        self.half_bytes = half_bytes
+        self._keep = keep
+        # the kernel's geometry: any factorisation of a half's elements
+        self.c = _lib.KvcPageLayout(len(self.bases), kernel_tokens, kv_heads, head_dim, elem_bytes,
+                                    num_pages, page_stride, kv_stride)
+        self._bases_c = (ctypes.c_void_p * len(self.bases))(*self.bases)
+        self.page_block_bytes = 2 * half_bytes * model_layers  # one page of every layer
+        got = int(_lib.lib().kvc_page_block_bytes(ctypes.byref(self.c)))
+        if got != self.page_block_bytes:
+            raise ValueError(f"layout rejected by libkvclient (kvc_page_block_bytes = {got}, "
+                             f"expected {self.page_block_bytes}): strides or sizes are off")
+
+    @property
+    def mem(self) -> int:
+        return MEM_CUDA if self.device.type == "cuda" else MEM_HOST
+
+    def client_layout(self, pages_per_block: int = 1, tp_rank: int = 0, tp_size: int = 1) -> Layout:
+        """The Layout to open a Client with (HELLO's namespace)."""
+        return Layout(block_bytes=self.page_block_bytes * pages_per_block,
+                      tokens_per_block=self.page_tokens * pages_per_block,
+                      layers=self.model_layers, kv_heads=self.model_kv_heads,
+                      head_dim=self.model_head_dim, dtype=self.dtype, tp_rank=tp_rank,
+                      tp_size=tp_size)
+
+    # --- constructors ------------------------------------------------------
+    @classmethod
+    def from_pages(cls, k_pages, v_pages, kv_heads: int | None = None, head_dim: int | None = None,
+                   dtype: str | None = None, page_tokens: int | None = None) -> "PagedLayout":
+        """k_pages[l], v_pages[l]: views [num_pages, page_tokens, ...] of layer
+        l's K and V, each page's part contiguous (strides between pages are
+        free). kv_heads/head_dim: what HELLO declares (default: the views'
+        dims 2 and 3 when they have them)."""
+        L = len(k_pages)
+        if L == 0 or len(v_pages) != L:
+            raise ValueError("one K and one V view per layer, at least one layer")
+        k0 = k_pages[0]
+        if k0.dim() < 2:
+            raise ValueError("a page view is [num_pages, page_tokens, ...]")
+        num_pages = int(k0.shape[0])
+        page_tokens = int(page_tokens or k0.shape[1])
+        E = k0.element_size()
+        half_elems = 1
+        for s in k0.shape[1:]:
+            half_elems *= int(s)
+        half = half_elems * E
+        pstride = int(k0.stride(0)) * E
+        dev = k0.device
+        for l, (k, v) in enumerate(zip(k_pages, v_pages)):
+            for name, t in (("K", k), ("V", v)):
+                if t.shape != k0.shape or t.dtype != k0.dtype or t.device != dev:
+                    raise ValueError(f"layer {l} {name}: shape/dtype/device differ from layer 0 K")
+                if int(t.stride(0)) * E != pstride:
+                    raise ValueError(f"layer {l} {name}: page stride differs from layer 0 K")
+                if not t[0].is_contiguous():
+                    raise ValueError(f"layer {l} {name}: one page's part is not contiguous")
+        if kv_heads is None:
+            kv_heads = int(k0.shape[2]) if k0.dim() >= 4 else 1
+        if head_dim is None:
+            head_dim = int(k0.shape[3]) if k0.dim() >= 4 else half_elems // page_tokens
+        dname = dtype or dtype_name(k0.dtype)
+        kvs = {v.data_ptr() - k.data_ptr() for k, v in zip(k_pages, v_pages)}
+        kstride = kvs.pop() if len(kvs) == 1 else -1
+        ok_interleaved = kstride >= half and pstride >= kstride + half
+        ok_kfirst = kstride >= 0 and pstride >= half and kstride >= (num_pages - 1) * pstride + half
+        if (ok_interleaved or ok_kfirst) and L <= 256:
+            bases = [k.data_ptr() for k in k_pages]
+            kh, kd, pt = _kernel_geom(half_elems, page_tokens)
+            return cls(bases=bases, page_tokens=page_tokens, kernel_tokens=pt, kv_heads=kh,
+                       head_dim=kd,
+                       elem_bytes=E, num_pages=num_pages, page_stride=pstride, kv_stride=kstride,
+                       half_bytes=half, model_layers=L, model_kv_heads=kv_heads,
+                       model_head_dim=head_dim, dtype=dname, device=dev,
+                       keep=(list(k_pages), list(v_pages)))
+        # K and V apart (e.g. separate allocations per layer): each of them
+        # becomes a kernel "layer" whose two halves are the first and the
+        # second half of its page part - the same bytes in the same order.
+        if half_elems % 2 or 2 * L > 256:
+            raise ValueError("K and V views of this layout are not at one distance in every "
+                             "layer, and cannot be split (odd page size or over 128 layers)")
+        bases = [p for k, v in zip(k_pages, v_pages) for p in (k.data_ptr(), v.data_ptr())]
+        kh, kd, pt = _kernel_geom(half_elems // 2, page_tokens)
+        return cls(bases=bases, page_tokens=page_tokens, kernel_tokens=pt, kv_heads=kh, head_dim=kd,
+                   elem_bytes=E,
+                   num_pages=num_pages, page_stride=pstride, kv_stride=half // 2, half_bytes=half,
+                   model_layers=L, model_kv_heads=kv_heads, model_head_dim=head_dim, dtype=dname,
+                   device=dev, keep=(list(k_pages), list(v_pages)))
+
+    @classmethod
+    def vllm(cls, kv_caches) -> "PagedLayout":
+        """vLLM's flash-attention layout: per layer [2, num_pages, page_tokens,
+        kv_heads, head_dim]."""
+        for l, t in enumerate(kv_caches):
+            if t.dim() != 5 or t.shape[0] != 2:
+                raise ValueError(f"layer {l}: shape {tuple(t.shape)}, want [2, pages, T, H, D]")
+        return cls.from_pages([t[0] for t in kv_caches], [t[1] for t in kv_caches])
+
+    @classmethod
+    def page_major(cls, kv_caches) -> "PagedLayout":
+        """Per layer [num_pages, 2, page_tokens, kv_heads, head_dim] (FlashInfer's
+        NHD, TensorRT-LLM's): the layout cuda/kernels.h calls dense."""
+        for l, t in enumerate(kv_caches):
+            if t.dim() != 5 or t.shape[1] != 2:
+                raise ValueError(f"layer {l}: shape {tuple(t.shape)}, want [pages, 2, T, H, D]")
+        return cls.from_pages([t[:, 0] for t in kv_caches], [t[:, 1] for t in kv_caches])
+
+    @classmethod
+    def sglang(cls, k_buffers, v_buffers, page_tokens: int) -> "PagedLayout":
+        """SGLang's MHATokenToKVPool: per layer K and V buffers [tokens,
+        kv_heads, head_dim]; page p is tokens [p*page_tokens, (p+1)*page_tokens)."""
+        def pages(t):
+            n = int(t.shape[0]) // page_tokens
+            return t[:n * page_tokens].view(n, page_tokens, *t.shape[1:])
+        return cls.from_pages([pages(k) for k in k_buffers], [pages(v) for v in v_buffers])
+
+    @classmethod
+    def mla(cls, caches, dtype: str | None = None) -> "PagedLayout":
+        """MLA's single latent tensor per layer: [num_pages, page_tokens,
+        latent] (or [num_pages, page_tokens, 1, latent]). The block holds, per
+        layer, one page's latent vectors (their bytes split in two halves
+        where other layouts have K and V). HELLO: kv_heads 1, head_dim latent."""
+        ks, vs = [], []
+        for l, t in enumerate(caches):
+            if t.dim() == 4 and t.shape[2] == 1:
+                t = t[:, :, 0]
+            if t.dim() != 3 or not t.is_contiguous():
+                raise ValueError(f"layer {l}: shape {tuple(t.shape)}, want a contiguous "
+                                 "[pages, T, latent]")
+            n, T, lat = (int(s) for s in t.shape)
+            if (T * lat) % 2:
+                raise ValueError("MLA page with an odd number of elements")
+            flat, h = t.view(n, T * lat), T * lat // 2
+            # .view, never .reshape: a copy would detach the layout from the cache
+            ks.append(flat[:, :h].view(n, 1, h))
+            vs.append(flat[:, h:].view(n, 1, h))
+        lay = cls.from_pages(ks, vs, kv_heads=1, head_dim=int(caches[0].shape[-1]), dtype=dtype,
+                             page_tokens=int(caches[0].shape[1]))
+        lay._keep = (list(caches), lay._keep)
+        return lay
+
+
+def _kernel_geom(half_elems: int, page_tokens: int):
+    """(kv_heads, head_dim, page_tokens) for the kernel: any factorisation of
+    the half's elements works (the copy is byte-exact)."""
+    if half_elems % page_tokens == 0:
+        return 1, half_elems // page_tokens, page_tokens
+    return 1, half_elems, 1
+
+
+@dataclass
+class SaveResult:
+    blocks: int = 0        # full blocks in the sequence
+    present: int = 0       # already stored before this call (the lookup's prefix)
+    stored: int = 0        # written and committed by this call
+    existed: int = 0       # another worker had stored or was storing them (KV_EEXISTS)
+    failed: list = field(default_factory=list)  # [(block index, KvError)]
+    timings: dict = field(default_factory=dict)
+
+
+@dataclass
+class LoadResult:
+    tokens: int = 0        # leading tokens whose KV is now in the pages
+    blocks: int = 0        # leading blocks loaded
+    hit: int = 0           # blocks LOOKUP found resident (before LOAD)
+    tiers: list = field(default_factory=list)   # the loaded blocks' tiers
+    failed: list = field(default_factory=list)  # [(block index, KvError)] of blocks that failed
+    failed_pages: list = field(default_factory=list)  # the engine pages those blocks were for
+    timings: dict = field(default_factory=dict)  # seconds: lookup, load, copy, release
+
+
+class PagedKV:
+    """Saves and loads one engine layout's pages through a Client.
+
+    pages_per_block: engine pages per kvcached block (the client's layout
+    must be layout.client_layout(pages_per_block)). batch: blocks per
+    ALLOC round of save() (each round holds that many G2 slots at once);
+    load_batch: blocks per LOAD round of load() (the whole prefix in one
+    round, up to the protocol's 4096, by default). g2_path, when the engine's tensors are on CUDA: "direct" (the
+    kernel reads and writes G2 in place, over the bus) or "stage" (the copy
+    engine moves the blocks through a device staging buffer). "direct" is
+    the default: on an H100 it moved 512 KiB blocks 1.11x as fast as
+    "stage" both ways (tests/gpu/gpu_bench_client, BENCHMARKS.md). On CUDA
+    the client's G2 mapping is registered here (Client.register_cuda), once,
+    as an engine would at start-up.
+    """
+
+    def __init__(self, client: Client, layout: PagedLayout, pages_per_block: int = 1,
+                 batch: int = 1024, g2_path: str = "direct", load_batch: int = _lib.BATCH_MAX):
+        want = layout.client_layout(pages_per_block, client.layout.tp_rank, client.layout.tp_size)
+        if (client.layout.block_bytes, client.layout.tokens_per_block) != \
+                (want.block_bytes, want.tokens_per_block):
+            raise ValueError(f"client layout {client.layout} does not match the paged layout "
+                             f"({want.block_bytes} B, {want.tokens_per_block} tokens per block)")
+        if g2_path not in ("stage", "direct"):
+            raise ValueError("g2_path: 'stage' or 'direct'")
+        self.client = client
+        self.layout = layout
+        self.ppb = pages_per_block
+        self.block_tokens = layout.page_tokens * pages_per_block
+        self.block_bytes = want.block_bytes
+        self.batch = max(1, min(batch, _lib.BATCH_MAX))
+        self.load_batch = max(1, min(load_batch, _lib.BATCH_MAX))
+        self.g2_path = g2_path
+        self._staging = None
+        self._registered = False
+        self._L = _lib.lib()
+        self._ensure_registered()
+
+    # --- helpers ---------------------------------------------------------------
+    def keys(self, token_ids, extra: bytes = b"") -> list[bytes]:
+        """The chain keys of token_ids' full blocks."""
+        return self.client.chain_keys(_tolist(token_ids), extra)
+
+    def _cuda(self) -> bool:
+        return self.layout.mem == MEM_CUDA
+
+    def _stream(self):
+        torch = _torch()
+        return ctypes.c_void_p(torch.cuda.current_stream(self.layout.device).cuda_stream)
+
+    def _sync(self):
+        if self._cuda():
+            _torch().cuda.current_stream(self.layout.device).synchronize()
+
+    def _ensure_registered(self):
+        if self._cuda() and not self._registered:
+            self.client.register_cuda()
+            self._registered = True
+
+    def _stage(self, nbytes: int) -> int:
+        torch = _torch()
+        if self._staging is None or self._staging.numel() < nbytes:
+            self._staging = torch.empty(nbytes, dtype=torch.uint8, device=self.layout.device)
+        return self._staging.data_ptr()
+
+    def _page_ptrs(self, block_ptrs: list[int], page_ids: list[int], first_block: int):
+        """(page ids, kernel block pointers) for blocks i = first_block..: block
+        i's pages page_ids[i*ppb .. (i+1)*ppb), each a kernels.h block inside it."""
+        pb = self.layout.page_block_bytes
+        if self.ppb == 1:
+            return [int(p) for p in page_ids[first_block:first_block + len(block_ptrs)]], list(block_ptrs)
+        pids, ptrs = [], []
+        for j, bp in enumerate(block_ptrs):
+            i = first_block + j
+            for q in range(self.ppb):
+                pids.append(int(page_ids[i * self.ppb + q]))
+                ptrs.append(bp + q * pb)
+        return pids, ptrs
+
+    def _kern(self, scatter: bool, pids: list[int], ptrs: list[int], mem: int):
+        n = len(pids)
+        if n == 0:
+            return
+        pa = (ctypes.c_uint32 * n)(*pids)
+        ba = (ctypes.c_void_p * n)(*ptrs)
+        fn = self._L.kvc_pages_scatter if scatter else self._L.kvc_pages_gather
+        stream = self._stream() if mem == MEM_CUDA else None
+        rc = fn(self.client._handle(), ctypes.byref(self.layout.c), self.layout._bases_c, pa, ba, n,
+                mem, stream)
+        if rc < 0:
+            detail = self._L.kvc_cuda_error().decode("utf-8", "replace") if mem == MEM_CUDA else ""
+            raise KvError(rc, "scatter" if scatter else "gather", detail)
+
+    def _memcpy(self, pairs: list[tuple[int, int]], nbytes: int):
+        n = len(pairs)
+        if n == 0:
+            return
+        v = (_lib.KvcCopy * n)()
+        for i, (d, s) in enumerate(pairs):
+            v[i].dst, v[i].src, v[i].bytes = d, s, nbytes
+        rc = self._L.kvc_memcpy_batch(self.client._handle(), v, n, MEM_CUDA, self._stream())
+        if rc < 0:
+            raise KvError(rc, "memcpy_batch", self._L.kvc_cuda_error().decode("utf-8", "replace"))
+
+    def _into_pages(self, blocks, page_ids, first: int):
+        """Scatter blocks [(tier, ptr)] (all usable, consecutive from block
+        index `first`) into the pages."""
+        bb = self.block_bytes
+        if not self._cuda():
+            if any(t != G2 for t, _ in blocks):
+                raise KvError(-errno.EINVAL, "load", "a G1 block for an engine on the CPU")
+            pids, ptrs = self._page_ptrs([p for _, p in blocks], page_ids, first)
+            self._kern(True, pids, ptrs, MEM_HOST)
+            return
+        if self.g2_path == "stage" and any(t != G1 for t, _ in blocks):
+            self._ensure_registered()
+            g2 = [(j, p) for j, (t, p) in enumerate(blocks) if t != G1]
+            base = self._stage(len(g2) * bb)
+            self._memcpy([(base + k * bb, p) for k, (_, p) in enumerate(g2)], bb)
+            blocks = list(blocks)
+            for k, (j, _) in enumerate(g2):
+                blocks[j] = (G1, base + k * bb)  # now a device address, like a G1 block
+        elif any(t != G1 for t, _ in blocks):
+            self._ensure_registered()  # the kernel reaches G2 in place
+        pids, ptrs = self._page_ptrs([p for _, p in blocks], page_ids, first)
+        self._kern(True, pids, ptrs, MEM_CUDA)
+
+    def _from_pages(self, blocks, page_ids, idx):
+        """Gather pages into the allocated blocks (block j is sequence block idx[j])."""
+        bb = self.block_bytes
+        mem = self.layout.mem
+        if mem == MEM_CUDA:
+            self._ensure_registered()
+        if mem == MEM_HOST or self.g2_path == "direct":
+            pids, ptrs = [], []
+            for b, i in zip(blocks, idx):
+                p, q = self._page_ptrs([b.ptr], page_ids, i)
+                pids += p
+                ptrs += q
+            self._kern(False, pids, ptrs, mem)
+            return
+        base = self._stage(len(blocks) * bb)
+        pids, ptrs = [], []
+        for k, i in enumerate(idx):
+            p, q = self._page_ptrs([base + k * bb], page_ids, i)
+            pids += p
+            ptrs += q
+        self._kern(False, pids, ptrs, MEM_CUDA)
+        self._memcpy([(b.ptr, base + k * bb) for k, b in enumerate(blocks)], bb)
+
+    def _check_pages(self, ntok: int, page_ids):
+        need = -(-ntok // self.layout.page_tokens)
+        if len(page_ids) < need:
+            raise ValueError(f"{len(page_ids)} pages for {ntok} tokens: {need} needed")
+        for p in page_ids[:need]:
+            if not 0 <= int(p) < self.layout.num_pages:
+                raise ValueError(f"page id {p} outside 0..{self.layout.num_pages - 1}")
+
+    # --- the two operations ------------------------------------------------------
+    def save(self, token_ids, page_ids, extra: bytes = b"", prio: int = 128) -> SaveResult:
+        """Stores the full blocks of token_ids (their KV in pages page_ids)
+        that kvcached does not hold yet: ALLOC, gather, COMMIT."""
+        tokens, page_ids = _tolist(token_ids), _tolist(page_ids)
+        keys = self.keys(tokens, extra)
+        res = SaveResult(blocks=len(keys))
+        if not keys:
+            return res
+        self._check_pages(len(keys) * self.block_tokens, page_ids)
+        t0 = time.perf_counter()
+        hit, _ = self.client.lookup(keys)
+        res.present = hit
+        t_copy = 0.0
+        for lo in range(hit, len(keys), self.batch):
+            hi = min(lo + self.batch, len(keys))
+            parents = [keys[i - 1] if i else None for i in range(lo, hi)]
+            with self.client.alloc(keys[lo:hi], parents=parents, prio=prio) as a:
+                got = [(j, b) for j, b in enumerate(a.blocks) if b.ok]
+                for j, b in enumerate(a.blocks):
+                    if b.status == KV_EEXISTS:
+                        res.existed += 1
+                    elif not b.ok:
+                        res.failed.append((lo + j, b.error))
+                if not got:
+                    a.abort()
+                    continue
+                t1 = time.perf_counter()
+                self._from_pages([b for _, b in got], page_ids, [lo + j for j, _ in got])
+                self._sync()  # COMMIT checksums the bytes: they must be there
+                t_copy += time.perf_counter() - t1
+                st = a.commit([j for j, _ in got])
+                for (j, b), s in zip(got, st):
+                    if s == 0:
+                        res.stored += 1
+                    elif s == KV_EEXISTS:
+                        res.existed += 1
+                    else:
+                        res.failed.append((lo + j, KvError(s, "commit", b.key.hex())))
+        res.timings = {"total": time.perf_counter() - t0, "copy": t_copy}
+        return res
+
+    def load(self, token_ids, page_ids, extra: bytes = b"", tier: int = G2,
+             max_tokens: int | None = None) -> LoadResult:
+        """Loads the longest stored prefix of token_ids into pages page_ids:
+        LOOKUP, LOAD, scatter, RELEASE. At most max_tokens tokens (default:
+        all but the last token, which the engine computes for its logits).
+        Returns how many leading tokens are now valid; a failed block ends
+        the prefix and is reported with its pages."""
+        tokens, page_ids = _tolist(token_ids), _tolist(page_ids)
+        if max_tokens is None:
+            max_tokens = max(len(tokens) - 1, 0)
+        keys = self.keys(tokens[:max_tokens], extra)
+        res = LoadResult()
+        if not keys:
+            return res
+        self._check_pages(len(keys) * self.block_tokens, page_ids)
+        if tier == G1 and not self._cuda():
+            raise ValueError("tier G1 needs an engine on CUDA")
+        if tier == G1 and not self.client.g1.available:
+            tier = G2  # no pool in this process: the blocks come through G2
+        t0 = time.perf_counter()
+        hit, _ = self.client.lookup(keys)
+        res.hit = hit
+        t1 = time.perf_counter()
+        res.timings = {"lookup": t1 - t0, "load": 0.0, "copy": 0.0, "release": 0.0}
+        for lo in range(0, hit, self.load_batch):
+            hi = min(lo + self.load_batch, hit)
+            ta = time.perf_counter()
+            ka = _lib.keys_array(keys[lo:hi])
+            got = self.client._load_raw(ka, hi - lo, tier)  # [(status, tier, ptr, length)]
+            tb = time.perf_counter()
+            n = next((j for j, g in enumerate(got) if g[0] != 0), len(got))
+            tc = tb
+            try:
+                for j in range(n, len(got)):
+                    if got[j][0] != 0:
+                        res.failed.append((lo + j, KvError(got[j][0], "block", keys[lo + j].hex())))
+                        res.failed_pages += page_ids[(lo + j) * self.ppb:(lo + j + 1) * self.ppb]
+                if n:
+                    self._into_pages([(g[1], g[2]) for g in got[:n]], page_ids, lo)
+                    self._sync()  # the pins must outlive the copies
+                res.tiers += [g[1] for g in got[:n]]
+                res.blocks += n
+                tc = time.perf_counter()
+            finally:  # drop every pin this LOAD took, used or not
+                pinned = [keys[lo + j] for j, g in enumerate(got) if g[0] == 0]
+                if len(pinned) == hi - lo:
+                    self.client._release_raw(ka, hi - lo)
+                elif pinned:
+                    self.client.release(pinned)
+            td = time.perf_counter()
+            res.timings["load"] += tb - ta
+            res.timings["copy"] += tc - tb
+            res.timings["release"] += td - tc
+            if n < hi - lo:
+                break
+        res.tokens = res.blocks * self.block_tokens
+        res.timings["total"] = time.perf_counter() - t0
+        return res
+
+
+def _tolist(x):
+    return x.tolist() if hasattr(x, "tolist") else list(x)

@@ -1,0 +1,251 @@
+"""kvclient.paged against a real kvcached, torch on CPU: every layout writes
+the block format of cuda/kernels.h byte for byte, a block written through
+one layout is read through another, loads fail closed, saves count what
+others stored."""
+import pytest
+
+torch = pytest.importorskip("torch")
+
+from kvclient import G2, Client  # noqa: E402
+from kvclient.paged import PagedKV, PagedLayout  # noqa: E402
+
+L, T, H, D, NP = 3, 4, 2, 8, 16  # layers, page tokens, kv heads, head dim, pages
+
+
+def vllm_caches(dtype=torch.float16, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    return [torch.randn(2, NP, T, H, D, generator=g).to(dtype) for _ in range(L)]
+
+
+def block_ref(k_of, v_of, pages):
+    """The kernels.h format for a block of `pages` (pages_per_block of them):
+    per page, per layer, K then V, each [T][H][D] contiguous."""
+    out = []
+    for p in pages:
+        for l in range(L):
+            out += [k_of(l, p).contiguous().view(torch.uint8).flatten(),
+                    v_of(l, p).contiguous().view(torch.uint8).flatten()]
+    return torch.cat(out)
+
+
+def open_for(daemon, layout, ppb=1, **kw):
+    return Client(daemon.socket, tenant="t", layout=layout.client_layout(ppb), **kw)
+
+
+def tokens(n, base=0):
+    return list(range(base, base + n))
+
+
+@pytest.mark.parametrize("ppb", [1, 2])
+def test_vllm_save_writes_the_kernels_h_block_format(daemon, ppb):
+    kv = vllm_caches()
+    lay = PagedLayout.vllm(kv)
+    assert lay.page_block_bytes == L * 2 * T * H * D * 2
+    pages = [5, 2, 9, 0, 11, 3, 7, 1]  # shuffled: a real page table
+    toks = tokens(8 * T)
+    with open_for(daemon, lay, ppb) as c:
+        pk = PagedKV(c, lay, pages_per_block=ppb)
+        r = pk.save(toks, pages)
+        assert (r.blocks, r.stored, r.existed, r.failed) == (8 // ppb, 8 // ppb, 0, [])
+        with c.load(pk.keys(toks)) as got:
+            for i, b in enumerate(got.blocks):
+                want = block_ref(lambda l, p: kv[l][0, p], lambda l, p: kv[l][1, p],
+                                 pages[i * ppb:(i + 1) * ppb])
+                assert torch.equal(b.torch(), want), f"block {i}"
+
+
+def test_every_layout_reads_what_another_wrote(daemon):
+    """vLLM writes; page-major, SGLang and a from_pages view of separate K/V
+    allocations read the same blocks into their own page tables."""
+    kv = vllm_caches(torch.bfloat16)
+    src = PagedLayout.vllm(kv)
+    pages = [3, 8, 1, 12]
+    toks = tokens(4 * T + 1)
+    with open_for(daemon, src) as c:
+        assert PagedKV(c, src).save(toks, pages).stored == 4
+    pm = [torch.zeros(NP, 2, T, H, D, dtype=torch.bfloat16) for _ in range(L)]
+    kb = [torch.zeros(NP * T, H, D, dtype=torch.bfloat16) for _ in range(L)]
+    vb = [torch.zeros(NP * T, H, D, dtype=torch.bfloat16) for _ in range(L)]
+    for lay, k_of, v_of in (
+            (PagedLayout.page_major(pm), lambda l, p: pm[l][p, 0], lambda l, p: pm[l][p, 1]),
+            (PagedLayout.sglang(kb, vb, T), lambda l, p: kb[l][p * T:(p + 1) * T],
+             lambda l, p: vb[l][p * T:(p + 1) * T])):
+        assert lay.client_layout() == src.client_layout()
+        dst_pages = [15, 0, 7, 4]
+        with open_for(daemon, lay) as c:
+            r = PagedKV(c, lay).load(toks, dst_pages)
+        assert (r.tokens, r.blocks, r.hit, r.failed) == (4 * T, 4, 4, [])
+        assert r.tiers == [G2] * 4
+        for i in range(4):
+            for l in range(L):
+                assert torch.equal(k_of(l, dst_pages[i]), kv[l][0, pages[i]])
+                assert torch.equal(v_of(l, dst_pages[i]), kv[l][1, pages[i]])
+
+
+def test_separate_k_v_allocations_use_split_halves():
+    """K and V in allocations at different distances per layer (SGLang's
+    per-layer buffers): the layout still describes them, with 2L kernel
+    layers whose halves are the first and second half of each part."""
+    kb = [torch.zeros(NP * T, H, D) for _ in range(L)]
+    vb = [torch.zeros(NP * T, H, D) for _ in range(L)]
+    lay = PagedLayout.sglang(kb, vb, T)
+    assert len(lay.bases) in (L, 2 * L)
+    assert lay.page_block_bytes == L * 2 * T * H * D * 4
+
+
+def test_mla_latent_blocks_round_trip(daemon):
+    lat = 24
+    g = torch.Generator().manual_seed(3)
+    src = [torch.randn(NP, T, lat, generator=g).half() for _ in range(L)]
+    dst = [torch.zeros(NP, T, 1, lat).half() for _ in range(L)]
+    a, b = PagedLayout.mla(src), PagedLayout.mla(dst)
+    assert a.client_layout().kv_heads == 1 and a.client_layout().head_dim == lat
+    assert a.page_block_bytes == L * T * lat * 2
+    toks = tokens(3 * T + 2)
+    with open_for(daemon, a) as c:
+        pk = PagedKV(c, a)
+        assert pk.save(toks, [4, 9, 2]).stored == 3
+        with c.load(pk.keys(toks)) as got:  # per layer, the page's latents
+            assert torch.equal(got.blocks[1].torch(),
+                               torch.cat([src[l][9].reshape(-1).view(torch.uint8) for l in range(L)]))
+    with open_for(daemon, b) as c:
+        r = PagedKV(c, b).load(toks, [0, 1, 2])
+    assert r.tokens == 3 * T
+    for l in range(L):
+        for i, p in enumerate([4, 9, 2]):
+            assert torch.equal(dst[l][i, :, 0], src[l][p])
+
+
+def test_load_leaves_the_last_token_and_respects_max_tokens(daemon):
+    kv = vllm_caches()
+    lay = PagedLayout.vllm(kv)
+    toks = tokens(4 * T)
+    with open_for(daemon, lay) as c:
+        pk = PagedKV(c, lay)
+        pk.save(toks, [0, 1, 2, 3])
+        assert pk.load(toks, [4, 5, 6, 7]).tokens == 3 * T  # the engine computes the last
+        assert pk.load(toks, [4, 5, 6, 7], max_tokens=4 * T).tokens == 4 * T
+        assert pk.load(toks, [4, 5, 6, 7], max_tokens=2 * T - 1).tokens == T
+        assert pk.load(tokens(4 * T, 1), [4, 5, 6, 7]).tokens == 0  # other tokens: no hit
+
+
+def test_a_block_gone_between_lookup_and_load_ends_the_prefix(daemon):
+    """Fail closed: the block evicted (here: deleted by another worker) after
+    LOOKUP comes back KV_ENOTFOUND from LOAD; the engine gets the blocks
+    before it, the failed block's pages, and its later pages untouched."""
+    kv = vllm_caches()
+    lay = PagedLayout.vllm(kv)
+    toks = tokens(6 * T + 1)
+    with open_for(daemon, lay) as c, open_for(daemon, lay) as other:
+        pk = PagedKV(c, lay)
+        pk.save(toks, [0, 1, 2, 3, 4, 5])
+        keys = pk.keys(toks)
+        look = c.lookup
+
+        def lookup_then_lose_block_3(ks):
+            r = look(ks)
+            assert other.delete([keys[3]]) == 1
+            return r
+        c.lookup = lookup_then_lose_block_3
+        for t in kv:
+            t[:, 6:].fill_(-7.0)  # poison the destination pages
+        dst = [6, 7, 8, 9, 10, 11]
+        r = pk.load(toks, dst)
+        assert (r.hit, r.blocks, r.tokens) == (6, 3, 3 * T)
+        assert [i for i, _ in r.failed] == [3]
+        assert r.failed[0][1].name == "KV_ENOTFOUND"
+        assert r.failed_pages == [9]
+        for l in range(L):
+            for i in range(3):
+                assert torch.equal(kv[l][:, dst[i]], kv[l][:, i])
+            assert bool((kv[l][:, 9:12] == -7.0).all())  # nothing written past the failure
+        assert daemon.metric("kvcached_pinned_blocks") == 0  # every pin released
+        assert other.status()["g2"]["blocks"] == 5
+
+
+def test_save_counts_what_is_present_and_what_others_store(daemon):
+    kv = vllm_caches()
+    lay = PagedLayout.vllm(kv)
+    toks = tokens(4 * T)
+    with open_for(daemon, lay) as a, open_for(daemon, lay) as b:
+        pa, pb = PagedKV(a, lay), PagedKV(b, lay)
+        assert pa.save(toks[:2 * T], [0, 1]).stored == 2
+        keys = pa.keys(toks)
+        # b is writing block 3 (allocated, not committed) while a saves all
+        with b.alloc([keys[3]], parents=[keys[2]]) as pending:
+            r = pa.save(toks, [0, 1, 2, 3])
+            assert (r.blocks, r.present, r.stored, r.existed, r.failed) == (4, 2, 1, 1, [])
+            pending.abort()
+        r = pa.save(toks, [0, 1, 2, 3])  # block 3 is free again
+        assert (r.present, r.stored) == (3, 1)
+        assert pa.save(toks, [0, 1, 2, 3]).stored == 0
+        assert pb.load(toks, [4, 5, 6, 7], max_tokens=4 * T).tokens == 4 * T
+
+
+def test_layouts_and_arguments_are_checked(daemon):
+    kv = vllm_caches()
+    lay = PagedLayout.vllm(kv)
+    with pytest.raises(ValueError):
+        PagedLayout.vllm([torch.zeros(NP, 2, T, H, D)])
+    with pytest.raises(ValueError):  # pages not contiguous
+        PagedLayout.from_pages([kv[0][0].transpose(1, 2)], [kv[0][1].transpose(1, 2)])
+    with open_for(daemon, lay, 2) as c:
+        with pytest.raises(ValueError):
+            PagedKV(c, lay)  # the client says 2 pages per block
+    with open_for(daemon, lay) as c:
+        pk = PagedKV(c, lay)
+        with pytest.raises(ValueError):
+            pk.save(tokens(3 * T), [0, 1])  # too few pages
+        with pytest.raises(ValueError):
+            pk.save(tokens(T), [NP])  # no such page
+        with pytest.raises(ValueError):
+            pk.load(tokens(3 * T), [0, 1, 2], tier=0)  # G1 with an engine on the CPU
+
+
+def test_a_worker_killed_mid_save_leaves_nothing_visible(daemon, tmp_root):
+    """A worker that dies between ALLOC and COMMIT (kill -9, mid-gather):
+    none of its blocks is visible, and the keys can be stored again."""
+    import os
+    import signal
+    import subprocess
+    import sys
+    import textwrap
+    from conftest import HERE
+    code = textwrap.dedent(f"""
+        import os, sys, time, torch
+        sys.path.insert(0, {os.path.join(HERE, '..')!r})
+        from kvclient import Client
+        from kvclient.paged import PagedKV, PagedLayout
+        kv = [torch.ones(2, {NP}, {T}, {H}, {D}, dtype=torch.float16) for _ in range({L})]
+        lay = PagedLayout.vllm(kv)
+        c = Client({daemon.socket!r}, tenant="t", layout=lay.client_layout())
+        pk = PagedKV(c, lay)
+        real = pk._from_pages
+        def stuck(*a):
+            real(*a)                       # half the work: bytes written, no COMMIT
+            print("written", flush=True)
+            time.sleep(60)
+        pk._from_pages = stuck
+        pk.save(list(range({4 * T})), [0, 1, 2, 3])
+    """)
+    p = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True)
+    assert p.stdout.readline().strip() == "written"
+    lay = PagedLayout.vllm(vllm_caches())
+    with open_for(daemon, lay) as c:
+        pk = PagedKV(c, lay)
+        keys = pk.keys(tokens(4 * T))
+        assert c.lookup(keys)[0] == 0
+        os.kill(p.pid, signal.SIGKILL)
+        p.wait()
+        assert c.lookup(keys)[0] == 0
+        # the slots are freed with the connection; the daemon sees the
+        # hang-up on its loop, so until then the keys are "being written"
+        import time
+        deadline = time.monotonic() + 5
+        while True:
+            r = pk.save(tokens(4 * T), [0, 1, 2, 3])
+            if r.present + r.stored == 4:
+                break
+            assert time.monotonic() < deadline and not r.failed, r
+            time.sleep(0.01)
+        assert c.lookup(keys)[0] == 4
