@@ -1,0 +1,1 @@
+"""Examples and reference engines for kvclient (see llama.py)."""
