@@ -1,9 +1,11 @@
 #!/usr/bin/env bash
 # tests/gpu/run.sh - builds the GPU programs (tests/gpu/gpu_*.c) with
 # -DKV_CUDA=ON into build-gpu, runs every build-gpu/bin/gpu_test_* and then
-# every gpu_bench_*, prints a summary. Exit 0: all ran and passed; 1: one
-# failed (or could not start); 77: nothing ran (no CUDA device: the reason
-# is printed).
+# every gpu_bench_*, then the Python ones (tests/gpu/gpu_test_*.py, then
+# gpu_bench_*.py: the Python package and the reference engine on the device,
+# when python3 has torch with CUDA), prints a summary. Exit 0: all ran and
+# passed; 1: one failed (or could not start); 77: nothing ran (no CUDA
+# device: the reason is printed).
 #
 #   tests/gpu/run.sh             build, then run
 #   tests/gpu/run.sh --no-build  run what build-gpu already holds (a GPU
@@ -15,7 +17,9 @@
 #                                libcuda, which comes with the GPU); --no-build
 #                                --bundle bundles an existing build. Does not run.
 # Environment: KV_GPU_BUILD (build directory, default <repo>/build-gpu),
-# KV_BENCH_RUNS (passed to the benchmarks).
+# KV_BENCH_RUNS (passed to the benchmarks), KV_GPU_ONLY (a regular
+# expression: run only the programs whose names match), KV_GPU_OUT (a
+# directory for the programs' JSON results, when they write any).
 set -u
 root=$(cd "$(dirname "$0")/../.." && pwd)
 bd=${KV_GPU_BUILD:-$root/build-gpu}
@@ -37,6 +41,7 @@ if [ $build = 1 ]; then
     [ -e "$src" ] || continue
     n=${src##*/}; targets+=(--target "${n%.*}")
   done
+  targets+=(--target kvclient --target kvcached)  # the Python programs' library and daemon
   cmake -S "$root" -B "$bd" -DKV_CUDA=ON -DCMAKE_BUILD_TYPE=RelWithDebInfo >"$bd.cmake.log" 2>&1 ||
     { cat "$bd.cmake.log"; echo "run.sh: configure failed" >&2; exit 1; }
   cmake --build "$bd" -j"$(nproc)" "${targets[@]}" || { echo "run.sh: build failed" >&2; exit 1; }
@@ -56,7 +61,7 @@ if [ $bundle = 1 ]; then
   skip='^(linux-vdso|ld-linux|libc\.so|libm\.so|libdl\.so|libpthread\.so|librt\.so|libutil\.so|libresolv\.so|libcuda\.so|libnvidia-)'
   n=0
   # gpu_test_daemon runs the daemon built beside it: its libraries too.
-  for p in "${progs[@]}" "$bd/bin/kvcached"; do
+  for p in "${progs[@]}" "$bd/bin/kvcached" "$bd"/lib/libkvclient.so; do
     while read -r name path; do
       [ -n "$path" ] && [ -f "$path" ] || continue
       [[ $name =~ $skip ]] && continue
@@ -70,24 +75,59 @@ if [ $bundle = 1 ]; then
   exit 0
 fi
 
-export LD_LIBRARY_PATH="$bd/lib/deps${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+only=${KV_GPU_ONLY:-.}
 pass=() fail=() skip=()
-for p in "$bd"/bin/gpu_test_* "$bd"/bin/gpu_bench_*; do
-  name=${p##*/}
-  missing=$(ldd "$p" 2>/dev/null | awk '/not found/ {print $1}' | tr '\n' ' ')
-  if [ -n "$missing" ]; then
-    echo "== $name: cannot start, missing: $missing(run --bundle where it was built)"
-    fail+=("$name"); continue
-  fi
+run_one() { # name, command...
+  local name=$1; shift
   echo "== $name"
-  "$p"
-  rc=$?
+  "$@"
+  local rc=$?
   case $rc in
     0) pass+=("$name") ;;
     77) skip+=("$name") ;;
     *) echo "== $name: exit $rc"; fail+=("$name") ;;
   esac
+}
+for p in "$bd"/bin/gpu_test_* "$bd"/bin/gpu_bench_*; do
+  name=${p##*/}
+  [[ $name =~ $only ]] || continue
+  missing=$(LD_LIBRARY_PATH="$bd/lib/deps" ldd "$p" 2>/dev/null | awk '/not found/ {print $1}' | tr '\n' ' ')
+  if [ -n "$missing" ]; then
+    echo "== $name: cannot start, missing: $missing(run --bundle where it was built)"
+    fail+=("$name"); continue
+  fi
+  run_one "$name" env LD_LIBRARY_PATH="$bd/lib/deps${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}" "$p"
 done
+
+# The Python programs. The interpreter keeps its own libraries (its
+# libstdc++, torch's CUDA runtime): it gets only those of the bundle that
+# this machine lacks, and the daemon runs with the whole bundle.
+py=$(command -v python3)
+pyprogs=()
+for p in "$root"/tests/gpu/gpu_test_*.py "$root"/tests/gpu/gpu_bench_*.py; do
+  n=${p##*/}; [[ ${n%.py} =~ $only ]] && pyprogs+=("$p")
+done
+if [ ${#pyprogs[@]} -gt 0 ]; then
+  if [ -z "$py" ] || ! "$py" -c 'import torch, sys; sys.exit(0 if torch.cuda.is_available() else 1)' 2>/dev/null; then
+    echo "== Python programs skipped: no python3 with torch and a CUDA device"
+    for p in "${pyprogs[@]}"; do n=${p##*/}; skip+=("${n%.py}"); done
+  else
+    pylib=$(mktemp -d)
+    for l in $(ldd "$bd/lib/libkvclient.so" | awk '/not found/ {print $1}'); do
+      case $l in libcudart*) continue ;; esac  # torch's own, loaded first
+      [ -e "$bd/lib/deps/$l" ] && ln -s "$bd/lib/deps/$l" "$pylib/$l"
+    done
+    printf '#!/bin/sh\nLD_LIBRARY_PATH=%s exec %s "$@"\n' "$bd/lib/deps" "$bd/bin/kvcached" > "$pylib/kvcached"
+    chmod +x "$pylib/kvcached"
+    for p in "${pyprogs[@]}"; do
+      n=${p##*/}
+      run_one "${n%.py}" env LD_LIBRARY_PATH="$pylib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}" \
+        KVCLIENT_LIB="$bd/lib/libkvclient.so" KVCACHED_BIN="$pylib/kvcached" PYTHONUNBUFFERED=1 \
+        "$py" "$p"
+    done
+    rm -rf "$pylib"
+  fi
+fi
 echo "== summary: ${#pass[@]} passed, ${#fail[@]} failed, ${#skip[@]} skipped"
 [ ${#fail[@]} = 0 ] || { echo "   failed: ${fail[*]}"; exit 1; }
 [ ${#pass[@]} -gt 0 ] || exit 77
