@@ -108,6 +108,34 @@ def test_library_is_found_from_env_and_fails_clearly(tmp_path):
     assert "KVCLIENT_LIB" in r.stderr and "nope.so" in r.stderr
 
 
+def test_an_installed_library_is_found_on_the_library_path(tmp_path):
+    """cmake --install into a prefix; the package, copied away from the
+    checkout (no build tree beside it) and without KVCLIENT_LIB, loads the
+    installed libkvclient.so.0 from the library path."""
+    _lib.lib()
+    build = os.path.dirname(os.path.dirname(os.path.realpath(_lib.path())))
+    if not os.path.exists(os.path.join(build, "CMakeCache.txt")) or not shutil.which("cmake"):
+        pytest.skip(f"{_lib.path()} is not in a CMake build tree with cmake at hand")
+    prefix = tmp_path / "prefix"
+    r = subprocess.run(["cmake", "--install", build, "--prefix", str(prefix)],
+                       capture_output=True, text=True)
+    assert r.returncode == 0, r.stdout + r.stderr
+    libdir = next(p for p in prefix.glob("lib*") if (p / "libkvclient.so.0").exists())
+    shutil.copytree(os.path.join(REPO, "client", "python", "kvclient"), tmp_path / "pkg" / "kvclient",
+                    ignore=shutil.ignore_patterns("__pycache__"))
+    env = {k: v for k, v in os.environ.items() if k not in ("KVCLIENT_LIB", "PYTHONPATH")}
+    env.update(PYTHONPATH=str(tmp_path / "pkg"),
+               LD_LIBRARY_PATH=f"{libdir}:{env.get('LD_LIBRARY_PATH', '')}".rstrip(":"))
+    code = ("import kvclient; v = kvclient.library_version(); "
+            "print(v, kvclient.library_path(), open('/proc/self/maps').read())")
+    r = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True,
+                       cwd=tmp_path)
+    assert r.returncode == 0, r.stderr
+    version, path, maps = r.stdout.split(None, 2)
+    assert version == kvclient.library_version() and "build" not in path, path
+    assert str(libdir) in maps and os.path.join(build, "lib") not in maps
+
+
 # --- keys ---------------------------------------------------------------------
 
 def reference_chain_hash(tokens, parent=None, extra=b"", salt=b""):
