@@ -504,6 +504,12 @@ class Client:
             raise KvError(rc, "register_cuda", self.g2.reason)
 
     # --- keys ------------------------------------------------------------------
+    def chain_hash(self, tokens: Sequence[int], parent: bytes | None = None, extra: bytes = b"",
+                   salt: bytes | None = None) -> bytes:
+        """chain_hash() of one block, keyed by this client's salt unless
+        `salt` is given."""
+        return chain_hash(tokens, parent, extra, self.salt if salt is None else salt)
+
     def chain_keys(self, tokens: Sequence[int], extra: bytes = b"",
                    parent: bytes | None = None) -> list[bytes]:
         """chain_keys() with this client's tokens_per_block and salt."""

@@ -202,27 +202,64 @@ class PagedLayout:
     @classmethod
     def mla(cls, caches, dtype: str | None = None) -> "PagedLayout":
         """MLA's single latent tensor per layer: [num_pages, page_tokens,
-        latent] (or [num_pages, page_tokens, 1, latent]). The block holds, per
-        layer, one page's latent vectors (their bytes split in two halves
-        where other layouts have K and V). HELLO: kv_heads 1, head_dim latent."""
+        latent] (or [num_pages, page_tokens, 1, latent]), each page
+        contiguous. The block holds, per layer, one page's latent vectors
+        (their bytes split in two halves where other layouts have K and V).
+        HELLO: kv_heads 1, head_dim latent."""
         ks, vs = [], []
         for l, t in enumerate(caches):
             if t.dim() == 4 and t.shape[2] == 1:
                 t = t[:, :, 0]
-            if t.dim() != 3 or not t.is_contiguous():
-                raise ValueError(f"layer {l}: shape {tuple(t.shape)}, want a contiguous "
-                                 "[pages, T, latent]")
+            if t.dim() != 3 or not t[0].is_contiguous():
+                raise ValueError(f"layer {l}: shape {tuple(t.shape)}, want [pages, T, latent] "
+                                 "with each page contiguous")
             n, T, lat = (int(s) for s in t.shape)
             if (T * lat) % 2:
                 raise ValueError("MLA page with an odd number of elements")
-            flat, h = t.view(n, T * lat), T * lat // 2
-            # .view, never .reshape: a copy would detach the layout from the cache
-            ks.append(flat[:, :h].view(n, 1, h))
-            vs.append(flat[:, h:].view(n, 1, h))
+            h, ps, off = T * lat // 2, int(t.stride(0)), t.storage_offset()
+            # each page's first and second half, in place (a copy would
+            # detach the layout from the cache)
+            ks.append(t.as_strided((n, 1, h), (ps, h, 1), off))
+            vs.append(t.as_strided((n, 1, h), (ps, h, 1), off + h))
         lay = cls.from_pages(ks, vs, kv_heads=1, head_dim=int(caches[0].shape[-1]), dtype=dtype,
                              page_tokens=int(caches[0].shape[1]))
         lay._keep = (list(caches), lay._keep)
         return lay
+
+    @classmethod
+    def sglang_host(cls, kv_buffer, layout: str, page_tokens: int,
+                    mla: bool = False) -> "PagedLayout":
+        """SGLang's HiCache host pool (MHATokenToKVPoolHost, or with mla=True
+        MLATokenToKVPoolHost) by its --hicache-mem-layout:
+          layer_first        MHA [2, layers, tokens, heads, dim]; MLA [layers, tokens, 1, dim]
+          page_first_direct  MHA [2, pages, layers, page_tokens, heads, dim];
+                             MLA [pages, layers, page_tokens, 1, dim]
+        page_first ([2, tokens, layers, ...]) interleaves the layers inside
+        each token, so one layer's page is not contiguous: it has no kernel
+        description and is refused (use page_first_direct)."""
+        t = kv_buffer
+        if layout == "page_first":
+            raise ValueError("SGLang's page_first layout interleaves layers inside each token: "
+                             "a page of one layer is not contiguous; use page_first_direct")
+        if layout == "layer_first":
+            if mla:
+                L, n = int(t.shape[0]), int(t.shape[1]) // page_tokens
+                return cls.mla([t[l, :n * page_tokens].view(n, page_tokens, *t.shape[2:])
+                                for l in range(L)])
+            L, n = int(t.shape[1]), int(t.shape[2]) // page_tokens
+            pages = [t[kv, l, :n * page_tokens].view(n, page_tokens, *t.shape[3:])
+                     for kv in (0, 1) for l in range(L)]
+            return cls.from_pages(pages[:L], pages[L:])
+        if layout == "page_first_direct":
+            if mla:
+                if t.dim() != 5 or int(t.shape[2]) != page_tokens:
+                    raise ValueError(f"shape {tuple(t.shape)}: want [pages, layers, {page_tokens}, 1, dim]")
+                return cls.mla([t[:, l] for l in range(int(t.shape[1]))])
+            if t.dim() != 6 or int(t.shape[3]) != page_tokens:
+                raise ValueError(f"shape {tuple(t.shape)}: want [2, pages, layers, {page_tokens}, heads, dim]")
+            L = int(t.shape[2])
+            return cls.from_pages([t[0, :, l] for l in range(L)], [t[1, :, l] for l in range(L)])
+        raise ValueError(f"unknown SGLang host layout {layout!r}")
 
 
 def _kernel_geom(half_elems: int, page_tokens: int):

@@ -167,6 +167,7 @@ def test_chain_keys_cover_full_blocks_and_chain():
     assert ks[0] == chain_hash(toks[:16])
     assert ks[2] == chain_hash(toks[32:48], chain_hash(toks[16:32], ks[0]))
     assert chain_keys(toks, 16, salt=b"a")[0] != ks[0]
+    assert chain_keys(toks, 16, salt=b"a")[1] == chain_hash(toks[16:32], chain_hash(toks[:16], salt=b"a"), salt=b"a")
     assert chain_keys(toks, 16, extra=b"img:1")[1] != ks[1]
     changed = toks[:]
     changed[3] = 999  # a change in block 0 changes every later key
@@ -289,6 +290,7 @@ def test_namespaces_isolate_tenants_salts_and_layouts(tmp_root):
         with connect(daemon, salt=b"other") as s:
             assert s.lookup(keys)[0] == 0
             assert s.chain_keys(list(range(32))) != keys  # salted keys differ too
+            assert s.chain_hash(list(range(16))) == chain_hash(list(range(16)), salt=b"other")
         with connect(daemon, Layout(4096, 16, 2, 2, 64, "bf16")) as d:
             assert d.lookup(keys)[0] == 0
         with connect(daemon) as same:

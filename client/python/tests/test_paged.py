@@ -82,6 +82,55 @@ def test_every_layout_reads_what_another_wrote(daemon):
                 assert torch.equal(v_of(l, dst_pages[i]), kv[l][1, pages[i]])
 
 
+def test_sglang_host_layouts_read_what_vllm_wrote(daemon):
+    """SGLang's HiCache host pools: layer_first [2, L, tokens, H, D] and
+    page_first_direct [2, pages, L, T, H, D] read the blocks a vLLM layout
+    wrote; page_first (layers inside each token) is refused with the reason."""
+    kv = vllm_caches(torch.bfloat16, seed=4)
+    src = PagedLayout.vllm(kv)
+    pages = [2, 7, 11]
+    toks = tokens(3 * T + 1, 900)
+    with open_for(daemon, src) as c:
+        assert PagedKV(c, src).save(toks, pages).stored == 3
+    lf = torch.zeros(2, L, NP * T, H, D, dtype=torch.bfloat16)
+    pfd = torch.zeros(2, NP, L, T, H, D, dtype=torch.bfloat16)
+    for lay, k_of, v_of in (
+            (PagedLayout.sglang_host(lf, "layer_first", T),
+             lambda l, p: lf[0, l, p * T:(p + 1) * T], lambda l, p: lf[1, l, p * T:(p + 1) * T]),
+            (PagedLayout.sglang_host(pfd, "page_first_direct", T),
+             lambda l, p: pfd[0, p, l], lambda l, p: pfd[1, p, l])):
+        assert lay.client_layout() == src.client_layout()
+        with open_for(daemon, lay) as c:
+            assert PagedKV(c, lay).load(toks, [5, 0, 9]).tokens == 3 * T
+        for i, p in enumerate([5, 0, 9]):
+            for l in range(L):
+                assert torch.equal(k_of(l, p), kv[l][0, pages[i]])
+                assert torch.equal(v_of(l, p), kv[l][1, pages[i]])
+    with pytest.raises(ValueError, match="page_first_direct"):
+        PagedLayout.sglang_host(torch.zeros(2, NP * T, L, H, D), "page_first", T)
+
+
+def test_mla_in_sglang_host_layouts(daemon):
+    lat = 16
+    g = torch.Generator().manual_seed(6)
+    src = [torch.randn(NP, T, lat, generator=g).half() for _ in range(L)]
+    a = PagedLayout.mla(src)
+    pfd = torch.zeros(NP, L, T, 1, lat).half()  # SGLang MLA page_first_direct
+    lf = torch.zeros(L, NP * T, 1, lat).half()  # SGLang MLA layer_first
+    toks = tokens(2 * T + 3, 77)
+    with open_for(daemon, a) as c:
+        assert PagedKV(c, a).save(toks, [3, 12]).stored == 2
+    for lay, got in ((PagedLayout.sglang_host(pfd, "page_first_direct", T, mla=True),
+                      lambda l, p: pfd[p, l, :, 0]),
+                     (PagedLayout.sglang_host(lf, "layer_first", T, mla=True),
+                      lambda l, p: lf[l, p * T:(p + 1) * T, 0])):
+        assert lay.client_layout() == a.client_layout()
+        with open_for(daemon, lay) as c:
+            assert PagedKV(c, lay).load(toks, [1, 8]).tokens == 2 * T
+        for l in range(L):
+            assert torch.equal(got(l, 1), src[l][3]) and torch.equal(got(l, 8), src[l][12])
+
+
 def test_separate_k_v_allocations_use_split_halves():
     """K and V in allocations at different distances per layer (SGLang's
     per-layer buffers): the layout still describes them, with 2L kernel
