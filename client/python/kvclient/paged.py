@@ -298,8 +298,9 @@ class PagedKV:
     must be layout.client_layout(pages_per_block)). batch: blocks per
     ALLOC round of save() (each round holds that many G2 slots at once);
     load_batch: blocks per LOAD round of load() (the whole prefix in one
-    round, up to the protocol's 4096, by default). g2_path, when the engine's tensors are on CUDA: "direct" (the
-    kernel reads and writes G2 in place, over the bus) or "stage" (the copy
+    round, up to the protocol's 4096, by default). g2_path, when the
+    engine's tensors are on CUDA: "direct" (the kernel reads and writes G2
+    in place, over the bus) or "stage" (the copy
     engine moves the blocks through a device staging buffer). "direct" is
     the default: on an H100 it moved 512 KiB blocks 1.11x as fast as
     "stage" both ways (tests/gpu/gpu_bench_client, BENCHMARKS.md). On CUDA
@@ -325,9 +326,9 @@ class PagedKV:
         self.load_batch = max(1, min(load_batch, _lib.BATCH_MAX))
         self.g2_path = g2_path
         self._staging = None
-        self._registered = False
         self._L = _lib.lib()
-        self._ensure_registered()
+        if self._cuda():  # G2 <-> device copies are DMA, and kernels reach G2
+            client.register_cuda()
 
     # --- helpers ---------------------------------------------------------------
     def keys(self, token_ids, extra: bytes = b"") -> list[bytes]:
@@ -345,26 +346,21 @@ class PagedKV:
         if self._cuda():
             _torch().cuda.current_stream(self.layout.device).synchronize()
 
-    def _ensure_registered(self):
-        if self._cuda() and not self._registered:
-            self.client.register_cuda()
-            self._registered = True
-
     def _stage(self, nbytes: int) -> int:
         torch = _torch()
         if self._staging is None or self._staging.numel() < nbytes:
             self._staging = torch.empty(nbytes, dtype=torch.uint8, device=self.layout.device)
         return self._staging.data_ptr()
 
-    def _page_ptrs(self, block_ptrs: list[int], page_ids: list[int], first_block: int):
-        """(page ids, kernel block pointers) for blocks i = first_block..: block
-        i's pages page_ids[i*ppb .. (i+1)*ppb), each a kernels.h block inside it."""
+    def _page_ptrs(self, block_ptrs: list[int], page_ids: list[int], idx):
+        """(page ids, kernel block pointers) for the blocks at block_ptrs,
+        sequence blocks idx: block i's pages page_ids[i*ppb .. (i+1)*ppb),
+        each a kernels.h block inside it."""
         pb = self.layout.page_block_bytes
         if self.ppb == 1:
-            return [int(p) for p in page_ids[first_block:first_block + len(block_ptrs)]], list(block_ptrs)
+            return [int(page_ids[i]) for i in idx], list(block_ptrs)
         pids, ptrs = [], []
-        for j, bp in enumerate(block_ptrs):
-            i = first_block + j
+        for bp, i in zip(block_ptrs, idx):
             for q in range(self.ppb):
                 pids.append(int(page_ids[i * self.ppb + q]))
                 ptrs.append(bp + q * pb)
@@ -399,45 +395,35 @@ class PagedKV:
         """Scatter blocks [(tier, ptr)] (all usable, consecutive from block
         index `first`) into the pages."""
         bb = self.block_bytes
+        idx = range(first, first + len(blocks))
         if not self._cuda():
             if any(t != G2 for t, _ in blocks):
                 raise KvError(-errno.EINVAL, "load", "a G1 block for an engine on the CPU")
-            pids, ptrs = self._page_ptrs([p for _, p in blocks], page_ids, first)
+            pids, ptrs = self._page_ptrs([p for _, p in blocks], page_ids, idx)
             self._kern(True, pids, ptrs, MEM_HOST)
             return
         if self.g2_path == "stage" and any(t != G1 for t, _ in blocks):
-            self._ensure_registered()
             g2 = [(j, p) for j, (t, p) in enumerate(blocks) if t != G1]
             base = self._stage(len(g2) * bb)
             self._memcpy([(base + k * bb, p) for k, (_, p) in enumerate(g2)], bb)
             blocks = list(blocks)
             for k, (j, _) in enumerate(g2):
                 blocks[j] = (G1, base + k * bb)  # now a device address, like a G1 block
-        elif any(t != G1 for t, _ in blocks):
-            self._ensure_registered()  # the kernel reaches G2 in place
-        pids, ptrs = self._page_ptrs([p for _, p in blocks], page_ids, first)
+        # G1 blocks (and staged ones) are device memory; G2 blocks the kernel
+        # reaches in place through the registered mapping
+        pids, ptrs = self._page_ptrs([p for _, p in blocks], page_ids, idx)
         self._kern(True, pids, ptrs, MEM_CUDA)
 
     def _from_pages(self, blocks, page_ids, idx):
         """Gather pages into the allocated blocks (block j is sequence block idx[j])."""
         bb = self.block_bytes
         mem = self.layout.mem
-        if mem == MEM_CUDA:
-            self._ensure_registered()
         if mem == MEM_HOST or self.g2_path == "direct":
-            pids, ptrs = [], []
-            for b, i in zip(blocks, idx):
-                p, q = self._page_ptrs([b.ptr], page_ids, i)
-                pids += p
-                ptrs += q
+            pids, ptrs = self._page_ptrs([b.ptr for b in blocks], page_ids, idx)
             self._kern(False, pids, ptrs, mem)
             return
         base = self._stage(len(blocks) * bb)
-        pids, ptrs = [], []
-        for k, i in enumerate(idx):
-            p, q = self._page_ptrs([base + k * bb], page_ids, i)
-            pids += p
-            ptrs += q
+        pids, ptrs = self._page_ptrs([base + k * bb for k in range(len(blocks))], page_ids, idx)
         self._kern(False, pids, ptrs, MEM_CUDA)
         self._memcpy([(b.ptr, base + k * bb) for k, b in enumerate(blocks)], bb)
 

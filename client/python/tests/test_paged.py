@@ -231,6 +231,24 @@ def test_save_counts_what_is_present_and_what_others_store(daemon):
         assert pb.load(toks, [4, 5, 6, 7], max_tokens=4 * T).tokens == 4 * T
 
 
+def test_blocks_map_to_their_pages_and_kernel_blocks(daemon):
+    """The mapping every copy path uses (CPU, G1, zero-copy and staged G2):
+    sequence block i covers pages page_ids[i*ppb .. (i+1)*ppb), each a
+    kernels.h block at its offset inside the kvcached block, for blocks
+    that need not be consecutive (a save skips what others stored)."""
+    kv = vllm_caches()
+    lay = PagedLayout.vllm(kv)
+    pages = [9, 4, 7, 1, 12, 0, 3, 5]
+    with open_for(daemon, lay, 2) as c:
+        pk = PagedKV(c, lay, pages_per_block=2)
+        pb = lay.page_block_bytes
+        assert pk._page_ptrs([1000, 5000], pages, [1, 3]) == \
+            ([7, 1, 3, 5], [1000, 1000 + pb, 5000, 5000 + pb])
+    with open_for(daemon, lay) as c:
+        assert PagedKV(c, lay)._page_ptrs([10, 20, 30], pages, range(2, 5)) == \
+            ([7, 1, 12], [10, 20, 30])
+
+
 def test_layouts_and_arguments_are_checked(daemon):
     kv = vllm_caches()
     lay = PagedLayout.vllm(kv)
