@@ -54,6 +54,7 @@
 #include "cuda/dev.h"
 #include "cuda/kernels.h"
 #include "tests/gpu/gpu_daemon.h"
+#include "tests/gpu/gpu_util.h"
 
 /* Blocks per LOAD / submission: KV_BENCH_BLOCKS, default 64; more shows
  * how a request's fixed cost is amortised (block sizes are then limited to
@@ -74,22 +75,6 @@ static uint8_t *ph, *dref, *dstage; /* pinned host, device, device staging */
       return 1;                                                                 \
     }                                                                           \
   } while (0)
-
-static double now_s(void) {
-  struct timespec t;
-  clock_gettime(CLOCK_MONOTONIC, &t);
-  return (double)t.tv_sec + (double)t.tv_nsec * 1e-9;
-}
-
-static int cmpd(const void *a, const void *b) {
-  double x = *(const double *)a, y = *(const double *)b;
-  return (x > y) - (x < y);
-}
-
-static double median(double *v, int n) {
-  qsort(v, (size_t)n, sizeof *v, cmpd);
-  return n % 2 ? v[n / 2] : (v[n / 2 - 1] + v[n / 2]) / 2;
-}
 
 /* ---- "device" memory: CUDA's, or host memory with --sim ---------------------- */
 

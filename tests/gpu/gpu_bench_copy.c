@@ -18,28 +18,13 @@
 #include <unistd.h>
 
 #include "tests/unit/dev_checks.h"
+#include "tests/gpu/gpu_util.h"
 
 #define BATCH 64
 #define MAXBLK ((size_t)16 << 20)
 #define POOL ((size_t)BATCH * MAXBLK)
 
 static int runs = 15;
-
-static double now_s(void) {
-  struct timespec t;
-  clock_gettime(CLOCK_MONOTONIC, &t);
-  return (double)t.tv_sec + (double)t.tv_nsec * 1e-9;
-}
-
-static int cmpd(const void *a, const void *b) {
-  double x = *(const double *)a, y = *(const double *)b;
-  return (x > y) - (x < y);
-}
-
-static double median(double *v, int n) {
-  qsort(v, (size_t)n, sizeof *v, cmpd);
-  return n % 2 ? v[n / 2] : (v[n / 2 - 1] + v[n / 2]) / 2;
-}
 
 /* Seconds for one batch through the copy engine (submit to reap). */
 static double run_dev(kv_dev *d, kv_dev_dir dir, uint8_t *dv, uint8_t *h, size_t blk) {

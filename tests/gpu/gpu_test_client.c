@@ -27,6 +27,7 @@
 #include "client/kvclient.h"
 #include "cuda/dev.h"
 #include "tests/gpu/gpu_daemon.h"
+#include "tests/gpu/gpu_util.h"
 #include "tests/unit/kernels_ref.h"
 
 #define NBLK 32
@@ -42,16 +43,6 @@ static const kvc_page_layout lo = {.layers = LAYERS, .page_tokens = 16, .kv_head
 static int sim, mem;
 static cudaStream_t stream;
 static gd_daemon kd;
-
-#define REQ(cond, ...)                                                          \
-  do {                                                                          \
-    if (!(cond)) {                                                              \
-      fprintf(stderr, "    %s:%d: ", __FILE__, __LINE__);                       \
-      fprintf(stderr, __VA_ARGS__);                                             \
-      fputc('\n', stderr);                                                      \
-      return 1;                                                                 \
-    }                                                                           \
-  } while (0)
 
 /* "Device" memory: CUDA's, or host memory with --sim. */
 static void *d_alloc(size_t n) {

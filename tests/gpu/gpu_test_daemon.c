@@ -21,21 +21,12 @@
 #include "ipc/sock.h"
 #include "proto/wire.h"
 #include "tests/gpu/gpu_daemon.h"
+#include "tests/gpu/gpu_util.h"
 
 #define BLOCK (1u << 20)
 #define NBLOCKS 32
 
 static gd_daemon kd;
-
-#define REQ(cond, ...)                                                          \
-  do {                                                                          \
-    if (!(cond)) {                                                              \
-      fprintf(stderr, "    %s:%d: ", __FILE__, __LINE__);                       \
-      fprintf(stderr, __VA_ARGS__);                                             \
-      fputc('\n', stderr);                                                      \
-      return 1;                                                                 \
-    }                                                                           \
-  } while (0)
 
 /* kvcached with G1 on `backend` (cuda or sim): G2 96 MiB, G1 64 MiB. */
 static int start_daemon(const char *backend) {
