@@ -109,7 +109,7 @@ def _int32_buffer(tokens):
         return ctypes.c_void_p(a.ctypes.data), a.size, a
     a = array.array("i", tokens)  # C int: 32 bits on every platform kvcached runs on
     if a.itemsize != 4:
-        a = array.array("l", tokens)
+        raise OSError(f"array('i') has {a.itemsize}-byte items here; token ids are int32")
     addr, n = a.buffer_info()
     return ctypes.c_void_p(addr), n, a
 

@@ -28,6 +28,21 @@ engine recomputes from there. A block that another worker already stored is
 counted by save(), not an error. A worker that dies between ALLOC and
 COMMIT leaves nothing visible.
 
+Engines this module was written against, without running them here
+(neither vLLM nor SGLang is installed on the development machine; the
+tests build tensors of their shapes and check every byte):
+  - vLLM: the per-layer KV cache of its attention backends,
+    AttentionBackend.get_kv_cache_shape() = (2, num_blocks, block_size,
+    num_kv_heads, head_size) for FlashAttention and most others,
+    (num_blocks, 2, ...) for FlashInfer (page_major), and MLA's
+    (num_blocks, block_size, head_size) (mla);
+  - SGLang: python/sglang/srt/mem_cache/memory_pool.py (MHATokenToKVPool's
+    per-layer k_buffer / v_buffer of [tokens, head_num, head_dim]: sglang)
+    and memory_pool_host.py (MHATokenToKVPoolHost and MLATokenToKVPoolHost
+    init_kv_buffer, by --hicache-mem-layout: sglang_host).
+A Hugging Face DynamicCache, packed into pages, ran on a GPU
+(tests/gpu/gpu_test_hf.py).
+
 Copies: torch on CPU: kvc_pages_gather/scatter (memcpy). Torch on CUDA:
 the project's gather/scatter kernels; G1 blocks are read in place (device to
 device); G2 blocks either through a device staging buffer filled by the copy

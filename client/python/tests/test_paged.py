@@ -1,7 +1,13 @@
 """kvclient.paged against a real kvcached, torch on CPU: every layout writes
 the block format of cuda/kernels.h byte for byte, a block written through
 one layout is read through another, loads fail closed, saves count what
-others stored."""
+others stored.
+
+The vLLM and SGLang layouts are tensors of the shapes those engines keep
+(vLLM: AttentionBackend.get_kv_cache_shape, FlashAttention's (2, blocks,
+block_size, kv_heads, head_size) and FlashInfer's (blocks, 2, ...); SGLang:
+mem_cache/memory_pool.py and memory_pool_host.py), built here: neither
+engine runs in these tests."""
 import pytest
 
 torch = pytest.importorskip("torch")
