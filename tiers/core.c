@@ -506,9 +506,12 @@ static int g3_demote(kv_core *c, kv_block *v, kv_tier from, void *unused) {
     c->st.g3_refused++;
     return KV_DEMOTE_DONE;
   }
+  /* Slots being retired come back free when their index delete commits:
+   * counting them keeps a burst of demotions (no kv_g3_poll in between)
+   * from evicting low_water blocks each. */
   kv_g3_stats gs;
   kv_g3_get_stats(c->g3, &gs);
-  for (uint64_t f = gs.slots_free; f < c->g3o.low_water; f++)
+  for (uint64_t f = gs.slots_free + gs.slots_retiring; f < c->g3o.low_water; f++)
     if (evict_g3_one(c)) break;
   uint32_t slot;
   g3_op *op = malloc(sizeof *op);

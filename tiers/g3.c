@@ -60,8 +60,15 @@ static void slot_free(kv_g3 *g, uint32_t slot) {
 
 /* A retiring slot goes back once its delete is committed and reads end. */
 static void maybe_release(kv_g3 *g, uint32_t slot) {
-  if (g->sstate[slot] == G3S_RETIRING && !(g->sflag[slot] & G3F_DELPEND) && g->snread[slot] == 0)
+  if (g->sstate[slot] == G3S_RETIRING && !(g->sflag[slot] & G3F_DELPEND) && g->snread[slot] == 0) {
+    g->nretiring--;
     slot_free(g, slot);
+  }
+}
+
+static void retire(kv_g3 *g, uint32_t slot) {
+  g->sstate[slot] = G3S_RETIRING;
+  g->nretiring++;
 }
 
 int kv_g3_alloc(kv_g3 *g, uint32_t *slot) {
@@ -87,7 +94,7 @@ int kv_g3_free(kv_g3 *g, uint32_t slot) {
   switch (g->sstate[slot]) {
   case G3S_ALLOC: slot_free(g, slot); return 0;
   case G3S_DEAD:
-    g->sstate[slot] = G3S_RETIRING;
+    retire(g, slot);
     maybe_release(g, slot);
     return 0;
   case G3S_STORED:
@@ -146,7 +153,7 @@ int kv_g3_remove(kv_g3 *g, uint32_t slot, const kv_g3_key *k) {
   case G3S_STORED: {
     int rc = enqueue_del(g, slot, k->ns, k->b, k->len);
     if (rc) return rc;
-    g->sstate[slot] = G3S_RETIRING;
+    retire(g, slot);
     g->st.slots_stored--;
     g->st.stored_bytes -= g->slen[slot];
     g->st.removed++;
@@ -456,6 +463,7 @@ void kv_g3_get_stats(const kv_g3 *g, kv_g3_stats *st) {
   st->state = g->state;
   st->slots = g->nslots;
   st->slots_free = g->nfree;
+  st->slots_retiring = g->nretiring;
   st->capacity_bytes = (uint64_t)g->nslots * g->slot_bytes;
   st->index_txns = atomic_load(&((kv_g3 *)g)->a_txns);
   st->index_puts = atomic_load(&((kv_g3 *)g)->a_puts);

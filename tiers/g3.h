@@ -165,6 +165,8 @@ typedef struct kv_g3_stats {
   uint64_t index_puts, index_dels;
   uint64_t syncs;          /* fdatasync calls */
   uint64_t inflight;       /* operations submitted and not yet delivered */
+  uint64_t slots_retiring; /* removed or freed, free once their index delete
+                            * commits and their reads end (kv_g3_poll) */
 } kv_g3_stats;
 
 /* Completion: status is 0 or a negative error. Called by kv_g3_poll (or a

@@ -141,6 +141,7 @@ struct kv_g3 {
   uint32_t *slen;
   unsigned rr;             /* next file to allocate from */
   uint64_t nfree;
+  uint64_t nretiring;      /* slots in G3S_RETIRING */
   kv_g3_state state;
   uint64_t max_seq;
   kv_g3_stats st;
