@@ -501,7 +501,7 @@ static void g3_written(int status, void *arg) {
  * written to an SSD slot, and its G2 slot is freed when they are durable. */
 static int g3_demote(kv_core *c, kv_block *v, kv_tier from, void *unused) {
   if (v->tiers & KV_TIER_BIT(KV_G3)) return KV_DEMOTE_DONE; /* already there */
-  if (!admitted(c, v) || kv_g3_get_state(c->g3) != KV_G3_OK || !c->ns[v->ns].has_digest ||
+  if (!admitted(c, v) || !kv_g3_writable(c->g3) || !c->ns[v->ns].has_digest ||
       v->size > kv_g3_slot_bytes(c->g3)) {
     c->st.g3_refused++;
     return KV_DEMOTE_DONE;

@@ -8,6 +8,8 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <poll.h>
+#include <stdarg.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/eventfd.h>
@@ -72,7 +74,8 @@ static void retire(kv_g3 *g, uint32_t slot) {
 }
 
 int kv_g3_alloc(kv_g3 *g, uint32_t *slot) {
-  if (g->state == KV_G3_FULL) return -ENOSPC;
+  int probe = g->state == KV_G3_FULL && g->probe_armed;
+  if (g->state == KV_G3_FULL && !probe) return -ENOSPC;
   if (g->state == KV_G3_DEGRADED) return KV_EDEGRADED;
   if (!g->nfree) return -ENOSPC;
   for (unsigned k = 0; k < g->nfiles; k++) {
@@ -83,6 +86,10 @@ int kv_g3_alloc(kv_g3 *g, uint32_t *slot) {
     g->rr = fi + 1;
     g->sstate[s] = G3S_ALLOC;
     g->nfree--;
+    if (probe) {
+      g->probe_armed = 0;
+      g->probe_slot = s;
+    }
     *slot = s;
     return 0;
   }
@@ -92,7 +99,10 @@ int kv_g3_alloc(kv_g3 *g, uint32_t *slot) {
 int kv_g3_free(kv_g3 *g, uint32_t slot) {
   if (slot >= g->nslots) return -EINVAL;
   switch (g->sstate[slot]) {
-  case G3S_ALLOC: slot_free(g, slot); return 0;
+  case G3S_ALLOC:
+    if (slot == g->probe_slot) g->probe_slot = UINT32_MAX; /* never written: re-armed later */
+    slot_free(g, slot);
+    return 0;
   case G3S_DEAD:
     retire(g, slot);
     maybe_release(g, slot);
@@ -171,7 +181,7 @@ int kv_g3_write(kv_g3 *g, uint32_t slot, const kv_g3_key *k, uint64_t seq, const
   if (slot >= g->nslots || !key_ok(k) || !buf || (uintptr_t)buf % KV_G3_ALIGN || len == 0 ||
       len > g->slot_bytes || crc > (int64_t)UINT32_MAX)
     return -EINVAL;
-  if (g->state == KV_G3_FULL) return -ENOSPC;
+  if (g->state == KV_G3_FULL && slot != g->probe_slot) return -ENOSPC;
   if (g->state == KV_G3_DEGRADED) return KV_EDEGRADED;
   if (g->sstate[slot] != G3S_ALLOC) return -EBUSY;
   g3_op *op = op_get(g);
@@ -274,8 +284,15 @@ void g3_io_finished(kv_g3 *g, g3_op *op) {
 
 /* ---- caller side: completions --------------------------------------------------- */
 static void set_state(kv_g3 *g, kv_g3_state s, int err, const char *what, const g3_op *op) {
-  if (g->state != KV_G3_OK) return;
+  if (g->state != KV_G3_OK) {
+    if (op->slot == g->probe_slot)
+      kv_debug(G3_SUB, "probe write to %s failed: %s; G3 stays %s", g->files[op->file].path,
+               kv_strerror(err), kv_g3_state_name(g->state));
+    return;
+  }
   g->state = s;
+  g->state_err = err;
+  g->state_what = what;
   kv_warn(G3_SUB, "%s of slot %u in %s failed: %s; G3 is now %s: no new blocks are admitted, "
           "stored blocks stay readable", what, op->fslot, g->files[op->file].path,
           kv_strerror(err), kv_g3_state_name(s));
@@ -292,6 +309,15 @@ static void count_error(kv_g3 *g, int res, const char *what, const g3_op *op) {
 }
 
 static void done_write(kv_g3 *g, g3_op *op) {
+  int probe = op->slot == g->probe_slot;
+  if (probe) g->probe_slot = UINT32_MAX;
+  if (op->res == 0 && probe && g->state == KV_G3_FULL) {
+    kv_info(G3_SUB, "a write to %s succeeded again: G3 is ok, new blocks are admitted",
+            g->files[op->file].path);
+    g->state = KV_G3_OK;
+    g->state_err = 0;
+    g->state_what = "";
+  }
   if (op->res == 0) {
     g->sstate[op->slot] = G3S_STORED;
     g->slen[op->slot] = op->len;
@@ -454,7 +480,52 @@ int kv_g3_foreach(kv_g3 *g, int (*fn)(const kv_g3_entry *e, void *arg), void *ar
 }
 
 kv_g3_state kv_g3_get_state(const kv_g3 *g) { return g->state; }
-void kv_g3_resume(kv_g3 *g) { g->state = KV_G3_OK; }
+
+void kv_g3_resume(kv_g3 *g) {
+  if (g->removed) return; /* nothing written now would survive a restart */
+  g->state = KV_G3_OK;
+  g->state_err = 0;
+  g->state_what = "";
+  g->probe_armed = 0;
+}
+
+int kv_g3_retry(kv_g3 *g) {
+  if (g->state != KV_G3_FULL || g->probe_armed || g->probe_slot != UINT32_MAX) return 0;
+  g->probe_armed = 1;
+  g->st.probes++;
+  return 1;
+}
+
+int kv_g3_writable(const kv_g3 *g) {
+  return g->state == KV_G3_OK || (g->state == KV_G3_FULL && g->probe_armed);
+}
+
+/* Whether fd's file has been unlinked. */
+static int unlinked(int fd) {
+  struct stat st;
+  return fd >= 0 && fstat(fd, &st) == 0 && st.st_nlink == 0;
+}
+
+kv_g3_state kv_g3_check(kv_g3 *g) {
+  if (g->removed) return g->state;
+  const char *gone = NULL;
+  for (unsigned i = 0; i < g->nfiles && !gone; i++)
+    if (unlinked(g->files[i].fd)) gone = g->files[i].path;
+  int ifd = -1;
+  if (!gone && g->ix.env && mdb_env_get_fd(g->ix.env, &ifd) == 0 && unlinked(ifd))
+    gone = "the index";
+  if (!gone) return g->state;
+  g->removed = 1;
+  g->state = KV_G3_DEGRADED;
+  g->state_err = -ENOENT;
+  g->state_what = "store file removed";
+  g->probe_armed = 0;
+  kv_error(G3_SUB, "%s was removed while in use (its directory deleted?): G3 admits no new "
+           "blocks; what it holds stays readable until kvcached restarts, which makes a new "
+           "store", gone);
+  return g->state;
+}
+
 uint32_t kv_g3_slot_bytes(const kv_g3 *g) { return g->slot_bytes; }
 uint64_t kv_g3_max_seq(const kv_g3 *g) { return g->max_seq; }
 
@@ -464,6 +535,8 @@ void kv_g3_get_stats(const kv_g3 *g, kv_g3_stats *st) {
   st->slots = g->nslots;
   st->slots_free = g->nfree;
   st->slots_retiring = g->nretiring;
+  st->state_err = g->state_err;
+  st->state_what = g->state_what ? g->state_what : "";
   st->capacity_bytes = (uint64_t)g->nslots * g->slot_bytes;
   st->index_txns = atomic_load(&((kv_g3 *)g)->a_txns);
   st->index_puts = atomic_load(&((kv_g3 *)g)->a_puts);
@@ -502,9 +575,50 @@ void kv_g3_close(kv_g3 *g) {
   destroy(g);
 }
 
-/* Opens every file, keeps those that belong to the store, (re)formats the
- * rest. Sets store_id, slot_bytes, nslots and each file's base. */
-static int open_files(kv_g3 *g, const kv_g3_opts *o) {
+/* Records why open failed (the first reason only) and returns rc. */
+static int why(kv_g3_open_info *info, int rc, const char *fmt, ...)
+    __attribute__((format(printf, 3, 4)));
+static int why(kv_g3_open_info *info, int rc, const char *fmt, ...) {
+  if (info->why[0]) return rc;
+  va_list ap;
+  va_start(ap, fmt);
+  int n = vsnprintf(info->why, sizeof info->why, fmt, ap);
+  va_end(ap);
+  if (n >= 0 && (size_t)n < sizeof info->why)
+    snprintf(info->why + n, sizeof info->why - (size_t)n, ": %s", kv_strerror(rc));
+  return rc;
+}
+
+/* Renames f (damaged, or at another position of the store: `what` says
+ * which) to <name>.corrupt-<unix time> and opens a fresh, empty file in its
+ * place. Loud: the blocks it held are lost to the cache, and the renamed
+ * file takes disk space until the operator removes it. */
+static int set_aside(kv_g3 *g, g3_file *f, const char *dir, unsigned i, const kv_g3_opts *o,
+                     const char *what, kv_g3_open_info *info) {
+  char to[G3_PATH_MAX + 48];
+  long long now = (long long)time(NULL);
+  struct stat st;
+  int n = snprintf(to, sizeof to, "%s.corrupt-%lld", f->path, now);
+  for (int k = 1; n > 0 && (size_t)n < sizeof to && lstat(to, &st) == 0 && k < 100; k++)
+    n = snprintf(to, sizeof to, "%s.corrupt-%lld-%d", f->path, now, k);
+  if (n < 0 || (size_t)n >= sizeof to) return why(info, -ENAMETOOLONG, "setting %s aside", f->path);
+  if (rename(f->path, to) < 0)
+    return why(info, -errno, "%s: %s; setting it aside as %s", f->path, what, to);
+  kv_error(G3_SUB, "%s: %s: set aside as %s; a fresh file takes its place and the blocks it "
+           "held are lost to the cache (remove the set-aside file to reclaim its space)",
+           f->path, what, to);
+  info->set_aside++;
+  g3_file_close(f);
+  int rc = g3_file_open(f, dir, i, 1, o->direct, g->fault);
+  if (rc) return why(info, rc, "creating %s", f->path);
+  if ((rc = g3_file_lock(f, o->lock_wait_ms))) return why(info, rc, "locking %s", f->path);
+  return 0;
+}
+
+/* Opens every file, keeps those that belong to the store, sets damaged
+ * ones aside and (re)formats the rest. Sets store_id, slot_bytes, nslots
+ * and each file's base. */
+static int open_files(kv_g3 *g, const kv_g3_opts *o, kv_g3_open_info *info) {
   int rc = 0, sbrc[KV_G3_MAX_DIRS];
   int ref = -1;
   g->nfiles = o->ndirs;
@@ -516,20 +630,28 @@ static int open_files(kv_g3 *g, const kv_g3_opts *o) {
     g3_file *f = &g->files[i];
     if ((rc = g3_file_open(f, o->dirs[i].path, i, 1, o->direct, g->fault))) {
       kv_warn(G3_SUB, "cannot open the store file in %s: %s", o->dirs[i].path, strerror(-rc));
-      return rc;
+      return why(info, rc, "opening %s/kvg3-%u.dat", o->dirs[i].path, i);
     }
-    if ((rc = g3_file_lock(f, o->lock_wait_ms))) return rc;
-    g->direct &= f->direct;
+    if ((rc = g3_file_lock(f, o->lock_wait_ms))) return why(info, rc, "locking %s", f->path);
     sbrc[i] = o->reformat ? -ENOENT : g3_file_read_sb(f);
-    if (sbrc[i] != 0 && sbrc[i] != -ENOENT && sbrc[i] != KV_ECORRUPT) return sbrc[i];
-    if (sbrc[i] == 0 && f->sb.file != i) sbrc[i] = KV_ECORRUPT;
+    if (sbrc[i] != 0 && sbrc[i] != -ENOENT && sbrc[i] != KV_ECORRUPT)
+      return why(info, sbrc[i], "reading the superblock of %s", f->path);
+    if (sbrc[i] == KV_ECORRUPT || (sbrc[i] == 0 && f->sb.file != i)) {
+      char what[96];
+      if (sbrc[i]) snprintf(what, sizeof what, "superblock damaged");
+      else snprintf(what, sizeof what, "holds file %u of its store, not file %u (directories "
+                    "reordered?)", f->sb.file, i);
+      if ((rc = set_aside(g, f, o->dirs[i].path, i, o, what, info))) return rc;
+      sbrc[i] = -ENOENT;
+    }
+    g->direct &= f->direct;
     if (sbrc[i] == 0 && ref < 0) ref = (int)i;
   }
   uint32_t want = o->block_bytes ? round_up(o->block_bytes) : 0;
   if (ref < 0) {
     if (!want) {
       kv_warn(G3_SUB, "no store in %s and no block size given", o->dirs[0].path);
-      return -EINVAL;
+      return why(info, -EINVAL, "no store in %s and no block size given", o->dirs[0].path);
     }
     if (getrandom(g->store_id, sizeof g->store_id, GRND_NONBLOCK) != (ssize_t)sizeof g->store_id) {
       /* No entropy yet (early boot): time and pid are unique enough. */
@@ -546,7 +668,8 @@ static int open_files(kv_g3 *g, const kv_g3_opts *o) {
     if (want && want != g->slot_bytes) {
       kv_warn(G3_SUB, "the store in %s has %u-byte slots but %u bytes were asked for: "
               "reformat to change the slot size", g->files[ref].path, g->slot_bytes, want);
-      return -EINVAL;
+      return why(info, -EINVAL, "the store in %s has %u-byte slots, not %u", g->files[ref].path,
+                 g->slot_bytes, want);
     }
   }
   uint64_t total = 0;
@@ -556,39 +679,47 @@ static int open_files(kv_g3 *g, const kv_g3_opts *o) {
                f->sb.slot_bytes == g->slot_bytes;
     if (keep) {
       struct stat st;
-      if (fstat(f->fd, &st) < 0) return -errno;
+      if (fstat(f->fd, &st) < 0) return why(info, -errno, "fstat %s", f->path);
       if ((uint64_t)st.st_size < f->sb.file_bytes) {
         kv_warn(G3_SUB, "%s is shorter than its layout (%lld of %llu bytes): extending it; "
                 "blocks that were beyond the end will fail verification",
                 f->path, (long long)st.st_size, (unsigned long long)f->sb.file_bytes);
         if (fallocate(f->fd, 0, 0, (off_t)f->sb.file_bytes) < 0 &&
             ftruncate(f->fd, (off_t)f->sb.file_bytes) < 0)
-          return -errno;
+          return why(info, -errno, "extending %s to %llu bytes", f->path,
+                     (unsigned long long)f->sb.file_bytes);
       }
     } else {
-      if (ref >= 0)
-        kv_warn(G3_SUB, "%s: %s: formatting it afresh", f->path,
-                sbrc[i] == -ENOENT ? "new or empty" : sbrc[i] ? "superblock damaged"
-                                                              : "belongs to another store");
+      if (ref >= 0 && sbrc[i] == 0)
+        kv_warn(G3_SUB, "%s: belongs to another store: formatting it afresh", f->path);
       g3_sb sb;
       if ((rc = g3_layout(o->dirs[i].capacity, g->slot_bytes, &sb))) {
         kv_warn(G3_SUB, "%s: capacity %llu bytes cannot hold one %u-byte slot", o->dirs[i].path,
                 (unsigned long long)o->dirs[i].capacity, g->slot_bytes);
-        return rc;
+        return why(info, rc, "%s: capacity %llu bytes cannot hold one %u-byte slot",
+                   o->dirs[i].path, (unsigned long long)o->dirs[i].capacity, g->slot_bytes);
       }
       sb.file = i;
       sb.nfiles = o->ndirs;
       memcpy(sb.store_id, g->store_id, G3_STORE_ID_LEN);
       sb.created = (uint64_t)time(NULL);
       if ((rc = g3_file_format(f, &sb))) {
+        if (rc == -ENOSPC && f->fs_avail) {
+          kv_warn(G3_SUB, "formatting %s: %llu bytes do not fit, %llu bytes are free on its "
+                  "filesystem", f->path, (unsigned long long)sb.file_bytes,
+                  (unsigned long long)f->fs_avail);
+          return why(info, rc, "preallocating %s (%llu bytes, %llu free on its filesystem)",
+                     f->path, (unsigned long long)sb.file_bytes, (unsigned long long)f->fs_avail);
+        }
         kv_warn(G3_SUB, "formatting %s (%llu bytes): %s", f->path,
                 (unsigned long long)sb.file_bytes, strerror(-rc));
-        return rc;
+        return why(info, rc, "preallocating %s (%llu bytes)", f->path,
+                   (unsigned long long)sb.file_bytes);
       }
     }
     f->base = (uint32_t)total;
     total += f->sb.nslots;
-    if (total >= UINT32_MAX) return -E2BIG;
+    if (total >= UINT32_MAX) return why(info, -E2BIG, "too many slots");
   }
   g->nslots = (uint32_t)total;
   return 0;
@@ -607,8 +738,11 @@ static int open_index(kv_g3 *g, const kv_g3_opts *o, kv_g3_open_info *info) {
     rc = g3_idx_open(&g->ix, dir, g->nslots, nosync);
     rebuild = 1;
   }
-  if (rc) return rc;
-  if (fresh) return g3_idx_replace(&g->ix, NULL, 0, g->store_id);
+  if (rc) return why(info, rc, "opening the index in %s", dir);
+  if (fresh) {
+    rc = g3_idx_replace(&g->ix, NULL, 0, g->store_id);
+    return rc ? why(info, rc, "writing the index in %s", dir) : 0;
+  }
   uint8_t id[G3_STORE_ID_LEN];
   rc = g3_idx_get_store_id(&g->ix, id);
   if (rc == -ENOENT || (rc == 0 && memcmp(id, g->store_id, sizeof id))) {
@@ -617,12 +751,12 @@ static int open_index(kv_g3 *g, const kv_g3_opts *o, kv_g3_open_info *info) {
               rc ? "missing" : "of another store");
     rebuild = 1;
   } else if (rc) {
-    return rc;
+    return why(info, rc, "reading the index in %s", dir);
   }
   if (!rebuild) return 0;
   kv_g3_rebuild_info ri;
   rc = g3_rebuild_scan(g->files, g->nfiles, g->store_id, &g->ix, 0, &ri);
-  if (rc) return rc;
+  if (rc) return why(info, rc, "rebuilding the index in %s", dir);
   kv_info(G3_SUB, "index rebuilt: %llu records in %llu slots, %llu indexed",
           (unsigned long long)ri.records, (unsigned long long)ri.scanned,
           (unsigned long long)ri.indexed);
@@ -738,6 +872,7 @@ int kv_g3_open(kv_g3 **out, const kv_g3_opts *o, kv_g3_open_info *info) {
   g->fault = o->fault;
   g->qd = o->queue_depth ? o->queue_depth : 32;
   g->efd = -1;
+  g->probe_slot = UINT32_MAX;
   pthread_mutex_init(&g->cmu, NULL);
   pthread_condattr_t ca; /* the commit window is timed on the monotonic clock */
   pthread_condattr_init(&ca);
@@ -748,7 +883,7 @@ int kv_g3_open(kv_g3 **out, const kv_g3_opts *o, kv_g3_open_info *info) {
   pthread_mutex_init(&g->dmu, NULL);
   g->efd = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
   if (g->efd < 0) { rc = -errno; goto err; }
-  if ((rc = open_files(g, o))) goto err;
+  if ((rc = open_files(g, o, info))) goto err;
   g->sstate = calloc(g->nslots, 1);
   g->snread = calloc(g->nslots, 1);
   g->sflag = calloc(g->nslots, 1);
@@ -756,7 +891,10 @@ int kv_g3_open(kv_g3 **out, const kv_g3_opts *o, kv_g3_open_info *info) {
   if (!g->sstate || !g->snread || !g->sflag || !g->slen) { rc = -ENOMEM; goto err; }
   if ((rc = open_index(g, o, info))) goto err;
   if ((rc = load_index(g, info))) goto err;
-  if ((rc = start_engine(g, o))) goto err;
+  if ((rc = start_engine(g, o))) {
+    why(info, rc, "starting the %s engine", o->backend == KV_G3_BACKEND_THREADS ? "threads" : "io_uring");
+    goto err;
+  }
   if ((rc = g3_pipe_start(g))) goto err;
   g->backend = g->eng->kind;
   for (unsigned i = 0; i < g->nfiles; i++) info->formatted |= g->files[i].formatted;
@@ -772,6 +910,11 @@ int kv_g3_open(kv_g3 **out, const kv_g3_opts *o, kv_g3_open_info *info) {
   *out = g;
   return 0;
 err:
+  why(info, rc, "opening the store in %s", o->dirs[0].path);
+  /* Leave the directories as they were: no half-made file or index. */
+  for (unsigned i = 0; g->files && i < g->nfiles; i++)
+    if (g->files[i].created) unlink(g->files[i].path);
+  if (g->ix.env && g->ix.created) g3_idx_unlink(o->dirs[0].path);
   destroy(g);
   return rc;
 }

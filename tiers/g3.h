@@ -116,6 +116,9 @@ typedef struct kv_g3_open_info {
   kv_g3_backend backend;   /* URING or THREADS, as running */
   int direct;              /* 1 if O_DIRECT is in use */
   int fixed_buffers;       /* 1 if the arena is registered with io_uring */
+  unsigned set_aside;      /* damaged files renamed <name>.corrupt-<time> */
+  char why[384];           /* kv_g3_open failed: what could not be done,
+                            * the path and the reason ("" on success) */
 } kv_g3_open_info;
 
 typedef struct kv_g3_key {
@@ -167,6 +170,11 @@ typedef struct kv_g3_stats {
   uint64_t inflight;       /* operations submitted and not yet delivered */
   uint64_t slots_retiring; /* removed or freed, free once their index delete
                             * commits and their reads end (kv_g3_poll) */
+  int state_err;           /* what moved the state from ok: -errno or KV_E*
+                            * (-ENOENT for a removed file); 0 while ok */
+  const char *state_what;  /* which operation: "write", "read", "index
+                            * delete", "store file removed"; "" while ok */
+  uint64_t probes;         /* writes let through while full (kv_g3_retry) */
 } kv_g3_stats;
 
 /* Completion: status is 0 or a negative error. Called by kv_g3_poll (or a
@@ -180,11 +188,18 @@ typedef void (*kv_g3_cb)(int status, void *arg);
  * starts its I/O threads. Existing files are reused with their own layout;
  * the index is read (or rebuilt from the record headers if it is missing or
  * belongs to other files) and every indexed slot is marked allocated: the
- * caller learns them with kv_g3_foreach(). info (may be NULL) says what was
- * found. On success *out is the store. Errors, with nothing left open:
+ * caller learns them with kv_g3_foreach(). A file whose superblock is
+ * damaged, or that sits at another position of the store, is never
+ * reformatted in place: it is renamed <name>.corrupt-<unix time> (logged at
+ * error level, counted in info->set_aside) and a fresh file takes its
+ * place. info (may be NULL) says what was found. On success *out is the
+ * store. Errors, with nothing left open and no file or index this call
+ * created left behind (info->why says what failed, where and why):
  * -EINVAL (bad options, or block_bytes differing from the files' slot size),
- * -ENOSYS/-EPERM (backend URING refused), -ENOSPC (a directory cannot hold
- * one slot or preallocation failed), KV_ECORRUPT (unreadable index), -errno.
+ * -ENOSPC (a directory cannot hold one slot, or its filesystem has not the
+ * room for the file: checked before preallocating), -EBUSY (the files are
+ * in use), -ENOSYS/-EPERM (backend URING refused), KV_ECORRUPT (unreadable
+ * index), -errno (-EACCES, -EPERM, -ENOTDIR, -EROFS ... from the files).
  */
 int kv_g3_open(kv_g3 **out, const kv_g3_opts *o, kv_g3_open_info *info);
 
@@ -282,6 +297,22 @@ const char *kv_g3_state_name(kv_g3_state s);
 /* Admits writes again after the operator fixed the cause (space freed, disk
  * replaced). The next failure logs again. */
 void kv_g3_resume(kv_g3 *g);
+/* While FULL: lets one write through to see whether space has come back
+ * (call it now and then, e.g. every few seconds). The next kv_g3_alloc
+ * succeeds if a slot is free and kv_g3_write takes that slot; if the write
+ * succeeds the store is OK again (logged at info), if it fails it stays
+ * FULL, quietly (the counters count it). Returns 1 if a probe was armed, 0
+ * if the state is not FULL or a probe is already armed or in flight. */
+int kv_g3_retry(kv_g3 *g);
+/* Whether a write would be admitted now: OK, or FULL with a probe armed. */
+int kv_g3_writable(const kv_g3 *g);
+/* Checks that the data files and the index are still linked in their
+ * directories (fstat: a removed directory takes them with it). A removed
+ * one turns the store DEGRADED (state_what "store file removed", logged at
+ * error level once): no new writes, as nothing written would survive a
+ * restart; what it holds stays readable through the open files. Call it
+ * now and then (the daemon does, every second). Returns the state. */
+kv_g3_state kv_g3_check(kv_g3 *g);
 /* A snapshot of the counters. */
 void kv_g3_get_stats(const kv_g3 *g, kv_g3_stats *st);
 /* Payload bytes per slot (a multiple of KV_G3_ALIGN). */

@@ -9,6 +9,8 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/file.h>
+#include <sys/stat.h>
+#include <sys/statvfs.h>
 #include <sys/uio.h>
 #include <time.h>
 #include <unistd.h>
@@ -17,13 +19,23 @@
 #include "proto/errors.h"
 #include "tiers/g3_internal.h"
 
+static int open_mode(g3_file *f, int flags, kv_g3_direct mode, const kv_g3_fault *fault);
+
 int g3_file_open(g3_file *f, const char *dir, unsigned i, int create, kv_g3_direct mode,
                  const kv_g3_fault *fault) {
   memset(f, 0, sizeof *f);
   f->fd = -1;
   int n = snprintf(f->path, sizeof f->path, "%s/kvg3-%u.dat", dir, i);
   if (n < 0 || (size_t)n >= sizeof f->path) return -ENAMETOOLONG;
-  int flags = O_RDWR | O_CLOEXEC | (create ? O_CREAT : 0);
+  struct stat st;
+  int existed = lstat(f->path, &st) == 0;
+  int rc = open_mode(f, O_RDWR | O_CLOEXEC | (create ? O_CREAT : 0), mode, fault);
+  if (rc == 0) f->created = create && !existed;
+  else if (create && !existed) unlink(f->path); /* made before the mode was refused */
+  return rc;
+}
+
+static int open_mode(g3_file *f, int flags, kv_g3_direct mode, const kv_g3_fault *fault) {
   if (mode != KV_G3_DIRECT_OFF) {
     int e = 0;
     if (fault && fault->refuse_direct) {
@@ -135,6 +147,18 @@ static int sync_dir_of(const char *path) {
 int g3_file_format(g3_file *f, const g3_sb *sb) {
   void *b = NULL;
   int rc;
+  /* Room first: preallocating a file larger than the free space would
+   * fill the filesystem before failing. What the file holds now is freed
+   * by the truncation below, so it counts. */
+  struct stat st;
+  struct statvfs vs;
+  if (fstat(f->fd, &st) == 0 && fstatvfs(f->fd, &vs) == 0) {
+    uint64_t avail = (uint64_t)vs.f_bavail * vs.f_frsize + (uint64_t)st.st_blocks * 512u;
+    if (avail < sb->file_bytes) {
+      f->fs_avail = avail;
+      return -ENOSPC;
+    }
+  }
   /* Truncating first drops every old record header: the new file reads as
    * zeros until written. */
   if (ftruncate(f->fd, 0) < 0) return -errno;

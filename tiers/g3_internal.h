@@ -33,6 +33,8 @@ typedef struct g3_file {
   int fd;
   int direct;            /* opened with O_DIRECT */
   int formatted;         /* made new at this open */
+  int created;           /* the file did not exist before this open */
+  uint64_t fs_avail;     /* g3_file_format's -ENOSPC: bytes it found free */
   g3_sb sb;
   uint32_t base;         /* store-wide number of its slot 0 */
   uint32_t *freestk;     /* free slots (file-local numbers), caller thread */
@@ -124,6 +126,7 @@ enum { /* slot states (caller thread) */
 typedef struct g3_idx {
   MDB_env *env;
   MDB_dbi ent, meta;
+  int created;           /* the index files did not exist before this open */
 } g3_idx;
 
 struct kv_g3 {
@@ -143,6 +146,11 @@ struct kv_g3 {
   uint64_t nfree;
   uint64_t nretiring;      /* slots in G3S_RETIRING */
   kv_g3_state state;
+  int state_err;           /* what moved it from OK */
+  const char *state_what;
+  int probe_armed;         /* kv_g3_retry: the next alloc is let through */
+  uint32_t probe_slot;     /* the probe's slot, UINT32_MAX if none */
+  int removed;             /* kv_g3_check found a file unlinked */
   uint64_t max_seq;
   kv_g3_stats st;
   g3_op *op_free;
@@ -198,7 +206,9 @@ g3_op *g3_done_take(kv_g3 *g);           /* caller: the whole list, FIFO */
 
 /* g3_files.c: the data files. */
 /* Opens the file of dirs[i] (creating it if create), with O_DIRECT as the
- * policy allows; f->direct says what was got. 0 or -errno. */
+ * policy allows; f->direct says what was got, f->created whether it was
+ * made now. 0 or -errno; a file this call created is removed again when
+ * it fails. */
 int g3_file_open(g3_file *f, const char *dir, unsigned i, int create, kv_g3_direct mode,
                  const kv_g3_fault *fault);
 /* Takes f's exclusive flock, waiting up to wait_ms (0: 5000, < 0: no
@@ -208,7 +218,10 @@ int g3_file_open(g3_file *f, const char *dir, unsigned i, int create, kv_g3_dire
 int g3_file_lock(g3_file *f, int wait_ms);
 /* Reads and decodes f's superblock: 0, KV_ECORRUPT, -ENOENT (empty file). */
 int g3_file_read_sb(g3_file *f);
-/* Discards f's contents and lays it out afresh for sb (durably). */
+/* Discards f's contents and lays it out afresh for sb (durably). -ENOSPC,
+ * with f->fs_avail set and nothing changed, when the filesystem has not
+ * the room for the whole file (checked before anything is allocated, so a
+ * file too large for its filesystem never fills it first). */
 int g3_file_format(g3_file *f, const g3_sb *sb);
 void g3_file_close(g3_file *f);
 /* pread/pwrite of the whole range, retrying short transfers: the byte count
@@ -217,6 +230,8 @@ ssize_t g3_pread_full(int fd, void *buf, size_t len, uint64_t off);
 ssize_t g3_pwrite_full(int fd, const void *buf, size_t len, uint64_t off, int dsync);
 
 /* g3_lmdb.c: the index. */
+/* Opens (creating) the index in dir; ix->created says whether it was made
+ * now. A failed open removes the files it created. 0 or -errno. */
 int g3_idx_open(g3_idx *ix, const char *dir, uint64_t nslots, int nosync);
 void g3_idx_close(g3_idx *ix);
 /* Removes the index files of dir (used before a rebuild of a broken one). */

@@ -9,6 +9,7 @@
 #include <errno.h>
 #include <stdio.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include "daemon/log.h"
@@ -50,6 +51,8 @@ int g3_idx_open(g3_idx *ix, const char *dir, uint64_t nslots, int nosync) {
   int rc = idx_path(path, sizeof path, dir, "");
   memset(ix, 0, sizeof *ix);
   if (rc) return rc;
+  struct stat st;
+  ix->created = lstat(path, &st) != 0;
   /* ~1 KiB of map per slot covers entry, B-tree slack and the copy-on-write
    * pages of a rebuild's single transaction; the map is sparse. */
   uint64_t map = (16ull << 20) + nslots * 1024;
@@ -73,6 +76,7 @@ err:
   if (txn) mdb_txn_abort(txn);
   if (ix->env) mdb_env_close(ix->env);
   ix->env = NULL;
+  if (ix->created) g3_idx_unlink(dir);
   kv_debug(G3_SUB, "index %s: %s", path, mdb_strerror(rc));
   return g3_mdb_err(rc);
 }
