@@ -66,6 +66,9 @@ static const opt opts[] = {
      "which G2 victims are written to SSD: always, second-use, or min-prio"},
     {"g3", "min_prio", OPT_U32, O(g3_min_prio), 0, "128",
      "with admit = min-prio: the lowest priority written to SSD (0..255)"},
+    {"g3", "retry_ms", OPT_U32, O(g3_retry_ms), 0, "5000",
+     "ms between tries while G3 is full (one write let through) or could not be opened "
+     "(doubling up to 5 min); 0: never"},
     {"cache", "policy", OPT_STR, O(policy), sizeof(((kv_config *)0)->policy),
      NULL /* kv_evict_default */, "eviction policy: reuse, lru, lru2, lfuda, arc, s3fifo, tinylfu or auto"},
     {"log", "level", OPT_STR, O(log_level), sizeof(((kv_config *)0)->log_level),

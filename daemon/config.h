@@ -27,6 +27,7 @@ typedef struct kv_config {
   char g3_backend[16];    /* [g3] backend: auto, uring, threads */
   char g3_admit[16];      /* [g3] admit: always, second-use, min-prio */
   uint32_t g3_min_prio;   /* [g3] min_prio */
+  uint32_t g3_retry_ms;   /* [g3] retry_ms: probe a full G3, reopen an unavailable one */
   char policy[32];        /* [cache] policy */
   char log_level[16];     /* [log] level */
   uint32_t load_timeout_ms; /* [daemon] load_timeout_ms */

@@ -12,6 +12,7 @@
 #include <sys/stat.h>
 #include <time.h>
 
+#include "daemon/g3_watch.h"
 #include "daemon/kvd.h"
 #include "daemon/log.h"
 #include "tiers/crc32c.h"
@@ -22,19 +23,22 @@ static uint64_t now_ms(void) {
   return (uint64_t)ts.tv_sec * 1000 + (uint64_t)ts.tv_nsec / 1000000;
 }
 
-/* Opens the SSD tier on the configured directories and attaches it. */
-static int open_g3(kvd *d) {
+/* Opens the SSD tier on the configured directories and attaches it
+ * (g3_watch.h). */
+int kvd_g3_open(kvd *d, int lock_wait_ms, char *why, size_t whylen) {
   char paths[sizeof d->cfg.g3_path];
   memcpy(paths, d->cfg.g3_path, sizeof paths);
   kv_g3_dir dirs[KV_G3_MAX_DIRS];
   unsigned n = 0;
   char *save = NULL;
+  why[0] = 0;
   for (char *p = strtok_r(paths, ",", &save); p && n < KV_G3_MAX_DIRS; p = strtok_r(NULL, ",", &save)) {
     while (*p == ' ') p++;
     if (!*p) continue;
     if (mkdir(p, 0750) < 0 && errno != EEXIST) {
-      kv_error("g3", "cannot create %s: %s", p, strerror(errno));
-      return -errno;
+      int rc = -errno;
+      snprintf(why, whylen, "cannot create %s: %s", p, strerror(-rc));
+      return rc;
     }
     dirs[n++] = (kv_g3_dir){p, d->cfg.g3_capacity};
   }
@@ -44,6 +48,7 @@ static int open_g3(kvd *d) {
                   .backend = !strcmp(d->cfg.g3_backend, "uring") ? KV_G3_BACKEND_URING
                            : !strcmp(d->cfg.g3_backend, "threads") ? KV_G3_BACKEND_THREADS
                            : KV_G3_BACKEND_AUTO,
+                  .lock_wait_ms = lock_wait_ms,
                   /* One arena can be registered for zero-copy I/O. */
                   .arena = d->reg.ntenants == 1 ? &d->reg.tenants[0].arena : NULL};
   kv_g3_open_info info;
@@ -57,7 +62,7 @@ static int open_g3(kvd *d) {
               info.slot_bytes);
   }
   if (rc) {
-    kv_error("g3", "cannot open the SSD tier in %s: %s", d->cfg.g3_path, kv_strerror(rc));
+    snprintf(why, whylen, "%s", info.why[0] ? info.why : kv_strerror(rc));
     return rc;
   }
   kv_core_g3_opts go = {.admit = !strcmp(d->cfg.g3_admit, "second-use") ? KV_ADMIT_SECOND_USE
@@ -66,7 +71,7 @@ static int open_g3(kvd *d) {
                         .min_prio = (uint8_t)d->cfg.g3_min_prio};
   rc = kv_core_attach_g3(&d->core, d->g3, &go);
   if (rc < 0) {
-    kv_error("g3", "cannot attach the SSD tier: %s", kv_strerror(rc));
+    snprintf(why, whylen, "cannot attach the SSD tier to the cache core: %s", kv_strerror(rc));
     kv_g3_close(d->g3);
     d->g3 = NULL;
     return rc;
@@ -130,12 +135,9 @@ int kvd_init(kvd *d) {
     kv_core_fini(&d->core);
     goto err;
   }
-  if (d->cfg.g3_path[0] && (rc = open_g3(d))) {
-    kvd_registry_fini(&d->reg);
-    kvd_g1s_close(&d->g1);
-    kv_core_fini(&d->core);
-    goto err;
-  }
+  /* A G3 that cannot be opened leaves the daemon on G2 alone (g3_watch.h). */
+  if (d->cfg.g3_path[0] && (rc = kvd_g3_open(d, 0, d->g3w.why, sizeof d->g3w.why)))
+    kvd_g3_unavailable(d, rc);
   if ((rc = kvd_metrics_init(d))) {
     kv_error("daemon", "cannot set up the metrics: %s", kv_strerror(rc));
     if (d->g3) kv_g3_close(d->g3);

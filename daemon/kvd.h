@@ -10,6 +10,7 @@
 
 #include "daemon/config.h"
 #include "daemon/g1.h"
+#include "daemon/g3_watch.h"
 #include "daemon/registry.h"
 #include "daemon/session.h"
 #include "daemon/sink.h"
@@ -44,6 +45,7 @@ typedef struct kvd {
   struct kvd_alloc *alloc_waiting; /* ALLOCs waiting for G2 room (alloc.c) */
   kvd_metrics m;               /* latencies, miss reasons (stats.h) */
   kvd_session admin;           /* pins the operator took (POST /pin), released at fini */
+  kvd_g3w g3w;                 /* G3 unavailable, its checks and poll (g3_watch.h) */
 } kvd;
 
 /* kvd_handle()'s return when the reply will be sent later, through the sink. */

@@ -3,7 +3,8 @@
  *
  * Start-up reads the configuration (defaults, then --config FILE, then
  * flags), brings up the tiers it configures (G2 always; G1 when a CUDA
- * device answers), listens on the worker socket, then on the stats and
+ * device answers; G3 when it can be opened, else it runs without it and
+ * says why: daemon/g3_watch.h), listens on the worker socket, then on the stats and
  * admin sockets (daemon/OPS.md), logs one "ready" line, tells systemd
  * (sd_notify READY=1; STOPPING=1 when asked to stop), and runs the libuv
  * loop until SIGTERM or SIGINT. SIGHUP re-reads the configuration file and applies
@@ -12,6 +13,7 @@
  */
 #include <errno.h>
 #include <getopt.h>
+#include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -34,13 +36,7 @@ typedef struct daemon_state {
   kvd_ops ops;
   uv_loop_t loop;
   uv_signal_t sigterm, sigint, sighup;
-  uv_poll_t g3poll;
 } daemon_state;
-
-static void on_g3(uv_poll_t *h, int status, int events) {
-  daemon_state *st = h->data;
-  kvd_g3_poll(&st->d);
-}
 
 static void usage(FILE *f) {
   fprintf(f,
@@ -169,6 +165,9 @@ int main(int argc, char **argv) {
   kv_log_threshold = kv_log_parse_level(st.d.cfg.log_level);
   kv_info("daemon", "kvcached %s starting (pid %d)", KV_VERSION, (int)getpid());
 
+  /* A file size limit fails the write (EFBIG: G3 turns full) rather than
+   * killing the daemon. */
+  signal(SIGXFSZ, SIG_IGN);
   if (kvd_init(&st.d)) return 1; /* G1 too: daemon/g1.h logs whether it is on */
   uv_loop_init(&st.loop);
   if (kvd_server_start(&st.srv, &st.d, &st.loop)) {
@@ -184,11 +183,8 @@ int main(int argc, char **argv) {
   }
   if ((rc = kvd_g1s_start(&st.d.g1, &st.loop)))
     kv_warn("g1", "cannot poll the device's completions: %s", uv_strerror(rc));
-  if (st.d.g3) {
-    uv_poll_init(&st.loop, &st.g3poll, kv_g3_fd(st.d.g3));
-    st.g3poll.data = &st;
-    uv_poll_start(&st.g3poll, UV_READABLE, on_g3);
-  }
+  if ((rc = kvd_g3w_start(&st.d, &st.loop)))
+    kv_error("g3", "cannot watch the SSD tier: %s", uv_strerror(rc));
   uv_signal_init(&st.loop, &st.sigterm);
   uv_signal_init(&st.loop, &st.sigint);
   uv_signal_init(&st.loop, &st.sighup);
@@ -211,11 +207,13 @@ int main(int argc, char **argv) {
           st.srv.lst.path, (unsigned long long)cap, st.d.reg.ntenants,
           locked == st.d.reg.ntenants ? "locked" : "not locked",
           g1desc,
-          st.d.g3 ? st.d.cfg.g3_path : "off", st.d.core.policy->name);
+          st.d.g3 ? st.d.cfg.g3_path : st.d.g3w.err ? "unavailable" : "off",
+          st.d.core.policy->name);
   kv_info("daemon", "operator sockets: %s (stats%s%s), %s (admin)", st.ops.stats.ulst.path,
           st.d.cfg.stats_listen[0] ? ", and TCP " : "", st.d.cfg.stats_listen, st.ops.admin.ulst.path);
   sd_notifyf(0, "READY=1\nSTATUS=serving %s; G2 %llu bytes, G3 %s, policy %s\nMAINPID=%d",
-             st.srv.lst.path, (unsigned long long)cap, st.d.g3 ? "on" : "off",
+             st.srv.lst.path, (unsigned long long)cap,
+             st.d.g3 ? "on" : st.d.g3w.err ? "unavailable" : "off",
              st.d.core.policy->name, (int)getpid());
   uv_run(&st.loop, UV_RUN_DEFAULT);
 
@@ -225,10 +223,7 @@ int main(int argc, char **argv) {
   kvd_allocs_fini(&st.d);
   kvd_server_close_all(&st.srv, 1000);
   kvd_g1s_stop(&st.d.g1);
-  if (st.d.g3) {
-    uv_poll_stop(&st.g3poll);
-    uv_close((uv_handle_t *)&st.g3poll, NULL);
-  }
+  kvd_g3w_stop(&st.d);
   uv_close((uv_handle_t *)&st.sigterm, NULL);
   uv_close((uv_handle_t *)&st.sigint, NULL);
   uv_close((uv_handle_t *)&st.sighup, NULL);

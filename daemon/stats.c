@@ -208,7 +208,7 @@ static void take(kvd *d, snapshot *s) {
   g2->state = g2->capacity && g2->used >= g2->capacity ? "full" : "ok";
   tier_view *g3 = &s->t[KV_G3];
   s->g3_state = -1;
-  g3->state = "off";
+  g3->state = d->g3w.err ? "unavailable" : "off";
   if (d->g3) {
     kv_g3_get_stats(d->g3, &s->gs);
     g3->enabled = 1;
@@ -342,10 +342,16 @@ int kvd_render_metrics(kvd *d, kv_buf *out) {
   if (histogram(out, "kvcached_request_duration_seconds", "op", "lookup", &d->m.req[KVD_REQ_LOOKUP]) ||
       histogram(out, "kvcached_request_duration_seconds", "op", "load", &d->m.req[KVD_REQ_LOAD]))
     return -ENOMEM;
-  H("kvcached_g3_state", "gauge", "State of the SSD tier (1 for the current one).");
-  static const char *const g3s[] = {"ok", "degraded", "full", "off"};
-  int cur = s.g3_state < 0 ? 3 : s.g3_state;
-  for (int i = 0; i < 4; i++) P("kvcached_g3_state{state=\"%s\"} %d\n", g3s[i], i == cur);
+  H("kvcached_g3_state", "gauge",
+    "State of the SSD tier (1 for the current one; unavailable: configured but it could not be opened).");
+  static const char *const g3s[] = {"ok", "degraded", "full", "off", "unavailable"};
+  int cur = s.g3_state >= 0 ? s.g3_state : d->g3w.err ? 4 : 3;
+  for (int i = 0; i < 5; i++) P("kvcached_g3_state{state=\"%s\"} %d\n", g3s[i], i == cur);
+  H("kvcached_g3_problem", "gauge",
+    "Why the SSD tier is not ok (1 for the current reason, none while it is ok or off; details in /health and the log).");
+  kvd_g3_problem why = kvd_g3_problem_of(d);
+  for (int i = 0; i < KVD_G3P_COUNT; i++)
+    P("kvcached_g3_problem{reason=\"%s\"} %d\n", kvd_g3_problem_names[i], i == (int)why);
   H("kvcached_g3_io_errors_total", "counter", "SSD transfers that failed with an I/O error.");
   P("kvcached_g3_io_errors_total %llu\n", U(s.gs.io_errors));
   H("kvcached_g3_corrupt_total", "counter", "SSD reads that failed verification.");
@@ -468,13 +474,22 @@ static json_t *stats_json(kvd *d) {
 
 static json_t *health_json(kvd *d, int *status) {
   json_t *reasons = json_array();
+  char r[sizeof d->g3w.why + 160];
   if (d->g3) {
-    kv_g3_state st = kv_g3_get_state(d->g3);
-    if (st != KV_G3_OK) {
-      char r[32];
-      snprintf(r, sizeof r, "g3 %s", kv_g3_state_name(st));
+    kv_g3_stats gs;
+    kv_g3_get_stats(d->g3, &gs);
+    if (gs.state != KV_G3_OK) {
+      int n = snprintf(r, sizeof r, "g3 %s: %s: %s", kv_g3_state_name(gs.state), gs.state_what,
+                       kv_strerror(gs.state_err));
+      if (n > 0 && (size_t)n < sizeof r && gs.state == KV_G3_FULL && d->cfg.g3_retry_ms)
+        snprintf(r + n, sizeof r - (size_t)n, " (a write is tried every %u ms)", d->cfg.g3_retry_ms);
+      else if (n > 0 && (size_t)n < sizeof r && !strcmp(gs.state_what, "store file removed"))
+        snprintf(r + n, sizeof r - (size_t)n, " (restart to make a new store)");
       json_array_append_new(reasons, json_string(r));
     }
+  } else if (d->g3w.err) {
+    snprintf(r, sizeof r, "g3 unavailable: %s", d->g3w.why);
+    json_array_append_new(reasons, json_string(r));
   }
   *status = json_array_size(reasons) ? 503 : 200;
   if (*status == 200) {

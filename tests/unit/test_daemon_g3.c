@@ -1,0 +1,313 @@
+/* test_daemon_g3.c - the real kvcached with its SSD tier in trouble (item
+ * 10 of issue 16): a G3 that cannot be opened at start (a path that is a
+ * file, a file too large for its filesystem, an immutable directory) used
+ * to make the daemon exit; it runs on G2 alone now, with the reason in
+ * /health and the metrics, and G3 comes up by itself once the cause is
+ * gone. A G3 that ran out of space (a file size limit put on the running
+ * daemon) used to stay full for good; it comes back by itself. A removed G3
+ * directory used to go unnoticed; it shows in /health. */
+#include <dirent.h>
+#include <fcntl.h>
+#include <linux/fs.h>
+#include <sys/ioctl.h>
+#include <sys/resource.h>
+#include <sys/stat.h>
+#include <sys/statvfs.h>
+
+#include "test_ops_util.h"
+
+static char resp[1 << 20];
+static char g3dir[128], setpath[160];
+
+static long long metric(const char *series) {
+  const char *text;
+  cr_assert_eq(ops_req(ops_stats, "GET", "/metrics", resp, sizeof resp, &text), 200);
+  size_t n = strlen(series);
+  for (const char *p = text; (p = strstr(p, series)); p += n)
+    if ((p == text || p[-1] == '\n') && p[n] == ' ') return atoll(p + n + 1);
+  return -1;
+}
+
+/* GET /health: its status; the reasons joined in `out`. */
+static int health(char *out, size_t n) {
+  const char *body;
+  int st = ops_req(ops_stats, "GET", "/health", resp, sizeof resp, &body);
+  snprintf(out, n, "%s", body);
+  return st;
+}
+
+/* Polls /health until its body contains `needle` (NULL: until 200). The
+ * bound only stops a broken daemon from hanging the test. */
+static int wait_health(const char *needle, char *out, size_t n) {
+  for (int i = 0; i < 400; i++) {
+    int st = health(out, n);
+    if (needle ? strstr(out, needle) != NULL : st == 200) return st;
+    usleep(50000);
+  }
+  return -1;
+}
+
+static char g3root[64];
+
+/* Starts kvcached (threads backend, 64 KiB slots, retries every 100 ms,
+ * plus `more`) with G3 in g3root/name; prepare (may be NULL) runs first,
+ * with g3dir set. Returns ops_try_start's result. */
+static int start_with_g3(const char *name, void (*prepare)(void), const char *const *more) {
+  snprintf(g3root, sizeof g3root, "/tmp/kvg3-daemon-XXXXXX");
+  cr_assert_not_null(mkdtemp(g3root));
+  snprintf(g3dir, sizeof g3dir, "%s/%s", g3root, name);
+  snprintf(setpath, sizeof setpath, "g3.path=%s", g3dir);
+  if (prepare) prepare();
+  const char *extra[16] = {setpath, "g3.block_bytes=64K", "g3.backend=threads",
+                           "g3.retry_ms=100", "g3.capacity=8M"};
+  int n = 5;
+  for (int i = 0; more && more[i] && n < 15; i++) extra[n++] = more[i];
+  extra[n] = NULL;
+  return ops_try_start(NULL, extra);
+}
+
+/* Clears the immutable flag of path, if it can. */
+static void mutable_again(const char *path) {
+  int fd = open(path, O_RDONLY | O_NONBLOCK);
+  if (fd < 0) return;
+  int fl = 0;
+  if (ioctl(fd, FS_IOC_GETFLAGS, &fl) == 0 && (fl & FS_IMMUTABLE_FL)) {
+    fl &= ~FS_IMMUTABLE_FL;
+    ioctl(fd, FS_IOC_SETFLAGS, &fl);
+  }
+  close(fd);
+}
+
+/* Sets the immutable flag of path: 0, or the errno (the filesystem or the
+ * process's capabilities refuse it). */
+static int make_immutable(const char *path) {
+  int fd = open(path, O_RDONLY | O_NONBLOCK);
+  if (fd < 0) return errno;
+  int fl = 0, rc = 0;
+  if (ioctl(fd, FS_IOC_GETFLAGS, &fl) < 0) rc = errno;
+  fl |= FS_IMMUTABLE_FL;
+  if (!rc && ioctl(fd, FS_IOC_SETFLAGS, &fl) < 0) rc = errno;
+  close(fd);
+  return rc;
+}
+
+static void fini(void) {
+  ops_stop();
+  if (g3root[0]) {
+    mutable_again(g3dir);
+    char cmd[128];
+    snprintf(cmd, sizeof cmd, "rm -rf %s", g3root);
+    system(cmd);
+  }
+}
+
+static void rm_tree(const char *p) {
+  char cmd[256];
+  snprintf(cmd, sizeof cmd, "rm -rf %s", p);
+  cr_assert_eq(system(cmd), 0);
+}
+
+/* The worker still works on G2. */
+static void g2_serves(void) {
+  kvc *c = ops_open("t1");
+  ops_store(c, 1001, 1003);
+  cr_assert_eq(ops_resident(c, 1001, 1003), 3);
+  kvc_close(c);
+}
+
+/* How many entries named kvg3-* dir holds. */
+static int g3_files(const char *dir) {
+  DIR *d = opendir(dir);
+  if (!d) return 0;
+  int n = 0;
+  for (struct dirent *e; (e = readdir(d));) n += !strncmp(e->d_name, "kvg3-", 5);
+  closedir(d);
+  return n;
+}
+
+TestSuite(daemon_g3, .fini = fini, .timeout = 90);
+
+/* ---- G3 unavailable at start ------------------------------------------------------ */
+
+static void path_is_a_file(void) {
+  int fd = open(g3dir, O_CREAT | O_WRONLY, 0644);
+  cr_assert_geq(fd, 0);
+  close(fd);
+}
+
+static const char *g3_state_of_stats(json_t *s) {
+  return json_string_value(
+      json_object_get(json_object_get(json_object_get(s, "tiers"), "g3"), "state"));
+}
+
+Test(daemon_g3, g3_path_that_is_a_file_runs_on_g2_alone) {
+  int rc = start_with_g3("notadir", path_is_a_file, NULL);
+  cr_assert_eq(rc, 0, "kvcached exited (%d) instead of running on G2 alone", rc);
+  char h[4096];
+  cr_assert_eq(health(h, sizeof h), 503, "%s", h);
+  cr_assert(strstr(h, "g3 unavailable: "), "%s", h);
+  cr_assert(strstr(h, "Not a directory"), "%s", h);
+  cr_assert_eq(metric("kvcached_g3_state{state=\"unavailable\"}"), 1);
+  cr_assert_eq(metric("kvcached_g3_state{state=\"off\"}"), 0);
+  cr_assert_eq(metric("kvcached_g3_problem{reason=\"bad_path\"}"), 1);
+  cr_assert_eq(metric("kvcached_g3_problem{reason=\"none\"}"), 0);
+  json_t *s = ops_json(ops_stats, "GET", "/stats", 200);
+  cr_assert_str_eq(g3_state_of_stats(s), "unavailable");
+  json_decref(s);
+  g2_serves();
+}
+
+/* Larger than the free space (and than ext4's largest file, so that a
+ * build without the free-space check fails at once, not by filling the
+ * disk): refused up front, no file left behind. */
+Test(daemon_g3, g3_too_large_for_its_filesystem_runs_on_g2_alone_and_leaves_no_file) {
+  struct statvfs vs;
+  cr_assert_eq(statvfs("/tmp", &vs), 0);
+  unsigned long long cap = 2ull * vs.f_bavail * vs.f_frsize + (1ull << 30);
+  if (cap < (64ull << 40)) cap = 64ull << 40;
+  char opt[64];
+  snprintf(opt, sizeof opt, "g3.capacity=%llu", cap);
+  const char *more[] = {opt, NULL};
+  int rc = start_with_g3("big", NULL, more);
+  cr_assert_eq(rc, 0, "kvcached exited (%d) instead of running on G2 alone", rc);
+  char h[4096];
+  cr_assert_eq(health(h, sizeof h), 503, "%s", h);
+  cr_assert(strstr(h, "free on its filesystem"), "%s", h);
+  cr_assert_eq(metric("kvcached_g3_problem{reason=\"no_space\"}"), 1);
+  cr_assert_eq(g3_files(g3dir), 0, "a partial store file was left in %s", g3dir);
+  g2_serves();
+}
+
+static int immutable_rc;
+static void immutable_dir(void) {
+  cr_assert_eq(mkdir(g3dir, 0750), 0);
+  immutable_rc = make_immutable(g3dir);
+}
+
+/* An immutable directory (EPERM, as a read-only one would be EACCES for a
+ * daemon not running as root); fixed while the daemon runs, G3 comes up by
+ * itself and takes demotions. */
+Test(daemon_g3, immutable_g3_directory_runs_on_g2_alone_until_fixed) {
+  int rc = start_with_g3("frozen", immutable_dir, NULL);
+  if (immutable_rc) cr_skip_test("cannot make a directory immutable here: %s", strerror(immutable_rc));
+  cr_assert_eq(rc, 0, "kvcached exited (%d) instead of running on G2 alone", rc);
+  char h[4096];
+  cr_assert_eq(health(h, sizeof h), 503, "%s", h);
+  cr_assert(strstr(h, "g3 unavailable: "), "%s", h);
+  cr_assert(strstr(h, "Operation not permitted"), "%s", h);
+  cr_assert_eq(metric("kvcached_g3_problem{reason=\"permission\"}"), 1);
+  cr_assert_eq(g3_files(g3dir), 0);
+  g2_serves();
+  mutable_again(g3dir);
+  cr_assert_eq(wait_health(NULL, h, sizeof h), 200, "G3 did not come up: %s", h);
+  cr_assert_eq(metric("kvcached_g3_state{state=\"ok\"}"), 1);
+  cr_assert_eq(metric("kvcached_g3_problem{reason=\"none\"}"), 1);
+  kvc *c = ops_open("t1");
+  ops_store(c, 10, 13);
+  json_t *o = ops_json(ops_admin, "POST", "/evict?tier=g2", 200);
+  json_decref(o);
+  json_t *s = ops_json(ops_stats, "GET", "/stats", 200);
+  cr_assert_str_eq(g3_state_of_stats(s), "ok");
+  long long blocks = 0;
+  for (int i = 0; i < 200 && blocks < 4; i++) { /* demotions complete */
+    json_decref(s);
+    usleep(20000);
+    s = ops_json(ops_stats, "GET", "/stats", 200);
+    blocks = ops_num(s, "tiers.g3.blocks");
+  }
+  json_decref(s);
+  cr_assert_geq(blocks, 4, "G3 took %lld demotions", blocks);
+  cr_assert_eq(ops_resident(c, 10, 13), 4);
+  kvc_close(c);
+}
+
+/* ---- G3 in trouble at run time ------------------------------------------------------ */
+
+/* Stores first..last and demotes everything G2 holds; returns how many the
+ * eviction took. */
+static long long store_and_demote(kvc *c, uint64_t first, uint64_t last) {
+  ops_store(c, first, last);
+  json_t *o = ops_json(ops_admin, "POST", "/evict?tier=g2", 200);
+  long long n = ops_num(o, "evicted");
+  json_decref(o);
+  return n;
+}
+
+/* Loads key v (to G2) and checks its bytes (ops_store fills with v). */
+static int load_ok(kvc *c, uint64_t v) {
+  kvc_key k = ops_key(v);
+  kvc_block out;
+  int n = kvc_load(c, KVC_G2, &k, 1, &out);
+  if (n != 1) return n < 0 ? n : out.status ? out.status : -1;
+  int ok = out.status == 0 && out.length == OPS_BLOCK;
+  for (uint32_t i = 0; ok && i < OPS_BLOCK; i++) ok = ((uint8_t *)out.ptr)[i] == (uint8_t)v;
+  kvc_release(c, &k, 1, NULL);
+  return ok ? 0 : -2;
+}
+
+/* The filesystem refuses space under the running daemon (a file size
+ * limit put on it from outside: EFBIG, as a full disk gives ENOSPC). G3
+ * turns full, says so, and - once the limit is gone - comes back by itself
+ * (it used to stay full until a restart; and SIGXFSZ killed the daemon). */
+Test(daemon_g3, full_g3_comes_back_by_itself_when_space_returns) {
+  cr_assert_eq(start_with_g3("ssd", NULL, NULL), 0);
+  kvc *c = ops_open("t1");
+  cr_assert_geq(store_and_demote(c, 1, 4), 4);
+  char h[4096];
+  cr_assert_eq(wait_health(NULL, h, sizeof h), 200, "%s", h);
+  /* Below the data area (which starts at 1 MiB): every block write fails. */
+  struct rlimit lim = {1u << 20, RLIM_INFINITY};
+  cr_assert_eq(prlimit(ops_pid, RLIMIT_FSIZE, &lim, NULL), 0, "prlimit: %s", strerror(errno));
+  store_and_demote(c, 100, 107);
+  cr_assert_eq(wait_health("g3 full", h, sizeof h), 503, "%s", h);
+  cr_assert(strstr(h, "File too large"), "%s", h);
+  cr_assert_eq(metric("kvcached_g3_state{state=\"full\"}"), 1);
+  cr_assert_eq(metric("kvcached_g3_problem{reason=\"no_space\"}"), 1);
+  /* Still full after more tries: it stays full (probes fail quietly). */
+  usleep(300000);
+  store_and_demote(c, 200, 203);
+  cr_assert_eq(health(h, sizeof h), 503, "%s", h);
+  /* Space is back: demotions go on until a probe gets through. */
+  lim.rlim_cur = RLIM_INFINITY;
+  cr_assert_eq(prlimit(ops_pid, RLIMIT_FSIZE, &lim, NULL), 0);
+  int st = 0;
+  uint64_t v = 300;
+  for (int i = 0; i < 200 && st != 200; i++, v += 2) {
+    store_and_demote(c, v, v + 1);
+    usleep(50000);
+    st = health(h, sizeof h);
+  }
+  cr_assert_eq(st, 200, "G3 did not come back: %s", h);
+  cr_assert_eq(metric("kvcached_g3_state{state=\"ok\"}"), 1);
+  /* New demotions land and load back intact. */
+  uint64_t first = v;
+  store_and_demote(c, first, first + 3);
+  for (uint64_t k = first; k <= first + 3; k++) {
+    int rc = 1;
+    for (int i = 0; i < 100 && rc; i++) { /* its demotion may still be in flight */
+      kvc_key key = ops_key(k);
+      uint8_t t = KVC_TIER_NONE;
+      kvc_lookup(c, &key, 1, &t);
+      if (t == KVC_G3) rc = load_ok(c, k);
+      else usleep(20000);
+    }
+    cr_assert_eq(rc, 0, "block %llu: %d", (unsigned long long)k, rc);
+  }
+  cr_assert_eq(load_ok(c, 1), 0, "a block from before the trouble");
+  kvc_close(c);
+}
+
+/* The G3 directory removed while the daemon runs: health says so. */
+Test(daemon_g3, removed_g3_directory_shows_in_health) {
+  cr_assert_eq(start_with_g3("ssd", NULL, NULL), 0);
+  kvc *c = ops_open("t1");
+  store_and_demote(c, 1, 4);
+  char h[4096];
+  cr_assert_eq(health(h, sizeof h), 200, "%s", h);
+  rm_tree(g3dir);
+  cr_assert_eq(wait_health("store file removed", h, sizeof h), 503, "%s", h);
+  cr_assert_eq(metric("kvcached_g3_state{state=\"degraded\"}"), 1);
+  cr_assert_eq(metric("kvcached_g3_problem{reason=\"removed\"}"), 1);
+  g2_serves();
+  kvc_close(c);
+}
