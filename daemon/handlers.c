@@ -49,8 +49,13 @@ int kvd_g3_open(kvd *d, int lock_wait_ms, char *why, size_t whylen) {
                            : !strcmp(d->cfg.g3_backend, "threads") ? KV_G3_BACKEND_THREADS
                            : KV_G3_BACKEND_AUTO,
                   .lock_wait_ms = lock_wait_ms,
-                  /* One arena can be registered for zero-copy I/O. */
-                  .arena = d->reg.ntenants == 1 ? &d->reg.tenants[0].arena : NULL};
+                  /* No G2 arena is registered as io_uring fixed buffers:
+                   * workers hold the memfd writable and can punch holes in
+                   * it (fallocate, MADV_REMOVE), which would leave the
+                   * registration pinning pages no longer in the file, and
+                   * every later G3 read landing where G2 cannot see it.
+                   * Plain reads map the arena's current pages per I/O. */
+                  .arena = NULL};
   kv_g3_open_info info;
   int rc = kv_g3_open(&d->g3, &o, &info);
   if (rc == -EINVAL) {

@@ -93,7 +93,12 @@ typedef struct kv_g3_opts {
   kv_g3_direct direct;
   int reformat;          /* 1: discard whatever the directories hold */
   kv_arena *arena;       /* G2 arena to register as io_uring fixed buffers
-                          * (NULL: none; I/O from it is then not zero-copy) */
+                          * (NULL: none; I/O from it is still no-copy, its
+                          * pages pinned per I/O). Only memory no other
+                          * process can punch holes in: a registration
+                          * keeps the pages it pinned, so after a hole is
+                          * punched reads land in pages the mapping no
+                          * longer shows (kvcached passes NULL). */
   uint32_t commit_max;   /* most blocks per index transaction; 0: 4096 */
   int commit_window_us;  /* group commit: a batch waits up to this long
                           * from its first write for more while writes are

@@ -8,9 +8,10 @@
  * transfers, and hands finished ops on. Callers wake it through an eventfd
  * that the ring itself keeps a read armed on.
  *
- * Buffers: the engine's header sectors and the G2 arena (in chunks of at
- * most 1 GiB, the kernel's limit per buffer) are registered as fixed
- * buffers, so reads land in G2 with no copy and no per-I/O page pinning;
+ * Buffers: the engine's header sectors and the G2 arena if the caller
+ * gives one (in chunks of at most 1 GiB, the kernel's limit per buffer;
+ * kvcached gives none, see G3.md) are registered as fixed buffers, so
+ * reads land in G2 with no copy and no per-I/O page pinning;
  * writes go from G2 with no copy too, the kernel pinning the pages per I/O
  * (a vectored write cannot span two registered buffers). If registration
  * is refused (RLIMIT_MEMLOCK, kernel limits) a shorter prefix of the arena

@@ -199,13 +199,15 @@ static void usage(FILE *f) {
   fprintf(f,
           "usage: kvbench g3 --dir DIR [--dir DIR2 ...] [--block-bytes B] [--qd Q] [--count N]\n"
           "                  [--backend auto|uring|threads] [--sync batch|dsync|none]\n"
-          "                  [--buffers K] [--commit-window-us U] [--keep] [--json]\n"
+          "                  [--buffers K] [--commit-window-us U] [--no-fixed] [--keep] [--json]\n"
           "       kvbench g3 rebuild --dir DIR [--dir DIR2 ...] [--no-verify] [--json]\n"
           "  Writes N blocks of B bytes (default 1M) into a fresh store, then reads them\n"
           "  back verified; prints write_gbps and read_gbps (1e9 bytes/s). Q (default\n"
           "  32) block I/Os in flight at the device; K blocks outstanding (default: 256\n"
           "  MiB of them, at least 2*Q+8), the rest waiting in G3 or for their group\n"
           "  commit. The write phase ends when every block is durable and indexed.\n"
+          "  --no-fixed: the buffers are not registered with io_uring, as kvcached's\n"
+          "  G2 arenas are not (workers can punch holes in them).\n"
           "  Sizes take K/M/G suffixes. The store is deleted afterwards unless --keep.\n");
 }
 
@@ -217,15 +219,16 @@ int kvbench_g3(int argc, char **argv) {
       {"backend", required_argument, 0, 'B'}, {"sync", required_argument, 0, 's'},
       {"buffers", required_argument, 0, 'K'}, {"keep", no_argument, 0, 'k'},
       {"json", no_argument, 0, 'j'},          {"help", no_argument, 0, 'h'},
-      {"commit-window-us", required_argument, 0, 'W'}, {0, 0, 0, 0}};
+      {"commit-window-us", required_argument, 0, 'W'}, {"no-fixed", no_argument, 0, 'F'},
+      {0, 0, 0, 0}};
   kv_g3_dir dirs[MAX_DIRS];
   unsigned ndirs = 0;
   uint64_t block = 1 << 20, qd = 32, count = 1024, nbuf = 0;
   kv_g3_backend be = KV_G3_BACKEND_AUTO;
   kv_g3_sync sync = KV_G3_SYNC_BATCH;
-  int json = 0, keep = 0, window = 0, ch;
+  int json = 0, keep = 0, window = 0, fixed = 1, ch;
   optind = 1;
-  while ((ch = getopt_long(argc, argv, "d:b:q:n:B:s:K:W:kjh", lo, NULL)) != -1) {
+  while ((ch = getopt_long(argc, argv, "d:b:q:n:B:s:K:W:Fkjh", lo, NULL)) != -1) {
     switch (ch) {
     case 'd':
       if (ndirs == MAX_DIRS) return 2;
@@ -255,6 +258,7 @@ int kvbench_g3(int argc, char **argv) {
       break;
     }
     case 'k': keep = 1; break;
+    case 'F': fixed = 0; break;
     case 'j': json = 1; break;
     case 'h': usage(stdout); return 0;
     default: usage(stderr); return 2;
@@ -306,7 +310,7 @@ int kvbench_g3(int argc, char **argv) {
     b.crc[i] = kv_crc32c(0, b.buf[i], b.block);
   }
   kv_g3_opts o = {.dirs = dirs, .ndirs = ndirs, .block_bytes = b.block, .queue_depth = (uint32_t)qd,
-                  .backend = be, .sync = sync, .reformat = 1, .arena = &arena,
+                  .backend = be, .sync = sync, .reformat = 1, .arena = fixed ? &arena : NULL,
                   .commit_window_us = window};
   kv_g3_open_info info;
   double t0 = now_s();
