@@ -283,8 +283,11 @@ void g3_io_finished(kv_g3 *g, g3_op *op) {
 }
 
 /* ---- caller side: completions --------------------------------------------------- */
+/* OK turns FULL or DEGRADED; FULL turns DEGRADED (an error that is not
+ * about space: a probe write failing with EIO must not leave the store
+ * probing quietly for ever). Each change is logged once. */
 static void set_state(kv_g3 *g, kv_g3_state s, int err, const char *what, const g3_op *op) {
-  if (g->state != KV_G3_OK) {
+  if (g->state == s || g->state == KV_G3_DEGRADED) {
     if (op->slot == g->probe_slot)
       kv_debug(G3_SUB, "probe write to %s failed: %s; G3 stays %s", g->files[op->file].path,
                kv_strerror(err), kv_g3_state_name(g->state));
@@ -293,6 +296,7 @@ static void set_state(kv_g3 *g, kv_g3_state s, int err, const char *what, const 
   g->state = s;
   g->state_err = err;
   g->state_what = what;
+  g->probe_armed = 0;
   kv_warn(G3_SUB, "%s of slot %u in %s failed: %s; G3 is now %s: no new blocks are admitted, "
           "stored blocks stay readable", what, op->fslot, g->files[op->file].path,
           kv_strerror(err), kv_g3_state_name(s));

@@ -371,3 +371,32 @@ Test(g3_trouble, removed_directory_turns_the_store_degraded) {
   kv_g3_close(f.g);
   kv_arena_fini(&f.arena);
 }
+
+/* A probe that fails with an error that is not about space (the disk
+ * failing, or an index LMDB will no longer commit) turns the store
+ * degraded instead of leaving it probing quietly for ever. */
+Test(g3_trouble, probe_failing_with_an_io_error_turns_the_store_degraded) {
+  inject in = {0};
+  kv_g3_fault fault = {.io = inject_io, .arg = &in};
+  fx f;
+  fx_init(&f, 1, &fault);
+  void *b = t_buf(&f.arena, f.cls);
+  atomic_store(&in.write_err, ENOSPC);
+  uint32_t s;
+  kv_g3_key k = t_key(1);
+  cr_assert_eq(kv_g3_alloc(f.g, &s), 0);
+  cr_assert_eq(kv_g3_write_sync(f.g, s, &k, 1, b, BLK), -ENOSPC);
+  cr_assert_eq(kv_g3_free(f.g, s), 0);
+  cr_assert_eq(kv_g3_get_state(f.g), KV_G3_FULL);
+  atomic_store(&in.write_err, EIO);
+  cr_assert_eq(kv_g3_retry(f.g), 1);
+  cr_assert_eq(kv_g3_alloc(f.g, &s), 0);
+  t_log lg;
+  t_log_begin(&lg);
+  cr_assert_eq(kv_g3_write_sync(f.g, s, &k, 1, b, BLK), -EIO);
+  cr_assert_eq(t_log_end(&lg, "is now degraded"), 1);
+  cr_assert_eq(kv_g3_get_state(f.g), KV_G3_DEGRADED);
+  cr_assert_eq(kv_g3_retry(f.g), 0, "a degraded store does not probe");
+  cr_assert_eq(kv_g3_free(f.g, s), 0);
+  fx_fini(&f);
+}
