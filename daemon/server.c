@@ -208,6 +208,13 @@ static void on_accept(uv_poll_t *h, int status, int events) {
       kv_warn("server", "accept: %s", kv_strerror(fd));
       return;
     }
+    kv_peercred cred;
+    int crc = kv_sock_peercred(fd, &cred);
+    if (crc) { /* without them the peer could pass for uid 0 */
+      kv_warn("server", "refusing a connection whose credentials cannot be read: %s", kv_strerror(crc));
+      close(fd);
+      continue;
+    }
     kvd_conn *c = calloc(1, sizeof *c);
     kvd_sink *sink = calloc(1, sizeof *sink);
     if (!c || !sink) {
@@ -224,8 +231,11 @@ static void on_accept(uv_poll_t *h, int status, int events) {
     sink->conn = c;
     sink->sess = &c->sess;
     sink->refs = 1;
-    kv_sock_peercred(fd, &c->cred);
+    c->cred = cred;
     kvd_session_init(&c->sess, s->d->next_session_id++);
+    c->sess.peer_uid = (uint32_t)c->cred.uid;
+    c->sess.peer_gid = (uint32_t)c->cred.gid;
+    c->sess.peer_pid = (int32_t)c->cred.pid;
     kv_reader_init(&c->rd, 0);
     kv_buf_init(&c->out);
     uv_poll_init(s->loop, &c->poll, fd);
