@@ -246,7 +246,7 @@ static void route_pin(kvd *d, const kvd_http_req *req, kvd_http_resp *resp, int 
     kvd_key_from_hex(k, len, &key);
     kv_block *b = kv_core_find(&d->core, ns, &key);
     if (!b) missing++;
-    else if ((pin ? kvd_session_pin(&d->core, &d->admin, b) : kvd_session_unpin(&d->core, &d->admin, b)) == 0) done++;
+    else if ((pin ? kvd_session_pin(&d->core, &d->admin, b, 0) : kvd_session_unpin(&d->core, &d->admin, b)) == 0) done++;
     else if (pin) failed++;
     else missing++; /* not pinned by the operator */
     k += len + (e ? 1 : 0);

@@ -75,6 +75,10 @@ static const opt opts[] = {
      "empty: Unix socket only"},
     {"admin", "group", OPT_STR, O(admin_group), sizeof(((kv_config *)0)->admin_group), "",
      "members of this group may use the admin socket (besides root and the daemon's user)"},
+    {"limits", "pins_per_session", OPT_U32, O(limit_pins_per_session), 0, "1048576",
+     "pins one worker connection may hold, repeats counted; past it a LOAD's key answers -EDQUOT"},
+    {"limits", "allocs_per_session", OPT_U32, O(limit_allocs_per_session), 0, "65536",
+     "uncommitted allocations one worker connection may hold; past it an ALLOC's key answers -EDQUOT"},
 };
 #undef O
 #define NOPTS (sizeof opts / sizeof opts[0])
@@ -323,6 +327,10 @@ int kv_config_validate(const kv_config *c, char *err, size_t errlen) {
                (int)(colon - c->stats_listen), c->stats_listen);
       return -EINVAL;
     }
+  }
+  if (c->limit_pins_per_session == 0 || c->limit_allocs_per_session == 0) {
+    snprintf(err, errlen, "limits.pins_per_session and limits.allocs_per_session must be at least 1");
+    return -EINVAL;
   }
   if (kv_log_parse_level(c->log_level) < 0) {
     snprintf(err, errlen, "log.level: '%s' is not debug, info, warn or error", c->log_level);

@@ -36,6 +36,8 @@ typedef struct kv_config {
   uint64_t g1_capacity;   /* [g1] capacity: bytes of the device pool */
   char g1_backend[8];     /* [g1] backend: auto, cuda, sim */
   char g1_device[64];     /* [g1] device: CUDA ordinals, comma-separated: a pool on each */
+  uint32_t limit_pins_per_session;   /* [limits] pins_per_session */
+  uint32_t limit_allocs_per_session; /* [limits] allocs_per_session */
 } kv_config;
 
 #define KV_CFG_G1_DEVICES_MAX 8 /* devices in g1.device */

@@ -328,6 +328,11 @@ int kvd_render_metrics(kvd *d, kv_buf *out) {
   P("kvcached_pinned_blocks %llu\n", U(s.pinned));
   H("kvcached_uncommitted_allocations", "gauge", "Blocks allocated and not yet committed.");
   P("kvcached_uncommitted_allocations %llu\n", U(s.uncommitted));
+  H("kvcached_session_limit_refused_total", "counter",
+    "Keys answered -EDQUOT because their connection held limits.pins_per_session pins or "
+    "limits.allocs_per_session allocations, by limit.");
+  P("kvcached_session_limit_refused_total{limit=\"pins\"} %llu\n", U(d->st.pins_refused));
+  P("kvcached_session_limit_refused_total{limit=\"allocs\"} %llu\n", U(d->st.allocs_refused));
   H("kvcached_sessions", "gauge", "Worker connections open.");
   P("kvcached_sessions %llu\n", U(d->nsessions));
   H("kvcached_sessions_opened_total", "counter", "Worker connections accepted.");
@@ -452,6 +457,8 @@ static json_t *stats_json(kvd *d) {
   json_object_set_new(o, "admissions_refused", json_integer((json_int_t)c->g3_refused));
   json_object_set_new(o, "pins", json_integer((json_int_t)s.pinned));
   json_object_set_new(o, "uncommitted", json_integer((json_int_t)s.uncommitted));
+  json_object_set_new(o, "session_limit_refused", json_pack("{s:I,s:I}",
+                      "pins", (json_int_t)d->st.pins_refused, "allocs", (json_int_t)d->st.allocs_refused));
   json_object_set_new(o, "sessions", json_integer((json_int_t)d->nsessions));
   json_t *rq = json_object();
   char low[32];
