@@ -145,6 +145,13 @@ static void route_config(kvd *d, const kvd_http_req *req, kvd_http_resp *resp) {
                      (unsigned long long)reserved);
       return;
     }
+    for (uint32_t i = 1; i < d->reg.ntenants; i++)
+      if (d->reg.tenants[i].arena.capacity != d->reg.tenants[0].arena.capacity) {
+        /* The core's soft limit is one size for every arena. */
+        kvd_http_error(resp, 409, "g2.capacity changes only on restart while tenants' arenas differ "
+                       "in size (g2_share)");
+        return;
+      }
     uint64_t each = next.g2_capacity / d->reg.ntenants;
     evicted = kv_core_set_limit(&d->core, KV_G2, next.g2_capacity == reserved ? 0 : each);
   } else if (!strcmp(name, "g3.capacity")) {

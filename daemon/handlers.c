@@ -14,6 +14,7 @@
 
 #include "daemon/kvd.h"
 #include "daemon/log.h"
+#include "daemon/server.h"
 #include "tiers/crc32c.h"
 
 static uint64_t now_ms(void) {
@@ -115,8 +116,7 @@ int kvd_init(kvd *d) {
     g->done = kvd_g1_copied;
     g->done_arg = d;
   }
-  kvd_registry_opts ro = {.g2_capacity = d->cfg.g2_capacity, .g2_page_size = d->cfg.g2_page_size,
-                          .tenants = d->cfg.g2_tenants, .lock = d->cfg.g2_lock, .core = &d->core};
+  kvd_registry_opts ro = {.cfg = &d->cfg, .lock = d->cfg.g2_lock, .core = &d->core};
   if (d->g1.on) {
     ro.register_fn = kvd_g1s_arena_register;
     ro.unregister_fn = kvd_g1s_arena_unregister;
@@ -125,7 +125,8 @@ int kvd_init(kvd *d) {
   rc = kvd_registry_init(&d->reg, &ro);
   if (rc) {
     kv_error("g2", "cannot create the G2 arenas (%llu bytes for %u tenant(s)): %s",
-             (unsigned long long)d->cfg.g2_capacity, d->cfg.g2_tenants, kv_strerror(rc));
+             (unsigned long long)d->cfg.g2_capacity, d->cfg.ntenants ? d->cfg.ntenants : 1,
+             kv_strerror(rc));
     kvd_g1s_close(&d->g1);
     kv_core_fini(&d->core);
     goto err;
@@ -230,13 +231,15 @@ static int g1_entry(kvd *d, kvd_g1 *g, const uint8_t *uuid, kv_tierinfo *ti, int
   return -ENODEV;
 }
 
-static int op_hello(kvd *d, kvd_session *s, const kv_msg *req, kv_buf *out, int fd_out[2]) {
+static int op_hello(kvd *d, kvd_sink *sink, const kv_msg *req, kv_buf *out, int fd_out[2]) {
+  kvd_session *s = sink->sess;
   const kv_hello_req *h = &req->hello;
   if (s->ns >= 0) return kvd_fail(out, req, KV_EBADSTATE, "HELLO was already said on this connection");
   if (h->ver_major != KV_PROTO_MAJOR) return kvd_fail(out, req, KV_EBADVERSION, NULL);
-  int ns = kvd_registry_hello(&d->reg, h);
+  kvd_peer peer = {s->peer_uid, s->peer_gid, sink->conn ? kvd_conn_fd(sink->conn) : -1};
+  int ns = kvd_registry_hello(&d->reg, h, &peer);
   if (ns < 0) {
-    const char *why = ns == -EUSERS ? "every G2 arena is bound to another tenant (raise g2.tenants)"
+    const char *why = d->reg.why[0] ? d->reg.why
                     : ns == KV_ETOOBIG ? "block_bytes exceeds the G2 page size (raise g2.page_size)"
                     : ns == -EINVAL ? "layout the daemon cannot serve (TP rank/size, group size, block size)"
                     : NULL;
@@ -452,7 +455,7 @@ static int op_status(kvd *d, kvd_session *s, const kv_msg *req, kv_buf *out) {
     kv_arena *a = &d->reg.tenants[i].arena;
     cap += a->capacity;
     used += a->used_bytes;
-    json_array_append_new(tenants, json_pack("{s:s,s:I,s:I,s:b}", "tenant", d->reg.tenants[i].name,
+    json_array_append_new(tenants, json_pack("{s:s,s:I,s:I,s:b}", "tenant", d->reg.tenants[i].cfg.name,
                                              "capacity_bytes", (json_int_t)a->capacity,
                                              "used_bytes", (json_int_t)a->used_bytes,
                                              "locked", a->locked));
@@ -498,7 +501,7 @@ int kvd_handle(kvd *d, kvd_sink *sink, const kv_msg *req, kv_buf *out, int fd_ou
   fd_out[0] = fd_out[1] = -1;
   if (req->flags & KV_F_REPLY) return kvd_fail(out, req, KV_EBADFRAME, "a reply sent to the daemon");
   if (req->op < KV_OP_COUNT) d->st.ops[req->op]++;
-  if (req->op == KV_OP_HELLO) return op_hello(d, s, req, out, fd_out);
+  if (req->op == KV_OP_HELLO) return op_hello(d, sink, req, out, fd_out);
   if (req->op == KV_OP_STATUS) return op_status(d, s, req, out);
   if (s->ns < 0) return kvd_fail(out, req, KV_ENOSESSION, NULL);
   switch (req->op) {

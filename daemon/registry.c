@@ -6,28 +6,47 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/socket.h>
 
 #include "daemon/log.h"
+#include "ipc/sock.h"
+
+const char *const kvd_hello_refusal_names[KVD_HELLO_REFUSED_COUNT] = {"unknown_tenant", "not_allowed"};
 
 int kvd_registry_init(kvd_registry *r, const kvd_registry_opts *o) {
   memset(r, 0, sizeof *r);
-  if (!o->tenants || !o->core) return -EINVAL;
+  if (!o->cfg || !o->core) return -EINVAL;
+  const kv_config *cfg = o->cfg;
+  uint32_t n = cfg->ntenants ? cfg->ntenants : 1;
+  uint64_t g2[KV_CFG_TENANTS_MAX];
+  char err[256];
+  if (cfg->ntenants && kv_config_split(cfg, 1, cfg->g2_capacity, g2, err, sizeof err)) {
+    kv_error("registry", "%s", err);
+    return -EINVAL;
+  }
+  if (!cfg->ntenants) g2[0] = cfg->g2_capacity;
   r->core = o->core;
-  r->tenants = calloc(o->tenants, sizeof *r->tenants);
+  r->configured = cfg->ntenants > 0;
+  r->tenants = calloc(n, sizeof *r->tenants);
   if (!r->tenants) return -ENOMEM;
-  uint64_t each = o->g2_capacity / o->tenants;
-  for (uint32_t i = 0; i < o->tenants; i++) {
+  for (uint32_t i = 0; i < n; i++) {
+    kvd_tenant *t = &r->tenants[i];
+    if (r->configured) t->cfg = cfg->tenants[i];
+    t->configured = r->configured;
     char name[32];
     snprintf(name, sizeof name, "kvcached-g2-%u", i);
-    kv_arena_opts ao = {.capacity = each, .page_bytes = o->g2_page_size,
+    kv_arena_opts ao = {.capacity = g2[i], .page_bytes = cfg->g2_page_size,
                         .no_lock = !o->lock, .name = name, .register_fn = o->register_fn,
                         .unregister_fn = o->unregister_fn, .register_arg = o->register_arg};
-    int rc = kv_arena_init(&r->tenants[i].arena, &ao);
+    int rc = kv_arena_init(&t->arena, &ao);
     if (rc) {
       kvd_registry_fini(r);
       return rc;
     }
     r->ntenants++;
+    if (r->configured)
+      kv_info("registry", "tenant '%s': G2 arena of %llu bytes, for %u uid(s) and %u gid(s)",
+              t->cfg.name, (unsigned long long)t->arena.capacity, t->cfg.nuids, t->cfg.ngids);
   }
   return 0;
 }
@@ -44,21 +63,66 @@ void kvd_registry_fini(kvd_registry *r) {
   memset(r, 0, sizeof *r);
 }
 
-static int tenant_for(kvd_registry *r, const kv_str *name) {
-  int free_slot = -1;
-  for (uint32_t i = 0; i < r->ntenants; i++) {
-    const char *t = r->tenants[i].name;
-    if (!t[0]) {
-      if (free_slot < 0) free_slot = (int)i;
-    } else if (strlen(t) == name->len && memcmp(t, name->p, name->len) == 0) {
-      return (int)i;
-    }
+/* Logs a refusal unless one of its kind was logged less than a second
+ * ago; then it is counted in the next line. */
+static void ratelog(kvd_ratelog *l, const char *what, const char *why) {
+  int64_t now = kv_now_ms();
+  if (l->last_ms && now - l->last_ms < 1000) {
+    l->quiet++;
+    return;
   }
-  if (free_slot < 0) return -EUSERS;
-  memcpy(r->tenants[free_slot].name, name->p, name->len);
-  r->tenants[free_slot].name[name->len] = 0;
-  kv_info("registry", "tenant '%s' bound to G2 arena %d", r->tenants[free_slot].name, free_slot);
-  return free_slot;
+  if (l->quiet)
+    kv_warn("registry", "%s: %s (and %llu more refused since the last such line)", what, why,
+            (unsigned long long)l->quiet);
+  else
+    kv_warn("registry", "%s: %s", what, why);
+  l->last_ms = now;
+  l->quiet = 0;
+}
+
+static int has_id(const uint32_t *ids, uint32_t n, uint32_t id) {
+  for (uint32_t i = 0; i < n; i++)
+    if (ids[i] == id) return 1;
+  return 0;
+}
+
+/* Whether one of the supplementary groups of the peer on fd, as the kernel
+ * took them at connect() (SO_PEERGROUPS), is among gids. */
+static int peer_group_in(int fd, const uint32_t *gids, uint32_t n) {
+  gid_t small[64], *g = small;
+  socklen_t len = sizeof small;
+  int found = 0;
+  if (getsockopt(fd, SOL_SOCKET, SO_PEERGROUPS, g, &len) < 0) {
+    if (errno != ERANGE || !(g = malloc(len))) return 0;
+    if (getsockopt(fd, SOL_SOCKET, SO_PEERGROUPS, g, &len) < 0) len = 0;
+  }
+  for (size_t i = 0; i < len / sizeof *g && !found; i++) found = has_id(gids, n, (uint32_t)g[i]);
+  if (g != small) free(g);
+  return found;
+}
+
+/* The tenant a HELLO from p may act as, or -EPERM with r->why set. */
+static int tenant_for(kvd_registry *r, const kv_str *name, const kvd_peer *p) {
+  if (!r->configured) return 0;
+  kvd_tenant *t = NULL;
+  for (uint32_t i = 0; i < r->ntenants && !t; i++)
+    if (strlen(r->tenants[i].cfg.name) == name->len && !memcmp(r->tenants[i].cfg.name, name->p, name->len))
+      t = &r->tenants[i];
+  if (!t) {
+    r->hello_refused[KVD_HELLO_UNKNOWN_TENANT]++;
+    snprintf(r->why, sizeof r->why, "tenant '%.*s' is not configured (tenants are [tenant.NAME] sections "
+             "of the daemon's configuration)", (int)name->len, name->p);
+  } else if (has_id(t->cfg.uids, t->cfg.nuids, p->uid) ||
+             (t->cfg.ngids && (has_id(t->cfg.gids, t->cfg.ngids, p->gid) ||
+                               (p->fd >= 0 && peer_group_in(p->fd, t->cfg.gids, t->cfg.ngids))))) {
+    return (int)(t - r->tenants);
+  } else {
+    r->hello_refused[KVD_HELLO_NOT_ALLOWED]++;
+    snprintf(r->why, sizeof r->why, "uid %u (gid %u) may not act as tenant '%s': neither the uid nor a "
+             "group of the peer is in [tenant.%s] uids or gids", p->uid, p->gid, t->cfg.name, t->cfg.name);
+  }
+  ratelog(&r->hello_log, "HELLO refused", r->why);
+  return -EPERM;
 }
 
 /* The namespace digest: BLAKE2b-256 over every field that decides what a
@@ -101,8 +165,12 @@ static kvd_group *group_for(kvd_registry *r, uint32_t tenant, const kv_str *name
   return g;
 }
 
-int kvd_registry_hello(kvd_registry *r, const kv_hello_req *h) {
+int kvd_registry_hello(kvd_registry *r, const kv_hello_req *h, const kvd_peer *p) {
   const kv_layout *l = &h->layout;
+  r->why[0] = 0;
+  if (h->tenant.len == 0 || h->tenant.len > KVD_NAME_MAX) return -EINVAL;
+  int t = tenant_for(r, &h->tenant, p);
+  if (t < 0) return t;
   if (l->tp_size == 0 || l->tp_size > KVD_TP_MAX || l->tp_rank >= l->tp_size ||
       l->block_bytes == 0 || h->tenant.len == 0 || h->tenant.len > KVD_NAME_MAX ||
       h->group.len > KVD_NAME_MAX)
@@ -112,8 +180,6 @@ int kvd_registry_hello(kvd_registry *r, const kv_hello_req *h) {
   for (uint32_t i = 0; i < r->nns; i++)
     if (memcmp(r->ns[i].digest, d, 32) == 0) return (int)i;
 
-  int t = tenant_for(r, &h->tenant);
-  if (t < 0) return t;
   kvd_group *g = NULL;
   if (h->group.len) {
     for (kvd_group *x = r->groups; x; x = x->next)

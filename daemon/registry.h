@@ -1,10 +1,17 @@
 /*
  * registry.h - who the daemon's clients are: tenants, namespaces, TP groups.
  *
- * Tenants: each tenant gets a G2 arena of its own (g2.capacity divided by
- * g2.tenants), made at start-up and bound to the first tenant names that say
- * HELLO, so no tenant is ever handed memory that holds another's blocks. A
- * HELLO from one tenant too many is refused (-EUSERS).
+ * Tenants are bound to credentials (daemon/OPS.md, "Tenants and
+ * credentials"). Without [tenant.NAME] sections there is one tenant and one
+ * G2 arena, and every peer that can reach the worker socket acts as it,
+ * whatever tenant name its HELLO gives (the name still makes namespaces of
+ * its own). With sections, each configured tenant has an arena of its own,
+ * made at start-up with its share of g2.capacity; a HELLO naming a tenant
+ * not configured, or from a peer that is not allowed to act as it (its uid
+ * among the tenant's uids, or its gid or one of its supplementary groups,
+ * as the kernel gives them with SO_PEERCRED and SO_PEERGROUPS, among its
+ * gids; uid 0 only if listed), is refused with -EPERM. No arena is ever
+ * bound to a tenant nobody configured.
  *
  * Namespaces: (tenant, layout descriptor, salt) names one namespace, and
  * its 32-byte digest is its identity on disk and across restarts. Sessions
@@ -21,6 +28,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "daemon/config.h"
 #include "proto/wire.h"
 #include "tiers/arena.h"
 #include "tiers/core.h"
@@ -29,9 +37,34 @@
 #define KVD_TP_MAX 64 /* ranks in a TP group */
 
 typedef struct kvd_tenant {
-  char name[KVD_NAME_MAX + 1]; /* "" while unbound */
+  kv_cfg_tenant cfg;  /* name, uids, gids; name "" for the one default tenant */
+  int configured;     /* 0: the default tenant (no [tenant.*] section) */
   kv_arena arena;
+  uint64_t g3_bytes;  /* its share of the SSD tier; 0: no G3 or no share */
 } kvd_tenant;
+
+/* Why a HELLO was refused, for the counters (kvcached_hello_refused_total). */
+typedef enum {
+  KVD_HELLO_UNKNOWN_TENANT = 0, /* names a tenant no [tenant.NAME] section configures */
+  KVD_HELLO_NOT_ALLOWED,        /* the peer's uid, gid and groups are not the tenant's */
+  KVD_HELLO_REFUSED_COUNT
+} kvd_hello_refusal;
+extern const char *const kvd_hello_refusal_names[KVD_HELLO_REFUSED_COUNT];
+
+/* At most one log line a second for a kind of refusal, with a count of
+ * those it did not log. */
+typedef struct kvd_ratelog {
+  int64_t last_ms;
+  uint64_t quiet;
+} kvd_ratelog;
+
+/* The peer of a HELLO: SO_PEERCRED's uid and gid; fd is its socket, for
+ * its supplementary groups (SO_PEERGROUPS, read only when a tenant's gids
+ * need them), or -1. */
+typedef struct kvd_peer {
+  uint32_t uid, gid;
+  int fd;
+} kvd_peer;
 
 typedef struct kvd_group kvd_group;
 
@@ -56,6 +89,10 @@ struct kvd_group {
 typedef struct kvd_registry {
   kvd_tenant *tenants;
   uint32_t ntenants;
+  int configured;       /* tenants come from [tenant.NAME] sections */
+  uint64_t hello_refused[KVD_HELLO_REFUSED_COUNT];
+  kvd_ratelog hello_log;
+  char why[256];        /* the last refusal's reason, for the ERROR reply */
   kvd_ns *ns;
   uint32_t nns, capns;
   kvd_group *groups;
@@ -63,9 +100,7 @@ typedef struct kvd_registry {
 } kvd_registry;
 
 typedef struct kvd_registry_opts {
-  uint64_t g2_capacity;  /* total, split evenly among tenants */
-  uint64_t g2_page_size;
-  uint32_t tenants;      /* > 0 */
+  const kv_config *cfg;  /* g2.capacity, g2.page_size and the [tenant.NAME] sections */
   int lock;
   kv_core *core;
   /* Passed to every arena (kv_arena_opts): the device registration. */
@@ -74,18 +109,21 @@ typedef struct kvd_registry_opts {
   void *register_arg;
 } kvd_registry_opts;
 
-/* Creates every tenant arena. 0 or the arena's error (see arena.h). */
+/* Creates every tenant's arena, with its share of g2.capacity. 0, -EINVAL
+ * (shares kv_config_validate refuses), or the arena's error (arena.h). */
 int kvd_registry_init(kvd_registry *r, const kvd_registry_opts *o);
 void kvd_registry_fini(kvd_registry *r);
 
 /*
- * The namespace for a HELLO, registered with the core on first use.
- * Returns its registry index (>= 0) or: -EUSERS (no arena left for a new
- * tenant), -EINVAL (layout the daemon cannot serve: tp_rank >= tp_size,
+ * The namespace for a HELLO from peer p, registered with the core on first
+ * use. Returns its registry index (>= 0) or: -EPERM (the tenant is not
+ * configured, or p may not act as it: counted, logged at most once a
+ * second), -EINVAL (layout the daemon cannot serve: tp_rank >= tp_size,
  * tp_size > KVD_TP_MAX, a group whose tp_size differs from its first
- * member's), KV_ETOOBIG (block larger than a G2 page), -ENOMEM.
+ * member's), KV_ETOOBIG (block larger than a G2 page), -ENOMEM. On error
+ * r->why says why, for the ERROR reply ("" when the code says it all).
  */
-int kvd_registry_hello(kvd_registry *r, const kv_hello_req *h);
+int kvd_registry_hello(kvd_registry *r, const kv_hello_req *h, const kvd_peer *p);
 
 static inline kvd_ns *kvd_registry_ns(kvd_registry *r, int i) { return &r->ns[i]; }
 static inline kv_arena *kvd_registry_arena(kvd_registry *r, const kvd_ns *n) {

@@ -32,6 +32,8 @@ static void conn_close(kvd_conn *c, const char *why);
 static int conn_flush(kvd_conn *c);
 static void set_events(kvd_conn *c);
 
+int kvd_conn_fd(const kvd_conn *c) { return c->fd; }
+
 void kvd_sink_put(kvd_sink *s) {
   if (--s->refs == 0) free(s);
 }

@@ -337,6 +337,11 @@ int kvd_render_metrics(kvd *d, kv_buf *out) {
   P("kvcached_sessions %llu\n", U(d->nsessions));
   H("kvcached_sessions_opened_total", "counter", "Worker connections accepted.");
   P("kvcached_sessions_opened_total %llu\n", U(d->st.sessions_opened));
+  H("kvcached_hello_refused_total", "counter",
+    "HELLOs refused by tenant: naming a tenant not configured, or from a peer not allowed to act as it.");
+  for (int i = 0; i < KVD_HELLO_REFUSED_COUNT; i++)
+    P("kvcached_hello_refused_total{reason=\"%s\"} %llu\n", kvd_hello_refusal_names[i],
+      U(d->reg.hello_refused[i]));
   H("kvcached_requests_total", "counter", "Worker requests handled, by operation.");
   char low[32];
   for (uint16_t op = 1; op < KV_OP_COUNT; op++)
@@ -430,6 +435,18 @@ static json_t *lat_json(const kvd_hist *h) {
                    "p99", (json_int_t)kvd_hist_quantile_us(h, 0.99));
 }
 
+/* Each tenant: its name ("" for the default one), its arena, its G3 share. */
+static json_t *tenants_json(kvd *d) {
+  json_t *a = json_array();
+  for (uint32_t i = 0; i < d->reg.ntenants; i++) {
+    const kvd_tenant *t = &d->reg.tenants[i];
+    json_array_append_new(a, json_pack("{s:s,s:b,s:I,s:I}", "name", t->cfg.name, "configured", t->configured,
+                                       "g2_capacity_bytes", (json_int_t)t->arena.capacity,
+                                       "g2_used_bytes", (json_int_t)t->arena.used_bytes));
+  }
+  return a;
+}
+
 static json_t *stats_json(kvd *d) {
   snapshot s;
   take(d, &s);
@@ -460,6 +477,11 @@ static json_t *stats_json(kvd *d) {
   json_object_set_new(o, "session_limit_refused", json_pack("{s:I,s:I}",
                       "pins", (json_int_t)d->st.pins_refused, "allocs", (json_int_t)d->st.allocs_refused));
   json_object_set_new(o, "sessions", json_integer((json_int_t)d->nsessions));
+  json_object_set_new(o, "tenants", tenants_json(d));
+  json_t *hr = json_object();
+  for (int i = 0; i < KVD_HELLO_REFUSED_COUNT; i++)
+    json_object_set_new(hr, kvd_hello_refusal_names[i], json_integer((json_int_t)d->reg.hello_refused[i]));
+  json_object_set_new(o, "hello_refused", hr);
   json_t *rq = json_object();
   char low[32];
   for (uint16_t op = 1; op < KV_OP_COUNT; op++)
