@@ -66,6 +66,12 @@ static int open_g3(kvd *d) {
                                : KV_ADMIT_ALWAYS,
                         .min_prio = (uint8_t)d->cfg.g3_min_prio};
   rc = kv_core_attach_g3(&d->core, d->g3, &go);
+  if (rc >= 0) {
+    kv_g3_stats gs;
+    kv_g3_get_stats(d->g3, &gs);
+    int sr = kvd_registry_g3_shares(&d->reg, &d->cfg, gs.capacity_bytes);
+    if (sr) rc = sr;
+  }
   if (rc < 0) {
     kv_error("g3", "cannot attach the SSD tier: %s", kv_strerror(rc));
     kv_g3_close(d->g3);

@@ -51,6 +51,24 @@ int kvd_registry_init(kvd_registry *r, const kvd_registry_opts *o) {
   return 0;
 }
 
+int kvd_registry_g3_shares(kvd_registry *r, const kv_config *cfg, uint64_t g3_capacity) {
+  if (!r->configured) return 0;
+  uint64_t part[KV_CFG_TENANTS_MAX];
+  char err[256];
+  if (kv_config_split(cfg, 2, g3_capacity, part, err, sizeof err)) {
+    kv_error("registry", "%s", err);
+    return -EINVAL;
+  }
+  for (uint32_t i = 0; i < r->ntenants; i++) {
+    int rc = kv_core_g3_share(r->core, i, part[i]);
+    if (rc) return rc;
+    r->tenants[i].g3_bytes = part[i];
+    kv_info("registry", "tenant '%s': %llu bytes of the SSD tier", r->tenants[i].cfg.name,
+            (unsigned long long)part[i]);
+  }
+  return 0;
+}
+
 void kvd_registry_fini(kvd_registry *r) {
   for (uint32_t i = 0; i < r->ntenants; i++) kv_arena_fini(&r->tenants[i].arena);
   free(r->tenants);
@@ -197,6 +215,9 @@ int kvd_registry_hello(kvd_registry *r, const kv_hello_req *h, const kvd_peer *p
   kv_arena *a = &r->tenants[t].arena;
   int core_ns = kv_core_ns_register_digest(r->core, a, l->block_bytes, d);
   if (core_ns < 0) return core_ns;
+  /* The tenant's G3 share holds the namespace's blocks (once bound, a
+   * namespace stays its tenant's: its digest names the tenant). */
+  if (r->configured) kv_core_ns_owner(r->core, (uint32_t)core_ns, (unsigned)t);
   if (h->group.len) {
     g = group_for(r, (uint32_t)t, &h->group, l->tp_size);
     if (!g) return -ENOMEM;

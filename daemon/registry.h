@@ -125,6 +125,12 @@ void kvd_registry_fini(kvd_registry *r);
  */
 int kvd_registry_hello(kvd_registry *r, const kv_hello_req *h, const kvd_peer *p);
 
+/* Gives each configured tenant its share (g3_share) of the SSD tier of
+ * g3_capacity bytes, attached to the core (the core's "G3 shares", each
+ * tenant the owner of its namespaces). Nothing without tenant sections.
+ * 0, -EINVAL (shares over the capacity: logged) or -ENOMEM. */
+int kvd_registry_g3_shares(kvd_registry *r, const kv_config *cfg, uint64_t g3_capacity);
+
 static inline kvd_ns *kvd_registry_ns(kvd_registry *r, int i) { return &r->ns[i]; }
 static inline kv_arena *kvd_registry_arena(kvd_registry *r, const kvd_ns *n) {
   return &r->tenants[n->tenant].arena;

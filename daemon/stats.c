@@ -324,6 +324,9 @@ int kvd_render_metrics(kvd *d, kv_buf *out) {
   H("kvcached_admissions_refused_total", "counter",
     "G2 victims the SSD tier did not take (admission policy, state or space).");
   P("kvcached_admissions_refused_total %llu\n", U(c->g3_refused));
+  H("kvcached_g3_share_refused_total", "counter",
+    "G2 victims not written to G3 because their tenant held its g3_share and none of its G3 blocks could go.");
+  P("kvcached_g3_share_refused_total %llu\n", U(c->g3_share_refused));
   H("kvcached_pinned_blocks", "gauge", "Blocks pinned by workers or the operator.");
   P("kvcached_pinned_blocks %llu\n", U(s.pinned));
   H("kvcached_uncommitted_allocations", "gauge", "Blocks allocated and not yet committed.");
@@ -440,9 +443,15 @@ static json_t *tenants_json(kvd *d) {
   json_t *a = json_array();
   for (uint32_t i = 0; i < d->reg.ntenants; i++) {
     const kvd_tenant *t = &d->reg.tenants[i];
-    json_array_append_new(a, json_pack("{s:s,s:b,s:I,s:I}", "name", t->cfg.name, "configured", t->configured,
-                                       "g2_capacity_bytes", (json_int_t)t->arena.capacity,
-                                       "g2_used_bytes", (json_int_t)t->arena.used_bytes));
+    json_t *o = json_pack("{s:s,s:b,s:I,s:I}", "name", t->cfg.name, "configured", t->configured,
+                          "g2_capacity_bytes", (json_int_t)t->arena.capacity,
+                          "g2_used_bytes", (json_int_t)t->arena.used_bytes);
+    if (d->g3 && d->core.g3_own[i]) {
+      uint64_t sb = kv_g3_slot_bytes(d->g3);
+      json_object_set_new(o, "g3_share_bytes", json_integer((json_int_t)(d->core.g3_own_limit[i] * sb)));
+      json_object_set_new(o, "g3_used_bytes", json_integer((json_int_t)(d->core.g3_own_slots[i] * sb)));
+    }
+    json_array_append_new(a, o);
   }
   return a;
 }

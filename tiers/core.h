@@ -88,6 +88,7 @@ typedef struct kv_core_stats {
   uint64_t deletes;
   uint64_t g3_admitted;       /* demotions written to G3 */
   uint64_t g3_refused;        /* victims not admitted (policy, state, space) */
+  uint64_t g3_share_refused;  /* ... of those, because their owner held its G3 share */
   uint64_t g3_write_failed;
   uint64_t promotions;        /* G3 -> G2 reads that verified */
   uint64_t promote_failed;    /* ... that did not: corrupt or I/O error */
@@ -153,6 +154,31 @@ int64_t kv_core_flush(kv_core *c, uint8_t t, uint32_t ns);
 typedef int (*kv_sample_fn)(const kv_block *b, void *arg);
 uint64_t kv_core_sample(kv_core *c, uint8_t t, uint32_t ns, kv_sample_fn fn, void *arg);
 
+/* --- G3 shares ----------------------------------------------------------
+ *
+ * The namespaces of one owner (the daemon: a tenant) may hold at most a
+ * share of the SSD tier together. An owner with a share has a G3 policy
+ * instance of its own: when a G2 victim of its namespaces is to be written
+ * to G3 and the owner holds its share, the owner's own G3 victims go first
+ * (through its policy, as g3.capacity's eviction goes through G3's), or,
+ * when none can go, the victim is not admitted (counted in g3_refused and
+ * g3_share_refused). Namespaces with no owner (the default, and dormant
+ * ones learned from G3 at attach until they are registered again) share
+ * the rest; eviction for room across owners (free-slot low water, soft
+ * limit, evict on demand) takes such blocks first, then the victims of
+ * the owner holding the largest part of its share. */
+#define KV_CORE_OWNERS_MAX 32
+
+/* Gives owner (< KV_CORE_OWNERS_MAX) a share of `bytes` of G3 (rounded
+ * down to slots; 0: it may keep nothing there). After kv_core_attach_g3.
+ * 0, -EINVAL (no G3, bad owner, share set already), -ENOMEM. */
+int kv_core_g3_share(kv_core *c, unsigned owner, uint64_t bytes);
+
+/* Makes namespace ns owner's: its G3 blocks move to the owner's policy and
+ * count against its share (evicting down to it). 0, or -EINVAL (no such
+ * namespace or owner, or ns has an owner already). */
+int kv_core_ns_owner(kv_core *c, uint32_t ns, unsigned owner);
+
 /* Internal to the core's files (core.c exports them for core_admin.c). */
 int kv_core__evict_block(kv_core *c, kv_block *v, kv_tier t);
 void kv_core__drop_tier(kv_core *c, kv_block *b, kv_tier t);
@@ -170,6 +196,11 @@ void kv_core__copied(kv_core *c, kv_tier from, kv_tier to, uint32_t bytes, uint6
 kv_evict *kv_core__policy(kv_core *c, uint32_t ns, kv_tier t, unsigned pool);
 /* The policy that ranks b in tier t (for G1, that of b's pool), or NULL. */
 kv_evict *kv_core__policy_of(kv_core *c, const kv_block *b, kv_tier t);
+/* The next G3 victim across G3's policies (see "G3 shares"), or NULL. */
+kv_block *kv_core__g3_victim(kv_core *c);
+/* G3's policy instances (the shared one, then the owners'); returns how
+ * many, at most max. */
+uint32_t kv_core__g3_policies(kv_core *c, kv_evict **out, uint32_t max);
 int kv_core__alloc_g2_slot(kv_core *c, kv_core_ns *n, uint32_t *slot);
 
 struct kv_core_ns {
@@ -180,6 +211,8 @@ struct kv_core_ns {
   int live;
   int has_digest;
   uint8_t digest[KV_G3_NS_BYTES]; /* identity across restarts (G3 records) */
+  int owner;            /* its G3 share's owner; -1: none */
+  uint32_t g3_slots;    /* G3 slots its blocks hold (written or being written) */
 };
 
 struct kv_core {
@@ -193,9 +226,12 @@ struct kv_core {
   uint32_t demoting;    /* asynchronous demotions in flight */
   kv_core_stats st;
   kv_g3 *g3;            /* NULL: no SSD tier */
-  kv_evict g3_evict;    /* G3's policy (one slot size) */
+  kv_evict g3_evict;    /* G3's policy (one slot size) for blocks of no owner ("G3 shares") */
   kv_core_g3_opts g3o;
   uint64_t g3_seq;      /* last sequence number written to G3 */
+  kv_evict *g3_own[KV_CORE_OWNERS_MAX];     /* each owner's G3 policy; NULL: no share */
+  uint64_t g3_own_slots[KV_CORE_OWNERS_MAX]; /* G3 slots its namespaces hold */
+  uint64_t g3_own_limit[KV_CORE_OWNERS_MAX]; /* its share, in slots */
   kv_core_admin adm;    /* operator state: limits, copy observer (core_admin.c) */
   uint32_t ng1;         /* G1 pools attached (0: no GPU tier) */
   kv_arena *g1[KV_G1_POOLS_MAX]; /* the slots of each pool */

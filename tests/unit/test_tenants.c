@@ -186,3 +186,130 @@ Test(tenants, shares_size_each_tenants_arena) {
   kvc_close(s);
   ops_stop();
 }
+
+/* Stores first..first+n-1 (unrelated blocks), retrying keys that wait for
+ * G2 room while victims are written to the SSD. */
+static void store_retry(kvc *c, uint64_t first, uint32_t n) {
+  for (uint64_t v = first; v < first + n; v++) {
+    kvc_key k = ops_key(v), none = {0};
+    kvc_block out;
+    int r = 0;
+    for (int t = 0; t < 400; t++) {
+      r = kvc_alloc(c, KVC_G2, 128, &k, &none, 1, &out);
+      if (r == 1 || (out.status != -EAGAIN && out.status != KV_EALLPINNED)) break;
+      usleep(5000);
+    }
+    cr_assert_eq(r, 1, "alloc %llu: %s", (unsigned long long)v, kvc_strerror(out.status));
+    memset(out.ptr, (int)v, OPS_BLOCK);
+    cr_assert_eq(kvc_commit(c, &k, 1, NULL), 1);
+  }
+}
+
+static json_t *tenant_stats(size_t i) {
+  json_t *o = ops_json(ops_stats, "GET", "/stats", 200);
+  json_t *t = json_incref(json_array_get(json_object_get(o, "tenants"), i));
+  json_decref(o);
+  return t;
+}
+
+static long long jnum(json_t *o, const char *k) { return (long long)json_integer_value(json_object_get(o, k)); }
+
+/* Used to happen: the SSD tier was one pool for everybody, so one tenant
+ * storing more than the SSD holds evicted every other tenant's blocks. */
+Test(tenants, one_tenant_flooding_the_ssd_stays_within_its_share, .timeout = 120) {
+  char g3dir[64] = "/tmp/kvops-g3-XXXXXX", g3path[96];
+  cr_assert_not_null(mkdtemp(g3dir));
+  snprintf(g3path, sizeof g3path, "g3.path=%s", g3dir);
+  const char *const set[] = {g3path, "g3.capacity=12M", "g3.block_bytes=64K", "g3.backend=threads",
+                             "tenant.alice.g3_share=25%", NULL};
+  ops_start("alice,bob", set);
+  json_t *ta = tenant_stats(0), *tb = tenant_stats(1);
+  long long share_a = jnum(ta, "g3_share_bytes"), share_b = jnum(tb, "g3_share_bytes");
+  json_decref(ta);
+  json_decref(tb);
+  json_t *o = ops_json(ops_stats, "GET", "/stats", 200);
+  long long g3cap = ops_num(o, "tiers.g3.capacity_bytes");
+  json_decref(o);
+  cr_assert(share_a > 0 && share_a <= g3cap / 4 && share_b >= g3cap * 3 / 4 - (64 << 10),
+            "shares %lld and %lld of %lld", share_a, share_b, g3cap);
+  kvc *a = ops_open("alice"), *b = ops_open("bob");
+  store_retry(b, 1, 40); /* bob's 1M arena holds 16: most go to the SSD */
+  uint32_t flood = (uint32_t)(g3cap / OPS_BLOCK) + 64;
+  store_retry(a, 10000, flood); /* more than the whole SSD tier */
+  /* Every write alice started is done once her share holds still. */
+  long long used_a = 0, prev = -1;
+  for (int i = 0; i < 200 && used_a != prev; i++) {
+    prev = used_a;
+    usleep(20000);
+    ta = tenant_stats(0);
+    used_a = jnum(ta, "g3_used_bytes");
+    json_decref(ta);
+  }
+  cr_assert_eq(ops_resident(b, 1, 40), 40, "alice's flood evicted bob's blocks");
+  cr_assert(used_a > 0 && used_a <= share_a, "alice holds %lld bytes of G3, her share is %lld", used_a, share_a);
+  /* bob's blocks come back from the SSD intact. */
+  for (uint64_t v = 1; v <= 40; v++) {
+    kvc_key k = ops_key(v);
+    kvc_block out;
+    cr_assert_eq(kvc_load(b, KVC_G2, &k, 1, &out), 1, "load %llu: %s", (unsigned long long)v,
+                 kvc_strerror(out.status));
+    cr_assert_eq(((uint8_t *)out.ptr)[OPS_BLOCK - 1], (uint8_t)v);
+    kvc_release(b, &k, 1, NULL);
+  }
+  kvc_close(a);
+  kvc_close(b);
+  ops_stop();
+  char cmd[128];
+  snprintf(cmd, sizeof cmd, "rm -rf %s", g3dir);
+  system(cmd);
+}
+
+/* Blocks found on the SSD at start count against their tenant's share
+ * once its namespace says HELLO again: a smaller share then evicts down
+ * to it, and what stays is served. */
+Test(tenants, ssd_blocks_from_before_a_restart_join_their_tenants_share, .timeout = 120) {
+  char g3dir[64] = "/tmp/kvops-g3-XXXXXX", g3path[96];
+  cr_assert_not_null(mkdtemp(g3dir));
+  snprintf(g3path, sizeof g3path, "g3.path=%s", g3dir);
+  const char *const set[] = {g3path, "g3.capacity=12M", "g3.block_bytes=64K", "g3.backend=threads",
+                             "tenant.alice.g3_share=50%", NULL};
+  ops_start("alice,bob", set);
+  kvc *a = ops_open("alice");
+  store_retry(a, 1, 60);
+  kvc_close(a);
+  ops_stop();
+  const char *const set2[] = {g3path, "g3.capacity=12M", "g3.block_bytes=64K", "g3.backend=threads",
+                              "tenant.alice.g3_share=10%", NULL};
+  ops_start("alice,bob", set2);
+  json_t *t = tenant_stats(0);
+  long long share = jnum(t, "g3_share_bytes");
+  cr_assert_eq(jnum(t, "g3_used_bytes"), 0, "blocks from before count once their namespace is back");
+  json_decref(t);
+  a = ops_open("alice");
+  t = tenant_stats(0);
+  long long used = jnum(t, "g3_used_bytes");
+  json_decref(t);
+  cr_assert(used > 0 && used <= share, "alice holds %lld bytes of G3 after HELLO, her share is %lld", used, share);
+  int resident = ops_resident(a, 1, 60);
+  cr_assert(resident >= (int)(used / OPS_BLOCK), "%d resident", resident);
+  for (uint64_t v = 1; v <= 60; v++) {
+    kvc_key k = ops_key(v);
+    kvc_block out;
+    if (kvc_load(a, KVC_G2, &k, 1, &out) != 1) continue;
+    cr_assert_eq(((uint8_t *)out.ptr)[0], (uint8_t)v);
+    kvc_release(a, &k, 1, NULL);
+  }
+  /* New stores stay within the share, under another eviction policy too. */
+  store_retry(a, 1000, 60);
+  json_decref(ops_json(ops_admin, "POST", "/config?name=cache.policy&value=lru", 200));
+  store_retry(a, 2000, 60);
+  t = tenant_stats(0);
+  used = jnum(t, "g3_used_bytes");
+  json_decref(t);
+  cr_assert(used > 0 && used <= share, "alice holds %lld bytes of G3, her share is %lld", used, share);
+  kvc_close(a);
+  ops_stop();
+  char cmd[128];
+  snprintf(cmd, sizeof cmd, "rm -rf %s", g3dir);
+  system(cmd);
+}
