@@ -82,6 +82,9 @@ static const opt opts[] = {
      "pins one worker connection may hold, repeats counted; past it a LOAD's key answers -EDQUOT"},
     {"limits", "allocs_per_session", OPT_U32, O(limit_allocs_per_session), 0, "65536",
      "uncommitted allocations one worker connection may hold; past it an ALLOC's key answers -EDQUOT"},
+    {"limits", "namespaces_per_tenant", OPT_U32, O(limit_namespaces_per_tenant), 0, "4096",
+     "namespaces one tenant may have at once (those with sessions or blocks); past it a HELLO for a "
+     "new one answers -EDQUOT"},
 };
 #undef O
 #define NOPTS (sizeof opts / sizeof opts[0])
@@ -564,8 +567,10 @@ int kv_config_validate(const kv_config *c, char *err, size_t errlen) {
       return -EINVAL;
     }
   }
-  if (c->limit_pins_per_session == 0 || c->limit_allocs_per_session == 0) {
-    snprintf(err, errlen, "limits.pins_per_session and limits.allocs_per_session must be at least 1");
+  if (c->limit_pins_per_session == 0 || c->limit_allocs_per_session == 0 ||
+      c->limit_namespaces_per_tenant == 0) {
+    snprintf(err, errlen, "limits.pins_per_session, limits.allocs_per_session and "
+             "limits.namespaces_per_tenant must be at least 1");
     return -EINVAL;
   }
   if (kv_log_parse_level(c->log_level) < 0) {

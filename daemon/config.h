@@ -68,6 +68,7 @@ typedef struct kv_config {
   char g1_device[64];     /* [g1] device: CUDA ordinals, comma-separated: a pool on each */
   uint32_t limit_pins_per_session;   /* [limits] pins_per_session */
   uint32_t limit_allocs_per_session; /* [limits] allocs_per_session */
+  uint32_t limit_namespaces_per_tenant; /* [limits] namespaces_per_tenant */
   uint32_t ntenants;                 /* [tenant.NAME] sections, in their order */
   kv_cfg_tenant tenants[KV_CFG_TENANTS_MAX];
 } kv_config;

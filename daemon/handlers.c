@@ -477,7 +477,7 @@ static int op_status(kvd *d, kvd_session *s, const kv_msg *req, kv_buf *out) {
       "misses", (json_int_t)c->misses, "evictions_g2", (json_int_t)c->evictions[KV_G2],
       "allocs", (json_int_t)c->allocs, "commits", (json_int_t)c->commits,
       "aborts", (json_int_t)c->aborts,
-      "policy", d->core.policy->name, "namespaces", (json_int_t)d->reg.nns);
+      "policy", d->core.policy->name, "namespaces", (json_int_t)d->reg.nlive);
   if (o && d->g3) {
     kv_g3_stats gs;
     kv_g3_get_stats(d->g3, &gs);

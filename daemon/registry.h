@@ -16,11 +16,23 @@
  * Namespaces: (tenant, layout descriptor, salt) names one namespace, and
  * its 32-byte digest is its identity on disk and across restarts. Sessions
  * with the same triple share the namespace; any difference (another TP rank,
- * another dtype, another salt) is another namespace.
+ * another dtype, another salt) is another namespace. A namespace lives
+ * while a session uses it or it has blocks (in any tier); one with neither
+ * is freed (its registry entry and its core id are reused), when its last
+ * session closes or, for one whose last block went later, at the next
+ * kvd_registry_sweep. A tenant has at most limits.namespaces_per_tenant
+ * namespaces at once, the daemon at most KV_NS_MAX: a HELLO that would
+ * make one more is refused (-EDQUOT; -ENOSPC for the daemon's), counted,
+ * logged at most once a second. Blocks on G3 keep their namespace alive,
+ * and a namespace made again (same digest) finds what G3 still holds.
  *
  * TP groups: ranks of one tensor-parallel group each have a namespace (the
  * rank is part of the layout); the group keeps them side by side so that a
- * LOOKUP answers the hit length every rank has.
+ * LOOKUP answers the hit length every rank has. A group is the ranks that
+ * name it and agree on everything else (tenant, salt, the layout but the
+ * rank), so two engines naming the same group with other salts or layouts
+ * never mix. A namespace belongs to one group: a HELLO naming another group
+ * for it is refused (-EINVAL).
  */
 #ifndef KV_DAEMON_REGISTRY_H
 #define KV_DAEMON_REGISTRY_H
@@ -70,21 +82,31 @@ typedef struct kvd_group kvd_group;
 
 typedef struct kvd_ns {
   uint8_t digest[32];
-  int core_ns;            /* id in the cache core */
+  int core_ns;            /* id in the cache core; -1 while the entry is free */
   uint32_t tenant;        /* index into the tenant table */
   uint32_t block_bytes;
   uint32_t slot_bytes;    /* block_bytes rounded to the arena's alignment */
   kvd_group *group;       /* NULL when the sessions name no group */
   uint16_t tp_rank, tp_size;
+  uint32_t sessions;      /* sessions using it */
+  uint32_t next_free1;    /* while free: 1 + the next free entry, 0 for none */
 } kvd_ns;
 
 struct kvd_group {
+  uint8_t key[32];        /* tenant, group name, salt, layout but the rank */
   char name[KVD_NAME_MAX + 1];
-  uint32_t tenant;
   uint16_t tp_size;
   int32_t ns_of_rank[KVD_TP_MAX]; /* registry ns index, -1 until a rank joins */
   kvd_group *next;
 };
+
+/* Why a new namespace was refused (kvcached_namespaces_refused_total). */
+typedef enum {
+  KVD_NS_TENANT_LIMIT = 0, /* limits.namespaces_per_tenant */
+  KVD_NS_DAEMON_FULL,      /* KV_NS_MAX namespaces in the daemon */
+  KVD_NS_REFUSED_COUNT
+} kvd_ns_refusal;
+extern const char *const kvd_ns_refusal_names[KVD_NS_REFUSED_COUNT];
 
 typedef struct kvd_registry {
   kvd_tenant *tenants;
@@ -94,13 +116,21 @@ typedef struct kvd_registry {
   kvd_ratelog hello_log;
   char why[256];        /* the last refusal's reason, for the ERROR reply */
   kvd_ns *ns;
-  uint32_t nns, capns;
+  uint32_t nns, capns;  /* entries 0..nns-1 in use or free */
+  uint32_t free1;       /* 1 + the first free entry, 0 for none */
+  uint32_t nlive;       /* namespaces */
+  uint32_t *tenant_nns; /* namespaces per tenant */
+  uint32_t ns_limit;    /* limits.namespaces_per_tenant */
+  uint64_t ns_freed;
+  uint64_t ns_refused[KVD_NS_REFUSED_COUNT];
+  kvd_ratelog ns_log;
+  uint64_t swept_at;    /* the core's ns_emptied at the last sweep */
   kvd_group *groups;
   kv_core *core;
 } kvd_registry;
 
 typedef struct kvd_registry_opts {
-  const kv_config *cfg;  /* g2.capacity, g2.page_size and the [tenant.NAME] sections */
+  const kv_config *cfg;  /* g2.*, limits.namespaces_per_tenant, [tenant.NAME] sections */
   int lock;
   kv_core *core;
   /* Passed to every arena (kv_arena_opts): the device registration. */
@@ -116,14 +146,26 @@ void kvd_registry_fini(kvd_registry *r);
 
 /*
  * The namespace for a HELLO from peer p, registered with the core on first
- * use. Returns its registry index (>= 0) or: -EPERM (the tenant is not
- * configured, or p may not act as it: counted, logged at most once a
- * second), -EINVAL (layout the daemon cannot serve: tp_rank >= tp_size,
- * tp_size > KVD_TP_MAX, a group whose tp_size differs from its first
- * member's), KV_ETOOBIG (block larger than a G2 page), -ENOMEM. On error
- * r->why says why, for the ERROR reply ("" when the code says it all).
+ * use, with one more session using it (kvd_registry_release gives it
+ * back). Returns its registry index (>= 0) or: -EPERM (the tenant is not
+ * configured, or p may not act as it), -EDQUOT (the tenant has
+ * limits.namespaces_per_tenant namespaces), -ENOSPC (the daemon has
+ * KV_NS_MAX) - those counted and logged at most once a second -, -EINVAL
+ * (layout the daemon cannot serve: tp_rank >= tp_size, tp_size >
+ * KVD_TP_MAX; or the namespace is in another TP group than the one named),
+ * KV_ETOOBIG (block larger than a G2 page), -ENOMEM. On error r->why says
+ * why, for the ERROR reply ("" when the code says it all).
  */
 int kvd_registry_hello(kvd_registry *r, const kv_hello_req *h, const kvd_peer *p);
+
+/* A session of namespace ns is over: the namespace is freed if it was the
+ * last and no block of it is left. */
+void kvd_registry_release(kvd_registry *r, int ns);
+
+/* Frees every namespace with no session and no block (all tenants'), if
+ * a namespace of the core lost its last block since the last sweep.
+ * Returns how many were freed. For the daemon's tick. */
+uint32_t kvd_registry_sweep(kvd_registry *r);
 
 /* Gives each configured tenant its share (g3_share) of the SSD tier of
  * g3_capacity bytes, attached to the core (the core's "G3 shares", each

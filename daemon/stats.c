@@ -109,7 +109,7 @@ static int held_elsewhere(kvd *d, int reg_ns, const kv_key *key) {
   uint32_t n = d->reg.nns < 64 ? d->reg.nns : 64;
   for (uint32_t i = 0; i < n; i++) {
     const kvd_ns *o = &d->reg.ns[i];
-    if (o->tenant == me->tenant) continue;
+    if (o->core_ns < 0 || o->tenant == me->tenant) continue; /* free, or the same tenant */
     if (kv_core_find(&d->core, (uint32_t)o->core_ns, key)) return 1;
   }
   return 0;
@@ -345,6 +345,15 @@ int kvd_render_metrics(kvd *d, kv_buf *out) {
   for (int i = 0; i < KVD_HELLO_REFUSED_COUNT; i++)
     P("kvcached_hello_refused_total{reason=\"%s\"} %llu\n", kvd_hello_refusal_names[i],
       U(d->reg.hello_refused[i]));
+  H("kvcached_namespaces", "gauge", "Namespaces: those with a session open or blocks in any tier.");
+  P("kvcached_namespaces %llu\n", U(d->reg.nlive));
+  H("kvcached_namespaces_freed_total", "counter", "Namespaces freed: no session and no block left.");
+  P("kvcached_namespaces_freed_total %llu\n", U(d->reg.ns_freed));
+  H("kvcached_namespaces_refused_total", "counter",
+    "HELLOs refused a new namespace: the tenant at limits.namespaces_per_tenant, or the daemon full.");
+  for (int i = 0; i < KVD_NS_REFUSED_COUNT; i++)
+    P("kvcached_namespaces_refused_total{reason=\"%s\"} %llu\n", kvd_ns_refusal_names[i],
+      U(d->reg.ns_refused[i]));
   H("kvcached_requests_total", "counter", "Worker requests handled, by operation.");
   char low[32];
   for (uint16_t op = 1; op < KV_OP_COUNT; op++)
@@ -443,9 +452,10 @@ static json_t *tenants_json(kvd *d) {
   json_t *a = json_array();
   for (uint32_t i = 0; i < d->reg.ntenants; i++) {
     const kvd_tenant *t = &d->reg.tenants[i];
-    json_t *o = json_pack("{s:s,s:b,s:I,s:I}", "name", t->cfg.name, "configured", t->configured,
+    json_t *o = json_pack("{s:s,s:b,s:I,s:I,s:I}", "name", t->cfg.name, "configured", t->configured,
                           "g2_capacity_bytes", (json_int_t)t->arena.capacity,
-                          "g2_used_bytes", (json_int_t)t->arena.used_bytes);
+                          "g2_used_bytes", (json_int_t)t->arena.used_bytes,
+                          "namespaces", (json_int_t)d->reg.tenant_nns[i]);
     if (d->g3 && d->core.g3_own[i]) {
       uint64_t sb = kv_g3_slot_bytes(d->g3);
       json_object_set_new(o, "g3_share_bytes", json_integer((json_int_t)(d->core.g3_own_limit[i] * sb)));
@@ -491,6 +501,11 @@ static json_t *stats_json(kvd *d) {
   for (int i = 0; i < KVD_HELLO_REFUSED_COUNT; i++)
     json_object_set_new(hr, kvd_hello_refusal_names[i], json_integer((json_int_t)d->reg.hello_refused[i]));
   json_object_set_new(o, "hello_refused", hr);
+  json_t *nr = json_object();
+  for (int i = 0; i < KVD_NS_REFUSED_COUNT; i++)
+    json_object_set_new(nr, kvd_ns_refusal_names[i], json_integer((json_int_t)d->reg.ns_refused[i]));
+  json_object_set_new(o, "namespaces", json_pack("{s:I,s:I,s:o}", "live", (json_int_t)d->reg.nlive,
+                                                 "freed", (json_int_t)d->reg.ns_freed, "refused", nr));
   json_t *rq = json_object();
   char low[32];
   for (uint16_t op = 1; op < KV_OP_COUNT; op++)

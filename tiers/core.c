@@ -64,6 +64,14 @@ int kv_core__class(kv_core *c, kv_arena *arena, uint32_t block_bytes, kv_tier t)
 }
 
 static int ns_add(kv_core *c, kv_core_ns *proto) {
+  if (c->ns_free1) { /* a freed id first */
+    uint32_t i = c->ns_free1 - 1;
+    c->ns_free1 = c->ns[i].next_free1;
+    c->nfree--;
+    c->ns[i] = *proto;
+    c->ns[i].owner = -1;
+    return (int)i;
+  }
   if (c->nns >= KV_NS_MAX) return -ENOSPC; /* records keep 16-bit namespaces */
   if (c->nns == c->capns) {
     uint32_t cap = c->capns ? c->capns * 2 : 8;
@@ -75,6 +83,23 @@ static int ns_add(kv_core *c, kv_core_ns *proto) {
   c->ns[c->nns] = *proto;
   c->ns[c->nns].owner = -1;
   return (int)c->nns++;
+}
+
+static void ns_release(kv_core *c, uint32_t ns) {
+  memset(&c->ns[ns], 0, sizeof c->ns[ns]);
+  c->ns[ns].cls = -1;
+  c->ns[ns].owner = -1;
+  c->ns[ns].next_free1 = c->ns_free1;
+  c->ns_free1 = ns + 1;
+  c->nfree++;
+  c->st.ns_freed++;
+}
+
+int kv_core_ns_free(kv_core *c, uint32_t ns) {
+  if (ns >= c->nns || !c->ns[ns].live) return -EINVAL;
+  if (c->ns[ns].nblocks) return -EBUSY;
+  ns_release(c, ns);
+  return 0;
 }
 
 int kv_core_ns_register(kv_core *c, kv_arena *arena, uint32_t block_bytes) {
@@ -238,7 +263,12 @@ void kv_core__reap(kv_core *c, kv_block *b) {
   if (b->state != KV_BS_READY && b->state != KV_BS_WRITING) return;
   int held = b->tiers || b->busy || b->pins;
   for (int t = 0; t < KV_NTIERS; t++) held |= b->slot[t] != KV_SLOT_NONE;
-  if (!held) kv_index_remove(&c->ix, b);
+  if (held) return;
+  uint32_t ns = b->ns;
+  if (kv_index_remove(&c->ix, b) || --c->ns[ns].nblocks) return;
+  c->ns_emptied++;
+  /* A namespace learned from G3 that nobody registered: nothing is left of it. */
+  if (!c->ns[ns].arena) ns_release(c, ns);
 }
 
 /* Frees b's slot in tier t (its bytes there are gone) and reaps b. */
@@ -387,6 +417,7 @@ int kv_core_alloc(kv_core *c, uint32_t ns, const kv_key *key,
     c->st.alloc_failed++;
     return rc;
   }
+  n->nblocks++;
   b->slot[KV_G2] = slot;
   b->size = n->block_bytes;
   b->prio = prio;
@@ -591,6 +622,7 @@ static int learn_entry(const kv_g3_entry *e, void *arg) {
   kv_block *b;
   int rc = kv_index_insert(&c->ix, (uint32_t)ns, e->key.b, e->key.len, &b);
   if (rc) return w->rc = rc == KV_EEXISTS ? 0 : rc;
+  c->ns[ns].nblocks++;
   b->state = KV_BS_READY;
   b->size = e->len;
   b->crc = e->crc;

@@ -89,6 +89,7 @@ typedef struct kv_core_stats {
   uint64_t g3_admitted;       /* demotions written to G3 */
   uint64_t g3_refused;        /* victims not admitted (policy, state, space) */
   uint64_t g3_share_refused;  /* ... of those, because their owner held its G3 share */
+  uint64_t ns_freed;          /* namespace ids freed (kv_core_ns_free, empty dormant ones) */
   uint64_t g3_write_failed;
   uint64_t promotions;        /* G3 -> G2 reads that verified */
   uint64_t promote_failed;    /* ... that did not: corrupt or I/O error */
@@ -213,6 +214,8 @@ struct kv_core_ns {
   uint8_t digest[KV_G3_NS_BYTES]; /* identity across restarts (G3 records) */
   int owner;            /* its G3 share's owner; -1: none */
   uint32_t g3_slots;    /* G3 slots its blocks hold (written or being written) */
+  uint32_t nblocks;     /* index records of its blocks, in any state and tier */
+  uint32_t next_free1;  /* while freed: 1 + the next freed id, 0 for none */
 };
 
 struct kv_core {
@@ -220,7 +223,10 @@ struct kv_core {
   const kv_evict_ops *policy;
   uint64_t clock;       /* logical time: one tick per access */
   kv_core_ns *ns;
-  uint32_t nns, capns;
+  uint32_t nns, capns;  /* ids 0..nns-1 given out, freed ones included */
+  uint32_t ns_free1;    /* 1 + the first freed id (reused first), 0 for none */
+  uint32_t nfree;       /* freed ids */
+  uint64_t ns_emptied;  /* times a namespace's last block went */
   kv_demote_fn demote;
   void *demote_arg;
   uint32_t demoting;    /* asynchronous demotions in flight */
@@ -299,9 +305,24 @@ int kv_core_init(kv_core *c, const kv_core_opts *o);
 void kv_core_fini(kv_core *c);
 
 /* Registers a namespace whose blocks are `block_bytes` long and live in
- * `arena`. Returns its id (>= 0), or -EINVAL, KV_ETOOBIG, -ENOSPC (arena has
- * no class left), -ENOMEM. */
+ * `arena`. Returns its id (>= 0; an id freed by kv_core_ns_free may come
+ * again), or -EINVAL, KV_ETOOBIG, -ENOSPC (arena has no class left, or
+ * KV_NS_MAX namespaces: kv_core_ns_room), -ENOMEM. */
 int kv_core_ns_register(kv_core *c, kv_arena *arena, uint32_t block_bytes);
+
+/* Frees namespace ns, which has no block left (in any tier or state): its
+ * id may be given to a new namespace. A namespace learned from G3 and
+ * never registered is freed by the core itself once its last block goes.
+ * 0, -EINVAL (no such namespace), -EBUSY (it still has blocks). */
+int kv_core_ns_free(kv_core *c, uint32_t ns);
+
+/* Index records of namespace ns (0 for an id not in use). */
+static inline uint32_t kv_core_ns_blocks(const kv_core *c, uint32_t ns) {
+  return ns < c->nns ? c->ns[ns].nblocks : 0;
+}
+
+/* Whether a new namespace id is free (KV_NS_MAX ids, freed ones reused). */
+static inline int kv_core_ns_room(const kv_core *c) { return c->nfree || c->nns < KV_NS_MAX; }
 
 /* As kv_core_ns_register(), for a namespace with a stable identity: G3
  * records carry the digest, so blocks found on the SSD at start-up are
