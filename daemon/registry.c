@@ -250,7 +250,17 @@ static uint32_t sweep(kvd_registry *r, int t) {
   return freed;
 }
 
+/* Logs the refusals a line stood for that no later line counted. */
+static void ratelog_flush(kvd_ratelog *l, const char *what) {
+  if (!l->quiet || kv_now_ms() - l->last_ms < 1000) return;
+  kv_warn("registry", "%llu more %s since the last such line", (unsigned long long)l->quiet, what);
+  l->last_ms = kv_now_ms();
+  l->quiet = 0;
+}
+
 uint32_t kvd_registry_sweep(kvd_registry *r) {
+  ratelog_flush(&r->hello_log, "HELLO(s) refused");
+  ratelog_flush(&r->ns_log, "new namespace(s) refused");
   return r->swept_at == r->core->ns_emptied ? 0 : sweep(r, -1);
 }
 

@@ -163,8 +163,9 @@ int kvd_registry_hello(kvd_registry *r, const kv_hello_req *h, const kvd_peer *p
 void kvd_registry_release(kvd_registry *r, int ns);
 
 /* Frees every namespace with no session and no block (all tenants'), if
- * a namespace of the core lost its last block since the last sweep.
- * Returns how many were freed. For the daemon's tick. */
+ * a namespace of the core lost its last block since the last sweep, and
+ * logs the count of refusals no log line has told yet. Returns how many
+ * namespaces were freed. For the daemon's tick. */
 uint32_t kvd_registry_sweep(kvd_registry *r);
 
 /* Gives each configured tenant its share (g3_share) of the SSD tier of
