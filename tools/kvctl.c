@@ -410,6 +410,9 @@ static int open_failed(const ctl *c, int rc) {
     fprintf(stderr, "kvctl: %s: tenant '%s' refused: it is not configured, or this user may not "
                     "act as it (the daemon's [tenant.NAME] sections; its log says which)\n",
             c->socket, c->tenant);
+  else if (rc == -EDQUOT)
+    fprintf(stderr, "kvctl: %s: tenant '%s' has all the namespaces the daemon allows it "
+                    "(limits.namespaces_per_tenant)\n", c->socket, c->tenant);
   else
     fprintf(stderr, "kvctl: %s: session refused: %s\n", c->socket, kvc_strerror(rc));
   return EXIT_FAIL;
