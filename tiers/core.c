@@ -40,7 +40,8 @@ void kv_core_fini(kv_core *c) {
     free(c->g3_own[o]);
   }
   for (uint32_t p = 0; p < c->ng1; p++) free_class_policies(c->g1[p]);
-  for (uint32_t i = 0; i < c->nns; i++) free_class_policies(c->ns[i].arena);
+  for (uint32_t i = 0; i < c->ng2a; i++) free_class_policies(c->g2a[i]);
+  free(c->g2a);
   free(c->ns);
   kv_index_fini(&c->ix);
   memset(c, 0, sizeof *c);
@@ -48,10 +49,27 @@ void kv_core_fini(kv_core *c) {
 
 /* Makes sure the arena class for block_bytes has its policy for tier t
  * (G2's arenas, G1's pool). Returns the class or an error. */
+/* Remembers a G2 arena the core makes policies in (they outlive its
+ * namespaces, which may all be freed). 0 or -ENOMEM. */
+static int note_g2_arena(kv_core *c, kv_arena *arena) {
+  for (uint32_t i = 0; i < c->ng2a; i++)
+    if (c->g2a[i] == arena) return 0;
+  if (c->ng2a == c->capg2a) {
+    uint32_t cap = c->capg2a ? c->capg2a * 2 : 4;
+    kv_arena **v = realloc(c->g2a, cap * sizeof *v);
+    if (!v) return -ENOMEM;
+    c->g2a = v;
+    c->capg2a = cap;
+  }
+  c->g2a[c->ng2a++] = arena;
+  return 0;
+}
+
 int kv_core__class(kv_core *c, kv_arena *arena, uint32_t block_bytes, kv_tier t) {
   int cls = kv_arena_class_for(arena, block_bytes);
   if (cls < 0) return cls;
   kv_arena_class *k = &arena->cls[cls];
+  if (!k->user && t == KV_G2 && note_g2_arena(c, arena)) return -ENOMEM;
   if (!k->user) {
     kv_evict *e = calloc(1, sizeof *e);
     if (!e) return -ENOMEM;

@@ -227,6 +227,8 @@ struct kv_core {
   uint32_t ns_free1;    /* 1 + the first freed id (reused first), 0 for none */
   uint32_t nfree;       /* freed ids */
   uint64_t ns_emptied;  /* times a namespace's last block went */
+  kv_arena **g2a;       /* the G2 arenas whose classes have policies of the core */
+  uint32_t ng2a, capg2a;
   kv_demote_fn demote;
   void *demote_arg;
   uint32_t demoting;    /* asynchronous demotions in flight */

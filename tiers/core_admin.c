@@ -43,6 +43,12 @@ static int in_policy(const kv_block *b, const void *arg) {
 static uint32_t tier_policies(kv_core *c, kv_tier t, kv_evict **out, uint32_t max) {
   if (t == KV_G3) return kv_core__g3_policies(c, out, max); /* owners' too, empty or not */
   uint32_t n = 0;
+  if (t == KV_G2) { /* every class's, whether a namespace uses it now or not */
+    for (uint32_t i = 0; i < c->ng2a; i++)
+      for (uint32_t k = 0; k < c->g2a[i]->nclasses && n < max; k++)
+        if (c->g2a[i]->cls[k].user) out[n++] = c->g2a[i]->cls[k].user;
+    return n;
+  }
   unsigned pools = t == KV_G1 ? c->ng1 : 1;
   for (uint32_t i = 0; i < c->nns; i++) {
     for (unsigned p = 0; p < pools; p++) {

@@ -45,6 +45,7 @@ Test(core_ns, ids_are_freed_when_empty_and_reused) {
   cr_assert_eq(kv_core_lookup(&c, (uint32_t)n0, &k, 1, NULL), -EINVAL, "a freed id serves nothing");
   cr_assert_eq(kv_core_ns_register(&c, &a, BLK), n0, "the freed id comes first");
   cr_assert_eq(kv_core_ns_register(&c, &a, BLK), 2);
+  for (uint32_t i = 0; i < 3; i++) cr_assert_eq(kv_core_ns_free(&c, i), 0);
   /* Over time, more namespaces than ids: each freed when done. */
   for (uint32_t i = 0; i < KV_NS_MAX + 100; i++) {
     int n = kv_core_ns_register(&c, &a, BLK);
@@ -52,7 +53,13 @@ Test(core_ns, ids_are_freed_when_empty_and_reused) {
     cr_assert_eq(kv_core_ns_free(&c, (uint32_t)n), 0);
   }
   cr_assert_lt(c.nns, 8u, "ids were reused, not piled up");
+  /* A policy switch reaches the classes of freed namespaces too (none is left). */
+  cr_assert_eq(kv_core_set_policy(&c, "lfuda"), 0);
+  kv_evict *e = a.cls[0].user;
+  cr_assert_not_null(e);
+  cr_assert_eq(e->ops, kv_evict_lookup("lfuda"));
   kv_core_fini(&c);
+  cr_assert_null(a.cls[0].user, "the core's policies go with it");
   kv_arena_fini(&a);
 }
 
