@@ -247,7 +247,7 @@ static int op_hello(kvd *d, kvd_sink *sink, const kv_msg *req, kv_buf *out, int 
   if (ns < 0) {
     const char *why = d->reg.why[0] ? d->reg.why
                     : ns == KV_ETOOBIG ? "block_bytes exceeds the G2 page size (raise g2.page_size)"
-                    : ns == -EINVAL ? "layout the daemon cannot serve (TP rank/size, group size, block size)"
+                    : ns == -EINVAL ? "layout the daemon cannot serve (TP rank/size, block size, names)"
                     : NULL;
     return kvd_fail(out, req, ns, why);
   }

@@ -47,8 +47,6 @@ void kv_core_fini(kv_core *c) {
   memset(c, 0, sizeof *c);
 }
 
-/* Makes sure the arena class for block_bytes has its policy for tier t
- * (G2's arenas, G1's pool). Returns the class or an error. */
 /* Remembers a G2 arena the core makes policies in (they outlive its
  * namespaces, which may all be freed). 0 or -ENOMEM. */
 static int note_g2_arena(kv_core *c, kv_arena *arena) {
@@ -65,6 +63,8 @@ static int note_g2_arena(kv_core *c, kv_arena *arena) {
   return 0;
 }
 
+/* Makes sure the arena class for block_bytes has its policy for tier t
+ * (G2's arenas, G1's pool). Returns the class or an error. */
 int kv_core__class(kv_core *c, kv_arena *arena, uint32_t block_bytes, kv_tier t) {
   int cls = kv_arena_class_for(arena, block_bytes);
   if (cls < 0) return cls;
