@@ -85,8 +85,9 @@ typedef struct kvc_opts {
 typedef struct kvc kvc;
 
 /* Connects, says HELLO and maps the G2 arena. 0 with *out set, or an
- * error (-ENOENT / -ECONNREFUSED: no daemon; -EUSERS: no arena left for a
- * new tenant; -EINVAL: bad options; ...). */
+ * error (-ENOENT / -ECONNREFUSED: no daemon; -EPERM: the tenant is not
+ * configured, or this process's uid and groups may not act as it;
+ * -EINVAL: bad options; ...). */
 int kvc_open(const kvc_opts *o, kvc **out);
 /* Closes the connection (the daemon releases every pin and allocation of
  * it) and unmaps the arena. NULL is allowed. */

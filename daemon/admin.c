@@ -145,6 +145,13 @@ static void route_config(kvd *d, const kvd_http_req *req, kvd_http_resp *resp) {
                      (unsigned long long)reserved);
       return;
     }
+    for (uint32_t i = 1; i < d->reg.ntenants; i++)
+      if (d->reg.tenants[i].arena.capacity != d->reg.tenants[0].arena.capacity) {
+        /* The core's soft limit is one size for every arena. */
+        kvd_http_error(resp, 409, "g2.capacity changes only on restart while tenants' arenas differ "
+                       "in size (g2_share)");
+        return;
+      }
     uint64_t each = next.g2_capacity / d->reg.ntenants;
     evicted = kv_core_set_limit(&d->core, KV_G2, next.g2_capacity == reserved ? 0 : each);
   } else if (!strcmp(name, "g3.capacity")) {
@@ -246,7 +253,7 @@ static void route_pin(kvd *d, const kvd_http_req *req, kvd_http_resp *resp, int 
     kvd_key_from_hex(k, len, &key);
     kv_block *b = kv_core_find(&d->core, ns, &key);
     if (!b) missing++;
-    else if ((pin ? kvd_session_pin(&d->core, &d->admin, b) : kvd_session_unpin(&d->core, &d->admin, b)) == 0) done++;
+    else if ((pin ? kvd_session_pin(&d->core, &d->admin, b, 0) : kvd_session_unpin(&d->core, &d->admin, b)) == 0) done++;
     else if (pin) failed++;
     else missing++; /* not pinned by the operator */
     k += len + (e ? 1 : 0);
@@ -321,6 +328,7 @@ static void on_tick(uv_timer_t *t) {
   kvd_ops *o = t->data;
   kvd_loads_expire(o->d);
   kvd_allocs_expire(o->d);
+  kvd_registry_sweep(&o->d->reg); /* namespaces whose last block went */
   if (o->d->core.adm.limit[KV_G2] || o->d->core.adm.limit[KV_G3]) kv_core_enforce_limits(&o->d->core);
 }
 

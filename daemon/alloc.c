@@ -39,6 +39,11 @@ static void try_one(kvd *d, kvd_session *s, uint32_t core_ns, const kv_key *key,
                     const kv_key *parent, uint8_t prio, kv_alloc_ent *e) {
   kv_block *b;
   e->offset = 0;
+  if (!kvd_session_may_alloc(s, d->cfg.limit_allocs_per_session)) {
+    e->status = -EDQUOT;
+    d->st.allocs_refused++;
+    return;
+  }
   e->status = kv_core_alloc(&d->core, core_ns, key, parent && parent->len ? parent : NULL, prio, &b);
   if (e->status == -EAGAIN) {
     e->status = WAIT;

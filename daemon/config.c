@@ -4,7 +4,10 @@
 #include <arpa/inet.h>
 #include <ctype.h>
 #include <errno.h>
+#include <grp.h>
 #include <ini.h>
+#include <math.h>
+#include <pwd.h>
 #include <stddef.h>
 #include <stdlib.h>
 #include <string.h>
@@ -39,8 +42,8 @@ static const opt opts[] = {
      "mlock G2 so it is never swapped (needs RLIMIT_MEMLOCK; falls back to "
      "unlocked with a warning)"},
     {"g2", "tenants", OPT_U32, O(g2_tenants), 0, "1",
-     "tenants served at once; each gets its own G2 arena of capacity/tenants, "
-     "so no tenant is handed memory holding another's blocks"},
+     "no longer used, must be 1: tenants, each with a G2 arena of its own, are "
+     "[tenant.NAME] sections (daemon/OPS.md)"},
     {"g1", "enable", OPT_STR, O(g1_enable), sizeof(((kv_config *)0)->g1_enable), "auto",
      "G1 device pools: auto (on when a CUDA device answers), on (start fails without "
      "a device), off"},
@@ -78,6 +81,13 @@ static const opt opts[] = {
      "empty: Unix socket only"},
     {"admin", "group", OPT_STR, O(admin_group), sizeof(((kv_config *)0)->admin_group), "",
      "members of this group may use the admin socket (besides root and the daemon's user)"},
+    {"limits", "pins_per_session", OPT_U32, O(limit_pins_per_session), 0, "1048576",
+     "pins one worker connection may hold, repeats counted; past it a LOAD's key answers -EDQUOT"},
+    {"limits", "allocs_per_session", OPT_U32, O(limit_allocs_per_session), 0, "65536",
+     "uncommitted allocations one worker connection may hold; past it an ALLOC's key answers -EDQUOT"},
+    {"limits", "namespaces_per_tenant", OPT_U32, O(limit_namespaces_per_tenant), 0, "4096",
+     "namespaces one tenant may have at once (those with sessions or blocks); past it a HELLO for a "
+     "new one answers -EDQUOT"},
 };
 #undef O
 #define NOPTS (sizeof opts / sizeof opts[0])
@@ -158,8 +168,160 @@ static const opt *find_opt(const char *section, const char *name) {
   return NULL;
 }
 
+/* --- [tenant.NAME] ---------------------------------------------------------------- */
+
+static int tenant_name_ok(const char *s, size_t n) {
+  if (n == 0 || n > KV_CFG_TENANT_NAME_MAX) return 0;
+  for (size_t i = 0; i < n; i++)
+    if (!isalnum((unsigned char)s[i]) && !strchr("._-@", s[i])) return 0;
+  return 1;
+}
+
+const kv_cfg_tenant *kv_config_tenant(const kv_config *c, const char *name, size_t len) {
+  for (uint32_t i = 0; i < c->ntenants; i++)
+    if (strlen(c->tenants[i].name) == len && !memcmp(c->tenants[i].name, name, len)) return &c->tenants[i];
+  return NULL;
+}
+
+/* One id of a uids/gids list: a number, or a name resolved now. */
+static int parse_id(const char *s, int group, uint32_t *out) {
+  if (isdigit((unsigned char)*s)) {
+    char *end;
+    errno = 0;
+    unsigned long long v = strtoull(s, &end, 10);
+    if (errno || *end || v >= UINT32_MAX) return -EINVAL; /* (uid_t)-1 names nobody */
+    *out = (uint32_t)v;
+    return 0;
+  }
+  char buf[16384];
+  int rc;
+  if (group) {
+    struct group g, *gp = NULL;
+    rc = getgrnam_r(s, &g, buf, sizeof buf, &gp);
+    if (!rc && gp) *out = (uint32_t)gp->gr_gid;
+  } else {
+    struct passwd p, *pp = NULL;
+    rc = getpwnam_r(s, &p, buf, sizeof buf, &pp);
+    if (!rc && pp) *out = (uint32_t)pp->pw_uid;
+  }
+  if (rc) return -rc;
+  return *out == UINT32_MAX ? -ENOENT : 0;
+}
+
+static int parse_ids(const char *v, int group, uint32_t *ids, uint32_t *n, const char *what,
+                     char *err, size_t errlen) {
+  char list[1024];
+  if (strlen(v) >= sizeof list) {
+    snprintf(err, errlen, "%s: list longer than %zu bytes", what, sizeof list - 1);
+    return -EINVAL;
+  }
+  memcpy(list, v, strlen(v) + 1);
+  uint32_t k = 0;
+  char *save = NULL;
+  for (char *p = strtok_r(list, ",", &save); p; p = strtok_r(NULL, ",", &save)) {
+    while (isspace((unsigned char)*p)) p++;
+    char *e = p + strlen(p);
+    while (e > p && isspace((unsigned char)e[-1])) *--e = 0;
+    if (!*p) continue;
+    uint32_t id = UINT32_MAX;
+    int rc = parse_id(p, group, &id);
+    if (rc) {
+      snprintf(err, errlen, "%s: '%s' is not a %s%s%s", what, p, group ? "gid or group name" : "uid or user name",
+               rc == -EINVAL || rc == -ENOENT ? "" : ": ", rc == -EINVAL || rc == -ENOENT ? "" : strerror(-rc));
+      return -EINVAL;
+    }
+    uint32_t j = 0;
+    while (j < k && ids[j] != id) j++;
+    if (j < k) continue;
+    if (k == KV_CFG_TENANT_IDS_MAX) {
+      snprintf(err, errlen, "%s: more than %d entries", what, KV_CFG_TENANT_IDS_MAX);
+      return -EINVAL;
+    }
+    ids[k++] = id;
+  }
+  *n = k;
+  return 0;
+}
+
+/* "25%", "12.5%" (hundredths at most), a size, or "" (unset). Members are
+ * set one by one: the padding stays as kv_config_defaults left it. */
+static int parse_share(const char *v, kv_cfg_share *out) {
+  while (isspace((unsigned char)*v)) v++;
+  size_t n = strlen(v);
+  while (n && isspace((unsigned char)v[n - 1])) n--;
+  if (n == 0) {
+    out->kind = KV_SHARE_UNSET;
+    out->v = 0;
+    return 0;
+  }
+  if (v[n - 1] != '%') {
+    uint64_t b;
+    if (kv_parse_size(v, &b)) return -EINVAL;
+    out->kind = KV_SHARE_BYTES;
+    out->v = b;
+    return 0;
+  }
+  char num[32];
+  if (n - 1 == 0 || n - 1 >= sizeof num) return -EINVAL;
+  memcpy(num, v, n - 1);
+  num[n - 1] = 0;
+  int dots = 0, frac = 0;
+  for (char *p = num; *p; p++) {
+    if (*p == '.') { if (dots++ || p == num) return -EINVAL; continue; }
+    if (!isdigit((unsigned char)*p)) return -EINVAL;
+    frac += dots;
+  }
+  if (frac > 2) return -EINVAL;
+  double x = strtod(num, NULL);
+  if (!(x >= 0 && x <= 100)) return -EINVAL;
+  out->kind = KV_SHARE_PCT;
+  out->v = (uint64_t)llround(x * 100);
+  return 0;
+}
+
+static int set_tenant(kv_config *c, const char *name, size_t nlen, const char *key,
+                      const char *value, char *err, size_t errlen) {
+  if (!tenant_name_ok(name, nlen)) {
+    snprintf(err, errlen, "tenant '%.*s': names are 1 to %d letters, digits and ._-@",
+             (int)(nlen < 80 ? nlen : 80), name, KV_CFG_TENANT_NAME_MAX);
+    return -EINVAL;
+  }
+  kv_cfg_tenant *t = (kv_cfg_tenant *)kv_config_tenant(c, name, nlen);
+  kv_cfg_tenant fresh;
+  int add = !t;
+  if (add) {
+    if (c->ntenants == KV_CFG_TENANTS_MAX) {
+      snprintf(err, errlen, "tenant.%.*s: more than %d tenants", (int)nlen, name, KV_CFG_TENANTS_MAX);
+      return -EINVAL;
+    }
+    memset(&fresh, 0, sizeof fresh);
+    memcpy(fresh.name, name, nlen);
+    t = &fresh;
+  }
+  char key_name[KV_CFG_TENANT_NAME_MAX + 48];
+  snprintf(key_name, sizeof key_name, "tenant.%.*s.%s", (int)nlen, name, key);
+  int rc = 0;
+  if (!strcmp(key, "uids")) {
+    rc = parse_ids(value, 0, t->uids, &t->nuids, key_name, err, errlen);
+  } else if (!strcmp(key, "gids")) {
+    rc = parse_ids(value, 1, t->gids, &t->ngids, key_name, err, errlen);
+  } else if (!strcmp(key, "g2_share") || !strcmp(key, "g3_share")) {
+    rc = parse_share(value, key[1] == '2' ? &t->g2_share : &t->g3_share);
+    if (rc) snprintf(err, errlen, "%s: '%s' is not a percentage (e.g. 25%%) or a size", key_name, value);
+  } else {
+    snprintf(err, errlen, "'%s': no such option (a tenant has uids, gids, g2_share, g3_share)", key_name);
+    return -ENOENT;
+  }
+  if (rc == 0 && add) c->tenants[c->ntenants++] = fresh;
+  return rc;
+}
+
 int kv_config_set(kv_config *c, const char *dotted, const char *value, char *err,
                   size_t errlen) {
+  if (!strncmp(dotted, "tenant.", 7)) {
+    const char *last = strrchr(dotted, '.');
+    if (last > dotted + 7) return set_tenant(c, dotted + 7, (size_t)(last - dotted - 7), last + 1, value, err, errlen);
+  }
   const char *dot = strchr(dotted, '.');
   char section[32];
   if (!dot || (size_t)(dot - dotted) >= sizeof section) {
@@ -187,6 +349,13 @@ typedef struct load_ctx {
 static int on_ini(void *user, const char *section, const char *name, const char *value) {
   load_ctx *x = user;
   if (x->rc) return 0;
+  if (!strncmp(section, "tenant.", 7)) {
+    if (set_tenant(x->c, section + 7, strlen(section + 7), name, value, x->err, x->errlen)) {
+      x->rc = -EINVAL;
+      return 0;
+    }
+    return 1;
+  }
   const opt *o = find_opt(section, name);
   if (!o) {
     snprintf(x->err, x->errlen, "unknown option [%s] %s", section, name);
@@ -237,15 +406,89 @@ int kv_config_g1_devices(const kv_config *c, int ord[KV_CFG_G1_DEVICES_MAX]) {
   }
 }
 
+static uint64_t share_bytes(const kv_cfg_share *s, uint64_t capacity) {
+  if (s->kind == KV_SHARE_BYTES) return s->v;
+  return (uint64_t)((unsigned __int128)capacity * s->v / 10000);
+}
+
+int kv_config_split(const kv_config *c, int tier, uint64_t capacity,
+                    uint64_t out[KV_CFG_TENANTS_MAX], char *err, size_t errlen) {
+  uint64_t fixed = 0;
+  uint32_t unset = 0;
+  for (uint32_t i = 0; i < c->ntenants; i++) {
+    const kv_cfg_share *s = tier == 1 ? &c->tenants[i].g2_share : &c->tenants[i].g3_share;
+    if (s->kind == KV_SHARE_UNSET) { unset++; continue; }
+    out[i] = share_bytes(s, capacity);
+    fixed += out[i];
+    if (out[i] > capacity || fixed > capacity) {
+      snprintf(err, errlen, "the tenants' g%d_share add up to more than the %s (%llu bytes)", tier + 1,
+               tier == 1 ? "g2.capacity" : "SSD tier", (unsigned long long)capacity);
+      return -EINVAL;
+    }
+  }
+  for (uint32_t i = 0; i < c->ntenants; i++) {
+    const kv_cfg_share *s = tier == 1 ? &c->tenants[i].g2_share : &c->tenants[i].g3_share;
+    if (s->kind == KV_SHARE_UNSET) out[i] = (capacity - fixed) / unset;
+  }
+  return 0;
+}
+
+/* The G3 directories of g3.path. */
+static uint32_t g3_ndirs(const kv_config *c) {
+  uint32_t n = 0;
+  int in = 0;
+  for (const char *p = c->g3_path; *p; p++) {
+    if (*p == ',') in = 0;
+    else if (*p != ' ' && !in) { in = 1; n++; }
+  }
+  return n;
+}
+
+static int validate_tenants(const kv_config *c, char *err, size_t errlen) {
+  if (c->g2_tenants != 1) {
+    snprintf(err, errlen, "g2.tenants is no longer used (it bound arenas to whichever tenant names came "
+             "first): name each tenant in a [tenant.NAME] section, with the uids or gids that may "
+             "act as it (daemon/OPS.md)");
+    return -EINVAL;
+  }
+  uint64_t part[KV_CFG_TENANTS_MAX];
+  for (uint32_t i = 0; i < c->ntenants; i++) {
+    if (!c->tenants[i].nuids && !c->tenants[i].ngids) {
+      snprintf(err, errlen, "tenant.%s: names no uids and no gids: nobody could act as it",
+               c->tenants[i].name);
+      return -EINVAL;
+    }
+  }
+  if (kv_config_split(c, 1, c->g2_capacity, part, err, errlen)) return -EINVAL;
+  for (uint32_t i = 0; i < c->ntenants; i++) {
+    if (part[i] < 4096) {
+      snprintf(err, errlen, "tenant.%s: its G2 share is %llu bytes, under 4K%s", c->tenants[i].name,
+               (unsigned long long)part[i],
+               c->tenants[i].g2_share.kind ? "" : " (what the other shares leave, split evenly)");
+      return -EINVAL;
+    }
+  }
+  uint32_t dirs = g3_ndirs(c);
+  if (!dirs || !c->ntenants) return 0;
+  uint64_t g3cap = c->g3_capacity * dirs;
+  if (kv_config_split(c, 2, g3cap, part, err, errlen)) return -EINVAL;
+  for (uint32_t i = 0; i < c->ntenants; i++) {
+    if (part[i] < c->g3_block_bytes && c->tenants[i].g3_share.kind == KV_SHARE_UNSET) {
+      snprintf(err, errlen, "tenant.%s: its G3 share (what the other shares leave, split evenly) is "
+               "%llu bytes, less than one g3.block_bytes slot", c->tenants[i].name,
+               (unsigned long long)part[i]);
+      return -EINVAL;
+    }
+  }
+  return 0;
+}
+
 int kv_config_validate(const kv_config *c, char *err, size_t errlen) {
   if (c->g2_capacity < 4096) {
     snprintf(err, errlen, "g2.capacity must be at least 4K");
     return -EINVAL;
   }
-  if (c->g2_tenants == 0 || c->g2_capacity / c->g2_tenants < 4096) {
-    snprintf(err, errlen, "g2.tenants must be at least 1, with 4K of g2.capacity each");
-    return -EINVAL;
-  }
+  if (validate_tenants(c, err, errlen)) return -EINVAL;
   if (!c->socket_dir[0]) {
     snprintf(err, errlen, "daemon.socket_dir must not be empty");
     return -EINVAL;
@@ -327,12 +570,37 @@ int kv_config_validate(const kv_config *c, char *err, size_t errlen) {
       return -EINVAL;
     }
   }
+  if (c->limit_pins_per_session == 0 || c->limit_allocs_per_session == 0 ||
+      c->limit_namespaces_per_tenant == 0) {
+    snprintf(err, errlen, "limits.pins_per_session, limits.allocs_per_session and "
+             "limits.namespaces_per_tenant must be at least 1");
+    return -EINVAL;
+  }
   if (kv_log_parse_level(c->log_level) < 0) {
     snprintf(err, errlen, "log.level: '%s' is not debug, info, warn or error", c->log_level);
     return -EINVAL;
   }
   return 0;
 }
+
+/* A tenant's key as text (uids, gids, g2_share, g3_share: k = 0..3). */
+static void tenant_value(const kv_cfg_tenant *t, int k, char *v, size_t len) {
+  v[0] = 0;
+  if (k < 2) {
+    const uint32_t *ids = k ? t->gids : t->uids;
+    uint32_t n = k ? t->ngids : t->nuids;
+    size_t at = 0;
+    for (uint32_t i = 0; i < n && at < len; i++)
+      at += (size_t)snprintf(v + at, len - at, "%s%u", i ? "," : "", ids[i]);
+    return;
+  }
+  const kv_cfg_share *s = k == 2 ? &t->g2_share : &t->g3_share;
+  if (s->kind == KV_SHARE_BYTES) snprintf(v, len, "%llu", (unsigned long long)s->v);
+  else if (s->kind == KV_SHARE_PCT)
+    snprintf(v, len, "%llu.%02llu%%", (unsigned long long)(s->v / 100), (unsigned long long)(s->v % 100));
+}
+
+static const char *const tenant_keys[] = {"uids", "gids", "g2_share", "g3_share"};
 
 void kv_config_print(const kv_config *c, FILE *f) {
   const char *sect = "";
@@ -346,6 +614,14 @@ void kv_config_print(const kv_config *c, FILE *f) {
     case OPT_BOOL: fprintf(f, "%s\n", *(const int *)p ? "yes" : "no"); break;
     case OPT_U32: fprintf(f, "%u\n", *(const uint32_t *)p); break;
     case OPT_STR: fprintf(f, "%s\n", (const char *)p); break;
+    }
+  }
+  for (uint32_t i = 0; i < c->ntenants; i++) {
+    fprintf(f, "\n[tenant.%s]\n", c->tenants[i].name);
+    for (int k = 0; k < 4; k++) {
+      char v[256];
+      tenant_value(&c->tenants[i], k, v, sizeof v);
+      fprintf(f, "%s = %s\n", tenant_keys[k], v);
     }
   }
 }
@@ -363,5 +639,13 @@ void kv_config_foreach(const kv_config *c, kv_config_fn fn, void *arg) {
     case OPT_STR: val = p; break;
     }
     fn(arg, o->section, o->name, val);
+  }
+  for (uint32_t i = 0; i < c->ntenants; i++) {
+    char sect[KV_CFG_TENANT_NAME_MAX + 8], v[256];
+    snprintf(sect, sizeof sect, "tenant.%s", c->tenants[i].name);
+    for (int k = 0; k < 4; k++) {
+      tenant_value(&c->tenants[i], k, v, sizeof v);
+      fn(arg, sect, tenant_keys[k], v);
+    }
   }
 }

@@ -14,6 +14,36 @@
 #include <stdint.h>
 #include <stdio.h>
 
+/*
+ * Tenants (daemon/OPS.md, "Tenants and credentials"): INI sections
+ * [tenant.NAME] (or flags --set tenant.NAME.KEY=VALUE) with keys
+ *   uids      users that may act as NAME: uids or user names, comma-separated
+ *   gids      groups whose members may: gids or group names
+ *   g2_share  its part of g2.capacity: a percentage ("25%", "12.5%") or a size
+ *   g3_share  its part of the SSD tier, the same way
+ * Names are resolved when the option is read (an unknown user or group is
+ * an error). A tenant that names nobody, shares over 100% of a tier, or
+ * room too small for a tenant without a share are errors of
+ * kv_config_validate(). No section: one tenant that every peer able to
+ * reach the worker socket acts as (ntenants == 0).
+ */
+#define KV_CFG_TENANTS_MAX 32    /* [tenant.NAME] sections */
+#define KV_CFG_TENANT_IDS_MAX 16 /* uids, and gids, of one tenant */
+#define KV_CFG_TENANT_NAME_MAX 64
+
+enum { KV_SHARE_UNSET = 0, KV_SHARE_PCT, KV_SHARE_BYTES };
+typedef struct kv_cfg_share {
+  uint8_t kind;   /* KV_SHARE_* */
+  uint64_t v;     /* KV_SHARE_PCT: hundredths of a percent (10000 = all); bytes */
+} kv_cfg_share;
+
+typedef struct kv_cfg_tenant {
+  char name[KV_CFG_TENANT_NAME_MAX + 1];
+  uint32_t uids[KV_CFG_TENANT_IDS_MAX], gids[KV_CFG_TENANT_IDS_MAX];
+  uint32_t nuids, ngids;
+  kv_cfg_share g2_share, g3_share;
+} kv_cfg_tenant;
+
 typedef struct kv_config {
   char socket_dir[96];    /* [daemon] socket_dir */
   uint64_t g2_capacity;   /* [g2] capacity */
@@ -37,6 +67,11 @@ typedef struct kv_config {
   uint64_t g1_capacity;   /* [g1] capacity: bytes of the device pool */
   char g1_backend[8];     /* [g1] backend: auto, cuda, sim */
   char g1_device[64];     /* [g1] device: CUDA ordinals, comma-separated: a pool on each */
+  uint32_t limit_pins_per_session;   /* [limits] pins_per_session */
+  uint32_t limit_allocs_per_session; /* [limits] allocs_per_session */
+  uint32_t limit_namespaces_per_tenant; /* [limits] namespaces_per_tenant */
+  uint32_t ntenants;                 /* [tenant.NAME] sections, in their order */
+  kv_cfg_tenant tenants[KV_CFG_TENANTS_MAX];
 } kv_config;
 
 #define KV_CFG_G1_DEVICES_MAX 8 /* devices in g1.device */
@@ -60,6 +95,17 @@ int kv_config_validate(const kv_config *c, char *err, size_t errlen);
  * (1..KV_CFG_G1_DEVICES_MAX), or -EINVAL (empty, not a number, above 255,
  * named twice, too many). */
 int kv_config_g1_devices(const kv_config *c, int ord[KV_CFG_G1_DEVICES_MAX]);
+
+/* Splits `capacity` bytes of a tier (1: G2, by g2_share; 2: G3, by
+ * g3_share) among the configured tenants, in their order, into out:
+ * percentages of capacity and sizes as given, what remains evenly among
+ * those without a share. 0, or -EINVAL with a message when the shares add
+ * up to more than capacity. */
+int kv_config_split(const kv_config *c, int tier, uint64_t capacity,
+                    uint64_t out[KV_CFG_TENANTS_MAX], char *err, size_t errlen);
+
+/* The tenant section of that name, or NULL. */
+const kv_cfg_tenant *kv_config_tenant(const kv_config *c, const char *name, size_t len);
 
 /* Writes every option with its documentation and current value, as INI. */
 void kv_config_print(const kv_config *c, FILE *f);

@@ -15,6 +15,7 @@
 #include "daemon/g3_watch.h"
 #include "daemon/kvd.h"
 #include "daemon/log.h"
+#include "daemon/server.h"
 #include "tiers/crc32c.h"
 
 static uint64_t now_ms(void) {
@@ -75,6 +76,12 @@ int kvd_g3_open(kvd *d, int lock_wait_ms, char *why, size_t whylen) {
                                : KV_ADMIT_ALWAYS,
                         .min_prio = (uint8_t)d->cfg.g3_min_prio};
   rc = kv_core_attach_g3(&d->core, d->g3, &go);
+  if (rc >= 0) {
+    kv_g3_stats gs;
+    kv_g3_get_stats(d->g3, &gs);
+    int sr = kvd_registry_g3_shares(&d->reg, &d->cfg, gs.capacity_bytes);
+    if (sr) rc = sr;
+  }
   if (rc < 0) {
     snprintf(why, whylen, "cannot attach the SSD tier to the cache core: %s", kv_strerror(rc));
     kv_g3_close(d->g3);
@@ -125,8 +132,7 @@ int kvd_init(kvd *d) {
     g->done = kvd_g1_copied;
     g->done_arg = d;
   }
-  kvd_registry_opts ro = {.g2_capacity = d->cfg.g2_capacity, .g2_page_size = d->cfg.g2_page_size,
-                          .tenants = d->cfg.g2_tenants, .lock = d->cfg.g2_lock, .core = &d->core};
+  kvd_registry_opts ro = {.cfg = &d->cfg, .lock = d->cfg.g2_lock, .core = &d->core};
   if (d->g1.on) {
     ro.register_fn = kvd_g1s_arena_register;
     ro.unregister_fn = kvd_g1s_arena_unregister;
@@ -135,7 +141,8 @@ int kvd_init(kvd *d) {
   rc = kvd_registry_init(&d->reg, &ro);
   if (rc) {
     kv_error("g2", "cannot create the G2 arenas (%llu bytes for %u tenant(s)): %s",
-             (unsigned long long)d->cfg.g2_capacity, d->cfg.g2_tenants, kv_strerror(rc));
+             (unsigned long long)d->cfg.g2_capacity, d->cfg.ntenants ? d->cfg.ntenants : 1,
+             kv_strerror(rc));
     kvd_g1s_close(&d->g1);
     kv_core_fini(&d->core);
     goto err;
@@ -237,15 +244,17 @@ static int g1_entry(kvd *d, kvd_g1 *g, const uint8_t *uuid, kv_tierinfo *ti, int
   return -ENODEV;
 }
 
-static int op_hello(kvd *d, kvd_session *s, const kv_msg *req, kv_buf *out, int fd_out[2]) {
+static int op_hello(kvd *d, kvd_sink *sink, const kv_msg *req, kv_buf *out, int fd_out[2]) {
+  kvd_session *s = sink->sess;
   const kv_hello_req *h = &req->hello;
   if (s->ns >= 0) return kvd_fail(out, req, KV_EBADSTATE, "HELLO was already said on this connection");
   if (h->ver_major != KV_PROTO_MAJOR) return kvd_fail(out, req, KV_EBADVERSION, NULL);
-  int ns = kvd_registry_hello(&d->reg, h);
+  kvd_peer peer = {s->peer_uid, s->peer_gid, sink->conn ? kvd_conn_fd(sink->conn) : -1};
+  int ns = kvd_registry_hello(&d->reg, h, &peer);
   if (ns < 0) {
-    const char *why = ns == -EUSERS ? "every G2 arena is bound to another tenant (raise g2.tenants)"
+    const char *why = d->reg.why[0] ? d->reg.why
                     : ns == KV_ETOOBIG ? "block_bytes exceeds the G2 page size (raise g2.page_size)"
-                    : ns == -EINVAL ? "layout the daemon cannot serve (TP rank/size, group size, block size)"
+                    : ns == -EINVAL ? "layout the daemon cannot serve (TP rank/size, block size, names)"
                     : NULL;
     return kvd_fail(out, req, ns, why);
   }
@@ -459,7 +468,7 @@ static int op_status(kvd *d, kvd_session *s, const kv_msg *req, kv_buf *out) {
     kv_arena *a = &d->reg.tenants[i].arena;
     cap += a->capacity;
     used += a->used_bytes;
-    json_array_append_new(tenants, json_pack("{s:s,s:I,s:I,s:b}", "tenant", d->reg.tenants[i].name,
+    json_array_append_new(tenants, json_pack("{s:s,s:I,s:I,s:b}", "tenant", d->reg.tenants[i].cfg.name,
                                              "capacity_bytes", (json_int_t)a->capacity,
                                              "used_bytes", (json_int_t)a->used_bytes,
                                              "locked", a->locked));
@@ -475,7 +484,7 @@ static int op_status(kvd *d, kvd_session *s, const kv_msg *req, kv_buf *out) {
       "misses", (json_int_t)c->misses, "evictions_g2", (json_int_t)c->evictions[KV_G2],
       "allocs", (json_int_t)c->allocs, "commits", (json_int_t)c->commits,
       "aborts", (json_int_t)c->aborts,
-      "policy", d->core.policy->name, "namespaces", (json_int_t)d->reg.nns);
+      "policy", d->core.policy->name, "namespaces", (json_int_t)d->reg.nlive);
   if (o && d->g3) {
     kv_g3_stats gs;
     kv_g3_get_stats(d->g3, &gs);
@@ -505,7 +514,7 @@ int kvd_handle(kvd *d, kvd_sink *sink, const kv_msg *req, kv_buf *out, int fd_ou
   fd_out[0] = fd_out[1] = -1;
   if (req->flags & KV_F_REPLY) return kvd_fail(out, req, KV_EBADFRAME, "a reply sent to the daemon");
   if (req->op < KV_OP_COUNT) d->st.ops[req->op]++;
-  if (req->op == KV_OP_HELLO) return op_hello(d, s, req, out, fd_out);
+  if (req->op == KV_OP_HELLO) return op_hello(d, sink, req, out, fd_out);
   if (req->op == KV_OP_STATUS) return op_status(d, s, req, out);
   if (s->ns < 0) return kvd_fail(out, req, KV_ENOSESSION, NULL);
   switch (req->op) {

@@ -22,6 +22,7 @@ typedef struct kvd_stats {
   uint64_t sessions_opened, sessions_closed;
   uint64_t frames_in, frames_out, bad_frames;
   uint64_t pins_released_on_close, allocs_aborted_on_close;
+  uint64_t pins_refused, allocs_refused; /* keys answered -EDQUOT: limits.*_per_session */
   uint64_t ops[KV_OP_COUNT];
 } kvd_stats;
 

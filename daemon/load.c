@@ -197,7 +197,10 @@ int kvd_op_load(kvd *d, kvd_sink *sink, const kv_msg *req, kv_buf *out) {
       kvd_miss_classify(d, s->ns, ld->core_ns, &d->keys[i]);
       continue;
     }
-    if ((e->status = kvd_session_pin(&d->core, s, b))) continue;
+    if ((e->status = kvd_session_pin(&d->core, s, b, d->cfg.limit_pins_per_session))) {
+      if (e->status == -EDQUOT) d->st.pins_refused++;
+      continue;
+    }
     ld->bid[i] = b->id;
     kv_core_touch(&d->core, b);
   }

@@ -80,6 +80,9 @@ static void on_hup(uv_signal_t *h, int signum) {
   memcpy(d->d.cfg.log_level, fresh.log_level, sizeof fresh.log_level);
   if (fresh.g2_capacity != d->d.cfg.g2_capacity || strcmp(fresh.policy, d->d.cfg.policy))
     kv_warn("daemon", "SIGHUP: g2.capacity and cache.policy change only on restart");
+  if (fresh.ntenants != d->d.cfg.ntenants ||
+      memcmp(fresh.tenants, d->d.cfg.tenants, fresh.ntenants * sizeof fresh.tenants[0]))
+    kv_warn("daemon", "SIGHUP: [tenant.NAME] sections change only on restart: the running ones stay");
   kv_info("daemon", "SIGHUP: configuration re-read (log.level=%s)", fresh.log_level);
 }
 

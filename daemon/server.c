@@ -32,6 +32,8 @@ static void conn_close(kvd_conn *c, const char *why);
 static int conn_flush(kvd_conn *c);
 static void set_events(kvd_conn *c);
 
+int kvd_conn_fd(const kvd_conn *c) { return c->fd; }
+
 void kvd_sink_put(kvd_sink *s) {
   if (--s->refs == 0) free(s);
 }
@@ -74,6 +76,7 @@ static void conn_close(kvd_conn *c, const char *why) {
   kvd *d = c->srv->d;
   uint64_t pins = 0, allocs = 0;
   kvd_session_close(&d->core, &c->sess, &pins, &allocs);
+  kvd_registry_release(&d->reg, c->sess.ns); /* freed if nothing of it is left */
   d->st.pins_released_on_close += pins;
   d->st.allocs_aborted_on_close += allocs;
   d->st.sessions_closed++;
@@ -208,6 +211,13 @@ static void on_accept(uv_poll_t *h, int status, int events) {
       kv_warn("server", "accept: %s", kv_strerror(fd));
       return;
     }
+    kv_peercred cred;
+    int crc = kv_sock_peercred(fd, &cred);
+    if (crc) { /* without them the peer could pass for uid 0 */
+      kv_warn("server", "refusing a connection whose credentials cannot be read: %s", kv_strerror(crc));
+      close(fd);
+      continue;
+    }
     kvd_conn *c = calloc(1, sizeof *c);
     kvd_sink *sink = calloc(1, sizeof *sink);
     if (!c || !sink) {
@@ -224,8 +234,11 @@ static void on_accept(uv_poll_t *h, int status, int events) {
     sink->conn = c;
     sink->sess = &c->sess;
     sink->refs = 1;
-    kv_sock_peercred(fd, &c->cred);
+    c->cred = cred;
     kvd_session_init(&c->sess, s->d->next_session_id++);
+    c->sess.peer_uid = (uint32_t)c->cred.uid;
+    c->sess.peer_gid = (uint32_t)c->cred.gid;
+    c->sess.peer_pid = (int32_t)c->cred.pid;
     kv_reader_init(&c->rd, 0);
     kv_buf_init(&c->out);
     uv_poll_init(s->loop, &c->poll, fd);

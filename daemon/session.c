@@ -1,6 +1,7 @@
 /* session.c - pins and allocations owned by a connection (see session.h). */
 #include "daemon/session.h"
 
+#include <errno.h>
 #include <string.h>
 
 #include "proto/errors.h"
@@ -12,32 +13,43 @@ void kvd_session_init(kvd_session *s, uint64_t id) {
   s->g1pool = -1;
 }
 
-int kvd_session_pin(kv_core *c, kvd_session *s, kv_block *b) {
-  int rc = u32map_add(&s->pins, b->id, 1);
-  if (rc) return rc;
-  rc = kv_core_pin(c, b);
-  if (rc) {
-    uint32_t *n = u32map_get(&s->pins, b->id);
-    if (--*n == 0) u32map_del(&s->pins, b->id);
+int kvd_session_pin(kv_core *c, kvd_session *s, kv_block *b, uint64_t max_pins) {
+  if (max_pins && s->npins >= max_pins) return -EDQUOT;
+  uint32_t *n = u32map_get(&s->pins, b->id);
+  if (n) {
+    if (*n == UINT32_MAX) return -EDQUOT;
+    ++*n;
+  } else {
+    int rc = u32map_add(&s->pins, b->id, 1);
+    if (rc) return rc;
+    rc = kv_core_pin(c, b);
+    if (rc) {
+      u32map_del(&s->pins, b->id);
+      return rc;
+    }
   }
-  return rc;
+  s->npins++;
+  return 0;
 }
 
 int kvd_session_unpin(kv_core *c, kvd_session *s, kv_block *b) {
   uint32_t *n = u32map_get(&s->pins, b->id);
   if (!n) return KV_ENOTOWNER;
-  int rc = kv_core_unpin(c, b);
-  if (rc) return rc;
-  if (--*n == 0) u32map_del(&s->pins, b->id);
+  if (*n == 1) {
+    int rc = kv_core_unpin(c, b);
+    if (rc) return rc;
+    u32map_del(&s->pins, b->id);
+  } else {
+    --*n;
+  }
+  s->npins--;
   return 0;
 }
 
-uint64_t kvd_session_pins(const kvd_session *s) {
-  uint64_t t = 0;
-  if (!s->pins.k) return 0;
-  for (uint32_t i = 0; i <= s->pins.mask; i++)
-    if (s->pins.k[i] != U32MAP_EMPTY) t += s->pins.v[i];
-  return t;
+uint64_t kvd_session_pins(const kvd_session *s) { return s->npins; }
+
+int kvd_session_may_alloc(const kvd_session *s, uint32_t max_allocs) {
+  return !max_allocs || s->allocs.n < max_allocs;
 }
 
 int kvd_session_track_alloc(kvd_session *s, kv_block *b) {
@@ -63,8 +75,8 @@ void kvd_session_close(kv_core *c, kvd_session *s, uint64_t *pins, uint64_t *all
   if (s->pins.k) {
     for (uint32_t i = 0; i <= s->pins.mask; i++) {
       if (s->pins.k[i] == U32MAP_EMPTY) continue;
-      kv_block *b = kv_index_at(&c->ix, s->pins.k[i]);
-      for (uint32_t k = 0; k < s->pins.v[i]; k++, np++) kv_core_unpin(c, b);
+      kv_core_unpin(c, kv_index_at(&c->ix, s->pins.k[i]));
+      np += s->pins.v[i];
     }
   }
   if (s->allocs.k) {
@@ -76,6 +88,7 @@ void kvd_session_close(kv_core *c, kvd_session *s, uint64_t *pins, uint64_t *all
   }
   u32map_free(&s->pins);
   u32map_free(&s->allocs);
+  s->npins = 0;
   if (pins) *pins = np;
   if (allocs) *allocs = na;
 }

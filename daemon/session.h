@@ -8,6 +8,13 @@
  * so a dead worker never leaks G2 memory and other workers are unaffected.
  * A session can release only pins it took, and commit or abort only
  * allocations it made (KV_ENOTOWNER otherwise).
+ *
+ * Pins: the session counts how many times it pinned each block; the core
+ * holds one pin per (session, block), so no session can exhaust a block's
+ * pin count (a 16-bit count in the core) and make others' LOADs of it fail.
+ * Each session has limits (limits.pins_per_session: pins in total, every
+ * repeat counted; limits.allocs_per_session: uncommitted allocations):
+ * past one, the key's answer is -EDQUOT and nothing changes.
  */
 #ifndef KV_DAEMON_SESSION_H
 #define KV_DAEMON_SESSION_H
@@ -23,19 +30,29 @@ typedef struct kvd_session {
   int g1pool;    /* the core's index of this session's G1 pool (HELLO: the
                   * first; G1_SELECT: its device's); -1: none */
   int g1_loaded; /* 1 once a LOAD to G1 came: offsets into g1pool were given */
-  u32map pins;   /* block id -> pins this session holds on it */
+  u32map pins;   /* block id -> pins this session holds on it (the core: one) */
+  uint64_t npins; /* the sum of pins' counts */
   u32map allocs; /* block id -> 1 while this session writes it */
+  uint32_t peer_uid, peer_gid; /* SO_PEERCRED, taken at accept (server.c) */
+  int32_t peer_pid;
 } kvd_session;
 
 void kvd_session_init(kvd_session *s, uint64_t id);
 
-/* Pins b for this session. 0, -EOVERFLOW or -ENOMEM (nothing changed). */
-int kvd_session_pin(kv_core *c, kvd_session *s, kv_block *b);
-/* Drops one of this session's pins on b. KV_ENOTOWNER if it holds none. */
+/* Pins b for this session: a repeat pin only counts here, the first also
+ * pins b in the core. 0, -EDQUOT (the session holds max_pins pins; 0: no
+ * limit), -EOVERFLOW (the core's count of sessions pinning b is full) or
+ * -ENOMEM; nothing changed on error. */
+int kvd_session_pin(kv_core *c, kvd_session *s, kv_block *b, uint64_t max_pins);
+/* Drops one of this session's pins on b (the core's with the last).
+ * KV_ENOTOWNER if it holds none. */
 int kvd_session_unpin(kv_core *c, kvd_session *s, kv_block *b);
-/* Pins this session holds, all blocks together. */
+/* Pins this session holds, all blocks together, repeats counted. */
 uint64_t kvd_session_pins(const kvd_session *s);
 
+/* Whether this session may make one more allocation: its uncommitted ones
+ * are fewer than max_allocs (0: no limit). */
+int kvd_session_may_alloc(const kvd_session *s, uint32_t max_allocs);
 /* Records that this session writes b (after kv_core_alloc). 0 or -ENOMEM. */
 int kvd_session_track_alloc(kvd_session *s, kv_block *b);
 /* Commits or aborts b for this session: KV_ENOTOWNER unless it allocated

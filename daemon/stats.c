@@ -109,7 +109,7 @@ static int held_elsewhere(kvd *d, int reg_ns, const kv_key *key) {
   uint32_t n = d->reg.nns < 64 ? d->reg.nns : 64;
   for (uint32_t i = 0; i < n; i++) {
     const kvd_ns *o = &d->reg.ns[i];
-    if (o->tenant == me->tenant) continue;
+    if (o->core_ns < 0 || o->tenant == me->tenant) continue; /* free, or the same tenant */
     if (kv_core_find(&d->core, (uint32_t)o->core_ns, key)) return 1;
   }
   return 0;
@@ -324,14 +324,36 @@ int kvd_render_metrics(kvd *d, kv_buf *out) {
   H("kvcached_admissions_refused_total", "counter",
     "G2 victims the SSD tier did not take (admission policy, state or space).");
   P("kvcached_admissions_refused_total %llu\n", U(c->g3_refused));
+  H("kvcached_g3_share_refused_total", "counter",
+    "G2 victims not written to G3 because their tenant held its g3_share and none of its G3 blocks could go.");
+  P("kvcached_g3_share_refused_total %llu\n", U(c->g3_share_refused));
   H("kvcached_pinned_blocks", "gauge", "Blocks pinned by workers or the operator.");
   P("kvcached_pinned_blocks %llu\n", U(s.pinned));
   H("kvcached_uncommitted_allocations", "gauge", "Blocks allocated and not yet committed.");
   P("kvcached_uncommitted_allocations %llu\n", U(s.uncommitted));
+  H("kvcached_session_limit_refused_total", "counter",
+    "Keys answered -EDQUOT because their connection held limits.pins_per_session pins or "
+    "limits.allocs_per_session allocations, by limit.");
+  P("kvcached_session_limit_refused_total{limit=\"pins\"} %llu\n", U(d->st.pins_refused));
+  P("kvcached_session_limit_refused_total{limit=\"allocs\"} %llu\n", U(d->st.allocs_refused));
   H("kvcached_sessions", "gauge", "Worker connections open.");
   P("kvcached_sessions %llu\n", U(d->nsessions));
   H("kvcached_sessions_opened_total", "counter", "Worker connections accepted.");
   P("kvcached_sessions_opened_total %llu\n", U(d->st.sessions_opened));
+  H("kvcached_hello_refused_total", "counter",
+    "HELLOs refused by tenant: naming a tenant not configured, or from a peer not allowed to act as it.");
+  for (int i = 0; i < KVD_HELLO_REFUSED_COUNT; i++)
+    P("kvcached_hello_refused_total{reason=\"%s\"} %llu\n", kvd_hello_refusal_names[i],
+      U(d->reg.hello_refused[i]));
+  H("kvcached_namespaces", "gauge", "Namespaces: those with a session open or blocks in any tier.");
+  P("kvcached_namespaces %llu\n", U(d->reg.nlive));
+  H("kvcached_namespaces_freed_total", "counter", "Namespaces freed: no session and no block left.");
+  P("kvcached_namespaces_freed_total %llu\n", U(d->reg.ns_freed));
+  H("kvcached_namespaces_refused_total", "counter",
+    "HELLOs refused a new namespace: the tenant at limits.namespaces_per_tenant, or the daemon full.");
+  for (int i = 0; i < KVD_NS_REFUSED_COUNT; i++)
+    P("kvcached_namespaces_refused_total{reason=\"%s\"} %llu\n", kvd_ns_refusal_names[i],
+      U(d->reg.ns_refused[i]));
   H("kvcached_requests_total", "counter", "Worker requests handled, by operation.");
   char low[32];
   for (uint16_t op = 1; op < KV_OP_COUNT; op++)
@@ -431,6 +453,25 @@ static json_t *lat_json(const kvd_hist *h) {
                    "p99", (json_int_t)kvd_hist_quantile_us(h, 0.99));
 }
 
+/* Each tenant: its name ("" for the default one), its arena, its G3 share. */
+static json_t *tenants_json(kvd *d) {
+  json_t *a = json_array();
+  for (uint32_t i = 0; i < d->reg.ntenants; i++) {
+    const kvd_tenant *t = &d->reg.tenants[i];
+    json_t *o = json_pack("{s:s,s:b,s:I,s:I,s:I}", "name", t->cfg.name, "configured", t->configured,
+                          "g2_capacity_bytes", (json_int_t)t->arena.capacity,
+                          "g2_used_bytes", (json_int_t)t->arena.used_bytes,
+                          "namespaces", (json_int_t)d->reg.tenant_nns[i]);
+    if (d->g3 && d->core.g3_own[i]) {
+      uint64_t sb = kv_g3_slot_bytes(d->g3);
+      json_object_set_new(o, "g3_share_bytes", json_integer((json_int_t)(d->core.g3_own_limit[i] * sb)));
+      json_object_set_new(o, "g3_used_bytes", json_integer((json_int_t)(d->core.g3_own_slots[i] * sb)));
+    }
+    json_array_append_new(a, o);
+  }
+  return a;
+}
+
 static json_t *stats_json(kvd *d) {
   snapshot s;
   take(d, &s);
@@ -458,7 +499,19 @@ static json_t *stats_json(kvd *d) {
   json_object_set_new(o, "admissions_refused", json_integer((json_int_t)c->g3_refused));
   json_object_set_new(o, "pins", json_integer((json_int_t)s.pinned));
   json_object_set_new(o, "uncommitted", json_integer((json_int_t)s.uncommitted));
+  json_object_set_new(o, "session_limit_refused", json_pack("{s:I,s:I}",
+                      "pins", (json_int_t)d->st.pins_refused, "allocs", (json_int_t)d->st.allocs_refused));
   json_object_set_new(o, "sessions", json_integer((json_int_t)d->nsessions));
+  json_object_set_new(o, "tenants", tenants_json(d));
+  json_t *hr = json_object();
+  for (int i = 0; i < KVD_HELLO_REFUSED_COUNT; i++)
+    json_object_set_new(hr, kvd_hello_refusal_names[i], json_integer((json_int_t)d->reg.hello_refused[i]));
+  json_object_set_new(o, "hello_refused", hr);
+  json_t *nr = json_object();
+  for (int i = 0; i < KVD_NS_REFUSED_COUNT; i++)
+    json_object_set_new(nr, kvd_ns_refusal_names[i], json_integer((json_int_t)d->reg.ns_refused[i]));
+  json_object_set_new(o, "namespaces", json_pack("{s:I,s:I,s:o}", "live", (json_int_t)d->reg.nlive,
+                                                 "freed", (json_int_t)d->reg.ns_freed, "refused", nr));
   json_t *rq = json_object();
   char low[32];
   for (uint16_t op = 1; op < KV_OP_COUNT; op++)

@@ -34,11 +34,33 @@ static void free_class_policies(kv_arena *a) {
 
 void kv_core_fini(kv_core *c) {
   if (c->g3) kv_evict_fini(&c->g3_evict);
+  for (unsigned o = 0; o < KV_CORE_OWNERS_MAX; o++) {
+    if (!c->g3_own[o]) continue;
+    kv_evict_fini(c->g3_own[o]);
+    free(c->g3_own[o]);
+  }
   for (uint32_t p = 0; p < c->ng1; p++) free_class_policies(c->g1[p]);
-  for (uint32_t i = 0; i < c->nns; i++) free_class_policies(c->ns[i].arena);
+  for (uint32_t i = 0; i < c->ng2a; i++) free_class_policies(c->g2a[i]);
+  free(c->g2a);
   free(c->ns);
   kv_index_fini(&c->ix);
   memset(c, 0, sizeof *c);
+}
+
+/* Remembers a G2 arena the core makes policies in (they outlive its
+ * namespaces, which may all be freed). 0 or -ENOMEM. */
+static int note_g2_arena(kv_core *c, kv_arena *arena) {
+  for (uint32_t i = 0; i < c->ng2a; i++)
+    if (c->g2a[i] == arena) return 0;
+  if (c->ng2a == c->capg2a) {
+    uint32_t cap = c->capg2a ? c->capg2a * 2 : 4;
+    kv_arena **v = realloc(c->g2a, cap * sizeof *v);
+    if (!v) return -ENOMEM;
+    c->g2a = v;
+    c->capg2a = cap;
+  }
+  c->g2a[c->ng2a++] = arena;
+  return 0;
 }
 
 /* Makes sure the arena class for block_bytes has its policy for tier t
@@ -47,6 +69,7 @@ int kv_core__class(kv_core *c, kv_arena *arena, uint32_t block_bytes, kv_tier t)
   int cls = kv_arena_class_for(arena, block_bytes);
   if (cls < 0) return cls;
   kv_arena_class *k = &arena->cls[cls];
+  if (!k->user && t == KV_G2 && note_g2_arena(c, arena)) return -ENOMEM;
   if (!k->user) {
     kv_evict *e = calloc(1, sizeof *e);
     if (!e) return -ENOMEM;
@@ -59,6 +82,14 @@ int kv_core__class(kv_core *c, kv_arena *arena, uint32_t block_bytes, kv_tier t)
 }
 
 static int ns_add(kv_core *c, kv_core_ns *proto) {
+  if (c->ns_free1) { /* a freed id first */
+    uint32_t i = c->ns_free1 - 1;
+    c->ns_free1 = c->ns[i].next_free1;
+    c->nfree--;
+    c->ns[i] = *proto;
+    c->ns[i].owner = -1;
+    return (int)i;
+  }
   if (c->nns >= KV_NS_MAX) return -ENOSPC; /* records keep 16-bit namespaces */
   if (c->nns == c->capns) {
     uint32_t cap = c->capns ? c->capns * 2 : 8;
@@ -68,7 +99,25 @@ static int ns_add(kv_core *c, kv_core_ns *proto) {
     c->capns = cap;
   }
   c->ns[c->nns] = *proto;
+  c->ns[c->nns].owner = -1;
   return (int)c->nns++;
+}
+
+static void ns_release(kv_core *c, uint32_t ns) {
+  memset(&c->ns[ns], 0, sizeof c->ns[ns]);
+  c->ns[ns].cls = -1;
+  c->ns[ns].owner = -1;
+  c->ns[ns].next_free1 = c->ns_free1;
+  c->ns_free1 = ns + 1;
+  c->nfree++;
+  c->st.ns_freed++;
+}
+
+int kv_core_ns_free(kv_core *c, uint32_t ns) {
+  if (ns >= c->nns || !c->ns[ns].live) return -EINVAL;
+  if (c->ns[ns].nblocks) return -EBUSY;
+  ns_release(c, ns);
+  return 0;
 }
 
 int kv_core_ns_register(kv_core *c, kv_arena *arena, uint32_t block_bytes) {
@@ -107,8 +156,11 @@ static inline kv_core_ns *ns_get(kv_core *c, uint32_t ns) {
 }
 
 kv_evict *kv_core__policy(kv_core *c, uint32_t ns, kv_tier t, unsigned pool) {
-  if (t == KV_G3) return c->g3 ? &c->g3_evict : NULL;
   kv_core_ns *n = &c->ns[ns];
+  if (t == KV_G3) {
+    if (!c->g3) return NULL;
+    return n->owner >= 0 && c->g3_own[n->owner] ? c->g3_own[n->owner] : &c->g3_evict;
+  }
   if (t == KV_G1)
     return pool < c->ng1 && n->g1cls1[pool] ? c->g1[pool]->cls[n->g1cls1[pool] - 1].user : NULL;
   return n->arena && n->cls >= 0 ? n->arena->cls[n->cls].user : NULL;
@@ -212,13 +264,29 @@ static void g3_key_of(kv_core *c, const kv_block *b, kv_g3_key *k) {
   memcpy(k->b, b->key, k->len);
 }
 
+/* b's G3 slot is now `slot` (KV_SLOT_NONE: it has none): the count of its
+ * namespace, and of the namespace's owner. */
+static void set_g3_slot(kv_core *c, kv_block *b, uint32_t slot) {
+  kv_core_ns *n = &c->ns[b->ns];
+  int had = b->slot[KV_G3] != KV_SLOT_NONE, has = slot != KV_SLOT_NONE;
+  b->slot[KV_G3] = slot;
+  if (had == has) return;
+  n->g3_slots += has ? 1 : (uint32_t)-1;
+  if (n->owner >= 0) c->g3_own_slots[n->owner] += has ? 1 : (uint64_t)-1;
+}
+
 /* Removes b's record once nothing holds it: no tier, no slot, no pin, no
  * copy in flight. */
 void kv_core__reap(kv_core *c, kv_block *b) {
   if (b->state != KV_BS_READY && b->state != KV_BS_WRITING) return;
   int held = b->tiers || b->busy || b->pins;
   for (int t = 0; t < KV_NTIERS; t++) held |= b->slot[t] != KV_SLOT_NONE;
-  if (!held) kv_index_remove(&c->ix, b);
+  if (held) return;
+  uint32_t ns = b->ns;
+  if (kv_index_remove(&c->ix, b) || --c->ns[ns].nblocks) return;
+  c->ns_emptied++;
+  /* A namespace learned from G3 that nobody registered: nothing is left of it. */
+  if (!c->ns[ns].arena) ns_release(c, ns);
 }
 
 /* Frees b's slot in tier t (its bytes there are gone) and reaps b. */
@@ -237,7 +305,8 @@ static void drop_tier(kv_core *c, kv_block *b, kv_tier t) {
     }
     if (rc) kv_error("core", "tier %d slot %u of a block would not free: %s", (int)t,
                      b->slot[t], kv_strerror(rc));
-    b->slot[t] = KV_SLOT_NONE;
+    if (t == KV_G3) set_g3_slot(c, b, KV_SLOT_NONE);
+    else b->slot[t] = KV_SLOT_NONE;
   }
   kv_core__reap(c, b);
 }
@@ -366,6 +435,7 @@ int kv_core_alloc(kv_core *c, uint32_t ns, const kv_key *key,
     c->st.alloc_failed++;
     return rc;
   }
+  n->nblocks++;
   b->slot[KV_G2] = slot;
   b->size = n->block_bytes;
   b->prio = prio;
@@ -472,7 +542,7 @@ static int admitted(kv_core *c, const kv_block *b) {
 }
 
 static int evict_g3_one(kv_core *c) {
-  kv_block *v = c->g3_evict.ops->peek(&c->g3_evict);
+  kv_block *v = kv_core__g3_victim(c);
   if (!v) return KV_EALLPINNED;
   c->st.evictions[KV_G3]++;
   drop_tier(c, v, KV_G3);
@@ -492,7 +562,7 @@ static void g3_written(int status, void *arg) {
   } else {
     c->st.g3_write_failed++;
     kv_g3_free(c->g3, b->slot[KV_G3]);
-    b->slot[KV_G3] = KV_SLOT_NONE;
+    set_g3_slot(c, b, KV_SLOT_NONE);
   }
   kv_core_demote_done(c, b, KV_G2, status == 0);
 }
@@ -505,6 +575,20 @@ static int g3_demote(kv_core *c, kv_block *v, kv_tier from, void *unused) {
       v->size > kv_g3_slot_bytes(c->g3)) {
     c->st.g3_refused++;
     return KV_DEMOTE_DONE;
+  }
+  int o = c->ns[v->ns].owner;
+  if (o >= 0 && c->g3_own[o]) {
+    /* The owner holds its share: its own victims make the room. */
+    while (c->g3_own_slots[o] >= c->g3_own_limit[o]) {
+      kv_block *x = c->g3_own[o]->ops->peek(c->g3_own[o]);
+      if (!x) {
+        c->st.g3_refused++;
+        c->st.g3_share_refused++;
+        return KV_DEMOTE_DONE;
+      }
+      c->st.evictions[KV_G3]++;
+      drop_tier(c, x, KV_G3);
+    }
   }
   /* Slots being retired come back free when their index delete commits:
    * counting them keeps a burst of demotions (no kv_g3_poll in between)
@@ -523,13 +607,13 @@ static int g3_demote(kv_core *c, kv_block *v, kv_tier from, void *unused) {
   *op = (g3_op){c, v->id, slot, NULL, NULL, kv_core__mono_ns()};
   kv_g3_key k;
   g3_key_of(c, v, &k);
-  v->slot[KV_G3] = slot;
+  set_g3_slot(c, v, slot);
   v->busy |= (uint8_t)KV_TIER_BIT(KV_G3);
   int rc = kv_g3_write(c->g3, slot, &k, ++c->g3_seq, kv_core_g2_ptr(c, v), v->size, v->crc,
                        g3_written, op);
   if (rc) {
     v->busy &= (uint8_t)~KV_TIER_BIT(KV_G3);
-    v->slot[KV_G3] = KV_SLOT_NONE;
+    set_g3_slot(c, v, KV_SLOT_NONE);
     kv_g3_free(c->g3, slot);
     free(op);
     c->st.g3_refused++;
@@ -559,10 +643,11 @@ static int learn_entry(const kv_g3_entry *e, void *arg) {
   kv_block *b;
   int rc = kv_index_insert(&c->ix, (uint32_t)ns, e->key.b, e->key.len, &b);
   if (rc) return w->rc = rc == KV_EEXISTS ? 0 : rc;
+  c->ns[ns].nblocks++;
   b->state = KV_BS_READY;
   b->size = e->len;
   b->crc = e->crc;
-  b->slot[KV_G3] = e->slot;
+  set_g3_slot(c, b, e->slot);
   b->atime = ++c->clock;
   kv_core__set_valid(c, b, KV_G3);
   c->st.warm_blocks++;
@@ -586,6 +671,105 @@ int kv_core_attach_g3(kv_core *c, kv_g3 *g3, const kv_core_g3_opts *o) {
   return (int)c->st.warm_blocks;
 }
 
+/* --- G3 shares ----------------------------------------------------------------- */
+
+int kv_core_g3_share(kv_core *c, unsigned owner, uint64_t bytes) {
+  if (!c->g3 || owner >= KV_CORE_OWNERS_MAX || c->g3_own[owner]) return -EINVAL;
+  uint64_t sb = kv_g3_slot_bytes(c->g3);
+  kv_evict *e = calloc(1, sizeof *e);
+  if (!e) return -ENOMEM;
+  c->g3_own_limit[owner] = sb ? bytes / sb : 0;
+  e->capacity = (uint32_t)(c->g3_own_limit[owner] < UINT32_MAX ? c->g3_own_limit[owner] : UINT32_MAX);
+  int rc = kv_evict_init(e, c->policy, &c->ix, KV_G3);
+  if (rc) {
+    free(e);
+    return rc;
+  }
+  c->g3_own[owner] = e;
+  return 0;
+}
+
+/* Evicts owner's G3 blocks down to its share (as far as they can go). */
+static void g3_share_enforce(kv_core *c, unsigned owner) {
+  kv_evict *e = c->g3_own[owner];
+  while (e && c->g3_own_slots[owner] > c->g3_own_limit[owner]) {
+    kv_block *x = e->ops->peek(e);
+    if (!x) break;
+    c->st.evictions[KV_G3]++;
+    drop_tier(c, x, KV_G3);
+  }
+}
+
+int kv_core_ns_owner(kv_core *c, uint32_t ns, unsigned owner) {
+  if (ns >= c->nns || !c->ns[ns].live || owner >= KV_CORE_OWNERS_MAX) return -EINVAL;
+  kv_core_ns *n = &c->ns[ns];
+  if (n->owner == (int)owner) return 0;
+  if (n->owner >= 0) return -EINVAL;
+  kv_evict *from = kv_core__policy(c, ns, KV_G3, 0);
+  kv_evict *to = c->g3_own[owner] ? c->g3_own[owner] : from;
+  /* Blocks G3 can evict leave the shared policy, then join the owner's
+   * (the others are told when they become evictable, by then the owner's). */
+  uint64_t seen = 0, moved = 0;
+  uint8_t bit = (uint8_t)KV_TIER_BIT(KV_G3);
+  if (from != to && n->g3_slots) {
+    for (kv_bid id = 0; id < c->ix.hiwater && seen < c->ix.count; id++) {
+      kv_block *b = kv_index_at(&c->ix, id);
+      if (b->state == KV_BS_FREE) continue;
+      seen++;
+      if (b->ns != ns || !(b->inpol & bit)) continue;
+      from->ops->remove(from, b);
+      b->hpos[KV_G3] = KV_SLOT_NONE;
+      moved++;
+    }
+  }
+  n->owner = (int)owner;
+  c->g3_own_slots[owner] += n->g3_slots;
+  seen = 0;
+  for (kv_bid id = 0; moved && id < c->ix.hiwater && seen < c->ix.count; id++) {
+    kv_block *b = kv_index_at(&c->ix, id);
+    if (b->state == KV_BS_FREE) continue;
+    seen++;
+    if (b->ns != ns || !(b->inpol & bit)) continue;
+    if (to->ops->add(to, b)) {
+      b->inpol &= (uint8_t)~bit;
+      kv_warn("core", "eviction policy out of memory: a G3 block stays unevictable");
+    }
+  }
+  g3_share_enforce(c, owner);
+  return 0;
+}
+
+/* Which of two owners holds more of its share: a's part > b's part. */
+static int fuller(const kv_core *c, unsigned a, unsigned b) {
+  unsigned __int128 x = (unsigned __int128)c->g3_own_slots[a] * (c->g3_own_limit[b] ? c->g3_own_limit[b] : 1);
+  unsigned __int128 y = (unsigned __int128)c->g3_own_slots[b] * (c->g3_own_limit[a] ? c->g3_own_limit[a] : 1);
+  return x > y;
+}
+
+kv_block *kv_core__g3_victim(kv_core *c) {
+  if (!c->g3) return NULL;
+  kv_block *v = c->g3_evict.ops->peek(&c->g3_evict);
+  if (v) return v; /* no owner's share holds it */
+  int best = -1;
+  for (unsigned o = 0; o < KV_CORE_OWNERS_MAX; o++) {
+    if (!c->g3_own[o] || !c->g3_own[o]->count) continue;
+    if (best < 0 || fuller(c, o, (unsigned)best)) {
+      kv_block *x = c->g3_own[o]->ops->peek(c->g3_own[o]);
+      if (x) { best = (int)o; v = x; }
+    }
+  }
+  return v;
+}
+
+uint32_t kv_core__g3_policies(kv_core *c, kv_evict **out, uint32_t max) {
+  uint32_t n = 0;
+  if (!c->g3) return 0;
+  if (n < max) out[n++] = &c->g3_evict;
+  for (unsigned o = 0; o < KV_CORE_OWNERS_MAX && n < max; o++)
+    if (c->g3_own[o]) out[n++] = c->g3_own[o];
+  return n;
+}
+
 static void g3_read_done(int status, void *arg) {
   g3_op *op = arg;
   kv_core *c = op->c;
@@ -605,7 +789,7 @@ static void g3_read_done(int status, void *arg) {
     b->slot[KV_G2] = KV_SLOT_NONE;
     if (b->tiers & KV_TIER_BIT(KV_G3)) clear_valid(c, b, KV_G3);
     kv_g3_free(c->g3, b->slot[KV_G3]);
-    b->slot[KV_G3] = KV_SLOT_NONE;
+    set_g3_slot(c, b, KV_SLOT_NONE);
   }
   if (cb) cb(c, b, status, cbarg);
   kv_core__reap(c, b);

@@ -89,6 +89,8 @@ typedef struct kv_core_stats {
   uint64_t deletes;
   uint64_t g3_admitted;       /* demotions written to G3 */
   uint64_t g3_refused;        /* victims not admitted (policy, state, space) */
+  uint64_t g3_share_refused;  /* ... of those, because their owner held its G3 share */
+  uint64_t ns_freed;          /* namespace ids freed (kv_core_ns_free, empty dormant ones) */
   uint64_t g3_write_failed;
   uint64_t promotions;        /* G3 -> G2 reads that verified */
   uint64_t promote_failed;    /* ... that did not: corrupt or I/O error */
@@ -154,6 +156,31 @@ int64_t kv_core_flush(kv_core *c, uint8_t t, uint32_t ns);
 typedef int (*kv_sample_fn)(const kv_block *b, void *arg);
 uint64_t kv_core_sample(kv_core *c, uint8_t t, uint32_t ns, kv_sample_fn fn, void *arg);
 
+/* --- G3 shares ----------------------------------------------------------
+ *
+ * The namespaces of one owner (the daemon: a tenant) may hold at most a
+ * share of the SSD tier together. An owner with a share has a G3 policy
+ * instance of its own: when a G2 victim of its namespaces is to be written
+ * to G3 and the owner holds its share, the owner's own G3 victims go first
+ * (through its policy, as g3.capacity's eviction goes through G3's), or,
+ * when none can go, the victim is not admitted (counted in g3_refused and
+ * g3_share_refused). Namespaces with no owner (the default, and dormant
+ * ones learned from G3 at attach until they are registered again) share
+ * the rest; eviction for room across owners (free-slot low water, soft
+ * limit, evict on demand) takes such blocks first, then the victims of
+ * the owner holding the largest part of its share. */
+#define KV_CORE_OWNERS_MAX 32
+
+/* Gives owner (< KV_CORE_OWNERS_MAX) a share of `bytes` of G3 (rounded
+ * down to slots; 0: it may keep nothing there). After kv_core_attach_g3.
+ * 0, -EINVAL (no G3, bad owner, share set already), -ENOMEM. */
+int kv_core_g3_share(kv_core *c, unsigned owner, uint64_t bytes);
+
+/* Makes namespace ns owner's: its G3 blocks move to the owner's policy and
+ * count against its share (evicting down to it). 0, or -EINVAL (no such
+ * namespace or owner, or ns has an owner already). */
+int kv_core_ns_owner(kv_core *c, uint32_t ns, unsigned owner);
+
 /* Internal to the core's files (core.c exports them for core_admin.c). */
 int kv_core__evict_block(kv_core *c, kv_block *v, kv_tier t);
 void kv_core__drop_tier(kv_core *c, kv_block *b, kv_tier t);
@@ -171,6 +198,11 @@ void kv_core__copied(kv_core *c, kv_tier from, kv_tier to, uint32_t bytes, uint6
 kv_evict *kv_core__policy(kv_core *c, uint32_t ns, kv_tier t, unsigned pool);
 /* The policy that ranks b in tier t (for G1, that of b's pool), or NULL. */
 kv_evict *kv_core__policy_of(kv_core *c, const kv_block *b, kv_tier t);
+/* The next G3 victim across G3's policies (see "G3 shares"), or NULL. */
+kv_block *kv_core__g3_victim(kv_core *c);
+/* G3's policy instances (the shared one, then the owners'); returns how
+ * many, at most max. */
+uint32_t kv_core__g3_policies(kv_core *c, kv_evict **out, uint32_t max);
 int kv_core__alloc_g2_slot(kv_core *c, kv_core_ns *n, uint32_t *slot);
 
 struct kv_core_ns {
@@ -181,6 +213,10 @@ struct kv_core_ns {
   int live;
   int has_digest;
   uint8_t digest[KV_G3_NS_BYTES]; /* identity across restarts (G3 records) */
+  int owner;            /* its G3 share's owner; -1: none */
+  uint32_t g3_slots;    /* G3 slots its blocks hold (written or being written) */
+  uint32_t nblocks;     /* index records of its blocks, in any state and tier */
+  uint32_t next_free1;  /* while freed: 1 + the next freed id, 0 for none */
 };
 
 struct kv_core {
@@ -188,15 +224,23 @@ struct kv_core {
   const kv_evict_ops *policy;
   uint64_t clock;       /* logical time: one tick per access */
   kv_core_ns *ns;
-  uint32_t nns, capns;
+  uint32_t nns, capns;  /* ids 0..nns-1 given out, freed ones included */
+  uint32_t ns_free1;    /* 1 + the first freed id (reused first), 0 for none */
+  uint32_t nfree;       /* freed ids */
+  uint64_t ns_emptied;  /* times a namespace's last block went */
+  kv_arena **g2a;       /* the G2 arenas whose classes have policies of the core */
+  uint32_t ng2a, capg2a;
   kv_demote_fn demote;
   void *demote_arg;
   uint32_t demoting;    /* asynchronous demotions in flight */
   kv_core_stats st;
   kv_g3 *g3;            /* NULL: no SSD tier */
-  kv_evict g3_evict;    /* G3's policy (one slot size) */
+  kv_evict g3_evict;    /* G3's policy (one slot size) for blocks of no owner ("G3 shares") */
   kv_core_g3_opts g3o;
   uint64_t g3_seq;      /* last sequence number written to G3 */
+  kv_evict *g3_own[KV_CORE_OWNERS_MAX];     /* each owner's G3 policy; NULL: no share */
+  uint64_t g3_own_slots[KV_CORE_OWNERS_MAX]; /* G3 slots its namespaces hold */
+  uint64_t g3_own_limit[KV_CORE_OWNERS_MAX]; /* its share, in slots */
   kv_core_admin adm;    /* operator state: limits, copy observer (core_admin.c) */
   uint32_t ng1;         /* G1 pools attached (0: no GPU tier) */
   kv_arena *g1[KV_G1_POOLS_MAX]; /* the slots of each pool */
@@ -264,9 +308,24 @@ int kv_core_init(kv_core *c, const kv_core_opts *o);
 void kv_core_fini(kv_core *c);
 
 /* Registers a namespace whose blocks are `block_bytes` long and live in
- * `arena`. Returns its id (>= 0), or -EINVAL, KV_ETOOBIG, -ENOSPC (arena has
- * no class left), -ENOMEM. */
+ * `arena`. Returns its id (>= 0; an id freed by kv_core_ns_free may come
+ * again), or -EINVAL, KV_ETOOBIG, -ENOSPC (arena has no class left, or
+ * KV_NS_MAX namespaces: kv_core_ns_room), -ENOMEM. */
 int kv_core_ns_register(kv_core *c, kv_arena *arena, uint32_t block_bytes);
+
+/* Frees namespace ns, which has no block left (in any tier or state): its
+ * id may be given to a new namespace. A namespace learned from G3 and
+ * never registered is freed by the core itself once its last block goes.
+ * 0, -EINVAL (no such namespace), -EBUSY (it still has blocks). */
+int kv_core_ns_free(kv_core *c, uint32_t ns);
+
+/* Index records of namespace ns (0 for an id not in use). */
+static inline uint32_t kv_core_ns_blocks(const kv_core *c, uint32_t ns) {
+  return ns < c->nns ? c->ns[ns].nblocks : 0;
+}
+
+/* Whether a new namespace id is free (KV_NS_MAX ids, freed ones reused). */
+static inline int kv_core_ns_room(const kv_core *c) { return c->nfree || c->nns < KV_NS_MAX; }
 
 /* As kv_core_ns_register(), for a namespace with a stable identity: G3
  * records carry the digest, so blocks found on the SSD at start-up are

@@ -41,7 +41,14 @@ static int in_policy(const kv_block *b, const void *arg) {
 
 /* The distinct policy instances of tier t (one per class in use). */
 static uint32_t tier_policies(kv_core *c, kv_tier t, kv_evict **out, uint32_t max) {
+  if (t == KV_G3) return kv_core__g3_policies(c, out, max); /* owners' too, empty or not */
   uint32_t n = 0;
+  if (t == KV_G2) { /* every class's, whether a namespace uses it now or not */
+    for (uint32_t i = 0; i < c->ng2a; i++)
+      for (uint32_t k = 0; k < c->g2a[i]->nclasses && n < max; k++)
+        if (c->g2a[i]->cls[k].user) out[n++] = c->g2a[i]->cls[k].user;
+    return n;
+  }
   unsigned pools = t == KV_G1 ? c->ng1 : 1;
   for (uint32_t i = 0; i < c->nns; i++) {
     for (unsigned p = 0; p < pools; p++) {
@@ -174,7 +181,7 @@ static int64_t enforce_g3(kv_core *c) {
   uint64_t want = (used - lim + sb - 1) / sb;
   int64_t n = 0;
   while ((uint64_t)n < want) {
-    kv_block *v = c->g3_evict.ops->peek(&c->g3_evict);
+    kv_block *v = kv_core__g3_victim(c);
     if (!v || kv_core__evict_block(c, v, KV_G3)) break;
     n++;
   }
@@ -209,7 +216,7 @@ int64_t kv_core_evict_n(kv_core *c, kv_tier t, uint32_t ns, uint64_t n) {
   int64_t done = 0;
   if (ns == KV_NS_ANY) {
     while ((uint64_t)done < n) {
-      kv_block *v = t == KV_G2 ? g2_victim(c, NULL) : c->g3_evict.ops->peek(&c->g3_evict);
+      kv_block *v = t == KV_G2 ? g2_victim(c, NULL) : kv_core__g3_victim(c);
       if (!v || kv_core__evict_block(c, v, t)) break;
       done++;
     }

@@ -401,14 +401,18 @@ static int open_failed(const ctl *c, int rc) {
   if (rc == -ENOENT || rc == -ECONNREFUSED || rc == -ENOTDIR)
     fprintf(stderr, "kvctl: cannot reach kvcached at %s: %s (is the daemon running?)\n",
             c->socket, kvc_strerror(rc));
-  else if (rc == -EACCES || rc == -EPERM)
+  else if (rc == -EACCES)
     fprintf(stderr, "kvctl: cannot connect to %s: %s (the socket's group may connect)\n",
             c->socket, kvc_strerror(rc));
   else if (rc == -ENAMETOOLONG)
     fprintf(stderr, "kvctl: cannot connect to %s: socket path too long\n", c->socket);
-  else if (rc == -EUSERS)
-    fprintf(stderr, "kvctl: %s: tenant '%s' refused: every G2 arena is bound to another tenant "
-                    "(use --tenant, or raise g2.tenants)\n", c->socket, c->tenant);
+  else if (rc == -EPERM)
+    fprintf(stderr, "kvctl: %s: tenant '%s' refused: it is not configured, or this user may not "
+                    "act as it (the daemon's [tenant.NAME] sections; its log says which)\n",
+            c->socket, c->tenant);
+  else if (rc == -EDQUOT)
+    fprintf(stderr, "kvctl: %s: tenant '%s' has all the namespaces the daemon allows it "
+                    "(limits.namespaces_per_tenant)\n", c->socket, c->tenant);
   else
     fprintf(stderr, "kvctl: %s: session refused: %s\n", c->socket, kvc_strerror(rc));
   return EXIT_FAIL;

@@ -152,3 +152,89 @@ Test(config, shipped_default_file_matches_the_defaults) {
   }
   free(buf);
 }
+
+/* [tenant.NAME]: who may act as a tenant and its shares, from a file or
+ * from flags; names resolved when read. */
+Test(config, tenant_sections_name_credentials_and_shares) {
+  kv_config c;
+  char err[256];
+  kv_config_defaults(&c);
+  cr_assert_eq(c.ntenants, 0);
+  char *p = write_tmp("[tenant.alice]\nuids = root, 1001,1001\ngids = root\ng2_share = 25%\n"
+                      "g3_share = 1G\n[tenant.bob]\ngids = 2000\n");
+  cr_assert_eq(kv_config_load(&c, p, err, sizeof err), 0, "%s", err);
+  unlink(p);
+  cr_assert_eq(c.ntenants, 2);
+  const kv_cfg_tenant *a = kv_config_tenant(&c, "alice", 5);
+  cr_assert_not_null(a);
+  cr_assert_eq(a->nuids, 2, "a repeated uid counts once");
+  cr_assert_eq(a->uids[0], 0);
+  cr_assert_eq(a->uids[1], 1001);
+  cr_assert_eq(a->ngids, 1);
+  cr_assert_eq(a->gids[0], 0);
+  cr_assert_eq(a->g2_share.kind, KV_SHARE_PCT);
+  cr_assert_eq(a->g2_share.v, 2500);
+  cr_assert_eq(a->g3_share.kind, KV_SHARE_BYTES);
+  cr_assert_eq(a->g3_share.v, 1ull << 30);
+  /* Flags add to or override the file's sections. */
+  cr_assert_eq(kv_config_set(&c, "tenant.bob.g2_share", "12.5%", err, sizeof err), 0, "%s", err);
+  cr_assert_eq(kv_config_set(&c, "tenant.carol.v1.uids", "7", err, sizeof err), 0, "%s", err);
+  cr_assert_eq(c.ntenants, 3);
+  cr_assert_str_eq(c.tenants[2].name, "carol.v1");
+  cr_assert_eq(kv_config_validate(&c, err, sizeof err), 0, "%s", err);
+  uint64_t part[KV_CFG_TENANTS_MAX];
+  cr_assert_eq(kv_config_split(&c, 1, 1000000, part, err, sizeof err), 0);
+  cr_assert_eq(part[0], 250000);
+  cr_assert_eq(part[1], 125000);
+  cr_assert_eq(part[2], 625000, "a tenant without a share gets what the others leave");
+  /* --print-config writes sections that read back the same. */
+  char *buf = NULL;
+  size_t len = 0;
+  FILE *m = open_memstream(&buf, &len);
+  kv_config_print(&c, m);
+  fclose(m);
+  p = write_tmp(buf);
+  free(buf);
+  kv_config back;
+  kv_config_defaults(&back);
+  cr_assert_eq(kv_config_load(&back, p, err, sizeof err), 0, "%s", err);
+  unlink(p);
+  cr_assert_eq(memcmp(&back, &c, sizeof c), 0);
+}
+
+Test(config, tenant_mistakes_are_errors_that_name_the_option) {
+  kv_config c;
+  char err[256];
+  kv_config_defaults(&c);
+  cr_assert_eq(kv_config_set(&c, "tenant.alice.uids", "no-such-user-kvcached", err, sizeof err), -EINVAL);
+  cr_assert(strstr(err, "tenant.alice.uids") && strstr(err, "no-such-user-kvcached"), "%s", err);
+  cr_assert_eq(kv_config_set(&c, "tenant.alice.gids", "no-such-group-kvcached", err, sizeof err), -EINVAL);
+  cr_assert(strstr(err, "gid or group name"), "%s", err);
+  cr_assert_eq(kv_config_set(&c, "tenant.alice.colour", "blue", err, sizeof err), -ENOENT);
+  cr_assert_eq(kv_config_set(&c, "tenant.a lice.uids", "1", err, sizeof err), -EINVAL);
+  cr_assert_eq(kv_config_set(&c, "tenant.alice.g2_share", "101%", err, sizeof err), -EINVAL);
+  cr_assert_eq(kv_config_set(&c, "tenant.alice.g2_share", "1.125%", err, sizeof err), -EINVAL);
+  cr_assert_eq(kv_config_set(&c, "tenant.alice.g2_share", "lots", err, sizeof err), -EINVAL);
+  cr_assert_eq(c.ntenants, 0, "a refused option adds no tenant");
+  /* A tenant nobody may use. */
+  cr_assert_eq(kv_config_set(&c, "tenant.alice.g2_share", "10%", err, sizeof err), 0);
+  cr_assert_eq(kv_config_validate(&c, err, sizeof err), -EINVAL);
+  cr_assert(strstr(err, "tenant.alice") && strstr(err, "nobody"), "%s", err);
+  /* Shares over the whole tier. */
+  cr_assert_eq(kv_config_set(&c, "tenant.alice.uids", "1", err, sizeof err), 0);
+  cr_assert_eq(kv_config_set(&c, "tenant.alice.g2_share", "60%", err, sizeof err), 0);
+  cr_assert_eq(kv_config_set(&c, "tenant.bob.uids", "2", err, sizeof err), 0);
+  cr_assert_eq(kv_config_set(&c, "tenant.bob.g2_share", "50%", err, sizeof err), 0);
+  cr_assert_eq(kv_config_validate(&c, err, sizeof err), -EINVAL);
+  cr_assert(strstr(err, "g2_share"), "%s", err);
+  cr_assert_eq(kv_config_set(&c, "tenant.bob.g2_share", "40%", err, sizeof err), 0);
+  cr_assert_eq(kv_config_validate(&c, err, sizeof err), 0, "%s", err);
+  cr_assert_eq(kv_config_set(&c, "tenant.bob.g3_share", "5T", err, sizeof err), 0);
+  cr_assert_eq(kv_config_validate(&c, err, sizeof err), -EINVAL);
+  cr_assert(strstr(err, "g3_share"), "%s", err);
+  /* g2.tenants no longer binds arenas first-come. */
+  kv_config_defaults(&c);
+  cr_assert_eq(kv_config_set(&c, "g2.tenants", "2", err, sizeof err), 0);
+  cr_assert_eq(kv_config_validate(&c, err, sizeof err), -EINVAL);
+  cr_assert(strstr(err, "[tenant.NAME]"), "%s", err);
+}

@@ -25,16 +25,22 @@
 static char dir[64], sock[128];
 static pid_t daemon_pid;
 
-static void launch(const char *extra_tenants) {
+/* tenants: NULL for the one default tenant, or two names, comma-separated,
+ * each configured ([tenant.NAME]) for this test's own uid. */
+static void launch(const char *tenants) {
   daemon_pid = fork();
   cr_assert_geq(daemon_pid, 0);
   if (daemon_pid == 0) {
     prctl(PR_SET_PDEATHSIG, SIGKILL); /* never outlive the test */
-    char tenants[64], g3[96];
-    snprintf(tenants, sizeof tenants, "g2.tenants=%s", extra_tenants ? extra_tenants : "1");
+    char t[2][96] = {"log.level=warn", "log.level=warn"}, g3[96], names[128];
     snprintf(g3, sizeof g3, "%s/g3", dir);
+    snprintf(names, sizeof names, "%s", tenants ? tenants : "");
+    char *save = NULL;
+    int k = 0;
+    for (char *n = strtok_r(names, ",", &save); n && k < 2; n = strtok_r(NULL, ",", &save), k++)
+      snprintf(t[k], sizeof t[k], "tenant.%s.uids=%u", n, (unsigned)getuid());
     execl(KV_BIN_DIR "/kvcached", "kvcached", "--socket-dir", dir, "--g2-capacity", "2M",
-          "--set", "g2.page_size=1M", "--set", "g2.lock=no", "--set", tenants,
+          "--set", "g2.page_size=1M", "--set", "g2.lock=no", "--set", t[0], "--set", t[1],
           "--g3-path", g3, "--g3-capacity", "12M", "--set", "g3.block_bytes=64K",
           "--set", "g3.backend=threads", "--log-level", "warn", (char *)NULL);
     _exit(127);
@@ -47,11 +53,11 @@ static void launch(const char *extra_tenants) {
   cr_assert_fail("kvcached did not start");
 }
 
-static void start_daemon(const char *extra_tenants) {
+static void start_daemon(const char *tenants) {
   snprintf(dir, sizeof dir, "/tmp/kvd-test-XXXXXX");
   cr_assert_not_null(mkdtemp(dir));
   snprintf(sock, sizeof sock, "%s/kvcached.sock", dir);
-  launch(extra_tenants);
+  launch(tenants);
 }
 
 /* Stops the daemon with `sig` and waits for it; the directory stays. */
@@ -77,7 +83,7 @@ static void stop_daemon(void) {
 }
 
 static void setup(void) { start_daemon(NULL); }
-static void setup2(void) { start_daemon("2"); }
+static void setup2(void) { start_daemon("alice,bob"); }
 
 static kvc *open_as(const char *tenant, uint16_t rank, uint16_t size, const char *group) {
   kvc_opts o = {.socket_path = sock, .tenant = tenant, .group = group,
@@ -397,7 +403,7 @@ Test(daemon_tenants, tenants_are_isolated_and_limited, .init = setup2, .fini = s
   kvc_opts o = {.socket_path = sock, .tenant = "carol",
                 .layout = {.block_bytes = BLOCK, .tokens_per_block = 16, .tp_size = 1, .dtype = "bf16"}};
   kvc *c;
-  cr_assert_eq(kvc_open(&o, &c), -EUSERS, "a third tenant got an arena");
+  cr_assert_eq(kvc_open(&o, &c), -EPERM, "a tenant nobody configured got an arena");
   kvc_close(a);
   kvc_close(b);
 }

@@ -26,10 +26,11 @@
 static char ops_dir[64], ops_sock[128], ops_stats[128], ops_admin[128];
 static pid_t ops_pid;
 
-/* Starts kvcached: G2 2 MiB for `tenants` tenants, G3 off, plus `extra`
- * (--set values, NULL-terminated, may be NULL). 0 once it serves; its exit
- * status (> 0; 128 + signal) when it exits before it does, its directory
- * removed. */
+/* Starts kvcached: G2 2 MiB, G3 off, plus `extra` (--set values,
+ * NULL-terminated, may be NULL). tenants: NULL for the one default tenant,
+ * or names, comma-separated, each configured ([tenant.NAME]) for this
+ * test's own uid, sharing G2 evenly. 0 once it serves; its exit status
+ * (> 0; 128 + signal) when it exits before it does, its directory removed. */
 static int ops_try_start(const char *tenants, const char *const *extra) {
   snprintf(ops_dir, sizeof ops_dir, "/tmp/kvops-test-XXXXXX");
   cr_assert_not_null(mkdtemp(ops_dir));
@@ -40,13 +41,21 @@ static int ops_try_start(const char *tenants, const char *const *extra) {
   cr_assert_geq(ops_pid, 0);
   if (ops_pid == 0) {
     prctl(PR_SET_PDEATHSIG, SIGKILL);
-    char t[64];
-    snprintf(t, sizeof t, "g2.tenants=%s", tenants ? tenants : "1");
-    const char *argv[40] = {"kvcached", "--socket-dir", ops_dir, "--g2-capacity", "2M",
-                            "--set", "g2.page_size=1M", "--set", "g2.lock=no", "--set", t,
+    const char *argv[60] = {"kvcached", "--socket-dir", ops_dir, "--g2-capacity", "2M",
+                            "--set", "g2.page_size=1M", "--set", "g2.lock=no",
                             "--g3-path", "", "--log-level", "warn"};
-    int n = 15;
-    for (int i = 0; extra && extra[i] && n < 38; i++) {
+    int n = 13;
+    static char tset[8][128];
+    char names[256];
+    snprintf(names, sizeof names, "%s", tenants ? tenants : "");
+    char *save = NULL;
+    int k = 0;
+    for (char *t = strtok_r(names, ",", &save); t && k < 8; t = strtok_r(NULL, ",", &save), k++) {
+      snprintf(tset[k], sizeof tset[k], "tenant.%s.uids=%u", t, (unsigned)getuid());
+      argv[n++] = "--set";
+      argv[n++] = tset[k];
+    }
+    for (int i = 0; extra && extra[i] && n < 58; i++) {
       argv[n++] = "--set";
       argv[n++] = extra[i];
     }

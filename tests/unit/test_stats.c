@@ -187,7 +187,7 @@ Test(stats, keys_samples_the_index) {
   kvc_close(c);
 }
 
-static void setup2(void) { ops_start("2", NULL); }
+static void setup2(void) { ops_start("alice,bob", NULL); }
 TestSuite(stats2, .init = setup2, .fini = ops_stop, .timeout = 60);
 
 Test(stats2, a_key_held_by_another_tenant_is_not_shareable) {

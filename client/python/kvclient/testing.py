@@ -54,12 +54,15 @@ class Daemon:
     g3: None (no SSD tier) or a directory; g3_capacity, g3_block: its size and
     slot size (the largest block it takes); g1: None (G1 off) or a pool
     capacity per device (G1 on: start fails without a device), g1_backend:
-    "auto" or "sim"; tenants: G2 arenas; sets: more `--set NAME=VALUE`.
+    "auto" or "sim"; tenants: () for the one default tenant (every peer acts
+    as it, whatever tenant it names), or tenant names, each configured
+    ([tenant.NAME]) for this process's uid, with a G2 arena of its own;
+    sets: more `--set NAME=VALUE`.
     """
 
     def __init__(self, root: str, g2: str = "64M", g3: str | None = None,
                  g3_capacity: str = "256M", g3_block: str = "1M", page: str = "4M",
-                 g1: str | None = None, g1_backend: str = "auto", tenants: int = 1,
+                 g1: str | None = None, g1_backend: str = "auto", tenants: tuple = (),
                  sets: tuple = (), binary: str | None = None, log_level: str = "info"):
         self.root = root
         self.dir = os.path.join(root, "sock")
@@ -69,8 +72,9 @@ class Daemon:
         self.log = os.path.join(root, "kvcached.log")
         self.args = [binary or kvcached_bin(), "--socket-dir", self.dir, "--g2-capacity", g2,
                      "--set", f"g2.page_size={page}", "--set", "g2.lock=no",
-                     "--set", f"g2.tenants={tenants}", "--g3-path", g3 or "",
-                     "--log-level", log_level]
+                     "--g3-path", g3 or "", "--log-level", log_level]
+        for t in tenants:
+            self.args += ["--set", f"tenant.{t}.uids={os.getuid()}"]
         if g3:
             self.args += ["--g3-capacity", g3_capacity, "--set", f"g3.block_bytes={g3_block}"]
         if g1:

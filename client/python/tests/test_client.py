@@ -281,7 +281,7 @@ def test_allocation_is_invisible_until_commit_and_aborted_on_error(daemon):
 
 
 def test_namespaces_isolate_tenants_salts_and_layouts(tmp_root):
-    daemon = Daemon(tmp_root, tenants=2).start()
+    daemon = Daemon(tmp_root, tenants=("t", "u")).start()
     with connect(daemon) as c:
         keys = c.chain_keys(list(range(32)))
         store(c, keys)

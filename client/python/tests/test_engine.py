@@ -222,7 +222,7 @@ def test_blocks_evicted_between_lookup_and_load(daemon, work):
 
 
 def test_tp_group_gets_one_hit_length_and_namespaces_do_not_mix(tmp_root, work):
-    d = Daemon(tmp_root, tenants=2).start()
+    d = Daemon(tmp_root, tenants=("t", "u")).start()
     try:
         p = prompt(1)
         r0 = worker(work, d, prompt=p, save=True, tp=[0, 2, "g"])
