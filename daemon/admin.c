@@ -271,6 +271,11 @@ static int admin_route(const char *path) {
 static void on_stats(void *arg, const kvd_http_req *req, kvd_http_resp *resp) {
   kvd_ops *o = arg;
   o->d->m.stats_requests++;
+  if (req->tcp && strcmp(req->path, "/metrics") && strcmp(req->path, "/health")) {
+    kvd_http_error(resp, 403, "%s is served on the Unix sockets only (over TCP: /metrics and /health)",
+                   req->path);
+    return;
+  }
   int r = admin_route(req->path);
   int read_only = r == 0 && (!strcmp(req->method, "GET") || !strcmp(req->method, "HEAD"));
   if (r >= 0 && !read_only) {

@@ -71,8 +71,8 @@ static const opt opts[] = {
     {"log", "level", OPT_STR, O(log_level), sizeof(((kv_config *)0)->log_level),
      "info", "least severe level logged: debug, info, warn, error"},
     {"stats", "listen", OPT_STR, O(stats_listen), sizeof(((kv_config *)0)->stats_listen), "",
-     "also serve the read-only stats routes over TCP on host:port (e.g. 127.0.0.1:9464); "
-     "empty: Unix socket only"},
+     "also serve /metrics and /health (no other route) over TCP on host:port "
+     "(e.g. 127.0.0.1:9464); empty: Unix socket only"},
     {"admin", "group", OPT_STR, O(admin_group), sizeof(((kv_config *)0)->admin_group), "",
      "members of this group may use the admin socket (besides root and the daemon's user)"},
 };

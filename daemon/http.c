@@ -29,6 +29,7 @@ struct kvd_http_conn {
   int events;
   int nreq;
   int has_cred;
+  int tcp;
   kv_peercred cred;
   uint64_t last_ms;
   kvd_http_conn *next, **pprev;
@@ -240,7 +241,8 @@ static int on_complete(http_parser *p) {
   kvd_http_req req = {.method = http_method_str((enum http_method)p->method),
                       .path = url, .query = q ? q : "",
                       .body = (const char *)c->body.p, .body_len = c->body.len - 1,
-                      .has_cred = c->has_cred, .cred = c->cred, .conn_requests = ++c->nreq};
+                      .has_cred = c->has_cred, .cred = c->cred, .tcp = c->tcp,
+                      .conn_requests = ++c->nreq};
   kvd_http_resp r = {.status = 200, .content_type = "application/json"};
   kv_buf_init(&r.body);
   h->requests++;
@@ -315,6 +317,7 @@ static void add_conn(kvd_http *h, int fd, int unix_sock) {
   c->fd = fd;
   c->h = h;
   c->has_cred = unix_sock && kv_sock_peercred(fd, &c->cred) == 0;
+  c->tcp = !unix_sock;
   http_parser_init(&c->p, HTTP_REQUEST);
   c->p.data = c;
   kv_buf_init(&c->url);

@@ -42,6 +42,7 @@ typedef struct kvd_http_req {
   size_t body_len;
   int has_cred;         /* 1 on the Unix socket */
   kv_peercred cred;
+  int tcp;              /* 1 on the TCP listener */
   int conn_requests;    /* requests on this connection so far, this one included */
 } kvd_http_req;
 
