@@ -22,6 +22,7 @@ typedef struct kvd_stats {
   uint64_t frames_in, frames_out, bad_frames;
   uint64_t pins_released_on_close, allocs_aborted_on_close;
   uint64_t ops[KV_OP_COUNT];
+  uint64_t frames_over_limit; /* refused from the header: over frame_limit() (server.c) */
 } kvd_stats;
 
 typedef struct kvd {

@@ -24,6 +24,8 @@ struct kvd_conn {
   int events;
   int closing;
   kv_peercred cred;
+  kv_hdr refused;          /* the header check_header() refused */
+  uint32_t refused_limit;  /* and the limit it was over; 0: none refused */
   kvd_conn *next, **pprev;
 };
 
@@ -153,6 +155,62 @@ static void handle_frame(kvd_conn *c, const kv_frame *f) {
   }
 }
 
+/* The largest payload the daemon takes in a request of opcode op on c,
+ * judged from the header, before any payload is buffered: before HELLO, a
+ * HELLO's; after it, what the opcode's layout allows, and for PUT the
+ * session's block and its keys. An unknown opcode gets the control limit,
+ * so that it can be skipped with KV_EBADOP. */
+static uint32_t frame_limit(kvd_conn *c, uint16_t op) {
+  if (c->sess.ns < 0) return kv_req_payload_max(KV_OP_HELLO);
+  if (op == KV_OP_PUT) {
+    uint64_t m = KV_PUT_OVERHEAD + (uint64_t)kvd_registry_ns(&c->srv->d->reg, c->sess.ns)->block_bytes;
+    return m < KV_PAYLOAD_MAX_DATA ? (uint32_t)m : KV_PAYLOAD_MAX_DATA;
+  }
+  uint32_t m = kv_req_payload_max(op);
+  return m ? m : KV_PAYLOAD_MAX_CTRL;
+}
+
+/* The reader's header check (kv_reader_set_check). */
+static int check_header(void *arg, const kv_hdr *h) {
+  kvd_conn *c = arg;
+  uint32_t lim = frame_limit(c, h->op);
+  if (h->len <= lim) return 0;
+  c->refused = *h;
+  c->refused_limit = lim;
+  return -EMSGSIZE;
+}
+
+/* The ERROR that answers a stream error r, and the log line. */
+static void refuse_stream(kvd_conn *c, int r) {
+  kvd *d = c->srv->d;
+  char why[192];
+  const char *msg = kv_strerror(r);
+  uint64_t id = 0;
+  uint16_t op = 0;
+  d->st.bad_frames++;
+  if (r == -EMSGSIZE && c->refused_limit) {
+    d->st.frames_over_limit++;
+    id = c->refused.id;
+    op = c->refused.op;
+    const char *name = kv_op_name(op);
+    char opbuf[24];
+    if (!name) snprintf(opbuf, sizeof opbuf, "opcode %u", (unsigned)op), name = opbuf;
+    snprintf(why, sizeof why, "%s of %u bytes is over this connection's limit of %u bytes%s", name,
+             (unsigned)c->refused.len, (unsigned)c->refused_limit,
+             c->sess.ns < 0 ? " (no HELLO yet)" : "");
+    msg = why;
+    kv_warn("server", "session %llu (pid %d uid %d): %s: closing", (unsigned long long)c->sess.id,
+            (int)c->cred.pid, (int)c->cred.uid, why);
+  }
+  kv_buf tmp;
+  kv_buf_init(&tmp);
+  if (kv_msg_encode_error(&tmp, id, op, r, msg) == 0) {
+    struct iovec iov = {tmp.p, tmp.len};
+    kv_sock_send_frame(c->fd, &iov, 1, -1, 100);
+  }
+  kv_buf_free(&tmp);
+}
+
 static void conn_read(kvd_conn *c) {
   for (;;) {
     kv_frame f;
@@ -164,14 +222,7 @@ static void conn_read(kvd_conn *c) {
     }
     if (r < 0) {
       /* The stream cannot be resynchronised: say why, once, and close. */
-      c->srv->d->st.bad_frames++;
-      kv_buf tmp;
-      kv_buf_init(&tmp);
-      if (kv_msg_encode_error(&tmp, 0, 0, r, kv_strerror(r)) == 0) {
-        struct iovec iov = {tmp.p, tmp.len};
-        kv_sock_send_frame(c->fd, &iov, 1, -1, 100);
-      }
-      kv_buf_free(&tmp);
+      refuse_stream(c, r);
       conn_close(c, kv_strerror(r));
       return;
     }
@@ -227,6 +278,7 @@ static void on_accept(uv_poll_t *h, int status, int events) {
     kv_sock_peercred(fd, &c->cred);
     kvd_session_init(&c->sess, s->d->next_session_id++);
     kv_reader_init(&c->rd, 0);
+    kv_reader_set_check(&c->rd, check_header, c);
     kv_buf_init(&c->out);
     uv_poll_init(s->loop, &c->poll, fd);
     c->poll.data = c;

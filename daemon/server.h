@@ -9,7 +9,10 @@
  * that is malformed but keeps the stream in sync gets an ERROR reply and
  * the connection goes on; a stream that cannot be resynchronised (bad
  * magic, wrong version, an oversized length, fd trouble) gets one ERROR
- * reply and is closed. A peer that does not read its replies is not
+ * reply and is closed. "Oversized" is judged from the header, before any
+ * payload is buffered, against the connection's state: before HELLO, the
+ * largest HELLO; after it, the opcode's layout, and for PUT the session's
+ * block size (proto/PROTOCOL.md, section 5). A peer that does not read its replies is not
  * allowed to make the daemon buffer without bound: past KVD_OUT_MAX bytes
  * waiting, the daemon stops reading from it until they drain.
  */

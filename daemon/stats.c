@@ -405,6 +405,9 @@ int kvd_render_metrics(kvd *d, kv_buf *out) {
   P("kvcached_g1_copies_refused_total{dir=\"writeback\"} %llu\n", U(refused[KV_DEV_D2H]));
   H("kvcached_bad_frames_total", "counter", "Malformed frames received on the worker socket.");
   P("kvcached_bad_frames_total %llu\n", U(d->st.bad_frames));
+  H("kvcached_frames_over_limit_total", "counter",
+    "Worker frames refused from their header alone: payload over the connection's limit (connection closed).");
+  P("kvcached_frames_over_limit_total %llu\n", U(d->st.frames_over_limit));
   return 0;
 }
 #undef P
