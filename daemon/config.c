@@ -73,6 +73,13 @@ static const opt opts[] = {
     {"stats", "listen", OPT_STR, O(stats_listen), sizeof(((kv_config *)0)->stats_listen), "",
      "also serve /metrics and /health (no other route) over TCP on host:port "
      "(e.g. 127.0.0.1:9464); empty: Unix socket only"},
+    {"limits", "connections", OPT_U32, O(limits_connections), 0, "4096",
+     "worker connections open at once (fewer when RLIMIT_NOFILE leaves less room); "
+     "more are refused with an ERROR"},
+    {"limits", "connections_per_uid", OPT_U32, O(limits_connections_per_uid), 0, "1024",
+     "worker connections open at once from one user (peer uid); more are refused with an ERROR"},
+    {"limits", "hello_timeout_ms", OPT_U32, O(limits_hello_timeout_ms), 0, "10000",
+     "a worker connection without a session this long after it was accepted is closed; 0: never"},
     {"admin", "group", OPT_STR, O(admin_group), sizeof(((kv_config *)0)->admin_group), "",
      "members of this group may use the admin socket (besides root and the daemon's user)"},
 };
@@ -323,6 +330,10 @@ int kv_config_validate(const kv_config *c, char *err, size_t errlen) {
                (int)(colon - c->stats_listen), c->stats_listen);
       return -EINVAL;
     }
+  }
+  if (c->limits_connections == 0 || c->limits_connections_per_uid == 0) {
+    snprintf(err, errlen, "limits.connections and limits.connections_per_uid must be at least 1");
+    return -EINVAL;
   }
   if (kv_log_parse_level(c->log_level) < 0) {
     snprintf(err, errlen, "log.level: '%s' is not debug, info, warn or error", c->log_level);

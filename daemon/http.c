@@ -13,6 +13,7 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
+#include "daemon/accept.h"
 #include "daemon/log.h"
 #include "proto/errors.h"
 
@@ -334,31 +335,59 @@ static void add_conn(kvd_http *h, int fd, int unix_sock) {
   set_events(c);
 }
 
+/* kvd_accept()'s refusal at the descriptor limit: a 503, nothing that
+ * takes a descriptor. */
+static void refuse_fd_limit(void *arg, int fd) {
+  static const char body[] = "{\"error\":\"kvcached is out of file descriptors: try again later\"}\n";
+  char r[256];
+  int n = snprintf(r, sizeof r,
+                   "HTTP/1.1 503 Service Unavailable\r\nContent-Type: application/json\r\n"
+                   "Content-Length: %zu\r\nConnection: close\r\n\r\n%s", sizeof body - 1, body);
+  if (n > 0 && (size_t)n < sizeof r) send(fd, r, (size_t)n, MSG_NOSIGNAL | MSG_DONTWAIT);
+}
+
+/* Accepts what waits on listener lfd (tcp: 1 for the TCP one). An accept
+ * error that refusing cannot clear stops polling the listener until the
+ * next sweep, so the loop never spins on it. */
+static void accept_all(kvd_http *h, int lfd, int tcp) {
+  for (;;) {
+    int shed;
+    int fd = kvd_accept(lfd, refuse_fd_limit, h, &shed);
+    if (fd == -EAGAIN) return;
+    if (shed) {
+      h->refused_conns++;
+      kv_warn("http", "%s: out of file descriptors (%s): refused a connection", h->name,
+              kv_strerror(fd));
+      continue;
+    }
+    if (fd < 0) {
+      kv_warn("http", "%s: accept: %s: not accepting for a while", h->name, kv_strerror(fd));
+      uv_poll_stop(tcp ? &h->tpoll : &h->upoll);
+      if (tcp) h->tpaused = 1;
+      else h->upaused = 1;
+      return;
+    }
+    add_conn(h, fd, !tcp);
+  }
+}
+
 static void on_accept_unix(uv_poll_t *p, int status, int events) {
   kvd_http *h = p->data;
-  for (;;) {
-    int fd = kv_sock_accept(h->ulst.fd, KV_SOCK_NONBLOCK);
-    if (fd == -EAGAIN) return;
-    if (fd < 0) { kv_warn("http", "%s: accept: %s", h->name, kv_strerror(fd)); return; }
-    add_conn(h, fd, 1);
-  }
+  accept_all(h, h->ulst.fd, 0);
 }
 
 static void on_accept_tcp(uv_poll_t *p, int status, int events) {
   kvd_http *h = p->data;
-  for (;;) {
-    int fd = accept4(h->tcp_fd, NULL, NULL, SOCK_NONBLOCK | SOCK_CLOEXEC);
-    if (fd < 0 && (errno == EINTR || errno == ECONNABORTED)) continue;
-    if (fd < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) return;
-    if (fd < 0) { kv_warn("http", "%s: accept: %s", h->name, strerror(errno)); return; }
-    add_conn(h, fd, 0);
-  }
+  accept_all(h, h->tcp_fd, 1);
 }
 
 /* Closes connections idle (or stuck mid-request) too long. */
 static void on_sweep(uv_timer_t *t) {
   kvd_http *h = t->data;
   uint64_t now = mono_ms();
+  if (h->upaused && h->uon) uv_poll_start(&h->upoll, UV_READABLE, on_accept_unix);
+  if (h->tpaused && h->ton) uv_poll_start(&h->tpoll, UV_READABLE, on_accept_tcp);
+  h->upaused = h->tpaused = 0;
   for (kvd_http_conn *c = h->conns, *next; c; c = next) {
     next = c->next;
     if (now - c->last_ms >= KVD_HTTP_IDLE_MS) conn_close(c);

@@ -15,7 +15,9 @@
  * with a JSON error and the connection closed; a peer that disconnects
  * mid-request is dropped; a connection idle (or stuck mid-request) for
  * KVD_HTTP_IDLE_MS is closed; past KVD_HTTP_MAX_CONNS connections new ones
- * are refused; a peer that does not read its responses stops being read
+ * are refused; one that arrives when descriptors ran out is answered 503
+ * and closed (daemon/accept.h), so no listener spins; a peer that does not
+ * read its responses stops being read
  * once KVD_HTTP_OUT_MAX bytes wait for it. Keep-alive follows the request
  * (HTTP/1.1 default, "Connection: close", HTTP/1.0).
  */
@@ -67,6 +69,7 @@ typedef struct kvd_http {
   uv_poll_t upoll, tpoll;
   uv_timer_t sweep;
   int uon, ton, started;
+  int upaused, tpaused; /* a listener stopped after an accept error; the sweep resumes it */
   kvd_http_conn *conns;
   uint32_t nconns;
   uint64_t requests, bad_requests, refused_conns;

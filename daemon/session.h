@@ -25,6 +25,8 @@ typedef struct kvd_session {
   int g1_loaded; /* 1 once a LOAD to G1 came: offsets into g1pool were given */
   u32map pins;   /* block id -> pins this session holds on it */
   u32map allocs; /* block id -> 1 while this session writes it */
+  uint32_t peer_uid, peer_gid; /* the worker's credentials at accept (SO_PEERCRED) */
+  int32_t peer_pid;
 } kvd_session;
 
 void kvd_session_init(kvd_session *s, uint64_t id);

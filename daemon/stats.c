@@ -332,6 +332,17 @@ int kvd_render_metrics(kvd *d, kv_buf *out) {
   P("kvcached_sessions %llu\n", U(d->nsessions));
   H("kvcached_sessions_opened_total", "counter", "Worker connections accepted.");
   P("kvcached_sessions_opened_total %llu\n", U(d->st.sessions_opened));
+  H("kvcached_connections_refused_total", "counter",
+    "Connections refused at accept (answered with the reason, then closed), by socket and reason.");
+  for (int i = 0; i < KVD_REFUSED_COUNT; i++)
+    P("kvcached_connections_refused_total{socket=\"worker\",reason=\"%s\"} %llu\n",
+      kvd_refused_names[i], U(d->st.conns_refused[i]));
+  H("kvcached_connections_closed_total", "counter",
+    "Connections the daemon closed for a limit, by socket and reason.");
+  P("kvcached_connections_closed_total{socket=\"worker\",reason=\"hello_timeout\"} %llu\n",
+    U(d->st.hello_timeouts));
+  H("kvcached_connections_limit", "gauge", "Connections a socket takes at once.");
+  P("kvcached_connections_limit{socket=\"worker\"} %llu\n", U(d->st.conns_max));
   H("kvcached_requests_total", "counter", "Worker requests handled, by operation.");
   char low[32];
   for (uint16_t op = 1; op < KV_OP_COUNT; op++)
