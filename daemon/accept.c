@@ -27,11 +27,16 @@ void kvd_fd_reserve_fini(void) {
   reserve = -1;
 }
 
-int kvd_accept(int lfd, kvd_refuse_fn refuse, void *arg, int *shed) {
+int kvd_accept(int lfd, kvd_room_fn room, kvd_refuse_fn refuse, void *arg, int *shed) {
   if (shed) *shed = 0;
   int fd = kv_sock_accept(lfd, KV_SOCK_NONBLOCK);
   if (fd >= 0 || fd == -EAGAIN) return fd;
-  if ((fd != -EMFILE && fd != -ENFILE) || reserve < 0) return fd;
+  if (fd != -EMFILE && fd != -ENFILE) return fd;
+  if (room && room(arg)) {
+    fd = kv_sock_accept(lfd, KV_SOCK_NONBLOCK);
+    if (fd >= 0 || fd == -EAGAIN || (fd != -EMFILE && fd != -ENFILE)) return fd;
+  }
+  if (reserve < 0) return fd;
   close(reserve);
   reserve = -1;
   int c = kv_sock_accept(lfd, KV_SOCK_NONBLOCK);

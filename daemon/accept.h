@@ -32,21 +32,25 @@ int kvd_fd_reserve_init(void);
 /* Gives it back (tests). */
 void kvd_fd_reserve_fini(void);
 
+/* Called at the descriptor limit before the reserve is spent: 1 if it
+ * closed a descriptor of the caller's (then the accept is tried again). */
+typedef int (*kvd_room_fn)(void *arg);
 /* Called with a connection refused at the descriptor limit, before it is
  * closed: a short non-blocking write may tell the peer why. */
 typedef void (*kvd_refuse_fn)(void *arg, int fd);
 
 /*
  * Accepts one connection from the non-blocking listener lfd; the new fd is
- * close-on-exec and non-blocking. Returns the fd; -EAGAIN when none waits;
- * -EMFILE or -ENFILE when descriptors ran out and one waiting connection
- * was taken with the reserve, given to refuse (may be NULL) and closed -
- * the caller counts it and calls again; or -EMFILE/-ENFILE/-errno with
- * nothing taken (no reserve to spend, or another error): the caller must
- * stop polling lfd for a while, or it would spin.
- * *shed (may be NULL) is set to 1 when a connection was refused, else 0.
+ * close-on-exec and non-blocking. At the descriptor limit room (may be
+ * NULL) is asked first to free one. Returns the fd; -EAGAIN when none
+ * waits; -EMFILE or -ENFILE when descriptors ran out and one waiting
+ * connection was taken with the reserve, given to refuse (may be NULL) and
+ * closed - the caller counts it and calls again; or -EMFILE/-ENFILE/-errno
+ * with nothing taken (no reserve to spend, or another error): the caller
+ * must stop polling lfd for a while, or it would spin. *shed (may be NULL)
+ * is set to 1 when a connection was refused, else 0.
  */
-int kvd_accept(int lfd, kvd_refuse_fn refuse, void *arg, int *shed);
+int kvd_accept(int lfd, kvd_room_fn room, kvd_refuse_fn refuse, void *arg, int *shed);
 
 /* Descriptors this process has open now (from /proc/self/fd), or -errno. */
 int kvd_fds_open(void);

@@ -73,6 +73,14 @@ static const opt opts[] = {
     {"stats", "listen", OPT_STR, O(stats_listen), sizeof(((kv_config *)0)->stats_listen), "",
      "also serve /metrics and /health (no other route) over TCP on host:port "
      "(e.g. 127.0.0.1:9464); empty: Unix socket only"},
+    {"stats", "connections", OPT_U32, O(stats_connections), 0, "64",
+     "connections at once on the stats socket; when full, the one that waited longest for a "
+     "complete request makes room for a new one"},
+    {"stats", "tcp_connections", OPT_U32, O(stats_tcp_connections), 0, "16",
+     "connections at once on stats.listen, counted apart from the Unix socket's"},
+    {"stats", "request_timeout_ms", OPT_U32, O(stats_request_timeout_ms), 0, "10000",
+     "an HTTP request (stats, TCP, admin) not complete this long after its start (the accept, "
+     "or its first byte on a kept-alive connection) is answered 408 and its connection closed"},
     {"limits", "connections", OPT_U32, O(limits_connections), 0, "4096",
      "worker connections open at once (fewer when RLIMIT_NOFILE leaves less room); "
      "more are refused with an ERROR"},
@@ -82,6 +90,8 @@ static const opt opts[] = {
      "a worker connection without a session this long after it was accepted is closed; 0: never"},
     {"admin", "group", OPT_STR, O(admin_group), sizeof(((kv_config *)0)->admin_group), "",
      "members of this group may use the admin socket (besides root and the daemon's user)"},
+    {"admin", "connections", OPT_U32, O(admin_connections), 0, "16",
+     "connections at once on the admin socket (full: as stats.connections)"},
 };
 #undef O
 #define NOPTS (sizeof opts / sizeof opts[0])
@@ -333,6 +343,12 @@ int kv_config_validate(const kv_config *c, char *err, size_t errlen) {
   }
   if (c->limits_connections == 0 || c->limits_connections_per_uid == 0) {
     snprintf(err, errlen, "limits.connections and limits.connections_per_uid must be at least 1");
+    return -EINVAL;
+  }
+  if (c->stats_connections == 0 || c->stats_tcp_connections == 0 || c->admin_connections == 0 ||
+      c->stats_request_timeout_ms == 0) {
+    snprintf(err, errlen, "stats.connections, stats.tcp_connections, stats.request_timeout_ms and "
+             "admin.connections must be at least 1");
     return -EINVAL;
   }
   if (kv_log_parse_level(c->log_level) < 0) {

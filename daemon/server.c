@@ -7,7 +7,6 @@
 #include <unistd.h>
 
 #include "daemon/accept.h"
-#include "daemon/http.h"
 #include "daemon/log.h"
 #include "ipc/reader.h"
 
@@ -300,7 +299,7 @@ static void on_accept(uv_poll_t *h, int status, int events) {
   kvd *d = s->d;
   for (;;) {
     int shed;
-    int fd = kvd_accept(s->lst.fd, refuse_fd_limit, s, &shed);
+    int fd = kvd_accept(s->lst.fd, NULL, refuse_fd_limit, s, &shed);
     if (fd == -EAGAIN) return;
     if (shed) {
       d->st.conns_refused[KVD_REFUSED_FD_LIMIT]++;
@@ -403,7 +402,8 @@ static void on_sweep(uv_timer_t *t) {
  * operator sockets' connections and KVD_FD_SPARE. 0 when none (logged). */
 static uint32_t worker_budget(kvd *d) {
   uint32_t want = d->cfg.limits_connections;
-  uint64_t ops = (uint64_t)KVD_HTTP_MAX_CONNS * (d->cfg.stats_listen[0] ? 3 : 2) + 3;
+  uint64_t ops = (uint64_t)d->cfg.stats_connections + d->cfg.admin_connections + 3 +
+                 (d->cfg.stats_listen[0] ? d->cfg.stats_tcp_connections : 0);
   int open_now = kvd_fds_open();
   uint64_t others = (open_now > 0 ? (uint64_t)open_now : 64) + ops + KVD_FD_SPARE;
   int64_t b = kvd_fd_budget(others, want);

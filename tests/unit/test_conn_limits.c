@@ -7,8 +7,10 @@
  * a connection without a session is closed after limits.hello_timeout_ms. */
 #include "test_ops_util.h"
 
+#include <arpa/inet.h>
 #include <dirent.h>
 #include <fcntl.h>
+#include <netinet/in.h>
 
 #include "daemon/accept.h"
 #include "proto/errors.h"
@@ -151,11 +153,11 @@ Test(fd_limit, a_listener_out_of_descriptors_is_drained_not_spun_on) {
   int plain2 = kv_sock_accept(l.fd, KV_SOCK_NONBLOCK);
   /* With the reserve: each waiting connection is taken and refused. */
   int refused = 0, rc[4], shed[4];
-  for (int i = 0; i < 3; i++) rc[i] = kvd_accept(l.fd, say_no, &refused, &shed[i]);
+  for (int i = 0; i < 3; i++) rc[i] = kvd_accept(l.fd, NULL, say_no, &refused, &shed[i]);
   /* Without a reserve to spend nothing is taken: the caller pauses. */
   kvd_fd_reserve_fini();
   int refill = open("/dev/null", O_RDONLY); /* the slot the reserve held */
-  rc[3] = kvd_accept(l.fd, say_no, &refused, &shed[3]);
+  rc[3] = kvd_accept(l.fd, NULL, say_no, &refused, &shed[3]);
   if (refill >= 0) close(refill);
   for (int i = 0; i < nfill; i++) close(fill[i]);
   setrlimit(RLIMIT_NOFILE, &old);
@@ -175,9 +177,9 @@ Test(fd_limit, a_listener_out_of_descriptors_is_drained_not_spun_on) {
   cr_assert_eq(rc[3], -EMFILE);
   cr_assert_eq(shed[3], 0, "a connection was taken without a reserve");
   /* The fourth still waits, and is accepted once descriptors are back. */
-  int fd = kvd_accept(l.fd, NULL, NULL, NULL);
+  int fd = kvd_accept(l.fd, NULL, NULL, NULL, NULL);
   cr_assert_geq(fd, 0);
-  cr_assert_eq(kvd_accept(l.fd, NULL, NULL, NULL), -EAGAIN);
+  cr_assert_eq(kvd_accept(l.fd, NULL, NULL, NULL, NULL), -EAGAIN);
   close(fd);
   for (int i = 0; i < 4; i++) close(cl[i]);
   kv_listener_close(&l);
@@ -191,17 +193,17 @@ Test(fd_limit, a_listener_out_of_descriptors_is_drained_not_spun_on) {
 Test(fd_limit, workers_past_the_descriptor_limit_are_refused_and_health_answers, .timeout = 120) {
   struct rlimit rl;
   cr_assert_eq(getrlimit(RLIMIT_NOFILE, &rl), 0);
-  if (rl.rlim_cur < 1400) {
-    rl.rlim_cur = rl.rlim_max < 1400 ? rl.rlim_max : 1400;
+  if (rl.rlim_cur < 512) {
+    rl.rlim_cur = rl.rlim_max < 512 ? rl.rlim_max : 512;
     setrlimit(RLIMIT_NOFILE, &rl);
   }
-  if (rl.rlim_cur < 1400) cr_skip_test("this test needs 1400 descriptors (hard limit %llu)",
-                                      (unsigned long long)rl.rlim_max);
-  ops_nofile = 1000;
+  if (rl.rlim_cur < 512) cr_skip_test("this test needs 512 descriptors (hard limit %llu)",
+                                     (unsigned long long)rl.rlim_max);
+  ops_nofile = 256;
   ops_start(NULL, NULL);
   long long cap = metric("kvcached_connections_limit{socket=\"worker\"}");
-  cr_assert(cap > 0 && cap < 1000, "the worker limit is %lld under RLIMIT_NOFILE 1000", cap);
-  enum { N = 1100 };
+  cr_assert(cap > 0 && cap < 256, "the worker limit is %lld under RLIMIT_NOFILE 256", cap);
+  enum { N = 300 };
   static int fds[N];
   for (int i = 0; i < N; i++) fds[i] = raw_conn();
   long long refused = wait_metric("kvcached_connections_refused_total{socket=\"worker\",reason=\"fd_limit\"}",
@@ -334,5 +336,161 @@ Test(conn_caps, a_connection_without_hello_is_closed_after_the_timeout, .timeout
   cr_assert_eq(kvc_status(w, &j), 0);
   free(j);
   kvc_close(w);
+  ops_stop();
+}
+
+/* --- slowloris on the operator sockets ------------------------------------------- */
+
+/* A TCP connection to 127.0.0.1:port, or -errno. */
+static int tcp_connect(int port) {
+  int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  cr_assert_geq(fd, 0);
+  struct sockaddr_in a = {.sin_family = AF_INET, .sin_port = htons((uint16_t)port),
+                          .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
+  if (connect(fd, (struct sockaddr *)&a, sizeof a)) {
+    int e = -errno;
+    close(fd);
+    return e;
+  }
+  return fd;
+}
+
+/* One GET /health on a fresh TCP connection: its status, or -1. */
+static int tcp_health(int port) {
+  int fd = tcp_connect(port);
+  if (fd < 0) return -1;
+  struct timeval tv = {5, 0};
+  setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv);
+  static const char req[] = "GET /health HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n";
+  send(fd, req, sizeof req - 1, MSG_NOSIGNAL);
+  char buf[512] = {0};
+  ssize_t n = recv(fd, buf, sizeof buf - 1, 0);
+  close(fd);
+  int st = -1;
+  if (n > 0 && sscanf(buf, "HTTP/1.1 %d", &st) != 1) st = -1;
+  return st;
+}
+
+/* A free TCP port on loopback. */
+static int free_port(void) {
+  int fd = socket(AF_INET, SOCK_STREAM, 0);
+  struct sockaddr_in a = {.sin_family = AF_INET, .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
+  socklen_t len = sizeof a;
+  cr_assert_eq(bind(fd, (struct sockaddr *)&a, sizeof a), 0);
+  cr_assert_eq(getsockname(fd, (struct sockaddr *)&a, &len), 0);
+  close(fd);
+  return ntohs(a.sin_port);
+}
+
+#define SLOW 300 /* more than the 256 places every operator socket used to have */
+
+/* 1 once the daemon has closed fd (what it said before is read first). */
+static int closed_by_daemon(int fd) {
+  char buf[512];
+  for (;;) {
+    ssize_t n = recv(fd, buf, sizeof buf, MSG_DONTWAIT);
+    if (n == 0 || (n < 0 && errno == ECONNRESET)) return 1;
+    if (n < 0) return 0;
+  }
+}
+
+/* SLOW connections (on TCP port `port`, or the Unix stats socket when 0)
+ * trickle a request one byte every 100 ms for 2.5 s, past the 1 s request
+ * timeout; meanwhile /health is asked on the Unix socket (and over TCP) every
+ * round and must answer 200 every time; at the end the daemon has closed
+ * every trickling connection. */
+static void slowloris(int port) {
+  struct rlimit rl;
+  getrlimit(RLIMIT_NOFILE, &rl);
+  if (rl.rlim_cur < 2 * SLOW) {
+    rl.rlim_cur = rl.rlim_max < 2 * SLOW ? rl.rlim_max : 2 * SLOW;
+    setrlimit(RLIMIT_NOFILE, &rl);
+  }
+  static int fds[SLOW];
+  for (int i = 0; i < SLOW; i++) {
+    fds[i] = port ? tcp_connect(port) : kv_sock_connect(ops_stats, 0);
+    cr_assert_geq(fds[i], 0, "connection %d: %s", i, strerror(-fds[i]));
+  }
+  static const char req[] = "GET /health HTTP/1.1\r\nHost: x\r\n";
+  char cmd[256];
+  snprintf(cmd, sizeof cmd, "%s/kvctl health --live --socket-dir %s >/dev/null 2>&1", KV_BIN_DIR, ops_dir);
+  for (int round = 0; round < 25; round++) {
+    for (int i = 0; i < SLOW; i++)
+      send(fds[i], req + round % (sizeof req - 1), 1, MSG_NOSIGNAL | MSG_DONTWAIT);
+    const char *body;
+    int st = ops_req(ops_stats, "GET", "/health", resp, sizeof resp, &body);
+    cr_assert_eq(st, 200, "round %d: GET /health on the stats socket answered %d", round, st);
+    if (port) {
+      st = tcp_health(port);
+      cr_assert_eq(st, 200, "round %d: GET /health over TCP answered %d", round, st);
+    }
+    if (round % 8 == 0) cr_assert_eq(system(cmd), 0, "round %d: kvctl health --live failed", round);
+    usleep(100000);
+  }
+  int open = 0;
+  for (int i = 0; i < SLOW; i++) {
+    open += !closed_by_daemon(fds[i]);
+    close(fds[i]);
+  }
+  cr_assert_eq(open, 0, "%d of %d trickling connections are still open after 2.5 s", open, SLOW);
+}
+
+Test(slowloris, on_the_stats_socket_health_always_answers, .timeout = 120) {
+  const char *extra[] = {"stats.request_timeout_ms=1000", NULL};
+  ops_start(NULL, extra);
+  slowloris(0);
+  const char *s = "socket=\"stats\"";
+  char q[128];
+  snprintf(q, sizeof q, "kvcached_connections_closed_total{%s,reason=\"request_timeout\"}", s);
+  cr_assert_gt(metric(q), 0, "none closed by the request timeout");
+  snprintf(q, sizeof q, "kvcached_connections_closed_total{%s,reason=\"evicted\"}", s);
+  cr_assert_geq(metric(q), SLOW - 64, "fewer evicted than connections past the limit");
+  ops_stop();
+}
+
+Test(slowloris, over_tcp_does_not_starve_the_unix_socket, .timeout = 120) {
+  int port = free_port();
+  char listen[64];
+  snprintf(listen, sizeof listen, "stats.listen=127.0.0.1:%d", port);
+  const char *extra[] = {"stats.request_timeout_ms=1000", listen, NULL};
+  ops_start(NULL, extra);
+  slowloris(port);
+  cr_assert_gt(metric("kvcached_connections_closed_total{socket=\"stats_tcp\",reason=\"request_timeout\"}"), 0);
+  cr_assert_eq(metric("kvcached_connections_closed_total{socket=\"stats\",reason=\"evicted\"}"), 0,
+               "TCP clients made Unix socket connections go");
+  ops_stop();
+}
+
+/* A request that trickles in within the deadline is still served, and the
+ * deadline does not move with the bytes. */
+Test(slowloris, the_request_deadline_is_absolute, .timeout = 60) {
+  const char *extra[] = {"stats.request_timeout_ms=1500", NULL};
+  ops_start(NULL, extra);
+  static const char req[] = "GET /health HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n";
+  /* Fast enough: one byte every 10 ms (about 0.6 s in all). */
+  int fd = kv_sock_connect(ops_stats, 0);
+  cr_assert_geq(fd, 0);
+  for (size_t i = 0; i < sizeof req - 1; i++) {
+    cr_assert_eq(send(fd, req + i, 1, MSG_NOSIGNAL), 1);
+    usleep(10000);
+  }
+  struct timeval tv = {5, 0};
+  setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv);
+  char buf[512] = {0};
+  cr_assert_gt(recv(fd, buf, sizeof buf - 1, 0), 0);
+  cr_assert(!strncmp(buf, "HTTP/1.1 200", 12), "%s", buf);
+  close(fd);
+  /* Too slow: a byte every 100 ms would take about 6 s; 408 at 1.5 s. */
+  fd = kv_sock_connect(ops_stats, 0);
+  cr_assert_geq(fd, 0);
+  size_t i = 0;
+  for (; i < sizeof req - 1; i++) {
+    if (send(fd, req + i, 1, MSG_NOSIGNAL) != 1) break;
+    usleep(100000);
+    if (closed_by_daemon(fd)) break;
+  }
+  cr_assert_lt(i, sizeof req - 1, "the whole request trickled in: the deadline moved");
+  close(fd);
+  cr_assert_eq(metric("kvcached_connections_closed_total{socket=\"stats\",reason=\"request_timeout\"}"), 1);
   ops_stop();
 }
