@@ -441,7 +441,7 @@ int kvd_server_start(kvd_server *s, kvd *d, uv_loop_t *loop) {
   s->lpoll.data = s;
   uv_poll_start(&s->lpoll, UV_READABLE, on_accept);
   s->listening = 1;
-  uint32_t every = d->cfg.limits_hello_timeout_ms / 4;
+  uint32_t every = d->cfg.limits_hello_timeout_ms ? d->cfg.limits_hello_timeout_ms / 4 : 1000;
   every = every < 10 ? 10 : every > 1000 ? 1000 : every;
   uv_timer_init(loop, &s->sweep);
   s->sweep.data = s;
