@@ -492,17 +492,22 @@ int kvc_status(kvc *c, char **json) {
  * m, reads the next frame into *f (its fds, -1 when none) and decodes it
  * into *r. 0, the decoder's error, or the error that broke the connection
  * (*f then holds no fds); the caller closes the fds *f holds. */
+/* A daemon that refuses a connection at accept (a connection limit) sends
+ * an ERROR and closes it, maybe before the request is sent: the ERROR is
+ * then still read, and returned rather than the send's -EPIPE. */
 static int call_open(kvc *c, kv_msg *m, kv_frame *f, kv_msg *r) {
   f->fd = f->fd2 = -1;
-  int rc = send_msg(c, m);
-  if (rc) return rc;
-  rc = kv_reader_recv(&c->rd, c->fd, f, c->timeout_ms);
+  int sent = send_msg(c, m);
+  if (sent && sent != -EPIPE && sent != -ECONNRESET) return sent;
+  int rc = kv_reader_recv(&c->rd, c->fd, f, c->timeout_ms);
   if (rc == 0) rc = -ECONNRESET;
   if (rc < 0) {
     f->fd = f->fd2 = -1;
-    return rc;
+    return sent ? sent : rc;
   }
-  return kv_msg_decode(f->p, f->len, r);
+  rc = kv_msg_decode(f->p, f->len, r);
+  if (rc == 0 && sent && r->op != KV_OP_ERROR) rc = sent;
+  return rc;
 }
 
 /* g1.info.reason = prefix and the daemon's text (printable only). */

@@ -278,6 +278,11 @@ static int admin_route(const char *path) {
 static void on_stats(void *arg, const kvd_http_req *req, kvd_http_resp *resp) {
   kvd_ops *o = arg;
   o->d->m.stats_requests++;
+  if (req->tcp && strcmp(req->path, "/metrics") && strcmp(req->path, "/health")) {
+    kvd_http_error(resp, 403, "%s is served on the Unix sockets only (over TCP: /metrics and /health)",
+                   req->path);
+    return;
+  }
   int r = admin_route(req->path);
   int read_only = r == 0 && (!strcmp(req->method, "GET") || !strcmp(req->method, "HEAD"));
   if (r >= 0 && !read_only) {
@@ -347,10 +352,17 @@ int kvd_ops_start(kvd_ops *o, kvd *d, uv_loop_t *loop) {
   }
   kvd_http_init(&o->stats, loop, "stats", on_stats, o);
   kvd_http_init(&o->admin, loop, "admin", on_admin, o);
+  kvd_http_set_limits(&o->stats, d->cfg.stats_connections, d->cfg.stats_tcp_connections,
+                      d->cfg.stats_request_timeout_ms);
+  kvd_http_set_limits(&o->admin, d->cfg.admin_connections, 0, d->cfg.stats_request_timeout_ms);
+  d->m.http[KVD_SOCK_STATS] = &o->stats.st[KVD_HTTP_UNIX];
+  d->m.http[KVD_SOCK_STATS_TCP] = d->cfg.stats_listen[0] ? &o->stats.st[KVD_HTTP_TCP] : NULL;
+  d->m.http[KVD_SOCK_ADMIN] = &o->admin.st[KVD_HTTP_UNIX];
   int rc = kvd_http_listen_unix(&o->stats, d->cfg.socket_dir, KVD_STATS_SOCKET_NAME, 0666);
   if (!rc && d->cfg.stats_listen[0]) rc = kvd_http_listen_tcp(&o->stats, d->cfg.stats_listen);
   if (!rc) rc = kvd_http_listen_unix(&o->admin, d->cfg.socket_dir, KVD_ADMIN_SOCKET_NAME, 0600);
   if (rc) {
+    for (int i = 0; i < KVD_SOCK_COUNT; i++) d->m.http[i] = NULL;
     kvd_http_close(&o->stats);
     kvd_http_close(&o->admin);
     return rc;
@@ -364,6 +376,8 @@ int kvd_ops_start(kvd_ops *o, kvd *d, uv_loop_t *loop) {
 }
 
 void kvd_ops_stop(kvd_ops *o) {
+  if (o->d)
+    for (int i = 0; i < KVD_SOCK_COUNT; i++) o->d->m.http[i] = NULL;
   kvd_http_close(&o->stats);
   kvd_http_close(&o->admin);
   if (o->ticking) {

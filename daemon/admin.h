@@ -1,6 +1,7 @@
 /*
  * admin.h - the operator surface: the stats socket (read-only routes, to
- * anyone who can reach it, and optionally over TCP) and the admin socket
+ * anyone who can reach it; optionally /metrics and /health alone over TCP,
+ * every other path answered 403 there) and the admin socket
  * (state-changing routes, to root, the daemon's own user and members of
  * admin.group, checked with SO_PEERCRED on every connection). The routes,
  * their arguments and answers are the contract of daemon/OPS.md.

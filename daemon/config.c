@@ -77,10 +77,23 @@ static const opt opts[] = {
     {"log", "level", OPT_STR, O(log_level), sizeof(((kv_config *)0)->log_level),
      "info", "least severe level logged: debug, info, warn, error"},
     {"stats", "listen", OPT_STR, O(stats_listen), sizeof(((kv_config *)0)->stats_listen), "",
-     "also serve the read-only stats routes over TCP on host:port (e.g. 127.0.0.1:9464); "
-     "empty: Unix socket only"},
-    {"admin", "group", OPT_STR, O(admin_group), sizeof(((kv_config *)0)->admin_group), "",
-     "members of this group may use the admin socket (besides root and the daemon's user)"},
+     "also serve /metrics and /health (no other route) over TCP on host:port "
+     "(e.g. 127.0.0.1:9464); empty: Unix socket only"},
+    {"stats", "connections", OPT_U32, O(stats_connections), 0, "64",
+     "connections at once on the stats socket; when full, the one that waited longest for a "
+     "complete request makes room for a new one"},
+    {"stats", "tcp_connections", OPT_U32, O(stats_tcp_connections), 0, "16",
+     "connections at once on stats.listen, counted apart from the Unix socket's"},
+    {"stats", "request_timeout_ms", OPT_U32, O(stats_request_timeout_ms), 0, "10000",
+     "an HTTP request (stats, TCP, admin) not complete this long after its start (the accept, "
+     "or its first byte on a kept-alive connection) is answered 408 and its connection closed"},
+    {"limits", "connections", OPT_U32, O(limits_connections), 0, "4096",
+     "worker connections open at once (fewer when RLIMIT_NOFILE leaves less room); "
+     "more are refused with an ERROR"},
+    {"limits", "connections_per_uid", OPT_U32, O(limits_connections_per_uid), 0, "1024",
+     "worker connections open at once from one user (peer uid); more are refused with an ERROR"},
+    {"limits", "hello_timeout_ms", OPT_U32, O(limits_hello_timeout_ms), 0, "10000",
+     "a worker connection without a session this long after it was accepted is closed; 0: never"},
     {"limits", "pins_per_session", OPT_U32, O(limit_pins_per_session), 0, "1048576",
      "pins one worker connection may hold, repeats counted; past it a LOAD's key answers -EDQUOT"},
     {"limits", "allocs_per_session", OPT_U32, O(limit_allocs_per_session), 0, "65536",
@@ -88,6 +101,10 @@ static const opt opts[] = {
     {"limits", "namespaces_per_tenant", OPT_U32, O(limit_namespaces_per_tenant), 0, "4096",
      "namespaces one tenant may have at once (those with sessions or blocks); past it a HELLO for a "
      "new one answers -EDQUOT"},
+    {"admin", "group", OPT_STR, O(admin_group), sizeof(((kv_config *)0)->admin_group), "",
+     "members of this group may use the admin socket (besides root and the daemon's user)"},
+    {"admin", "connections", OPT_U32, O(admin_connections), 0, "16",
+     "connections at once on the admin socket (full: as stats.connections)"},
 };
 #undef O
 #define NOPTS (sizeof opts / sizeof opts[0])
@@ -574,6 +591,16 @@ int kv_config_validate(const kv_config *c, char *err, size_t errlen) {
       c->limit_namespaces_per_tenant == 0) {
     snprintf(err, errlen, "limits.pins_per_session, limits.allocs_per_session and "
              "limits.namespaces_per_tenant must be at least 1");
+    return -EINVAL;
+  }
+  if (c->limits_connections == 0 || c->limits_connections_per_uid == 0) {
+    snprintf(err, errlen, "limits.connections and limits.connections_per_uid must be at least 1");
+    return -EINVAL;
+  }
+  if (c->stats_connections == 0 || c->stats_tcp_connections == 0 || c->admin_connections == 0 ||
+      c->stats_request_timeout_ms == 0) {
+    snprintf(err, errlen, "stats.connections, stats.tcp_connections, stats.request_timeout_ms and "
+             "admin.connections must be at least 1");
     return -EINVAL;
   }
   if (kv_log_parse_level(c->log_level) < 0) {

@@ -62,6 +62,13 @@ typedef struct kv_config {
   char log_level[16];     /* [log] level */
   uint32_t load_timeout_ms; /* [daemon] load_timeout_ms */
   char stats_listen[64];  /* [stats] listen: host:port for the TCP stats listener; "" = off */
+  uint32_t limits_connections;         /* [limits] connections: worker connections at once */
+  uint32_t limits_connections_per_uid; /* [limits] connections_per_uid */
+  uint32_t limits_hello_timeout_ms;    /* [limits] hello_timeout_ms: 0 = none */
+  uint32_t stats_connections;     /* [stats] connections: on the Unix stats socket */
+  uint32_t stats_tcp_connections; /* [stats] tcp_connections: on stats.listen */
+  uint32_t stats_request_timeout_ms; /* [stats] request_timeout_ms: every HTTP socket */
+  uint32_t admin_connections;     /* [admin] connections */
   char admin_group[64];   /* [admin] group: members may use the admin socket; "" = none */
   char g1_enable[8];      /* [g1] enable: auto, on, off */
   uint64_t g1_capacity;   /* [g1] capacity: bytes of the device pool */

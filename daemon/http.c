@@ -13,6 +13,7 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
+#include "daemon/accept.h"
 #include "daemon/log.h"
 #include "proto/errors.h"
 
@@ -29,8 +30,10 @@ struct kvd_http_conn {
   int events;
   int nreq;
   int has_cred;
+  int tcp;
   kv_peercred cred;
-  uint64_t last_ms;
+  uint64_t last_ms;      /* the last byte in or response out */
+  uint64_t req_ms;       /* the current request's clock: accept or first byte; 0: idle */
   kvd_http_conn *next, **pprev;
 };
 
@@ -63,6 +66,7 @@ const char *kvd_http_reason(int status) {
   case 403: return "Forbidden";
   case 404: return "Not Found";
   case 405: return "Method Not Allowed";
+  case 408: return "Request Timeout";
   case 409: return "Conflict";
   case 500: return "Internal Server Error";
   case 503: return "Service Unavailable";
@@ -147,18 +151,34 @@ static void conn_free_cb(uv_handle_t *hd) {
   kv_buf_free(&c->url);
   kv_buf_free(&c->body);
   kv_buf_free(&c->out);
-  close(c->fd);
   free(c);
 }
 
+/* The descriptor is closed at once (uv_poll_stop has taken it out of the
+ * loop's epoll set), so its slot can be used before the loop runs again;
+ * the memory goes in the close callback. */
 static void conn_close(kvd_http_conn *c) {
   if (c->closing) return;
   c->closing = 1;
   *c->pprev = c->next;
   if (c->next) c->next->pprev = c->pprev;
   c->h->nconns--;
+  c->h->st[c->tcp].open--;
   uv_poll_stop(&c->poll);
   uv_close((uv_handle_t *)&c->poll, conn_free_cb);
+  close(c->fd);
+  c->fd = -1;
+}
+
+/* A short response to a connection about to be closed (never waits). */
+static void say_and_close(kvd_http_conn *c, int status, const char *msg) {
+  char r[384];
+  int n = snprintf(r, sizeof r,
+                   "HTTP/1.1 %d %s\r\nContent-Type: application/json\r\nContent-Length: %zu\r\n"
+                   "Connection: close\r\n\r\n{\"error\":\"%s\"}\n",
+                   status, kvd_http_reason(status), strlen(msg) + 13, msg);
+  if (!c->out.len && n > 0 && (size_t)n < sizeof r) send(c->fd, r, (size_t)n, MSG_NOSIGNAL | MSG_DONTWAIT);
+  conn_close(c);
 }
 
 static void set_events(kvd_http_conn *c) {
@@ -219,6 +239,7 @@ static int grow(kvd_http_conn *c, kv_buf *b, const char *at, size_t n) {
 
 static int on_begin(http_parser *p) {
   kvd_http_conn *c = p->data;
+  if (!c->req_ms) c->req_ms = mono_ms();
   kv_buf_reset(&c->url);
   kv_buf_reset(&c->body);
   c->msg_bytes = 0;
@@ -240,9 +261,11 @@ static int on_complete(http_parser *p) {
   kvd_http_req req = {.method = http_method_str((enum http_method)p->method),
                       .path = url, .query = q ? q : "",
                       .body = (const char *)c->body.p, .body_len = c->body.len - 1,
-                      .has_cred = c->has_cred, .cred = c->cred, .conn_requests = ++c->nreq};
+                      .has_cred = c->has_cred, .cred = c->cred, .tcp = c->tcp,
+                      .conn_requests = ++c->nreq};
   kvd_http_resp r = {.status = 200, .content_type = "application/json"};
   kv_buf_init(&r.body);
+  c->req_ms = 0;
   h->requests++;
   h->fn(h->arg, &req, &r);
   respond(c, &r);
@@ -299,12 +322,53 @@ static void on_conn(uv_poll_t *p, int status, int events) {
   set_events(c);
 }
 
-static void add_conn(kvd_http *h, int fd, int unix_sock) {
-  if (h->nconns >= KVD_HTTP_MAX_CONNS) {
-    h->refused_conns++;
-    kv_warn("http", "%s: %u connections open: refusing another", h->name, h->nconns);
-    close(fd);
-    return;
+/* The connection of listener `which` (-1: either) that has waited longest
+ * for a complete request - mid-request since its clock started, or idle
+ * since its last byte - among those not sending a response. NULL if none. */
+static kvd_http_conn *longest_waiting(kvd_http *h, int which) {
+  kvd_http_conn *v = NULL;
+  uint64_t vkey = 0;
+  for (kvd_http_conn *c = h->conns; c; c = c->next) {
+    if (c->closing || c->close_after || c->out.len || (which >= 0 && c->tcp != which)) continue;
+    uint64_t key = c->req_ms ? c->req_ms : c->last_ms;
+    if (!v || key < vkey) v = c, vkey = key;
+  }
+  return v;
+}
+
+static void evict(kvd_http *h, kvd_http_conn *v, const char *why) {
+  h->st[v->tcp].evicted++;
+  kv_warn("http", "%s: %s: closing the connection that waited longest for a request (%s)",
+          h->name, why, v->tcp ? "TCP" : "Unix socket");
+  say_and_close(v, 503, "evicted: the socket is at its connection limit");
+}
+
+/* kvd_accept()'s last resort before refusing at the descriptor limit. */
+static int make_room(void *arg) {
+  kvd_http *h = arg;
+  kvd_http_conn *v = longest_waiting(h, -1);
+  if (!v) return 0;
+  evict(h, v, "out of file descriptors");
+  return 1;
+}
+
+static void add_conn(kvd_http *h, int fd, int tcp) {
+  kvd_http_lstats *st = &h->st[tcp];
+  if (st->open >= st->max) {
+    kvd_http_conn *v = longest_waiting(h, tcp);
+    if (!v) {
+      st->refused_limit++;
+      h->refused_conns++;
+      kv_warn("http", "%s: %u connections open on the %s, all sending: refusing another", h->name,
+              st->open, tcp ? "TCP listener" : "Unix socket");
+      static const char r[] = "HTTP/1.1 503 Service Unavailable\r\nContent-Type: application/json\r\n"
+                              "Content-Length: 38\r\nConnection: close\r\n\r\n"
+                              "{\"error\":\"too many connections open\"}\n";
+      send(fd, r, sizeof r - 1, MSG_NOSIGNAL | MSG_DONTWAIT);
+      close(fd);
+      return;
+    }
+    evict(h, v, "connection limit reached");
   }
   kvd_http_conn *c = calloc(1, sizeof *c);
   if (!c) {
@@ -314,13 +378,14 @@ static void add_conn(kvd_http *h, int fd, int unix_sock) {
   }
   c->fd = fd;
   c->h = h;
-  c->has_cred = unix_sock && kv_sock_peercred(fd, &c->cred) == 0;
+  c->has_cred = !tcp && kv_sock_peercred(fd, &c->cred) == 0;
+  c->tcp = tcp;
   http_parser_init(&c->p, HTTP_REQUEST);
   c->p.data = c;
   kv_buf_init(&c->url);
   kv_buf_init(&c->body);
   kv_buf_init(&c->out);
-  c->last_ms = mono_ms();
+  c->last_ms = c->req_ms = mono_ms();
   uv_poll_init(h->loop, &c->poll, fd);
   c->poll.data = c;
   c->next = h->conns;
@@ -328,37 +393,77 @@ static void add_conn(kvd_http *h, int fd, int unix_sock) {
   if (h->conns) h->conns->pprev = &c->next;
   h->conns = c;
   h->nconns++;
+  st->open++;
   set_events(c);
+}
+
+/* kvd_accept()'s refusal at the descriptor limit: a 503, nothing that
+ * takes a descriptor. */
+static void refuse_fd_limit(void *arg, int fd) {
+  static const char body[] = "{\"error\":\"kvcached is out of file descriptors: try again later\"}\n";
+  char r[256];
+  int n = snprintf(r, sizeof r,
+                   "HTTP/1.1 503 Service Unavailable\r\nContent-Type: application/json\r\n"
+                   "Content-Length: %zu\r\nConnection: close\r\n\r\n%s", sizeof body - 1, body);
+  if (n > 0 && (size_t)n < sizeof r) send(fd, r, (size_t)n, MSG_NOSIGNAL | MSG_DONTWAIT);
+}
+
+/* Accepts what waits on listener lfd (tcp: 1 for the TCP one). An accept
+ * error that refusing cannot clear stops polling the listener until the
+ * next sweep, so the loop never spins on it. */
+static void accept_all(kvd_http *h, int lfd, int tcp) {
+  for (;;) {
+    int shed;
+    int fd = kvd_accept(lfd, make_room, refuse_fd_limit, h, &shed);
+    if (fd == -EAGAIN) return;
+    if (shed) {
+      h->st[tcp].refused_fd_limit++;
+      h->refused_conns++;
+      kv_warn("http", "%s: out of file descriptors (%s): refused a connection", h->name,
+              kv_strerror(fd));
+      continue;
+    }
+    if (fd < 0) {
+      kv_warn("http", "%s: accept: %s: not accepting for a while", h->name, kv_strerror(fd));
+      uv_poll_stop(tcp ? &h->tpoll : &h->upoll);
+      if (tcp) h->tpaused = 1;
+      else h->upaused = 1;
+      return;
+    }
+    add_conn(h, fd, tcp);
+  }
 }
 
 static void on_accept_unix(uv_poll_t *p, int status, int events) {
   kvd_http *h = p->data;
-  for (;;) {
-    int fd = kv_sock_accept(h->ulst.fd, KV_SOCK_NONBLOCK);
-    if (fd == -EAGAIN) return;
-    if (fd < 0) { kv_warn("http", "%s: accept: %s", h->name, kv_strerror(fd)); return; }
-    add_conn(h, fd, 1);
-  }
+  accept_all(h, h->ulst.fd, KVD_HTTP_UNIX);
 }
 
 static void on_accept_tcp(uv_poll_t *p, int status, int events) {
   kvd_http *h = p->data;
-  for (;;) {
-    int fd = accept4(h->tcp_fd, NULL, NULL, SOCK_NONBLOCK | SOCK_CLOEXEC);
-    if (fd < 0 && (errno == EINTR || errno == ECONNABORTED)) continue;
-    if (fd < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) return;
-    if (fd < 0) { kv_warn("http", "%s: accept: %s", h->name, strerror(errno)); return; }
-    add_conn(h, fd, 0);
-  }
+  accept_all(h, h->tcp_fd, KVD_HTTP_TCP);
 }
 
-/* Closes connections idle (or stuck mid-request) too long. */
+/* Closes connections whose request is not complete within the request
+ * timeout, and those idle too long; resumes paused listeners. */
 static void on_sweep(uv_timer_t *t) {
   kvd_http *h = t->data;
   uint64_t now = mono_ms();
+  if (h->upaused && h->uon) uv_poll_start(&h->upoll, UV_READABLE, on_accept_unix);
+  if (h->tpaused && h->ton) uv_poll_start(&h->tpoll, UV_READABLE, on_accept_tcp);
+  h->upaused = h->tpaused = 0;
   for (kvd_http_conn *c = h->conns, *next; c; c = next) {
     next = c->next;
-    if (now - c->last_ms >= KVD_HTTP_IDLE_MS) conn_close(c);
+    if (c->closing) continue;
+    if (c->req_ms && !c->close_after && now - c->req_ms >= h->request_timeout_ms) {
+      h->st[c->tcp].request_timeouts++;
+      kv_warn("http", "%s: no complete request within %u ms (%s): closing", h->name,
+              h->request_timeout_ms, c->tcp ? "TCP" : "Unix socket");
+      say_and_close(c, 408, "no complete request within the request timeout");
+    } else if (now - c->last_ms >= KVD_HTTP_IDLE_MS) {
+      h->st[c->tcp].idle++;
+      conn_close(c);
+    }
   }
 }
 
@@ -372,17 +477,27 @@ void kvd_http_init(kvd_http *h, uv_loop_t *loop, const char *name, kvd_http_fn f
   h->arg = arg;
   h->ulst.fd = h->ulst.lock_fd = -1;
   h->tcp_fd = -1;
+  kvd_http_set_limits(h, 0, 0, 0);
   settings = (http_parser_settings){.on_message_begin = on_begin, .on_url = on_url,
                                     .on_header_field = on_hdr, .on_header_value = on_hdr,
                                     .on_body = on_body, .on_message_complete = on_complete};
 }
 
+void kvd_http_set_limits(kvd_http *h, uint32_t unix_max, uint32_t tcp_max,
+                         uint32_t request_timeout_ms) {
+  h->st[KVD_HTTP_UNIX].max = unix_max ? unix_max : KVD_HTTP_MAX_CONNS;
+  h->st[KVD_HTTP_TCP].max = tcp_max ? tcp_max : KVD_HTTP_MAX_CONNS;
+  h->request_timeout_ms = request_timeout_ms ? request_timeout_ms : KVD_HTTP_IDLE_MS;
+}
+
 static void start_sweep(kvd_http *h) {
   if (h->started) return;
   h->started = 1;
+  uint32_t every = h->request_timeout_ms / 4;
+  every = every < 10 ? 10 : every > 1000 ? 1000 : every;
   uv_timer_init(h->loop, &h->sweep);
   h->sweep.data = h;
-  uv_timer_start(&h->sweep, on_sweep, 5000, 5000);
+  uv_timer_start(&h->sweep, on_sweep, every, every);
   uv_unref((uv_handle_t *)&h->sweep);
 }
 

@@ -13,11 +13,26 @@
  * Robustness: a request over KVD_HTTP_MAX_REQUEST bytes (request line,
  * headers and body together) or one the parser refuses is answered 400
  * with a JSON error and the connection closed; a peer that disconnects
- * mid-request is dropped; a connection idle (or stuck mid-request) for
- * KVD_HTTP_IDLE_MS is closed; past KVD_HTTP_MAX_CONNS connections new ones
- * are refused; a peer that does not read its responses stops being read
- * once KVD_HTTP_OUT_MAX bytes wait for it. Keep-alive follows the request
- * (HTTP/1.1 default, "Connection: close", HTTP/1.0).
+ * mid-request is dropped; a peer that does not read its responses stops
+ * being read once KVD_HTTP_OUT_MAX bytes wait for it. Keep-alive follows
+ * the request (HTTP/1.1 default, "Connection: close", HTTP/1.0).
+ *
+ * Slow peers cannot hold the server (kvd_http_set_limits()):
+ *  - a request must be complete within the request timeout of its start:
+ *    the connection's accept for its first request, the first byte for a
+ *    later one; the clock is not reset by bytes that trickle in. Past it:
+ *    408 and close. A connection idle between requests for
+ *    KVD_HTTP_IDLE_MS is closed.
+ *  - each listener (the Unix socket, the TCP one) has its own connection
+ *    limit and count, so one cannot take the other's places. A connection
+ *    that finds its listener full evicts the one of that listener that has
+ *    waited longest for a complete request (503 to it), so a new request -
+ *    a liveness probe's /health - is always taken; only when every
+ *    connection there is sending a response is the new one refused (503).
+ *  - when descriptors ran out, a waiting connection first evicts the
+ *    longest-waiting one of either listener; with none, it is answered 503
+ *    and closed (daemon/accept.h), so no listener spins.
+ * Every refusal, eviction and timeout is counted (kvd_http_lstats).
  */
 #ifndef KV_DAEMON_HTTP_H
 #define KV_DAEMON_HTTP_H
@@ -42,6 +57,7 @@ typedef struct kvd_http_req {
   size_t body_len;
   int has_cred;         /* 1 on the Unix socket */
   kv_peercred cred;
+  int tcp;              /* 1 on the TCP listener */
   int conn_requests;    /* requests on this connection so far, this one included */
 } kvd_http_req;
 
@@ -56,6 +72,19 @@ typedef void (*kvd_http_fn)(void *arg, const kvd_http_req *req, kvd_http_resp *r
 
 typedef struct kvd_http_conn kvd_http_conn;
 
+/* What one listener counts. */
+typedef struct kvd_http_lstats {
+  uint32_t open, max;          /* connections now, and the limit */
+  uint64_t refused_fd_limit;   /* answered 503 when descriptors ran out */
+  uint64_t refused_limit;      /* answered 503: full, and nothing to evict */
+  uint64_t evicted;            /* closed (503) to make room for a new one */
+  uint64_t request_timeouts;   /* closed (408): no complete request in time */
+  uint64_t idle;               /* closed: idle between requests too long */
+} kvd_http_lstats;
+
+#define KVD_HTTP_UNIX 0
+#define KVD_HTTP_TCP 1
+
 typedef struct kvd_http {
   uv_loop_t *loop;
   kvd_http_fn fn;
@@ -66,13 +95,22 @@ typedef struct kvd_http {
   uv_poll_t upoll, tpoll;
   uv_timer_t sweep;
   int uon, ton, started;
+  int upaused, tpaused; /* a listener stopped after an accept error; the sweep resumes it */
   kvd_http_conn *conns;
   uint32_t nconns;
   uint64_t requests, bad_requests, refused_conns;
+  uint32_t request_timeout_ms;
+  kvd_http_lstats st[2];  /* KVD_HTTP_UNIX, KVD_HTTP_TCP */
 } kvd_http;
 
 /* Prepares h (no socket yet). */
 void kvd_http_init(kvd_http *h, uv_loop_t *loop, const char *name, kvd_http_fn fn, void *arg);
+
+/* Sets the limits (before listening): at most unix_max and tcp_max
+ * connections on each listener (0: KVD_HTTP_MAX_CONNS), a request complete
+ * within request_timeout_ms (0: KVD_HTTP_IDLE_MS). */
+void kvd_http_set_limits(kvd_http *h, uint32_t unix_max, uint32_t tcp_max,
+                         uint32_t request_timeout_ms);
 
 /* Listens on dir/name with the given mode (see kv_listen: a live server on
  * the path is -EADDRINUSE). 0 or -errno, logged. */

@@ -18,12 +18,26 @@
 #include "proto/wire.h"
 #include "tiers/core.h"
 
+/* Why a worker connection was refused at accept. */
+typedef enum {
+  KVD_REFUSED_FD_LIMIT = 0, /* out of descriptors, or over what RLIMIT_NOFILE leaves */
+  KVD_REFUSED_TOTAL,        /* limits.connections */
+  KVD_REFUSED_PER_UID,      /* limits.connections_per_uid */
+  KVD_REFUSED_NO_CREDENTIALS, /* SO_PEERCRED failed: the peer cannot be told apart */
+  KVD_REFUSED_COUNT
+} kvd_refused;
+extern const char *const kvd_refused_names[KVD_REFUSED_COUNT];
+
 typedef struct kvd_stats {
   uint64_t sessions_opened, sessions_closed;
   uint64_t frames_in, frames_out, bad_frames;
   uint64_t pins_released_on_close, allocs_aborted_on_close;
   uint64_t pins_refused, allocs_refused; /* keys answered -EDQUOT: limits.*_per_session */
   uint64_t ops[KV_OP_COUNT];
+  uint64_t frames_over_limit; /* refused from the header: over frame_limit() (server.c) */
+  uint64_t conns_refused[KVD_REFUSED_COUNT];
+  uint64_t hello_timeouts;    /* connections closed without a session in time */
+  uint32_t conns_max;         /* limits.connections within the descriptor budget */
 } kvd_stats;
 
 typedef struct kvd {

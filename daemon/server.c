@@ -6,6 +6,7 @@
 #include <string.h>
 #include <unistd.h>
 
+#include "daemon/accept.h"
 #include "daemon/log.h"
 #include "ipc/reader.h"
 
@@ -24,8 +25,14 @@ struct kvd_conn {
   int events;
   int closing;
   kv_peercred cred;
+  uint64_t accepted_ms;    /* kv_now_ms() at accept: the HELLO deadline's start */
+  kv_hdr refused;          /* the header check_header() refused */
+  uint32_t refused_limit;  /* and the limit it was over; 0: none refused */
   kvd_conn *next, **pprev;
 };
+
+const char *const kvd_refused_names[KVD_REFUSED_COUNT] = {"fd_limit", "total", "per_uid",
+                                                          "no_credentials"};
 
 static void on_conn(uv_poll_t *h, int status, int events);
 static void conn_close(kvd_conn *c, const char *why);
@@ -81,6 +88,9 @@ static void conn_close(kvd_conn *c, const char *why) {
   d->st.allocs_aborted_on_close += allocs;
   d->st.sessions_closed++;
   d->nsessions--;
+  c->srv->nconns--;
+  uint32_t *per = u32map_get(&c->srv->per_uid, (uint32_t)c->cred.uid);
+  if (per && --*per == 0) u32map_del(&c->srv->per_uid, (uint32_t)c->cred.uid);
   if (pins || allocs)
     kv_info("server", "session %llu (pid %d) closed (%s): released %llu pins, aborted %llu allocations",
             (unsigned long long)c->sess.id, (int)c->cred.pid, why, (unsigned long long)pins,
@@ -156,6 +166,62 @@ static void handle_frame(kvd_conn *c, const kv_frame *f) {
   }
 }
 
+/* The largest payload the daemon takes in a request of opcode op on c,
+ * judged from the header, before any payload is buffered: before HELLO, a
+ * HELLO's; after it, what the opcode's layout allows, and for PUT the
+ * session's block and its keys. An unknown opcode gets the control limit,
+ * so that it can be skipped with KV_EBADOP. */
+static uint32_t frame_limit(kvd_conn *c, uint16_t op) {
+  if (c->sess.ns < 0) return kv_req_payload_max(KV_OP_HELLO);
+  if (op == KV_OP_PUT) {
+    uint64_t m = KV_PUT_OVERHEAD + (uint64_t)kvd_registry_ns(&c->srv->d->reg, c->sess.ns)->block_bytes;
+    return m < KV_PAYLOAD_MAX_DATA ? (uint32_t)m : KV_PAYLOAD_MAX_DATA;
+  }
+  uint32_t m = kv_req_payload_max(op);
+  return m ? m : KV_PAYLOAD_MAX_CTRL;
+}
+
+/* The reader's header check (kv_reader_set_check). */
+static int check_header(void *arg, const kv_hdr *h) {
+  kvd_conn *c = arg;
+  uint32_t lim = frame_limit(c, h->op);
+  if (h->len <= lim) return 0;
+  c->refused = *h;
+  c->refused_limit = lim;
+  return -EMSGSIZE;
+}
+
+/* The ERROR that answers a stream error r, and the log line. */
+static void refuse_stream(kvd_conn *c, int r) {
+  kvd *d = c->srv->d;
+  char why[192];
+  const char *msg = kv_strerror(r);
+  uint64_t id = 0;
+  uint16_t op = 0;
+  d->st.bad_frames++;
+  if (r == -EMSGSIZE && c->refused_limit) {
+    d->st.frames_over_limit++;
+    id = c->refused.id;
+    op = c->refused.op;
+    const char *name = kv_op_name(op);
+    char opbuf[24];
+    if (!name) snprintf(opbuf, sizeof opbuf, "opcode %u", (unsigned)op), name = opbuf;
+    snprintf(why, sizeof why, "%s of %u bytes is over this connection's limit of %u bytes%s", name,
+             (unsigned)c->refused.len, (unsigned)c->refused_limit,
+             c->sess.ns < 0 ? " (no HELLO yet)" : "");
+    msg = why;
+    kv_warn("server", "session %llu (pid %d uid %d): %s: closing", (unsigned long long)c->sess.id,
+            (int)c->cred.pid, (int)c->cred.uid, why);
+  }
+  kv_buf tmp;
+  kv_buf_init(&tmp);
+  if (kv_msg_encode_error(&tmp, id, op, r, msg) == 0) {
+    struct iovec iov = {tmp.p, tmp.len};
+    kv_sock_send_frame(c->fd, &iov, 1, -1, 100);
+  }
+  kv_buf_free(&tmp);
+}
+
 static void conn_read(kvd_conn *c) {
   for (;;) {
     kv_frame f;
@@ -167,14 +233,7 @@ static void conn_read(kvd_conn *c) {
     }
     if (r < 0) {
       /* The stream cannot be resynchronised: say why, once, and close. */
-      c->srv->d->st.bad_frames++;
-      kv_buf tmp;
-      kv_buf_init(&tmp);
-      if (kv_msg_encode_error(&tmp, 0, 0, r, kv_strerror(r)) == 0) {
-        struct iovec iov = {tmp.p, tmp.len};
-        kv_sock_send_frame(c->fd, &iov, 1, -1, 100);
-      }
-      kv_buf_free(&tmp);
+      refuse_stream(c, r);
       conn_close(c, kv_strerror(r));
       return;
     }
@@ -202,25 +261,84 @@ static void on_conn(uv_poll_t *h, int status, int events) {
   if (!c->closing) set_events(c);
 }
 
+/* One ERROR frame to a connection about to be closed unserved; it never
+ * waits (the socket is new: its buffer is empty). */
+static void send_refusal(int fd, int status, const char *msg) {
+  kv_buf b;
+  kv_buf_init(&b);
+  if (kv_msg_encode_error(&b, 0, 0, status, msg) == 0) {
+    struct iovec iov = {b.p, b.len};
+    kv_sock_sendmsg(fd, &iov, 1, -1, 1);
+  }
+  kv_buf_free(&b);
+}
+
+/* kvd_accept()'s refusal at the descriptor limit: nothing may allocate an
+ * fd here (not even a log line to the journal). */
+static void refuse_fd_limit(void *arg, int fd) {
+  (void)arg;
+  send_refusal(fd, -EAGAIN, "kvcached is out of file descriptors: try again later");
+}
+
+static void refuse(kvd_server *s, int fd, kvd_refused why, const kv_peercred *cred, const char *msg) {
+  send_refusal(fd, -EAGAIN, msg);
+  close(fd);
+  s->d->st.conns_refused[why]++;
+  kv_warn("server", "refused a worker connection from pid %d uid %d (%s): %s", (int)cred->pid,
+          (int)cred->uid, kvd_refused_names[why], msg);
+}
+
+/* Stops polling the listener until the next sweep, so that an accept
+ * error that does not clear cannot make the loop spin. */
+static void pause_listener(kvd_server *s, int err) {
+  kv_warn("server", "accept: %s: not accepting for a second", kv_strerror(err));
+  if (s->paused || !s->listening) return;
+  s->paused = 1;
+  uv_poll_stop(&s->lpoll);
+}
+
 static void on_accept(uv_poll_t *h, int status, int events) {
   kvd_server *s = h->data;
+  kvd *d = s->d;
   for (;;) {
-    int fd = kv_sock_accept(s->lst.fd, KV_SOCK_NONBLOCK);
+    int shed;
+    int fd = kvd_accept(s->lst.fd, NULL, refuse_fd_limit, s, &shed);
     if (fd == -EAGAIN) return;
+    if (shed) {
+      d->st.conns_refused[KVD_REFUSED_FD_LIMIT]++;
+      kv_warn("server", "out of file descriptors (%s): refused a worker connection", kv_strerror(fd));
+      continue;
+    }
     if (fd < 0) {
-      kv_warn("server", "accept: %s", kv_strerror(fd));
+      pause_listener(s, fd);
       return;
     }
-    kv_peercred cred;
+    kv_peercred cred = {0};
     int crc = kv_sock_peercred(fd, &cred);
-    if (crc) { /* without them the peer could pass for uid 0 */
-      kv_warn("server", "refusing a connection whose credentials cannot be read: %s", kv_strerror(crc));
-      close(fd);
+    char msg[160];
+    if (crc || cred.uid == (uid_t)-1) {
+      snprintf(msg, sizeof msg, "cannot read the peer's credentials: %s",
+               crc ? kv_strerror(crc) : "no uid");
+      refuse(s, fd, KVD_REFUSED_NO_CREDENTIALS, &cred, msg);
+      continue;
+    }
+    if (s->nconns >= s->max_conns) {
+      int by_fds = s->max_conns < d->cfg.limits_connections;
+      snprintf(msg, sizeof msg, "too many worker connections: %u open (%s)", s->nconns,
+               by_fds ? "all that RLIMIT_NOFILE leaves room for" : "limits.connections");
+      refuse(s, fd, by_fds ? KVD_REFUSED_FD_LIMIT : KVD_REFUSED_TOTAL, &cred, msg);
+      continue;
+    }
+    uint32_t *per = u32map_get(&s->per_uid, (uint32_t)cred.uid);
+    if (per && *per >= d->cfg.limits_connections_per_uid) {
+      snprintf(msg, sizeof msg, "too many worker connections from uid %u: %u open "
+               "(limits.connections_per_uid)", (unsigned)cred.uid, *per);
+      refuse(s, fd, KVD_REFUSED_PER_UID, &cred, msg);
       continue;
     }
     kvd_conn *c = calloc(1, sizeof *c);
     kvd_sink *sink = calloc(1, sizeof *sink);
-    if (!c || !sink) {
+    if (!c || !sink || u32map_add(&s->per_uid, (uint32_t)cred.uid, 1)) {
       free(c);
       free(sink);
       kv_warn("server", "out of memory: refusing a connection");
@@ -230,16 +348,18 @@ static void on_accept(uv_poll_t *h, int status, int events) {
     c->fd = fd;
     c->srv = s;
     c->sink = sink;
+    c->cred = cred;
+    c->accepted_ms = (uint64_t)kv_now_ms();
     sink->deliver = sink_deliver;
     sink->conn = c;
     sink->sess = &c->sess;
     sink->refs = 1;
-    c->cred = cred;
     kvd_session_init(&c->sess, s->d->next_session_id++);
-    c->sess.peer_uid = (uint32_t)c->cred.uid;
-    c->sess.peer_gid = (uint32_t)c->cred.gid;
-    c->sess.peer_pid = (int32_t)c->cred.pid;
+    c->sess.peer_uid = (uint32_t)cred.uid;
+    c->sess.peer_gid = (uint32_t)cred.gid;
+    c->sess.peer_pid = (int32_t)cred.pid;
     kv_reader_init(&c->rd, 0);
+    kv_reader_set_check(&c->rd, check_header, c);
     kv_buf_init(&c->out);
     uv_poll_init(s->loop, &c->poll, fd);
     c->poll.data = c;
@@ -247,6 +367,7 @@ static void on_accept(uv_poll_t *h, int status, int events) {
     c->pprev = &s->conns;
     if (s->conns) s->conns->pprev = &c->next;
     s->conns = c;
+    s->nconns++;
     s->d->nsessions++;
     s->d->st.sessions_opened++;
     set_events(c);
@@ -255,12 +376,65 @@ static void on_accept(uv_poll_t *h, int status, int events) {
   }
 }
 
+/* Closes connections that have no session limits.hello_timeout_ms after
+ * their accept, and resumes a paused listener. */
+static void on_sweep(uv_timer_t *t) {
+  kvd_server *s = t->data;
+  kvd *d = s->d;
+  if (s->paused && s->listening) {
+    s->paused = 0;
+    uv_poll_start(&s->lpoll, UV_READABLE, on_accept);
+  }
+  uint32_t limit = d->cfg.limits_hello_timeout_ms;
+  if (!limit) return;
+  uint64_t now = (uint64_t)kv_now_ms();
+  for (kvd_conn *c = s->conns, *next; c; c = next) {
+    next = c->next;
+    if (c->closing || c->sess.ns >= 0 || now - c->accepted_ms < limit) continue;
+    char msg[96];
+    snprintf(msg, sizeof msg, "no HELLO within limits.hello_timeout_ms (%u ms)", (unsigned)limit);
+    send_refusal(c->fd, -ETIMEDOUT, msg);
+    d->st.hello_timeouts++;
+    kv_warn("server", "session %llu (pid %d uid %d): %s: closing", (unsigned long long)c->sess.id,
+            (int)c->cred.pid, (int)c->cred.uid, msg);
+    conn_close(c, "no HELLO in time");
+  }
+}
+
+/* The worker connections the descriptor limit leaves room for, beside the
+ * operator sockets' connections and KVD_FD_SPARE. 0 when none (logged). */
+static uint32_t worker_budget(kvd *d) {
+  uint32_t want = d->cfg.limits_connections;
+  uint64_t ops = (uint64_t)d->cfg.stats_connections + d->cfg.admin_connections + 3 +
+                 (d->cfg.stats_listen[0] ? d->cfg.stats_tcp_connections : 0);
+  int open_now = kvd_fds_open();
+  uint64_t others = (open_now > 0 ? (uint64_t)open_now : 64) + ops + KVD_FD_SPARE;
+  int64_t b = kvd_fd_budget(others, want);
+  if (b < 0) {
+    kv_warn("server", "cannot read RLIMIT_NOFILE (%s): allowing limits.connections (%u)",
+            kv_strerror((int)b), want);
+    return want;
+  }
+  if (b < want)
+    kv_log(b ? KV_LOG_WARN : KV_LOG_ERROR, "server",
+           "RLIMIT_NOFILE leaves room for %lld worker connections (limits.connections = %u) beside "
+           "%llu descriptors for the daemon and its operator sockets: raise it (LimitNOFILE=) "
+           "to serve more", (long long)b, want, (unsigned long long)others);
+  return (uint32_t)b;
+}
+
 int kvd_server_start(kvd_server *s, kvd *d, uv_loop_t *loop) {
   memset(s, 0, sizeof *s);
   s->d = d;
   s->loop = loop;
+  int rc = kvd_fd_reserve_init();
+  if (rc) kv_warn("server", "no reserve descriptor (%s): at the fd limit the listener pauses",
+                  kv_strerror(rc));
+  s->max_conns = worker_budget(d);
+  d->st.conns_max = s->max_conns;
+  if (!s->max_conns) return -EMFILE;
   kv_listen_opts lo = {.flags = KV_SOCK_NONBLOCK};
-  int rc = kv_listen(&s->lst, d->cfg.socket_dir, KVD_SOCKET_NAME, &lo);
+  rc = kv_listen(&s->lst, d->cfg.socket_dir, KVD_SOCKET_NAME, &lo);
   if (rc) {
     kv_error("server", "cannot listen on %s/%s: %s", d->cfg.socket_dir, KVD_SOCKET_NAME,
              rc == -EADDRINUSE ? "another kvcached is serving it" : kv_strerror(rc));
@@ -270,10 +444,22 @@ int kvd_server_start(kvd_server *s, kvd *d, uv_loop_t *loop) {
   s->lpoll.data = s;
   uv_poll_start(&s->lpoll, UV_READABLE, on_accept);
   s->listening = 1;
+  uint32_t every = d->cfg.limits_hello_timeout_ms ? d->cfg.limits_hello_timeout_ms / 4 : 1000;
+  every = every < 10 ? 10 : every > 1000 ? 1000 : every;
+  uv_timer_init(loop, &s->sweep);
+  s->sweep.data = s;
+  uv_timer_start(&s->sweep, on_sweep, every, every);
+  uv_unref((uv_handle_t *)&s->sweep);
+  s->sweeping = 1;
   return 0;
 }
 
 void kvd_server_stop_listening(kvd_server *s) {
+  if (s->sweeping) {
+    s->sweeping = 0;
+    uv_timer_stop(&s->sweep);
+    uv_close((uv_handle_t *)&s->sweep, NULL);
+  }
   if (!s->listening) return;
   s->listening = 0;
   uv_poll_stop(&s->lpoll);
@@ -293,4 +479,5 @@ void kvd_server_close_all(kvd_server *s, int timeout_ms) {
     }
     conn_close(c, "daemon stopping");
   }
+  u32map_free(&s->per_uid);
 }

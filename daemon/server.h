@@ -9,9 +9,22 @@
  * that is malformed but keeps the stream in sync gets an ERROR reply and
  * the connection goes on; a stream that cannot be resynchronised (bad
  * magic, wrong version, an oversized length, fd trouble) gets one ERROR
- * reply and is closed. A peer that does not read its replies is not
+ * reply and is closed. "Oversized" is judged from the header, before any
+ * payload is buffered, against the connection's state: before HELLO, the
+ * largest HELLO; after it, the opcode's layout, and for PUT the session's
+ * block size (proto/PROTOCOL.md, section 5). A peer that does not read its replies is not
  * allowed to make the daemon buffer without bound: past KVD_OUT_MAX bytes
  * waiting, the daemon stops reading from it until they drain.
+ *
+ * Admission: the peer's credentials are read at accept (into the
+ * session's peer_uid, peer_gid, peer_pid). A connection over
+ * limits.connections (lowered to what RLIMIT_NOFILE leaves beside the
+ * operator sockets and KVD_FD_SPARE) or limits.connections_per_uid gets
+ * one ERROR -EAGAIN saying which, and is closed; so is one accepted when
+ * descriptors ran out (daemon/accept.h: the listener never spins). A
+ * connection without a session limits.hello_timeout_ms after its accept is
+ * closed. Each refusal and close is counted (kvd_stats) and logged
+ * (rate-limited).
  */
 #ifndef KV_DAEMON_SERVER_H
 #define KV_DAEMON_SERVER_H
@@ -32,6 +45,12 @@ typedef struct kvd_server {
   kv_listener lst;
   uv_poll_t lpoll;
   int listening;
+  int paused;          /* lpoll stopped after an accept error; the sweep resumes it */
+  uv_timer_t sweep;    /* HELLO deadlines, and resuming a paused listener */
+  int sweeping;
+  uint32_t nconns;     /* connections open */
+  uint32_t max_conns;  /* limits.connections within the descriptor budget */
+  u32map per_uid;      /* peer uid -> connections open */
   kvd_conn *conns;
 } kvd_server;
 

@@ -33,7 +33,7 @@ typedef struct kvd_session {
   u32map pins;   /* block id -> pins this session holds on it (the core: one) */
   uint64_t npins; /* the sum of pins' counts */
   u32map allocs; /* block id -> 1 while this session writes it */
-  uint32_t peer_uid, peer_gid; /* SO_PEERCRED, taken at accept (server.c) */
+  uint32_t peer_uid, peer_gid; /* the worker's credentials at accept (SO_PEERCRED) */
   int32_t peer_pid;
 } kvd_session;
 

@@ -22,6 +22,7 @@
 const char *const kvd_miss_names[KVD_MISS_COUNT] = {"absent", "evicted", "corrupt",
                                                     "io_error", "timeout", "not_shareable"};
 const char *const kvd_dir_names[KVD_DIR_COUNT] = {"g1_to_g2", "g2_to_g1", "g2_to_g3", "g3_to_g2"};
+const char *const kvd_sock_names[KVD_SOCK_COUNT] = {"stats", "stats_tcp", "admin"};
 static const char *const tier_names[KV_NTIERS] = {"g1", "g2", "g3"};
 
 uint64_t kvd_now_ns(void) {
@@ -354,6 +355,41 @@ int kvd_render_metrics(kvd *d, kv_buf *out) {
   for (int i = 0; i < KVD_NS_REFUSED_COUNT; i++)
     P("kvcached_namespaces_refused_total{reason=\"%s\"} %llu\n", kvd_ns_refusal_names[i],
       U(d->reg.ns_refused[i]));
+  H("kvcached_connections_refused_total", "counter",
+    "Connections refused at accept (answered with the reason, then closed), by socket and reason.");
+  for (int i = 0; i < KVD_REFUSED_COUNT; i++)
+    P("kvcached_connections_refused_total{socket=\"worker\",reason=\"%s\"} %llu\n",
+      kvd_refused_names[i], U(d->st.conns_refused[i]));
+  for (int i = 0; i < KVD_SOCK_COUNT; i++) {
+    const kvd_http_lstats *l = d->m.http[i];
+    if (!l) continue;
+    P("kvcached_connections_refused_total{socket=\"%s\",reason=\"fd_limit\"} %llu\n",
+      kvd_sock_names[i], U(l->refused_fd_limit));
+    P("kvcached_connections_refused_total{socket=\"%s\",reason=\"limit\"} %llu\n",
+      kvd_sock_names[i], U(l->refused_limit));
+  }
+  H("kvcached_connections_closed_total", "counter",
+    "Connections the daemon closed for a limit, by socket and reason.");
+  P("kvcached_connections_closed_total{socket=\"worker\",reason=\"hello_timeout\"} %llu\n",
+    U(d->st.hello_timeouts));
+  for (int i = 0; i < KVD_SOCK_COUNT; i++) {
+    const kvd_http_lstats *l = d->m.http[i];
+    if (!l) continue;
+    P("kvcached_connections_closed_total{socket=\"%s\",reason=\"request_timeout\"} %llu\n",
+      kvd_sock_names[i], U(l->request_timeouts));
+    P("kvcached_connections_closed_total{socket=\"%s\",reason=\"evicted\"} %llu\n",
+      kvd_sock_names[i], U(l->evicted));
+    P("kvcached_connections_closed_total{socket=\"%s\",reason=\"idle\"} %llu\n",
+      kvd_sock_names[i], U(l->idle));
+  }
+  H("kvcached_connections", "gauge", "Connections open, by socket.");
+  P("kvcached_connections{socket=\"worker\"} %llu\n", U(d->nsessions));
+  for (int i = 0; i < KVD_SOCK_COUNT; i++)
+    if (d->m.http[i]) P("kvcached_connections{socket=\"%s\"} %llu\n", kvd_sock_names[i], U(d->m.http[i]->open));
+  H("kvcached_connections_limit", "gauge", "Connections a socket takes at once.");
+  P("kvcached_connections_limit{socket=\"worker\"} %llu\n", U(d->st.conns_max));
+  for (int i = 0; i < KVD_SOCK_COUNT; i++)
+    if (d->m.http[i]) P("kvcached_connections_limit{socket=\"%s\"} %llu\n", kvd_sock_names[i], U(d->m.http[i]->max));
   H("kvcached_requests_total", "counter", "Worker requests handled, by operation.");
   char low[32];
   for (uint16_t op = 1; op < KV_OP_COUNT; op++)
@@ -433,6 +469,9 @@ int kvd_render_metrics(kvd *d, kv_buf *out) {
   P("kvcached_g1_copies_refused_total{dir=\"writeback\"} %llu\n", U(refused[KV_DEV_D2H]));
   H("kvcached_bad_frames_total", "counter", "Malformed frames received on the worker socket.");
   P("kvcached_bad_frames_total %llu\n", U(d->st.bad_frames));
+  H("kvcached_frames_over_limit_total", "counter",
+    "Worker frames refused from their header alone: payload over the connection's limit (connection closed).");
+  P("kvcached_frames_over_limit_total %llu\n", U(d->st.frames_over_limit));
   return 0;
 }
 #undef P

@@ -63,6 +63,10 @@ typedef enum {
 } kvd_dir;
 extern const char *const kvd_dir_names[KVD_DIR_COUNT];
 
+/* The operator listeners, as the `socket` label names them. */
+typedef enum { KVD_SOCK_STATS = 0, KVD_SOCK_STATS_TCP, KVD_SOCK_ADMIN, KVD_SOCK_COUNT } kvd_sock;
+extern const char *const kvd_sock_names[KVD_SOCK_COUNT];
+
 typedef struct kvd_metrics {
   uint64_t misses[KVD_MISS_COUNT];
   kvd_hist req[KVD_REQ_COUNT];
@@ -70,6 +74,7 @@ typedef struct kvd_metrics {
   uint64_t copy_bytes[KVD_DIR_COUNT], copy_ops[KVD_DIR_COUNT];
   uint64_t admin_requests, stats_requests;
   kvd_ghost ghost;
+  const kvd_http_lstats *http[KVD_SOCK_COUNT]; /* the operator listeners' counts, or NULL */
 } kvd_metrics;
 
 struct kvd;

@@ -30,6 +30,11 @@ void kv_reader_init(kv_reader *rd, uint32_t max_payload) {
       max_payload && max_payload < KV_PAYLOAD_MAX_DATA ? max_payload : KV_PAYLOAD_MAX_DATA;
 }
 
+void kv_reader_set_check(kv_reader *rd, kv_reader_check_fn fn, void *arg) {
+  rd->check = fn;
+  rd->check_arg = arg;
+}
+
 void kv_reader_free(kv_reader *rd) {
   free(rd->buf);
   rd->buf = NULL;
@@ -61,8 +66,8 @@ static void compact(kv_reader *rd) {
 /*
  * Checks what has arrived of the frame at r and sets *want to its whole
  * size (KV_HDR_SIZE while the header is incomplete). The magic and version
- * are checked byte by byte as they arrive, the length as soon as the
- * header is whole. 0 or the (now sticky) error.
+ * are checked byte by byte as they arrive, the length (and the owner's
+ * check) as soon as the header is whole. 0 or the (now sticky) error.
  */
 static int peek(kv_reader *rd, size_t *want, kv_hdr *h) {
   static const uint8_t lead[6] = {'K', 'V', 'C', 'D', KV_PROTO_MAJOR & 0xff, KV_PROTO_MAJOR >> 8};
@@ -77,6 +82,7 @@ static int peek(kv_reader *rd, size_t *want, kv_hdr *h) {
   int rc = kv_hdr_parse(p, have, h);
   if (rc) return fail(rd, rc);
   if (h->len > rd->max_payload) return fail(rd, -EMSGSIZE);
+  if (rd->check && (rc = rd->check(rd->check_arg, h))) return fail(rd, rc);
   *want = KV_HDR_SIZE + (size_t)h->len;
   return 0;
 }

@@ -4,9 +4,10 @@
  *
  * The reader buffers bytes and yields one frame at a time, using the
  * header's length. A header is checked as soon as its 32 bytes are in
- * (wrong magic, wrong version, a length over the opcode's limit or over the
- * reader's own max_payload), before any of its payload is buffered, so a
- * peer cannot make the reader allocate more than one legitimate frame.
+ * (wrong magic, wrong version, a length over the opcode's limit, over the
+ * reader's own max_payload or over the owner's check), before any of its
+ * payload is buffered, so a peer cannot make the reader allocate more than
+ * one legitimate frame.
  * Such an error is sticky: the stream cannot be resynchronised, and every
  * later call returns it; the owner closes the connection.
  *
@@ -45,12 +46,18 @@ typedef struct kv_frame {
   int fd2;          /* the second fd (KV_F_FD2: the G1 pool), or -1 */
 } kv_frame;
 
+/* The owner's own limits on a frame, judged from its header alone (see
+ * kv_reader_set_check()): 0 accepts the frame, an error refuses it. */
+typedef int (*kv_reader_check_fn)(void *arg, const kv_hdr *h);
+
 typedef struct kv_reader {
   uint8_t *buf;
   size_t cap;
   size_t r, w;          /* unread bytes are buf[r, w) */
   uint64_t pos;         /* stream offset of buf[0] */
   uint32_t max_payload; /* this reader's payload limit */
+  kv_reader_check_fn check; /* the owner's header check, or NULL */
+  void *check_arg;
   int err;              /* sticky error, 0 if none */
   unsigned nfds;
   struct {
@@ -62,6 +69,18 @@ typedef struct kv_reader {
 /* Sets up an empty reader (allocates on first use). max_payload caps every
  * frame below the protocol's own limits; 0 means KV_PAYLOAD_MAX_DATA. */
 void kv_reader_init(kv_reader *rd, uint32_t max_payload);
+
+/*
+ * Sets the owner's check of each frame's header (fn NULL: none). fn runs
+ * as soon as a header is whole and has passed kv_hdr_parse() and
+ * max_payload, before any room is made for its payload; an error it
+ * returns becomes the sticky error, so a frame over a limit that depends
+ * on the owner's state (a session, its block size) costs no more memory
+ * than the bytes that came with its header. fn may run more than once for
+ * one frame and must answer the same each time; the frames before it have
+ * all been returned by kv_reader_next() when it runs.
+ */
+void kv_reader_set_check(kv_reader *rd, kv_reader_check_fn fn, void *arg);
 
 /* Frees the buffer and closes every fd not handed out. Safe twice. */
 void kv_reader_free(kv_reader *rd);

@@ -41,6 +41,24 @@ uint32_t kv_payload_max(uint16_t op, int reply) {
   return reply ? kv_ops[op].rep_max : kv_ops[op].req_max;
 }
 
+uint32_t kv_req_payload_max(uint16_t op) {
+  const uint32_t keys = 4u + 1u + KV_BATCH_MAX * KV_KEY_MAX; /* KEYS at their largest */
+  switch (op) {
+  case KV_OP_HELLO:
+    return 8u + (1u + KV_TENANT_MAX) + (1u + KV_GROUP_MAX) + (1u + KV_SALT_MAX) + 5u * 4u +
+           2u * 2u + (1u + KV_DTYPE_MAX);
+  case KV_OP_LOOKUP: case KV_OP_LOAD: case KV_OP_RELEASE: case KV_OP_COMMIT: case KV_OP_ABORT:
+  case KV_OP_PREFETCH: case KV_OP_DELETE: case KV_OP_SET_PRIORITY:
+    return 3u + keys;
+  case KV_OP_ALLOC: return 2u + keys + KV_BATCH_MAX + KV_BATCH_MAX * KV_KEY_MAX;
+  case KV_OP_PUT: return KV_PUT_OVERHEAD + KV_INLINE_MAX;
+  case KV_OP_GET: return 1u + KV_KEY_MAX;
+  case KV_OP_STATUS: return 1u;
+  case KV_OP_G1_SELECT: return KV_UUID_BYTES;
+  default: return 0;
+  }
+}
+
 int kv_hdr_parse(const void *p, size_t n, kv_hdr *h) {
   const uint8_t *b = p;
   memset(h, 0, sizeof *h);

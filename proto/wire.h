@@ -57,6 +57,9 @@
 #define KV_PAYLOAD_MAX_DATA (KV_INLINE_MAX + 128u)
 /* Largest STATUS reply text: what fits a control frame. */
 #define KV_STATUS_TEXT_MAX (KV_PAYLOAD_MAX_CTRL - 4u)
+/* Bytes of a PUT request besides its block: prio, key and parent (str8 of
+ * up to KV_KEY_MAX bytes each) and the block's length. */
+#define KV_PUT_OVERHEAD (1u + 2u * (1u + KV_KEY_MAX) + 4u)
 
 /* ---- header ----------------------------------------------------------------- */
 
@@ -132,6 +135,15 @@ void kv_hdr_write(void *p, const kv_hdr *h);
  * reply == 0). An unknown opcode gets the control limit, so that a reader
  * can skip it and the receiver answer KV_EBADOP. */
 uint32_t kv_payload_max(uint16_t op, int reply);
+
+/* The largest request payload that opcode op's layout (PROTOCOL.md,
+ * section 7) allows: a HELLO with every string at its limit, a batch or an
+ * ALLOC of KV_BATCH_MAX keys of KV_KEY_MAX bytes, a PUT of a KV_INLINE_MAX
+ * block (KV_PUT_OVERHEAD + KV_INLINE_MAX), ...; never above
+ * kv_payload_max(op, 0). 0 for ERROR and unknown opcodes, which have no
+ * request layout. A receiver uses it to refuse an oversized request from
+ * its header alone. */
+uint32_t kv_req_payload_max(uint16_t op);
 
 /* "LOOKUP", ...; NULL for an unknown opcode. */
 const char *kv_op_name(uint16_t op);

@@ -4,8 +4,9 @@
 # and its command line is one the daemon accepts; the Prometheus config and
 # alert rules pass promtool (check config, check rules, and the rules' unit
 # tests); the Grafana dashboard is JSON and names only metrics of
-# daemon/OPS.md; the Kubernetes manifest parses as YAML and its
-# kvcached.conf passes `kvctl check-config`. A part whose tool is missing
+# daemon/OPS.md; the Kubernetes manifest parses as YAML, its kvcached.conf
+# passes `kvctl check-config`, and its stats port is bound to the pod's IP
+# only, published nowhere else, and open to Prometheus's pods alone. A part whose tool is missing
 # is skipped with the reason; with every tool missing, the test is skipped.
 source "$(dirname "$0")/lib.bash"
 
@@ -124,7 +125,7 @@ if ! python3 -c 'import yaml' 2>/dev/null; then
   echo "skip - Kubernetes manifest: python3 has no yaml module (apt-get install python3-yaml)"
 else
   ran=$((ran + 1))
-  expect_exit 0 "the manifest parses as YAML and has what it must" python3 - "$K8S" "$T/k8s.conf" <<'EOF'
+  cat >"$T/k8s_check.py" <<'EOF'
 import sys, yaml
 docs = [d for d in yaml.safe_load_all(open(sys.argv[1])) if d]
 kinds = {d["kind"]: d for d in docs}
@@ -143,8 +144,49 @@ for probe in ("readinessProbe", "livenessProbe"):
     assert cmd[0].endswith("kvctl") and cmd[1] == "health", cmd
 assert "--live" in c["livenessProbe"]["exec"]["command"]
 assert c["args"][:2] == ["--config", "/etc/kvcached/kvcached.conf"], c["args"]
+# The stats port: the pod's own IP, scraped by Prometheus and by nothing else.
+assert "--set" in c["args"] and "stats.listen=$(POD_IP):9464" in c["args"], c["args"]
+env = {e["name"]: e for e in c.get("env", [])}
+assert env["POD_IP"]["valueFrom"]["fieldRef"]["fieldPath"] == "status.podIP", env.get("POD_IP")
+conf = kinds["ConfigMap"]["data"]["kvcached.conf"]
+assert not [l for l in conf.splitlines() if "=" in l and l.split("=")[0].strip() == "listen"
+            and l.split("=", 1)[1].strip()], "the ConfigMap binds stats.listen itself"
+assert not pod.get("hostNetwork"), "hostNetwork puts the stats port on the node's addresses"
+for p in c.get("ports", []):
+    assert "hostPort" not in p, p
+assert "Service" not in kinds, "a Service exposes the pod's ports"
+ann = kinds["DaemonSet"]["spec"]["template"]["metadata"]["annotations"]
+assert ann["prometheus.io/port"] == "9464" and ann["prometheus.io/path"] == "/metrics", ann
+np = kinds.get("NetworkPolicy")
+assert np, "no NetworkPolicy limits who reaches the stats port"
+labels = kinds["DaemonSet"]["spec"]["template"]["metadata"]["labels"]
+sel = np["spec"]["podSelector"]["matchLabels"]
+assert sel and all(labels.get(k) == v for k, v in sel.items()), (sel, labels)
+assert "Ingress" in np["spec"]["policyTypes"], np["spec"]
+for rule in np["spec"].get("ingress", []):
+    assert rule.get("from"), "an ingress rule open to every source"
+    for peer in rule["from"]:
+        assert peer.get("namespaceSelector", {}).get("matchLabels"), peer
+    assert [(p.get("protocol", "TCP"), p["port"]) for p in rule["ports"]] == [("TCP", 9464)], rule
 print("ok")
 EOF
+  expect_exit 0 "the manifest parses as YAML and has what it must" python3 "$T/k8s_check.py" "$K8S" "$T/k8s.conf"
+  # The check can fail: a manifest that binds every address, publishes the
+  # port on the node, or lets pods of any namespace in is refused.
+  sed 's/^    # listen: set in the container.s args.*$/    listen = 0.0.0.0:9464/' "$K8S" > "$T/k8s_any.yaml"
+  expect_exit 1 "a ConfigMap with listen = 0.0.0.0:9464 is refused" python3 "$T/k8s_check.py" "$T/k8s_any.yaml" "$T/x.conf"
+  sed 's/^              containerPort: 9464$/&\n              hostPort: 9464/' "$K8S" > "$T/k8s_hostport.yaml"
+  expect_exit 1 "a hostPort on the metrics port is refused" python3 "$T/k8s_check.py" "$T/k8s_hostport.yaml" "$T/x.conf"
+  sed '/^        - namespaceSelector:$/,/^              kubernetes.io\/metadata.name:/d; s/^          podSelector:$/        - podSelector:/' \
+    "$K8S" > "$T/k8s_open.yaml"
+  expect_exit 1 "a NetworkPolicy without a namespace selector is refused" python3 "$T/k8s_check.py" "$T/k8s_open.yaml" "$T/x.conf"
+  # What the kubelet runs: the args with $(POD_IP) expanded.
+  if "$BIN/kvcached" --config "$T/k8s.conf" --foreground --set stats.listen=10.1.2.3:9464 --print-config \
+       >"$T/k8s.print" 2>"$T/k8s.err" && grep -q '^listen = 10.1.2.3:9464$' "$T/k8s.print"; then
+    ok "kvcached takes the manifest's arguments with a pod IP"
+  else
+    bad "kvcached and the manifest's arguments: $(cat "$T/k8s.err")"
+  fi
   expect_exit 0 "the ConfigMap's kvcached.conf passes kvctl check-config" "$BIN/kvctl" check-config "$T/k8s.conf"
 fi
 

@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
 # stats_tcp.sh - the optional TCP stats listener (stats.listen): it serves
-# the read-only routes on loopback, refuses the state-changing ones, and a
-# bad or taken address stops the daemon at start with a clear message.
+# /metrics and /health and nothing else (the other read-only routes, /keys
+# above all, answer 403 there and stay on the Unix socket), refuses the
+# state-changing ones, and a bad or taken address stops the daemon at start
+# with a clear message.
 source "$(dirname "$0")/lib.bash"
 
 if ! command -v curl >/dev/null; then
@@ -20,8 +22,21 @@ wait_for "$T/log" "operator sockets" 10 || { bad "daemon did not start: $(cat "$
 "$BIN/kvctl" put --str k1 --value v1 --socket-dir "$T/run" >/dev/null || bad "put"
 curl -sf "http://127.0.0.1:$port/metrics" >"$T/metrics" || bad "GET /metrics over TCP"
 check "TCP /metrics counts the put" grep -qE '^kvcached_requests_total\{op="put"\} 1$' "$T/metrics"
-curl -sf "http://127.0.0.1:$port/stats" >"$T/stats" || bad "GET /stats over TCP"
-check "TCP /stats is JSON with the tiers" jq -e '.tiers.g2.blocks == 1' "$T/stats"
+curl -sf "http://127.0.0.1:$port/health" >"$T/health" || bad "GET /health over TCP"
+check "TCP /health answers ok" jq -e '.status == "ok"' "$T/health"
+# /keys lets an observer test whether a guessed prompt is cached; /stats and
+# /config describe the node. Over TCP they are refused, with the reason.
+for route in /keys /stats /config "/keys?limit=5" /nope; do
+  code=$(curl -s -o "$T/refused" -w '%{http_code}' "http://127.0.0.1:$port$route")
+  check "GET $route over TCP is 403" test "$code" = 403
+  check "... saying it is served on the Unix sockets only" \
+    jq -e '.error | test("Unix sockets only")' "$T/refused"
+done
+S="$T/run/kvcached-stats.sock"
+curl -sf --unix-socket "$S" http://kvcached/stats >"$T/stats" || bad "GET /stats on the Unix socket"
+check "Unix /stats is JSON with the tiers" jq -e '.tiers.g2.blocks == 1' "$T/stats"
+curl -sf --unix-socket "$S" http://kvcached/keys >"$T/keys" || bad "GET /keys on the Unix socket"
+check "Unix /keys lists the put block" jq -e '.total == 1' "$T/keys"
 code=$(curl -s -o /dev/null -w '%{http_code}' -XPOST "http://127.0.0.1:$port/flush")
 check "POST /flush over TCP is 403" test "$code" = 403
 code=$(curl -s -o /dev/null -w '%{http_code}' -XPOST "http://127.0.0.1:$port/config?name=log.level&value=debug")

@@ -14,6 +14,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/prctl.h>
+#include <sys/resource.h>
 #include <sys/socket.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -25,6 +26,7 @@
 
 static char ops_dir[64], ops_sock[128], ops_stats[128], ops_admin[128];
 static pid_t ops_pid;
+static rlim_t ops_nofile; /* when set, the daemon's RLIMIT_NOFILE (soft and hard) */
 
 /* Starts kvcached: G2 2 MiB, G3 off, plus `extra` (--set values,
  * NULL-terminated, may be NULL). tenants: NULL for the one default tenant,
@@ -60,6 +62,8 @@ static int ops_try_start(const char *tenants, const char *const *extra) {
       argv[n++] = extra[i];
     }
     argv[n] = NULL;
+    struct rlimit rl = {ops_nofile, ops_nofile};
+    if (ops_nofile && setrlimit(RLIMIT_NOFILE, &rl)) _exit(126);
     execv(KV_BIN_DIR "/kvcached", (char *const *)argv);
     _exit(127);
   }

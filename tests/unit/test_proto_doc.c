@@ -98,6 +98,7 @@ Test(protocol_md, documents_every_limit) {
     {"`KV_PAYLOAD_MAX_CTRL`", KV_PAYLOAD_MAX_CTRL},
     {"`KV_PAYLOAD_MAX_DATA`", KV_PAYLOAD_MAX_DATA},
     {"`KV_STATUS_TEXT_MAX`", KV_STATUS_TEXT_MAX},
+    {"`KV_PUT_OVERHEAD`", KV_PUT_OVERHEAD},
   };
   for (size_t i = 0; i < sizeof lim / sizeof lim[0]; i++)
     cr_assert_eq(row_value(lim[i].name), lim[i].value, "PROTOCOL.md: %s should be %lld",

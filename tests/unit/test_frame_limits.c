@@ -1,0 +1,290 @@
+/* test_frame_limits.c - a frame over its limit is refused from its header,
+ * before its payload is buffered: the protocol's per-opcode request limits
+ * match the message layouts, the reader's owner check runs before any
+ * room is made, and a kvcached sent unfinished 64 MiB PUTs (before and
+ * after HELLO) answers each with an ERROR and a close while its memory
+ * stays where it was. It used to buffer every byte each one sent (about
+ * 61 MB per connection before any HELLO). */
+#include "test_ops_util.h"
+
+#include "ipc/reader.h"
+#include "proto/errors.h"
+#include "proto/wire.h"
+
+static char resp[1 << 20];
+
+/* One timeout for every test: Criterion 2.4's runner leaks a timeout record
+ * (LeakSanitizer reports it) when tests with different timeouts end in
+ * some orders. */
+TestSuite(frame_limits, .timeout = 120);
+
+/* The payload length of m's frame (bulk tails included, not copied). */
+static uint32_t payload_len(const kv_msg *m) {
+  kv_buf b;
+  kv_bytes tail;
+  kv_buf_init(&b);
+  cr_assert_eq(kv_msg_encode_head(&b, m, &tail), 0, "encode %s", kv_op_name(m->op));
+  size_t n = b.len + tail.len - KV_HDR_SIZE;
+  kv_buf_free(&b);
+  return (uint32_t)n;
+}
+
+Test(frame_limits, request_limits_are_the_largest_messages) {
+  static uint8_t keys[KV_BATCH_MAX * KV_KEY_MAX], has_parent[KV_BATCH_MAX];
+  static char s64[64];
+  memset(keys, 7, sizeof keys);
+  memset(has_parent, 1, sizeof has_parent);
+  memset(s64, 'a', sizeof s64);
+  kv_keyvec kv = {.p = keys, .n = KV_BATCH_MAX, .klen = KV_KEY_MAX};
+  kv_msg m = {.op = KV_OP_HELLO, .id = 1};
+  m.hello = (kv_hello_req){.ver_major = 1, .tenant = {s64, KV_TENANT_MAX}, .group = {s64, KV_GROUP_MAX},
+                           .salt = {(const uint8_t *)s64, KV_SALT_MAX},
+                           .layout = {.block_bytes = 1, .tokens_per_block = 1, .tp_size = 1,
+                                      .dtype = {s64, KV_DTYPE_MAX}}};
+  cr_assert_eq(payload_len(&m), kv_req_payload_max(KV_OP_HELLO));
+  uint16_t batch_ops[] = {KV_OP_LOOKUP, KV_OP_LOAD, KV_OP_RELEASE, KV_OP_COMMIT, KV_OP_ABORT,
+                          KV_OP_PREFETCH, KV_OP_DELETE, KV_OP_SET_PRIORITY};
+  for (size_t i = 0; i < sizeof batch_ops / sizeof batch_ops[0]; i++) {
+    m = (kv_msg){.op = batch_ops[i], .id = 1};
+    m.batch.keys = kv;
+    if (m.op == KV_OP_LOAD || m.op == KV_OP_PREFETCH) m.batch.tier = KV_G2;
+    cr_assert_eq(payload_len(&m), kv_req_payload_max(m.op), "%s", kv_op_name(m.op));
+  }
+  m = (kv_msg){.op = KV_OP_ALLOC, .id = 1};
+  m.alloc = (kv_alloc_req){.tier = KV_G2, .keys = kv, .has_parent = has_parent, .parents = kv};
+  cr_assert_eq(payload_len(&m), kv_req_payload_max(KV_OP_ALLOC));
+  m = (kv_msg){.op = KV_OP_PUT, .id = 1};
+  static uint8_t block[1];
+  m.put = (kv_put_req){.key = {keys, KV_KEY_MAX}, .parent = {keys, KV_KEY_MAX},
+                       .data = {block, KV_INLINE_MAX}}; /* the tail is never read */
+  cr_assert_eq(payload_len(&m), kv_req_payload_max(KV_OP_PUT));
+  cr_assert_eq(kv_req_payload_max(KV_OP_PUT), KV_PUT_OVERHEAD + KV_INLINE_MAX);
+  m = (kv_msg){.op = KV_OP_GET, .id = 1};
+  m.get_key = (kv_bytes){keys, KV_KEY_MAX};
+  cr_assert_eq(payload_len(&m), kv_req_payload_max(KV_OP_GET));
+  m = (kv_msg){.op = KV_OP_STATUS, .id = 1};
+  cr_assert_eq(payload_len(&m), kv_req_payload_max(KV_OP_STATUS));
+  m = (kv_msg){.op = KV_OP_G1_SELECT, .id = 1};
+  cr_assert_eq(payload_len(&m), kv_req_payload_max(KV_OP_G1_SELECT));
+  for (uint16_t op = 0; op < KV_OP_COUNT + 2; op++)
+    cr_assert_leq(kv_req_payload_max(op), kv_payload_max(op, 0), "op %u", op);
+  cr_assert_eq(kv_req_payload_max(KV_OP_ERROR), 0);
+  cr_assert_eq(kv_req_payload_max(0), 0);
+  cr_assert_eq(kv_req_payload_max(KV_OP_COUNT), 0);
+}
+
+static int calls;
+static int refuse_over_100(void *arg, const kv_hdr *h) {
+  calls++;
+  return h->len > 100 ? -EMSGSIZE : 0;
+}
+
+Test(frame_limits, the_reader_checks_a_header_before_making_room) {
+  kv_hdr h = {.magic = KV_PROTO_MAGIC, .version = KV_PROTO_MAJOR, .op = KV_OP_PUT, .id = 9,
+              .len = 64u << 20};
+  uint8_t hb[KV_HDR_SIZE];
+  kv_hdr_write(hb, &h);
+  /* Without a check the reader makes room for the whole frame. */
+  kv_reader rd;
+  kv_reader_init(&rd, 0);
+  cr_assert_eq(kv_reader_feed(&rd, hb, sizeof hb), 0);
+  void *p;
+  size_t len;
+  cr_assert_eq(kv_reader_space(&rd, &p, &len), 0);
+  cr_assert_geq(rd.cap, (size_t)KV_HDR_SIZE + (64u << 20));
+  kv_reader_free(&rd);
+  /* With one, the header is refused as it arrives, and stays refused. */
+  kv_reader_init(&rd, 0);
+  kv_reader_set_check(&rd, refuse_over_100, NULL);
+  cr_assert_eq(kv_reader_feed(&rd, hb, sizeof hb), -EMSGSIZE);
+  cr_assert_gt(calls, 0);
+  cr_assert_eq(kv_reader_space(&rd, &p, &len), -EMSGSIZE);
+  kv_frame f;
+  cr_assert_eq(kv_reader_next(&rd, &f), -EMSGSIZE);
+  cr_assert_leq(rd.cap, 64u << 10, "room was made: %zu bytes", rd.cap);
+  kv_reader_free(&rd);
+  /* A frame within the limit passes. */
+  kv_reader_init(&rd, 0);
+  kv_reader_set_check(&rd, refuse_over_100, NULL);
+  h.op = KV_OP_STATUS;
+  h.len = 1;
+  kv_hdr_write(hb, &h);
+  uint8_t frame[KV_HDR_SIZE + 1] = {0};
+  memcpy(frame, hb, sizeof hb);
+  cr_assert_eq(kv_reader_feed(&rd, frame, sizeof frame), 0);
+  cr_assert_eq(kv_reader_next(&rd, &f), 1);
+  cr_assert_eq(f.hdr.op, KV_OP_STATUS);
+  kv_reader_free(&rd);
+}
+
+/* The daemon's resident memory, in KiB. */
+static long rss_kib(void) {
+  char path[64], line[256];
+  snprintf(path, sizeof path, "/proc/%d/status", (int)ops_pid);
+  FILE *f = fopen(path, "r");
+  cr_assert_not_null(f);
+  long kib = -1;
+  while (fgets(line, sizeof line, f))
+    if (sscanf(line, "VmRSS: %ld kB", &kib) == 1) break;
+  fclose(f);
+  cr_assert_gt(kib, 0);
+  return kib;
+}
+
+/* A metric's value (the line that starts with `series `), or -1. */
+static long long metric(const char *series) {
+  const char *body;
+  cr_assert_eq(ops_req(ops_stats, "GET", "/metrics", resp, sizeof resp, &body), 200);
+  size_t n = strlen(series);
+  for (const char *l = body; l && *l; l = strchr(l, '\n') ? strchr(l, '\n') + 1 : NULL)
+    if (!strncmp(l, series, n) && l[n] == ' ') return atoll(l + n + 1);
+  return -1;
+}
+
+/* A raw worker connection; with hello, after a HELLO for OPS_BLOCK blocks. */
+static int raw_worker(int hello) {
+  int fd = kv_sock_connect(ops_sock, 0);
+  cr_assert_geq(fd, 0);
+  struct timeval tv = {3, 0};
+  setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv);
+  setsockopt(fd, SOL_SOCKET, SO_SNDTIMEO, &tv, sizeof tv);
+  if (!hello) return fd;
+  kv_msg m = {.op = KV_OP_HELLO, .id = 1};
+  m.hello = (kv_hello_req){.ver_major = KV_PROTO_MAJOR, .ver_minor = KV_PROTO_MINOR,
+                           .tenant = {"t", 1},
+                           .layout = {.block_bytes = OPS_BLOCK, .tokens_per_block = 16,
+                                      .layers = 2, .kv_heads = 2, .head_dim = 64, .tp_size = 1,
+                                      .dtype = {"bf16", 4}}};
+  kv_buf b;
+  kv_buf_init(&b);
+  cr_assert_eq(kv_msg_encode(&b, &m), 0);
+  struct iovec iov = {b.p, b.len};
+  cr_assert_eq(kv_sock_send_frame(fd, &iov, 1, -1, 3000), 0);
+  kv_buf_free(&b);
+  kv_reader rd;
+  kv_frame f;
+  kv_reader_init(&rd, 0);
+  cr_assert_eq(kv_reader_recv(&rd, fd, &f, 3000), 1);
+  kv_msg rep;
+  cr_assert_eq(kv_msg_decode(f.p, f.len, &rep), 0);
+  cr_assert_eq(rep.op, KV_OP_HELLO, "HELLO refused: %d", rep.status);
+  if (f.fd >= 0) close(f.fd);
+  if (f.fd2 >= 0) close(f.fd2);
+  kv_reader_free(&rd);
+  return fd;
+}
+
+#define NCONN 16
+#define SENT (2u << 20) /* payload bytes each connection tries to send */
+
+Test(frame_limits, unfinished_64mib_puts_cost_no_memory) {
+  ops_start(NULL, NULL);
+  /* Warm the daemon up with a legitimate session and PUT. */
+  kvc *c = ops_open("t");
+  kvc_key k = ops_key(1);
+  static uint8_t block[OPS_BLOCK];
+  memset(block, 0x5a, sizeof block);
+  cr_assert_eq(kvc_put(c, &k, NULL, 128, block, OPS_BLOCK), 0);
+  long base = rss_kib();
+
+  static uint8_t junk[64 << 10];
+  memset(junk, 0xab, sizeof junk);
+  int fds[2 * NCONN];
+  for (int i = 0; i < 2 * NCONN; i++) {
+    int hello = i >= NCONN;
+    fds[i] = raw_worker(hello);
+    kv_hdr h = {.magic = KV_PROTO_MAGIC, .version = KV_PROTO_MAJOR, .op = KV_OP_PUT,
+                .id = 100 + (uint64_t)i, .len = KV_PUT_OVERHEAD + KV_INLINE_MAX};
+    uint8_t hb[KV_HDR_SIZE];
+    kv_hdr_write(hb, &h);
+    cr_assert_eq(send(fds[i], hb, sizeof hb, MSG_NOSIGNAL), (ssize_t)sizeof hb);
+    /* As much of the payload as the daemon takes, up to SENT bytes. */
+    for (size_t sent = 0; sent < SENT;) {
+      ssize_t w = send(fds[i], junk, sizeof junk, MSG_NOSIGNAL);
+      if (w <= 0) break;
+      sent += (size_t)w;
+    }
+  }
+  long grown = rss_kib() - base;
+
+  for (int i = 0; i < 2 * NCONN; i++) {
+    kv_reader rd;
+    kv_frame f;
+    kv_reader_init(&rd, 0);
+    int r = kv_reader_recv(&rd, fds[i], &f, 3000);
+    cr_assert_eq(r, 1, "connection %d (%s HELLO): no ERROR reply (%d)", i,
+                 i >= NCONN ? "after" : "before", r);
+    kv_msg m;
+    cr_assert_eq(kv_msg_decode(f.p, f.len, &m), 0);
+    cr_assert_eq(m.op, KV_OP_ERROR);
+    cr_assert_eq(m.status, -EMSGSIZE);
+    cr_assert_eq(m.id, 100 + (uint64_t)i, "the ERROR names the request");
+    cr_assert_eq(m.error.req_op, KV_OP_PUT);
+    r = kv_reader_recv(&rd, fds[i], &f, 3000);
+    cr_assert(r == 0 || r == -ECONNRESET, "connection %d not closed after its ERROR (%d)", i, r);
+    kv_reader_free(&rd);
+    close(fds[i]);
+  }
+  cr_assert_lt(grown, 16 << 10, "%d unfinished PUTs grew the daemon by %ld KiB", 2 * NCONN, grown);
+  cr_assert_eq(metric("kvcached_frames_over_limit_total"), 2 * NCONN);
+
+  /* The legitimate path is untouched: a PUT of the session's block size. */
+  static uint8_t back[OPS_BLOCK];
+  k = ops_key(2);
+  cr_assert_eq(kvc_put(c, &k, NULL, 128, block, OPS_BLOCK), 0);
+  cr_assert_eq(kvc_get(c, &k, back, sizeof back), (int)OPS_BLOCK);
+  cr_assert_eq(memcmp(back, block, OPS_BLOCK), 0);
+  kvc_close(c);
+  ops_stop();
+}
+
+/* Before HELLO a frame larger than any HELLO is refused; small requests
+ * still get their own answer (KV_ENOSESSION), and the limit after HELLO
+ * follows the session's block size. */
+Test(frame_limits, limits_follow_the_session_state) {
+  ops_start(NULL, NULL);
+  struct {
+    int hello;
+    uint16_t op;
+    uint32_t len;
+    int32_t want; /* the ERROR's status */
+    int closed;
+  } cases[] = {
+      {0, KV_OP_LOOKUP, kv_req_payload_max(KV_OP_HELLO) + 1, -EMSGSIZE, 1},
+      {0, KV_OP_HELLO, kv_req_payload_max(KV_OP_HELLO) + 1, -EMSGSIZE, 1},
+      {0, KV_OP_LOOKUP, 8, KV_ENOSESSION, 0},
+      {1, KV_OP_PUT, KV_PUT_OVERHEAD + OPS_BLOCK + 1, -EMSGSIZE, 1},
+      {1, KV_OP_LOOKUP, kv_req_payload_max(KV_OP_LOOKUP) + 1, -EMSGSIZE, 1},
+      {1, KV_OP_GET, kv_req_payload_max(KV_OP_GET) + 1, -EMSGSIZE, 1},
+  };
+  for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+    int fd = raw_worker(cases[i].hello);
+    uint8_t *frame = calloc(1, KV_HDR_SIZE + cases[i].len);
+    cr_assert_not_null(frame);
+    kv_hdr h = {.magic = KV_PROTO_MAGIC, .version = KV_PROTO_MAJOR, .op = cases[i].op, .id = 5,
+                .len = cases[i].len};
+    kv_hdr_write(frame, &h);
+    size_t n = KV_HDR_SIZE + cases[i].len;
+    for (size_t off = 0; off < n;) {
+      ssize_t w = send(fd, frame + off, n - off, MSG_NOSIGNAL);
+      if (w <= 0) break;
+      off += (size_t)w;
+    }
+    free(frame);
+    kv_reader rd;
+    kv_frame f;
+    kv_reader_init(&rd, 0);
+    cr_assert_eq(kv_reader_recv(&rd, fd, &f, 3000), 1, "case %zu: no reply", i);
+    kv_msg m;
+    cr_assert_eq(kv_msg_decode(f.p, f.len, &m), 0);
+    cr_assert_eq(m.op, KV_OP_ERROR, "case %zu", i);
+    cr_assert_eq(m.status, cases[i].want, "case %zu: status %d", i, m.status);
+    if (cases[i].closed) {
+      int r = kv_reader_recv(&rd, fd, &f, 3000);
+      cr_assert(r == 0 || r == -ECONNRESET, "case %zu: not closed (%d)", i, r);
+    }
+    kv_reader_free(&rd);
+    close(fd);
+  }
+  ops_stop();
+}
