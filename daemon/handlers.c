@@ -25,18 +25,17 @@ static uint64_t now_ms(void) {
 /* Opens the SSD tier on the configured directories and attaches it. */
 static int open_g3(kvd *d) {
   char paths[sizeof d->cfg.g3_path];
-  memcpy(paths, d->cfg.g3_path, sizeof paths);
+  const char *names[KV_G3_MAX_DIRS];
   kv_g3_dir dirs[KV_G3_MAX_DIRS];
-  unsigned n = 0;
-  char *save = NULL;
-  for (char *p = strtok_r(paths, ",", &save); p && n < KV_G3_MAX_DIRS; p = strtok_r(NULL, ",", &save)) {
-    while (*p == ' ') p++;
-    if (!*p) continue;
-    if (mkdir(p, 0750) < 0 && errno != EEXIST) {
-      kv_error("g3", "cannot create %s: %s", p, strerror(errno));
-      return -errno;
+  int nd = kv_config_g3_dirs(&d->cfg, paths, names, KV_G3_MAX_DIRS); /* checked at start */
+  unsigned n = nd > 0 ? (unsigned)nd : 0;
+  for (unsigned i = 0; i < n; i++) {
+    if (mkdir(names[i], 0750) < 0 && errno != EEXIST) {
+      int e = errno;
+      kv_error("g3", "cannot create %s: %s", names[i], strerror(e));
+      return -e;
     }
-    dirs[n++] = (kv_g3_dir){p, d->cfg.g3_capacity};
+    dirs[i] = (kv_g3_dir){names[i], d->cfg.g3_capacity};
   }
   if (n == 0) return 0;
   kv_g3_opts o = {.dirs = dirs, .ndirs = n, .block_bytes = (uint32_t)d->cfg.g3_block_bytes,
