@@ -42,6 +42,7 @@
 static void usage(FILE *f) {
   fprintf(f,
           "usage: kvctl COMMAND [options] [args]\n"
+          "       kvctl [options] COMMAND [args]   (options may come first, as in git)\n"
           "\n"
           "read-only commands (the stats socket, DIR/" KVCTL_STATS_SOCK "):\n"
           "  status [--json]         tiers, hit rate, misses by reason, sessions, latency\n"
@@ -226,28 +227,34 @@ static void key_text(const ctl *c, const kvc_key *k, char *out, size_t cap) {
   if (!k->len && cap) out[0] = 0;
 }
 
+/* Every option of the daemon commands. An option may come before the
+ * command as after it (kvctl --socket-dir DIR status): main() finds the
+ * command with these tables, and parse_opts() reads the options wherever
+ * they are; each command refuses those it does not take (kvctl_only). */
+enum { L_VALUE = 256, L_STR, L_DTYPE, L_TPB, L_LAYERS, L_HEADS, L_HDIM, L_RANK, L_SIZE, L_SALT,
+       L_PRIO, L_TIMEOUT, L_TIER, L_NSHEX, L_COUNT, L_LIMIT, L_INTERVAL, L_WORKER, L_LIVE };
+static const struct option long_opts[] = {
+    {"socket", required_argument, 0, 's'},       {"socket-dir", required_argument, 0, 'd'},
+    {"timeout", required_argument, 0, L_TIMEOUT}, {"tenant", required_argument, 0, 't'},
+    {"block-bytes", required_argument, 0, 'b'},  {"dtype", required_argument, 0, L_DTYPE},
+    {"tokens-per-block", required_argument, 0, L_TPB},
+    {"layers", required_argument, 0, L_LAYERS},  {"kv-heads", required_argument, 0, L_HEADS},
+    {"head-dim", required_argument, 0, L_HDIM},  {"tp-rank", required_argument, 0, L_RANK},
+    {"tp-size", required_argument, 0, L_SIZE},   {"salt", required_argument, 0, L_SALT},
+    {"str", no_argument, 0, L_STR},              {"json", no_argument, 0, 'j'},
+    {"out", required_argument, 0, 'o'},          {"parent", required_argument, 0, 'p'},
+    {"file", required_argument, 0, 'f'},         {"value", required_argument, 0, L_VALUE},
+    {"prio", required_argument, 0, L_PRIO},      {"help", no_argument, 0, 'h'},
+    {"tier", required_argument, 0, L_TIER},      {"ns", required_argument, 0, L_NSHEX},
+    {"count", required_argument, 0, L_COUNT},    {"limit", required_argument, 0, L_LIMIT},
+    {"interval", required_argument, 0, L_INTERVAL}, {"worker", no_argument, 0, L_WORKER},
+    {"live", no_argument, 0, L_LIVE},
+    {0, 0, 0, 0}};
+#define SHORT_OPTS ":s:d:t:b:jo:p:f:h"
+
 /* Parses the options and operands of a daemon command (argv[0] is the
  * command). 0, or an exit status. */
 static int parse_opts(ctl *c, int argc, char **argv) {
-  enum { L_VALUE = 256, L_STR, L_DTYPE, L_TPB, L_LAYERS, L_HEADS, L_HDIM, L_RANK, L_SIZE, L_SALT,
-         L_PRIO, L_TIMEOUT, L_TIER, L_NSHEX, L_COUNT, L_LIMIT, L_INTERVAL, L_WORKER, L_LIVE };
-  static const struct option lo[] = {
-      {"socket", required_argument, 0, 's'},       {"socket-dir", required_argument, 0, 'd'},
-      {"timeout", required_argument, 0, L_TIMEOUT}, {"tenant", required_argument, 0, 't'},
-      {"block-bytes", required_argument, 0, 'b'},  {"dtype", required_argument, 0, L_DTYPE},
-      {"tokens-per-block", required_argument, 0, L_TPB},
-      {"layers", required_argument, 0, L_LAYERS},  {"kv-heads", required_argument, 0, L_HEADS},
-      {"head-dim", required_argument, 0, L_HDIM},  {"tp-rank", required_argument, 0, L_RANK},
-      {"tp-size", required_argument, 0, L_SIZE},   {"salt", required_argument, 0, L_SALT},
-      {"str", no_argument, 0, L_STR},              {"json", no_argument, 0, 'j'},
-      {"out", required_argument, 0, 'o'},          {"parent", required_argument, 0, 'p'},
-      {"file", required_argument, 0, 'f'},         {"value", required_argument, 0, L_VALUE},
-      {"prio", required_argument, 0, L_PRIO},      {"help", no_argument, 0, 'h'},
-      {"tier", required_argument, 0, L_TIER},      {"ns", required_argument, 0, L_NSHEX},
-      {"count", required_argument, 0, L_COUNT},    {"limit", required_argument, 0, L_LIMIT},
-      {"interval", required_argument, 0, L_INTERVAL}, {"worker", no_argument, 0, L_WORKER},
-      {"live", no_argument, 0, L_LIVE},
-      {0, 0, 0, 0}};
   const char *env = getenv("KVCACHED_SOCKET");
   snprintf(c->socket, sizeof c->socket, "%s", env && env[0] ? env : DEFAULT_SOCKET);
   c->timeout_ms = 10000;
@@ -261,7 +268,7 @@ static int parse_opts(ctl *c, int argc, char **argv) {
   opterr = 0;
   optind = 1;
   int ch;
-  while ((ch = getopt_long(argc, argv, ":s:d:t:b:jo:p:f:h", lo, NULL)) != -1) {
+  while ((ch = getopt_long(argc, argv, SHORT_OPTS, long_opts, NULL)) != -1) {
     uint32_t *u = NULL, lo_v = 0, hi_v = UINT32_MAX;
     unsigned bit = O_LAYOUT;
     switch (ch) {
@@ -882,6 +889,42 @@ static int cmd_check_config(int argc, char **argv) {
   return 0;
 }
 
+/* 1 if option word a (as given: "--socket-dir", "-d", "-jd") takes the
+ * next word as its value, by the tables getopt_long reads. */
+static int takes_value(const char *a) {
+  if (a[1] == '-') {
+    if (strchr(a, '=')) return 0;
+    const struct option *hit = NULL;
+    int n = 0;
+    size_t len = strlen(a + 2);
+    for (const struct option *o = long_opts; o->name; o++) {
+      if (strncmp(o->name, a + 2, len)) continue;
+      if (strlen(o->name) == len) return o->has_arg == required_argument; /* exact */
+      hit = o; /* an abbreviation, as getopt_long takes one that is unique */
+      n++;
+    }
+    return n == 1 && hit->has_arg == required_argument;
+  }
+  for (const char *p = a + 1; *p; p++) {
+    const char *o = *p != ':' ? strchr(SHORT_OPTS, *p) : NULL;
+    if (!o) return 0;
+    if (o[1] == ':') return p[1] == 0; /* else its value is the rest of the word */
+  }
+  return 0;
+}
+
+/* The index of the command word: the first that is neither an option nor
+ * an option's value; 0 if there is none. */
+static int command_index(int argc, char **argv) {
+  for (int i = 1; i < argc; i++) {
+    const char *a = argv[i];
+    if (a[0] != '-' || !a[1]) return i;
+    if (!strcmp(a, "--")) return 0;
+    if (takes_value(a)) i++;
+  }
+  return 0;
+}
+
 int main(int argc, char **argv) {
   static const struct {
     const char *name;
@@ -892,6 +935,19 @@ int main(int argc, char **argv) {
                      {"pin", kvctl_pin},       {"unpin", kvctl_unpin}, {"keys", kvctl_keys},
                      {"health", kvctl_health}};
   if (argc < 2) { usage(stderr); return EXIT_USAGE; }
+  int k = command_index(argc, argv);
+  if (k == 0) {
+    for (int i = 1; i < argc; i++)
+      if (!strcmp(argv[i], "-h") || !strcmp(argv[i], "--help")) { usage(stdout); return 0; }
+    fprintf(stderr, "kvctl: no command after the options\n");
+    usage(stderr);
+    return EXIT_USAGE;
+  }
+  if (k > 1) { /* options first: the command goes to the front, they follow it */
+    char *word = argv[k];
+    memmove(&argv[2], &argv[1], (size_t)(k - 1) * sizeof *argv);
+    argv[1] = word;
+  }
   const char *cmd = argv[1];
   set_usage(cmd);
   if (!strcmp(cmd, "-h") || !strcmp(cmd, "--help") || !strcmp(cmd, "help")) { usage(stdout); return 0; }
