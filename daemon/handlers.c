@@ -406,7 +406,7 @@ static int op_set_priority(kvd *d, kvd_session *s, const kv_msg *req, kv_buf *ou
   return statuses(req, out, d->status, req->batch.keys.n);
 }
 
-/* --- PUT / GET: the inline slow path ---------------------------------------- */
+/* --- PUT (GET: load.c): the inline slow path ---------------------------------------- */
 static int op_put(kvd *d, kvd_session *s, const kv_msg *req, kv_buf *out) {
   const kv_put_req *p = &req->put;
   kvd_ns *n = session_ns(d, s);
@@ -424,22 +424,6 @@ static int op_put(kvd *d, kvd_session *s, const kv_msg *req, kv_buf *out) {
   kvd_ghost_note(d, (uint32_t)n->core_ns, &k, 1);
   if (d->core.adm.limit[KV_G2]) kv_core_enforce_limits(&d->core); /* a soft g2.capacity */
   kv_msg m = kvd_reply_to(req);
-  return kv_msg_encode(out, &m);
-}
-
-static int op_get(kvd *d, kvd_session *s, const kv_msg *req, kv_buf *out) {
-  kv_key k;
-  kv_key_set(&k, req->get_key.p, req->get_key.len);
-  kv_block *b = kv_core_find(&d->core, (uint32_t)session_ns(d, s)->core_ns, &k);
-  if (!b || !(b->tiers & KV_TIER_BIT(KV_G2))) return kvd_fail(out, req, KV_ENOTFOUND, NULL);
-  const uint8_t *p = kv_core_g2_ptr(&d->core, b);
-  /* Verified before it is served: a worker may have scribbled on G2. */
-  if (kv_crc32c(0, p, b->size) != b->crc) return kvd_fail(out, req, KV_ECORRUPT, NULL);
-  kv_core_touch(&d->core, b);
-  kv_msg m = kvd_reply_to(req);
-  m.get_rep.tier = KV_G2;
-  m.get_rep.data.p = p;
-  m.get_rep.data.len = b->size;
   return kv_msg_encode(out, &m);
 }
 
@@ -516,7 +500,7 @@ int kvd_handle(kvd *d, kvd_sink *sink, const kv_msg *req, kv_buf *out, int fd_ou
   case KV_OP_DELETE: return op_delete(d, s, req, out);
   case KV_OP_SET_PRIORITY: return op_set_priority(d, s, req, out);
   case KV_OP_PUT: return op_put(d, s, req, out);
-  case KV_OP_GET: return op_get(d, s, req, out);
+  case KV_OP_GET: return kvd_op_get(d, sink, req, out);
   case KV_OP_G1_SELECT: return op_g1_select(d, s, req, out, fd_out);
   default: return kvd_fail(out, req, KV_EBADOP, NULL);
   }

@@ -302,7 +302,7 @@ int kvd_render_metrics(kvd *d, kv_buf *out) {
       P("%s{tier=\"%s\"} %llu\n", tg[i].name, tier_names[t],
         U(*(const uint64_t *)((const char *)&s.t[t] + tg[i].off)));
   }
-  H("kvcached_misses_total", "counter", "Keys asked for (LOOKUP, LOAD) and not served, by reason.");
+  H("kvcached_misses_total", "counter", "Keys asked for (LOOKUP, LOAD, GET) and not served, by reason.");
   for (int i = 0; i < KVD_MISS_COUNT; i++)
     P("kvcached_misses_total{reason=\"%s\"} %llu\n", kvd_miss_names[i], U(d->m.misses[i]));
   H("kvcached_lookups_total", "counter", "Keys looked up.");
