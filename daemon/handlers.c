@@ -441,14 +441,17 @@ static int op_status(kvd *d, kvd_session *s, const kv_msg *req, kv_buf *out) {
                                              "locked", a->locked));
   }
   const kv_core_stats *c = &d->core.st;
+  uint64_t misses = 0; /* every reason, as kvcached_misses_total counts them */
+  for (int i = 0; i < KVD_MISS_COUNT; i++) misses += d->m.misses[i];
   json_t *o = json_pack(
-      "{s:s,s:I,s:I,s:{s:I,s:I,s:I,s:o},s:{s:I,s:I,s:I,s:I,s:I,s:I,s:I},s:s,s:I}",
+      "{s:s,s:I,s:I,s:{s:I,s:I,s:I,s:o},s:{s:I,s:I,s:I,s:I,s:I,s:I,s:I,s:I,s:I},s:s,s:I}",
       "version", KV_VERSION, "uptime_s", (json_int_t)((now_ms() - d->start_ms) / 1000),
       "sessions", (json_int_t)d->nsessions,
       "g2", "capacity_bytes", (json_int_t)cap, "used_bytes", (json_int_t)used,
       "blocks", (json_int_t)d->core.ix.count, "tenants", tenants,
-      "core", "lookups", (json_int_t)c->lookups, "hits_g2", (json_int_t)c->hits[KV_G2],
-      "misses", (json_int_t)c->misses, "evictions_g2", (json_int_t)c->evictions[KV_G2],
+      "core", "lookups", (json_int_t)c->lookups, "hits_g1", (json_int_t)c->hits[KV_G1],
+      "hits_g2", (json_int_t)c->hits[KV_G2], "hits_g3", (json_int_t)c->hits[KV_G3],
+      "misses", (json_int_t)misses, "evictions_g2", (json_int_t)c->evictions[KV_G2],
       "allocs", (json_int_t)c->allocs, "commits", (json_int_t)c->commits,
       "aborts", (json_int_t)c->aborts,
       "policy", d->core.policy->name, "namespaces", (json_int_t)d->reg.nns);

@@ -22,9 +22,11 @@
  * timeout; its pin is dropped once the bytes are in the reply, and a
  * failed entry becomes an ERROR reply with the entry's status.
  *
- * Every block answered without its bytes is a miss with a reason
- * (stats.h): absent, evicted or not_shareable when it is not indexed,
- * corrupt or io_error when its SSD read failed, timeout as above. The
+ * Every block answered with its bytes is a hit of the best tier that held
+ * it when asked (kv_core_stats.hits, as LOOKUP counts), every block
+ * answered without them a miss with a reason (stats.h): absent, evicted or
+ * not_shareable when it is not indexed, corrupt or io_error when its SSD
+ * read (or a GET's check of the G2 bytes) failed, timeout as above. The
  * LOAD's duration, from the request to its reply, goes to the LOAD
  * latency histogram (a GET's does not).
  */
@@ -61,7 +63,7 @@ struct kvd_load {
   kv_bid *bid;
   kv_load_ent *ent;
   load_key *keys;
-  uint8_t found;       /* GET: G2, or G3 when the block had to come up from there */
+  uint8_t *found;      /* per entry: the best tier holding the block when asked */
 };
 
 /* Entry i is a hit in tier t (G1 or G2): its slot's offset in the memory
@@ -93,10 +95,15 @@ static int get_reply(kvd_load *ld, kv_buf *out) {
   kv_block *b = e->status == 0 ? kv_index_at(&d->core.ix, ld->bid[0]) : NULL;
   int status = e->status;
   const uint8_t *p = b ? kv_core_g2_ptr(&d->core, b) : NULL;
-  if (b && kv_crc32c(0, p, b->size) != b->crc) status = KV_ECORRUPT;
+  if (b && kv_crc32c(0, p, b->size) != b->crc) {
+    status = KV_ECORRUPT;
+    kvd_miss_add(d, KVD_MISS_CORRUPT, 1);
+  }
   kv_msg m = kvd_reply_to(&ld->req);
   if (status == 0) {
-    m.get_rep.tier = ld->found;
+    d->core.st.hits[ld->found[0]]++;
+    /* The bytes are G2's; G3 says they had to come up from there. */
+    m.get_rep.tier = ld->found[0] == KV_G3 ? KV_G3 : KV_G2;
     m.get_rep.data.p = p;
     m.get_rep.data.len = b->size;
   } else {
@@ -121,6 +128,10 @@ static int answer(kvd_load *ld, kv_buf *out) {
   if (ld->req.op == KV_OP_GET) {
     rc = get_reply(ld, out);
   } else {
+    /* A hit for each block served, in the tier that held it when asked
+     * (as LOOKUP counts): the misses were counted with their reasons. */
+    for (uint32_t i = 0; i < ld->n && (out || ld->sink->conn); i++)
+      if (ld->ent[i].status == 0) ld->d->core.st.hits[ld->found[i]]++;
     kvd_req_done(ld->d, KVD_REQ_LOAD, ld->t0);
     kv_msg m = kvd_reply_to(&ld->req);
     m.load_rep.n = ld->n;
@@ -132,6 +143,7 @@ static int answer(kvd_load *ld, kv_buf *out) {
   free(ld->bid);
   free(ld->ent);
   free(ld->keys);
+  free(ld->found);
   free(ld);
   return rc;
 }
@@ -215,9 +227,10 @@ static int load_keys(kvd *d, kvd_sink *sink, const kv_msg *req, uint32_t n, uint
     ld->bid = calloc(n ? n : 1, sizeof *ld->bid);
     ld->ent = calloc(n ? n : 1, sizeof *ld->ent);
     ld->keys = calloc(n ? n : 1, sizeof *ld->keys);
+    ld->found = calloc(n ? n : 1, 1);
   }
-  if (!ld || !ld->bid || !ld->ent || !ld->keys) {
-    if (ld) { free(ld->bid); free(ld->ent); free(ld->keys); free(ld); }
+  if (!ld || !ld->bid || !ld->ent || !ld->keys || !ld->found) {
+    if (ld) { free(ld->bid); free(ld->ent); free(ld->keys); free(ld->found); free(ld); }
     return kvd_fail(out, req, -ENOMEM, NULL);
   }
   ld->d = d;
@@ -229,7 +242,6 @@ static int load_keys(kvd *d, kvd_sink *sink, const kv_msg *req, uint32_t n, uint
   ld->target = target;
   ld->pool = target == KV_G1 ? (unsigned)s->g1pool : 0;
   ld->core_ns = (uint32_t)kvd_registry_ns(&d->reg, s->ns)->core_ns;
-  ld->found = KV_TIER_NONE;
 
   for (uint32_t i = 0; i < n; i++) {
     kv_load_ent *e = &ld->ent[i];
@@ -242,7 +254,7 @@ static int load_keys(kvd *d, kvd_sink *sink, const kv_msg *req, uint32_t n, uint
       kvd_miss_classify(d, s->ns, ld->core_ns, &d->keys[i]);
       continue;
     }
-    ld->found = (b->tiers & KV_TIER_BIT(KV_G2)) ? KV_G2 : KV_G3;
+    ld->found[i] = (uint8_t)__builtin_ctz(b->tiers);
     if ((e->status = kvd_session_pin(&d->core, s, b))) continue;
     ld->bid[i] = b->id;
     kv_core_touch(&d->core, b);

@@ -292,7 +292,7 @@ int kvd_render_metrics(kvd *d, kv_buf *out) {
        offsetof(tier_view, capacity)},
       {"kvcached_tier_used_bytes", "Bytes of blocks the tier holds.", offsetof(tier_view, used)},
       {"kvcached_tier_blocks", "Blocks the tier holds.", offsetof(tier_view, blocks)},
-      {"kvcached_hits_total", "Keys looked up and found, by the fastest tier holding them.",
+      {"kvcached_hits_total", "Keys asked for (LOOKUP, LOAD, GET) and found, by the fastest tier holding them.",
        offsetof(tier_view, hits)},
       {"kvcached_evictions_total", "Blocks evicted from the tier.", offsetof(tier_view, evictions)},
   };

@@ -157,6 +157,7 @@ Test(get_g3, a_block_only_on_g3_is_brought_up_and_returned) {
   cr_assert(block(7)->tiers & KV_TIER_BIT(KV_G2), "left in G2, as LOAD leaves it");
   cr_assert_eq(block(7)->pins, 0, "GET keeps no pin");
   cr_assert_eq(kvd_session_pins(&sess), 0);
+  cr_assert_eq(d.core.st.hits[KV_G3], 1, "a hit of the tier it was found in");
 }
 
 Test(get_g3, a_failed_read_is_an_io_error_not_a_hit) {
@@ -168,6 +169,7 @@ Test(get_g3, a_failed_read_is_an_io_error_not_a_hit) {
   cr_assert_eq(r.error.req_op, KV_OP_GET);
   cr_assert_eq(r.status, -EIO, "status %d", r.status);
   cr_assert_eq(d.m.misses[KVD_MISS_IO_ERROR], 1);
+  cr_assert_eq(d.core.st.hits[KV_G3] + d.core.st.hits[KV_G2], 0);
   cr_assert_eq(kvd_session_pins(&sess), 0, "the pin is dropped with the failure");
   d.g3->fault = NULL;
 }
