@@ -341,14 +341,14 @@ int kvd_ops_start(kvd_ops *o, kvd *d, uv_loop_t *loop) {
   memset(o, 0, sizeof *o);
   o->d = d;
   if (d->cfg.admin_group[0]) {
-    struct group gr, *gp = NULL;
-    char buf[4096];
-    if (getgrnam_r(d->cfg.admin_group, &gr, buf, sizeof buf, &gp) || !gp) {
-      kv_error("admin", "admin.group '%s': no such group", d->cfg.admin_group);
-      return -ENOENT;
+    /* kv_config_check refused an unknown group before start; it may have gone since. */
+    int rc = kv_config_admin_gid(&d->cfg, &o->admin_gid);
+    if (rc) {
+      kv_error("admin", "admin.group '%s': %s", d->cfg.admin_group,
+               rc == -ENOENT ? "no such group" : strerror(-rc));
+      return rc;
     }
     o->has_gid = 1;
-    o->admin_gid = gp->gr_gid;
   }
   kvd_http_init(&o->stats, loop, "stats", on_stats, o);
   kvd_http_init(&o->admin, loop, "admin", on_admin, o);

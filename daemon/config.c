@@ -8,13 +8,22 @@
 #include <ini.h>
 #include <math.h>
 #include <pwd.h>
+#include <stdarg.h>
 #include <stddef.h>
 #include <stdlib.h>
 #include <string.h>
 #include <strings.h>
+#include <sys/resource.h>
+#include <sys/stat.h>
+#include <sys/statvfs.h>
+#include <unistd.h>
 
+#include "daemon/admin.h"
 #include "daemon/log.h"
+#include "daemon/server.h"
+#include "ipc/sock.h"
 #include "tiers/evict.h"
+#include "tiers/g3.h"
 
 typedef enum { OPT_SIZE, OPT_BOOL, OPT_STR, OPT_U32 } opt_type;
 
@@ -450,17 +459,6 @@ int kv_config_split(const kv_config *c, int tier, uint64_t capacity,
   return 0;
 }
 
-/* The G3 directories of g3.path. */
-static uint32_t g3_ndirs(const kv_config *c) {
-  uint32_t n = 0;
-  int in = 0;
-  for (const char *p = c->g3_path; *p; p++) {
-    if (*p == ',') in = 0;
-    else if (*p != ' ' && !in) { in = 1; n++; }
-  }
-  return n;
-}
-
 static int validate_tenants(const kv_config *c, char *err, size_t errlen) {
   if (c->g2_tenants != 1) {
     snprintf(err, errlen, "g2.tenants is no longer used (it bound arenas to whichever tenant names came "
@@ -485,9 +483,11 @@ static int validate_tenants(const kv_config *c, char *err, size_t errlen) {
       return -EINVAL;
     }
   }
-  uint32_t dirs = g3_ndirs(c);
-  if (!dirs || !c->ntenants) return 0;
-  uint64_t g3cap = c->g3_capacity * dirs;
+  char buf[sizeof c->g3_path];
+  const char *dirv[KV_G3_MAX_DIRS];
+  int dirs = c->g3_path[0] ? kv_config_g3_dirs(c, buf, dirv, KV_G3_MAX_DIRS) : 0;
+  if (dirs <= 0 || !c->ntenants) return 0;
+  uint64_t g3cap = c->g3_capacity * (uint64_t)dirs;
   if (kv_config_split(c, 2, g3cap, part, err, errlen)) return -EINVAL;
   for (uint32_t i = 0; i < c->ntenants; i++) {
     if (part[i] < c->g3_block_bytes && c->tenants[i].g3_share.kind == KV_SHARE_UNSET) {
@@ -500,115 +500,357 @@ static int validate_tenants(const kv_config *c, char *err, size_t errlen) {
   return 0;
 }
 
-int kv_config_validate(const kv_config *c, char *err, size_t errlen) {
-  if (c->g2_capacity < 4096) {
-    snprintf(err, errlen, "g2.capacity must be at least 4K");
-    return -EINVAL;
+/* --- checks (config.h: kv_config_check) -------------------------------------- */
+
+typedef struct chk {
+  kv_config_report_fn fn;
+  void *arg;
+  int refused;
+} chk;
+
+__attribute__((format(printf, 3, 4)))
+static void say(chk *k, kv_cfg_level level, const char *fmt, ...) {
+  char msg[512];
+  va_list ap;
+  va_start(ap, fmt);
+  vsnprintf(msg, sizeof msg, fmt, ap);
+  va_end(ap);
+  if (level == KV_CFG_REFUSE) k->refused++;
+  if (k->fn) k->fn(k->arg, level, msg);
+}
+#define REFUSE(...) say(k, KV_CFG_REFUSE, __VA_ARGS__)
+#define WARN(...) say(k, KV_CFG_WARN, __VA_ARGS__)
+
+/* "1.5 GiB" */
+static const char *hsize(uint64_t v, char *out, size_t cap) {
+  static const char *unit[] = {"B", "KiB", "MiB", "GiB", "TiB", "PiB", "EiB"};
+  double x = (double)v;
+  int u = 0;
+  while (x >= 1024 && u < 6) x /= 1024, u++;
+  if (u == 0) snprintf(out, cap, "%llu B", (unsigned long long)v);
+  else snprintf(out, cap, "%.1f %s", x, unit[u]);
+  return out;
+}
+
+int kv_config_g3_dirs(const kv_config *c, char *buf, const char **dirs, unsigned max) {
+  memcpy(buf, c->g3_path, sizeof c->g3_path);
+  buf[sizeof c->g3_path - 1] = 0;
+  unsigned n = 0;
+  char *p = buf;
+  while (*p) {
+    char *comma = strchr(p, ',');
+    char *next = comma ? comma + 1 : p + strlen(p);
+    if (comma) *comma = 0;
+    while (*p == ' ') p++;
+    size_t len = strlen(p);
+    while (len && p[len - 1] == ' ') p[--len] = 0;
+    if (len) {
+      if (n == max) return -E2BIG;
+      dirs[n++] = p;
+    }
+    p = next;
   }
-  if (validate_tenants(c, err, errlen)) return -EINVAL;
+  return (int)n;
+}
+
+int kv_config_admin_gid(const kv_config *c, gid_t *gid) {
+  struct group gr, *gp = NULL;
+  size_t cap = 16384;
+  for (;;) {
+    char *buf = malloc(cap);
+    if (!buf) return -ENOMEM;
+    int e = getgrnam_r(c->admin_group, &gr, buf, cap, &gp);
+    if (e == 0 && gp) *gid = gp->gr_gid;
+    free(buf);
+    if (e == ERANGE && cap < (1u << 22)) { cap *= 4; continue; }
+    if (e) return -e;
+    return gp ? 0 : -ENOENT;
+  }
+}
+
+/* The checks on the configuration alone. */
+static void check_alone(const kv_config *c, chk *k) {
   if (!c->socket_dir[0]) {
-    snprintf(err, errlen, "daemon.socket_dir must not be empty");
-    return -EINVAL;
+    REFUSE("daemon.socket_dir must not be empty");
+  } else {
+    /* Every socket the daemon makes there, and its ".lock", must fit sun_path. */
+    static const char *const names[] = {KVD_SOCKET_NAME, KVD_STATS_SOCKET_NAME, KVD_ADMIN_SOCKET_NAME};
+    size_t longest = 0;
+    for (size_t i = 0; i < sizeof names / sizeof names[0]; i++)
+      if (strlen(names[i]) > longest) longest = strlen(names[i]);
+    size_t most = KV_SOCK_PATH_MAX - 1 - 1 - longest;
+    if (strlen(c->socket_dir) > most)
+      REFUSE("daemon.socket_dir: '%s' is %zu bytes; at most %zu fit (its sockets' paths must "
+             "fit a Unix socket address)", c->socket_dir, strlen(c->socket_dir), most);
   }
-  if (c->g2_page_size == 0 || c->g2_page_size % 4096) {
-    snprintf(err, errlen, "g2.page_size must be a non-zero multiple of 4K");
-    return -EINVAL;
-  }
+  if (c->g2_capacity < 4096)
+    REFUSE("g2.capacity must be at least 4K");
+  else if (c->g2_tenants == 0 || c->g2_capacity / c->g2_tenants < 4096)
+    REFUSE("g2.tenants must be at least 1, with 4K of g2.capacity each");
+  if (c->g2_page_size == 0 || c->g2_page_size % 4096)
+    REFUSE("g2.page_size must be a non-zero multiple of 4K");
   if (strcmp(c->g3_backend, "auto") && strcmp(c->g3_backend, "uring") &&
-      strcmp(c->g3_backend, "threads")) {
-    snprintf(err, errlen, "g3.backend: '%s' is not auto, uring or threads", c->g3_backend);
-    return -EINVAL;
-  }
+      strcmp(c->g3_backend, "threads"))
+    REFUSE("g3.backend: '%s' is not auto, uring or threads", c->g3_backend);
   if (strcmp(c->g3_admit, "always") && strcmp(c->g3_admit, "second-use") &&
-      strcmp(c->g3_admit, "min-prio")) {
-    snprintf(err, errlen, "g3.admit: '%s' is not always, second-use or min-prio", c->g3_admit);
-    return -EINVAL;
-  }
-  if (strcmp(c->g1_enable, "auto") && strcmp(c->g1_enable, "on") && strcmp(c->g1_enable, "off")) {
-    snprintf(err, errlen, "g1.enable: '%s' is not auto, on or off", c->g1_enable);
-    return -EINVAL;
-  }
-  if (strcmp(c->g1_backend, "auto") && strcmp(c->g1_backend, "cuda") && strcmp(c->g1_backend, "sim")) {
-    snprintf(err, errlen, "g1.backend: '%s' is not auto, cuda or sim", c->g1_backend);
-    return -EINVAL;
-  }
+      strcmp(c->g3_admit, "min-prio"))
+    REFUSE("g3.admit: '%s' is not always, second-use or min-prio", c->g3_admit);
+  if (strcmp(c->g1_enable, "auto") && strcmp(c->g1_enable, "on") && strcmp(c->g1_enable, "off"))
+    REFUSE("g1.enable: '%s' is not auto, on or off", c->g1_enable);
+  if (strcmp(c->g1_backend, "auto") && strcmp(c->g1_backend, "cuda") && strcmp(c->g1_backend, "sim"))
+    REFUSE("g1.backend: '%s' is not auto, cuda or sim", c->g1_backend);
   int ord[KV_CFG_G1_DEVICES_MAX];
-  if (kv_config_g1_devices(c, ord) < 0) {
-    snprintf(err, errlen, "g1.device: '%s' is not a list of 1 to %d distinct device ordinals "
-             "(0..255, comma-separated)", c->g1_device, KV_CFG_G1_DEVICES_MAX);
-    return -EINVAL;
-  }
-  if (strcmp(c->g1_enable, "off") && c->g1_capacity == 0) {
-    snprintf(err, errlen, "g1.capacity must be more than 0 unless g1.enable = off");
-    return -EINVAL;
-  }
-  if (c->g3_min_prio > 255) {
-    snprintf(err, errlen, "g3.min_prio must be 0..255");
-    return -EINVAL;
-  }
-  if (c->g3_path[0] && (c->g3_capacity < (2u << 20) || c->g3_queue_depth == 0)) {
-    snprintf(err, errlen, "g3.capacity must be at least 2M and g3.queue_depth at least 1");
-    return -EINVAL;
+  if (kv_config_g1_devices(c, ord) < 0)
+    REFUSE("g1.device: '%s' is not a list of 1 to %d distinct device ordinals "
+           "(0..255, comma-separated)", c->g1_device, KV_CFG_G1_DEVICES_MAX);
+  if (strcmp(c->g1_enable, "off") && c->g1_capacity == 0)
+    REFUSE("g1.capacity must be more than 0 unless g1.enable = off");
+  if (c->g3_min_prio > 255)
+    REFUSE("g3.min_prio must be 0..255");
+  if (c->g3_path[0]) {
+    char buf[sizeof c->g3_path];
+    const char *dirs[KV_G3_MAX_DIRS];
+    int n = kv_config_g3_dirs(c, buf, dirs, KV_G3_MAX_DIRS);
+    if (n == -E2BIG)
+      REFUSE("g3.path names more than %d directories", KV_G3_MAX_DIRS);
+    else if (n == 0)
+      REFUSE("g3.path: '%s' names no directory (leave it empty for no G3)", c->g3_path);
+    for (int i = 0; i < n; i++)
+      for (int j = 0; j < i; j++)
+        if (!strcmp(dirs[i], dirs[j])) REFUSE("g3.path names %s twice", dirs[i]);
+    char a[32], b[32];
+    if (c->g3_capacity < (2u << 20))
+      REFUSE("g3.capacity must be at least 2M");
+    if (c->g3_queue_depth < 1 || c->g3_queue_depth > KV_G3_QUEUE_DEPTH_MAX)
+      REFUSE("g3.queue_depth: %u is not 1..%d", c->g3_queue_depth, KV_G3_QUEUE_DEPTH_MAX);
+    int lrc = kv_g3_layout_of(c->g3_capacity, c->g3_block_bytes, NULL, NULL);
+    if (c->g3_block_bytes == 0)
+      REFUSE("g3.block_bytes must be more than 0");
+    else if (c->g3_block_bytes > c->g3_capacity)
+      REFUSE("g3.block_bytes (%llu) is larger than g3.capacity (%llu)",
+             (unsigned long long)c->g3_block_bytes, (unsigned long long)c->g3_capacity);
+    else if (lrc == -EINVAL)
+      REFUSE("g3.block_bytes: %llu is too large for an SSD slot", (unsigned long long)c->g3_block_bytes);
+    else if (lrc == -ENOSPC && c->g3_capacity >= (2u << 20))
+      REFUSE("g3.capacity (%s) holds no slot of g3.block_bytes (%s): a G3 file needs 1 MiB, "
+             "then 4 KiB plus the block rounded up to 4 KiB per slot",
+             hsize(c->g3_capacity, a, sizeof a), hsize(c->g3_block_bytes, b, sizeof b));
   }
   if (!kv_evict_lookup(c->policy)) {
-    int n = snprintf(err, errlen, "cache.policy: unknown policy '%s' (known:", c->policy);
-    for (int i = 0; kv_evict_policies[i] && n > 0 && (size_t)n < errlen; i++)
-      n += snprintf(err + n, errlen - (size_t)n, " %s", kv_evict_policies[i]->name);
-    if (n > 0 && (size_t)n < errlen) snprintf(err + n, errlen - (size_t)n, ")");
-    return -EINVAL;
+    char known[256];
+    size_t n = 0;
+    known[0] = 0;
+    for (int i = 0; kv_evict_policies[i] && n < sizeof known; i++) {
+      int w = snprintf(known + n, sizeof known - n, " %s", kv_evict_policies[i]->name);
+      if (w < 0) break;
+      n += (size_t)w;
+    }
+    REFUSE("cache.policy: unknown policy '%s' (known:%s)", c->policy, known);
   }
-  if (c->load_timeout_ms == 0) {
-    snprintf(err, errlen, "daemon.load_timeout_ms must be at least 1");
-    return -EINVAL;
-  }
+  if (c->load_timeout_ms == 0)
+    REFUSE("daemon.load_timeout_ms must be at least 1");
   if (c->stats_listen[0]) {
     const char *colon = strrchr(c->stats_listen, ':');
-    char *end;
+    char *end = NULL;
     unsigned long port = colon ? strtoul(colon + 1, &end, 10) : 0;
     if (!colon || colon == c->stats_listen || !colon[1] || *end || port == 0 || port > 65535) {
-      snprintf(err, errlen, "stats.listen: '%s' is not host:port", c->stats_listen);
-      return -EINVAL;
-    }
-    /* The host is an address literal (IPv6 in brackets): nothing to resolve. */
-    char host[64];
-    size_t hl = (size_t)(colon - c->stats_listen);
-    const char *h = c->stats_listen;
-    if (hl >= 2 && h[0] == '[' && h[hl - 1] == ']') { h++; hl -= 2; }
-    unsigned char addr[16];
-    int ok = hl < sizeof host;
-    if (ok) {
-      memcpy(host, h, hl);
-      host[hl] = 0;
-      ok = inet_pton(AF_INET, host, addr) == 1 || inet_pton(AF_INET6, host, addr) == 1;
-    }
-    if (!ok) {
-      snprintf(err, errlen, "stats.listen: '%.*s' is not an IPv4 or [IPv6] address",
+      REFUSE("stats.listen: '%s' is not host:port", c->stats_listen);
+    } else {
+      /* The host is an address literal (IPv6 in brackets): nothing to resolve. */
+      char host[64];
+      size_t hl = (size_t)(colon - c->stats_listen);
+      const char *h = c->stats_listen;
+      if (hl >= 2 && h[0] == '[' && h[hl - 1] == ']') { h++; hl -= 2; }
+      unsigned char addr[16];
+      int ok = hl < sizeof host;
+      if (ok) {
+        memcpy(host, h, hl);
+        host[hl] = 0;
+        ok = inet_pton(AF_INET, host, addr) == 1 || inet_pton(AF_INET6, host, addr) == 1;
+      }
+      if (!ok)
+        REFUSE("stats.listen: '%.*s' is not an IPv4 or [IPv6] address",
                (int)(colon - c->stats_listen), c->stats_listen);
-      return -EINVAL;
     }
   }
   if (c->limit_pins_per_session == 0 || c->limit_allocs_per_session == 0 ||
-      c->limit_namespaces_per_tenant == 0) {
-    snprintf(err, errlen, "limits.pins_per_session, limits.allocs_per_session and "
-             "limits.namespaces_per_tenant must be at least 1");
-    return -EINVAL;
-  }
-  if (c->limits_connections == 0 || c->limits_connections_per_uid == 0) {
-    snprintf(err, errlen, "limits.connections and limits.connections_per_uid must be at least 1");
-    return -EINVAL;
-  }
+      c->limit_namespaces_per_tenant == 0)
+    REFUSE("limits.pins_per_session, limits.allocs_per_session and "
+           "limits.namespaces_per_tenant must be at least 1");
+  if (c->limits_connections == 0 || c->limits_connections_per_uid == 0)
+    REFUSE("limits.connections and limits.connections_per_uid must be at least 1");
   if (c->stats_connections == 0 || c->stats_tcp_connections == 0 || c->admin_connections == 0 ||
-      c->stats_request_timeout_ms == 0) {
-    snprintf(err, errlen, "stats.connections, stats.tcp_connections, stats.request_timeout_ms and "
-             "admin.connections must be at least 1");
-    return -EINVAL;
-  }
-  if (kv_log_parse_level(c->log_level) < 0) {
-    snprintf(err, errlen, "log.level: '%s' is not debug, info, warn or error", c->log_level);
-    return -EINVAL;
-  }
-  return 0;
+      c->stats_request_timeout_ms == 0)
+    REFUSE("stats.connections, stats.tcp_connections, stats.request_timeout_ms and "
+           "admin.connections must be at least 1");
+  char terr[256];
+  if (validate_tenants(c, terr, sizeof terr)) REFUSE("%s", terr);
+  if (kv_log_parse_level(c->log_level) < 0)
+    REFUSE("log.level: '%s' is not debug, info, warn or error", c->log_level);
 }
+
+/* A /proc/meminfo field in bytes; 0 if unknown. */
+static uint64_t meminfo(const char *field) {
+  FILE *f = fopen("/proc/meminfo", "re");
+  if (!f) return 0;
+  char line[128];
+  uint64_t v = 0;
+  size_t fl = strlen(field);
+  while (fgets(line, sizeof line, f)) {
+    unsigned long long kb;
+    if (!strncmp(line, field, fl) && line[fl] == ':' && sscanf(line + fl + 1, "%llu", &kb) == 1) {
+      v = kb > UINT64_MAX / 1024 ? UINT64_MAX : (uint64_t)kb * 1024;
+      break;
+    }
+  }
+  fclose(f);
+  return v;
+}
+
+/* 1 if this process may lock memory beyond RLIMIT_MEMLOCK (CAP_IPC_LOCK). */
+static int can_lock_any(void) {
+  FILE *f = fopen("/proc/self/status", "re");
+  if (!f) return 0;
+  char line[128];
+  unsigned long long caps = 0;
+  while (fgets(line, sizeof line, f))
+    if (sscanf(line, "CapEff: %llx", &caps) == 1) break;
+  fclose(f);
+  return (caps >> 14) & 1; /* CAP_IPC_LOCK */
+}
+
+/* One filesystem holding G3 files, and what they need of it. */
+typedef struct g3_fs {
+  dev_t dev;
+  const char *first; /* its first directory in g3.path */
+  unsigned ndirs;
+  uint64_t need, free, size;
+} g3_fs;
+
+static void check_g3_space(const kv_config *c, chk *k) {
+  char buf[sizeof c->g3_path], a[32], b[32], e[32];
+  const char *dirs[KV_G3_MAX_DIRS];
+  int n = kv_config_g3_dirs(c, buf, dirs, KV_G3_MAX_DIRS);
+  uint64_t file_bytes;
+  if (n <= 0 || kv_g3_layout_of(c->g3_capacity, c->g3_block_bytes, NULL, &file_bytes)) return;
+  g3_fs fs[KV_G3_MAX_DIRS];
+  struct stat seen[KV_G3_MAX_DIRS];
+  const char *seen_name[KV_G3_MAX_DIRS];
+  unsigned nfs = 0, nseen = 0;
+  for (int i = 0; i < n; i++) {
+    const char *dir = dirs[i], *where = dir;
+    char parent[sizeof c->g3_path];
+    struct stat st;
+    if (stat(dir, &st) == 0) {
+      if (!S_ISDIR(st.st_mode)) { WARN("g3.path: %s is not a directory: kvcached would run on G2 alone", dir); continue; }
+      for (unsigned j = 0; j < nseen; j++)
+        if (seen[j].st_dev == st.st_dev && seen[j].st_ino == st.st_ino)
+          WARN("g3.path: %s and %s are the same directory", seen_name[j], dir);
+      seen_name[nseen] = dir;
+      seen[nseen++] = st;
+    } else if (errno == ENOENT) {
+      /* kvcached creates the last directory only. */
+      snprintf(parent, sizeof parent, "%s", dir);
+      char *slash = strrchr(parent, '/');
+      while (slash && slash > parent && slash[1] == 0) { *slash = 0; slash = strrchr(parent, '/'); }
+      if (!slash) snprintf(parent, sizeof parent, ".");
+      else if (slash == parent) parent[1] = 0;
+      else *slash = 0;
+      if (stat(parent, &st) || !S_ISDIR(st.st_mode)) {
+        WARN("g3.path: %s does not exist, nor does its parent %s (kvcached creates only the "
+               "last directory): kvcached would run on G2 alone", dir, parent);
+        continue;
+      }
+      where = parent;
+    } else {
+      WARN("g3.path: %s: %s", dir, strerror(errno));
+      continue;
+    }
+    struct statvfs vfs;
+    if (statvfs(where, &vfs)) {
+      WARN("g3.path: cannot tell the free space of %s: %s", where, strerror(errno));
+      continue;
+    }
+    /* A store file already there is reused or formatted again in place. */
+    uint64_t have = 0;
+    char file[sizeof c->g3_path + 32];
+    struct stat fst;
+    snprintf(file, sizeof file, "%s/kvg3-%d.dat", dir, i);
+    if (where == dir && stat(file, &fst) == 0 && S_ISREG(fst.st_mode))
+      have = (uint64_t)fst.st_blocks * 512;
+    unsigned f = 0;
+    while (f < nfs && fs[f].dev != st.st_dev) f++;
+    if (f == nfs) {
+      fs[nfs++] = (g3_fs){.dev = st.st_dev, .first = dir,
+                          .free = (uint64_t)(geteuid() == 0 ? vfs.f_bfree : vfs.f_bavail) * vfs.f_frsize,
+                          .size = (uint64_t)vfs.f_blocks * vfs.f_frsize};
+    }
+    fs[f].ndirs++;
+    fs[f].need += file_bytes > have ? file_bytes - have : 0;
+  }
+  for (unsigned f = 0; f < nfs; f++) {
+    if (fs[f].need <= fs[f].free) continue;
+    char more[64] = "";
+    if (fs[f].ndirs > 1)
+      snprintf(more, sizeof more, " and %u more director%s on its filesystem", fs[f].ndirs - 1,
+               fs[f].ndirs > 2 ? "ies" : "y");
+    WARN("g3.capacity: the G3 file%s in %s%s need%s %s, but the filesystem has %s free "
+           "(of %s): preallocation would fail, so kvcached would run on G2 alone, retrying "
+           "every g3.retry_ms", fs[f].ndirs > 1 ? "s" : "", fs[f].first, more,
+           fs[f].ndirs > 1 ? "" : "s", hsize(fs[f].need, a, sizeof a),
+           hsize(fs[f].free, b, sizeof b), hsize(fs[f].size, e, sizeof e));
+  }
+}
+
+/* The checks against this machine. */
+static void check_machine(const kv_config *c, chk *k) {
+  char a[32], b[32];
+  if (c->admin_group[0]) {
+    gid_t gid;
+    int rc = kv_config_admin_gid(c, &gid);
+    if (rc == -ENOENT)
+      REFUSE("admin.group: no group named '%s'", c->admin_group);
+    else if (rc)
+      REFUSE("admin.group: cannot look up '%s': %s", c->admin_group, strerror(-rc));
+  }
+  uint64_t total = meminfo("MemTotal"), avail = meminfo("MemAvailable");
+  if (total && c->g2_capacity > total / 10 * 9)
+    REFUSE("g2.capacity: %s is more than 90%% of this machine's memory (MemTotal %s)",
+           hsize(c->g2_capacity, a, sizeof a), hsize(total, b, sizeof b));
+  else if (avail && c->g2_capacity > avail)
+    WARN("g2.capacity: %s is more than the memory available now (MemAvailable %s): "
+         "the system may swap or run out of memory as G2 fills",
+         hsize(c->g2_capacity, a, sizeof a), hsize(avail, b, sizeof b));
+  struct rlimit rl;
+  if (c->g2_lock && getrlimit(RLIMIT_MEMLOCK, &rl) == 0 && rl.rlim_cur != RLIM_INFINITY &&
+      c->g2_capacity > rl.rlim_cur && !can_lock_any())
+    WARN("g2.lock: RLIMIT_MEMLOCK is %s, below g2.capacity (%s): G2 will run unlocked "
+         "(raise LimitMEMLOCK= in systemd, or set g2.lock = no)",
+         hsize((uint64_t)rl.rlim_cur, a, sizeof a), hsize(c->g2_capacity, b, sizeof b));
+  if (c->g3_path[0]) check_g3_space(c, k);
+}
+
+int kv_config_check(const kv_config *c, unsigned flags, kv_config_report_fn fn, void *arg) {
+  chk k = {fn, arg, 0};
+  check_alone(c, &k);
+  if (flags & KV_CFG_CHECK_MACHINE) check_machine(c, &k);
+  return k.refused ? -EINVAL : 0;
+}
+
+typedef struct first_err { char *err; size_t len; int have; } first_err;
+static void keep_first(void *arg, kv_cfg_level level, const char *msg) {
+  first_err *f = arg;
+  if (level != KV_CFG_REFUSE || f->have) return;
+  snprintf(f->err, f->len, "%s", msg);
+  f->have = 1;
+}
+
+int kv_config_validate(const kv_config *c, char *err, size_t errlen) {
+  first_err f = {err, errlen, 0};
+  return kv_config_check(c, 0, keep_first, &f);
+}
+#undef REFUSE
+#undef WARN
 
 /* A tenant's key as text (uids, gids, g2_share, g3_share: k = 0..3). */
 static void tenant_value(const kv_cfg_tenant *t, int k, char *v, size_t len) {

@@ -13,6 +13,7 @@
 
 #include <stdint.h>
 #include <stdio.h>
+#include <sys/types.h>
 
 /*
  * Tenants (daemon/OPS.md, "Tenants and credentials"): INI sections
@@ -95,8 +96,47 @@ int kv_config_load(kv_config *c, const char *path, char *err, size_t errlen);
 int kv_config_set(kv_config *c, const char *dotted, const char *value,
                   char *err, size_t errlen);
 
-/* Checks values that depend on each other. 0 or -EINVAL with a message. */
+/*
+ * The checks kvcached makes on a configuration before it serves, in one
+ * place, so that the daemon and `kvctl check-config` never disagree.
+ *
+ * On its own (flags 0), the configuration is checked for closed sets,
+ * ranges and values that depend on each other: what the daemon would
+ * refuse, or fail on after building part of its state (g3.queue_depth,
+ * g3.block_bytes against g3.capacity, socket paths that do not fit).
+ *
+ * With KV_CFG_CHECK_MACHINE, also against the machine this process runs
+ * on (daemon/OPS.md, "Configuration checks"): admin.group must name a
+ * group; g2.capacity must be at most 90% of MemTotal (a warning above
+ * MemAvailable); with g2.lock, a warning when RLIMIT_MEMLOCK (without
+ * CAP_IPC_LOCK) is below g2.capacity, as G2 then runs unlocked; each
+ * g3.path directory, or its parent when kvcached would create it, must
+ * exist, and the G3 files must fit in their filesystems' free space
+ * (preallocation would fail), counting what existing store files hold.
+ *
+ * Every finding goes to fn (may be NULL), with KV_CFG_REFUSE when the
+ * daemon does not start with it and KV_CFG_WARN when it starts anyway; the
+ * message names the option and has no trailing newline. Returns 0 when
+ * nothing was refused, else -EINVAL.
+ */
+typedef enum { KV_CFG_WARN = 1, KV_CFG_REFUSE = 2 } kv_cfg_level;
+typedef void (*kv_config_report_fn)(void *arg, kv_cfg_level level, const char *msg);
+#define KV_CFG_CHECK_MACHINE 1u
+int kv_config_check(const kv_config *c, unsigned flags, kv_config_report_fn fn, void *arg);
+
+/* kv_config_check without the machine: 0, or -EINVAL with the first
+ * refusal's message in err (warnings are not reported). */
 int kv_config_validate(const kv_config *c, char *err, size_t errlen);
+
+/* The directories of g3.path, in its order, each without its surrounding
+ * spaces; empty entries are skipped. buf (sizeof c->g3_path bytes) holds
+ * them; dirs[0..max) point into it. Returns how many (0: no G3), or -E2BIG
+ * (more than max). */
+int kv_config_g3_dirs(const kv_config *c, char *buf, const char **dirs, unsigned max);
+
+/* The group id of admin.group into *gid: 0, -ENOENT (no such group), or
+ * -errno (the group database could not be read). */
+int kv_config_admin_gid(const kv_config *c, gid_t *gid);
 
 /* The ordinals of g1.device, in its order, into ord. Returns how many
  * (1..KV_CFG_G1_DEVICES_MAX), or -EINVAL (empty, not a number, above 255,

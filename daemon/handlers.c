@@ -28,20 +28,18 @@ static uint64_t now_ms(void) {
  * (g3_watch.h). */
 int kvd_g3_open(kvd *d, int lock_wait_ms, char *why, size_t whylen) {
   char paths[sizeof d->cfg.g3_path];
-  memcpy(paths, d->cfg.g3_path, sizeof paths);
+  const char *names[KV_G3_MAX_DIRS];
   kv_g3_dir dirs[KV_G3_MAX_DIRS];
-  unsigned n = 0;
-  char *save = NULL;
+  int nd = kv_config_g3_dirs(&d->cfg, paths, names, KV_G3_MAX_DIRS); /* checked at start */
+  unsigned n = nd > 0 ? (unsigned)nd : 0;
   why[0] = 0;
-  for (char *p = strtok_r(paths, ",", &save); p && n < KV_G3_MAX_DIRS; p = strtok_r(NULL, ",", &save)) {
-    while (*p == ' ') p++;
-    if (!*p) continue;
-    if (mkdir(p, 0750) < 0 && errno != EEXIST) {
+  for (unsigned i = 0; i < n; i++) {
+    if (mkdir(names[i], 0750) < 0 && errno != EEXIST) {
       int rc = -errno;
-      snprintf(why, whylen, "cannot create %s: %s", p, strerror(-rc));
+      snprintf(why, whylen, "cannot create %s: %s", names[i], strerror(-rc));
       return rc;
     }
-    dirs[n++] = (kv_g3_dir){p, d->cfg.g3_capacity};
+    dirs[i] = (kv_g3_dir){names[i], d->cfg.g3_capacity};
   }
   if (n == 0) return 0;
   kv_g3_opts o = {.dirs = dirs, .ndirs = n, .block_bytes = (uint32_t)d->cfg.g3_block_bytes,
@@ -423,7 +421,7 @@ static int op_set_priority(kvd *d, kvd_session *s, const kv_msg *req, kv_buf *ou
   return statuses(req, out, d->status, req->batch.keys.n);
 }
 
-/* --- PUT / GET: the inline slow path ---------------------------------------- */
+/* --- PUT (GET: load.c): the inline slow path ---------------------------------------- */
 static int op_put(kvd *d, kvd_session *s, const kv_msg *req, kv_buf *out) {
   const kv_put_req *p = &req->put;
   kvd_ns *n = session_ns(d, s);
@@ -444,22 +442,6 @@ static int op_put(kvd *d, kvd_session *s, const kv_msg *req, kv_buf *out) {
   return kv_msg_encode(out, &m);
 }
 
-static int op_get(kvd *d, kvd_session *s, const kv_msg *req, kv_buf *out) {
-  kv_key k;
-  kv_key_set(&k, req->get_key.p, req->get_key.len);
-  kv_block *b = kv_core_find(&d->core, (uint32_t)session_ns(d, s)->core_ns, &k);
-  if (!b || !(b->tiers & KV_TIER_BIT(KV_G2))) return kvd_fail(out, req, KV_ENOTFOUND, NULL);
-  const uint8_t *p = kv_core_g2_ptr(&d->core, b);
-  /* Verified before it is served: a worker may have scribbled on G2. */
-  if (kv_crc32c(0, p, b->size) != b->crc) return kvd_fail(out, req, KV_ECORRUPT, NULL);
-  kv_core_touch(&d->core, b);
-  kv_msg m = kvd_reply_to(req);
-  m.get_rep.tier = KV_G2;
-  m.get_rep.data.p = p;
-  m.get_rep.data.len = b->size;
-  return kv_msg_encode(out, &m);
-}
-
 /* --- STATUS ----------------------------------------------------------------- */
 static int op_status(kvd *d, kvd_session *s, const kv_msg *req, kv_buf *out) {
   json_t *tenants = json_array();
@@ -474,14 +456,17 @@ static int op_status(kvd *d, kvd_session *s, const kv_msg *req, kv_buf *out) {
                                              "locked", a->locked));
   }
   const kv_core_stats *c = &d->core.st;
+  uint64_t misses = 0; /* every reason, as kvcached_misses_total counts them */
+  for (int i = 0; i < KVD_MISS_COUNT; i++) misses += d->m.misses[i];
   json_t *o = json_pack(
-      "{s:s,s:I,s:I,s:{s:I,s:I,s:I,s:o},s:{s:I,s:I,s:I,s:I,s:I,s:I,s:I},s:s,s:I}",
+      "{s:s,s:I,s:I,s:{s:I,s:I,s:I,s:o},s:{s:I,s:I,s:I,s:I,s:I,s:I,s:I,s:I,s:I},s:s,s:I}",
       "version", KV_VERSION, "uptime_s", (json_int_t)((now_ms() - d->start_ms) / 1000),
       "sessions", (json_int_t)d->nsessions,
       "g2", "capacity_bytes", (json_int_t)cap, "used_bytes", (json_int_t)used,
       "blocks", (json_int_t)d->core.ix.count, "tenants", tenants,
-      "core", "lookups", (json_int_t)c->lookups, "hits_g2", (json_int_t)c->hits[KV_G2],
-      "misses", (json_int_t)c->misses, "evictions_g2", (json_int_t)c->evictions[KV_G2],
+      "core", "lookups", (json_int_t)c->lookups, "hits_g1", (json_int_t)c->hits[KV_G1],
+      "hits_g2", (json_int_t)c->hits[KV_G2], "hits_g3", (json_int_t)c->hits[KV_G3],
+      "misses", (json_int_t)misses, "evictions_g2", (json_int_t)c->evictions[KV_G2],
       "allocs", (json_int_t)c->allocs, "commits", (json_int_t)c->commits,
       "aborts", (json_int_t)c->aborts,
       "policy", d->core.policy->name, "namespaces", (json_int_t)d->reg.nlive);
@@ -533,7 +518,7 @@ int kvd_handle(kvd *d, kvd_sink *sink, const kv_msg *req, kv_buf *out, int fd_ou
   case KV_OP_DELETE: return op_delete(d, s, req, out);
   case KV_OP_SET_PRIORITY: return op_set_priority(d, s, req, out);
   case KV_OP_PUT: return op_put(d, s, req, out);
-  case KV_OP_GET: return op_get(d, s, req, out);
+  case KV_OP_GET: return kvd_op_get(d, sink, req, out);
   case KV_OP_G1_SELECT: return op_g1_select(d, s, req, out, fd_out);
   default: return kvd_fail(out, req, KV_EBADOP, NULL);
   }

@@ -93,6 +93,11 @@ int kvd_load_keys(kvd *d, const kv_keyvec *v);
  * returns 0 (reply appended to out) or KVD_DEFERRED (the reply goes through
  * the sink when the last block is up). */
 int kvd_op_load(kvd *d, kvd_sink *sink, const kv_msg *req, kv_buf *out);
+/* GET (load.c): the block's bytes, verified, from G2; a block only on G3
+ * is first brought up as a LOAD brings it (its reply is then deferred,
+ * tier G3). A miss is an ERROR reply: KV_ENOTFOUND, KV_ECORRUPT (a bad G3
+ * record or G2 bytes), the read's I/O error, or -ETIMEDOUT (no G2 room). */
+int kvd_op_get(kvd *d, kvd_sink *sink, const kv_msg *req, kv_buf *out);
 int kvd_op_prefetch(kvd *d, kvd_sink *sink, const kv_msg *req, kv_buf *out);
 /* ALLOC (alloc.c): 0 (reply appended) or KVD_DEFERRED (keys wait for G2
  * room; the reply goes through the sink). kvd_allocs_retry after G3

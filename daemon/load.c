@@ -1,6 +1,6 @@
 /*
- * load.c - LOAD and PREFETCH: pin blocks where the worker can read them,
- * bringing them up from the SSD when they are there only.
+ * load.c - LOAD, GET and PREFETCH: pin blocks where the worker can read
+ * them, bringing them up from the SSD when they are there only.
  *
  * A LOAD answers per block. Blocks already in the target tier are
  * answered at once; blocks in G3 only are promoted (kv_core_promote: a G2
@@ -17,11 +17,18 @@
  * longer than daemon.load_timeout_ms answers the blocks still waiting with
  * -ETIMEDOUT (kvd_loads_expire, from the daemon's tick).
  *
- * Every block answered without its bytes is a miss with a reason
- * (stats.h): absent, evicted or not_shareable when it is not indexed,
- * corrupt or io_error when its SSD read failed, timeout as above. The
+ * GET (the inline slow path) is a LOAD of one block to G2 whose reply
+ * carries the bytes instead of an offset: the same promotion, waiting and
+ * timeout; its pin is dropped once the bytes are in the reply, and a
+ * failed entry becomes an ERROR reply with the entry's status.
+ *
+ * Every block answered with its bytes is a hit of the best tier that held
+ * it when asked (kv_core_stats.hits, as LOOKUP counts), every block
+ * answered without them a miss with a reason (stats.h): absent, evicted or
+ * not_shareable when it is not indexed, corrupt or io_error when its SSD
+ * read (or a GET's check of the G2 bytes) failed, timeout as above. The
  * LOAD's duration, from the request to its reply, goes to the LOAD
- * latency histogram.
+ * latency histogram (a GET's does not).
  */
 #include <errno.h>
 #include <stdlib.h>
@@ -30,6 +37,7 @@
 #include "daemon/kvd.h"
 #include "daemon/log.h"
 #include "ipc/sock.h"
+#include "tiers/crc32c.h"
 
 #define RETRY 1 /* entry status while waiting for G2 room */
 
@@ -55,6 +63,7 @@ struct kvd_load {
   kv_bid *bid;
   kv_load_ent *ent;
   load_key *keys;
+  uint8_t *found;      /* per entry: the best tier holding the block when asked */
 };
 
 /* Entry i is a hit in tier t (G1 or G2): its slot's offset in the memory
@@ -77,18 +86,69 @@ static void fail_entry(kvd_load *ld, uint32_t i, int status) {
   if (b && ld->sink->sess) kvd_session_unpin(&ld->d->core, ld->sink->sess, b);
 }
 
-static void finish(kvd_load *ld) {
-  kvd_req_done(ld->d, KVD_REQ_LOAD, ld->t0);
+/* The reply to a GET: the block's bytes from G2, verified again (a worker
+ * may have scribbled on G2), or an ERROR with the entry's status. GET
+ * holds its pin only until the bytes are in the reply. */
+static int get_reply(kvd_load *ld, kv_buf *out) {
+  kvd *d = ld->d;
+  kv_load_ent *e = &ld->ent[0];
+  kv_block *b = e->status == 0 ? kv_index_at(&d->core.ix, ld->bid[0]) : NULL;
+  int status = e->status;
+  const uint8_t *p = b ? kv_core_g2_ptr(&d->core, b) : NULL;
+  if (b && kv_crc32c(0, p, b->size) != b->crc) {
+    status = KV_ECORRUPT;
+    kvd_miss_add(d, KVD_MISS_CORRUPT, 1);
+  }
   kv_msg m = kvd_reply_to(&ld->req);
-  m.load_rep.n = ld->n;
-  m.load_rep.v = ld->ent;
-  kvd_sink_reply(ld->sink, &m);
+  if (status == 0) {
+    d->core.st.hits[ld->found[0]]++;
+    /* The bytes are G2's; G3 says they had to come up from there. */
+    m.get_rep.tier = ld->found[0] == KV_G3 ? KV_G3 : KV_G2;
+    m.get_rep.data.p = p;
+    m.get_rep.data.len = b->size;
+  } else {
+    m.op = KV_OP_ERROR;
+    m.status = status;
+    m.error.req_op = KV_OP_GET;
+    m.error.msg.p = kv_strerror(status);
+    m.error.msg.len = (uint32_t)strlen(m.error.msg.p);
+  }
+  int rc = 0;
+  if (out) rc = kv_msg_encode(out, &m);
+  else kvd_sink_reply(ld->sink, &m);
+  if (b && ld->sink->sess) kvd_session_unpin(&d->core, ld->sink->sess, b);
+  return rc;
+}
+
+/* Answers the request, into out when it is answered at once, else
+ * through the sink, and frees it. Returns the encoder's result (0 for the
+ * sink). */
+static int answer(kvd_load *ld, kv_buf *out) {
+  int rc = 0;
+  if (ld->req.op == KV_OP_GET) {
+    rc = get_reply(ld, out);
+  } else {
+    /* A hit for each block served, in the tier that held it when asked
+     * (as LOOKUP counts): the misses were counted with their reasons. */
+    for (uint32_t i = 0; i < ld->n && (out || ld->sink->conn); i++)
+      if (ld->ent[i].status == 0) ld->d->core.st.hits[ld->found[i]]++;
+    kvd_req_done(ld->d, KVD_REQ_LOAD, ld->t0);
+    kv_msg m = kvd_reply_to(&ld->req);
+    m.load_rep.n = ld->n;
+    m.load_rep.v = ld->ent;
+    if (out) rc = kv_msg_encode(out, &m);
+    else kvd_sink_reply(ld->sink, &m);
+  }
   kvd_sink_put(ld->sink);
   free(ld->bid);
   free(ld->ent);
   free(ld->keys);
+  free(ld->found);
   free(ld);
+  return rc;
 }
+
+static void finish(kvd_load *ld) { answer(ld, NULL); }
 
 static void wait_for_room(kvd_load *ld);
 static int start(kvd_load *ld, uint32_t i);
@@ -155,25 +215,22 @@ static void wait_for_room(kvd_load *ld) {
   ld->d->waiting = ld;
 }
 
-int kvd_op_load(kvd *d, kvd_sink *sink, const kv_msg *req, kv_buf *out) {
-  const kv_batch_req *br = &req->batch;
+/* Brings up the first n keys of d->keys for sink's session: each block
+ * pinned, then answered at once when it is in the target tier, else
+ * brought up (answered when the last one is). Returns the reply's encoding
+ * result (0: appended to out), or KVD_DEFERRED. */
+static int load_keys(kvd *d, kvd_sink *sink, const kv_msg *req, uint32_t n, uint8_t target,
+                     kv_buf *out) {
   kvd_session *s = sink->sess;
-  int rc = kvd_load_keys(d, &br->keys);
-  if (rc) return kvd_fail(out, req, rc, NULL);
-  if (br->tier == KV_G1 && s->g1pool < 0)
-    return kvd_fail(out, req, -ENODEV,
-                    !d->core.ng1 ? (d->g1.reason[0] ? d->g1.reason : "G1 is off")
-                                 : "this session has no G1 pool (G1_SELECT named a device without one)");
-  if (br->tier == KV_G1) s->g1_loaded = 1;
-  uint32_t n = br->keys.n;
   kvd_load *ld = calloc(1, sizeof *ld);
   if (ld) {
     ld->bid = calloc(n ? n : 1, sizeof *ld->bid);
     ld->ent = calloc(n ? n : 1, sizeof *ld->ent);
     ld->keys = calloc(n ? n : 1, sizeof *ld->keys);
+    ld->found = calloc(n ? n : 1, 1);
   }
-  if (!ld || !ld->bid || !ld->ent || !ld->keys) {
-    if (ld) { free(ld->bid); free(ld->ent); free(ld->keys); free(ld); }
+  if (!ld || !ld->bid || !ld->ent || !ld->keys || !ld->found) {
+    if (ld) { free(ld->bid); free(ld->ent); free(ld->keys); free(ld->found); free(ld); }
     return kvd_fail(out, req, -ENOMEM, NULL);
   }
   ld->d = d;
@@ -182,8 +239,8 @@ int kvd_op_load(kvd *d, kvd_sink *sink, const kv_msg *req, kv_buf *out) {
   kvd_sink_get(sink);
   ld->req = *req;
   ld->n = n;
-  ld->target = br->tier;
-  ld->pool = br->tier == KV_G1 ? (unsigned)s->g1pool : 0;
+  ld->target = target;
+  ld->pool = target == KV_G1 ? (unsigned)s->g1pool : 0;
   ld->core_ns = (uint32_t)kvd_registry_ns(&d->reg, s->ns)->core_ns;
 
   for (uint32_t i = 0; i < n; i++) {
@@ -197,6 +254,7 @@ int kvd_op_load(kvd *d, kvd_sink *sink, const kv_msg *req, kv_buf *out) {
       kvd_miss_classify(d, s->ns, ld->core_ns, &d->keys[i]);
       continue;
     }
+    ld->found[i] = (uint8_t)__builtin_ctz(b->tiers);
     if ((e->status = kvd_session_pin(&d->core, s, b, d->cfg.limit_pins_per_session))) {
       if (e->status == -EDQUOT) d->st.pins_refused++;
       continue;
@@ -217,18 +275,25 @@ int kvd_op_load(kvd *d, kvd_sink *sink, const kv_msg *req, kv_buf *out) {
   for (uint32_t i = 0; i < n; i++)
     if (ld->ent[i].status == RETRY) { wait_for_room(ld); break; }
   if (ld->pending) return KVD_DEFERRED;
-  /* Everything was final: answer now, in the reply stream. */
-  kv_msg m = kvd_reply_to(req);
-  m.load_rep.n = n;
-  m.load_rep.v = ld->ent;
-  rc = kv_msg_encode(out, &m);
-  kvd_req_done(d, KVD_REQ_LOAD, ld->t0);
-  kvd_sink_put(ld->sink);
-  free(ld->bid);
-  free(ld->ent);
-  free(ld->keys);
-  free(ld);
-  return rc;
+  return answer(ld, out); /* everything was final: answer now, in the reply stream */
+}
+
+int kvd_op_load(kvd *d, kvd_sink *sink, const kv_msg *req, kv_buf *out) {
+  const kv_batch_req *br = &req->batch;
+  kvd_session *s = sink->sess;
+  int rc = kvd_load_keys(d, &br->keys);
+  if (rc) return kvd_fail(out, req, rc, NULL);
+  if (br->tier == KV_G1 && s->g1pool < 0)
+    return kvd_fail(out, req, -ENODEV,
+                    !d->core.ng1 ? (d->g1.reason[0] ? d->g1.reason : "G1 is off")
+                                 : "this session has no G1 pool (G1_SELECT named a device without one)");
+  if (br->tier == KV_G1) s->g1_loaded = 1;
+  return load_keys(d, sink, req, br->keys.n, br->tier, out);
+}
+
+int kvd_op_get(kvd *d, kvd_sink *sink, const kv_msg *req, kv_buf *out) {
+  kv_key_set(&d->keys[0], req->get_key.p, req->get_key.len);
+  return load_keys(d, sink, req, 1, KV_G2, out);
 }
 
 void kvd_loads_retry(kvd *d) {

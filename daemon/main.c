@@ -9,7 +9,8 @@
  * (sd_notify READY=1; STOPPING=1 when asked to stop), and runs the libuv
  * loop until SIGTERM or SIGINT. SIGHUP re-reads the configuration file and applies
  * what can change live. Exit status: 0 on a clean stop, 1 on a start-up
- * failure, 2 on bad usage.
+ * failure, 2 on bad usage or a configuration kv_config_check refuses (before
+ * anything is created).
  */
 #include <errno.h>
 #include <getopt.h>
@@ -86,6 +87,12 @@ static void on_hup(uv_signal_t *h, int signum) {
   kv_info("daemon", "SIGHUP: configuration re-read (log.level=%s)", fresh.log_level);
 }
 
+/* A finding of kv_config_check, logged (kvctl check-config prints the same text). */
+static void log_finding(void *arg, kv_cfg_level level, const char *msg) {
+  if (level == KV_CFG_REFUSE) kv_error("config", "%s", msg);
+  else kv_warn("config", "%s", msg);
+}
+
 static int parse_args(daemon_state *d, int argc, char **argv) {
   enum { OPT_G2CAP = 256, OPT_POLICY, OPT_LOGLEVEL, OPT_PRINT, OPT_FG, OPT_SOCKDIR, OPT_G3PATH,
          OPT_G3CAP };
@@ -150,8 +157,12 @@ static int parse_args(daemon_state *d, int argc, char **argv) {
     usage(stderr);
     return 2;
   }
-  if (kv_config_validate(&d->d.cfg, err, sizeof err)) {
-    fprintf(stderr, "kvcached: %s\n", err);
+  /* Nothing is built before the configuration has passed every check
+   * (config.h), against this machine too unless it is only printed. */
+  int lvl = kv_log_parse_level(d->d.cfg.log_level);
+  if (lvl >= 0) kv_log_threshold = lvl;
+  if (kv_config_check(&d->d.cfg, print ? 0 : KV_CFG_CHECK_MACHINE, log_finding, NULL)) {
+    kv_error("config", "configuration refused: not starting");
     return 2;
   }
   if (print) {

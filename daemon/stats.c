@@ -293,7 +293,7 @@ int kvd_render_metrics(kvd *d, kv_buf *out) {
        offsetof(tier_view, capacity)},
       {"kvcached_tier_used_bytes", "Bytes of blocks the tier holds.", offsetof(tier_view, used)},
       {"kvcached_tier_blocks", "Blocks the tier holds.", offsetof(tier_view, blocks)},
-      {"kvcached_hits_total", "Keys looked up and found, by the fastest tier holding them.",
+      {"kvcached_hits_total", "Keys asked for (LOOKUP, LOAD, GET) and found, by the fastest tier holding them.",
        offsetof(tier_view, hits)},
       {"kvcached_evictions_total", "Blocks evicted from the tier.", offsetof(tier_view, evictions)},
   };
@@ -303,7 +303,7 @@ int kvd_render_metrics(kvd *d, kv_buf *out) {
       P("%s{tier=\"%s\"} %llu\n", tg[i].name, tier_names[t],
         U(*(const uint64_t *)((const char *)&s.t[t] + tg[i].off)));
   }
-  H("kvcached_misses_total", "counter", "Keys asked for (LOOKUP, LOAD) and not served, by reason.");
+  H("kvcached_misses_total", "counter", "Keys asked for (LOOKUP, LOAD, GET) and not served, by reason.");
   for (int i = 0; i < KVD_MISS_COUNT; i++)
     P("kvcached_misses_total{reason=\"%s\"} %llu\n", kvd_miss_names[i], U(d->m.misses[i]));
   H("kvcached_lookups_total", "counter", "Keys looked up.");

@@ -80,8 +80,9 @@ typedef struct kv_core_g3_opts {
 
 typedef struct kv_core_stats {
   uint64_t lookups;           /* keys looked up */
-  uint64_t hits[KV_NTIERS];   /* keys found, by the best tier holding them */
-  uint64_t misses;
+  uint64_t hits[KV_NTIERS];   /* keys found, by the best tier holding them (kv_core_lookup;
+                               * the daemon adds the blocks its LOADs and GETs serve) */
+  uint64_t misses;            /* kv_core_lookup's */
   uint64_t evictions[KV_NTIERS];
   uint64_t demotions;         /* victims handed to the demotion callback */
   uint64_t demote_failed;     /* ... that it refused: dropped */

@@ -23,7 +23,7 @@
 #include "tiers/crc32c.h"
 #include "tiers/g3_internal.h"
 
-#define QD_MAX 4096
+#define QD_MAX KV_G3_QUEUE_DEPTH_MAX
 
 static uint32_t round_up(uint32_t v) { return (v + KV_G3_ALIGN - 1) / KV_G3_ALIGN * KV_G3_ALIGN; }
 
@@ -532,6 +532,16 @@ kv_g3_state kv_g3_check(kv_g3 *g) {
 
 uint32_t kv_g3_slot_bytes(const kv_g3 *g) { return g->slot_bytes; }
 uint64_t kv_g3_max_seq(const kv_g3 *g) { return g->max_seq; }
+
+int kv_g3_layout_of(uint64_t capacity, uint64_t block_bytes, uint32_t *slots, uint64_t *file_bytes) {
+  if (block_bytes == 0 || block_bytes > UINT32_MAX - KV_G3_ALIGN) return -EINVAL;
+  g3_sb sb;
+  int rc = g3_layout(capacity, round_up((uint32_t)block_bytes), &sb);
+  if (rc) return rc;
+  if (slots) *slots = sb.nslots;
+  if (file_bytes) *file_bytes = sb.file_bytes;
+  return 0;
+}
 
 void kv_g3_get_stats(const kv_g3 *g, kv_g3_stats *st) {
   *st = g->st;

@@ -37,6 +37,7 @@
 #define KV_G3_KEY_MAX 32    /* key bytes, 1..32 */
 #define KV_G3_ALIGN 4096u   /* I/O alignment: buffers, lengths, offsets */
 #define KV_G3_MAX_DIRS 64
+#define KV_G3_QUEUE_DEPTH_MAX 4096 /* kv_g3_opts.queue_depth */
 
 typedef struct kv_g3 kv_g3;
 
@@ -327,6 +328,11 @@ uint32_t kv_g3_slot_bytes(const kv_g3 *g);
 uint64_t kv_g3_max_seq(const kv_g3 *g);
 /* "uring" or "threads". */
 const char *kv_g3_backend_name(kv_g3_backend b);
+/* The layout kv_g3_open gives a new file of at most `capacity` bytes for
+ * blocks of up to block_bytes: its slots and its size in bytes (either
+ * pointer may be NULL). Pure. 0, -EINVAL (block_bytes 0 or above
+ * UINT32_MAX - KV_G3_ALIGN), or -ENOSPC (not one slot fits). */
+int kv_g3_layout_of(uint64_t capacity, uint64_t block_bytes, uint32_t *slots, uint64_t *file_bytes);
 
 /* ---- recovery -------------------------------------------------------------- */
 

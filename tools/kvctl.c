@@ -42,6 +42,7 @@
 static void usage(FILE *f) {
   fprintf(f,
           "usage: kvctl COMMAND [options] [args]\n"
+          "       kvctl [options] COMMAND [args]   (options may come first, as in git)\n"
           "\n"
           "read-only commands (the stats socket, DIR/" KVCTL_STATS_SOCK "):\n"
           "  status [--json]         tiers, hit rate, misses by reason, sessions, latency\n"
@@ -82,7 +83,11 @@ static void usage(FILE *f) {
           "\n"
           "offline commands:\n"
           "  policies                list the eviction policies this build has\n"
-          "  check-config FILE       validate a kvcached configuration file\n"
+          "  check-config FILE [--no-machine]\n"
+          "                          run kvcached's start-up checks on a configuration\n"
+          "                          file, against this machine too (memory, RLIMIT_MEMLOCK,\n"
+          "                          G3 filesystems, admin.group) unless --no-machine;\n"
+          "                          exit 1 if kvcached would refuse it\n"
           "  version                 print kvctl's version\n"
           "\n"
           "connection:\n"
@@ -134,7 +139,7 @@ static const struct cmd_usage {
     {"lookup", "lookup KEY... [--json] [namespace options] [--socket PATH]"},
     {"put", "put KEY (--file F | --value STRING) [--parent KEY] [--prio N] [namespace options]"},
     {"get", "get KEY [--out F] [namespace options] [--socket PATH]"},
-    {"check-config", "check-config FILE"},
+    {"check-config", "check-config FILE [--no-machine]"},
 };
 static const char *cur_usage; /* the usage line of the command being run */
 
@@ -222,28 +227,34 @@ static void key_text(const ctl *c, const kvc_key *k, char *out, size_t cap) {
   if (!k->len && cap) out[0] = 0;
 }
 
+/* Every option of the daemon commands. An option may come before the
+ * command as after it (kvctl --socket-dir DIR status): main() finds the
+ * command with these tables, and parse_opts() reads the options wherever
+ * they are; each command refuses those it does not take (kvctl_only). */
+enum { L_VALUE = 256, L_STR, L_DTYPE, L_TPB, L_LAYERS, L_HEADS, L_HDIM, L_RANK, L_SIZE, L_SALT,
+       L_PRIO, L_TIMEOUT, L_TIER, L_NSHEX, L_COUNT, L_LIMIT, L_INTERVAL, L_WORKER, L_LIVE };
+static const struct option long_opts[] = {
+    {"socket", required_argument, 0, 's'},       {"socket-dir", required_argument, 0, 'd'},
+    {"timeout", required_argument, 0, L_TIMEOUT}, {"tenant", required_argument, 0, 't'},
+    {"block-bytes", required_argument, 0, 'b'},  {"dtype", required_argument, 0, L_DTYPE},
+    {"tokens-per-block", required_argument, 0, L_TPB},
+    {"layers", required_argument, 0, L_LAYERS},  {"kv-heads", required_argument, 0, L_HEADS},
+    {"head-dim", required_argument, 0, L_HDIM},  {"tp-rank", required_argument, 0, L_RANK},
+    {"tp-size", required_argument, 0, L_SIZE},   {"salt", required_argument, 0, L_SALT},
+    {"str", no_argument, 0, L_STR},              {"json", no_argument, 0, 'j'},
+    {"out", required_argument, 0, 'o'},          {"parent", required_argument, 0, 'p'},
+    {"file", required_argument, 0, 'f'},         {"value", required_argument, 0, L_VALUE},
+    {"prio", required_argument, 0, L_PRIO},      {"help", no_argument, 0, 'h'},
+    {"tier", required_argument, 0, L_TIER},      {"ns", required_argument, 0, L_NSHEX},
+    {"count", required_argument, 0, L_COUNT},    {"limit", required_argument, 0, L_LIMIT},
+    {"interval", required_argument, 0, L_INTERVAL}, {"worker", no_argument, 0, L_WORKER},
+    {"live", no_argument, 0, L_LIVE},
+    {0, 0, 0, 0}};
+#define SHORT_OPTS ":s:d:t:b:jo:p:f:h"
+
 /* Parses the options and operands of a daemon command (argv[0] is the
  * command). 0, or an exit status. */
 static int parse_opts(ctl *c, int argc, char **argv) {
-  enum { L_VALUE = 256, L_STR, L_DTYPE, L_TPB, L_LAYERS, L_HEADS, L_HDIM, L_RANK, L_SIZE, L_SALT,
-         L_PRIO, L_TIMEOUT, L_TIER, L_NSHEX, L_COUNT, L_LIMIT, L_INTERVAL, L_WORKER, L_LIVE };
-  static const struct option lo[] = {
-      {"socket", required_argument, 0, 's'},       {"socket-dir", required_argument, 0, 'd'},
-      {"timeout", required_argument, 0, L_TIMEOUT}, {"tenant", required_argument, 0, 't'},
-      {"block-bytes", required_argument, 0, 'b'},  {"dtype", required_argument, 0, L_DTYPE},
-      {"tokens-per-block", required_argument, 0, L_TPB},
-      {"layers", required_argument, 0, L_LAYERS},  {"kv-heads", required_argument, 0, L_HEADS},
-      {"head-dim", required_argument, 0, L_HDIM},  {"tp-rank", required_argument, 0, L_RANK},
-      {"tp-size", required_argument, 0, L_SIZE},   {"salt", required_argument, 0, L_SALT},
-      {"str", no_argument, 0, L_STR},              {"json", no_argument, 0, 'j'},
-      {"out", required_argument, 0, 'o'},          {"parent", required_argument, 0, 'p'},
-      {"file", required_argument, 0, 'f'},         {"value", required_argument, 0, L_VALUE},
-      {"prio", required_argument, 0, L_PRIO},      {"help", no_argument, 0, 'h'},
-      {"tier", required_argument, 0, L_TIER},      {"ns", required_argument, 0, L_NSHEX},
-      {"count", required_argument, 0, L_COUNT},    {"limit", required_argument, 0, L_LIMIT},
-      {"interval", required_argument, 0, L_INTERVAL}, {"worker", no_argument, 0, L_WORKER},
-      {"live", no_argument, 0, L_LIVE},
-      {0, 0, 0, 0}};
   const char *env = getenv("KVCACHED_SOCKET");
   snprintf(c->socket, sizeof c->socket, "%s", env && env[0] ? env : DEFAULT_SOCKET);
   c->timeout_ms = 10000;
@@ -257,7 +268,7 @@ static int parse_opts(ctl *c, int argc, char **argv) {
   opterr = 0;
   optind = 1;
   int ch;
-  while ((ch = getopt_long(argc, argv, ":s:d:t:b:jo:p:f:h", lo, NULL)) != -1) {
+  while ((ch = getopt_long(argc, argv, SHORT_OPTS, long_opts, NULL)) != -1) {
     uint32_t *u = NULL, lo_v = 0, hi_v = UINT32_MAX;
     unsigned bit = O_LAYOUT;
     switch (ch) {
@@ -839,16 +850,82 @@ static int cmd_get(ctl *c) {
 
 /* --- offline commands -------------------------------------------------------------- */
 
+typedef struct check_ctx {
+  const char *file;
+  int errors, warnings;
+} check_ctx;
+
+/* One finding, in the words the daemon logs it with. */
+static void print_finding(void *arg, kv_cfg_level level, const char *msg) {
+  check_ctx *x = arg;
+  if (level == KV_CFG_REFUSE) x->errors++;
+  else x->warnings++;
+  fprintf(stderr, "kvctl: %s: %s: %s\n", x->file, level == KV_CFG_REFUSE ? "error" : "warning", msg);
+}
+
+/* kvcached's own checks (kv_config_check), against this machine unless
+ * --no-machine: exit 1 when kvcached would refuse to start with the file. */
 static int cmd_check_config(int argc, char **argv) {
-  if (argc != 2) return bad_usage("%s", "check-config takes one FILE");
+  const char *file = NULL;
+  unsigned flags = KV_CFG_CHECK_MACHINE;
+  for (int i = 1; i < argc; i++) {
+    if (!strcmp(argv[i], "--no-machine")) flags &= ~KV_CFG_CHECK_MACHINE;
+    else if (argv[i][0] == '-' && argv[i][1]) return bad_usage("check-config does not take %s", argv[i]);
+    else if (file) return bad_usage("%s", "check-config takes one FILE");
+    else file = argv[i];
+  }
+  if (!file) return bad_usage("%s", "check-config takes one FILE");
   kv_config c;
   char err[256];
   kv_config_defaults(&c);
-  if (kv_config_load(&c, argv[1], err, sizeof err) || kv_config_validate(&c, err, sizeof err)) {
+  if (kv_config_load(&c, file, err, sizeof err)) {
     fprintf(stderr, "kvctl: %s\n", err);
     return EXIT_FAIL;
   }
-  printf("%s: ok\n", argv[1]);
+  check_ctx x = {file, 0, 0};
+  if (kv_config_check(&c, flags, print_finding, &x)) {
+    fprintf(stderr, "kvctl: %s: refused (%d error%s): kvcached would not start with it\n", file,
+            x.errors, x.errors == 1 ? "" : "s");
+    return EXIT_FAIL;
+  }
+  if (x.warnings) printf("%s: ok, with %d warning%s\n", file, x.warnings, x.warnings == 1 ? "" : "s");
+  else printf("%s: ok\n", file);
+  return 0;
+}
+
+/* 1 if option word a (as given: "--socket-dir", "-d", "-jd") takes the
+ * next word as its value, by the tables getopt_long reads. */
+static int takes_value(const char *a) {
+  if (a[1] == '-') {
+    if (strchr(a, '=')) return 0;
+    const struct option *hit = NULL;
+    int n = 0;
+    size_t len = strlen(a + 2);
+    for (const struct option *o = long_opts; o->name; o++) {
+      if (strncmp(o->name, a + 2, len)) continue;
+      if (strlen(o->name) == len) return o->has_arg == required_argument; /* exact */
+      hit = o; /* an abbreviation, as getopt_long takes one that is unique */
+      n++;
+    }
+    return n == 1 && hit->has_arg == required_argument;
+  }
+  for (const char *p = a + 1; *p; p++) {
+    const char *o = *p != ':' ? strchr(SHORT_OPTS, *p) : NULL;
+    if (!o) return 0;
+    if (o[1] == ':') return p[1] == 0; /* else its value is the rest of the word */
+  }
+  return 0;
+}
+
+/* The index of the command word: the first that is neither an option nor
+ * an option's value; 0 if there is none. */
+static int command_index(int argc, char **argv) {
+  for (int i = 1; i < argc; i++) {
+    const char *a = argv[i];
+    if (a[0] != '-' || !a[1]) return i;
+    if (!strcmp(a, "--")) return 0;
+    if (takes_value(a)) i++;
+  }
   return 0;
 }
 
@@ -862,6 +939,19 @@ int main(int argc, char **argv) {
                      {"pin", kvctl_pin},       {"unpin", kvctl_unpin}, {"keys", kvctl_keys},
                      {"health", kvctl_health}};
   if (argc < 2) { usage(stderr); return EXIT_USAGE; }
+  int k = command_index(argc, argv);
+  if (k == 0) {
+    for (int i = 1; i < argc; i++)
+      if (!strcmp(argv[i], "-h") || !strcmp(argv[i], "--help")) { usage(stdout); return 0; }
+    fprintf(stderr, "kvctl: no command after the options\n");
+    usage(stderr);
+    return EXIT_USAGE;
+  }
+  if (k > 1) { /* options first: the command goes to the front, they follow it */
+    char *word = argv[k];
+    memmove(&argv[2], &argv[1], (size_t)(k - 1) * sizeof *argv);
+    argv[1] = word;
+  }
   const char *cmd = argv[1];
   set_usage(cmd);
   if (!strcmp(cmd, "-h") || !strcmp(cmd, "--help") || !strcmp(cmd, "help")) { usage(stdout); return 0; }

@@ -187,7 +187,8 @@ EOF
   else
     bad "kvcached and the manifest's arguments: $(cat "$T/k8s.err")"
   fi
-  expect_exit 0 "the ConfigMap's kvcached.conf passes kvctl check-config" "$BIN/kvctl" check-config "$T/k8s.conf"
+  # Sized for a GPU node, not for the machine running the tests: its own checks only.
+  expect_exit 0 "the ConfigMap's kvcached.conf passes kvctl check-config" "$BIN/kvctl" check-config --no-machine "$T/k8s.conf"
 fi
 
 if [ "$ran" -eq 0 ]; then

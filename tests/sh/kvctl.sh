@@ -88,6 +88,28 @@ expect_exit 0 "lookup --json" "$KVCTL" lookup 0a0d 0a0b --json --socket-dir "$RU
 check "lookup --json: prefix 0 when the first key is missing" test "$(jq '.hit_len' "$T/out")" = 0
 check "lookup --json: tiers" test "$(jq -c '[.keys[].tier]' "$T/out")" = '["-","G2"]'
 
+# Options before the command work as after it (issue 16 item 12: "kvctl
+# --socket-dir DIR status" was "unknown command '--socket-dir'").
+expect_exit 0 "--socket-dir before status" "$KVCTL" --socket-dir "$RUN" status
+grep -q "^hit rate" "$T/out" && ok "status read the stats socket in DIR" || bad "status with --socket-dir first: $(cat "$T/out")"
+expect_exit 0 "-d before status --worker, --json after" "$KVCTL" -d "$RUN" status --worker --json
+check "and reads the worker socket in DIR" test "$(jq '.g2.capacity_bytes' "$T/out")" = 16777216
+expect_exit 0 "--socket and --json before lookup" "$KVCTL" --socket "$SOCK" --json lookup 0a0b 0a0c
+check "lookup with its options first" test "$(jq '.hit_len' "$T/out")" = 2
+expect_exit 0 "--timeout, --tenant and --socket-dir before get" \
+  "$KVCTL" --timeout 5000 --tenant kvctl --socket-dir "$RUN" get 0a0b --out "$T/got_first"
+"$KVCTL" get 0a0b --socket-dir "$RUN" --timeout 5000 --tenant kvctl --out "$T/got_after" >/dev/null 2>&1
+check "get gives the same bytes either way" cmp -s "$T/got_first" "$T/got_after"
+expect_exit 0 "--tenant before the command is that tenant" "$KVCTL" --tenant other --socket-dir "$RUN" --json lookup 0a0b
+check "another tenant's namespace: it sees nothing" test "$(jq '.hit_len' "$T/out")" = 0
+expect_exit 0 "--str and --socket-dir=DIR before lookup" "$KVCTL" --str --socket-dir="$RUN" lookup prompt/0
+expect_exit 2 "options without a command" "$KVCTL" --socket-dir "$RUN"
+grep -q "no command after the options" "$T/err" && ok "says so" || bad "no command: $(cat "$T/err")"
+expect_exit 2 "an unknown option before the command" "$KVCTL" --frob status
+grep -q "unknown option '--frob'" "$T/err" && ok "names it" || bad "unknown option first: $(cat "$T/err")"
+expect_exit 2 "an option the command does not take, before it" "$KVCTL" --value x --socket-dir "$RUN" get 0a0b
+grep -q "get does not take --value" "$T/err" && ok "is refused as after it" || bad "option not taken first: $(cat "$T/err")"
+
 expect_exit 0 "get to a file" "$KVCTL" get 0a0b --out "$T/got" --socket-dir "$RUN"
 { printf hello; head -c 4091 /dev/zero; } > "$T/want"
 check "get returns the value padded with zeros to 4096 bytes" cmp -s "$T/got" "$T/want"

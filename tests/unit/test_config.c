@@ -238,3 +238,99 @@ Test(config, tenant_mistakes_are_errors_that_name_the_option) {
   cr_assert_eq(kv_config_validate(&c, err, sizeof err), -EINVAL);
   cr_assert(strstr(err, "[tenant.NAME]"), "%s", err);
 }
+
+typedef struct findings {
+  int refused, warned;
+  char last[512];
+} findings;
+static void collect(void *arg, kv_cfg_level level, const char *msg) {
+  findings *f = arg;
+  if (level == KV_CFG_REFUSE) f->refused++;
+  else f->warned++;
+  snprintf(f->last, sizeof f->last, "%s", msg);
+}
+
+/* Issue 16 item 11: these passed kv_config_validate (and so `kvctl
+ * check-config`) although kvcached refused them, or failed on them after
+ * building part of its state. */
+Test(config, the_daemons_start_up_checks_are_configuration_checks) {
+  static const struct { const char *opt, *val, *says; } bad[] = {
+      {"g3.queue_depth", "1000000", "g3.queue_depth"},
+      {"g3.queue_depth", "0", "g3.queue_depth"},
+      {"g3.block_bytes", "0", "g3.block_bytes"},
+      {"g3.block_bytes", "8G", "larger than g3.capacity"},
+      {"g3.block_bytes", "4000K", "holds no slot"}, /* 1M + 4K + 4000K > 4M */
+      {"g3.path", "/a,/b,/a", "names /a twice"},
+      {"g3.path", " , ", "names no directory"},
+      {"daemon.socket_dir", "/tmp/0123456789012345678901234567890123456789012345678901234567890123456789012345678901234",
+       "daemon.socket_dir"},
+  };
+  char err[256];
+  for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+    kv_config c;
+    kv_config_defaults(&c);
+    cr_assert_eq(kv_config_set(&c, "g3.capacity", "4M", err, sizeof err), 0);
+    cr_assert_eq(kv_config_set(&c, bad[i].opt, bad[i].val, err, sizeof err), 0, "%s", err);
+    cr_assert_eq(kv_config_validate(&c, err, sizeof err), -EINVAL, "%s = %s", bad[i].opt, bad[i].val);
+    cr_assert(strstr(err, bad[i].says), "%s = %s: %s", bad[i].opt, bad[i].val, err);
+    findings f = {0};
+    cr_assert_eq(kv_config_check(&c, 0, collect, &f), -EINVAL);
+    cr_assert_eq(f.refused, 1, "%s = %s: one finding, not %d", bad[i].opt, bad[i].val, f.refused);
+  }
+  /* Without G3 its sizes do not matter; more than 64 directories do. */
+  kv_config c;
+  kv_config_defaults(&c);
+  cr_assert_eq(kv_config_set(&c, "g3.block_bytes", "0", err, sizeof err), 0);
+  cr_assert_eq(kv_config_set(&c, "g3.path", "", err, sizeof err), 0);
+  cr_assert_eq(kv_config_validate(&c, err, sizeof err), 0, "%s", err);
+  char many[256] = "";
+  for (int i = 0; i < 65; i++) snprintf(many + strlen(many), sizeof many - strlen(many), "%sd%d", i ? "," : "", i);
+  cr_assert_eq(kv_config_set(&c, "g3.path", many, err, sizeof err), 0, "%s", err);
+  cr_assert_eq(kv_config_validate(&c, err, sizeof err), -EINVAL);
+  cr_assert(strstr(err, "more than 64"), "%s", err);
+  /* Every refusal is reported, not only the first. */
+  kv_config_defaults(&c);
+  kv_config_set(&c, "g3.queue_depth", "0", err, sizeof err);
+  kv_config_set(&c, "g3.block_bytes", "0", err, sizeof err);
+  kv_config_set(&c, "log.level", "chatty", err, sizeof err);
+  findings f = {0};
+  cr_assert_eq(kv_config_check(&c, 0, collect, &f), -EINVAL);
+  cr_assert_eq(f.refused, 3);
+}
+
+Test(config, g3_path_is_split_as_the_daemon_opens_it) {
+  kv_config c;
+  char err[256], buf[sizeof c.g3_path];
+  const char *dirs[4];
+  kv_config_defaults(&c);
+  kv_config_set(&c, "g3.path", " /a , /b/c,,/d ", err, sizeof err);
+  cr_assert_eq(kv_config_g3_dirs(&c, buf, dirs, 4), 3);
+  cr_assert_str_eq(dirs[0], "/a");
+  cr_assert_str_eq(dirs[1], "/b/c");
+  cr_assert_str_eq(dirs[2], "/d");
+  cr_assert_eq(kv_config_g3_dirs(&c, buf, dirs, 2), -E2BIG);
+  kv_config_set(&c, "g3.path", "", err, sizeof err);
+  cr_assert_eq(kv_config_g3_dirs(&c, buf, dirs, 4), 0);
+}
+
+/* The machine's checks run only when asked: a file may be meant for
+ * another machine. */
+Test(config, machine_checks_only_when_asked) {
+  kv_config c;
+  char err[256];
+  kv_config_defaults(&c);
+  kv_config_set(&c, "g3.path", "", err, sizeof err);
+  kv_config_set(&c, "admin.group", "no-such-group-kvtest", err, sizeof err);
+  findings f = {0};
+  cr_assert_eq(kv_config_check(&c, 0, collect, &f), 0);
+  cr_assert_eq(kv_config_check(&c, KV_CFG_CHECK_MACHINE, collect, &f), -EINVAL);
+  cr_assert(strstr(f.last, "admin.group: no group named 'no-such-group-kvtest'"), "%s", f.last);
+  kv_config_defaults(&c);
+  kv_config_set(&c, "g3.path", "", err, sizeof err);
+  kv_config_set(&c, "g2.capacity", "1000T", err, sizeof err);
+  kv_config_set(&c, "g2.lock", "no", err, sizeof err);
+  memset(&f, 0, sizeof f);
+  cr_assert_eq(kv_config_check(&c, 0, collect, &f), 0);
+  cr_assert_eq(kv_config_check(&c, KV_CFG_CHECK_MACHINE, collect, &f), -EINVAL);
+  cr_assert(strstr(f.last, "more than 90% of this machine's memory"), "%s", f.last);
+}

@@ -7,6 +7,7 @@
 #include "daemon/ghost.h"
 #include "daemon/http.h"
 #include "daemon/stats.h"
+#include "proto/errors.h"
 
 static char resp[1 << 20];
 
@@ -130,6 +131,47 @@ Test(stats, miss_reasons_and_request_latency) {
   cr_assert_eq(ops_num(s, "pid"), ops_pid);
   json_decref(s);
   kvc_close(c);
+}
+
+/* Issue 16 item 12: kvcached_hits_total counted LOOKUP hits only while the
+ * misses counted LOAD's too, so a workload of LOADs showed "hit rate 0.0%"
+ * after five hits. Five LOAD hits (and one miss) are five hits everywhere
+ * the daemon reports them: the metric, /stats, the wire STATUS, and kvctl
+ * status's hit rate. */
+Test(stats, load_hits_count_as_hits_like_their_misses) {
+  kvc *c = ops_open("t1");
+  ops_store(c, 1, 5);
+  kvc_key keys[6];
+  kvc_block out[6];
+  for (int i = 0; i < 6; i++) keys[i] = ops_key((uint64_t)i + 1); /* 6 was never stored */
+  cr_assert_eq(kvc_load(c, KVC_G2, keys, 6, out), 5);
+  for (int i = 0; i < 5; i++) cr_assert_eq(out[i].status, 0);
+  cr_assert_eq(out[5].status, KV_ENOTFOUND);
+  cr_assert_eq(kvc_release(c, keys, 5, NULL), 5);
+  const char *m = scrape();
+  cr_assert_eq(metric(m, "kvcached_hits_total{tier=\"g2\"}"), 5, "%s", m);
+  cr_assert_eq(metric(m, "kvcached_misses_total{reason=\"absent\"}"), 1);
+  json_t *st = ops_json(ops_stats, "GET", "/stats", 200);
+  cr_assert_eq(ops_num(st, "tiers.g2.hits"), 5);
+  json_decref(st);
+  char *text = NULL;
+  cr_assert_eq(kvc_status(c, &text), 0);
+  json_t *w = json_loads(text, 0, NULL);
+  free(text);
+  cr_assert_not_null(w);
+  cr_assert_eq(ops_num(w, "core.hits_g2"), 5);
+  cr_assert_eq(ops_num(w, "core.misses"), 1, "the same misses as the metric");
+  json_decref(w);
+  kvc_close(c);
+  char cmd[256], line[256] = "";
+  snprintf(cmd, sizeof cmd, KV_BIN_DIR "/kvctl status --socket-dir %s", ops_dir);
+  FILE *p = popen(cmd, "r");
+  cr_assert_not_null(p);
+  char buf[256];
+  while (fgets(buf, sizeof buf, p))
+    if (!strncmp(buf, "hit rate", 8)) snprintf(line, sizeof line, "%s", buf);
+  cr_assert_eq(pclose(p), 0);
+  cr_assert(strstr(line, "83.3% (5 hits, 1 misses;"), "kvctl status: %s", line);
 }
 
 Test(stats, every_metric_of_the_contract_is_exported) {
