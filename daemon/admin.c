@@ -321,6 +321,7 @@ static void on_tick(uv_timer_t *t) {
   kvd_ops *o = t->data;
   kvd_loads_expire(o->d);
   kvd_allocs_expire(o->d);
+  if (o->d->trust.npend) kvd_trust_sweep(o->d);
   if (o->d->core.adm.limit[KV_G2] || o->d->core.adm.limit[KV_G3]) kv_core_enforce_limits(&o->d->core);
 }
 

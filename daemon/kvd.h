@@ -14,6 +14,7 @@
 #include "daemon/session.h"
 #include "daemon/sink.h"
 #include "daemon/stats.h"
+#include "daemon/trust.h"
 #include "proto/wire.h"
 #include "tiers/core.h"
 
@@ -44,6 +45,7 @@ typedef struct kvd {
   struct kvd_alloc *alloc_waiting; /* ALLOCs waiting for G2 room (alloc.c) */
   kvd_metrics m;               /* latencies, miss reasons (stats.h) */
   kvd_session admin;           /* pins the operator took (POST /pin), released at fini */
+  kvd_trust trust;             /* readers' corrupt-block reports (trust.h) */
 } kvd;
 
 /* kvd_handle()'s return when the reply will be sent later, through the sink. */

@@ -37,7 +37,8 @@
 
 #define KV_PROTO_MAGIC 0x4443564Bu /* bytes "KVCD" */
 #define KV_PROTO_MAJOR 1           /* in every header; a change breaks peers */
-#define KV_PROTO_MINOR 1           /* negotiated by HELLO; additions only (1: G1_SELECT) */
+#define KV_PROTO_MINOR 2           /* negotiated by HELLO; additions only (1: G1_SELECT;
+                                    * 2: COMMIT with CRCs, corrupt reports, LOAD2) */
 
 #define KV_HDR_SIZE 32
 
