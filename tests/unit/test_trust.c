@@ -273,3 +273,205 @@ Test(trust, a_confirmed_block_still_pinned_is_refused_then_dropped) {
   raw_close(&rd);
   raw_close(&late);
 }
+
+/* --- through libkvclient: kvc_copy_crc + kvc_commit_crc, kvc_read --------------------- */
+
+/* Stores key v filled with `fill` as a 1.2 writer does: one pass that
+ * copies in and checksums, and the CRC with the COMMIT. */
+static void store_crc(kvc *c, uint64_t v, uint8_t fill) {
+  static uint8_t src[OPS_BLOCK];
+  memset(src, fill, sizeof src);
+  kvc_key k = ops_key(v), none = {0};
+  kvc_block out;
+  cr_assert_eq(kvc_alloc(c, KVC_G2, 128, &k, &none, 1, &out), 1, "alloc %llu", (unsigned long long)v);
+  uint32_t crc = kvc_copy_crc(out.ptr, src, OPS_BLOCK);
+  cr_assert_eq(crc, fill_crc(fill));
+  int32_t st;
+  cr_assert_eq(kvc_commit_crc(c, &k, &crc, 1, &st), 1, "commit: %s", kvc_strerror(st));
+}
+
+/* Loads key v (G2) into *b; 1 when usable. */
+static int load1(kvc *c, uint64_t v, kvc_block *b) {
+  kvc_key k = ops_key(v);
+  return kvc_load(c, KVC_G2, &k, 1, b);
+}
+
+static int all_bytes(const uint8_t *p, size_t n, uint8_t want) {
+  for (size_t i = 0; i < n; i++)
+    if (p[i] != want) return 0;
+  return 1;
+}
+
+/* Issue 16, item 2, first attack: a worker writes into a committed block
+ * through its G2 mapping. The next reader got status 0 and those bytes;
+ * now its verified read fails, the block is dropped and counted, and the
+ * key can be stored again. */
+Test(trust, a_block_scribbled_through_the_mapping_is_never_served) {
+  kvc *w = ops_open("t1"), *attacker = ops_open("t1"), *reader = ops_open("t1");
+  store_crc(w, 10, 0x5a);
+  kvc_block b;
+  cr_assert_eq(load1(attacker, 10, &b), 1);
+  ((uint8_t *)b.ptr)[1234] ^= 0xff; /* the mapping is writable: nothing stops this */
+  kvc_key k = ops_key(10);
+  cr_assert_eq(kvc_release(attacker, &k, 1, NULL), 1);
+
+  static uint8_t dst[OPS_BLOCK];
+  cr_assert_eq(load1(reader, 10, &b), 1, "LOAD still answers: the bytes are checked by the reader");
+  cr_assert(b.has_crc);
+  cr_assert_eq(b.crc, fill_crc(0x5a), "the committed CRC comes with the block");
+  int rc = kvc_read(reader, &k, &b, dst);
+  cr_assert_eq(rc, KV_ECORRUPT, "the scribbled bytes were served: kvc_read %d", rc);
+  cr_assert_eq(b.status, KV_ECORRUPT);
+  cr_assert_null(b.ptr);
+  cr_assert_eq(reports("confirmed"), 1);
+  cr_assert_eq(reports("dropped"), 1);
+  cr_assert_eq(reports("miss"), 1);
+  cr_assert_eq(kvc_lookup(reader, &k, 1, NULL), 0, "dropped");
+
+  store_crc(w, 10, 0x5a);
+  cr_assert_eq(load1(reader, 10, &b), 1);
+  cr_assert_eq(kvc_read(reader, &k, &b, dst), 0, "the block stored again reads back");
+  cr_assert(all_bytes(dst, OPS_BLOCK, 0x5a));
+  cr_assert_eq(kvc_release(reader, &k, 1, NULL), 1);
+  kvc_close(w);
+  kvc_close(attacker);
+  kvc_close(reader);
+}
+
+/* Issue 16, item 2, second attack: a worker punches a hole over the arena
+ * with the fd HELLO gave it. Every block read back as zeros with status 0;
+ * now every one of them is reported corrupt and dropped, and no zeros are
+ * ever handed out as data. */
+Test(trust, a_hole_punched_in_the_arena_is_never_served_as_zeros) {
+  enum { N = 8 };
+  kvc *w = ops_open("t1"), *reader = ops_open("t1");
+  kvc_key keys[N];
+  for (int i = 0; i < N; i++) {
+    store_crc(w, 100 + (uint64_t)i, (uint8_t)(0x11 + i));
+    keys[i] = ops_key(100 + (uint64_t)i);
+  }
+  raw attacker;
+  raw_open(&attacker, "t1", KV_PROTO_MINOR);
+  cr_assert_eq(fallocate(attacker.arena, FALLOC_FL_PUNCH_HOLE | FALLOC_FL_KEEP_SIZE, 0,
+                         (off_t)attacker.arena_bytes), 0, "punch: %s", strerror(errno));
+  kvc_block b[N];
+  cr_assert_eq(kvc_load(reader, KVC_G2, keys, N, b), N);
+  static uint8_t dst[OPS_BLOCK];
+  for (int i = 0; i < N; i++) {
+    int rc = kvc_read(reader, &keys[i], &b[i], dst);
+    cr_assert_eq(rc, KV_ECORRUPT, "block %d: kvc_read %d, the zeros were served", i, rc);
+  }
+  cr_assert_eq(reports("confirmed"), N);
+  cr_assert_eq(reports("dropped"), N);
+  cr_assert_eq(kvc_lookup(reader, keys, N, NULL), 0);
+  raw_close(&attacker);
+  kvc_close(w);
+  kvc_close(reader);
+}
+
+/* kvc_verify checks in place (for readers that use the block where it is). */
+Test(trust, kvc_verify_checks_in_place) {
+  kvc *w = ops_open("t1"), *reader = ops_open("t1");
+  store_crc(w, 30, 0x30);
+  store_crc(w, 31, 0x31);
+  kvc_key k30 = ops_key(30), k31 = ops_key(31);
+  kvc_block b;
+  cr_assert_eq(load1(reader, 30, &b), 1);
+  cr_assert_eq(kvc_verify(reader, &k30, &b), 0);
+  cr_assert_eq(b.status, 0, "a good block stays usable");
+  cr_assert_eq(kvc_release(reader, &k30, 1, NULL), 1);
+  cr_assert_eq(load1(reader, 31, &b), 1);
+  ((uint8_t *)b.ptr)[OPS_BLOCK - 1] = 0;
+  cr_assert_eq(kvc_verify(reader, &k31, &b), KV_ECORRUPT);
+  cr_assert_eq(b.status, KV_ECORRUPT);
+  cr_assert_eq(reports("confirmed"), 1);
+  cr_assert_eq(kvc_lookup(reader, &k31, 1, NULL), 0);
+  /* what has no CRC to check is refused, not passed */
+  kvc_block a;
+  kvc_key k32 = ops_key(32);
+  cr_assert_eq(kvc_alloc(w, KVC_G2, 128, &k32, NULL, 1, &a), 1);
+  cr_assert_eq(kvc_verify(w, &k32, &a), -EOPNOTSUPP, "an allocation has no committed CRC");
+  cr_assert_eq(kvc_read(reader, &k31, &b, a.ptr), -EINVAL, "a block marked corrupt");
+  kvc_close(w);
+  kvc_close(reader);
+}
+
+/* Non-blocking writers: kvc_submit_commit_crc completes as a COMMIT. */
+Test(trust, submit_commit_crc_completes_as_a_commit) {
+  kvc *w = ops_open("t1");
+  kvc_key k = ops_key(40);
+  kvc_block out;
+  cr_assert_eq(kvc_alloc(w, KVC_G2, 128, &k, NULL, 1, &out), 1);
+  static uint8_t src[OPS_BLOCK];
+  memset(src, 0x40, sizeof src);
+  uint32_t crc = kvc_copy_crc(out.ptr, src, OPS_BLOCK);
+  int32_t st = 1;
+  int64_t id = kvc_submit_commit_crc(w, &k, &crc, 1, &st, (void *)7);
+  cr_assert_gt(id, 0);
+  kvc_completion cp;
+  int got = 0;
+  for (int i = 0; i < 500 && got == 0; i++) {
+    got = kvc_poll(w, &cp, 1);
+    if (!got) usleep(2000);
+  }
+  cr_assert_eq(got, 1);
+  cr_assert_eq(cp.op, KVC_OP_COMMIT);
+  cr_assert_eq(cp.result, 1);
+  cr_assert_eq(cp.user, (void *)7);
+  cr_assert_eq(st, 0);
+  kvc_block b;
+  cr_assert_eq(load1(w, 40, &b), 1);
+  cr_assert_eq(b.crc, crc);
+  kvc_close(w);
+}
+
+/* A copy on the SSD written before the scribble stays and is served again
+ * once the bad G2 copy is dropped: its record carries the committed CRC. */
+static char g3dir[64];
+static void setup_g3(void) {
+  snprintf(g3dir, sizeof g3dir, "/tmp/kvtrust-g3-XXXXXX");
+  cr_assert_not_null(mkdtemp(g3dir));
+  char path[96];
+  snprintf(path, sizeof path, "g3.path=%s", g3dir);
+  const char *extra[] = {path, "g3.capacity=4M", "g3.block_bytes=64K", "g3.backend=threads", NULL};
+  ops_start(NULL, extra);
+}
+static void stop_g3(void) {
+  ops_stop();
+  char cmd[96];
+  snprintf(cmd, sizeof cmd, "rm -rf %s", g3dir);
+  system(cmd);
+}
+
+Test(trust_g3, a_good_ssd_copy_outlives_a_scribbled_g2_copy, .init = setup_g3, .fini = stop_g3,
+     .timeout = 60) {
+  kvc *w = ops_open("t1"), *attacker = ops_open("t1"), *reader = ops_open("t1");
+  kvc_key k = ops_key(50);
+  store_crc(w, 50, 0x77);
+  json_decref(ops_json(ops_admin, "POST", "/evict?tier=g2", 200)); /* down to G3 */
+  uint8_t t = KVC_TIER_NONE;
+  for (int i = 0; i < 250 && t != KVC_G3; i++) {
+    kvc_lookup(reader, &k, 1, &t);
+    if (t != KVC_G3) usleep(20000);
+  }
+  cr_assert_eq(t, KVC_G3, "the block never reached G3 alone");
+  kvc_block b;
+  cr_assert_eq(load1(reader, 50, &b), 1, "brought back up: now in G2 and G3");
+  cr_assert_eq(kvc_release(reader, &k, 1, NULL), 1);
+  cr_assert_eq(load1(attacker, 50, &b), 1);
+  memset(b.ptr, 0, 4096);
+  cr_assert_eq(kvc_release(attacker, &k, 1, NULL), 1);
+
+  static uint8_t dst[OPS_BLOCK];
+  cr_assert_eq(load1(reader, 50, &b), 1);
+  cr_assert_eq(kvc_read(reader, &k, &b, dst), KV_ECORRUPT);
+  cr_assert_eq(reports("dropped"), 1);
+  cr_assert_eq(kvc_lookup(reader, &k, 1, &t), 1, "the SSD copy stays");
+  cr_assert_eq(t, KVC_G3);
+  cr_assert_eq(load1(reader, 50, &b), 1, "read up again from G3, verified");
+  cr_assert_eq(kvc_read(reader, &k, &b, dst), 0);
+  cr_assert(all_bytes(dst, OPS_BLOCK, 0x77), "the committed bytes, from before the scribble");
+  kvc_close(w);
+  kvc_close(attacker);
+  kvc_close(reader);
+}
