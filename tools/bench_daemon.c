@@ -6,12 +6,15 @@
  *   lookup  batched LOOKUPs of a resident prefix chain (keys/s), then
  *           single-key LOOKUP round trips (p50/p99 microseconds)
  *   load    LOAD a batch of resident G2 blocks, copy every byte of each
- *           out of the shared arena into the worker's own buffer, RELEASE;
- *           GB/s of block bytes copied. --depth LOADs are kept in flight
- *           (the next batch is asked for while this one is copied), as a
- *           worker that prefetches would
- *   store   ALLOC a batch, copy every byte of each block in, COMMIT (the
- *           daemon checksums it); GB/s of block bytes committed
+ *           out of the shared arena into the worker's own buffer with a
+ *           verified read (kvc_read: the copy and its CRC check in one
+ *           pass), RELEASE; GB/s of block bytes copied. --depth LOADs are
+ *           kept in flight (the next batch is asked for while this one is
+ *           copied), as a worker that prefetches would
+ *   store   ALLOC a batch, copy every byte of each block in while
+ *           checksumming it (kvc_copy_crc), COMMIT with the CRCs
+ *           (kvc_commit_crc: the daemon does not read the bytes); GB/s of
+ *           block bytes committed
  *   memcpy  the same copies as `load`, from a plain shared mapping of the
  *           same size, with no daemon: the ceiling `load` is compared to
  *   swapin  the copies of `load`, of blocks that are on the SSD only: a
@@ -192,7 +195,8 @@ static int populate(const dopts *o, kvc *c, uint32_t n, int chain) {
   uint32_t *idx = calloc(batch, sizeof *idx);
   kvc_block *out = calloc(batch, sizeof *out);
   int32_t *st = calloc(batch, sizeof *st);
-  int rc = keys && parents && idx && out && st ? 0 : -ENOMEM;
+  uint32_t *crc = calloc(batch, sizeof *crc);
+  int rc = keys && parents && idx && out && st && crc ? 0 : -ENOMEM;
   uint32_t at = 0, m = 0; /* blocks [at, at + m) are pending in keys[] */
   double stuck_since = 0;
   while (!rc && (at < n || m)) {
@@ -209,6 +213,7 @@ static int populate(const dopts *o, kvc *c, uint32_t n, int chain) {
     for (uint32_t i = 0; i < m; i++) {
       if (out[i].status == 0) {
         memset(out[i].ptr, fill_of(idx[i]), o->block_bytes);
+        crc[i] = kvc_crc32c(0, out[i].ptr, o->block_bytes);
         continue;
       }
       if (out[i].status != -EAGAIN && out[i].status != KV_EALLPINNED) { rc = out[i].status; why = idx[i]; }
@@ -228,10 +233,13 @@ static int populate(const dopts *o, kvc *c, uint32_t n, int chain) {
       kvc_block b = out[i];
       out[i] = out[done];
       out[done] = b;
+      uint32_t cc = crc[i];
+      crc[i] = crc[done];
+      crc[done] = cc;
       done++;
     }
     if (done) {
-      int ok = kvc_commit(c, keys, done, st);
+      int ok = kvc_commit_crc(c, keys, crc, done, st);
       if (ok != (int)done && !rc) rc = ok < 0 ? ok : st[0] ? st[0] : -EIO;
     }
     if (rc) {
@@ -258,7 +266,7 @@ static int populate(const dopts *o, kvc *c, uint32_t n, int chain) {
       usleep(1000);
     }
   }
-  free(keys); free(parents); free(idx); free(out); free(st);
+  free(keys); free(parents); free(idx); free(out); free(st); free(crc);
   return rc;
 }
 
@@ -349,9 +357,17 @@ static void fail_res(cres *r, int rc, const char *what) {
 static void barrier(runctx *x) { kvb_sync_wait(x->sync); }
 
 /* Copies block `len` bytes from src to dst and checks the fill byte at
- * both ends; returns 1 if they are not `want`. */
+ * both ends; returns 1 if they are not `want`. (`memcpy`: the reference.) */
 static int copy_check(uint8_t *dst, const uint8_t *src, uint32_t len, uint8_t want) {
   memcpy(dst, src, len);
+  return dst[0] != want || dst[len - 1] != want;
+}
+
+/* A worker's read of loaded block b: a verified copy into dst (kvc_read),
+ * then the fill byte at both ends; returns 1 if either fails. */
+static int read_check(kvc *c, const kvc_key *k, kvc_block *b, uint8_t *dst, uint32_t len,
+                      uint8_t want) {
+  if (b->length != len || kvc_read(c, k, b, dst) != 0) return 1;
   return dst[0] != want || dst[len - 1] != want;
 }
 
@@ -412,8 +428,8 @@ static int load_run(runctx *x, kvc *c, lslot *sl, uint32_t *at, uint64_t limit, 
         return r->rc;
       }
       for (uint32_t i = 0; i < s->m; i++)
-        st->bad += s->blk[i].length != o->block_bytes ||
-                   copy_check(dst, s->blk[i].ptr, o->block_bytes, fill_of(x->base + (s->first + i) % n));
+        st->bad += (uint64_t)read_check(c, &s->keys[i], &s->blk[i], dst, o->block_bytes,
+                                        fill_of(x->base + (s->first + i) % n));
       st->units += s->m;
       int64_t id = kvc_submit_release(c, s->keys, s->m, NULL, (void *)(uintptr_t)s->m);
       if (id < 0) { fail_res(r, (int)id, "release"); return r->rc; }
@@ -499,8 +515,14 @@ static void client_store(runctx *x, uint32_t id, cres *r) {
   kvc_key *keys = calloc(batch, sizeof *keys);
   kvc_block *blk = calloc(batch, sizeof *blk);
   int32_t *st = calloc(batch, sizeof *st);
+  uint32_t *crc = calloc(batch, sizeof *crc);
   uint8_t *src = aligned_alloc(4096, (o->block_bytes + 4095) / 4096 * 4096);
-  if (!keys || !blk || !st || !src) { fail_res(r, -ENOMEM, "buffers"); barrier(x); return; }
+  if (!keys || !blk || !st || !crc || !src) {
+    free(keys), free(blk), free(st), free(crc), free(src);
+    fail_res(r, -ENOMEM, "buffers");
+    barrier(x);
+    return;
+  }
   memset(src, 0xa5, o->block_bytes);
   int rc = open_conn(o, &c);
   if (rc) { fail_res(r, rc, "open"); barrier(x); return; }
@@ -522,7 +544,7 @@ static void client_store(runctx *x, uint32_t id, cres *r) {
       uint32_t k = 0;
       for (uint32_t i = 0; i < batch; i++) {
         if (blk[i].status) continue; /* no room even after eviction: counted as not stored */
-        memcpy(blk[i].ptr, src, o->block_bytes);
+        crc[k] = kvc_copy_crc(blk[i].ptr, src, o->block_bytes);
         keys[k++] = keys[i];
       }
       if (k == 0) {
@@ -536,7 +558,7 @@ static void client_store(runctx *x, uint32_t id, cres *r) {
         continue;
       }
       refused_since = 0;
-      got = kvc_commit(c, keys, k, st);
+      got = kvc_commit_crc(c, keys, crc, k, st);
       if (got < 0) { fail_res(r, got, "commit"); break; }
       units += (uint64_t)got;
       passed += batch;
@@ -552,7 +574,7 @@ static void client_store(runctx *x, uint32_t id, cres *r) {
   barrier(x);
   if (c) delete_keys(c, id, 0, next);
   kvc_close(c);
-  free(keys); free(blk); free(st); free(src);
+  free(keys); free(blk); free(st); free(crc); free(src);
 }
 
 static void client_lookup(runctx *x, uint32_t id, cres *r) {
