@@ -66,6 +66,7 @@ static int list_add(kvd_trust *t, const kv_block *b) {
 }
 
 int kvd_trust_report(kvd *d, uint64_t sid, kv_block *b) {
+  if (kvd_trust_refused(d, b)) return 1; /* confirmed already, waiting for its pins */
   char k[2 * KV_KEY_MAX + 1];
   key_hex(b->key, kv_block_keylen(b), k);
   uint32_t now = 0;

@@ -264,7 +264,10 @@ Test(trust, a_confirmed_block_still_pinned_is_refused_then_dropped) {
   cr_assert_eq(reports("dropped"), 0, "not under the holder's pin");
   e = raw_load(&late, 6, KV_OP_LOAD2);
   cr_assert_eq(e.status, KV_ECORRUPT, "refused while it waits: %s", kv_strerror(e.status));
-  cr_assert_eq(raw_release(&holder, 6, 0), 0);
+  /* the holder finds the bad bytes too: the same block, counted once */
+  cr_assert_eq(raw_release(&holder, 6, KV_REL_CORRUPT), 0);
+  cr_assert_eq(reports("confirmed"), 1);
+  cr_assert_eq(reports("miss"), 2, "the report and the refused LOAD");
   cr_assert_eq(reports("pending"), 0);
   cr_assert_eq(reports("dropped"), 1);
   cr_assert_eq(raw_load(&late, 6, KV_OP_LOAD2).status, KV_ENOTFOUND);
@@ -473,5 +476,31 @@ Test(trust_g3, a_good_ssd_copy_outlives_a_scribbled_g2_copy, .init = setup_g3, .
   cr_assert(all_bytes(dst, OPS_BLOCK, 0x77), "the committed bytes, from before the scribble");
   kvc_close(w);
   kvc_close(attacker);
+  kvc_close(reader);
+}
+
+/* G1 on the simulated device is host memory: kvc_read checks it as G2.
+ * (On a real GPU the CPU cannot read it: -EOPNOTSUPP, never a pass.) */
+static void setup_sim(void) {
+  static const char *const sim_on[] = {"g1.enable=on", "g1.backend=sim", "g1.capacity=4M", NULL};
+  ops_start(NULL, sim_on);
+}
+
+Test(trust_g1, kvc_read_checks_a_sim_g1_block, .init = setup_sim, .fini = ops_stop, .timeout = 60) {
+  kvc *w = ops_open("t1"), *reader = ops_open("t1");
+  kvc_g1 g;
+  cr_assert_eq(kvc_g1_info(reader, &g), 0);
+  cr_assert(g.available && g.backend == KVC_G1_SIM, "no simulated G1: %s", g.reason);
+  store_crc(w, 60, 0x60);
+  kvc_key k = ops_key(60);
+  kvc_block b;
+  cr_assert_eq(kvc_load(reader, KVC_G1, &k, 1, &b), 1);
+  cr_assert_eq(b.tier, KVC_G1);
+  cr_assert(b.has_crc);
+  static uint8_t dst[OPS_BLOCK];
+  cr_assert_eq(kvc_read(reader, &k, &b, dst), 0);
+  cr_assert(all_bytes(dst, OPS_BLOCK, 0x60));
+  cr_assert_eq(kvc_release(reader, &k, 1, NULL), 1);
+  kvc_close(w);
   kvc_close(reader);
 }
