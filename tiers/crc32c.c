@@ -14,6 +14,7 @@
 #include <string.h>
 
 #if defined(__x86_64__)
+#include <emmintrin.h>
 #include <nmmintrin.h>
 #define KV_CRC_X86 1
 #else
@@ -179,9 +180,15 @@ __attribute__((target("sse4.2"))) uint32_t kv_crc32c_hw(uint32_t crc, const void
 /* The copy runs the same three streams as kv_crc32c_hw: each 8-byte word is
  * loaded once into a register, stored to dst from it and fed to the CRC
  * from it, so the CRC is of exactly the bytes written, whatever src does
- * meanwhile, and the data crosses the memory bus once. */
+ * meanwhile, and the data crosses the memory bus once. With nt, the stores
+ * of the streams are non-temporal (movnti): dst's lines are written without
+ * being read first (no read-for-ownership) and are not left in the cache. */
 static inline void store64(unsigned char *p, uint64_t v) { memcpy(p, &v, sizeof v); }
+static inline void store64_nt(unsigned char *p, uint64_t v) {
+  _mm_stream_si64((long long *)(void *)p, (long long)v);
+}
 
+#define ST(p, v) (nt ? store64_nt(p, v) : store64(p, v))
 #define COPY3(n, d, s)                                                          \
   do {                                                                          \
     c1 = c2 = 0;                                                                \
@@ -189,16 +196,15 @@ static inline void store64(unsigned char *p, uint64_t v) { memcpy(p, &v, sizeof 
       uint64_t a0 = load64(s + i_), b0 = load64(s + (n) + i_);                  \
       uint64_t e0 = load64(s + 2 * (n) + i_), a1 = load64(s + i_ + 8);          \
       uint64_t b1 = load64(s + (n) + i_ + 8), e1 = load64(s + 2 * (n) + i_ + 8); \
-      store64(d + i_, a0), store64(d + (n) + i_, b0), store64(d + 2 * (n) + i_, e0); \
-      store64(d + i_ + 8, a1), store64(d + (n) + i_ + 8, b1);                   \
-      store64(d + 2 * (n) + i_ + 8, e1);                                        \
+      ST(d + i_, a0), ST(d + (n) + i_, b0), ST(d + 2 * (n) + i_, e0);           \
+      ST(d + i_ + 8, a1), ST(d + (n) + i_ + 8, b1), ST(d + 2 * (n) + i_ + 8, e1); \
       c0 = _mm_crc32_u64(c0, a0), c1 = _mm_crc32_u64(c1, b0), c2 = _mm_crc32_u64(c2, e0); \
       c0 = _mm_crc32_u64(c0, a1), c1 = _mm_crc32_u64(c1, b1), c2 = _mm_crc32_u64(c2, e1); \
     }                                                                           \
   } while (0)
 
-__attribute__((target("sse4.2"))) uint32_t kv_crc32c_copy_hw(uint32_t crc, void *dst,
-                                                              const void *src, size_t len) {
+__attribute__((target("sse4.2"), always_inline)) static inline uint32_t
+copy_hw(uint32_t crc, void *dst, const void *src, size_t len, const int nt) {
   pthread_once(&hw_once, hw_init);
   const unsigned char *s = src;
   unsigned char *d = dst;
@@ -215,6 +221,7 @@ __attribute__((target("sse4.2"))) uint32_t kv_crc32c_copy_hw(uint32_t crc, void 
     c0 = shift(shift_short, (uint32_t)c0) ^ c2;
     s += 3 * SHORT, d += 3 * SHORT, len -= 3 * SHORT;
   }
+  if (nt) _mm_sfence(); /* the streamed stores are ordered before what follows */
   while (len >= 8) {
     uint64_t v = load64(s);
     store64(d, v);
@@ -229,6 +236,17 @@ __attribute__((target("sse4.2"))) uint32_t kv_crc32c_copy_hw(uint32_t crc, void 
   return (uint32_t)c0 ^ 0xffffffffu;
 }
 #undef COPY3
+#undef ST
+
+__attribute__((target("sse4.2"))) uint32_t kv_crc32c_copy_hw(uint32_t crc, void *dst,
+                                                              const void *src, size_t len) {
+  return copy_hw(crc, dst, src, len, 0);
+}
+
+__attribute__((target("sse4.2"))) uint32_t kv_crc32c_copy_nt_hw(uint32_t crc, void *dst,
+                                                                 const void *src, size_t len) {
+  return copy_hw(crc, dst, src, len, 1);
+}
 
 static int hw_ok = -1;
 
@@ -246,6 +264,9 @@ uint32_t kv_crc32c_hw(uint32_t crc, const void *buf, size_t len) {
   return kv_crc32c_sw(crc, buf, len);
 }
 uint32_t kv_crc32c_copy_hw(uint32_t crc, void *dst, const void *src, size_t len) {
+  return kv_crc32c_copy_sw(crc, dst, src, len);
+}
+uint32_t kv_crc32c_copy_nt_hw(uint32_t crc, void *dst, const void *src, size_t len) {
   return kv_crc32c_copy_sw(crc, dst, src, len);
 }
 int kv_crc32c_hw_available(void) { return 0; }
@@ -268,5 +289,10 @@ uint32_t kv_crc32c_copy_sw(uint32_t crc, void *dst, const void *src, size_t len)
 
 uint32_t kv_crc32c_copy(uint32_t crc, void *dst, const void *src, size_t len) {
   return kv_crc32c_hw_available() ? kv_crc32c_copy_hw(crc, dst, src, len)
+                                  : kv_crc32c_copy_sw(crc, dst, src, len);
+}
+
+uint32_t kv_crc32c_copy_nt(uint32_t crc, void *dst, const void *src, size_t len) {
+  return kv_crc32c_hw_available() ? kv_crc32c_copy_nt_hw(crc, dst, src, len)
                                   : kv_crc32c_copy_sw(crc, dst, src, len);
 }

@@ -1,6 +1,7 @@
 /* test_crc32c_copy.c - kv_crc32c_copy, the one-pass copy and checksum that
- * writers and readers of G2 blocks use: on the SSE4.2 path, the table path
- * and the dispatch, for random lengths and alignments of both sides, it
+ * writers and readers of G2 blocks use: on the SSE4.2 path (with ordinary
+ * and with non-temporal stores), the table path and the dispatch, for
+ * random lengths and alignments of both sides, it
  * writes exactly src's bytes into dst (nothing around it) and returns the
  * table CRC-32C of them, chaining from any start value. */
 #include <criterion/criterion.h>
@@ -58,7 +59,15 @@ Test(crc32c_copy, hw_path) {
   check_copy(kv_crc32c_copy_hw, "sse4.2");
 }
 
-Test(crc32c_copy, dispatch) { check_copy(kv_crc32c_copy, "dispatch"); }
+Test(crc32c_copy, hw_path_non_temporal) {
+  if (!kv_crc32c_hw_available()) cr_skip_test("no SSE4.2 on this CPU");
+  check_copy(kv_crc32c_copy_nt_hw, "sse4.2, non-temporal");
+}
+
+Test(crc32c_copy, dispatch) {
+  check_copy(kv_crc32c_copy, "dispatch");
+  check_copy(kv_crc32c_copy_nt, "dispatch, non-temporal");
+}
 
 Test(crc32c_copy, known_vector) {
   char out[9];
