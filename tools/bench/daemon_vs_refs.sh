@@ -14,7 +14,8 @@
 #              (kvc_read: the copy and its CRC check in one pass), RELEASE
 #              (two LOADs in flight)
 #   G2 store   kvbench store: ALLOC 32 blocks, copy each in while
-#              checksumming it (kvc_copy_crc), COMMIT with the CRCs
+#              checksumming it (kvc_copy_crc), COMMIT with the CRCs (two
+#              ALLOCs in flight, COMMITs not waited for)
 #   lookup     kvbench lookup: batched LOOKUPs of 1024 keys, and single-key
 #              round trips
 # Each figure is the median of REPS runs. Targets: G2 load / Redis GET >= 2,
