@@ -70,11 +70,13 @@ echo "machine: ${cpu:-unknown CPU}, $(nproc) cores; $(grep -o 'G2 [0-9]* bytes.*
 echo "redis: $(redis-server --version | awk '{ print $3 }'), redis-benchmark -s SOCK -t get|set -d $BLOCK -r $NBLK -n $rreq -P 1 -c C [--threads C]"
 echo
 
-declare -A R
+# The runs of one client count go round the measurements REPS times (memcpy,
+# load, store, ... then again), so that a change in what else the machine
+# runs weighs on a ratio's both sides alike.
+declare -A R V
 for c in $clients; do
-  for name in memcpy load store get set; do
-    vals=""
-    for _ in $(seq "$reps"); do
+  for _ in $(seq "$reps"); do
+    for name in memcpy load store get set; do
       case $name in
         memcpy) v=$(kv memcpy gbps --seconds "$secs" --block-bytes "$BLOCK" --blocks "$NBLK" --clients "$c") ;;
         load) v=$(kv load gbps --seconds "$secs" --socket-dir "$T/run" --block-bytes "$BLOCK" --blocks "$NBLK" --clients "$c") ;;
@@ -82,10 +84,10 @@ for c in $clients; do
         get|set) v=$(redis_gbps "$T/redis.sock" "$name" "$BLOCK" "$NBLK" "$rreq" "$c") ;;
       esac
       [ -n "$v" ] || die "$name with $c client(s) failed: $(tail -3 "$T/kvbench.err")"
-      vals="$vals $v"
+      V[$name,$c]="${V[$name,$c]:-} $v"
     done
-    R[$name,$c]=$(echo "$vals" | median)
   done
+  for name in memcpy load store get set; do R[$name,$c]=$(echo "${V[$name,$c]}" | median); done
 done
 kv_vals="" p50_vals="" p99_vals=""
 for _ in $(seq "$reps"); do
