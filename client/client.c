@@ -21,6 +21,11 @@
 #include "ipc/reader.h"
 #include "ipc/sock.h"
 #include "proto/wire.h"
+#include "tiers/crc32c.h"
+
+/* kvc_block.has_crc and .crc took padding (after tier, after length): the
+ * struct keeps its size (and every other field its offset) on LP64. */
+_Static_assert(sizeof(void *) != 8 || sizeof(kvc_block) == 24, "kvc_block changed size");
 
 typedef struct pending {
   uint64_t id;
@@ -44,6 +49,7 @@ struct kvc {
   size_t arena_bytes;
   uint32_t slot_bytes, block_bytes;
   uint64_t session;
+  uint16_t minor;     /* the protocol minor HELLO settled on (1.2: LOAD2, COMMIT CRCs) */
   uint64_t next_id;
   int timeout_ms;
   pending *pend;
@@ -149,15 +155,20 @@ static int count_ok_status(const kv_statvec *s, int32_t *out, uint32_t n) {
   return ok;
 }
 
-/* Fills one block result of a LOAD or ALLOC reply. A pointer is handed out
- * only inside the G2 mapping or the G1 pool this handle imported: anything
- * else is KV_EBADFRAME. Returns 1 if the block is usable. */
+/* Fills one block result of a LOAD or ALLOC reply (crc: LOAD2's, else -1).
+ * A pointer is handed out only inside the G2 mapping or the G1 pool this
+ * handle imported: anything else is KV_EBADFRAME. Returns 1 if the block
+ * is usable. */
 static int set_block(kvc *c, kvc_block *b, int32_t status, uint8_t tier, uint64_t offset,
-                     uint32_t length) {
+                     uint32_t length, int64_t crc) {
   memset(b, 0, sizeof *b);
   b->tier = KVC_TIER_NONE;
   b->status = status;
   if (status != 0) return 0;
+  if (crc >= 0) {
+    b->has_crc = 1;
+    b->crc = (uint32_t)crc;
+  }
   if (tier == KV_G1) {
     void *p;
     if (length == 0 || kvc_g1_ptr(c, offset, length, &p)) {
@@ -188,13 +199,15 @@ static int apply_reply(kvc *c, pending *p, const kv_msg *m) {
     if (m->lookup_rep.n != p->n || m->lookup_rep.hit_len > p->n) return KV_EBADFRAME;
     if (p->tiers) memcpy(p->tiers, m->lookup_rep.tiers, p->n);
     return (int)m->lookup_rep.hit_len;
-  case KV_OP_LOAD: {
+  case KV_OP_LOAD:
+  case KV_OP_LOAD2: {
     if (m->load_rep.n != p->n) return KV_EBADFRAME;
     int ok = 0;
     for (uint32_t i = 0; i < p->n; i++) {
       kv_load_ent e;
       kv_loadvec_get(&m->load_rep, i, &e);
-      ok += set_block(c, &p->blocks[i], e.status, e.tier, e.offset, e.length);
+      ok += set_block(c, &p->blocks[i], e.status, e.tier, e.offset, e.length,
+                      m->op == KV_OP_LOAD2 ? (int64_t)e.crc : -1);
     }
     return ok;
   }
@@ -204,7 +217,7 @@ static int apply_reply(kvc *c, pending *p, const kv_msg *m) {
     for (uint32_t i = 0; i < p->n; i++) {
       kv_alloc_ent e;
       kv_allocvec_get(&m->alloc_rep, i, &e);
-      ok += set_block(c, &p->blocks[i], e.status, KV_G2, e.offset, c->block_bytes);
+      ok += set_block(c, &p->blocks[i], e.status, KV_G2, e.offset, c->block_bytes, -1);
     }
     return ok;
   }
@@ -243,7 +256,8 @@ static int push_done(kvc *c, const pending *p, int result) {
     c->done = d;
     c->capdone = cap;
   }
-  c->done[c->ndone++] = (kvc_completion){p->id, p->op, result, p->user};
+  int op = p->op == KV_OP_LOAD2 ? KVC_OP_LOAD : p->op; /* the caller asked for a load */
+  c->done[c->ndone++] = (kvc_completion){p->id, op, result, p->user};
   return 0;
 }
 
@@ -348,7 +362,9 @@ int64_t kvc_submit_load(kvc *c, uint8_t tier, const kvc_key *keys, uint32_t n, k
   if (!out) return -EINVAL;
   if (tier == KVC_G1 && !c->g1.info.available) return -ENODEV; /* not mapped here: load to G2 */
   pending *p;
-  int64_t id = batch(c, KV_OP_LOAD, tier, 0, 0, keys, n, &p, user);
+  /* 1.2: LOAD2, whose reply carries each block's CRC for kvc_read/kvc_verify */
+  int op = c->minor >= 2 ? KV_OP_LOAD2 : KV_OP_LOAD;
+  int64_t id = batch(c, op, tier, 0, 0, keys, n, &p, user);
   if (id > 0) c->pend[c->npend - 1].blocks = out;
   return id;
 }
@@ -366,6 +382,24 @@ int64_t kvc_submit_release(kvc *c, const kvc_key *keys, uint32_t n, int32_t *sta
 }
 int64_t kvc_submit_commit(kvc *c, const kvc_key *keys, uint32_t n, int32_t *status, void *user) {
   return submit_status_op(c, KV_OP_COMMIT, 0, keys, n, status, user);
+}
+
+int64_t kvc_submit_commit_crc(kvc *c, const kvc_key *keys, const uint32_t *crcs, uint32_t n,
+                              int32_t *status, void *user) {
+  if (n && !crcs) return -EINVAL;
+  if (c->minor < 2) /* the daemon predates 1.2: it checksums the blocks itself */
+    return kvc_submit_commit(c, keys, n, status, user);
+  kv_msg m;
+  memset(&m, 0, sizeof m);
+  m.op = KV_OP_COMMIT;
+  m.batch.flags = KV_COMMIT_CRC;
+  int rc = keyvec(&m.batch.keys, keys, n);
+  if (rc) return rc;
+  m.batch.crcs = (kv_u32vec){.n = n, .v = crcs};
+  pending *p = add_pending(c, KV_OP_COMMIT, n, user);
+  if (!p) return -ENOMEM;
+  p->status = status;
+  return submit(c, &m, p);
 }
 
 int64_t kvc_submit_alloc(kvc *c, uint8_t tier, uint8_t prio, const kvc_key *keys,
@@ -430,6 +464,65 @@ int kvc_alloc(kvc *c, uint8_t tier, uint8_t prio, const kvc_key *keys, const kvc
 }
 int kvc_commit(kvc *c, const kvc_key *keys, uint32_t n, int32_t *status) {
   BLOCK_ON(kvc_submit_commit(c, keys, n, status, NULL));
+}
+int kvc_commit_crc(kvc *c, const kvc_key *keys, const uint32_t *crcs, uint32_t n, int32_t *status) {
+  BLOCK_ON(kvc_submit_commit_crc(c, keys, crcs, n, status, NULL));
+}
+
+/* --- checksums ------------------------------------------------------------------ */
+
+uint32_t kvc_copy_crc(void *dst, const void *src, size_t len) {
+  /* A writer fills a slot for other processes: stream it past the cache. */
+  return kv_crc32c_copy_nt(0, dst, src, len);
+}
+
+uint32_t kvc_crc32c(uint32_t crc, const void *p, size_t len) { return kv_crc32c(crc, p, len); }
+
+/* The block's bytes as this process can read them with the CPU: a G2 slot,
+ * or a G1 slot of a simulated pool (host memory). 0, -EINVAL (not a usable
+ * block), -EOPNOTSUPP (no CRC came with it: a daemon before 1.2, or an
+ * allocation; or a G1 slot on a real device). */
+static int readable(const kvc *c, const kvc_block *b, const void **p) {
+  if (b->status != 0 || !b->ptr || b->length == 0) return -EINVAL;
+  if (!b->has_crc) return -EOPNOTSUPP;
+  if (b->tier == KVC_G1 && c->g1.info.backend != KVC_G1_SIM) return -EOPNOTSUPP;
+  if (b->tier != KVC_G1 && b->tier != KVC_G2) return -EINVAL;
+  *p = b->ptr;
+  return 0;
+}
+
+/* b failed its CRC: RELEASE its pin with KV_REL_CORRUPT (the daemon checks
+ * its own copy and drops the block if that fails too), and mark b unusable. */
+static int report_corrupt(kvc *c, const kvc_key *key, kvc_block *b) {
+  int32_t st;
+  pending *p;
+  int64_t id = batch(c, KV_OP_RELEASE, 0, 0, KV_REL_CORRUPT, key, 1, &p, NULL);
+  if (id > 0) {
+    c->pend[c->npend - 1].status = &st;
+    (void)wait_for(c, (uint64_t)id); /* the verdict is the daemon's; a dead link shows next call */
+  }
+  memset(b, 0, sizeof *b);
+  b->status = KV_ECORRUPT;
+  b->tier = KVC_TIER_NONE;
+  return KV_ECORRUPT;
+}
+
+int kvc_read(kvc *c, const kvc_key *key, kvc_block *b, void *dst) {
+  if (!c || !key || !b || !dst) return -EINVAL;
+  const void *src;
+  int rc = readable(c, b, &src);
+  if (rc) return rc;
+  if (kv_crc32c_copy(0, dst, src, b->length) == b->crc) return 0;
+  return report_corrupt(c, key, b);
+}
+
+int kvc_verify(kvc *c, const kvc_key *key, kvc_block *b) {
+  if (!c || !key || !b) return -EINVAL;
+  const void *src;
+  int rc = readable(c, b, &src);
+  if (rc) return rc;
+  if (kv_crc32c(0, src, b->length) == b->crc) return 0;
+  return report_corrupt(c, key, b);
 }
 int kvc_abort(kvc *c, const kvc_key *keys, uint32_t n, int32_t *status) {
   BLOCK_ON(submit_status_op(c, KV_OP_ABORT, 0, keys, n, status, NULL));
@@ -631,6 +724,7 @@ int kvc_open(const kvc_opts *o, kvc **out) {
     goto err;
   }
   c->session = r.hello_rep.session_id;
+  c->minor = r.hello_rep.ver_minor;
   c->slot_bytes = r.hello_rep.slot_bytes;
   c->block_bytes = o->layout.block_bytes;
   c->arena_bytes = r.hello_rep.arena_bytes;

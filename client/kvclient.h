@@ -32,6 +32,17 @@
  * number on failure: -errno, or a kvcached error code (kvc_strerror() names
  * both; proto/PROTOCOL.md lists them). Per-block results carry the same
  * codes: a block is a hit only when its status is 0.
+ *
+ * Checksums (protocol 1.2; daemon/OPS.md, "Trust model"): the workers of a
+ * tenant share its G2 arena and can write any block in it, committed or
+ * not, so the bytes a load points at are only as good as the last worker
+ * that touched them. Writers checksum what they store (kvc_copy_crc fills
+ * a slot and returns its CRC-32C in one pass; kvc_commit_crc hands the
+ * CRCs to the daemon, which never reads the bytes for them); readers
+ * verify what they use (kvc_read copies a block out and checks the copy in
+ * the same pass; kvc_verify checks in place). A block that fails is
+ * reported to the daemon, which checks its own copy and drops the block if
+ * that fails too, and is never handed to the caller as data.
  */
 #ifndef KVCLIENT_H
 #define KVCLIENT_H
@@ -130,8 +141,12 @@ typedef struct kvc_block {
   int32_t status; /* 0: usable; else why not (KV_ENOTFOUND: absent, ...) */
   uint8_t tier;   /* where ptr points: KVC_G2 (host) or KVC_G1 (a device
                    * address in the imported pool), KVC_TIER_NONE on error */
+  uint8_t has_crc; /* 1: crc is the block's committed CRC (a usable block of a
+                    * load from a daemon of protocol 1.2 or later); else 0 */
   void *ptr;      /* the block's bytes in this process, NULL on error */
   uint32_t length;
+  uint32_t crc;   /* with has_crc: the CRC-32C the block was committed with
+                   * (kvc_read and kvc_verify check against it); else 0 */
 } kvc_block;
 
 /* Longest resident prefix of keys[0..n): returns its length (>= 0) or an
@@ -144,7 +159,9 @@ int kvc_lookup(kvc *c, const kvc_key *keys, uint32_t n, uint8_t *tiers);
  * usable (status 0), or an error for the whole request. A LOAD to G1
  * brings blocks up from G2 or G3 (device copies); a block whose copy to G1
  * failed comes back usable in G2 (out[i].tier says which). Pinned blocks
- * must be released with kvc_release(). */
+ * must be released with kvc_release(). A usable block's bytes are not
+ * verified yet: read them with kvc_read (or check them with kvc_verify)
+ * before using them. */
 int kvc_load(kvc *c, uint8_t tier, const kvc_key *keys, uint32_t n, kvc_block *out);
 /* Drops this handle's pins. status (may be NULL) gets each key's result.
  * Returns how many were released, or an error. */
@@ -160,10 +177,57 @@ int kvc_release(kvc *c, const kvc_key *keys, uint32_t n, int32_t *status);
  * before answering: retry later). */
 int kvc_alloc(kvc *c, uint8_t tier, uint8_t prio, const kvc_key *keys,
               const kvc_key *parents, uint32_t n, kvc_block *out);
-/* Makes written blocks visible (the daemon checksums them) / drops them.
- * Returns how many succeeded, or an error; status may be NULL. */
+/* Makes written blocks visible (the daemon checksums them, on its own
+ * thread: prefer kvc_commit_crc) / drops them. Returns how many succeeded,
+ * or an error; status may be NULL. */
 int kvc_commit(kvc *c, const kvc_key *keys, uint32_t n, int32_t *status);
 int kvc_abort(kvc *c, const kvc_key *keys, uint32_t n, int32_t *status);
+
+/* --- checksums: the writer computes, the reader verifies -------------------- */
+
+/* Copies len bytes from src to dst (they must not overlap) and returns the
+ * CRC-32C of the bytes written to dst, in one pass (SSE4.2 where the CPU
+ * has it: each word is checksummed from the register that stores it, so
+ * the CRC is of exactly what dst holds even if src changes meanwhile).
+ * What a writer uses to fill a block from kvc_alloc: dst is written with
+ * non-temporal stores (not read first, not kept in this core's cache: the
+ * block is for other processes), fenced before the call returns. Any
+ * thread. */
+uint32_t kvc_copy_crc(void *dst, const void *src, size_t len);
+/* CRC-32C (Castagnoli) of p[0..len), continuing from crc (0 to start), for
+ * a block written in place by other means. Any thread. */
+uint32_t kvc_crc32c(uint32_t crc, const void *p, size_t len);
+
+/* kvc_commit, with crcs[i] the CRC-32C of keys[i]'s block as written (from
+ * kvc_copy_crc or kvc_crc32c over the slot). The daemon keeps it as the
+ * block's checksum without reading the bytes; a wrong one only makes
+ * readers reject the block. With a daemon before protocol 1.2 this is
+ * kvc_commit (the daemon computes). crcs may be NULL only when n is 0. */
+int kvc_commit_crc(kvc *c, const kvc_key *keys, const uint32_t *crcs, uint32_t n,
+                   int32_t *status);
+
+/*
+ * Copies the loaded block b (key: its key) into dst (b->length bytes,
+ * which must not overlap the block) and checks the CRC of the copy against
+ * b->crc in the same pass, so what dst holds is exactly what was verified.
+ * 0: dst holds the committed bytes. KV_ECORRUPT: they are not (dst holds
+ * garbage: do not use it); the block is reported to the daemon (a RELEASE
+ * of this handle's pin with KV_REL_CORRUPT: the daemon checks its own copy
+ * and drops the block if that fails too) and b is marked unusable (status
+ * KV_ECORRUPT, ptr NULL), its pin gone: do not release it again. Other
+ * errors, with nothing copied: -EINVAL (NULL, or b not a usable block),
+ * -EOPNOTSUPP (no CRC to check: a daemon before protocol 1.2, a block from
+ * kvc_alloc, or a G1 block on a real GPU, which the CPU cannot read).
+ */
+int kvc_read(kvc *c, const kvc_key *key, kvc_block *b, void *dst);
+/*
+ * As kvc_read, in place: checks the CRC over the block's own bytes (0 or
+ * KV_ECORRUPT, reported as above). Weaker than kvc_read: the bytes are
+ * shared memory that a worker of the tenant may change after the check;
+ * only a copy (kvc_read) is known to hold what was verified. For readers
+ * that use the block where it is (a CPU pass over it before a device copy).
+ */
+int kvc_verify(kvc *c, const kvc_key *key, kvc_block *b);
 
 /* A hint to bring blocks up to `tier`. Returns how many were queued. */
 int kvc_prefetch(kvc *c, uint8_t tier, const kvc_key *keys, uint32_t n);
@@ -206,8 +270,9 @@ typedef struct kvc_completion {
 #define KVC_OP_ALLOC 5
 #define KVC_OP_COMMIT 6
 
-/* Submit without waiting; the arrays (keys are copied; tiers/out/status
- * are filled later) must stay valid until the completion is returned.
+/* Submit without waiting; the arrays (keys and crcs are copied;
+ * tiers/out/status are filled later) must stay valid until the completion
+ * is returned; kvc_submit_commit_crc's completion says KVC_OP_COMMIT.
  * Return the request id (> 0) or an error. The request may block for at
  * most the handle's timeout when the socket's send buffer is full. */
 int64_t kvc_submit_lookup(kvc *c, const kvc_key *keys, uint32_t n, uint8_t *tiers, void *user);
@@ -217,6 +282,8 @@ int64_t kvc_submit_release(kvc *c, const kvc_key *keys, uint32_t n, int32_t *sta
 int64_t kvc_submit_alloc(kvc *c, uint8_t tier, uint8_t prio, const kvc_key *keys,
                          const kvc_key *parents, uint32_t n, kvc_block *out, void *user);
 int64_t kvc_submit_commit(kvc *c, const kvc_key *keys, uint32_t n, int32_t *status, void *user);
+int64_t kvc_submit_commit_crc(kvc *c, const kvc_key *keys, const uint32_t *crcs, uint32_t n,
+                              int32_t *status, void *user);
 
 /* Reads what has arrived without blocking and returns up to max finished
  * requests (0 if none yet), or an error (the connection is then dead). */

@@ -334,6 +334,7 @@ static void on_tick(uv_timer_t *t) {
   kvd_loads_expire(o->d);
   kvd_allocs_expire(o->d);
   kvd_registry_sweep(&o->d->reg); /* namespaces whose last block went */
+  if (o->d->trust.npend) kvd_trust_sweep(o->d);
   if (o->d->core.adm.limit[KV_G2] || o->d->core.adm.limit[KV_G3]) kv_core_enforce_limits(&o->d->core);
 }
 

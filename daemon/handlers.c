@@ -176,6 +176,7 @@ void kvd_fini(kvd *d) {
     kv_info("g3", "index synced and closed");
   }
   kvd_metrics_fini(d);
+  kvd_trust_fini(&d->trust);
   kv_core_fini(&d->core);
   kvd_registry_fini(&d->reg); /* unregisters the arenas from the device */
   kvd_g1s_close(&d->g1);
@@ -347,7 +348,10 @@ static int op_release(kvd *d, kvd_session *s, const kv_msg *req, kv_buf *out) {
   for (uint32_t i = 0; i < req->batch.keys.n; i++) {
     kv_block *b = any_block(d, s, i);
     d->status[i] = b ? kvd_session_unpin(&d->core, s, b) : KV_ENOTFOUND;
+    /* A reader's report counts only for a block it had pinned (trust.h). */
+    if (d->status[i] == 0 && (req->batch.flags & KV_REL_CORRUPT)) kvd_trust_report(d, s->id, b);
   }
+  if (d->trust.npend) kvd_trust_sweep(d);
   return statuses(req, out, d->status, req->batch.keys.n);
 }
 
@@ -360,8 +364,12 @@ static int op_commit_abort(kvd *d, kvd_session *s, const kv_msg *req, kv_buf *ou
     if (!b) {
       d->status[i] = KV_ENOTFOUND;
     } else if (commit) {
+      /* The writer's CRC (1.2) is taken as it is: the daemon never reads
+       * the bytes for it, and a wrong one only makes readers reject them. */
       uint32_t crc = 0;
-      if (b->state == KV_BS_WRITING && b->slot[KV_G2] != KV_SLOT_NONE)
+      if (req->batch.flags & KV_COMMIT_CRC)
+        crc = kv_u32vec_get(&req->batch.crcs, i);
+      else if (b->state == KV_BS_WRITING && b->slot[KV_G2] != KV_SLOT_NONE)
         crc = kv_crc32c(0, kv_core_g2_ptr(&d->core, b), b->size);
       d->status[i] = kvd_session_commit(&d->core, s, b, crc);
       if (d->status[i] == 0) kvd_ghost_note(d, b->ns, &d->keys[i], 1);
@@ -509,7 +517,8 @@ int kvd_handle(kvd *d, kvd_sink *sink, const kv_msg *req, kv_buf *out, int fd_ou
     kvd_req_done(d, KVD_REQ_LOOKUP, t0);
     return rc;
   }
-  case KV_OP_LOAD: return kvd_op_load(d, sink, req, out);
+  case KV_OP_LOAD:
+  case KV_OP_LOAD2: return kvd_op_load(d, sink, req, out);
   case KV_OP_RELEASE: return op_release(d, s, req, out);
   case KV_OP_ALLOC: return kvd_op_alloc(d, sink, req, out);
   case KV_OP_COMMIT: return op_commit_abort(d, s, req, out, 1);

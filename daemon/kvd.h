@@ -15,6 +15,7 @@
 #include "daemon/session.h"
 #include "daemon/sink.h"
 #include "daemon/stats.h"
+#include "daemon/trust.h"
 #include "proto/wire.h"
 #include "tiers/core.h"
 
@@ -61,6 +62,7 @@ typedef struct kvd {
   kvd_metrics m;               /* latencies, miss reasons (stats.h) */
   kvd_session admin;           /* pins the operator took (POST /pin), released at fini */
   kvd_g3w g3w;                 /* G3 unavailable, its checks and poll (g3_watch.h) */
+  kvd_trust trust;             /* readers' corrupt-block reports (trust.h) */
 } kvd;
 
 /* kvd_handle()'s return when the reply will be sent later, through the sink. */

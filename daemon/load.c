@@ -67,13 +67,15 @@ struct kvd_load {
 };
 
 /* Entry i is a hit in tier t (G1 or G2): its slot's offset in the memory
- * the worker mapped for that tier (the G2 arena, the G1 pool). */
+ * the worker mapped for that tier (the G2 arena, the G1 pool), and the CRC
+ * it was committed with (a LOAD2 reply carries it; a LOAD's drops it). */
 static void fill(kvd_load *ld, uint32_t i, const kv_block *b, kv_tier t) {
   kv_load_ent *e = &ld->ent[i];
   e->status = 0;
   e->tier = (uint8_t)t;
   e->offset = t == KV_G1 ? kv_core_g1_offset(b) : kv_arena_offset(b->slot[t]);
   e->length = b->size;
+  e->crc = b->crc;
 }
 
 /* The block's entry failed: say why and drop the pin the LOAD took. */
@@ -252,6 +254,11 @@ static int load_keys(kvd *d, kvd_sink *sink, const kv_msg *req, uint32_t n, uint
     if (!b) {
       e->status = KV_ENOTFOUND;
       kvd_miss_classify(d, s->ns, ld->core_ns, &d->keys[i]);
+      continue;
+    }
+    if (kvd_trust_refused(d, b)) { /* reported, confirmed, waiting for its pins to go */
+      e->status = KV_ECORRUPT;
+      kvd_miss_add(d, KVD_MISS_CORRUPT, 1);
       continue;
     }
     ld->found[i] = (uint8_t)__builtin_ctz(b->tiers);

@@ -414,6 +414,16 @@ int kvd_render_metrics(kvd *d, kv_buf *out) {
   P("kvcached_g3_io_errors_total %llu\n", U(s.gs.io_errors));
   H("kvcached_g3_corrupt_total", "counter", "SSD reads that failed verification.");
   P("kvcached_g3_corrupt_total %llu\n", U(s.gs.corrupt));
+  H("kvcached_corrupt_reported_total", "counter",
+    "Blocks readers reported as failing their CRC, by the daemon's verdict on its own G2 copy.");
+  P("kvcached_corrupt_reported_total{verdict=\"confirmed\"} %llu\n", U(d->trust.confirmed));
+  P("kvcached_corrupt_reported_total{verdict=\"rejected\"} %llu\n", U(d->trust.rejected));
+  H("kvcached_corrupt_dropped_total", "counter",
+    "Confirmed corrupt blocks whose G2 and G1 copies were dropped.");
+  P("kvcached_corrupt_dropped_total %llu\n", U(d->trust.dropped));
+  H("kvcached_corrupt_pending_blocks", "gauge",
+    "Confirmed corrupt blocks still pinned: refused to LOADs, dropped when their pins go.");
+  P("kvcached_corrupt_pending_blocks %llu\n", U(d->trust.npend));
   const kvd_g1s *g1 = &d->g1;
   uint64_t pool_bytes = 0, exports[4] = {0}, subs[KV_DEV_NDIR] = {0}, refused[KV_DEV_NDIR] = {0};
   for (unsigned i = 0; i < g1->n; i++) {
@@ -529,6 +539,11 @@ static json_t *stats_json(kvd *d) {
     json_object_set_new(m, kvd_miss_names[i], json_integer((json_int_t)d->m.misses[i]));
   json_object_set_new(o, "misses", m);
   json_object_set_new(o, "lookups", json_integer((json_int_t)c->lookups));
+  json_object_set_new(o, "corrupt_reports", json_pack("{s:I,s:I,s:I,s:I}",
+                      "confirmed", (json_int_t)d->trust.confirmed,
+                      "rejected", (json_int_t)d->trust.rejected,
+                      "dropped", (json_int_t)d->trust.dropped,
+                      "pending", (json_int_t)d->trust.npend));
   json_t *tr = json_object();
   for (int i = 0; i < KVD_DIR_COUNT; i++)
     json_object_set_new(tr, kvd_dir_names[i], json_pack("{s:I,s:I}", "bytes",

@@ -30,6 +30,7 @@ static const struct {
   [KV_OP_STATUS] = {"STATUS", KV_PAYLOAD_MAX_CTRL, KV_PAYLOAD_MAX_CTRL},
   [KV_OP_ERROR] = {"ERROR", KV_PAYLOAD_MAX_CTRL, KV_PAYLOAD_MAX_CTRL},
   [KV_OP_G1_SELECT] = {"G1_SELECT", KV_PAYLOAD_MAX_CTRL, KV_PAYLOAD_MAX_CTRL},
+  [KV_OP_LOAD2] = {"LOAD2", KV_PAYLOAD_MAX_CTRL, KV_PAYLOAD_MAX_CTRL},
 };
 
 const char *kv_op_name(uint16_t op) {
@@ -122,11 +123,16 @@ void kv_loadvec_get(const kv_loadvec *l, uint32_t i, kv_load_ent *out) {
     *out = l->v[i];
     return;
   }
-  const uint8_t *p = l->wire + (size_t)i * 17;
+  const uint8_t *p = l->wire + (size_t)i * (l->with_crc ? 21 : 17);
   out->status = (int32_t)kv_ld32(p);
   out->tier = p[4];
   out->offset = kv_ld64(p + 5);
   out->length = kv_ld32(p + 13);
+  out->crc = l->with_crc ? kv_ld32(p + 17) : 0;
+}
+
+uint32_t kv_u32vec_get(const kv_u32vec *u, uint32_t i) {
+  return u->wire ? kv_ld32(u->wire + (size_t)i * 4) : u->v[i];
 }
 
 void kv_allocvec_get(const kv_allocvec *a, uint32_t i, kv_alloc_ent *out) {

@@ -37,7 +37,8 @@
 
 #define KV_PROTO_MAGIC 0x4443564Bu /* bytes "KVCD" */
 #define KV_PROTO_MAJOR 1           /* in every header; a change breaks peers */
-#define KV_PROTO_MINOR 1           /* negotiated by HELLO; additions only (1: G1_SELECT) */
+#define KV_PROTO_MINOR 2           /* negotiated by HELLO; additions only (1: G1_SELECT;
+                                    * 2: COMMIT with CRCs, corrupt reports, LOAD2) */
 
 #define KV_HDR_SIZE 32
 
@@ -79,6 +80,7 @@ typedef enum kv_op {
   KV_OP_STATUS = 13,
   KV_OP_ERROR = 14, /* reply only: the request failed as a whole */
   KV_OP_G1_SELECT = 15, /* since 1.1: the G1 pool of the worker's device */
+  KV_OP_LOAD2 = 16, /* since 1.2: LOAD whose reply carries each block's committed CRC */
   KV_OP_COUNT       /* one past the last opcode; not an opcode */
 } kv_op;
 
@@ -94,8 +96,12 @@ typedef enum kv_op {
  * granted in the reply: they are how a minor version adds a feature. */
 #define KV_CAP_G1 0x00000001u /* the worker can import G1 (device) memory */
 
-/* Batch request flags (kv_batch_req.flags). */
-#define KV_DEL_ALL 0x01u /* DELETE: every block of the session's namespace */
+/* Batch request flags (kv_batch_req.flags); each is valid on its op only. */
+#define KV_DEL_ALL 0x01u     /* DELETE: every block of the session's namespace */
+#define KV_COMMIT_CRC 0x02u  /* COMMIT (1.2): n x u32 follow the keys, the CRC-32C of
+                              * each block as its writer computed it (kv_batch_req.crcs) */
+#define KV_REL_CORRUPT 0x04u /* RELEASE (1.2): the reader found these blocks' bytes
+                              * failing their committed CRC (the daemon re-checks) */
 
 /* Tier-info kinds (HELLO reply). Unknown kinds are skipped by clients. */
 #define KV_TI_G1_VMM_FD 1     /* G1 pool, CUDA VMM POSIX-fd handle (the fd: KV_F_FD2) */
@@ -192,21 +198,34 @@ typedef struct kv_statvec {
 /* The i-th status (i < n), from v or wire. */
 int32_t kv_statvec_get(const kv_statvec *s, uint32_t i);
 
-/* LOAD reply entry. A hit: status 0, tier G1/G2, length > 0. A miss: status
- * < 0 (its reason), tier KV_TIER_NONE, offset 0, length 0. */
+/* LOAD and LOAD2 reply entry. A hit: status 0, tier G1/G2, length > 0. A
+ * miss: status < 0 (its reason), tier KV_TIER_NONE, offset 0, length 0,
+ * crc 0. crc travels in LOAD2 replies only (a LOAD reply ignores it when
+ * encoding and decodes it as 0). */
 typedef struct kv_load_ent {
   int32_t status;
   uint8_t tier;
   uint64_t offset; /* byte offset of the slot in the tier's shared memory */
   uint32_t length; /* bytes */
+  uint32_t crc;    /* LOAD2: the CRC-32C the block was committed with */
 } kv_load_ent;
 
 typedef struct kv_loadvec {
   uint32_t n;
   const kv_load_ent *v;
-  const uint8_t *wire; /* n packed 17-byte entries */
+  const uint8_t *wire; /* n packed entries: 17 bytes (LOAD) or 21 (LOAD2) */
+  uint8_t with_crc;    /* decoded from a LOAD2 reply: wire entries carry the crc */
 } kv_loadvec;
 void kv_loadvec_get(const kv_loadvec *l, uint32_t i, kv_load_ent *out);
+
+/* n u32 values (COMMIT's CRCs). */
+typedef struct kv_u32vec {
+  uint32_t n;
+  const uint32_t *v;   /* encode: host array */
+  const uint8_t *wire; /* decode: n packed little-endian u32 */
+} kv_u32vec;
+/* The i-th value (i < n), from v or wire. */
+uint32_t kv_u32vec_get(const kv_u32vec *u, uint32_t i);
 
 /* ALLOC reply entry: status 0 and the slot's offset, or status < 0 and 0. */
 typedef struct kv_alloc_ent {
@@ -279,17 +298,21 @@ void kv_hello_tierinfo(const kv_hello_rep *r, unsigned i, kv_tierinfo *out);
 
 /*
  * The request body of every op that names a batch of keys: LOOKUP, LOAD,
- * RELEASE, COMMIT, ABORT, PREFETCH, DELETE, SET_PRIORITY. A field an op does
- * not use must be 0.
- *   tier:  LOAD, PREFETCH: the target tier, KV_G1 or KV_G2.
+ * LOAD2, RELEASE, COMMIT, ABORT, PREFETCH, DELETE, SET_PRIORITY. A field an
+ * op does not use must be 0.
+ *   tier:  LOAD, LOAD2, PREFETCH: the target tier, KV_G1 or KV_G2.
  *   prio:  SET_PRIORITY: the new priority (0..255, lower evicted first).
- *   flags: DELETE: KV_DEL_ALL (then keys.n must be 0).
+ *   flags: DELETE: KV_DEL_ALL (then keys.n must be 0); COMMIT:
+ *          KV_COMMIT_CRC (then crcs.n == keys.n); RELEASE: KV_REL_CORRUPT.
+ *   crcs:  COMMIT with KV_COMMIT_CRC: the CRC-32C of each key's block, after
+ *          the keys on the wire; otherwise n == 0.
  */
 typedef struct kv_batch_req {
   uint8_t tier;
   uint8_t prio;
   uint8_t flags;
   kv_keyvec keys;
+  kv_u32vec crcs;
 } kv_batch_req;
 
 /* ALLOC: reserve slots for new blocks in `tier` (KV_G1 or KV_G2). Entry i
@@ -339,7 +362,7 @@ typedef struct kv_error_rep {
  * union member:
  *   HELLO          req hello          rep hello_rep
  *   LOOKUP         req batch          rep lookup_rep
- *   LOAD           req batch          rep load_rep
+ *   LOAD, LOAD2    req batch          rep load_rep (LOAD2: with crc)
  *   RELEASE        req batch          rep statuses
  *   ALLOC          req alloc          rep alloc_rep
  *   COMMIT, ABORT  req batch          rep statuses

@@ -158,13 +158,20 @@ static int dec_hello_rep(rcur *c, kv_msg *m) {
   return 0;
 }
 
-/* BATCH: u8 tier | u8 prio | u8 flags | KEYS. */
+/* BATCH: u8 tier | u8 prio | u8 flags | KEYS, and for a COMMIT with
+ * KV_COMMIT_CRC, n * u32 crc. */
 static int dec_batch(rcur *c, uint16_t op, kv_batch_req *b) {
   b->tier = r8(c);
   b->prio = r8(c);
   b->flags = r8(c);
   int rc = rkeys(c, &b->keys);
   if (rc) return rc;
+  memset(&b->crcs, 0, sizeof b->crcs);
+  if (op == KV_OP_COMMIT && (b->flags & KV_COMMIT_CRC)) {
+    b->crcs.wire = rtake(c, (size_t)b->keys.n * 4);
+    if (!b->crcs.wire) return KV_EBADFRAME;
+    b->crcs.n = b->keys.n;
+  }
   return kv__batch_ok(op, b) ? 0 : KV_EBADFRAME;
 }
 
@@ -205,19 +212,21 @@ static int dec_lookup_rep(rcur *c, kv_lookup_rep *r) {
   return 0;
 }
 
-static int dec_load_rep(rcur *c, kv_loadvec *l) {
+/* LOAD reply, or with with_crc a LOAD2 reply (each entry and its crc). */
+static int dec_load_rep(rcur *c, kv_loadvec *l, int with_crc) {
   uint32_t n = r32(c);
   memset(l, 0, sizeof *l);
   if (c->bad) return KV_EBADFRAME;
   if (n > KV_BATCH_MAX) return -E2BIG;
-  const uint8_t *p = rtake(c, (size_t)n * KV_LOAD_ENT_SIZE);
+  const uint8_t *p = rtake(c, (size_t)n * (with_crc ? KV_LOAD2_ENT_SIZE : KV_LOAD_ENT_SIZE));
   if (!p) return KV_EBADFRAME;
   l->n = n;
   l->wire = p;
+  l->with_crc = (uint8_t)with_crc;
   for (uint32_t i = 0; i < n; i++) {
     kv_load_ent e;
     kv_loadvec_get(l, i, &e);
-    if (!kv__load_ent_ok(&e)) return KV_EBADFRAME;
+    if (!kv__load_ent_ok(&e, with_crc)) return KV_EBADFRAME;
   }
   return 0;
 }
@@ -291,7 +300,9 @@ static int dec_payload(rcur *c, kv_msg *m) {
   case KV_OP_LOOKUP:
     return reply ? dec_lookup_rep(c, &m->lookup_rep) : dec_batch(c, m->op, &m->batch);
   case KV_OP_LOAD:
-    return reply ? dec_load_rep(c, &m->load_rep) : dec_batch(c, m->op, &m->batch);
+  case KV_OP_LOAD2:
+    if (reply) return dec_load_rep(c, &m->load_rep, m->op == KV_OP_LOAD2);
+    return dec_batch(c, m->op, &m->batch);
   case KV_OP_RELEASE:
   case KV_OP_COMMIT:
   case KV_OP_ABORT:

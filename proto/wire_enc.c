@@ -164,15 +164,19 @@ static int enc_hello_rep(wcur *c, const kv_msg *m) {
   return 0;
 }
 
-/* BATCH: u8 tier | u8 prio | u8 flags | KEYS. */
+/* BATCH: u8 tier | u8 prio | u8 flags | KEYS, and for a COMMIT with
+ * KV_COMMIT_CRC, n * u32 crc. */
 static int enc_batch(wcur *c, uint16_t op, const kv_batch_req *b) {
   int rc = keyvec_ok(&b->keys);
   if (rc) return rc;
   if (!kv__batch_ok(op, b)) return -EINVAL;
+  if (b->crcs.n && !b->crcs.v && !b->crcs.wire) return -EINVAL;
   w8(c, b->tier);
   w8(c, b->prio);
   w8(c, b->flags);
-  return wkeys(c, &b->keys);
+  rc = wkeys(c, &b->keys);
+  for (uint32_t i = 0; !rc && i < b->crcs.n; i++) w32(c, kv_u32vec_get(&b->crcs, i));
+  return rc;
 }
 
 /* ALLOC: u8 tier | u8 prio | KEYS | n * u8 has_parent | n * klen parents. */
@@ -218,19 +222,22 @@ static int enc_lookup_rep(wcur *c, const kv_lookup_rep *r) {
   return 0;
 }
 
-/* LOAD reply: u32 n | n * {i32 status, u8 tier, u64 offset, u32 length}. */
-static int enc_load_rep(wcur *c, const kv_loadvec *l) {
+/* LOAD reply: u32 n | n * {i32 status, u8 tier, u64 offset, u32 length};
+ * a LOAD2 reply (with_crc) adds u32 crc to each entry. */
+static int enc_load_rep(wcur *c, const kv_loadvec *l, int with_crc) {
   if (l->n > KV_BATCH_MAX) return -E2BIG;
   if (l->n && !l->v && !l->wire) return -EINVAL;
+  if (l->wire && !l->with_crc != !with_crc) return -EINVAL; /* decoded from the other op */
   w32(c, l->n);
   for (uint32_t i = 0; i < l->n; i++) {
     kv_load_ent e;
     kv_loadvec_get(l, i, &e);
-    if (!kv__load_ent_ok(&e)) return -EINVAL;
+    if (!kv__load_ent_ok(&e, with_crc)) return -EINVAL;
     w32(c, (uint32_t)e.status);
     w8(c, e.tier);
     w64(c, e.offset);
     w32(c, e.length);
+    if (with_crc) w32(c, e.crc);
   }
   return 0;
 }
@@ -299,7 +306,9 @@ static int enc_payload(wcur *c, const kv_msg *m) {
   case KV_OP_LOOKUP:
     return reply ? enc_lookup_rep(c, &m->lookup_rep) : enc_batch(c, m->op, &m->batch);
   case KV_OP_LOAD:
-    return reply ? enc_load_rep(c, &m->load_rep) : enc_batch(c, m->op, &m->batch);
+  case KV_OP_LOAD2:
+    if (reply) return enc_load_rep(c, &m->load_rep, m->op == KV_OP_LOAD2);
+    return enc_batch(c, m->op, &m->batch);
   case KV_OP_RELEASE:
   case KV_OP_COMMIT:
   case KV_OP_ABORT:

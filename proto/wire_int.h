@@ -12,6 +12,7 @@
 
 /* Wire sizes of the packed reply entries. */
 #define KV_LOAD_ENT_SIZE 17  /* i32 status, u8 tier, u64 offset, u32 length */
+#define KV_LOAD2_ENT_SIZE 21 /* the same and u32 crc */
 #define KV_ALLOC_ENT_SIZE 12 /* i32 status, u64 offset */
 
 static inline int kv__op_known(uint16_t op) { return op >= KV_OP_HELLO && op < KV_OP_COUNT; }
@@ -45,10 +46,17 @@ static inline int kv__tierbyte_ok(uint8_t t) { return t < KV_NTIERS || t == KV_T
 
 /* The per-op use of a batch request's tier, prio and flags fields. */
 static inline int kv__batch_ok(uint16_t op, const kv_batch_req *b) {
+  if (b->crcs.n && !(op == KV_OP_COMMIT && (b->flags & KV_COMMIT_CRC))) return 0;
   switch (op) {
   case KV_OP_LOAD:
+  case KV_OP_LOAD2:
   case KV_OP_PREFETCH:
     return kv__target_ok(b->tier) && b->prio == 0 && b->flags == 0;
+  case KV_OP_COMMIT:
+    if (b->tier || b->prio || (b->flags & ~KV_COMMIT_CRC)) return 0;
+    return !(b->flags & KV_COMMIT_CRC) || b->crcs.n == b->keys.n;
+  case KV_OP_RELEASE:
+    return b->tier == 0 && b->prio == 0 && (b->flags & ~KV_REL_CORRUPT) == 0;
   case KV_OP_SET_PRIORITY:
     return b->tier == 0 && b->flags == 0;
   case KV_OP_DELETE:
@@ -59,9 +67,11 @@ static inline int kv__batch_ok(uint16_t op, const kv_batch_req *b) {
   }
 }
 
-static inline int kv__load_ent_ok(const kv_load_ent *e) {
+/* with_crc: a LOAD2 entry, whose crc is on the wire (0 on a miss). */
+static inline int kv__load_ent_ok(const kv_load_ent *e, int with_crc) {
   if (e->status == 0) return kv__target_ok(e->tier) && e->length > 0;
-  return e->status < 0 && e->tier == KV_TIER_NONE && e->offset == 0 && e->length == 0;
+  return e->status < 0 && e->tier == KV_TIER_NONE && e->offset == 0 && e->length == 0 &&
+         (!with_crc || e->crc == 0);
 }
 
 static inline int kv__alloc_ent_ok(const kv_alloc_ent *e) {

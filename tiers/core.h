@@ -150,6 +150,14 @@ int64_t kv_core_evict_n(kv_core *c, kv_tier t, uint32_t ns, uint64_t n);
  * stay. Returns the number of tier copies dropped, or -EINVAL, -ENOMEM. */
 int64_t kv_core_flush(kv_core *c, uint8_t t, uint32_t ns);
 
+/* Drops b's copies in the tiers whose KV_TIER_BIT is in mask, with no
+ * demotion, as kv_core_flush does for a whole namespace: for copies that
+ * must never be served again (bytes that failed their checksum). The record
+ * goes once no copy of it is left. 0; -EBUSY, with nothing changed, when b
+ * is pinned, not committed, or a copy in one of those tiers is in flight;
+ * -EINVAL for a bit that names no tier. */
+int kv_core_drop(kv_core *c, kv_block *b, uint8_t mask);
+
 /* Calls fn on every committed, resident block of namespace ns (KV_NS_ANY:
  * any) valid in tier t (KV_TIER_NONE: any) until fn returns non-zero.
  * Returns the number of blocks that matched, counted to the end. fn must

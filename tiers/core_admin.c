@@ -267,6 +267,16 @@ int64_t kv_core_flush(kv_core *c, uint8_t t, uint32_t ns) {
   return dropped;
 }
 
+int kv_core_drop(kv_core *c, kv_block *b, uint8_t mask) {
+  if (mask & (uint8_t)~(KV_TIER_BIT(KV_NTIERS) - 1)) return -EINVAL;
+  if (b->pins || b->state != KV_BS_READY || (b->busy & mask)) return -EBUSY;
+  /* Each drop may reap the record (its state turns free): stop then. */
+  for (int t = KV_G1; t < KV_NTIERS && b->state == KV_BS_READY; t++)
+    if ((mask & KV_TIER_BIT(t)) && (b->slot[t] != KV_SLOT_NONE || (b->tiers & KV_TIER_BIT(t))))
+      kv_core__drop_tier(c, b, (kv_tier)t);
+  return 0;
+}
+
 uint64_t kv_core_sample(kv_core *c, uint8_t t, uint32_t ns, kv_sample_fn fn, void *arg) {
   uint64_t n = 0, seen = 0;
   int stop = fn == NULL;

@@ -5,7 +5,8 @@
  * is cut into three runs of LONG (then SHORT) bytes whose CRCs are computed
  * in parallel, then merged by "shifting" a CRC over a run of zeros with a
  * precomputed GF(2) operator, applied bytewise through four 256-entry
- * tables. The operators are built once, on first use.
+ * tables. The operators are built once, on first use. The copying variant
+ * (kv_crc32c_copy) runs the same streams over the words it moves.
  */
 #include "tiers/crc32c.h"
 
@@ -13,6 +14,7 @@
 #include <string.h>
 
 #if defined(__x86_64__)
+#include <emmintrin.h>
 #include <nmmintrin.h>
 #define KV_CRC_X86 1
 #else
@@ -175,6 +177,77 @@ __attribute__((target("sse4.2"))) uint32_t kv_crc32c_hw(uint32_t crc, const void
   return (uint32_t)c0 ^ 0xffffffffu;
 }
 
+/* The copy runs the same three streams as kv_crc32c_hw: each 8-byte word is
+ * loaded once into a register, stored to dst from it and fed to the CRC
+ * from it, so the CRC is of exactly the bytes written, whatever src does
+ * meanwhile, and the data crosses the memory bus once. With nt, the stores
+ * of the streams are non-temporal (movnti): dst's lines are written without
+ * being read first (no read-for-ownership) and are not left in the cache. */
+static inline void store64(unsigned char *p, uint64_t v) { memcpy(p, &v, sizeof v); }
+static inline void store64_nt(unsigned char *p, uint64_t v) {
+  _mm_stream_si64((long long *)(void *)p, (long long)v);
+}
+
+#define ST(p, v) (nt ? store64_nt(p, v) : store64(p, v))
+#define COPY3(n, d, s)                                                          \
+  do {                                                                          \
+    c1 = c2 = 0;                                                                \
+    for (size_t i_ = 0; i_ < (n); i_ += 16) {                                   \
+      uint64_t a0 = load64(s + i_), b0 = load64(s + (n) + i_);                  \
+      uint64_t e0 = load64(s + 2 * (n) + i_), a1 = load64(s + i_ + 8);          \
+      uint64_t b1 = load64(s + (n) + i_ + 8), e1 = load64(s + 2 * (n) + i_ + 8); \
+      ST(d + i_, a0), ST(d + (n) + i_, b0), ST(d + 2 * (n) + i_, e0);           \
+      ST(d + i_ + 8, a1), ST(d + (n) + i_ + 8, b1), ST(d + 2 * (n) + i_ + 8, e1); \
+      c0 = _mm_crc32_u64(c0, a0), c1 = _mm_crc32_u64(c1, b0), c2 = _mm_crc32_u64(c2, e0); \
+      c0 = _mm_crc32_u64(c0, a1), c1 = _mm_crc32_u64(c1, b1), c2 = _mm_crc32_u64(c2, e1); \
+    }                                                                           \
+  } while (0)
+
+__attribute__((target("sse4.2"), always_inline)) static inline uint32_t
+copy_hw(uint32_t crc, void *dst, const void *src, size_t len, const int nt) {
+  pthread_once(&hw_once, hw_init);
+  const unsigned char *s = src;
+  unsigned char *d = dst;
+  uint64_t c0 = crc ^ 0xffffffffu, c1, c2;
+  while (len >= 3 * LONG) {
+    COPY3(LONG, d, s);
+    c0 = shift(shift_long, (uint32_t)c0) ^ c1;
+    c0 = shift(shift_long, (uint32_t)c0) ^ c2;
+    s += 3 * LONG, d += 3 * LONG, len -= 3 * LONG;
+  }
+  while (len >= 3 * SHORT) {
+    COPY3(SHORT, d, s);
+    c0 = shift(shift_short, (uint32_t)c0) ^ c1;
+    c0 = shift(shift_short, (uint32_t)c0) ^ c2;
+    s += 3 * SHORT, d += 3 * SHORT, len -= 3 * SHORT;
+  }
+  if (nt) _mm_sfence(); /* the streamed stores are ordered before what follows */
+  while (len >= 8) {
+    uint64_t v = load64(s);
+    store64(d, v);
+    c0 = _mm_crc32_u64(c0, v);
+    s += 8, d += 8, len -= 8;
+  }
+  while (len--) {
+    unsigned char v = *s++;
+    *d++ = v;
+    c0 = _mm_crc32_u8((uint32_t)c0, v);
+  }
+  return (uint32_t)c0 ^ 0xffffffffu;
+}
+#undef COPY3
+#undef ST
+
+__attribute__((target("sse4.2"))) uint32_t kv_crc32c_copy_hw(uint32_t crc, void *dst,
+                                                              const void *src, size_t len) {
+  return copy_hw(crc, dst, src, len, 0);
+}
+
+__attribute__((target("sse4.2"))) uint32_t kv_crc32c_copy_nt_hw(uint32_t crc, void *dst,
+                                                                 const void *src, size_t len) {
+  return copy_hw(crc, dst, src, len, 1);
+}
+
 static int hw_ok = -1;
 
 int kv_crc32c_hw_available(void) {
@@ -190,9 +263,36 @@ int kv_crc32c_hw_available(void) {
 uint32_t kv_crc32c_hw(uint32_t crc, const void *buf, size_t len) {
   return kv_crc32c_sw(crc, buf, len);
 }
+uint32_t kv_crc32c_copy_hw(uint32_t crc, void *dst, const void *src, size_t len) {
+  return kv_crc32c_copy_sw(crc, dst, src, len);
+}
+uint32_t kv_crc32c_copy_nt_hw(uint32_t crc, void *dst, const void *src, size_t len) {
+  return kv_crc32c_copy_sw(crc, dst, src, len);
+}
 int kv_crc32c_hw_available(void) { return 0; }
 #endif
 
 uint32_t kv_crc32c(uint32_t crc, const void *buf, size_t len) {
   return kv_crc32c_hw_available() ? kv_crc32c_hw(crc, buf, len) : kv_crc32c_sw(crc, buf, len);
+}
+
+uint32_t kv_crc32c_copy_sw(uint32_t crc, void *dst, const void *src, size_t len) {
+  unsigned char *d = dst;
+  const unsigned char *s = src;
+  for (size_t off = 0; off < len; off += KV_CRC_COPY_CHUNK) { /* the CRC reads dst while it is in cache */
+    size_t n = len - off < KV_CRC_COPY_CHUNK ? len - off : KV_CRC_COPY_CHUNK;
+    memcpy(d + off, s + off, n);
+    crc = kv_crc32c_sw(crc, d + off, n);
+  }
+  return crc;
+}
+
+uint32_t kv_crc32c_copy(uint32_t crc, void *dst, const void *src, size_t len) {
+  return kv_crc32c_hw_available() ? kv_crc32c_copy_hw(crc, dst, src, len)
+                                  : kv_crc32c_copy_sw(crc, dst, src, len);
+}
+
+uint32_t kv_crc32c_copy_nt(uint32_t crc, void *dst, const void *src, size_t len) {
+  return kv_crc32c_hw_available() ? kv_crc32c_copy_nt_hw(crc, dst, src, len)
+                                  : kv_crc32c_copy_sw(crc, dst, src, len);
 }

@@ -29,4 +29,30 @@ uint32_t kv_crc32c_hw(uint32_t crc, const void *buf, size_t len);
 /* 1 if this CPU runs the hardware path (x86-64 with SSE4.2), else 0. */
 int kv_crc32c_hw_available(void);
 
+/*
+ * Copies len bytes from src to dst (which must not overlap) and returns the
+ * CRC-32C of the bytes written to dst, continuing from `crc` (chaining as
+ * kv_crc32c). The CRC describes dst, not src: on the hardware path each
+ * word is checksummed from the register that stores it, on the table path
+ * dst is checksummed right after each chunk of KV_CRC_COPY_CHUNK bytes is
+ * copied; so a src that changes during the copy can never give dst bytes
+ * other than the ones the CRC covers. One pass over the data: what a
+ * writer uses to fill a block and get its checksum, and what a reader uses
+ * to copy a block out and verify what it got.
+ */
+#define KV_CRC_COPY_CHUNK 16384
+uint32_t kv_crc32c_copy(uint32_t crc, void *dst, const void *src, size_t len);
+/* As kv_crc32c_copy, for a dst that this thread will not read again soon
+ * (a block written for other processes): on the hardware path the bulk of
+ * it is written with non-temporal stores, which skip reading dst's lines
+ * before writing them and leave them out of the cache; they are fenced
+ * (sfence) before the call returns, so a message sent after it finds the
+ * bytes in place. The table path is kv_crc32c_copy_sw's. */
+uint32_t kv_crc32c_copy_nt(uint32_t crc, void *dst, const void *src, size_t len);
+/* The same on the table path, and on the SSE4.2 path (only when
+ * kv_crc32c_hw_available()), for tests. */
+uint32_t kv_crc32c_copy_sw(uint32_t crc, void *dst, const void *src, size_t len);
+uint32_t kv_crc32c_copy_hw(uint32_t crc, void *dst, const void *src, size_t len);
+uint32_t kv_crc32c_copy_nt_hw(uint32_t crc, void *dst, const void *src, size_t len);
+
 #endif

@@ -6,12 +6,18 @@
  *   lookup  batched LOOKUPs of a resident prefix chain (keys/s), then
  *           single-key LOOKUP round trips (p50/p99 microseconds)
  *   load    LOAD a batch of resident G2 blocks, copy every byte of each
- *           out of the shared arena into the worker's own buffer, RELEASE;
- *           GB/s of block bytes copied. --depth LOADs are kept in flight
- *           (the next batch is asked for while this one is copied), as a
- *           worker that prefetches would
- *   store   ALLOC a batch, copy every byte of each block in, COMMIT (the
- *           daemon checksums it); GB/s of block bytes committed
+ *           out of the shared arena into the worker's own buffer with a
+ *           verified read (kvc_read: the copy and its CRC check in one
+ *           pass), RELEASE; GB/s of block bytes copied. --depth LOADs are
+ *           kept in flight (the next batch is asked for while this one is
+ *           copied), as a worker that prefetches would
+ *   store   ALLOC a batch, copy every byte of each block in while
+ *           checksumming it (kvc_copy_crc), COMMIT with the CRCs
+ *           (kvc_submit_commit_crc: the daemon does not read the bytes);
+ *           GB/s of block bytes committed. --depth ALLOCs are kept in
+ *           flight and COMMITs are sent without waiting for them, as a
+ *           worker that stores while it computes would (--depth 1: one
+ *           ALLOC at a time)
  *   memcpy  the same copies as `load`, from a plain shared mapping of the
  *           same size, with no daemon: the ceiling `load` is compared to
  *   swapin  the copies of `load`, of blocks that are on the SSD only: a
@@ -192,7 +198,8 @@ static int populate(const dopts *o, kvc *c, uint32_t n, int chain) {
   uint32_t *idx = calloc(batch, sizeof *idx);
   kvc_block *out = calloc(batch, sizeof *out);
   int32_t *st = calloc(batch, sizeof *st);
-  int rc = keys && parents && idx && out && st ? 0 : -ENOMEM;
+  uint32_t *crc = calloc(batch, sizeof *crc);
+  int rc = keys && parents && idx && out && st && crc ? 0 : -ENOMEM;
   uint32_t at = 0, m = 0; /* blocks [at, at + m) are pending in keys[] */
   double stuck_since = 0;
   while (!rc && (at < n || m)) {
@@ -209,6 +216,7 @@ static int populate(const dopts *o, kvc *c, uint32_t n, int chain) {
     for (uint32_t i = 0; i < m; i++) {
       if (out[i].status == 0) {
         memset(out[i].ptr, fill_of(idx[i]), o->block_bytes);
+        crc[i] = kvc_crc32c(0, out[i].ptr, o->block_bytes);
         continue;
       }
       if (out[i].status != -EAGAIN && out[i].status != KV_EALLPINNED) { rc = out[i].status; why = idx[i]; }
@@ -228,10 +236,13 @@ static int populate(const dopts *o, kvc *c, uint32_t n, int chain) {
       kvc_block b = out[i];
       out[i] = out[done];
       out[done] = b;
+      uint32_t cc = crc[i];
+      crc[i] = crc[done];
+      crc[done] = cc;
       done++;
     }
     if (done) {
-      int ok = kvc_commit(c, keys, done, st);
+      int ok = kvc_commit_crc(c, keys, crc, done, st);
       if (ok != (int)done && !rc) rc = ok < 0 ? ok : st[0] ? st[0] : -EIO;
     }
     if (rc) {
@@ -258,7 +269,7 @@ static int populate(const dopts *o, kvc *c, uint32_t n, int chain) {
       usleep(1000);
     }
   }
-  free(keys); free(parents); free(idx); free(out); free(st);
+  free(keys); free(parents); free(idx); free(out); free(st); free(crc);
   return rc;
 }
 
@@ -349,9 +360,17 @@ static void fail_res(cres *r, int rc, const char *what) {
 static void barrier(runctx *x) { kvb_sync_wait(x->sync); }
 
 /* Copies block `len` bytes from src to dst and checks the fill byte at
- * both ends; returns 1 if they are not `want`. */
+ * both ends; returns 1 if they are not `want`. (`memcpy`: the reference.) */
 static int copy_check(uint8_t *dst, const uint8_t *src, uint32_t len, uint8_t want) {
   memcpy(dst, src, len);
+  return dst[0] != want || dst[len - 1] != want;
+}
+
+/* A worker's read of loaded block b: a verified copy into dst (kvc_read),
+ * then the fill byte at both ends; returns 1 if either fails. */
+static int read_check(kvc *c, const kvc_key *k, kvc_block *b, uint8_t *dst, uint32_t len,
+                      uint8_t want) {
+  if (b->length != len || kvc_read(c, k, b, dst) != 0) return 1;
   return dst[0] != want || dst[len - 1] != want;
 }
 
@@ -412,8 +431,8 @@ static int load_run(runctx *x, kvc *c, lslot *sl, uint32_t *at, uint64_t limit, 
         return r->rc;
       }
       for (uint32_t i = 0; i < s->m; i++)
-        st->bad += s->blk[i].length != o->block_bytes ||
-                   copy_check(dst, s->blk[i].ptr, o->block_bytes, fill_of(x->base + (s->first + i) % n));
+        st->bad += (uint64_t)read_check(c, &s->keys[i], &s->blk[i], dst, o->block_bytes,
+                                        fill_of(x->base + (s->first + i) % n));
       st->units += s->m;
       int64_t id = kvc_submit_release(c, s->keys, s->m, NULL, (void *)(uintptr_t)s->m);
       if (id < 0) { fail_res(r, (int)id, "release"); return r->rc; }
@@ -492,67 +511,127 @@ static void client_load(runctx *x, uint32_t id, cres *r, bench_kind kind) {
   free(dst);
 }
 
+/* One ALLOC request's worth of blocks: the keys asked for, the slots given
+ * and the CRCs of what was copied into them. */
+typedef struct sslot {
+  kvc_key keys[KVC_BATCH_MAX];
+  kvc_block blk[KVC_BATCH_MAX];
+  uint32_t crc[KVC_BATCH_MAX];
+} sslot;
+
+typedef struct sstats {
+  uint64_t units, reqs;
+} sstats;
+
+static int64_t ask_alloc(runctx *x, kvc *c, sslot *s, uint32_t id, uint32_t *next) {
+  for (uint32_t i = 0; i < x->o->batch; i++) s->keys[i] = mkkey(id, *next + i);
+  *next += x->o->batch;
+  return kvc_submit_alloc(c, KVC_G2, 128, s->keys, NULL, x->o->batch, s->blk, s);
+}
+
+/* Pipelined stores: keeps o->depth ALLOCs of o->batch new keys in flight;
+ * as each completes, fills its slots (kvc_copy_crc), sends their COMMIT
+ * with the CRCs without waiting for it, and asks for the next batch. A
+ * batch refused whole (no room yet: other clients' uncommitted blocks hold
+ * the slots, or victims are still being written to G3) is asked again for
+ * up to 5 s. Stops asking once `limit` blocks were asked for (limit > 0)
+ * or at `deadline`, then drains. 0, or the error (r->err says which). */
+static int store_run(runctx *x, kvc *c, sslot *sl, uint32_t id, uint32_t *next, uint64_t limit,
+                     double deadline, const uint8_t *src, sstats *st, cres *r) {
+  const dopts *o = x->o;
+  uint64_t asked = 0;
+  int allocs = 0, commits = 0, stop = 0;
+  double refused_since = 0;
+  for (uint32_t d = 0; d < o->depth; d++) {
+    int64_t rid = ask_alloc(x, c, &sl[d], id, next);
+    if (rid < 0) { fail_res(r, (int)rid, "alloc"); return r->rc; }
+    allocs++;
+    asked += o->batch;
+  }
+  while (allocs || commits) {
+    kvc_completion cp[16];
+    int k = kvc_poll(c, cp, 16);
+    if (k < 0) { fail_res(r, k, "poll"); return r->rc; }
+    if (k == 0) {
+      struct pollfd pf = {kvc_fd(c), POLLIN, 0};
+      if (poll(&pf, 1, 30000) <= 0) { fail_res(r, -ETIMEDOUT, "waiting for a reply"); return r->rc; }
+      continue;
+    }
+    for (int j = 0; j < k; j++) {
+      if (cp[j].op == KVC_OP_COMMIT) {
+        commits--;
+        if (cp[j].result < 0) { fail_res(r, cp[j].result, "commit"); return r->rc; }
+        st->units += (uint64_t)cp[j].result;
+        continue;
+      }
+      sslot *s = cp[j].user;
+      allocs--;
+      if (cp[j].result < 0) { fail_res(r, cp[j].result, "alloc"); return r->rc; }
+      uint32_t m = 0;
+      for (uint32_t i = 0; i < o->batch; i++) {
+        if (s->blk[i].status) continue; /* no room even after eviction: counted as not stored */
+        s->crc[m] = kvc_copy_crc(s->blk[i].ptr, src, o->block_bytes);
+        s->keys[m++] = s->keys[i];
+      }
+      st->reqs++;
+      if (m) { /* the keys and CRCs are copied into the request: s is free again */
+        refused_since = 0;
+        int64_t rid = kvc_submit_commit_crc(c, s->keys, s->crc, m, NULL, NULL);
+        if (rid < 0) { fail_res(r, (int)rid, "commit"); return r->rc; }
+        commits++;
+        st->reqs++;
+      } else {
+        double t = kvb_now_s();
+        if (refused_since == 0) refused_since = t;
+        if (t - refused_since > 5) {
+          fail_res(r, s->blk[0].status, "alloc (every block refused for 5 s)");
+          return r->rc;
+        }
+        usleep(100);
+      }
+      if (!stop) stop = limit ? asked >= limit : kvb_now_s() >= deadline;
+      if (stop) continue;
+      int64_t rid = ask_alloc(x, c, s, id, next);
+      if (rid < 0) { fail_res(r, (int)rid, "alloc"); return r->rc; }
+      allocs++;
+      asked += o->batch;
+    }
+  }
+  return 0;
+}
+
 static void client_store(runctx *x, uint32_t id, cres *r) {
   const dopts *o = x->o;
-  uint32_t batch = o->batch;
   kvc *c = NULL;
-  kvc_key *keys = calloc(batch, sizeof *keys);
-  kvc_block *blk = calloc(batch, sizeof *blk);
-  int32_t *st = calloc(batch, sizeof *st);
+  sslot *sl = calloc(o->depth, sizeof *sl);
   uint8_t *src = aligned_alloc(4096, (o->block_bytes + 4095) / 4096 * 4096);
-  if (!keys || !blk || !st || !src) { fail_res(r, -ENOMEM, "buffers"); barrier(x); return; }
-  memset(src, 0xa5, o->block_bytes);
-  int rc = open_conn(o, &c);
-  if (rc) { fail_res(r, rc, "open"); barrier(x); return; }
+  int rc = sl && src ? 0 : -ENOMEM;
+  if (rc) fail_res(r, rc, "buffers");
+  else if ((rc = open_conn(o, &c))) fail_res(r, rc, "open");
+  else memset(src, 0xa5, o->block_bytes);
   uint32_t next = 0; /* this client's next key index */
-  double refused_since = 0;
+  /* One pass untimed (it faults the mapping in), then the clock. */
   for (int timed = 0; timed < 2 && !r->rc; timed++) {
-    uint64_t units = 0, reqs = 0, passed = 0;
+    sstats st = {0, 0};
     double t0 = 0, deadline = 0;
     if (timed) {
       barrier(x);
       t0 = kvb_now_s();
       deadline = t0 + o->seconds;
     }
-    while (!(timed ? kvb_now_s() >= deadline : passed >= x->warm_blocks)) {
-      for (uint32_t i = 0; i < batch; i++) keys[i] = mkkey(id, next + i);
-      next += batch;
-      int got = kvc_alloc(c, KVC_G2, 128, keys, NULL, batch, blk);
-      if (got < 0) { fail_res(r, got, "alloc"); break; }
-      uint32_t k = 0;
-      for (uint32_t i = 0; i < batch; i++) {
-        if (blk[i].status) continue; /* no room even after eviction: counted as not stored */
-        memcpy(blk[i].ptr, src, o->block_bytes);
-        keys[k++] = keys[i];
-      }
-      if (k == 0) {
-        /* No room yet: other clients' uncommitted blocks hold the slots,
-         * or victims are still being written to G3 (-EAGAIN). Retry for
-         * a while, then give up. */
-        double t = kvb_now_s();
-        if (refused_since == 0) refused_since = t;
-        if (t - refused_since > 5) { fail_res(r, blk[0].status, "alloc (every block refused for 5 s)"); break; }
-        usleep(100);
-        continue;
-      }
-      refused_since = 0;
-      got = kvc_commit(c, keys, k, st);
-      if (got < 0) { fail_res(r, got, "commit"); break; }
-      units += (uint64_t)got;
-      passed += batch;
-      reqs += 2;
-    }
+    store_run(x, c, sl, id, &next, timed ? 0 : x->warm_blocks, deadline, src, &st, r);
     if (timed) {
       r->elapsed = kvb_now_s() - t0;
-      r->units = units;
-      r->bytes = units * o->block_bytes;
-      r->requests = reqs;
+      r->units = st.units;
+      r->bytes = st.units * o->block_bytes;
+      r->requests = st.reqs;
     }
   }
-  barrier(x);
+  barrier(x); /* a client that failed early still lets the others start */
   if (c) delete_keys(c, id, 0, next);
   kvc_close(c);
-  free(keys); free(blk); free(st); free(src);
+  free(sl);
+  free(src);
 }
 
 static void client_lookup(runctx *x, uint32_t id, cres *r) {
@@ -665,7 +744,8 @@ static void usage(FILE *f, bench_kind k) {
           "          then single-key LOOKUP round trips: p50/p99 microseconds\n"
           "  load    LOAD --batch blocks (default 32), copy every byte out, RELEASE: GB/s;\n"
           "          --depth LOADs in flight (default 2)\n"
-          "  store   ALLOC --batch blocks, copy every byte in, COMMIT: GB/s\n"
+          "  store   ALLOC --batch blocks, copy every byte in, COMMIT: GB/s;\n"
+          "          --depth ALLOCs in flight (default 2), COMMITs not waited for\n"
           "  memcpy  the copies of `load` from plain shared memory, no daemon: GB/s\n"
           "  swapin  the copies of `load`, once each, of blocks pushed down to G3 first\n"
           "          (the daemon needs G3, admitting every block): GB/s\n"
@@ -818,9 +898,10 @@ static int bench_main(bench_kind kind, int argc, char **argv) {
   } else {
     uint64_t w = cap ? cap / o.block_bytes : 1024;
     x.warm_blocks = (uint32_t)(w > 65536 ? 65536 : w);
-    /* Uncommitted blocks cannot be evicted: all clients' batches together
-     * must fit half the arena. */
-    if (fit / o.clients < o.batch) o.batch = fit / o.clients ? (uint32_t)(fit / o.clients) : 1;
+    /* Uncommitted blocks cannot be evicted: all clients' batches in flight
+     * together must fit half the arena. */
+    uint64_t per = fit / ((uint64_t)o.clients * o.depth);
+    if (per < o.batch) o.batch = per ? (uint32_t)per : 1;
   }
   if (kind == B_LOAD || kind == B_LOOKUP) {
     if ((rc = populate(&o, c, x.nblocks, kind == B_LOOKUP))) goto out;

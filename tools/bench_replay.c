@@ -13,12 +13,14 @@
  *            true prefix tree, so equal chains mean equal prefixes)
  *   LOOKUP   all keys: the resident prefix, and each key's tier
  *   LOAD     that prefix; every byte of each served block is read from
- *            the mapped G2 slot and checked against the payload pattern of
+ *            the mapped G2 slot, checked against its committed CRC
+ *            (kvc_verify, in place) and against the payload pattern of
  *            its hash id (a wrong block is counted in verify_failures and
  *            ends the hit); RELEASE. Hit blocks: the leading run served and
  *            verified; hit tokens: min(hit blocks x 512, input_length)
  *   store    the blocks after the hit: ALLOC (parent: the previous key),
- *            write the payload of --block-bytes, COMMIT. A key another
+ *            write the payload of --block-bytes, COMMIT with its CRC
+ *            (kvc_crc32c over the slot, kvc_commit_crc). A key another
  *            client holds or already stored (KV_EEXISTS) is counted as
  *            `exists`; a slot refused (-EAGAIN while G2 victims are being
  *            written to G3, KV_EALLPINNED) as `refused`: not stored, unless
@@ -127,6 +129,7 @@ typedef struct client {
   uint8_t *tiers;
   kvc_block *blk;
   int32_t *st;
+  uint32_t *crc;    /* store: the CRC of each block written */
   kvc_key *ak, *ap; /* store: the keys asked for, their parents */
   uint32_t *idx;    /* store: their block indices in the request */
   rres *res;        /* one result per client, shared with the parent */
@@ -158,6 +161,7 @@ static int store_tail(client *x, const kv_trace_req *q, uint32_t from, rres *r) 
       } else if (b->status == 0) {
         r->allocs++;
         fill_block(b->ptr, o->block_bytes / 8, q->ids[x->idx[i]]);
+        x->crc[k] = kvc_crc32c(0, b->ptr, o->block_bytes);
         x->ak[k++] = x->ak[i];
       } else if (again && (b->status == -EAGAIN || b->status == KV_EALLPINNED)) {
         x->idx[left++] = x->idx[i];
@@ -166,7 +170,7 @@ static int store_tail(client *x, const kv_trace_req *q, uint32_t from, rres *r) 
       }
     }
     if (k) {
-      got = kvc_commit(x->c, x->ak, k, x->st);
+      got = kvc_commit_crc(x->c, x->ak, x->crc, k, x->st);
       if (got < 0) return got;
       r->stored += (uint64_t)got;
       r->commit_failed += k - (uint64_t)got;
@@ -210,11 +214,13 @@ static int replay_one(client *x, size_t qi, rres *r) {
     int run = 1;
     uint32_t pinned = 0;
     for (uint32_t i = 0; i < (uint32_t)h; i++) {
-      const kvc_block *b = &x->blk[i];
+      kvc_block *b = &x->blk[i];
       if (b->status) { r->load_failed++; run = 0; continue; }
       pinned++;
       if (!run) continue;
-      if (b->length != o->block_bytes || check_block(b->ptr, o->block_bytes / 8, q->ids[i])) {
+      /* A block failing its CRC is reported (its pin goes with the report). */
+      if (b->length != o->block_bytes || kvc_verify(x->c, &x->keys[i], b) != 0 ||
+          check_block(b->ptr, o->block_bytes / 8, q->ids[i])) {
         r->verify_failures++;
         run = 0;
         continue;
@@ -255,7 +261,8 @@ static int client_main(void *arg, uint32_t uid, kvb_sync *sync) {
   x->ak = calloc(maxn, sizeof *x->ak);
   x->ap = calloc(maxn, sizeof *x->ap);
   x->idx = calloc(maxn, sizeof *x->idx);
-  int rc = x->keys && x->tiers && x->blk && x->st && x->ak && x->ap && x->idx ? 0 : -ENOMEM;
+  x->crc = calloc(maxn, sizeof *x->crc);
+  int rc = x->keys && x->tiers && x->blk && x->st && x->ak && x->ap && x->idx && x->crc ? 0 : -ENOMEM;
   if (rc) fail(r, rc, "buffers", 0);
   else if ((rc = open_conn(o, &x->c))) fail(r, rc, "open", 0);
   kvb_sync_wait(sync);
@@ -276,7 +283,7 @@ static int client_main(void *arg, uint32_t uid, kvb_sync *sync) {
   }
   kvc_close(x->c);
   free(x->keys); free(x->tiers); free(x->blk); free(x->st);
-  free(x->ak); free(x->ap); free(x->idx);
+  free(x->ak); free(x->ap); free(x->idx); free(x->crc);
   return rc ? 1 : 0;
 }
 

@@ -44,14 +44,21 @@ static inline kv_msg kv_sample_rep(uint16_t op, uint64_t id) {
 static inline void kv_samples(kv_sample_fn fn, void *arg) {
   static const uint8_t batch_ops[] = {KV_OP_LOOKUP, KV_OP_LOAD, KV_OP_RELEASE, KV_OP_COMMIT,
                                       KV_OP_ABORT, KV_OP_PREFETCH, KV_OP_DELETE,
-                                      KV_OP_SET_PRIORITY};
+                                      KV_OP_SET_PRIORITY, KV_OP_LOAD2};
   static const int32_t st[4] = {0, KV_ENOTFOUND, -5 /* -EIO */, KV_ECORRUPT};
   static const kv_load_ent le[4] = {
-    {0, KV_G2, 4096, 65536},
-    {0, KV_G1, 0, 1},
-    {KV_ENOTFOUND, KV_TIER_NONE, 0, 0},
-    {-110 /* -ETIMEDOUT */, KV_TIER_NONE, 0, 0},
+    {0, KV_G2, 4096, 65536, 0},
+    {0, KV_G1, 0, 1, 0},
+    {KV_ENOTFOUND, KV_TIER_NONE, 0, 0, 0},
+    {-110 /* -ETIMEDOUT */, KV_TIER_NONE, 0, 0, 0},
   };
+  static const kv_load_ent le2[4] = {
+    {0, KV_G2, 4096, 65536, 0xE3069283u},
+    {0, KV_G1, 0, 1, 0},
+    {KV_ECORRUPT, KV_TIER_NONE, 0, 0, 0},
+    {0, KV_G2, 1u << 30, 262144, 0xffffffffu},
+  };
+  static const uint32_t crcs[4] = {0xE3069283u, 0, 0xffffffffu, 0x12345678u};
   static const kv_alloc_ent ae[3] = {{0, 1u << 20}, {KV_EALLPINNED, 0}, {0, 0}};
   static const uint8_t tiers[4] = {KV_G1, KV_G2, KV_G3, KV_TIER_NONE};
   static const uint8_t has_parent[4] = {0, 1, 1, 0};
@@ -97,7 +104,7 @@ static inline void kv_samples(kv_sample_fn fn, void *arg) {
   for (size_t i = 0; i < sizeof batch_ops; i++) {
     uint16_t op = batch_ops[i];
     m = kv_sample_req(op, id++);
-    if (op == KV_OP_LOAD) m.batch.tier = KV_G2;
+    if (op == KV_OP_LOAD || op == KV_OP_LOAD2) m.batch.tier = KV_G2;
     if (op == KV_OP_PREFETCH) m.batch.tier = KV_G1;
     if (op == KV_OP_SET_PRIORITY) m.batch.prio = 200;
     fn(&m, "batch req, empty", arg);
@@ -109,6 +116,17 @@ static inline void kv_samples(kv_sample_fn fn, void *arg) {
   m = kv_sample_req(KV_OP_DELETE, id++);
   m.batch.flags = KV_DEL_ALL;
   fn(&m, "delete req, whole namespace", arg);
+  /* 1.2: COMMIT with the writer's CRCs, RELEASE reporting corrupt blocks */
+  m = kv_sample_req(KV_OP_COMMIT, id++);
+  m.batch.flags = KV_COMMIT_CRC;
+  fn(&m, "commit req with CRCs, empty", arg);
+  m.batch.keys = (kv_keyvec){.p = kv_sample_keys, .n = 4, .klen = 32};
+  m.batch.crcs = (kv_u32vec){.n = 4, .v = crcs};
+  fn(&m, "commit req with CRCs, four keys", arg);
+  m = kv_sample_req(KV_OP_RELEASE, id++);
+  m.batch.flags = KV_REL_CORRUPT;
+  m.batch.keys = (kv_keyvec){.p = kv_sample_keys, .n = 2, .klen = 16};
+  fn(&m, "release req, corrupt report", arg);
 
   /* Replies of the batch ops. */
   m = kv_sample_rep(KV_OP_LOOKUP, 7);
@@ -120,6 +138,11 @@ static inline void kv_samples(kv_sample_fn fn, void *arg) {
   m = kv_sample_rep(KV_OP_LOAD, 8);
   m.load_rep = (kv_loadvec){.n = 4, .v = le};
   fn(&m, "load rep, hits and misses", arg);
+  m = kv_sample_rep(KV_OP_LOAD2, 8);
+  m.load_rep = (kv_loadvec){.n = 4, .v = le2};
+  fn(&m, "load2 rep, hits with CRCs and a miss", arg);
+  m.load_rep = (kv_loadvec){0};
+  fn(&m, "load2 rep, empty", arg);
 
   static const uint8_t stat_ops[] = {KV_OP_RELEASE, KV_OP_COMMIT, KV_OP_ABORT, KV_OP_SET_PRIORITY};
   for (size_t i = 0; i < sizeof stat_ops; i++) {

@@ -105,6 +105,21 @@ Test(protocol_md, documents_every_limit) {
                  lim[i].name, lim[i].value);
 }
 
+/* The BATCH flag bits, in section 7's table of them. */
+Test(protocol_md, documents_the_batch_flags) {
+  load_doc();
+  static const struct {
+    const char *name;
+    unsigned value;
+  } fl[] = {{"`KV_DEL_ALL`", KV_DEL_ALL}, {"`KV_COMMIT_CRC`", KV_COMMIT_CRC},
+            {"`KV_REL_CORRUPT`", KV_REL_CORRUPT}};
+  for (size_t i = 0; i < sizeof fl / sizeof fl[0]; i++) {
+    char v[16];
+    snprintf(v, sizeof v, "0x%02x", fl[i].value);
+    cr_assert(has_row(fl[i].name, v), "PROTOCOL.md lacks the row | %s | %s |", fl[i].name, v);
+  }
+}
+
 Test(protocol_md, documents_the_header) {
   load_doc();
   cr_assert(has_row("0", "4"), "magic at offset 0, 4 bytes");

@@ -76,7 +76,8 @@ static int msg_eq(const kv_msg *a, const kv_msg *b) {
              mem_eq(a->lookup_rep.tiers, a->lookup_rep.n, b->lookup_rep.tiers, b->lookup_rep.n);
     /* fall through */
   case KV_OP_LOAD:
-    if (rep && a->op == KV_OP_LOAD) {
+  case KV_OP_LOAD2:
+    if (rep && (a->op == KV_OP_LOAD || a->op == KV_OP_LOAD2)) {
       if (a->load_rep.n != b->load_rep.n) return 0;
       for (uint32_t i = 0; i < a->load_rep.n; i++) {
         kv_load_ent s, t;
@@ -84,6 +85,7 @@ static int msg_eq(const kv_msg *a, const kv_msg *b) {
         kv_loadvec_get(&b->load_rep, i, &t);
         if (s.status != t.status || s.tier != t.tier || s.offset != t.offset || s.length != t.length)
           return 0;
+        if (a->op == KV_OP_LOAD2 && s.crc != t.crc) return 0;
       }
       return 1;
     }
@@ -101,6 +103,9 @@ static int msg_eq(const kv_msg *a, const kv_msg *b) {
     if (rep)
       return a->delete_rep.deleted == b->delete_rep.deleted &&
              stat_eq(&a->delete_rep.st, &b->delete_rep.st);
+    if (a->batch.crcs.n != b->batch.crcs.n) return 0;
+    for (uint32_t i = 0; i < a->batch.crcs.n; i++)
+      if (kv_u32vec_get(&a->batch.crcs, i) != kv_u32vec_get(&b->batch.crcs, i)) return 0;
     return a->batch.tier == b->batch.tier && a->batch.prio == b->batch.prio &&
            a->batch.flags == b->batch.flags && keys_eq(&a->batch.keys, &b->batch.keys);
   case KV_OP_ALLOC:
@@ -691,7 +696,7 @@ Test(wire_bad, batch_replies) {
   m.statuses.n = 1;
   st[0] = 1;
   cr_assert_eq(kv_msg_encode(&b, &m), -EINVAL);
-  kv_load_ent e = {0, KV_TIER_NONE, 0, 1};
+  kv_load_ent e = {0, KV_TIER_NONE, 0, 1, 0};
   m = kv_sample_rep(KV_OP_LOAD, 1);
   m.load_rep = (kv_loadvec){.n = 1, .v = &e};
   cr_assert_eq(kv_msg_encode(&b, &m), -EINVAL);
@@ -1003,4 +1008,122 @@ Test(wire_ok, op_names_and_errors) {
   cr_assert_str_eq(kv_err_name(KV_EBADFD), "KV_EBADFD");
   cr_assert_eq(KV_EBADFD, -10015);
   cr_assert_eq(KV_EBADFRAME, -10008);
+}
+
+/* 1.2: a COMMIT with the writer's CRCs and a LOAD2 reply, byte by byte as
+ * PROTOCOL.md lays them out. */
+Test(wire_ok, v1_2_commit_crc_and_load2_layout) {
+  static const uint32_t crcs[2] = {0xE3069283u, 0x01020304u};
+  kv_msg m = kv_sample_req(KV_OP_COMMIT, 5);
+  m.batch.flags = KV_COMMIT_CRC;
+  m.batch.keys = (kv_keyvec){.p = (const uint8_t *)"\xaa\xbb", .n = 2, .klen = 1};
+  m.batch.crcs = (kv_u32vec){.n = 2, .v = crcs};
+  kv_buf b;
+  kv_buf_init(&b);
+  cr_assert_eq(kv_msg_encode(&b, &m), 0);
+  static const uint8_t body[] = {
+    0x00, 0x00, 0x02,       /* tier, prio, flags KV_COMMIT_CRC */
+    0x02, 0x00, 0x00, 0x00, /* 2 keys */
+    0x01, 0xaa, 0xbb,       /* of 1 byte */
+    0x83, 0x92, 0x06, 0xe3, /* crc of key 0 */
+    0x04, 0x03, 0x02, 0x01, /* crc of key 1 */
+  };
+  cr_assert_eq(b.len, KV_HDR_SIZE + sizeof body);
+  cr_assert_eq(memcmp(b.p + KV_HDR_SIZE, body, sizeof body), 0);
+  kv_msg d;
+  cr_assert_eq(kv_msg_decode(b.p, b.len, &d), 0);
+  cr_assert_eq(d.batch.crcs.n, 2);
+  cr_assert_eq(kv_u32vec_get(&d.batch.crcs, 0), 0xE3069283u);
+  cr_assert_eq(kv_u32vec_get(&d.batch.crcs, 1), 0x01020304u);
+  kv_buf_free(&b);
+
+  static const kv_load_ent le[2] = {{0, KV_G2, 0x1000, 0x40000, 0xA1B2C3D4u},
+                                    {KV_ECORRUPT, KV_TIER_NONE, 0, 0, 0}};
+  m = kv_sample_rep(KV_OP_LOAD2, 6);
+  m.load_rep = (kv_loadvec){.n = 2, .v = le};
+  kv_buf_init(&b);
+  cr_assert_eq(kv_msg_encode(&b, &m), 0);
+  static const uint8_t rep[] = {
+    0x02, 0x00, 0x00, 0x00,                         /* 2 entries */
+    0x00, 0x00, 0x00, 0x00, 0x01,                   /* status 0, tier G2 */
+    0x00, 0x10, 0x00, 0x00, 0x00, 0x00, 0x00, 0x00, /* offset */
+    0x00, 0x00, 0x04, 0x00,                         /* length */
+    0xd4, 0xc3, 0xb2, 0xa1,                         /* crc */
+    0xe9, 0xd8, 0xff, 0xff, 0xff,                   /* KV_ECORRUPT (-10007), no tier */
+    0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, /* offset, length, crc: 0 */
+  };
+  cr_assert_eq(b.len, KV_HDR_SIZE + sizeof rep);
+  cr_assert_eq(memcmp(b.p + KV_HDR_SIZE, rep, sizeof rep), 0);
+  cr_assert_eq(kv_msg_decode(b.p, b.len, &d), 0);
+  kv_load_ent e;
+  kv_loadvec_get(&d.load_rep, 0, &e);
+  cr_assert_eq(e.crc, 0xA1B2C3D4u);
+  cr_assert_eq(e.length, 0x40000);
+  kv_buf_free(&b);
+}
+
+Test(wire_bad, v1_2_fields) {
+  /* COMMIT's CRCs: exactly one per key, only with the flag */
+  batch_body(0, 0, KV_COMMIT_CRC, 2, 8), pb32(1), pb32(2);
+  cr_assert_eq(REQ(KV_OP_COMMIT), 0, "two keys, two CRCs");
+  batch_body(0, 0, KV_COMMIT_CRC, 2, 8), pb32(1);
+  cr_assert_eq(REQ(KV_OP_COMMIT), KV_EBADFRAME, "a CRC short");
+  batch_body(0, 0, KV_COMMIT_CRC, 2, 8), pb32(1), pb32(2), pb32(3);
+  cr_assert_eq(REQ(KV_OP_COMMIT), KV_EBADFRAME, "a CRC too many");
+  batch_body(0, 0, 0, 2, 8), pb32(1), pb32(2);
+  cr_assert_eq(REQ(KV_OP_COMMIT), KV_EBADFRAME, "CRCs without the flag");
+  batch_body(0, 0, KV_COMMIT_CRC, 0, 0);
+  cr_assert_eq(REQ(KV_OP_COMMIT), 0, "an empty COMMIT with the flag");
+  static const uint16_t not_commit[] = {KV_OP_LOOKUP, KV_OP_RELEASE, KV_OP_ABORT, KV_OP_DELETE,
+                                        KV_OP_SET_PRIORITY};
+  for (size_t i = 0; i < sizeof not_commit / sizeof not_commit[0]; i++) {
+    batch_body(0, 0, KV_COMMIT_CRC, 1, 8), pb32(1);
+    cr_assert_eq(REQ(not_commit[i]), KV_EBADFRAME, "KV_COMMIT_CRC on %s", kv_op_name(not_commit[i]));
+  }
+  /* the corrupt report is RELEASE's flag only */
+  batch_body(0, 0, KV_REL_CORRUPT, 1, 8);
+  cr_assert_eq(REQ(KV_OP_RELEASE), 0);
+  batch_body(0, 0, KV_REL_CORRUPT, 1, 8);
+  cr_assert_eq(REQ(KV_OP_COMMIT), KV_EBADFRAME, "KV_REL_CORRUPT on COMMIT");
+  batch_body(0, 0, KV_REL_CORRUPT, 1, 8);
+  cr_assert_eq(REQ(KV_OP_ABORT), KV_EBADFRAME, "KV_REL_CORRUPT on ABORT");
+  batch_body(0, 0, KV_REL_CORRUPT | KV_DEL_ALL, 1, 8);
+  cr_assert_eq(REQ(KV_OP_RELEASE), KV_EBADFRAME, "KV_DEL_ALL on RELEASE");
+  /* LOAD2: a request as LOAD's; reply entries of 21 bytes, a miss's crc 0 */
+  batch_body(KV_G2, 0, 0, 1, 8);
+  cr_assert_eq(REQ(KV_OP_LOAD2), 0);
+  batch_body(KV_G3, 0, 0, 1, 8);
+  cr_assert_eq(REQ(KV_OP_LOAD2), KV_EBADFRAME, "LOAD2 to G3");
+  pb32(1), pb32(0), pb8(KV_G2), pb64(0), pb32(1), pb32(0xdeadbeef);
+  cr_assert_eq(REP(KV_OP_LOAD2), 0);
+  pb32(1), pb32(0), pb8(KV_G2), pb64(0), pb32(1);
+  cr_assert_eq(REP(KV_OP_LOAD2), KV_EBADFRAME, "a LOAD entry in a LOAD2 reply");
+  pb32(1), pb32(0), pb8(KV_G2), pb64(0), pb32(1), pb32(7);
+  cr_assert_eq(REP(KV_OP_LOAD), KV_EBADFRAME, "a LOAD2 entry in a LOAD reply");
+  pb32(1), pb32((uint32_t)KV_ENOTFOUND), pb8(KV_TIER_NONE), pb64(0), pb32(0), pb32(7);
+  cr_assert_eq(REP(KV_OP_LOAD2), KV_EBADFRAME, "a miss with a crc");
+
+  /* the encoder refuses the same */
+  kv_buf b;
+  kv_buf_init(&b);
+  static const uint32_t crcs[2] = {1, 2};
+  kv_msg m = kv_sample_req(KV_OP_COMMIT, 1);
+  m.batch.keys = (kv_keyvec){.p = kv_sample_keys, .n = 2, .klen = 8};
+  m.batch.crcs = (kv_u32vec){.n = 2, .v = crcs};
+  cr_assert_eq(kv_msg_encode(&b, &m), -EINVAL, "CRCs without the flag");
+  m.batch.flags = KV_COMMIT_CRC;
+  m.batch.crcs.n = 1;
+  cr_assert_eq(kv_msg_encode(&b, &m), -EINVAL, "fewer CRCs than keys");
+  m.batch.crcs = (kv_u32vec){.n = 2, .v = NULL};
+  cr_assert_eq(kv_msg_encode(&b, &m), -EINVAL, "no CRC array");
+  m.op = KV_OP_RELEASE;
+  m.batch.crcs = (kv_u32vec){.n = 2, .v = crcs};
+  cr_assert_eq(kv_msg_encode(&b, &m), -EINVAL, "KV_COMMIT_CRC on RELEASE");
+  kv_load_ent e = {KV_ENOTFOUND, KV_TIER_NONE, 0, 0, 9};
+  m = kv_sample_rep(KV_OP_LOAD2, 1);
+  m.load_rep = (kv_loadvec){.n = 1, .v = &e};
+  cr_assert_eq(kv_msg_encode(&b, &m), -EINVAL, "a LOAD2 miss with a crc");
+  m.op = KV_OP_LOAD; /* LOAD has no crc on the wire: ignored */
+  cr_assert_eq(kv_msg_encode(&b, &m), 0);
+  kv_buf_free(&b);
 }

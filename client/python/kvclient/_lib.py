@@ -57,7 +57,8 @@ class KvcG2(Structure):
 
 
 class KvcBlock(Structure):
-    _fields_ = [("status", c_int32), ("tier", c_uint8), ("ptr", c_void_p), ("length", c_uint32)]
+    _fields_ = [("status", c_int32), ("tier", c_uint8), ("has_crc", c_uint8), ("ptr", c_void_p),
+                ("length", c_uint32), ("crc", c_uint32)]
 
 
 class KvcCompletion(Structure):
@@ -90,6 +91,11 @@ _SIGS = {
     "kvc_alloc": (c_int, [c_void_p, c_uint8, c_uint8, _P(KvcKey), _P(KvcKey), c_uint32,
                           _P(KvcBlock)]),
     "kvc_commit": (c_int, [c_void_p, _P(KvcKey), c_uint32, _P(c_int32)]),
+    "kvc_commit_crc": (c_int, [c_void_p, _P(KvcKey), _P(c_uint32), c_uint32, _P(c_int32)]),
+    "kvc_copy_crc": (c_uint32, [c_void_p, c_void_p, c_size_t]),
+    "kvc_crc32c": (c_uint32, [c_uint32, c_void_p, c_size_t]),
+    "kvc_read": (c_int, [c_void_p, _P(KvcKey), _P(KvcBlock), c_void_p]),
+    "kvc_verify": (c_int, [c_void_p, _P(KvcKey), _P(KvcBlock)]),
     "kvc_abort": (c_int, [c_void_p, _P(KvcKey), c_uint32, _P(c_int32)]),
     "kvc_prefetch": (c_int, [c_void_p, c_uint8, _P(KvcKey), c_uint32]),
     "kvc_delete": (c_int, [c_void_p, _P(KvcKey), c_uint32]),
@@ -105,6 +111,8 @@ _SIGS = {
     "kvc_submit_alloc": (c_int64, [c_void_p, c_uint8, c_uint8, _P(KvcKey), _P(KvcKey),
                                    c_uint32, _P(KvcBlock), c_void_p]),
     "kvc_submit_commit": (c_int64, [c_void_p, _P(KvcKey), c_uint32, _P(c_int32), c_void_p]),
+    "kvc_submit_commit_crc": (c_int64, [c_void_p, _P(KvcKey), _P(c_uint32), c_uint32,
+                                        _P(c_int32), c_void_p]),
     "kvc_poll": (c_int, [c_void_p, _P(KvcCompletion), c_int]),
     "kvc_pending": (c_int, [c_void_p]),
     "kvc_strerror": (c_char_p, [c_int]),
@@ -212,6 +220,7 @@ def keys_array(keys) -> "ctypes.Array":
     return arr
 
 
-# kvc_block as struct.iter_unpack reads it (int32 status, u8 tier, void *ptr,
-# u32 length, padding), checked against the header by the tests.
-BLOCK_FORMAT = "=iB3xQI4x" if ctypes.sizeof(c_void_p) == 8 else "=iB3xII"
+# kvc_block as struct.iter_unpack reads it (int32 status, u8 tier, u8 has_crc,
+# padding, void *ptr, u32 length, u32 crc), checked against the header by the
+# tests.
+BLOCK_FORMAT = "=iBB2xQII" if ctypes.sizeof(c_void_p) == 8 else "=iBB2xIII"

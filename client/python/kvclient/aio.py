@@ -26,7 +26,7 @@ import errno
 import ctypes
 
 from . import _lib
-from .client import G2, Allocation, Block, Client, Loaded, _blocks, _parents_array
+from .client import G2, Allocation, Client, Loaded, _new_blocks, _parents_array
 from .errors import KvError
 
 _OP_LOOKUP, _OP_LOAD, _OP_RELEASE, _OP_ALLOC, _OP_COMMIT = 2, 3, 4, 5, 6
@@ -115,9 +115,7 @@ class AsyncClient:
 
         def finish(r):
             chk(r)
-            res = _blocks(out, len(keys))
-            return Loaded(self.client, keys,
-                          [Block(self.client, k, x, False) for k, x in zip(keys, res)])
+            return Loaded(self.client, keys, _new_blocks(self.client, keys, out, False))
         return await self._submit(rid, "load", finish, (ka, out))
 
     async def _status(self, fn, op, keys) -> list[int]:
@@ -146,14 +144,29 @@ class AsyncClient:
 
         def finish(r):
             chk(r)
-            res = _blocks(out, len(keys))
-            return Allocation(self.client, keys,
-                              [Block(self.client, k, x, True) for k, x in zip(keys, res)])
+            return Allocation(self.client, keys, _new_blocks(self.client, keys, out, True))
         return await self._submit(rid, "alloc", finish, (ka, pa, out))
 
-    async def commit(self, what) -> list[int]:
-        """Commits an Allocation's usable blocks (or a list of keys)."""
-        keys = what._take("commit", again_ok=False) if isinstance(what, Allocation) else list(what)
+    async def commit(self, what, crcs=None) -> list[int]:
+        """Commits an Allocation's usable blocks, with their CRCs (as
+        Allocation.commit), or a list of keys (with `crcs`, one per key, or
+        without: the daemon computes them)."""
+        if isinstance(what, Allocation):
+            by_key = what._crcs() if not what.done else {}
+            keys = what._take("commit", again_ok=False)
+            crcs = [by_key[k] for k in keys]
+        else:
+            keys = Client._keys(what)
         if not keys:
             return []
-        return await self._status(self._L.kvc_submit_commit, "commit", keys)
+        if crcs is None:
+            return await self._status(self._L.kvc_submit_commit, "commit", keys)
+        if len(crcs) != len(keys):
+            raise ValueError(f"{len(crcs)} CRCs for {len(keys)} keys")
+        ka = _lib.keys_array(keys)
+        ca = (ctypes.c_uint32 * len(keys))(*crcs)
+        st = (ctypes.c_int32 * len(keys))()
+        rid = self._L.kvc_submit_commit_crc(self.client._handle(), ka, ca, len(keys), st, None)
+        chk = self._result("commit")
+        return await self._submit(rid, "commit", lambda r: (chk(r), list(st[:len(keys)]))[1],
+                                  (ka, ca, st))

@@ -8,20 +8,32 @@
         with c.load(keys[:hit]) as got:             # pins; released on exit
             for b in got.blocks:
                 if not b.ok: break                  # b.error says why; the rest is recomputed
-                use(b.view)                         # a memoryview over G2, no copy
+                use(b.read())                       # a verified copy of the committed bytes
         with c.alloc(new_keys, parents=...) as a:   # two-phase store
             for b in a.blocks:
-                if b.ok: b.view[:] = data           # write in place
+                if b.ok: b.write(data)              # copied in and checksummed in one pass
             a.commit()                              # visible from now on; abort() if not
 
-Block bytes are never copied by this package: `Block.view` is a memoryview
-over the daemon's shared G2 mapping, `Block.numpy()`/`Block.torch()` are
-views of it, and a G1 block's `Block.torch()` is a CUDA tensor over the
-imported device pool (through __cuda_array_interface__). A view is valid
-while the block is pinned (load) or allocated (alloc) and the client is
-open; after release the slot may hold another block. The package drops its
-own views at release; views derived from them (numpy, torch) are the
-caller's to drop.
+Verification (daemon/OPS.md, "Trust model"): every worker of a tenant can
+write any block of the tenant's G2 arena, so a loaded block's bytes are
+only as good as the last worker that touched them. `Block.read()` copies a
+block out and checks the copy against the CRC it was committed with, in
+the same pass: the only way to get bytes known to be the committed ones.
+A block that fails raises KvError(KV_ECORRUPT), is reported to the daemon
+(which checks its own copy and drops the block) and stops being usable.
+Writers checksum what they store: `Block.write()` copies and checksums in
+one pass, and commit() sends the CRCs (computed over the slot for blocks
+written in place).
+
+Zero-copy views are not verified: `Block.view` is a memoryview over the
+daemon's shared G2 mapping, `Block.numpy()`/`Block.torch()` are views of
+it, and a G1 block's `Block.torch()` is a CUDA tensor over the imported
+device pool (through __cuda_array_interface__). `Block.verify()` checks a
+G2 block in place first, which is weaker: another worker of the tenant may
+change the bytes after the check. A view is valid while the block is
+pinned (load) or allocated (alloc) and the client is open; after release
+the slot may hold another block. The package drops its own views at
+release; views derived from them (numpy, torch) are the caller's to drop.
 
 Errors of a whole request raise KvError (code, name, the library's text);
 per-block results stay per block (Block.status / Block.ok / Block.error).
@@ -41,7 +53,9 @@ from dataclasses import dataclass
 from typing import Iterable, Sequence
 
 from . import _lib
-from .errors import KvError, check
+from .errors import CODES, KvError, check
+
+KV_ECORRUPT = CODES["KV_ECORRUPT"]
 
 G1, G2, G3 = 0, 1, 2
 TIER_NONE = 0xFF
@@ -149,18 +163,25 @@ class _CudaArray:
 
 
 class Block:
-    """One block of a load or alloc: its status and, when ok, its bytes."""
+    """One block of a load or alloc: its status and, when ok, its bytes.
 
-    __slots__ = ("key", "status", "tier", "ptr", "length", "_client", "_view", "_writable")
+    crc: a loaded block's committed CRC-32C (None when the daemon sent
+    none: before protocol 1.2, and for allocations)."""
 
-    def __init__(self, client: "Client", key: bytes, res: tuple, writable: bool):
+    __slots__ = ("key", "status", "tier", "ptr", "length", "crc", "_client", "_view", "_writable",
+                 "_wcrc")
+
+    def __init__(self, client: "Client", key: bytes, res: tuple, writable: bool,
+                 crc: int | None = None):
         """res: (status, tier, ptr, length), as _blocks() reads them."""
         self._client = client
         self.key = key
         self.status, self.tier, self.ptr, self.length = res
         self.ptr = self.ptr or 0
+        self.crc = crc
         self._view = None
         self._writable = writable
+        self._wcrc = None  # an allocation's CRC from write(), while nothing else wrote it
 
     @property
     def ok(self) -> bool:
@@ -181,11 +202,86 @@ class Block:
             raise ValueError(f"block is in {TIER_NAMES.get(self.tier)}, "
                              f"not {TIER_NAMES[want_tier]}")
 
+    def _c(self) -> _lib.KvcBlock:
+        return _lib.KvcBlock(self.status, self.tier, self.crc is not None, self.ptr, self.length,
+                             self.crc or 0)
+
+    def _checked(self, rc: int, cb: _lib.KvcBlock, op: str):
+        """After kvc_read/kvc_verify: a corrupt block is no longer usable
+        (the library reported it and its pin went with the report)."""
+        if rc == KV_ECORRUPT:
+            self._drop()
+            self.status = int(cb.status)
+        if rc < 0:
+            raise KvError(rc, op, self.key.hex())
+
+    def read(self, out=None):
+        """A verified copy of the block's bytes (kvc_read: copied out and
+        checked against the committed CRC in the same pass). Into `out` (a
+        writable buffer of at least `length` bytes; returns a memoryview of
+        the part written) or a new bytearray. Raises KvError: KV_ECORRUPT
+        when the bytes are not the committed ones (the block is reported
+        and no longer usable, `out` holds garbage), EOPNOTSUPP when there is
+        no CRC to check (a daemon before protocol 1.2, an allocation, a G1
+        block on a real GPU)."""
+        self._need()
+        fresh = out is None
+        if fresh:
+            out = bytearray(self.length)
+        mv = memoryview(out).cast("B")
+        if mv.readonly or len(mv) < self.length:
+            raise ValueError(f"read: want a writable buffer of {self.length} bytes")
+        dst = (ctypes.c_char * self.length).from_buffer(mv)
+        cb = self._c()
+        ka = _lib.keys_array([self.key])
+        rc = self._client._L.kvc_read(self._client._handle(), ka, ctypes.byref(cb), dst)
+        del dst
+        self._checked(rc, cb, "read")
+        return out if fresh else mv[:self.length]
+
+    def verify(self) -> None:
+        """Checks the block's bytes in place against the committed CRC
+        (kvc_verify), for a reader about to use a zero-copy view. Weaker
+        than read(): another worker of the tenant may change the bytes
+        after the check. Raises KvError as read() does."""
+        self._need()
+        cb = self._c()
+        ka = _lib.keys_array([self.key])
+        rc = self._client._L.kvc_verify(self._client._handle(), ka, ctypes.byref(cb))
+        self._checked(rc, cb, "verify")
+
+    def write(self, data) -> int:
+        """Fills an allocated block with `data` (exactly `length` bytes) and
+        checksums it in the same pass (kvc_copy_crc); commit() sends that
+        CRC. Returns the CRC."""
+        self._need(G2)
+        if not self._writable:
+            raise ValueError("write: a loaded block is read-only")
+        mv = memoryview(data).cast("B")
+        if len(mv) != self.length:
+            raise ValueError(f"write: {len(mv)} bytes for a block of {self.length}")
+        if isinstance(data, bytes):
+            src = ctypes.c_char_p(data)  # its own buffer, no copy
+        elif not mv.readonly:
+            src = (ctypes.c_char * self.length).from_buffer(mv)
+        else:
+            src = (ctypes.c_char * self.length).from_buffer_copy(mv)
+        self._wcrc = int(self._client._L.kvc_copy_crc(self.ptr, src, self.length))
+        return self._wcrc
+
+    def _commit_crc(self) -> int:
+        """The CRC to commit: write()'s, or the slot's as it is now."""
+        if self._wcrc is not None:
+            return self._wcrc
+        return int(self._client._L.kvc_crc32c(0, self.ptr, self.length))
+
     @property
     def view(self) -> memoryview:
         """A memoryview of the block's bytes in G2 (no copy; writable for an
-        allocation, read-only for a load)."""
+        allocation, read-only for a load). Not verified: see verify() and
+        read()."""
         self._need(G2)
+        self._wcrc = None  # may be written through: commit() checksums the slot
         if self._view is None:
             buf = (ctypes.c_char * self.length).from_address(self.ptr)
             mv = memoryview(buf).cast("B")
@@ -193,14 +289,16 @@ class Block:
         return self._view
 
     def numpy(self, dtype="uint8"):
-        """A numpy view of a G2 block (no copy)."""
+        """A numpy view of a G2 block (no copy; not verified: see verify())."""
         import numpy as np
         return np.frombuffer(self.view, dtype=dtype)
 
     def torch(self, dtype=None):
         """A torch view of the block (no copy): a CPU tensor over G2, or a
-        CUDA tensor over the imported G1 pool. dtype reinterprets the bytes."""
+        CUDA tensor over the imported G1 pool. dtype reinterprets the bytes.
+        Not verified: see verify() (G2) and daemon/OPS.md on G1."""
         import torch
+        self._wcrc = None
         if self.tier == G1:
             self._need(G1)
             t = torch.as_tensor(_CudaArray(self.ptr, self.length, self._client), device="cuda")
@@ -305,19 +403,26 @@ class Allocation(_Blocks):
 
     def commit(self, which: Iterable[int] | None = None) -> list[int]:
         """Makes the allocated blocks (or those at indices `which`; the others
-        are aborted) visible; the daemon checksums them. Per-key statuses."""
+        are aborted) visible, with their CRCs (write()'s, or computed here
+        over the slot for blocks written in place). Per-key statuses."""
         idx = None if which is None else sorted(set(which))
         for i in idx or []:
             if not self.blocks[i].ok:
                 raise ValueError(f"block {i} was not allocated ({self.blocks[i].error.name})")
         chosen = {self.blocks[i].key for i in idx} if idx is not None else None
+        crcs = {} if self.done else self._crcs(chosen)
         usable = self._take("commit", again_ok=False)
         keys = usable if chosen is None else [k for k in usable if k in chosen]
         rest = [] if chosen is None else [k for k in usable if k not in chosen]
-        st = self._client.commit(keys) if keys else []
+        st = self._client.commit(keys, [crcs[k] for k in keys]) if keys else []
         if rest:  # the ones the caller chose not to commit: give their slots back
             self._client.abort(rest)
         return st
+
+    def _crcs(self, chosen=None) -> dict:
+        """key -> the CRC to commit, for the usable blocks (in `chosen`)."""
+        return {b.key: b._commit_crc() for b in self.blocks
+                if b.ok and b.ptr and (chosen is None or b.key in chosen)}
 
     def abort(self) -> list[int]:
         """Drops every allocated slot; nothing becomes visible."""
@@ -376,13 +481,24 @@ _libc_free = _libc.free
 _libc_free.argtypes, _libc_free.restype = [ctypes.c_void_p], None
 
 
-def _blocks(out, n: int) -> list:
-    """(status, tier, ptr, length) of each of the first n kvc_block of out,
-    unpacked in one pass."""
+def _unpack(out, n: int) -> list:
+    """(status, tier, has_crc, ptr, length, crc) of each of the first n
+    kvc_block of out, unpacked in one pass."""
     if n == 0:
         return []
     raw = ctypes.string_at(out, n * ctypes.sizeof(_lib.KvcBlock))
     return list(struct.iter_unpack(_lib.BLOCK_FORMAT, raw))
+
+
+def _blocks(out, n: int) -> list:
+    """(status, tier, ptr, length) of each of the first n kvc_block of out."""
+    return [(s, t, p, ln) for s, t, _, p, ln, _ in _unpack(out, n)]
+
+
+def _new_blocks(client: "Client", keys: list, out, writable: bool) -> list:
+    """The Blocks of a load or alloc reply, committed CRCs included."""
+    return [Block(client, k, (s, t, p, ln), writable, c if h else None)
+            for k, (s, t, h, p, ln, c) in zip(keys, _unpack(out, len(keys)))]
 
 
 def _uuid_str(b: bytes) -> str:
@@ -538,14 +654,15 @@ class Client:
         .release(). A block that could not be brought up has .ok False and
         .error set; the others are usable."""
         keys = self._keys(keys)
-        res = self._load_raw(_lib.keys_array(keys), len(keys), tier)
-        return Loaded(self, keys, [Block(self, k, r, False) for k, r in zip(keys, res)])
+        out = self._load_raw(_lib.keys_array(keys), len(keys), tier)
+        return Loaded(self, keys, _new_blocks(self, keys, out, False))
 
-    def _load_raw(self, ka, n: int, tier: int) -> list:
-        """LOAD of a prebuilt kvc_key array: [(status, tier, ptr, length)]."""
+    def _load_raw(self, ka, n: int, tier: int):
+        """LOAD of a prebuilt kvc_key array: the kvc_block array filled
+        (_blocks() reads it; kvc_verify takes its entries)."""
         out = (_lib.KvcBlock * max(n, 1))()
         check(self._L.kvc_load(self._handle(), tier, ka, n, out), "load")
-        return _blocks(out, n)
+        return out
 
     def _release_raw(self, ka, n: int) -> int:
         """RELEASE of a prebuilt kvc_key array; how many were released."""
@@ -565,11 +682,22 @@ class Client:
         pa = _parents_array(keys, parents)
         out = (_lib.KvcBlock * max(len(keys), 1))()
         check(self._L.kvc_alloc(self._handle(), tier, prio, ka, pa, len(keys), out), "alloc")
-        res = _blocks(out, len(keys))
-        return Allocation(self, keys, [Block(self, k, r, True) for k, r in zip(keys, res)])
+        return Allocation(self, keys, _new_blocks(self, keys, out, True))
 
-    def commit(self, keys) -> list[int]:
-        return self._status_op("kvc_commit", "commit", keys)
+    def commit(self, keys, crcs=None) -> list[int]:
+        """Makes allocated blocks visible; per-key statuses. crcs: the
+        CRC-32C of each key's block as written (the daemon keeps it without
+        reading the bytes); None: the daemon computes them."""
+        if crcs is None:
+            return self._status_op("kvc_commit", "commit", keys)
+        keys = self._keys(keys)
+        if len(crcs) != len(keys):
+            raise ValueError(f"{len(crcs)} CRCs for {len(keys)} keys")
+        ca = (ctypes.c_uint32 * max(len(keys), 1))(*crcs)
+        st = (ctypes.c_int32 * max(len(keys), 1))()
+        check(self._L.kvc_commit_crc(self._handle(), _lib.keys_array(keys), ca, len(keys), st),
+              "commit")
+        return list(st[:len(keys)])
 
     def abort(self, keys) -> list[int]:
         return self._status_op("kvc_abort", "abort", keys)

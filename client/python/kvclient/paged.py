@@ -22,11 +22,24 @@ Keys are kvc_chain_hash over the tokens of each full block (with the
 client's salt and `extra`, e.g. a LoRA id or hashes of multimodal inputs),
 so engines and nodes agree without sharing a hash seed.
 
-Fail closed: load() uses a block only when its status is 0, and the first
-block that is not ends the usable prefix (a later block depends on it); the
-engine recomputes from there. A block that another worker already stored is
-counted by save(), not an error. A worker that dies between ALLOC and
-COMMIT leaves nothing visible.
+Fail closed: load() uses a block only when its status is 0 and its bytes
+pass their committed CRC, and the first block that does not ends the usable
+prefix (a later block depends on it); the engine recomputes from there. A
+block whose bytes fail is reported to the daemon (which checks its own copy
+and drops it) and listed in LoadResult.failed. A block that another worker
+already stored is counted by save(), not an error. A worker that dies
+between ALLOC and COMMIT leaves nothing visible.
+
+Verification is a CPU pass over each loaded block before it is copied into
+the pages (kvc_verify; daemon/OPS.md, "Trust model"): on the host path a
+read of the block just before the scatter reads it again; on the GPU path a
+read of the G2 block by the CPU before the device copy. It checks the bytes
+in place, so a worker of the tenant that changes them between the check
+and the copy is not caught. G1 blocks on a real GPU cannot be read by the
+CPU and are used unverified (in the host simulation they are checked).
+PagedKV(verify=False) skips the pass: every block is then used as found,
+trusting every worker of the tenant. save() commits each block with the CRC
+of its slot, computed after the gather (a CPU pass over the slot).
 
 Engines this module was written against, without running them here
 (neither vLLM nor SGLang is installed on the development machine; the
@@ -58,10 +71,11 @@ import time
 from dataclasses import dataclass, field
 
 from . import _lib
-from .client import G1, G2, Client, Layout
+from .client import G1, G2, Client, Layout, _blocks
 from .errors import CODES, KvError
 
 KV_EEXISTS = CODES["KV_EEXISTS"]
+KV_ECORRUPT = CODES["KV_ECORRUPT"]
 
 MEM_HOST, MEM_CUDA = 0, 1
 _DTYPE_NAMES = {"float32": "fp32", "float16": "fp16", "bfloat16": "bf16", "float8_e4m3fn": "fp8e4m3",
@@ -303,7 +317,7 @@ class LoadResult:
     tiers: list = field(default_factory=list)   # the loaded blocks' tiers
     failed: list = field(default_factory=list)  # [(block index, KvError)] of blocks that failed
     failed_pages: list = field(default_factory=list)  # the engine pages those blocks were for
-    timings: dict = field(default_factory=dict)  # seconds: lookup, load, copy, release
+    timings: dict = field(default_factory=dict)  # seconds: lookup, load, verify, copy, release
 
 
 class PagedKV:
@@ -320,11 +334,14 @@ class PagedKV:
     the default: on an H100 it moved 512 KiB blocks 1.11x as fast as
     "stage" both ways (tests/gpu/gpu_bench_client, BENCHMARKS.md). On CUDA
     the client's G2 mapping is registered here (Client.register_cuda), once,
-    as an engine would at start-up.
+    as an engine would at start-up. verify: check each loaded block against
+    its committed CRC on the CPU before it is copied into the pages (the
+    module's docstring says what that covers); False uses blocks unverified.
     """
 
     def __init__(self, client: Client, layout: PagedLayout, pages_per_block: int = 1,
-                 batch: int = 1024, g2_path: str = "direct", load_batch: int = _lib.BATCH_MAX):
+                 batch: int = 1024, g2_path: str = "direct", load_batch: int = _lib.BATCH_MAX,
+                 verify: bool = True):
         want = layout.client_layout(pages_per_block, client.layout.tp_rank, client.layout.tp_size)
         if (client.layout.block_bytes, client.layout.tokens_per_block) != \
                 (want.block_bytes, want.tokens_per_block):
@@ -340,6 +357,7 @@ class PagedKV:
         self.batch = max(1, min(batch, _lib.BATCH_MAX))
         self.load_batch = max(1, min(load_batch, _lib.BATCH_MAX))
         self.g2_path = g2_path
+        self.verify = verify
         self._staging = None
         self._L = _lib.lib()
         if self._cuda():  # G2 <-> device copies are DMA, and kernels reach G2
@@ -479,7 +497,7 @@ class PagedKV:
                     continue
                 t1 = time.perf_counter()
                 self._from_pages([b for _, b in got], page_ids, [lo + j for j, _ in got])
-                self._sync()  # COMMIT checksums the bytes: they must be there
+                self._sync()  # commit() checksums the slots: the bytes must be there
                 t_copy += time.perf_counter() - t1
                 st = a.commit([j for j, _ in got])
                 for (j, b), s in zip(got, st):
@@ -515,16 +533,20 @@ class PagedKV:
         hit, _ = self.client.lookup(keys)
         res.hit = hit
         t1 = time.perf_counter()
-        res.timings = {"lookup": t1 - t0, "load": 0.0, "copy": 0.0, "release": 0.0}
+        res.timings = {"lookup": t1 - t0, "load": 0.0, "verify": 0.0, "copy": 0.0, "release": 0.0}
         for lo in range(0, hit, self.load_batch):
             hi = min(lo + self.load_batch, hit)
             ta = time.perf_counter()
             ka = _lib.keys_array(keys[lo:hi])
-            got = self.client._load_raw(ka, hi - lo, tier)  # [(status, tier, ptr, length)]
+            out = self.client._load_raw(ka, hi - lo, tier)
+            got = _blocks(out, hi - lo)  # [(status, tier, ptr, length)]
             tb = time.perf_counter()
             n = next((j for j, g in enumerate(got) if g[0] != 0), len(got))
-            tc = tb
+            tc = tv = tb
             try:
+                if self.verify:
+                    n = self._verify(ka, out, got, n, lo, keys, page_ids, res)
+                    tv = time.perf_counter()
                 for j in range(n, len(got)):
                     if got[j][0] != 0:
                         res.failed.append((lo + j, KvError(got[j][0], "block", keys[lo + j].hex())))
@@ -535,21 +557,42 @@ class PagedKV:
                 res.tiers += [g[1] for g in got[:n]]
                 res.blocks += n
                 tc = time.perf_counter()
-            finally:  # drop every pin this LOAD took, used or not
-                pinned = [keys[lo + j] for j, g in enumerate(got) if g[0] == 0]
+            finally:  # drop every pin this LOAD took, used or not (a report took its own)
+                pinned = [keys[lo + j] for j in range(hi - lo) if out[j].status == 0]
                 if len(pinned) == hi - lo:
                     self.client._release_raw(ka, hi - lo)
                 elif pinned:
                     self.client.release(pinned)
             td = time.perf_counter()
             res.timings["load"] += tb - ta
-            res.timings["copy"] += tc - tb
+            res.timings["verify"] += tv - tb
+            res.timings["copy"] += tc - tv
             res.timings["release"] += td - tc
             if n < hi - lo:
                 break
         res.tokens = res.blocks * self.block_tokens
         res.timings["total"] = time.perf_counter() - t0
         return res
+
+
+    def _verify(self, ka, out, got, n: int, lo: int, keys, page_ids, res: LoadResult) -> int:
+        """Checks blocks [0, n) of a LOAD (kvc_verify: each against its
+        committed CRC, in place, on the CPU) before any is copied. Returns
+        how many leading blocks passed; the first that failed was reported
+        (its pin went with the report) and is listed in res.failed."""
+        h = self.client._handle()
+        for j in range(n):
+            rc = self._L.kvc_verify(h, ctypes.byref(ka[j]), ctypes.byref(out[j]))
+            if rc == 0 or (rc == -errno.EOPNOTSUPP and got[j][1] == G1):
+                continue  # G1 on a real GPU: device memory the CPU cannot check
+            if rc == KV_ECORRUPT:
+                res.failed.append((lo + j, KvError(rc, "verify", keys[lo + j].hex())))
+                res.failed_pages += page_ids[(lo + j) * self.ppb:(lo + j + 1) * self.ppb]
+                return j
+            raise KvError(rc, "verify", "the daemon sent no CRC to check (before protocol 1.2): "
+                          "PagedKV(verify=False) uses blocks unverified" if rc == -errno.EOPNOTSUPP
+                          else keys[lo + j].hex())
+        return n
 
 
 def _tolist(x):

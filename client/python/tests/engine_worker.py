@@ -6,7 +6,8 @@
 SPEC: socket, tenant, salt (hex), preset, seed, page_tokens, pages_per_block,
 prompt (token ids), new_tokens, load (bool: load the stored prefix first),
 save (bool: store the prompt's blocks after prefill), tp (optional
-[rank, size, group]: keep only this rank's KV heads in kvcached).
+[rank, size, group]: keep only this rank's KV heads in kvcached), verify
+(optional bool, default true: PagedKV's check of each loaded block).
 OUT (torch.save): {"loaded": tokens loaded, "hit": blocks LOOKUP found,
 "failed": [[block, error name]], "logits": last-token logits,
 "tokens": greedy continuation, "save": [present, stored, existed, failed]}.
@@ -47,7 +48,7 @@ def main(spec_path: str, out_path: str) -> int:
     out = {"loaded": 0, "hit": 0, "failed": []}
     with Client(s["socket"], tenant=s.get("tenant", "t"), salt=bytes.fromhex(s.get("salt", "")),
                 layout=layout.client_layout(ppb, rank, size), group=group) as c:
-        pk = PagedKV(c, layout, pages_per_block=ppb)
+        pk = PagedKV(c, layout, pages_per_block=ppb, verify=s.get("verify", True))
         start = 0
         if s.get("load"):
             r = pk.load(prompt, pages)

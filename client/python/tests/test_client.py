@@ -391,6 +391,112 @@ def test_register_cuda_with_the_simulated_device(daemon, monkeypatch):
         assert g.registered == kvclient.G1_SIM and g.bytes > 0 and g.base
 
 
+# --- verification: the writer checksums, the reader verifies ----------------------
+
+def crc32c(data: bytes) -> int:
+    return int(_lib.lib().kvc_crc32c(0, data, len(data)))
+
+
+def scribble(daemon, key, at=100):
+    """What a worker of the tenant can do: write into a committed block
+    through its own G2 mapping (a loaded block's view is read-only in this
+    package; the mapping is not)."""
+    with connect(daemon) as w, w.load([key]) as got:
+        b = got.blocks[0]
+        assert b.ok
+        old = ctypes.string_at(b.ptr + at, 1)
+        ctypes.memmove(b.ptr + at, bytes([old[0] ^ 0xff]), 1)
+
+
+def test_loaded_blocks_carry_their_committed_crc_and_read_verifies(daemon):
+    with connect(daemon) as c:
+        keys = c.chain_keys(list(range(48)))
+        store(c, keys)  # written in place through the views: commit checksums the slots
+        with c.load(keys) as got:
+            for i, b in enumerate(got.blocks):
+                assert b.crc == crc32c(bytes([i + 1]) * 4096)
+                data = b.read()
+                assert isinstance(data, bytearray) and data == bytes([i + 1]) * 4096
+                buf = bytearray(5000)
+                mv = b.read(buf)
+                assert len(mv) == 4096 and bytes(mv) == bytes(data)
+                b.verify()
+            with pytest.raises(ValueError):
+                got.blocks[0].read(bytearray(100))
+
+
+def test_a_scribbled_block_is_never_read_and_is_reported(daemon):
+    """Issue 16 item 2: a worker wrote into a committed block and the next
+    reader got those bytes. Now read() raises KV_ECORRUPT, the daemon
+    confirms and drops the block, and a re-store reads back."""
+    with connect(daemon) as c:
+        keys = c.chain_keys(list(range(48)))
+        store(c, keys)
+        scribble(daemon, keys[1])
+        with c.load(keys) as got:
+            assert got.usable == 3  # LOAD does not read the bytes: the reader does
+            assert bytes(got.blocks[0].read()) == b"\x01" * 4096
+            with pytest.raises(KvError) as e:
+                got.blocks[1].read()
+            assert e.value.name == "KV_ECORRUPT"
+            assert not got.blocks[1].ok and got.prefix == 1
+            with pytest.raises(KvError):
+                got.blocks[1].view  # no view of bytes that failed
+        assert daemon.metric("kvcached_pinned_blocks") == 0  # the report took its pin
+        assert daemon.metric('kvcached_corrupt_reported_total{verdict="confirmed"}') == 1
+        assert daemon.metric("kvcached_corrupt_dropped_total") == 1
+        assert daemon.metric('kvcached_misses_total{reason="corrupt"}') == 1
+        assert c.lookup(keys)[1][1] == TIER_NONE
+        with c.alloc([keys[1]], parents=[keys[0]]) as a:
+            a.blocks[0].write(b"\x02" * 4096)
+            assert a.commit() == [0]
+        with c.load(keys[1:2]) as got:
+            assert got.blocks[0].read() == b"\x02" * 4096
+
+
+def test_verify_checks_a_view_in_place(daemon):
+    with connect(daemon) as c:
+        keys = c.chain_keys(list(range(32)))
+        store(c, keys)
+        scribble(daemon, keys[0], at=4095)
+        with c.load(keys) as got:
+            got.blocks[1].verify()
+            assert bytes(got.blocks[1].view[:1]) == b"\x02"
+            with pytest.raises(KvError) as e:
+                got.blocks[0].verify()
+            assert e.value.name == "KV_ECORRUPT" and not got.blocks[0].ok
+        assert daemon.metric('kvcached_corrupt_reported_total{verdict="confirmed"}') == 1
+
+
+def test_commit_sends_the_crc_of_what_the_slot_holds(daemon):
+    """write() copies and checksums in one pass; a block also written in
+    place afterwards is checksummed again at commit, so readers accept what
+    was committed, however it was written."""
+    with connect(daemon) as c:
+        keys = c.chain_keys(list(range(48)))
+        with c.alloc(keys) as a:
+            assert a.blocks[0].write(b"\x0a" * 4096) == crc32c(b"\x0a" * 4096)
+            a.blocks[1].write(memoryview(bytearray(b"\x0b" * 4096)))
+            a.blocks[1].view[0] = 0x0c  # changed in place after write()
+            a.blocks[2].view[:] = b"\x0d" * 4096
+            with pytest.raises(ValueError):
+                a.blocks[2].write(b"short")
+            assert a.commit() == [0, 0, 0]
+        with c.load(keys) as got:
+            assert got.blocks[0].read() == b"\x0a" * 4096
+            assert got.blocks[1].read() == b"\x0c" + b"\x0b" * 4095
+            assert got.blocks[2].read() == b"\x0d" * 4096
+        # a wrong CRC only makes readers refuse the block
+        k = c.chain_keys(list(range(100, 116)))
+        a = c.alloc(k)
+        a.blocks[0].write(b"\x0e" * 4096)
+        assert c.commit(k, [crc32c(b"\x0e" * 4096) ^ 1]) == [0]
+        a.done = True  # committed by hand, above
+        with c.load(k) as got:
+            with pytest.raises(KvError):
+                got.blocks[0].read()
+
+
 # --- asyncio --------------------------------------------------------------------
 
 def test_asyncio_many_requests_in_flight(daemon):
@@ -408,6 +514,7 @@ def test_asyncio_many_requests_in_flight(daemon):
             loads = await asyncio.gather(*(ac.load(k) for k in chains))
             for j, got in enumerate(loads):
                 assert bytes(got.blocks[1].view[:1]) == bytes([j + 1])
+                assert got.blocks[1].read() == bytes([j + 1]) * 4096  # committed with its CRC
             # a blocking call in between reads replies meant for futures
             fut = asyncio.ensure_future(ac.lookup(chains[0]))
             await asyncio.sleep(0)

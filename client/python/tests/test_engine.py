@@ -241,12 +241,9 @@ def test_tp_group_gets_one_hit_length_and_namespaces_do_not_mix(tmp_root, work):
         d.stop()
 
 
-def test_a_block_changed_in_g2_after_commit_changes_the_output(daemon, work):
-    """The check the tests above rely on: were a load to serve other bytes,
-    the logits would show it. A worker writes into a committed block through
-    its G2 mapping (the daemon verifies checksums on G3 reads, not on G2
-    LOADs); the next worker's output differs from the recompute."""
-    worker(work, daemon, prompt=prompt(1), save=True)
+def scale_block_2(daemon):
+    """A worker writes into committed block 2 of prompt(1) through its G2
+    mapping (nothing in the daemon can stop that)."""
     with Client(daemon.socket, tenant="t", layout=layout_of()) as c:
         keys = c.chain_keys(prompt(1))
         with c.load(keys[2:3]) as got:
@@ -255,7 +252,31 @@ def test_a_block_changed_in_g2_after_commit_changes_the_output(daemon, work):
             vals = (ctypes.c_float * n).from_address(b.ptr)
             for i in range(0, n, 7):
                 vals[i] = vals[i] * 3.0 + 1.0
-    b = worker(work, daemon, prompt=prompt(2), load=True)
+
+
+def test_a_block_changed_in_g2_after_commit_changes_the_output(daemon, work):
+    """The check the tests above rely on: were a load to serve other bytes,
+    the logits would show it. A worker writes into a committed block through
+    its G2 mapping; the next worker, loading without PagedKV's check
+    (verify=False: the daemon does not re-read G2 bytes on a LOAD), gets an
+    output that differs from the recompute."""
+    worker(work, daemon, prompt=prompt(1), save=True)
+    scale_block_2(daemon)
+    b = worker(work, daemon, prompt=prompt(2), load=True, verify=False)
     assert b["loaded"] == PREFIX
     ref, _ = recompute(prompt(2))
     assert rel(b["logits"], ref) > 1e-3
+
+
+def test_a_block_changed_in_g2_after_commit_is_caught_and_recomputed(daemon, work):
+    """The same change, loaded as engines load by default: the block fails
+    its CRC, ends the usable prefix and is reported; the engine recomputes
+    from there and its output is exact."""
+    worker(work, daemon, prompt=prompt(1), save=True)
+    scale_block_2(daemon)
+    b = worker(work, daemon, prompt=prompt(2), load=True)
+    assert b["loaded"] == 2 * T
+    assert b["failed"] == [[2, "KV_ECORRUPT"]]
+    assert_exact(b, prompt(2))
+    assert daemon.metric('kvcached_corrupt_reported_total{verdict="confirmed"}') == 1
+    assert daemon.metric("kvcached_pinned_blocks") == 0

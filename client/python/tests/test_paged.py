@@ -218,6 +218,59 @@ def test_a_block_gone_between_lookup_and_load_ends_the_prefix(daemon):
         assert other.status()["g2"]["blocks"] == 5
 
 
+def scribble(daemon, lay, key, at=10):
+    """A worker of the tenant writes into a committed block through its own
+    G2 mapping: nothing in the daemon can stop it."""
+    import ctypes
+    with open_for(daemon, lay) as w, w.load([key]) as got:
+        ctypes.memset(got.blocks[0].ptr + at, 0x7f, 4)
+
+
+def test_a_scribbled_block_ends_the_prefix_and_is_reported(daemon):
+    """Fail closed on bytes a worker changed after the commit: the block is
+    checked before it is copied into the pages, ends the usable prefix like
+    a missing block, is reported (the daemon confirms and drops it), and no
+    page from it on is written."""
+    kv = vllm_caches(seed=2)
+    lay = PagedLayout.vllm(kv)
+    toks = tokens(5 * T + 1)
+    with open_for(daemon, lay) as c:
+        pk = PagedKV(c, lay)
+        assert pk.save(toks, [0, 1, 2, 3, 4]).stored == 5
+        keys = pk.keys(toks)
+        scribble(daemon, lay, keys[2])
+        for t in kv:
+            t[:, 5:].fill_(-3.0)
+        dst = [5, 6, 7, 8, 9]
+        r = pk.load(toks, dst)
+        assert (r.hit, r.blocks, r.tokens) == (5, 2, 2 * T)
+        assert [(i, e.name) for i, e in r.failed] == [(2, "KV_ECORRUPT")]
+        assert r.failed_pages == [7]
+        for l in range(L):
+            for i in range(2):
+                assert torch.equal(kv[l][:, dst[i]], kv[l][:, i])
+            assert bool((kv[l][:, 7:10] == -3.0).all())  # nothing from the bad block on
+        assert daemon.metric("kvcached_pinned_blocks") == 0
+        assert daemon.metric('kvcached_corrupt_reported_total{verdict="confirmed"}') == 1
+        assert c.lookup(keys)[0] == 2  # dropped: the engine recomputes and saves it again
+        assert pk.save(toks, [0, 1, 2, 3, 4]).stored == 1
+        assert pk.load(toks, dst).blocks == 5
+
+
+def test_verify_false_uses_blocks_as_found(daemon):
+    """The documented opt-out: no CPU pass, the bytes are used as they are."""
+    kv = vllm_caches(seed=3)
+    lay = PagedLayout.vllm(kv)
+    toks = tokens(2 * T + 1)
+    with open_for(daemon, lay) as c:
+        assert PagedKV(c, lay).save(toks, [0, 1]).stored == 2
+        scribble(daemon, lay, PagedKV(c, lay).keys(toks)[1])
+        r = PagedKV(c, lay, verify=False).load(toks, [2, 3])
+        assert (r.blocks, r.failed) == (2, [])
+        assert "verify" in r.timings and r.timings["verify"] == 0.0
+        assert daemon.metric("kvcached_corrupt_reported_total") == 0
+
+
 def test_save_counts_what_is_present_and_what_others_store(daemon):
     kv = vllm_caches()
     lay = PagedLayout.vllm(kv)
