@@ -48,9 +48,10 @@ uint32_t kv_req_payload_max(uint16_t op) {
   case KV_OP_HELLO:
     return 8u + (1u + KV_TENANT_MAX) + (1u + KV_GROUP_MAX) + (1u + KV_SALT_MAX) + 5u * 4u +
            2u * 2u + (1u + KV_DTYPE_MAX);
-  case KV_OP_LOOKUP: case KV_OP_LOAD: case KV_OP_RELEASE: case KV_OP_COMMIT: case KV_OP_ABORT:
+  case KV_OP_LOOKUP: case KV_OP_LOAD: case KV_OP_LOAD2: case KV_OP_RELEASE: case KV_OP_ABORT:
   case KV_OP_PREFETCH: case KV_OP_DELETE: case KV_OP_SET_PRIORITY:
     return 3u + keys;
+  case KV_OP_COMMIT: return 3u + keys + KV_BATCH_MAX * 4u; /* KV_COMMIT_CRC: a CRC per key */
   case KV_OP_ALLOC: return 2u + keys + KV_BATCH_MAX + KV_BATCH_MAX * KV_KEY_MAX;
   case KV_OP_PUT: return KV_PUT_OVERHEAD + KV_INLINE_MAX;
   case KV_OP_GET: return 1u + KV_KEY_MAX;

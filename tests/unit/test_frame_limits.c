@@ -42,12 +42,17 @@ Test(frame_limits, request_limits_are_the_largest_messages) {
                            .layout = {.block_bytes = 1, .tokens_per_block = 1, .tp_size = 1,
                                       .dtype = {s64, KV_DTYPE_MAX}}};
   cr_assert_eq(payload_len(&m), kv_req_payload_max(KV_OP_HELLO));
-  uint16_t batch_ops[] = {KV_OP_LOOKUP, KV_OP_LOAD, KV_OP_RELEASE, KV_OP_COMMIT, KV_OP_ABORT,
-                          KV_OP_PREFETCH, KV_OP_DELETE, KV_OP_SET_PRIORITY};
+  uint16_t batch_ops[] = {KV_OP_LOOKUP, KV_OP_LOAD, KV_OP_LOAD2, KV_OP_RELEASE, KV_OP_COMMIT,
+                          KV_OP_ABORT, KV_OP_PREFETCH, KV_OP_DELETE, KV_OP_SET_PRIORITY};
+  static uint32_t crcs[KV_BATCH_MAX];
   for (size_t i = 0; i < sizeof batch_ops / sizeof batch_ops[0]; i++) {
     m = (kv_msg){.op = batch_ops[i], .id = 1};
     m.batch.keys = kv;
-    if (m.op == KV_OP_LOAD || m.op == KV_OP_PREFETCH) m.batch.tier = KV_G2;
+    if (m.op == KV_OP_LOAD || m.op == KV_OP_LOAD2 || m.op == KV_OP_PREFETCH) m.batch.tier = KV_G2;
+    if (m.op == KV_OP_COMMIT) { /* at its largest: a writer's CRC per key */
+      m.batch.flags = KV_COMMIT_CRC;
+      m.batch.crcs = (kv_u32vec){.n = KV_BATCH_MAX, .v = crcs};
+    }
     cr_assert_eq(payload_len(&m), kv_req_payload_max(m.op), "%s", kv_op_name(m.op));
   }
   m = (kv_msg){.op = KV_OP_ALLOC, .id = 1};
