@@ -248,7 +248,7 @@ static int op_hello(kvd *d, kvd_sink *sink, const kv_msg *req, kv_buf *out, int 
   const kv_hello_req *h = &req->hello;
   if (s->ns >= 0) return kvd_fail(out, req, KV_EBADSTATE, "HELLO was already said on this connection");
   if (h->ver_major != KV_PROTO_MAJOR) return kvd_fail(out, req, KV_EBADVERSION, NULL);
-  kvd_peer peer = {s->peer_uid, s->peer_gid, sink->conn ? kvd_conn_fd(sink->conn) : -1};
+  kvd_peer peer = {s->peer_uid, s->peer_gid, s->peer_fd};
   int ns = kvd_registry_hello(&d->reg, h, &peer);
   if (ns < 0) {
     const char *why = d->reg.why[0] ? d->reg.why

@@ -39,8 +39,6 @@ static void conn_close(kvd_conn *c, const char *why);
 static int conn_flush(kvd_conn *c);
 static void set_events(kvd_conn *c);
 
-int kvd_conn_fd(const kvd_conn *c) { return c->fd; }
-
 void kvd_sink_put(kvd_sink *s) {
   if (--s->refs == 0) free(s);
 }
@@ -358,6 +356,7 @@ static void on_accept(uv_poll_t *h, int status, int events) {
     c->sess.peer_uid = (uint32_t)cred.uid;
     c->sess.peer_gid = (uint32_t)cred.gid;
     c->sess.peer_pid = (int32_t)cred.pid;
+    c->sess.peer_fd = fd;
     kv_reader_init(&c->rd, 0);
     kv_reader_set_check(&c->rd, check_header, c);
     kv_buf_init(&c->out);

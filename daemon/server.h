@@ -54,9 +54,6 @@ typedef struct kvd_server {
   kvd_conn *conns;
 } kvd_server;
 
-/* The socket of a connection (kvd_sink.conn). */
-int kvd_conn_fd(const kvd_conn *c);
-
 /* Listens on <socket_dir>/kvcached.sock. 0 or -errno (logged). */
 int kvd_server_start(kvd_server *s, kvd *d, uv_loop_t *loop);
 

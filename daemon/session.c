@@ -11,6 +11,7 @@ void kvd_session_init(kvd_session *s, uint64_t id) {
   s->id = id;
   s->ns = -1;
   s->g1pool = -1;
+  s->peer_fd = -1;
 }
 
 int kvd_session_pin(kv_core *c, kvd_session *s, kv_block *b, uint64_t max_pins) {

@@ -35,6 +35,7 @@ typedef struct kvd_session {
   u32map allocs; /* block id -> 1 while this session writes it */
   uint32_t peer_uid, peer_gid; /* the worker's credentials at accept (SO_PEERCRED) */
   int32_t peer_pid;
+  int peer_fd;   /* the connection's socket, for SO_PEERGROUPS at HELLO; -1: none */
 } kvd_session;
 
 void kvd_session_init(kvd_session *s, uint64_t id);
