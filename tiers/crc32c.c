@@ -6,7 +6,9 @@
  * in parallel, then merged by "shifting" a CRC over a run of zeros with a
  * precomputed GF(2) operator, applied bytewise through four 256-entry
  * tables. The operators are built once, on first use. The copying variant
- * (kv_crc32c_copy) runs the same streams over the words it moves.
+ * (kv_crc32c_copy) runs the same streams over the words it moves, or, where
+ * the CPU has VPCLMULQDQ, folds 128 bytes a turn with carry-less
+ * multiplications (faster than the crc32 instruction can go).
  */
 #include "tiers/crc32c.h"
 
@@ -14,8 +16,7 @@
 #include <string.h>
 
 #if defined(__x86_64__)
-#include <emmintrin.h>
-#include <nmmintrin.h>
+#include <immintrin.h>
 #define KV_CRC_X86 1
 #else
 #define KV_CRC_X86 0
@@ -248,6 +249,136 @@ __attribute__((target("sse4.2"))) uint32_t kv_crc32c_copy_nt_hw(uint32_t crc, vo
   return copy_hw(crc, dst, src, len, 1);
 }
 
+/* ---- VPCLMULQDQ: carry-less folding, 128 bytes a turn ------------------------
+ *
+ * Four 256-bit accumulators (two 128-bit lanes each) hold the last 128
+ * bytes; each turn folds every lane 128 bytes forward (two carry-less
+ * multiplications by x^(1024+32) and x^(1024-32) mod P, bit-reflected and
+ * shifted left by one: the reflected-CRC form of the fold) onto the next
+ * 128 bytes. At the end the four are folded into one lane, whose 16 bytes
+ * have the CRC of everything before them; the crc32 instruction takes it
+ * from there. Twice the crc32 instruction's 8 bytes a cycle, so the copy
+ * keeps up with memory; the loads are prefetched 2 KiB ahead. */
+static uint64_t k_fold[6]; /* x^1056, x^992 (128 bytes); x^288, x^224 (32); x^160, x^96 (16) */
+
+static uint64_t fold_const(int e) {
+  uint64_t r = 1; /* x^e mod P, then bit-reflected into 32 bits and shifted left by 1 */
+  for (int i = 0; i < e; i++) {
+    r <<= 1;
+    if (r & 0x100000000ull) r ^= 0x11EDC6F41ull;
+  }
+  uint32_t v = 0;
+  for (int i = 0; i < 32; i++)
+    if (r >> i & 1) v |= 1u << (31 - i);
+  return (uint64_t)v << 1;
+}
+
+static pthread_once_t clmul_once = PTHREAD_ONCE_INIT;
+static void clmul_init(void) {
+  static const int e[6] = {1056, 992, 288, 224, 160, 96};
+  for (int i = 0; i < 6; i++) k_fold[i] = fold_const(e[i]);
+}
+
+#define CLMUL_TARGET __attribute__((target("avx2,vpclmulqdq,pclmul,sse4.2")))
+
+CLMUL_TARGET static inline __m256i fold256(__m256i a, __m256i k) {
+  return _mm256_xor_si256(_mm256_clmulepi64_epi128(a, k, 0x00), _mm256_clmulepi64_epi128(a, k, 0x11));
+}
+
+#define KPAIR(lo, hi) _mm256_set_epi64x((long long)(hi), (long long)(lo), (long long)(hi), (long long)(lo))
+
+CLMUL_TARGET __attribute__((always_inline)) static inline uint32_t
+copy_clmul(uint32_t crc, void *dst, const void *src, size_t len, int nt) {
+  pthread_once(&clmul_once, clmul_init);
+  const unsigned char *s = src;
+  unsigned char *d = dst;
+  uint64_t c = crc ^ 0xffffffffu;
+  if (((uintptr_t)d & 31) != 0) nt = 0; /* streaming stores want 32-byte alignment */
+  if (len >= 256) {
+    const __m256i k128 = KPAIR(k_fold[0], k_fold[1]);
+    __m256i a0 = _mm256_loadu_si256((const __m256i *)s);
+    __m256i a1 = _mm256_loadu_si256((const __m256i *)(s + 32));
+    __m256i a2 = _mm256_loadu_si256((const __m256i *)(s + 64));
+    __m256i a3 = _mm256_loadu_si256((const __m256i *)(s + 96));
+    _mm256_storeu_si256((__m256i *)d, a0);
+    _mm256_storeu_si256((__m256i *)(d + 32), a1);
+    _mm256_storeu_si256((__m256i *)(d + 64), a2);
+    _mm256_storeu_si256((__m256i *)(d + 96), a3);
+    a0 = _mm256_xor_si256(a0, _mm256_set_epi64x(0, 0, 0, (long long)c)); /* the start value */
+    s += 128, d += 128, len -= 128;
+    while (len >= 128) {
+      __builtin_prefetch(s + 2048);
+      __builtin_prefetch(s + 2048 + 64);
+      __m256i b0 = _mm256_loadu_si256((const __m256i *)s);
+      __m256i b1 = _mm256_loadu_si256((const __m256i *)(s + 32));
+      __m256i b2 = _mm256_loadu_si256((const __m256i *)(s + 64));
+      __m256i b3 = _mm256_loadu_si256((const __m256i *)(s + 96));
+      if (nt) {
+        _mm256_stream_si256((__m256i *)d, b0);
+        _mm256_stream_si256((__m256i *)(d + 32), b1);
+        _mm256_stream_si256((__m256i *)(d + 64), b2);
+        _mm256_stream_si256((__m256i *)(d + 96), b3);
+      } else {
+        _mm256_storeu_si256((__m256i *)d, b0);
+        _mm256_storeu_si256((__m256i *)(d + 32), b1);
+        _mm256_storeu_si256((__m256i *)(d + 64), b2);
+        _mm256_storeu_si256((__m256i *)(d + 96), b3);
+      }
+      a0 = _mm256_xor_si256(fold256(a0, k128), b0);
+      a1 = _mm256_xor_si256(fold256(a1, k128), b1);
+      a2 = _mm256_xor_si256(fold256(a2, k128), b2);
+      a3 = _mm256_xor_si256(fold256(a3, k128), b3);
+      s += 128, d += 128, len -= 128;
+    }
+    if (nt) _mm_sfence(); /* the streamed stores are ordered before what follows */
+    const __m256i k32 = KPAIR(k_fold[2], k_fold[3]);
+    a1 = _mm256_xor_si256(fold256(a0, k32), a1);
+    a2 = _mm256_xor_si256(fold256(a1, k32), a2);
+    a3 = _mm256_xor_si256(fold256(a2, k32), a3);
+    const __m128i k16 = _mm_set_epi64x((long long)k_fold[5], (long long)k_fold[4]);
+    __m128i lo = _mm256_castsi256_si128(a3), hi = _mm256_extracti128_si256(a3, 1);
+    __m128i x = _mm_xor_si128(_mm_xor_si128(_mm_clmulepi64_si128(lo, k16, 0x00),
+                                            _mm_clmulepi64_si128(lo, k16, 0x11)), hi);
+    c = _mm_crc32_u64(_mm_crc32_u64(0, (uint64_t)_mm_cvtsi128_si64(x)),
+                      (uint64_t)_mm_extract_epi64(x, 1));
+  }
+  while (len >= 8) {
+    uint64_t v = load64(s);
+    store64(d, v);
+    c = _mm_crc32_u64(c, v);
+    s += 8, d += 8, len -= 8;
+  }
+  while (len--) {
+    unsigned char v = *s++;
+    *d++ = v;
+    c = _mm_crc32_u8((uint32_t)c, v);
+  }
+  return (uint32_t)c ^ 0xffffffffu;
+}
+#undef KPAIR
+
+CLMUL_TARGET uint32_t kv_crc32c_copy_clmul(uint32_t crc, void *dst, const void *src, size_t len) {
+  return copy_clmul(crc, dst, src, len, 0);
+}
+
+CLMUL_TARGET uint32_t kv_crc32c_copy_nt_clmul(uint32_t crc, void *dst, const void *src,
+                                              size_t len) {
+  return copy_clmul(crc, dst, src, len, 1);
+}
+
+static int clmul_ok = -1;
+
+int kv_crc32c_clmul_available(void) {
+  int v = __atomic_load_n(&clmul_ok, __ATOMIC_RELAXED);
+  if (v < 0) {
+    __builtin_cpu_init();
+    v = __builtin_cpu_supports("sse4.2") && __builtin_cpu_supports("avx2") &&
+        __builtin_cpu_supports("pclmul") && __builtin_cpu_supports("vpclmulqdq");
+    __atomic_store_n(&clmul_ok, v, __ATOMIC_RELAXED);
+  }
+  return v;
+}
+
 static int hw_ok = -1;
 
 int kv_crc32c_hw_available(void) {
@@ -270,6 +401,13 @@ uint32_t kv_crc32c_copy_nt_hw(uint32_t crc, void *dst, const void *src, size_t l
   return kv_crc32c_copy_sw(crc, dst, src, len);
 }
 int kv_crc32c_hw_available(void) { return 0; }
+uint32_t kv_crc32c_copy_clmul(uint32_t crc, void *dst, const void *src, size_t len) {
+  return kv_crc32c_copy_sw(crc, dst, src, len);
+}
+uint32_t kv_crc32c_copy_nt_clmul(uint32_t crc, void *dst, const void *src, size_t len) {
+  return kv_crc32c_copy_sw(crc, dst, src, len);
+}
+int kv_crc32c_clmul_available(void) { return 0; }
 #endif
 
 uint32_t kv_crc32c(uint32_t crc, const void *buf, size_t len) {
@@ -288,11 +426,13 @@ uint32_t kv_crc32c_copy_sw(uint32_t crc, void *dst, const void *src, size_t len)
 }
 
 uint32_t kv_crc32c_copy(uint32_t crc, void *dst, const void *src, size_t len) {
+  if (kv_crc32c_clmul_available()) return kv_crc32c_copy_clmul(crc, dst, src, len);
   return kv_crc32c_hw_available() ? kv_crc32c_copy_hw(crc, dst, src, len)
                                   : kv_crc32c_copy_sw(crc, dst, src, len);
 }
 
 uint32_t kv_crc32c_copy_nt(uint32_t crc, void *dst, const void *src, size_t len) {
+  if (kv_crc32c_clmul_available()) return kv_crc32c_copy_nt_clmul(crc, dst, src, len);
   return kv_crc32c_hw_available() ? kv_crc32c_copy_nt_hw(crc, dst, src, len)
                                   : kv_crc32c_copy_sw(crc, dst, src, len);
 }

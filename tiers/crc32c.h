@@ -54,5 +54,12 @@ uint32_t kv_crc32c_copy_nt(uint32_t crc, void *dst, const void *src, size_t len)
 uint32_t kv_crc32c_copy_sw(uint32_t crc, void *dst, const void *src, size_t len);
 uint32_t kv_crc32c_copy_hw(uint32_t crc, void *dst, const void *src, size_t len);
 uint32_t kv_crc32c_copy_nt_hw(uint32_t crc, void *dst, const void *src, size_t len);
+/* The same by carry-less folding (AVX2 + VPCLMULQDQ; the non-temporal form
+ * streams only into a 32-byte aligned dst), only when
+ * kv_crc32c_clmul_available(); kv_crc32c_copy and kv_crc32c_copy_nt use
+ * it when the CPU has it. */
+uint32_t kv_crc32c_copy_clmul(uint32_t crc, void *dst, const void *src, size_t len);
+uint32_t kv_crc32c_copy_nt_clmul(uint32_t crc, void *dst, const void *src, size_t len);
+int kv_crc32c_clmul_available(void);
 
 #endif

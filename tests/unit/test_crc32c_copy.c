@@ -1,6 +1,7 @@
 /* test_crc32c_copy.c - kv_crc32c_copy, the one-pass copy and checksum that
- * writers and readers of G2 blocks use: on the SSE4.2 path (with ordinary
- * and with non-temporal stores), the table path and the dispatch, for
+ * writers and readers of G2 blocks use: on the SSE4.2 path and the
+ * VPCLMULQDQ path (each with ordinary and with non-temporal stores), the
+ * table path and the dispatch, for
  * random lengths and alignments of both sides, it
  * writes exactly src's bytes into dst (nothing around it) and returns the
  * table CRC-32C of them, chaining from any start value. */
@@ -62,6 +63,12 @@ Test(crc32c_copy, hw_path) {
 Test(crc32c_copy, hw_path_non_temporal) {
   if (!kv_crc32c_hw_available()) cr_skip_test("no SSE4.2 on this CPU");
   check_copy(kv_crc32c_copy_nt_hw, "sse4.2, non-temporal");
+}
+
+Test(crc32c_copy, clmul_path) {
+  if (!kv_crc32c_clmul_available()) cr_skip_test("no AVX2 + VPCLMULQDQ on this CPU");
+  check_copy(kv_crc32c_copy_clmul, "vpclmulqdq");
+  check_copy(kv_crc32c_copy_nt_clmul, "vpclmulqdq, non-temporal");
 }
 
 Test(crc32c_copy, dispatch) {
