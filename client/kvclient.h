@@ -186,13 +186,13 @@ int kvc_abort(kvc *c, const kvc_key *keys, uint32_t n, int32_t *status);
 /* --- checksums: the writer computes, the reader verifies -------------------- */
 
 /* Copies len bytes from src to dst (they must not overlap) and returns the
- * CRC-32C of the bytes written to dst, in one pass (SSE4.2 where the CPU
- * has it: each word is checksummed from the register that stores it, so
- * the CRC is of exactly what dst holds even if src changes meanwhile).
- * What a writer uses to fill a block from kvc_alloc: dst is written with
- * non-temporal stores (not read first, not kept in this core's cache: the
- * block is for other processes), fenced before the call returns. Any
- * thread. */
+ * CRC-32C of the bytes written to dst, in one pass (VPCLMULQDQ or SSE4.2
+ * where the CPU has them: the data is checksummed from the registers that
+ * store it, so the CRC is of exactly what dst holds even if src changes
+ * meanwhile). What a writer uses to fill a block from kvc_alloc: dst is
+ * written with non-temporal stores where it is aligned as slots are (not
+ * read first, not kept in this core's cache: the block is for other
+ * processes), fenced before the call returns. Any thread. */
 uint32_t kvc_copy_crc(void *dst, const void *src, size_t len);
 /* CRC-32C (Castagnoli) of p[0..len), continuing from crc (0 to start), for
  * a block written in place by other means. Any thread. */

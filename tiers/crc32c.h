@@ -43,11 +43,12 @@ int kv_crc32c_hw_available(void);
 #define KV_CRC_COPY_CHUNK 16384
 uint32_t kv_crc32c_copy(uint32_t crc, void *dst, const void *src, size_t len);
 /* As kv_crc32c_copy, for a dst that this thread will not read again soon
- * (a block written for other processes): on the hardware path the bulk of
- * it is written with non-temporal stores, which skip reading dst's lines
- * before writing them and leave them out of the cache; they are fenced
- * (sfence) before the call returns, so a message sent after it finds the
- * bytes in place. The table path is kv_crc32c_copy_sw's. */
+ * (a block written for other processes): on the hardware paths the bulk of
+ * it is written with non-temporal stores (on the VPCLMULQDQ path when dst
+ * is 32-byte aligned), which skip reading dst's lines before writing them
+ * and leave them out of the cache; they are fenced (sfence) before the
+ * call returns, so a message sent after it finds the bytes in place. The
+ * table path is kv_crc32c_copy_sw's. */
 uint32_t kv_crc32c_copy_nt(uint32_t crc, void *dst, const void *src, size_t len);
 /* The same on the table path, and on the SSE4.2 path (only when
  * kv_crc32c_hw_available()), for tests. */
