@@ -15,13 +15,14 @@
 #include <sys/mman.h>
 #include <unistd.h>
 
+#include "base/paths.h"
 #include "client/engine.h"
 #include "client/g1.h"
 #include "client/kvclient.h"
 #include "ipc/reader.h"
 #include "ipc/sock.h"
 #include "proto/wire.h"
-#include "tiers/crc32c.h"
+#include "base/crc32c.h"
 
 /* kvc_block.has_crc and .crc took padding (after tier, after length): the
  * struct keeps its size (and every other field its offset) on LP64. */
@@ -680,7 +681,7 @@ int kvc_open(const kvc_opts *o, kvc **out) {
   if (!o || !out || !o->tenant || !o->layout.dtype) return -EINVAL;
   const char *path = o->socket_path;
   if (!path) path = getenv("KVCACHED_SOCKET");
-  if (!path) path = "/run/kvcached/kvcached.sock";
+  if (!path) path = KV_SOCKET_PATH;
   kvc *c = calloc(1, sizeof *c);
   if (!c) return -ENOMEM;
   c->fd = -1;

@@ -6,7 +6,7 @@
 #include <string.h>
 #include <unistd.h>
 
-#include "proto/errors.h"
+#include "base/errors.h"
 #include "proto/wire.h"
 
 /* why, then ": detail" when detail is given. */

@@ -13,8 +13,9 @@
 #include <sys/eventfd.h>
 #include <unistd.h>
 
+#include "base/hex.h"
 #include "cuda/dev_int.h"
-#include "proto/le.h"
+#include "base/le.h"
 
 int kv__dev_fail(kv_dev *dev, int rc, const char *fmt, ...) {
   va_list ap;
@@ -326,13 +327,12 @@ void *kv_dev_map_base(const kv_dev_map *m) { return m->base; }
 size_t kv_dev_map_bytes(const kv_dev_map *m) { return m->bytes; }
 
 const char *kv_dev_uuid_str(const uint8_t u[16], char out[KV_DEV_UUID_STR]) {
-  static const char hex[] = "0123456789abcdef";
   char *p = out + 4;
   memcpy(out, "GPU-", 4);
   for (int i = 0; i < 16; i++) {
     if (i == 4 || i == 6 || i == 8 || i == 10) *p++ = '-';
-    *p++ = hex[u[i] >> 4];
-    *p++ = hex[u[i] & 15];
+    *p++ = kv_hex_char(u[i] >> 4);
+    *p++ = kv_hex_char(u[i]);
   }
   *p = 0;
   return out;

@@ -8,9 +8,9 @@
 #include <sys/resource.h>
 #include <unistd.h>
 
-#include "daemon/log.h"
+#include "base/log.h"
 #include "ipc/sock.h"
-#include "proto/errors.h"
+#include "base/errors.h"
 
 static int reserve = -1;
 

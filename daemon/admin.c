@@ -12,8 +12,8 @@
 #include <string.h>
 #include <unistd.h>
 
-#include "daemon/log.h"
-#include "proto/errors.h"
+#include "base/log.h"
+#include "base/errors.h"
 
 #define TICK_MS 100
 
@@ -359,9 +359,9 @@ int kvd_ops_start(kvd_ops *o, kvd *d, uv_loop_t *loop) {
   d->m.http[KVD_SOCK_STATS] = &o->stats.st[KVD_HTTP_UNIX];
   d->m.http[KVD_SOCK_STATS_TCP] = d->cfg.stats_listen[0] ? &o->stats.st[KVD_HTTP_TCP] : NULL;
   d->m.http[KVD_SOCK_ADMIN] = &o->admin.st[KVD_HTTP_UNIX];
-  int rc = kvd_http_listen_unix(&o->stats, d->cfg.socket_dir, KVD_STATS_SOCKET_NAME, 0666);
+  int rc = kvd_http_listen_unix(&o->stats, d->cfg.socket_dir, KV_STATS_SOCKET_NAME, 0666);
   if (!rc && d->cfg.stats_listen[0]) rc = kvd_http_listen_tcp(&o->stats, d->cfg.stats_listen);
-  if (!rc) rc = kvd_http_listen_unix(&o->admin, d->cfg.socket_dir, KVD_ADMIN_SOCKET_NAME, 0600);
+  if (!rc) rc = kvd_http_listen_unix(&o->admin, d->cfg.socket_dir, KV_ADMIN_SOCKET_NAME, 0600);
   if (rc) {
     for (int i = 0; i < KVD_SOCK_COUNT; i++) d->m.http[i] = NULL;
     kvd_http_close(&o->stats);

@@ -16,11 +16,10 @@
 #include <sys/types.h>
 #include <uv.h>
 
+#include "base/paths.h"
 #include "daemon/http.h"
 #include "daemon/kvd.h"
 
-#define KVD_STATS_SOCKET_NAME "kvcached-stats.sock"
-#define KVD_ADMIN_SOCKET_NAME "kvcached-admin.sock"
 
 typedef struct kvd_ops {
   kvd *d;

@@ -17,7 +17,8 @@
 #include <string.h>
 
 #include "daemon/kvd.h"
-#include "daemon/log.h"
+#include "base/clock.h"
+#include "base/log.h"
 
 #define WAIT 1 /* entry status while waiting for room */
 

@@ -18,8 +18,9 @@
 #include <sys/statvfs.h>
 #include <unistd.h>
 
+#include "base/paths.h"
 #include "daemon/admin.h"
-#include "daemon/log.h"
+#include "base/log.h"
 #include "daemon/server.h"
 #include "ipc/sock.h"
 #include "tiers/evict.h"
@@ -38,7 +39,7 @@ typedef struct opt {
 #define O(field) offsetof(kv_config, field)
 static const opt opts[] = {
     {"daemon", "socket_dir", OPT_STR, O(socket_dir), sizeof(((kv_config *)0)->socket_dir),
-     "/run/kvcached", "directory of the worker socket (kvcached.sock); created 0750 if missing"},
+     KV_SOCKET_DIR, "directory of the worker socket (kvcached.sock); created 0750 if missing"},
     {"daemon", "load_timeout_ms", OPT_U32, O(load_timeout_ms), 0, "5000",
      "a LOAD or ALLOC waiting this long for G2 room answers its waiting blocks "
      "with a timeout (LOAD) or -EAGAIN (ALLOC)"},
@@ -117,31 +118,6 @@ static const opt opts[] = {
 };
 #undef O
 #define NOPTS (sizeof opts / sizeof opts[0])
-
-int kv_parse_size(const char *s, uint64_t *out) {
-  if (!s) return -EINVAL;
-  while (isspace((unsigned char)*s)) s++;
-  if (!isdigit((unsigned char)*s)) return -EINVAL;
-  errno = 0;
-  char *end;
-  unsigned long long v = strtoull(s, &end, 10);
-  if (errno) return -EINVAL;
-  unsigned shift = 0;
-  switch (toupper((unsigned char)*end)) {
-  case 'K': shift = 10; end++; break;
-  case 'M': shift = 20; end++; break;
-  case 'G': shift = 30; end++; break;
-  case 'T': shift = 40; end++; break;
-  default: break;
-  }
-  if (shift && (*end == 'i' || *end == 'I')) end++;
-  if (*end == 'B' || *end == 'b') end++;
-  while (isspace((unsigned char)*end)) end++;
-  if (*end) return -EINVAL;
-  if (shift && v > (UINT64_MAX >> shift)) return -EINVAL;
-  *out = (uint64_t)v << shift;
-  return 0;
-}
 
 static int parse_bool(const char *s, int *out) {
   static const char *yes[] = {"1", "yes", "true", "on"}, *no[] = {"0", "no", "false", "off"};
@@ -574,7 +550,7 @@ static void check_alone(const kv_config *c, chk *k) {
     REFUSE("daemon.socket_dir must not be empty");
   } else {
     /* Every socket the daemon makes there, and its ".lock", must fit sun_path. */
-    static const char *const names[] = {KVD_SOCKET_NAME, KVD_STATS_SOCKET_NAME, KVD_ADMIN_SOCKET_NAME};
+    static const char *const names[] = {KV_SOCKET_NAME, KV_STATS_SOCKET_NAME, KV_ADMIN_SOCKET_NAME};
     size_t longest = 0;
     for (size_t i = 0; i < sizeof names / sizeof names[0]; i++)
       if (strlen(names[i]) > longest) longest = strlen(names[i]);

@@ -15,6 +15,8 @@
 #include <stdio.h>
 #include <sys/types.h>
 
+#include "base/size.h"
+
 /*
  * Tenants (daemon/OPS.md, "Tenants and credentials"): INI sections
  * [tenant.NAME] (or flags --set tenant.NAME.KEY=VALUE) with keys
@@ -161,10 +163,5 @@ void kv_config_print(const kv_config *c, FILE *f);
  * (sizes in bytes, booleans yes/no), in the table's order. */
 typedef void (*kv_config_fn)(void *arg, const char *section, const char *name, const char *value);
 void kv_config_foreach(const kv_config *c, kv_config_fn fn, void *arg);
-
-/* Parses a size: digits with an optional K, M, G or T suffix (powers of
- * 1024), optionally followed by "B"/"iB". 0 or -EINVAL (empty, junk,
- * negative, overflow). */
-int kv_parse_size(const char *s, uint64_t *out);
 
 #endif

@@ -5,8 +5,8 @@
 #include <stdio.h>
 #include <string.h>
 
-#include "daemon/log.h"
-#include "proto/errors.h"
+#include "base/log.h"
+#include "base/errors.h"
 #include "tiers/core.h"
 
 /* G1 cannot be had, for `why`: with g1.enable = on that fails the start

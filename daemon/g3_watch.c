@@ -5,10 +5,11 @@
 #include <errno.h>
 #include <string.h>
 
+#include "base/clock.h"
 #include "daemon/kvd.h"
-#include "daemon/log.h"
+#include "base/log.h"
 #include "ipc/sock.h"
-#include "proto/errors.h"
+#include "base/errors.h"
 
 #define WATCH_MS 500                  /* how often the files are checked */
 #define BACKOFF_MAX_MS (300u * 1000u) /* reopening: at most every 5 minutes */

@@ -13,16 +13,12 @@
 #include <time.h>
 
 #include "daemon/g3_watch.h"
+#include "base/clock.h"
 #include "daemon/kvd.h"
-#include "daemon/log.h"
+#include "base/log.h"
 #include "daemon/server.h"
-#include "tiers/crc32c.h"
+#include "base/crc32c.h"
 
-static uint64_t now_ms(void) {
-  struct timespec ts;
-  clock_gettime(CLOCK_MONOTONIC, &ts);
-  return (uint64_t)ts.tv_sec * 1000 + (uint64_t)ts.tv_nsec / 1000000;
-}
 
 /* Opens the SSD tier on the configured directories and attaches it
  * (g3_watch.h). */
@@ -94,7 +90,7 @@ int kvd_g3_open(kvd *d, int lock_wait_ms, char *why, size_t whylen) {
 
 int kvd_init(kvd *d) {
   int rc;
-  d->start_ms = now_ms();
+  d->start_ms = kv_now_ms();
   d->next_session_id = 1;
   d->keys = malloc(KV_BATCH_MAX * sizeof *d->keys);
   d->tiers = malloc(KV_BATCH_MAX);
@@ -468,7 +464,7 @@ static int op_status(kvd *d, kvd_session *s, const kv_msg *req, kv_buf *out) {
   for (int i = 0; i < KVD_MISS_COUNT; i++) misses += d->m.misses[i];
   json_t *o = json_pack(
       "{s:s,s:I,s:I,s:{s:I,s:I,s:I,s:o},s:{s:I,s:I,s:I,s:I,s:I,s:I,s:I,s:I,s:I},s:s,s:I}",
-      "version", KV_VERSION, "uptime_s", (json_int_t)((now_ms() - d->start_ms) / 1000),
+      "version", KV_VERSION, "uptime_s", (json_int_t)((kv_now_ms() - d->start_ms) / 1000),
       "sessions", (json_int_t)d->nsessions,
       "g2", "capacity_bytes", (json_int_t)cap, "used_bytes", (json_int_t)used,
       "blocks", (json_int_t)d->core.ix.count, "tenants", tenants,
@@ -512,7 +508,7 @@ int kvd_handle(kvd *d, kvd_sink *sink, const kv_msg *req, kv_buf *out, int fd_ou
   if (s->ns < 0) return kvd_fail(out, req, KV_ENOSESSION, NULL);
   switch (req->op) {
   case KV_OP_LOOKUP: {
-    uint64_t t0 = kvd_now_ns();
+    uint64_t t0 = kv_now_ns();
     int rc = op_lookup(d, s, req, out);
     kvd_req_done(d, KVD_REQ_LOOKUP, t0);
     return rc;

@@ -13,9 +13,11 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
+#include "base/clock.h"
+#include "base/hex.h"
 #include "daemon/accept.h"
-#include "daemon/log.h"
-#include "proto/errors.h"
+#include "base/log.h"
+#include "base/errors.h"
 
 struct kvd_http_conn {
   uv_poll_t poll;
@@ -105,13 +107,6 @@ void kvd_http_json(kvd_http_resp *resp, json_t *o, int status) {
   free(text);
 }
 
-static int hexval(int c) {
-  if (c >= '0' && c <= '9') return c - '0';
-  if (c >= 'a' && c <= 'f') return c - 'a' + 10;
-  if (c >= 'A' && c <= 'F') return c - 'A' + 10;
-  return -1;
-}
-
 int kvd_http_query(const char *query, const char *name, char *out, size_t outlen) {
   size_t nl = strlen(name);
   for (const char *q = query; q && *q;) {
@@ -126,8 +121,8 @@ int kvd_http_query(const char *query, const char *name, char *out, size_t outlen
         int ch = (unsigned char)*v;
         if (ch == '+') ch = ' ';
         else if (ch == '%') {
-          if (end - v < 3 || hexval(v[1]) < 0 || hexval(v[2]) < 0) return -EINVAL;
-          ch = hexval(v[1]) * 16 + hexval(v[2]);
+          if (end - v < 3 || kv_hex_digit(v[1]) < 0 || kv_hex_digit(v[2]) < 0) return -EINVAL;
+          ch = kv_hex_digit(v[1]) * 16 + kv_hex_digit(v[2]);
           v += 2;
         }
         if (o + 1 >= outlen) { rc = -E2BIG; break; }

@@ -42,7 +42,7 @@
 #include <uv.h>
 
 #include "ipc/sock.h"
-#include "proto/buf.h"
+#include "base/buf.h"
 
 #define KVD_HTTP_MAX_REQUEST (64u << 10)
 #define KVD_HTTP_MAX_CONNS 256

@@ -35,9 +35,10 @@
 #include <string.h>
 
 #include "daemon/kvd.h"
-#include "daemon/log.h"
+#include "base/clock.h"
+#include "base/log.h"
 #include "ipc/sock.h"
-#include "tiers/crc32c.h"
+#include "base/crc32c.h"
 
 #define RETRY 1 /* entry status while waiting for G2 room */
 
@@ -58,7 +59,7 @@ struct kvd_load {
   unsigned pool;       /* target G1: the session's pool (its worker's device) */
   kvd_load *next_wait;
   int waiting;
-  uint64_t t0;         /* kvd_now_ns() when the request was taken */
+  uint64_t t0;         /* kv_now_ns() when the request was taken */
   uint64_t wait_since; /* kv_now_ms() of the first wait for room; 0: never waited */
   kv_bid *bid;
   kv_load_ent *ent;
@@ -236,7 +237,7 @@ static int load_keys(kvd *d, kvd_sink *sink, const kv_msg *req, uint32_t n, uint
     return kvd_fail(out, req, -ENOMEM, NULL);
   }
   ld->d = d;
-  ld->t0 = kvd_now_ns();
+  ld->t0 = kv_now_ns();
   ld->sink = sink;
   kvd_sink_get(sink);
   ld->req = *req;

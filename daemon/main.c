@@ -26,9 +26,9 @@
 #include "daemon/admin.h"
 #include "daemon/config.h"
 #include "daemon/kvd.h"
-#include "daemon/log.h"
+#include "base/log.h"
 #include "daemon/server.h"
-#include "proto/errors.h"
+#include "base/errors.h"
 
 typedef struct daemon_state {
   kvd d;

@@ -8,7 +8,8 @@
 #include <string.h>
 #include <sys/socket.h>
 
-#include "daemon/log.h"
+#include "base/clock.h"
+#include "base/log.h"
 #include "ipc/sock.h"
 
 const char *const kvd_hello_refusal_names[KVD_HELLO_REFUSED_COUNT] = {"unknown_tenant", "not_allowed"};

@@ -6,8 +6,9 @@
 #include <string.h>
 #include <unistd.h>
 
+#include "base/clock.h"
 #include "daemon/accept.h"
-#include "daemon/log.h"
+#include "base/log.h"
 #include "ipc/reader.h"
 
 #define MAX_OUT_FDS 4
@@ -433,9 +434,9 @@ int kvd_server_start(kvd_server *s, kvd *d, uv_loop_t *loop) {
   d->st.conns_max = s->max_conns;
   if (!s->max_conns) return -EMFILE;
   kv_listen_opts lo = {.flags = KV_SOCK_NONBLOCK};
-  rc = kv_listen(&s->lst, d->cfg.socket_dir, KVD_SOCKET_NAME, &lo);
+  rc = kv_listen(&s->lst, d->cfg.socket_dir, KV_SOCKET_NAME, &lo);
   if (rc) {
-    kv_error("server", "cannot listen on %s/%s: %s", d->cfg.socket_dir, KVD_SOCKET_NAME,
+    kv_error("server", "cannot listen on %s/%s: %s", d->cfg.socket_dir, KV_SOCKET_NAME,
              rc == -EADDRINUSE ? "another kvcached is serving it" : kv_strerror(rc));
     return rc;
   }

@@ -31,11 +31,11 @@
 
 #include <uv.h>
 
+#include "base/paths.h"
 #include "daemon/kvd.h"
 #include "ipc/sock.h"
 
 #define KVD_OUT_MAX ((size_t)16 << 20)
-#define KVD_SOCKET_NAME "kvcached.sock"
 
 typedef struct kvd_conn kvd_conn;
 

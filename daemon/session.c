@@ -4,7 +4,7 @@
 #include <errno.h>
 #include <string.h>
 
-#include "proto/errors.h"
+#include "base/errors.h"
 
 void kvd_session_init(kvd_session *s, uint64_t id) {
   memset(s, 0, sizeof *s);

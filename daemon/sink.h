@@ -14,7 +14,7 @@
 #include <stdint.h>
 
 #include "daemon/session.h"
-#include "proto/buf.h"
+#include "base/buf.h"
 
 typedef struct kvd_sink kvd_sink;
 struct kvd_sink {

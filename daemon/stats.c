@@ -13,9 +13,12 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "base/clock.h"
+#include "base/hex.h"
+#include "base/size.h"
 #include "daemon/kvd.h"
-#include "daemon/log.h"
-#include "proto/errors.h"
+#include "base/log.h"
+#include "base/errors.h"
 
 #define GHOST_SLOTS (1u << 18) /* about 256 Ki keys remembered: 2 MiB */
 
@@ -25,11 +28,6 @@ const char *const kvd_dir_names[KVD_DIR_COUNT] = {"g1_to_g2", "g2_to_g1", "g2_to
 const char *const kvd_sock_names[KVD_SOCK_COUNT] = {"stats", "stats_tcp", "admin"};
 static const char *const tier_names[KV_NTIERS] = {"g1", "g2", "g3"};
 
-uint64_t kvd_now_ns(void) {
-  struct timespec ts;
-  clock_gettime(CLOCK_MONOTONIC, &ts);
-  return (uint64_t)ts.tv_sec * 1000000000u + (uint64_t)ts.tv_nsec;
-}
 
 /* --- histograms --------------------------------------------------------------- */
 
@@ -100,7 +98,7 @@ void kvd_ghost_note(kvd *d, uint32_t core_ns, const kv_key *key, int held) {
 void kvd_miss_add(kvd *d, kvd_miss why, uint64_t n) { d->m.misses[why] += n; }
 
 void kvd_req_done(kvd *d, kvd_req_kind k, uint64_t t0) {
-  kvd_hist_add(&d->m.req[k], kvd_now_ns() - t0);
+  kvd_hist_add(&d->m.req[k], kv_now_ns() - t0);
 }
 
 /* Held under a namespace of another tenant? Namespaces are few (tenants x
@@ -126,42 +124,23 @@ kvd_miss kvd_miss_classify(kvd *d, int reg_ns, uint32_t core_ns, const kv_key *k
 
 /* --- hex ------------------------------------------------------------------------ */
 
-static void to_hex(const uint8_t *p, size_t n, char *out) {
-  static const char digits[] = "0123456789abcdef";
-  for (size_t i = 0; i < n; i++) {
-    out[2 * i] = digits[p[i] >> 4];
-    out[2 * i + 1] = digits[p[i] & 15];
-  }
-  out[2 * n] = 0;
-}
-
-static int nib(int c) {
-  c = tolower(c);
-  return c >= '0' && c <= '9' ? c - '0' : c >= 'a' && c <= 'f' ? c - 'a' + 10 : -1;
-}
-
 int kvd_key_from_hex(const char *hex, size_t len, kv_key *k) {
-  if (len == 0 || len % 2 || len / 2 > KV_KEY_MAX) return -EINVAL;
   uint8_t b[KV_KEY_MAX];
-  for (size_t i = 0; i < len / 2; i++) {
-    int hi = nib((unsigned char)hex[2 * i]), lo = nib((unsigned char)hex[2 * i + 1]);
-    if (hi < 0 || lo < 0) return -EINVAL;
-    b[i] = (uint8_t)(hi << 4 | lo);
-  }
-  return kv_key_set(k, b, (unsigned)(len / 2));
+  int n = len ? kv_hex_decode(hex, len, b, sizeof b) : -EINVAL;
+  return n < 0 ? n : kv_key_set(k, b, (unsigned)n);
 }
 
 int kvd_ns_by_hex(kvd *d, const char *hex, uint32_t *core_ns) {
   size_t n = strlen(hex);
   if (n < 8 || n > 2 * KV_G3_NS_BYTES) return -EINVAL;
   for (size_t i = 0; i < n; i++)
-    if (nib((unsigned char)hex[i]) < 0) return -EINVAL;
+    if (kv_hex_digit((unsigned char)hex[i]) < 0) return -EINVAL;
   int found = -1;
   for (uint32_t i = 0; i < d->core.nns; i++) {
     const kv_core_ns *cn = &d->core.ns[i];
     if (!cn->has_digest) continue;
     char h[2 * KV_G3_NS_BYTES + 1];
-    to_hex(cn->digest, KV_G3_NS_BYTES, h);
+    kv_hex_encode(cn->digest, KV_G3_NS_BYTES, h);
     if (strncasecmp(h, hex, n)) continue;
     if (found >= 0) return -EEXIST;
     found = (int)i;
@@ -621,9 +600,9 @@ typedef struct keys_ctx {
 static int key_one(const kv_block *b, void *arg) {
   keys_ctx *k = arg;
   char key[2 * KV_KEY_MAX + 1], ns[2 * KV_G3_NS_BYTES + 1] = "";
-  to_hex(b->key, kv_block_keylen(b), key);
+  kv_hex_encode(b->key, kv_block_keylen(b), key);
   const kv_core_ns *cn = &k->d->core.ns[b->ns];
-  if (cn->has_digest) to_hex(cn->digest, KV_G3_NS_BYTES, ns);
+  if (cn->has_digest) kv_hex_encode(cn->digest, KV_G3_NS_BYTES, ns);
   json_t *tiers = json_array();
   for (int t = 0; t < KV_NTIERS; t++)
     if (b->tiers & KV_TIER_BIT(t)) json_array_append_new(tiers, json_string(tier_names[t]));

@@ -23,7 +23,7 @@
 
 #include "daemon/ghost.h"
 #include "daemon/http.h"
-#include "proto/buf.h"
+#include "base/buf.h"
 #include "tiers/block.h"
 
 /* Bucket i counts durations <= 2^i microseconds (1 us .. about 8.4 s);
@@ -84,15 +84,12 @@ struct kvd;
 int kvd_metrics_init(struct kvd *d);
 void kvd_metrics_fini(struct kvd *d);
 
-/* Monotonic nanoseconds: the clock of every duration here. */
-uint64_t kvd_now_ns(void);
-
 /* Why key (of registry namespace reg_ns, core namespace core_ns) missed:
  * KVD_MISS_NOT_SHAREABLE, _EVICTED or _ABSENT. Counts it. */
 kvd_miss kvd_miss_classify(struct kvd *d, int reg_ns, uint32_t core_ns, const kv_key *key);
 /* Counts n misses of a reason known otherwise (corrupt, io_error, timeout). */
 void kvd_miss_add(struct kvd *d, kvd_miss why, uint64_t n);
-/* Records the duration of a LOOKUP or LOAD that started at t0 (kvd_now_ns). */
+/* Records the duration of a LOOKUP or LOAD that started at t0 (kv_now_ns). */
 void kvd_req_done(struct kvd *d, kvd_req_kind k, uint64_t t0);
 
 /* A key was committed (remembered) or deleted (forgotten). */

@@ -6,20 +6,12 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "base/hex.h"
 #include "daemon/kvd.h"
-#include "daemon/log.h"
-#include "tiers/crc32c.h"
+#include "base/log.h"
+#include "base/crc32c.h"
 
 #define BAD_COPIES ((uint8_t)(KV_TIER_BIT(KV_G1) | KV_TIER_BIT(KV_G2)))
-
-static void key_hex(const uint8_t *k, unsigned len, char out[2 * KV_KEY_MAX + 1]) {
-  static const char hex[] = "0123456789abcdef";
-  for (unsigned i = 0; i < len; i++) {
-    out[2 * i] = hex[k[i] >> 4];
-    out[2 * i + 1] = hex[k[i] & 15];
-  }
-  out[2 * len] = 0;
-}
 
 /* b's G2 copy against its committed CRC: 1 fails, 0 holds, -1 no copy to check. */
 static int g2_fails(kvd *d, const kv_block *b, uint32_t *now) {
@@ -68,7 +60,7 @@ static int list_add(kvd_trust *t, const kv_block *b) {
 int kvd_trust_report(kvd *d, uint64_t sid, kv_block *b) {
   if (kvd_trust_refused(d, b)) return 1; /* confirmed already, waiting for its pins */
   char k[2 * KV_KEY_MAX + 1];
-  key_hex(b->key, kv_block_keylen(b), k);
+  kv_hex_encode(b->key, kv_block_keylen(b), k);
   uint32_t now = 0;
   int fails = g2_fails(d, b, &now);
   if (fails <= 0) {
@@ -113,7 +105,7 @@ void kvd_trust_sweep(kvd *d) {
     if (gone || drop(d, b)) {
       if (!gone) {
         char k[2 * KV_KEY_MAX + 1];
-        key_hex(s->key.b, s->key.len, k);
+        kv_hex_encode(s->key.b, s->key.len, k);
         kv_info("trust", "block %s (namespace %u): its last pin went, G2/G1 copies dropped", k,
                 (unsigned)s->core_ns);
       }

@@ -16,8 +16,9 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
+#include "base/clock.h"
 #include "ipc/sock.h"
-#include "proto/le.h"
+#include "base/le.h"
 
 #define KV_READER_INIT (64u * 1024)  /* first allocation */
 #define KV_READER_CHUNK 4096u        /* least room offered to a greedy read */

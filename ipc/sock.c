@@ -5,6 +5,8 @@
  */
 #include "ipc/sock.h"
 
+#include "base/clock.h"
+
 #include <errno.h>
 #include <fcntl.h>
 #include <poll.h>
@@ -29,11 +31,6 @@ static int mkaddr(struct sockaddr_un *a, const char *path) {
   return 0;
 }
 
-int64_t kv_now_ms(void) {
-  struct timespec ts;
-  clock_gettime(CLOCK_MONOTONIC, &ts);
-  return (int64_t)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
-}
 
 int kv_sock_wait(int fd, short events, int64_t deadline_ms) {
   for (;;) {

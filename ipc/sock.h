@@ -21,6 +21,8 @@
 #include <sys/types.h>
 #include <sys/uio.h>
 
+#include "base/clock.h"
+
 #define KV_SOCK_PATH_MAX 108 /* sizeof(sockaddr_un.sun_path), NUL included */
 
 #define KV_SOCK_NONBLOCK 0x1 /* flag: the new socket is O_NONBLOCK */
@@ -90,9 +92,6 @@ typedef struct kv_peercred {
 
 /* Reads the peer's credentials. 0 or -errno. */
 int kv_sock_peercred(int sock, kv_peercred *out);
-
-/* Now, in milliseconds of CLOCK_MONOTONIC: the clock of deadlines here. */
-int64_t kv_now_ms(void);
 
 /* Waits with poll() until fd reports one of `events` (or an error or
  * hang-up, which the next call on fd will report), or until deadline_ms (a

@@ -8,7 +8,7 @@
 #include <errno.h>
 #include <string.h>
 
-#include "proto/le.h"
+#include "base/le.h"
 
 /* Per opcode: its name and the payload limits of its request and reply. */
 static const struct {

@@ -29,9 +29,9 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#include "proto/buf.h"
-#include "proto/errors.h"
-#include "tiers/block.h" /* kv_key, KV_KEY_MAX, kv_tier, KV_TIER_NONE */
+#include "base/buf.h"
+#include "base/errors.h"
+#include "base/key.h"
 
 /* ---- versions and limits -------------------------------------------------- */
 

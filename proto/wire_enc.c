@@ -9,7 +9,7 @@
 #include <errno.h>
 #include <string.h>
 
-#include "proto/le.h"
+#include "base/le.h"
 #include "proto/wire.h"
 #include "proto/wire_int.h"
 

@@ -9,8 +9,8 @@
 #include <sys/mman.h>
 #include <unistd.h>
 
-#include "daemon/log.h"
-#include "proto/errors.h"
+#include "base/log.h"
+#include "base/errors.h"
 
 #define NOPAGE UINT32_MAX
 #define NOCLS 0xff

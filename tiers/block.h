@@ -19,16 +19,7 @@
 
 #include <stdint.h>
 
-#define KV_KEY_MAX 32 /* keys are opaque digests of 1..32 bytes */
-
-typedef struct kv_key {
-  uint8_t len;
-  uint8_t b[KV_KEY_MAX];
-} kv_key;
-
-typedef enum { KV_G1 = 0, KV_G2 = 1, KV_G3 = 2, KV_NTIERS = 3 } kv_tier;
-#define KV_TIER_NONE 0xff
-#define KV_TIER_BIT(t) (1u << (t))
+#include "base/key.h"
 
 typedef enum {
   KV_BS_FREE = 0, /* record unused (on the index's free list) */
@@ -87,12 +78,5 @@ _Static_assert(sizeof(kv_block) == 104, "kv_block grew: see tiers/INDEX.md for t
 static inline unsigned kv_block_keylen(const kv_block *b) { return b->klen1 + 1u; }
 /* len is 1..KV_KEY_MAX (the index checks it before). */
 static inline void kv_block_set_keylen(kv_block *b, unsigned len) { b->klen1 = (len - 1u) & 31u; }
-
-static inline int kv_key_set(kv_key *k, const void *bytes, unsigned len) {
-  if (len == 0 || len > KV_KEY_MAX) return -22; /* -EINVAL */
-  k->len = (uint8_t)len;
-  for (unsigned i = 0; i < len; i++) k->b[i] = ((const uint8_t *)bytes)[i];
-  return 0;
-}
 
 #endif

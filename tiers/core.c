@@ -6,8 +6,9 @@
 #include <string.h>
 #include <time.h>
 
-#include "daemon/log.h"
-#include "proto/errors.h"
+#include "base/clock.h"
+#include "base/log.h"
+#include "base/errors.h"
 
 int kv_core_init(kv_core *c, const kv_core_opts *o) {
   memset(c, 0, sizeof *c);
@@ -522,15 +523,10 @@ typedef struct g3_op {
   uint64_t t0; /* start, for kv_core_admin.on_copy */
 } g3_op;
 
-uint64_t kv_core__mono_ns(void) {
-  struct timespec ts;
-  clock_gettime(CLOCK_MONOTONIC, &ts);
-  return (uint64_t)ts.tv_sec * 1000000000u + (uint64_t)ts.tv_nsec;
-}
 
 void kv_core__copied(kv_core *c, kv_tier from, kv_tier to, uint32_t bytes, uint64_t t0,
                      int status) {
-  if (c->adm.on_copy) c->adm.on_copy(c->adm.on_copy_arg, from, to, bytes, kv_core__mono_ns() - t0, status);
+  if (c->adm.on_copy) c->adm.on_copy(c->adm.on_copy_arg, from, to, bytes, kv_now_ns() - t0, status);
 }
 
 static int admitted(kv_core *c, const kv_block *b) {
@@ -604,7 +600,7 @@ static int g3_demote(kv_core *c, kv_block *v, kv_tier from, void *unused) {
     c->st.g3_refused++;
     return KV_DEMOTE_DONE;
   }
-  *op = (g3_op){c, v->id, slot, NULL, NULL, kv_core__mono_ns()};
+  *op = (g3_op){c, v->id, slot, NULL, NULL, kv_now_ns()};
   kv_g3_key k;
   g3_key_of(c, v, &k);
   set_g3_slot(c, v, slot);
@@ -809,7 +805,7 @@ int kv_core_promote(kv_core *c, kv_block *b, kv_promote_cb cb, void *arg) {
     kv_arena_free(n->arena, slot);
     return -ENOMEM;
   }
-  *op = (g3_op){c, b->id, slot, cb, arg, kv_core__mono_ns()};
+  *op = (g3_op){c, b->id, slot, cb, arg, kv_now_ns()};
   b->slot[KV_G2] = slot;
   b->busy |= (uint8_t)KV_TIER_BIT(KV_G2);
   kv_g3_expect ex = {.len = b->size, .crc = b->crc, .flags = KV_G3_EXPECT_CRC};

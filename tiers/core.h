@@ -198,8 +198,7 @@ int kv_core__class(kv_core *c, kv_arena *arena, uint32_t block_bytes, kv_tier t)
 void kv_core__set_valid(kv_core *c, kv_block *b, kv_tier t);
 void kv_core__sync_all(kv_core *c, kv_block *b);
 void kv_core__reap(kv_core *c, kv_block *b);
-uint64_t kv_core__mono_ns(void); /* CLOCK_MONOTONIC, for kv_core_admin.on_copy */
-/* Tells kv_core_admin.on_copy of a copy started at t0 (kv_core__mono_ns). */
+/* Tells kv_core_admin.on_copy of a copy started at t0 (kv_now_ns). */
 void kv_core__copied(kv_core *c, kv_tier from, kv_tier to, uint32_t bytes, uint64_t t0,
                      int status);
 /* The policy ranking namespace ns's blocks in tier t (for G1: in G1 pool

@@ -13,7 +13,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "daemon/log.h"
+#include "base/log.h"
 #include "tiers/core.h"
 
 /* Block ids of every record for which keep(b) holds; *out is malloc'd. */

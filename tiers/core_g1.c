@@ -3,8 +3,9 @@
 #include <errno.h>
 #include <stdlib.h>
 
-#include "daemon/log.h"
-#include "proto/errors.h"
+#include "base/log.h"
+#include "base/clock.h"
+#include "base/errors.h"
 #include "tiers/core.h"
 
 /* One copy in flight; its address is the tag the mover gets back. */
@@ -51,7 +52,7 @@ static int start_copy(kv_core *c, kv_block *b, g1_op *op) {
   g1_op *o = malloc(sizeof *o);
   if (!o) return -ENOMEM;
   *o = *op;
-  o->t0 = kv_core__mono_ns();
+  o->t0 = kv_now_ns();
   int rc = c->g1_copy(c->g1_arg[o->pool], o->to_g1, kv_core_g1_ptr(c, b), kv_core_g2_ptr(c, b),
                       b->size, (uint64_t)(uintptr_t)o);
   if (rc) {

@@ -18,9 +18,9 @@
 #include <time.h>
 #include <unistd.h>
 
-#include "daemon/log.h"
-#include "proto/errors.h"
-#include "tiers/crc32c.h"
+#include "base/log.h"
+#include "base/errors.h"
+#include "base/crc32c.h"
 #include "tiers/g3_internal.h"
 
 #define QD_MAX KV_G3_QUEUE_DEPTH_MAX

@@ -23,7 +23,7 @@
  *
  * Threading: every function here is called from one thread (the daemon's
  * loop), like the block index. The store's own threads never call back.
- * Errors: 0 (or a count) on success, negative errno or KV_E* (proto/errors.h).
+ * Errors: 0 (or a count) on success, negative errno or KV_E* (base/errors.h).
  */
 #ifndef KV_TIERS_G3_H
 #define KV_TIERS_G3_H

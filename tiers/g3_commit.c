@@ -20,8 +20,8 @@
 #include <string.h>
 #include <unistd.h>
 
-#include "daemon/log.h"
-#include "proto/errors.h"
+#include "base/log.h"
+#include "base/errors.h"
 #include "tiers/g3_internal.h"
 
 void g3_done_push(kv_g3 *g, g3_op *op) {

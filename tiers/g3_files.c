@@ -15,8 +15,8 @@
 #include <time.h>
 #include <unistd.h>
 
-#include "daemon/log.h"
-#include "proto/errors.h"
+#include "base/log.h"
+#include "base/errors.h"
 #include "tiers/g3_internal.h"
 
 static int open_mode(g3_file *f, int flags, kv_g3_direct mode, const kv_g3_fault *fault);

@@ -4,9 +4,9 @@
 #include <errno.h>
 #include <string.h>
 
-#include "proto/errors.h"
-#include "proto/le.h"
-#include "tiers/crc32c.h"
+#include "base/errors.h"
+#include "base/le.h"
+#include "base/crc32c.h"
 
 const uint8_t g3_sb_magic[8] = {'K', 'V', 'G', '3', 'S', 'U', 'P', 'R'};
 

@@ -12,8 +12,8 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
-#include "daemon/log.h"
-#include "proto/errors.h"
+#include "base/log.h"
+#include "base/errors.h"
 #include "tiers/g3_internal.h"
 
 #define IDX_NAME "kvg3-index.mdb"

@@ -16,9 +16,9 @@
 #include <string.h>
 #include <unistd.h>
 
-#include "daemon/log.h"
-#include "proto/errors.h"
-#include "tiers/crc32c.h"
+#include "base/log.h"
+#include "base/errors.h"
+#include "base/crc32c.h"
 #include "tiers/g3_internal.h"
 
 #define SCAN_CHUNK (1u << 20)

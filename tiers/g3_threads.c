@@ -10,7 +10,7 @@
 #include <string.h>
 #include <sys/uio.h>
 
-#include "daemon/log.h"
+#include "base/log.h"
 #include "tiers/g3_internal.h"
 
 #define MAX_THREADS 256

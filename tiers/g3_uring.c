@@ -24,8 +24,8 @@
 #include <sys/eventfd.h>
 #include <unistd.h>
 
-#include "daemon/log.h"
-#include "proto/errors.h"
+#include "base/log.h"
+#include "base/errors.h"
 #include "tiers/g3_internal.h"
 
 #define KICK_TAG UINT64_MAX

@@ -9,7 +9,7 @@
 #include <string.h>
 #include <xxhash.h>
 
-#include "proto/errors.h"
+#include "base/errors.h"
 
 #define MIN_TABLE 64u
 #define MAX_TABLE UINT32_MAX

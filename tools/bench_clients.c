@@ -19,6 +19,8 @@
 
 #include "tools/kvbench.h"
 
+#include "base/clock.h"
+
 void kvb_sync_wait(kvb_sync *s) {
   char b = 1;
   if (s->passed) return;
@@ -62,7 +64,7 @@ int kvb_run_clients(const char *cmd, uint32_t n, const kvb_clients_ops *ops, voi
     nready++;
   }
   if (ops->all_ready && nready == started) ops->all_ready(arg);
-  double t0 = kvb_now_s();
+  double t0 = kv_now_s();
   close(go[1]);
   int failed = started < n || nready < started;
   for (uint32_t i = 0; i < started; i++) {
@@ -75,7 +77,7 @@ int kvb_run_clients(const char *cmd, uint32_t n, const kvb_clients_ops *ops, voi
       fprintf(stderr, "%s: client %u: %s\n", cmd, i, why ? why : "died");
     }
   }
-  if (elapsed) *elapsed = kvb_now_s() - t0;
+  if (elapsed) *elapsed = kv_now_s() - t0;
   close(ready[0]);
   return failed ? -1 : 0;
 }

@@ -17,9 +17,10 @@
 #include <string.h>
 #include <time.h>
 
-#include "proto/errors.h"
+#include "base/errors.h"
+#include "base/clock.h"
 #include "tiers/core.h"
-#include "tiers/crc32c.h"
+#include "base/crc32c.h"
 #include "tiers/probe.h"
 #include "tools/kvbench.h"
 #include "tools/trace.h"
@@ -385,11 +386,6 @@ static json_t *g3_policies_json(const kv_trace *t, const char *dir, double g2f, 
 
 /* Index lookups per second: every block reference of the trace, looked up
  * in a full index, repeated; median of several rounds. */
-static double now_s(void) {
-  struct timespec ts;
-  clock_gettime(CLOCK_MONOTONIC, &ts);
-  return ts.tv_sec + ts.tv_nsec * 1e-9;
-}
 static int cmp_double(const void *a, const void *b) {
   double x = *(const double *)a, y = *(const double *)b;
   return (x > y) - (x < y);
@@ -413,11 +409,11 @@ static int measure_lookups(const kv_trace *t, double *per_s, uint64_t *found_out
   uint64_t found = 0;
   for (int round = 0; round < 9 && !rc; round++) {
     int reps = 8;
-    double t0 = now_s();
+    double t0 = kv_now_s();
     for (int k = 0; k < reps; k++)
       for (size_t i = 0; i < t->nids; i++)
         found += kv_index_find(&cr.core.ix, (uint32_t)cr.ns, keys[i].b, keys[i].len) != NULL;
-    rates[round] = (double)reps * (double)t->nids / (now_s() - t0);
+    rates[round] = (double)reps * (double)t->nids / (kv_now_s() - t0);
   }
   if (!rc) {
     qsort(rates, 9, sizeof rates[0], cmp_double);
@@ -497,9 +493,9 @@ int kvbench_core_replay(int argc, char **argv) {
       if (cap == 0) cap = 1;
       replay_result core_r, ref_r = replay_lru_ref(&t, cap);
       kv_core_stats st;
-      double t0 = now_s();
+      double t0 = kv_now_s();
       rc = replay_core(&t, policies[p], cap, &core_r, &st);
-      double dt = now_s() - t0;
+      double dt = kv_now_s() - t0;
       if (rc) break;
       json_t *o = rates_json(&core_r);
       json_object_set_new(o, "capacity_fraction", json_real(fractions[f]));

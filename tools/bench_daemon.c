@@ -49,9 +49,11 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "base/paths.h"
+#include "base/size.h"
 #include "client/kvclient.h"
-#include "daemon/config.h"
-#include "proto/errors.h"
+#include "base/clock.h"
+#include "base/errors.h"
 #include "tools/kvbench.h"
 
 #define AUTO_SET_BYTES (512ull << 20) /* default working set of load/memcpy */
@@ -89,17 +91,7 @@ typedef struct cres {
 
 /* --- shared with the other benchmarks of a running daemon (kvbench.h) ------------ */
 
-double kvb_now_s(void) {
-  struct timespec ts;
-  clock_gettime(CLOCK_MONOTONIC, &ts);
-  return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
-}
 
-uint64_t kvb_now_ns(void) {
-  struct timespec ts;
-  clock_gettime(CLOCK_MONOTONIC, &ts);
-  return (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec;
-}
 
 int kvb_cmp_u64(const void *a, const void *b) {
   uint64_t x = *(const uint64_t *)a, y = *(const uint64_t *)b;
@@ -118,7 +110,7 @@ int kvb_open(const char *socket, const char *tenant, uint32_t block_bytes,
 
 void kvb_say_open_error(const char *cmd, const char *socket, int rc) {
   const char *path = socket ? socket : getenv("KVCACHED_SOCKET");
-  if (!path) path = "/run/kvcached/kvcached.sock";
+  if (!path) path = KV_SOCKET_PATH;
   fprintf(stderr, "kvbench %s: cannot open a session on %s: %s%s\n", cmd, path, kvc_strerror(rc),
           rc == -ENOENT || rc == -ECONNREFUSED ? " (is kvcached running?)" : "");
 }
@@ -258,7 +250,7 @@ static int populate(const dopts *o, kvc *c, uint32_t n, int chain) {
     if (done) {
       stuck_since = 0;
     } else {
-      double t = kvb_now_s();
+      double t = kv_now_s();
       if (stuck_since == 0) stuck_since = t;
       if (t - stuck_since > 5) {
         rc = out[0].status;
@@ -284,8 +276,8 @@ static void delete_keys(kvc *c, uint32_t client, uint32_t first, uint32_t n) {
     uint32_t m = n - at < KVC_BATCH_MAX ? n - at : KVC_BATCH_MAX;
     for (uint32_t i = 0; i < m; i++) keys[i] = mkkey(client, first + at + i);
     if (kvc_delete(c, keys, m) < 0) return;
-    double deadline = kvb_now_s() + 5;
-    while (kvb_now_s() < deadline) {
+    double deadline = kv_now_s() + 5;
+    while (kv_now_s() < deadline) {
       if (kvc_lookup(c, keys, m, tiers) < 0) return;
       uint32_t k = 0;
       for (uint32_t i = 0; i < m; i++)
@@ -302,7 +294,7 @@ static void delete_keys(kvc *c, uint32_t client, uint32_t first, uint32_t n) {
 static int wait_demoted(const dopts *o, kvc *c, uint32_t n) {
   kvc_key *keys = calloc(KVC_BATCH_MAX, sizeof *keys);
   uint8_t *tiers = malloc(KVC_BATCH_MAX);
-  double deadline = kvb_now_s() + 60;
+  double deadline = kv_now_s() + 60;
   int rc = keys && tiers ? 0 : -ENOMEM;
   for (uint32_t at = 0; !rc && at < n;) {
     uint32_t m = n - at < KVC_BATCH_MAX ? n - at : KVC_BATCH_MAX, i = 0;
@@ -320,7 +312,7 @@ static int wait_demoted(const dopts *o, kvc *c, uint32_t n) {
       rc = -ENOENT;
       fprintf(stderr, "kvbench %s: block %u left G2 without going to G3 (G3 full, refused by "
               "g3.admit, or larger than g3.block_bytes)\n", bench_name[o->kind], at + i);
-    } else if (kvb_now_s() > deadline) {
+    } else if (kv_now_s() > deadline) {
       rc = -ETIMEDOUT;
       fprintf(stderr, "kvbench %s: block %u is still in G2 after 60 s\n", bench_name[o->kind],
               at + i);
@@ -438,7 +430,7 @@ static int load_run(runctx *x, kvc *c, lslot *sl, uint32_t *at, uint64_t limit, 
       if (id < 0) { fail_res(r, (int)id, "release"); return r->rc; }
       releases++;
       st->reqs += 2;
-      if (!stop) stop = limit ? asked >= limit : kvb_now_s() >= deadline;
+      if (!stop) stop = limit ? asked >= limit : kv_now_s() >= deadline;
       if (stop) continue;
       s->first = *at;
       for (uint32_t i = 0; i < s->m; i++) s->keys[i] = mkkey(PARENT_CLIENT, x->base + (*at + i) % n);
@@ -484,11 +476,11 @@ static void client_load(runctx *x, uint32_t id, cres *r, bench_kind kind) {
     }
     if (timed) {
       barrier(x);
-      t0 = kvb_now_s();
+      t0 = kv_now_s();
       deadline = t0 + o->seconds;
     }
     if (plain) {
-      for (uint64_t passed = 0; timed ? kvb_now_s() < deadline : passed < n; passed += 32) {
+      for (uint64_t passed = 0; timed ? kv_now_s() < deadline : passed < n; passed += 32) {
         for (uint32_t i = 0; i < 32; i++, at = (at + 1) % n)
           st.bad += (uint64_t)copy_check(dst, x->src + (size_t)at * o->block_bytes, o->block_bytes,
                                          fill_of(at));
@@ -498,7 +490,7 @@ static void client_load(runctx *x, uint32_t id, cres *r, bench_kind kind) {
       load_run(x, c, sl, &at, swap ? x->nblocks : timed ? 0 : n, deadline, dst, &st, r);
     }
     if (timed) {
-      r->elapsed = kvb_now_s() - t0;
+      r->elapsed = kv_now_s() - t0;
       r->units = st.units;
       r->bytes = st.units * o->block_bytes;
       r->requests = st.reqs;
@@ -581,7 +573,7 @@ static int store_run(runctx *x, kvc *c, sslot *sl, uint32_t id, uint32_t *next, 
         commits++;
         st->reqs++;
       } else {
-        double t = kvb_now_s();
+        double t = kv_now_s();
         if (refused_since == 0) refused_since = t;
         if (t - refused_since > 5) {
           fail_res(r, s->blk[0].status, "alloc (every block refused for 5 s)");
@@ -589,7 +581,7 @@ static int store_run(runctx *x, kvc *c, sslot *sl, uint32_t id, uint32_t *next, 
         }
         usleep(100);
       }
-      if (!stop) stop = limit ? asked >= limit : kvb_now_s() >= deadline;
+      if (!stop) stop = limit ? asked >= limit : kv_now_s() >= deadline;
       if (stop) continue;
       int64_t rid = ask_alloc(x, c, s, id, next);
       if (rid < 0) { fail_res(r, (int)rid, "alloc"); return r->rc; }
@@ -616,12 +608,12 @@ static void client_store(runctx *x, uint32_t id, cres *r) {
     double t0 = 0, deadline = 0;
     if (timed) {
       barrier(x);
-      t0 = kvb_now_s();
+      t0 = kv_now_s();
       deadline = t0 + o->seconds;
     }
     store_run(x, c, sl, id, &next, timed ? 0 : x->warm_blocks, deadline, src, &st, r);
     if (timed) {
-      r->elapsed = kvb_now_s() - t0;
+      r->elapsed = kv_now_s() - t0;
       r->units = st.units;
       r->bytes = st.units * o->block_bytes;
       r->requests = st.reqs;
@@ -650,15 +642,15 @@ static void client_lookup(runctx *x, uint32_t id, cres *r) {
     barrier(x);
   } else {
     barrier(x);
-    double t0 = kvb_now_s(), deadline = t0 + o->seconds / 2;
+    double t0 = kv_now_s(), deadline = t0 + o->seconds / 2;
     uint64_t units = 0, reqs = 0;
     do {
       hit = kvc_lookup(c, keys, n, tiers);
       if (hit < 0) { fail_res(r, hit, "lookup"); break; }
       units += n;
       reqs++;
-    } while (kvb_now_s() < deadline);
-    r->elapsed = kvb_now_s() - t0;
+    } while (kv_now_s() < deadline);
+    r->elapsed = kv_now_s() - t0;
     r->units = units;
     r->requests = reqs;
   }
@@ -710,18 +702,18 @@ static int measure_rtt(const dopts *o, kvc *c, uint32_t nres, double seconds, do
   uint64_t *s = malloc(RTT_SAMPLES_MAX * sizeof *s);
   if (!s) return -ENOMEM;
   uint32_t n = 0;
-  double deadline = kvb_now_s() + seconds;
+  double deadline = kv_now_s() + seconds;
   int rc = 0;
   uint32_t mod = nres ? nres : 1;
   for (uint32_t i = 0; i < 1000; i++) { /* warm-up */
     kvc_key k = mkkey(PARENT_CLIENT, i % mod);
     if ((rc = kvc_lookup(c, &k, 1, NULL)) < 0) break;
   }
-  while (rc >= 0 && n < RTT_SAMPLES_MAX && (n < 1000 || kvb_now_s() < deadline)) {
+  while (rc >= 0 && n < RTT_SAMPLES_MAX && (n < 1000 || kv_now_s() < deadline)) {
     kvc_key k = mkkey(PARENT_CLIENT, n % mod);
-    uint64_t t0 = kvb_now_ns();
+    uint64_t t0 = kv_now_ns();
     rc = kvc_lookup(c, &k, 1, NULL);
-    s[n++] = kvb_now_ns() - t0;
+    s[n++] = kv_now_ns() - t0;
   }
   if (rc < 0) {
     free(s);
@@ -837,7 +829,7 @@ static int bench_main(bench_kind kind, int argc, char **argv) {
   o.kind = kind;
   int rc = parse_opts(&o, argc, argv);
   if (rc) return rc;
-  run_nonce = kvb_now_ns() ^ ((uint64_t)getpid() << 32);
+  run_nonce = kv_now_ns() ^ ((uint64_t)getpid() << 32);
   cres *res = mmap(NULL, KVB_MAX_CLIENTS * sizeof *res, PROT_READ | PROT_WRITE,
                    MAP_SHARED | MAP_ANONYMOUS, -1, 0);
   if (res == MAP_FAILED) { perror("kvbench: mmap"); return 1; }

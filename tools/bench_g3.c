@@ -21,19 +21,15 @@
 #include <time.h>
 #include <unistd.h>
 
-#include "proto/errors.h"
+#include "base/errors.h"
+#include "base/clock.h"
 #include "tiers/arena.h"
-#include "tiers/crc32c.h"
+#include "base/crc32c.h"
 #include "tiers/g3.h"
 #include "tools/kvbench.h"
 
 #define MAX_DIRS 16
 
-static double now_s(void) {
-  struct timespec ts;
-  clock_gettime(CLOCK_MONOTONIC, &ts);
-  return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
-}
 
 static int parse_u64(const char *s, uint64_t *out) {
   char *end;
@@ -91,9 +87,9 @@ static int cmd_rebuild(int argc, char **argv) {
   }
   kv_g3_opts o = {.dirs = dirs, .ndirs = ndirs};
   kv_g3_rebuild_info ri;
-  double t0 = now_s();
+  double t0 = kv_now_s();
   int rc = kv_g3_rebuild_index(&o, verify, &ri);
-  double dt = now_s() - t0;
+  double dt = kv_now_s() - t0;
   if (rc) {
     fprintf(stderr, "kvbench g3 rebuild: %s\n", kv_strerror(rc));
     return 1;
@@ -155,7 +151,7 @@ static kv_g3_key bench_key(uint64_t i) {
 static int run_phase(bench *b, int writing, op_ctx *ctx, double *secs) {
   uint64_t next = 0;
   b->done = 0;
-  double t0 = now_s();
+  double t0 = kv_now_s();
   while (b->done < b->count) {
     while (next < b->count && !b->busy[next % b->nbuf]) {
       uint32_t bi = (uint32_t)(next % b->nbuf);
@@ -186,7 +182,7 @@ static int run_phase(bench *b, int writing, op_ctx *ctx, double *secs) {
     poll(&p, 1, 1000);
     kv_g3_poll(b->g);
   }
-  *secs = now_s() - t0;
+  *secs = kv_now_s() - t0;
   if (b->errors) {
     fprintf(stderr, "kvbench g3: %llu %s failed (first: %s)\n", (unsigned long long)b->errors,
             writing ? "writes" : "reads", kv_strerror(b->first_err));
@@ -313,12 +309,12 @@ int kvbench_g3(int argc, char **argv) {
                   .backend = be, .sync = sync, .reformat = 1, .arena = fixed ? &arena : NULL,
                   .commit_window_us = window};
   kv_g3_open_info info;
-  double t0 = now_s();
+  double t0 = kv_now_s();
   if ((rc = kv_g3_open(&b.g, &o, &info))) {
     fprintf(stderr, "kvbench g3: open: %s\n", kv_strerror(rc));
     goto out;
   }
-  double open_s = now_s() - t0, wsec = 0, rsec = 0;
+  double open_s = kv_now_s() - t0, wsec = 0, rsec = 0;
   if (run_phase(&b, 1, ctx, &wsec) || run_phase(&b, 0, ctx, &rsec)) goto close;
   kv_g3_stats st;
   kv_g3_get_stats(b.g, &st);

@@ -42,9 +42,10 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "base/size.h"
 #include "client/kvclient.h"
-#include "daemon/config.h"
-#include "proto/errors.h"
+#include "base/clock.h"
+#include "base/errors.h"
 #include "tools/kvbench.h"
 #include "tools/trace.h"
 
@@ -143,7 +144,7 @@ static int store_tail(client *x, const kv_trace_req *q, uint32_t from, rres *r) 
   const ropts *o = x->o;
   uint32_t m = 0;
   for (uint32_t i = from; i < q->n; i++) x->idx[m++] = i;
-  double give_up = kvb_now_s() + o->alloc_wait_ms / 1e3;
+  double give_up = kv_now_s() + o->alloc_wait_ms / 1e3;
   while (m) {
     for (uint32_t i = 0; i < m; i++) {
       x->ak[i] = x->keys[x->idx[i]];
@@ -152,7 +153,7 @@ static int store_tail(client *x, const kv_trace_req *q, uint32_t from, rres *r) 
     }
     int got = kvc_alloc(x->c, KVC_G2, STORE_PRIO, x->ak, x->ap, m, x->blk);
     if (got < 0) return got;
-    int again = o->alloc_wait_ms > 0 && kvb_now_s() < give_up;
+    int again = o->alloc_wait_ms > 0 && kv_now_s() < give_up;
     uint32_t k = 0, left = 0;
     for (uint32_t i = 0; i < m; i++) {
       const kvc_block *b = &x->blk[i];
@@ -199,17 +200,17 @@ static int replay_one(client *x, size_t qi, rres *r) {
   r->tokens += q->input_len;
   if (q->n == 0) return 0;
 
-  uint64_t t = kvb_now_ns();
+  uint64_t t = kv_now_ns();
   int h = kvc_lookup(x->c, x->keys, q->n, x->tiers);
-  x->lookup_ns[qi] = kvb_now_ns() - t;
+  x->lookup_ns[qi] = kv_now_ns() - t;
   if (h < 0) { fail(r, h, "lookup", qi); return h; }
   r->lookup_keys += q->n;
 
   uint32_t hit = 0;
   if (h > 0) {
-    t = kvb_now_ns();
+    t = kv_now_ns();
     int got = kvc_load(x->c, KVC_G2, x->keys, (uint32_t)h, x->blk);
-    x->load_ns[qi] = kvb_now_ns() - t;
+    x->load_ns[qi] = kv_now_ns() - t;
     if (got < 0) { fail(r, got, "load", qi); return got; }
     int run = 1;
     uint32_t pinned = 0;
@@ -266,12 +267,12 @@ static int client_main(void *arg, uint32_t uid, kvb_sync *sync) {
   if (rc) fail(r, rc, "buffers", 0);
   else if ((rc = open_conn(o, &x->c))) fail(r, rc, "open", 0);
   kvb_sync_wait(sync);
-  double t0 = kvb_now_s();
+  double t0 = kv_now_s();
   uint64_t ts0 = x->nreq ? x->t->req[0].ts_ms : 0;
   for (size_t i = 0; i < x->nreq && !rc; i++) {
     if (owner_of(o, i) != id) continue;
     if (o->time_scale > 0) {
-      double due = t0 + (double)(x->t->req[i].ts_ms - ts0) / 1e3 * o->time_scale, now = kvb_now_s();
+      double due = t0 + (double)(x->t->req[i].ts_ms - ts0) / 1e3 * o->time_scale, now = kv_now_s();
       if (due > now) {
         struct timespec ts = {(time_t)(due - now), (long)((due - now - (double)(time_t)(due - now)) * 1e9)};
         while (nanosleep(&ts, &ts) && errno == EINTR) {}

@@ -20,7 +20,8 @@
 #include <string.h>
 #include <time.h>
 
-#include "proto/errors.h"
+#include "base/errors.h"
+#include "base/clock.h"
 #include "tiers/evict.h"
 #include "tiers/index.h"
 #include "tools/kvbench.h"
@@ -64,10 +65,10 @@ static uint64_t time_lookups(const kv_index *ix, const uint8_t (*ks)[KV_KEY_MAX]
   uint64_t found = 0;
   uint32_t nb = SAMPLE / BATCH;
   for (uint32_t b = 0; b < nb; b++) {
-    uint64_t t0 = kvb_now_ns();
+    uint64_t t0 = kv_now_ns();
     for (uint32_t j = 0; j < BATCH; j++)
       found += kv_index_find(ix, 0, ks[b * BATCH + j], KV_KEY_MAX) != NULL;
-    ns[b] = (double)(kvb_now_ns() - t0) / BATCH;
+    ns[b] = (double)(kv_now_ns() - t0) / BATCH;
   }
   qsort(ns, nb, sizeof *ns, cmp_double);
   *p50 = ns[nb / 2];
@@ -88,7 +89,7 @@ static int measure(uint64_t n, const kv_evict_ops *pol, uint8_t (*ks)[KV_KEY_MAX
   size_t policy_init = kv_meta_bytes() - index_init;
 
   uint8_t k[KV_KEY_MAX];
-  double t0 = kvb_now_s();
+  double t0 = kv_now_s();
   for (uint64_t i = 0; i < n; i++) {
     kv_block *b;
     key_of(i, k);
@@ -98,7 +99,7 @@ static int measure(uint64_t n, const kv_evict_ops *pol, uint8_t (*ks)[KV_KEY_MAX
       goto out;
     }
   }
-  double t1 = kvb_now_s();
+  double t1 = kv_now_s();
   size_t index_all = kv_meta_bytes() - base - policy_init;
   /* Committed, resident in G2, evictable: held by the policy. */
   for (uint64_t i = 0; i < n; i++) {

@@ -21,8 +21,6 @@ int kvbench_scale(int argc, char **argv);
 #include <stddef.h>
 #include <stdint.h>
 struct kvc;
-double kvb_now_s(void);   /* CLOCK_MONOTONIC */
-uint64_t kvb_now_ns(void);
 int kvb_cmp_u64(const void *a, const void *b); /* for qsort */
 /* A session on `socket` (NULL: the default) for tenant and a layout of
  * one u8 layer of block_bytes, with a 30 s timeout; kvc_open()'s result. */

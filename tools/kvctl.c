@@ -28,6 +28,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include "base/hex.h"
 #include "client/kvclient.h"
 #include "daemon/config.h"
 #include "ipc/reader.h"
@@ -36,7 +37,7 @@
 #include "tiers/evict.h"
 #include "tools/kvctl.h"
 
-#define DEFAULT_SOCKET KVCTL_SOCKET_DIR "/kvcached.sock"
+#define DEFAULT_SOCKET KV_SOCKET_PATH
 #define DEFAULT_BLOCK 4096u
 
 static void usage(FILE *f) {
@@ -44,7 +45,7 @@ static void usage(FILE *f) {
           "usage: kvctl COMMAND [options] [args]\n"
           "       kvctl [options] COMMAND [args]   (options may come first, as in git)\n"
           "\n"
-          "read-only commands (the stats socket, DIR/" KVCTL_STATS_SOCK "):\n"
+          "read-only commands (the stats socket, DIR/" KV_STATS_SOCKET_NAME "):\n"
           "  status [--json]         tiers, hit rate, misses by reason, sessions, latency\n"
           "                          (--json: the daemon's /stats as it is)\n"
           "  tiers [--json]          one line per tier: state, capacity, used, blocks,\n"
@@ -60,7 +61,7 @@ static void usage(FILE *f) {
           "  health [--live]         exit 0 healthy, 1 degraded or unreachable; --live:\n"
           "                          exit 0 whenever the daemon answers (a liveness probe)\n"
           "\n"
-          "state-changing commands (the admin socket, DIR/" KVCTL_ADMIN_SOCK ";\n"
+          "state-changing commands (the admin socket, DIR/" KV_ADMIN_SOCKET_NAME ";\n"
           "root, the daemon's user or a member of admin.group):\n"
           "  config set NAME VALUE   change a live setting (g2.capacity, g3.capacity,\n"
           "                          cache.policy, g3.admit, g3.min_prio, log.level)\n"
@@ -72,7 +73,7 @@ static void usage(FILE *f) {
           "  pin --ns HEX KEY...     pin blocks until unpinned (exit 1 if some are missing)\n"
           "  unpin --ns HEX KEY...   release them\n"
           "\n"
-          "worker-protocol commands (DIR/kvcached.sock):\n"
+          "worker-protocol commands (DIR/" KV_SOCKET_NAME "):\n"
           "  status --worker [--json]\n"
           "                          the worker socket's STATUS: G2 arenas and tenants\n"
           "  lookup KEY...           resident prefix length of the keys, and each key's tier\n"
@@ -92,7 +93,7 @@ static void usage(FILE *f) {
           "\n"
           "connection:\n"
           "  -d, --socket-dir DIR    the daemon's socket directory (default: the directory\n"
-          "                          of $KVCACHED_SOCKET, else " KVCTL_SOCKET_DIR ")\n"
+          "                          of $KVCACHED_SOCKET, else " KV_SOCKET_DIR ")\n"
           "  -s, --socket PATH       the worker socket (default: $KVCACHED_SOCKET, else\n"
           "                          " DEFAULT_SOCKET "); the stats and admin sockets\n"
           "                          are looked for beside it\n"
@@ -176,25 +177,11 @@ static int parse_u32(const char *s, uint32_t lo, uint32_t hi, uint32_t *out) {
   return 0;
 }
 
-static int hexval(char c) {
-  if (c >= '0' && c <= '9') return c - '0';
-  if (c >= 'a' && c <= 'f') return c - 'a' + 10;
-  if (c >= 'A' && c <= 'F') return c - 'A' + 10;
-  return -1;
-}
-
 /* Decodes hex text (optional 0x) of 0..max bytes into out. Returns the
  * byte count, or -EINVAL (odd length, not hex, too long). */
 int kvctl_parse_hex(const char *s, uint8_t *out, size_t max) {
   if (s[0] == '0' && (s[1] == 'x' || s[1] == 'X')) s += 2;
-  size_t n = strlen(s);
-  if (n % 2 || n / 2 > max) return -EINVAL;
-  for (size_t i = 0; i < n / 2; i++) {
-    int hi = hexval(s[2 * i]), lo = hexval(s[2 * i + 1]);
-    if (hi < 0 || lo < 0) return -EINVAL;
-    out[i] = (uint8_t)(hi << 4 | lo);
-  }
-  return (int)(n / 2);
+  return kv_hex_decode(s, strlen(s), out, max);
 }
 
 /* One key from the command line, as hex or (--str) as literal text.
@@ -276,7 +263,7 @@ static int parse_opts(ctl *c, int argc, char **argv) {
     case 'd':
       bit = O_SOCKDIR;
       sockdir = optarg;
-      snprintf(c->socket, sizeof c->socket, "%s/kvcached.sock", optarg);
+      snprintf(c->socket, sizeof c->socket, "%s/" KV_SOCKET_NAME, optarg);
       break;
     case L_TIMEOUT: bit = O_TIMEOUT; {
       uint32_t v;
@@ -329,7 +316,7 @@ static int parse_opts(ctl *c, int argc, char **argv) {
     case L_NSHEX: {
       bit = O_NSHEX;
       size_t n = strlen(optarg), k = 0;
-      while (k < n && hexval(optarg[k]) >= 0) k++;
+      while (k < n && kv_hex_digit((unsigned char)optarg[k]) >= 0) k++;
       if (k != n || n < 8 || n > 64)
         return bad_usage("bad --ns '%s': a namespace digest of 8 to 64 hex digits", optarg);
       c->ns = optarg;
@@ -379,9 +366,9 @@ static int parse_opts(ctl *c, int argc, char **argv) {
     else *slash = 0;
   }
   const char *sep = dir[0] && dir[strlen(dir) - 1] == '/' ? "" : "/";
-  if ((size_t)snprintf(c->stats_sock, sizeof c->stats_sock, "%s%s%s", dir, sep, KVCTL_STATS_SOCK) >=
+  if ((size_t)snprintf(c->stats_sock, sizeof c->stats_sock, "%s%s%s", dir, sep, KV_STATS_SOCKET_NAME) >=
           sizeof c->stats_sock ||
-      (size_t)snprintf(c->admin_sock, sizeof c->admin_sock, "%s%s%s", dir, sep, KVCTL_ADMIN_SOCK) >=
+      (size_t)snprintf(c->admin_sock, sizeof c->admin_sock, "%s%s%s", dir, sep, KV_ADMIN_SOCKET_NAME) >=
           sizeof c->admin_sock)
     return bad_usage("socket directory '%s' is too long for the operator sockets' paths", dir);
   if (c->tp_rank >= c->tp_size) return bad_usage("%s", "--tp-rank must be below --tp-size");

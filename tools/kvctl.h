@@ -14,16 +14,13 @@
 #include <stdint.h>
 #include <stdio.h>
 
+#include "base/paths.h"
 #include "ipc/sock.h"
 #include "proto/wire.h"
 
 /* Exit statuses, for scripts (in the manner of LMDB's mdb_stat). */
 #define EXIT_FAIL 1
 #define EXIT_USAGE 2
-
-#define KVCTL_SOCKET_DIR "/run/kvcached"
-#define KVCTL_STATS_SOCK "kvcached-stats.sock"
-#define KVCTL_ADMIN_SOCK "kvcached-admin.sock"
 
 /* Options; `seen` records which were given, so that an option a command
  * does not take is a usage error, not silently ignored. */

@@ -7,6 +7,7 @@
  */
 #include "tools/kvctl_http.h"
 
+#include <ctype.h>
 #include <errno.h>
 #include <http_parser.h>
 #include <poll.h>
@@ -16,6 +17,8 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
+#include "base/clock.h"
+#include "base/hex.h"
 #include "ipc/sock.h"
 
 typedef struct rd {
@@ -127,7 +130,6 @@ void kvctl_http_resp_free(kvctl_http_resp *r) {
 }
 
 int kvctl_url_encode(char *out, size_t cap, size_t *at, const char *s) {
-  static const char hex[] = "0123456789ABCDEF";
   size_t i = *at;
   for (; *s; s++) {
     unsigned char ch = (unsigned char)*s;
@@ -141,8 +143,8 @@ int kvctl_url_encode(char *out, size_t cap, size_t *at, const char *s) {
       out[i++] = (char)ch;
     } else {
       out[i++] = '%';
-      out[i++] = hex[ch >> 4];
-      out[i++] = hex[ch & 15];
+      out[i++] = (char)toupper(kv_hex_char(ch >> 4)); /* RFC 3986 2.1: uppercase */
+      out[i++] = (char)toupper(kv_hex_char(ch));
     }
   }
   out[i] = 0;

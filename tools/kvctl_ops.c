@@ -23,6 +23,7 @@
 #include <unistd.h>
 
 #include "tools/kvctl.h"
+#include "base/clock.h"
 #include "tools/kvctl_http.h"
 
 static const char *const tier_names[] = {"g1", "g2", "g3"};
@@ -291,11 +292,6 @@ static void nap(double s) {
   }
 }
 
-static double now_s(void) {
-  struct timespec ts;
-  clock_gettime(CLOCK_MONOTONIC, &ts);
-  return (double)ts.tv_sec + (double)ts.tv_nsec / 1e9;
-}
 
 /* b - a for counters; a counter that went back (a restarted daemon)
  * counts from zero. */
@@ -394,13 +390,13 @@ int kvctl_top(ctl *c) {
   int tty = !c->json && isatty(STDOUT_FILENO);
   json_t *prev;
   if ((rc = get_json(c, "/stats", &prev, NULL))) return rc;
-  double t_prev = now_s();
+  double t_prev = kv_now_s();
   for (uint32_t frame = 0; !c->count || frame < c->count; frame++) {
     nap(c->interval_s);
     if (interrupted) break;
     json_t *cur;
     if ((rc = get_json(c, "/stats", &cur, NULL))) break;
-    double t = now_s();
+    double t = kv_now_s();
     json_t *f = top_frame(prev, cur, t - t_prev > 0 ? t - t_prev : c->interval_s);
     if (c->json) print_json(f);
     else print_top_frame(c, f, cur, tty);

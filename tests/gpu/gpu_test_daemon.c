@@ -17,6 +17,7 @@
 #include <unistd.h>
 
 #include "client/kvclient.h"
+#include "base/clock.h"
 #include "cuda/dev.h"
 #include "ipc/sock.h"
 #include "proto/wire.h"

@@ -31,7 +31,7 @@ if ! "$cc" -fsanitize=fuzzer "$tmp/probe.c" -o "$tmp/probe" >/dev/null 2>&1; the
   exit 77
 fi
 
-sources=("$src"/proto/errors.c "$src"/proto/buf.c "$src"/proto/wire.c "$src"/proto/wire_enc.c
+sources=("$src"/base/errors.c "$src"/base/buf.c "$src"/proto/wire.c "$src"/proto/wire_enc.c
          "$src"/proto/wire_dec.c "$src"/ipc/reader.c "$src"/ipc/sock.c)
 flags=(-std=gnu11 -D_GNU_SOURCE -I"$src" -g -O1 -Wall -Wextra -Wno-unused-parameter)
 

@@ -12,7 +12,7 @@
 #include <sys/syscall.h>
 #include <unistd.h>
 
-#include "proto/errors.h"
+#include "base/errors.h"
 #include "tiers/arena.h"
 
 #define KIB 1024u

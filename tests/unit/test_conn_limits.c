@@ -13,7 +13,7 @@
 #include <netinet/in.h>
 
 #include "daemon/accept.h"
-#include "proto/errors.h"
+#include "base/errors.h"
 #include "proto/wire.h"
 
 static char resp[1 << 20];

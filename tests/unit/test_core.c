@@ -6,7 +6,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "proto/errors.h"
+#include "base/errors.h"
 #include "tiers/core.h"
 
 #define SLOT 4096u

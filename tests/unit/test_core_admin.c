@@ -10,9 +10,9 @@
 #include <string.h>
 #include <unistd.h>
 
-#include "proto/errors.h"
+#include "base/errors.h"
 #include "tiers/core.h"
-#include "tiers/crc32c.h"
+#include "base/crc32c.h"
 
 #define SLOT 4096u
 

@@ -7,7 +7,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "proto/errors.h"
+#include "base/errors.h"
 #include "tiers/core.h"
 
 #define BLK 8192u

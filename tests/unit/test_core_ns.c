@@ -9,7 +9,7 @@
 #include <string.h>
 #include <unistd.h>
 
-#include "proto/errors.h"
+#include "base/errors.h"
 #include "tiers/core.h"
 
 #define BLK 16384u

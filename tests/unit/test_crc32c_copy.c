@@ -10,7 +10,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "tiers/crc32c.h"
+#include "base/crc32c.h"
 
 typedef uint32_t (*copy_fn)(uint32_t, void *, const void *, size_t);
 

@@ -17,7 +17,7 @@
 
 #include "client/kvclient.h"
 #include "ipc/sock.h"
-#include "proto/errors.h"
+#include "base/errors.h"
 #include "proto/wire.h"
 
 #define BLOCK 65536u

@@ -14,7 +14,7 @@
 #include "client/g1.h"
 #include "cuda/dev.h"
 #include "ipc/reader.h"
-#include "proto/errors.h"
+#include "base/errors.h"
 #include "proto/wire.h"
 
 /* The value of an unlabelled (or fully labelled) metric line, -1 if none. */

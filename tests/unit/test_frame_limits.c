@@ -8,7 +8,7 @@
 #include "test_ops_util.h"
 
 #include "ipc/reader.h"
-#include "proto/errors.h"
+#include "base/errors.h"
 #include "proto/wire.h"
 
 static char resp[1 << 20];

@@ -5,7 +5,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "tiers/crc32c.h"
+#include "base/crc32c.h"
 
 typedef uint32_t (*crc_fn)(uint32_t, const void *, size_t);
 

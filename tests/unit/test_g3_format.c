@@ -4,7 +4,7 @@
 #include <errno.h>
 #include <string.h>
 
-#include "proto/errors.h"
+#include "base/errors.h"
 #include "tiers/g3_format.h"
 
 Test(g3_format, layout_fits_and_aligns) {

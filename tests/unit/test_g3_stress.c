@@ -18,7 +18,7 @@
 #include <criterion/criterion.h>
 #endif
 
-#include "proto/errors.h"
+#include "base/errors.h"
 #include "tiers/arena.h"
 #include "tiers/g3.h"
 

@@ -17,7 +17,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
-#include "proto/errors.h"
+#include "base/errors.h"
 #include "tiers/arena.h"
 #include "tiers/g3.h"
 

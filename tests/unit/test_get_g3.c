@@ -11,8 +11,8 @@
 #include <string.h>
 
 #include "daemon/kvd.h"
-#include "daemon/log.h"
-#include "proto/errors.h"
+#include "base/log.h"
+#include "base/errors.h"
 #include "tiers/g3_internal.h"
 
 #define BLOCK 4096u

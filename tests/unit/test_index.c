@@ -7,7 +7,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "proto/errors.h"
+#include "base/errors.h"
 #include "tiers/index.h"
 
 static void key_of(uint64_t v, uint8_t k[8]) {

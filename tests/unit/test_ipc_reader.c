@@ -22,8 +22,9 @@
 #include <unistd.h>
 
 #include "../fuzz/samples.h"
+#include "base/clock.h"
 #include "ipc/sock.h"
-#include "proto/le.h"
+#include "base/le.h"
 
 /* ---- helpers ---------------------------------------------------------------- */
 

@@ -6,6 +6,8 @@
  */
 #include "ipc/sock.h"
 
+#include "base/clock.h"
+
 #include <criterion/criterion.h>
 #include <errno.h>
 #include <fcntl.h>

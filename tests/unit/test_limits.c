@@ -3,7 +3,7 @@
  * allocations, against a real kvcached (test_ops_util.h). */
 #include "test_ops_util.h"
 
-#include "proto/errors.h"
+#include "base/errors.h"
 
 #define REPEAT 4096u /* one LOAD: the batch limit */
 

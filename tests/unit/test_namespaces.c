@@ -3,7 +3,7 @@
  * belongs to one TP group; against a real kvcached (test_ops_util.h). */
 #include "test_ops_util.h"
 
-#include "proto/errors.h"
+#include "base/errors.h"
 
 /* A worker of tenant with salt "s<salt>" (salt < 0: none), TP rank/size, group. */
 static int open_ns(const char *tenant, int salt, uint16_t rank, uint16_t size, const char *group, kvc **out) {

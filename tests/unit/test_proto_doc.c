@@ -1,6 +1,6 @@
 /*
  * test_proto_doc.c - proto/PROTOCOL.md says what the code does: every
- * error code of proto/errors.h with its numeric value, every opcode with
+ * error code of base/errors.h with its numeric value, every opcode with
  * its value, every limit with its value, the header size and magic. A new
  * error, opcode or limit fails this test until it is documented.
  */

@@ -12,8 +12,9 @@
 
 #include "../fuzz/fuzz_body.h"
 #include "../fuzz/samples.h"
+#include "base/clock.h"
 #include "ipc/sock.h"
-#include "proto/le.h"
+#include "base/le.h"
 
 #define SEEDS_MAX 128
 #define INPUT_MAX 4096

@@ -13,7 +13,7 @@
 #include <string.h>
 
 #include "../fuzz/samples.h"
-#include "proto/le.h"
+#include "base/le.h"
 
 /* ---- helpers ---------------------------------------------------------------- */
 

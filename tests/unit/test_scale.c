@@ -8,7 +8,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "proto/errors.h"
+#include "base/errors.h"
 #include "tiers/core.h"
 #include "tiers/evict.h"
 #include "tiers/index.h"

@@ -7,7 +7,7 @@
 #include "daemon/ghost.h"
 #include "daemon/http.h"
 #include "daemon/stats.h"
-#include "proto/errors.h"
+#include "base/errors.h"
 
 static char resp[1 << 20];
 

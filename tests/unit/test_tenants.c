@@ -8,7 +8,7 @@
 #include <grp.h>
 #include <sys/stat.h>
 
-#include "proto/errors.h"
+#include "base/errors.h"
 
 #define NOBODY 65534u
 #define SUPP_GID 4242u /* a supplementary group no user has */

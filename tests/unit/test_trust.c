@@ -13,7 +13,7 @@
 #include "ipc/reader.h"
 #include "proto/wire.h"
 #include "test_ops_util.h"
-#include "tiers/crc32c.h"
+#include "base/crc32c.h"
 
 #define NOCRC (-1ll)
 

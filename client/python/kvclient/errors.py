@@ -4,7 +4,7 @@ exceptions: they stay per block (Block.status, Block.error), so a failed
 block is never hidden inside a success.
 
 Codes are the library's: a negative errno (-errno.ENOENT, ...) or a
-kvcached domain error (proto/errors.h, below; values are part of the wire
+kvcached domain error (base/errors.h, below; values are part of the wire
 protocol and never change).
 """
 from __future__ import annotations
@@ -12,7 +12,7 @@ from __future__ import annotations
 import errno as _errno
 
 ERR_BASE = 10000
-# name -> value, as proto/errors.h's KV_ERRNO_MAP (a test checks they agree).
+# name -> value, as base/errors.h's KV_ERRNO_MAP (a test checks they agree).
 _DOMAIN = {
     "KV_EEXISTS": 1, "KV_ENOTFOUND": 2, "KV_EALLPINNED": 3, "KV_EPINUNDERFLOW": 4,
     "KV_EBADSTATE": 5, "KV_ETOOBIG": 6, "KV_ECORRUPT": 7, "KV_EBADFRAME": 8,

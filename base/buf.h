@@ -7,8 +7,8 @@
  * fails with -ENOBUFS). Appends are all-or-nothing: on error the buffer is
  * unchanged. Not thread-safe; one owner at a time.
  */
-#ifndef KV_PROTO_BUF_H
-#define KV_PROTO_BUF_H
+#ifndef KV_BASE_BUF_H
+#define KV_BASE_BUF_H
 
 #include <stddef.h>
 #include <stdint.h>

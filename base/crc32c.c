@@ -10,7 +10,7 @@
  * the CPU has VPCLMULQDQ, folds 128 bytes a turn with carry-less
  * multiplications (faster than the crc32 instruction can go).
  */
-#include "tiers/crc32c.h"
+#include "base/crc32c.h"
 
 #include <pthread.h>
 #include <string.h>

@@ -1,6 +1,8 @@
 /* log.c - structured logging: stderr lines or journal fields, and a rate
  * limiter for repeated warnings and errors (see log.h). */
-#include "daemon/log.h"
+#include "base/log.h"
+
+#include "base/clock.h"
 
 #include <errno.h>
 #include <pthread.h>
@@ -79,11 +81,6 @@ static pthread_mutex_t rl_lock = PTHREAD_MUTEX_INITIALIZER;
 static rl_slot rl[RL_SLOTS];
 static uint64_t rl_total;
 
-static uint64_t mono_ms(void) {
-  struct timespec ts;
-  clock_gettime(CLOCK_MONOTONIC, &ts);
-  return (uint64_t)ts.tv_sec * 1000 + (uint64_t)ts.tv_nsec / 1000000;
-}
 
 uint64_t kv_log_suppressed(void) {
   pthread_mutex_lock(&rl_lock);
@@ -96,7 +93,7 @@ uint64_t kv_log_suppressed(void) {
 static int rl_admit(const char *subsys, const char *fmt, uint64_t *was_suppressed) {
   uintptr_t h = ((uintptr_t)fmt * 0x9E3779B97F4A7C15ull) ^ (uintptr_t)subsys;
   rl_slot *s = &rl[(h >> 7) % RL_SLOTS];
-  uint64_t now = mono_ms();
+  uint64_t now = kv_now_ms();
   int ok;
   pthread_mutex_lock(&rl_lock);
   if (s->fmt != fmt || s->subsys != subsys) { /* a new key takes the slot */

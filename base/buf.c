@@ -1,5 +1,5 @@
 /* buf.c - the growable or fixed byte buffer encoders append to (buf.h). */
-#include "proto/buf.h"
+#include "base/buf.h"
 
 #include <errno.h>
 #include <stdlib.h>

@@ -8,8 +8,8 @@
  * The numeric values are part of the wire protocol (proto/PROTOCOL.md):
  * never renumber an entry, only append.
  */
-#ifndef KV_PROTO_ERRORS_H
-#define KV_PROTO_ERRORS_H
+#ifndef KV_BASE_ERRORS_H
+#define KV_BASE_ERRORS_H
 
 #define KV_ERR_BASE 10000
 

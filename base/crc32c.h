@@ -8,8 +8,8 @@
  * slicing-by-8 table. Both give the same value for every input (tested).
  * Thread-safe; no allocation.
  */
-#ifndef KV_TIERS_CRC32C_H
-#define KV_TIERS_CRC32C_H
+#ifndef KV_BASE_CRC32C_H
+#define KV_BASE_CRC32C_H
 
 #include <stddef.h>
 #include <stdint.h>

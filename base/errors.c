@@ -1,5 +1,5 @@
 /* errors.c - messages and names for kvcached's error codes (see errors.h). */
-#include "proto/errors.h"
+#include "base/errors.h"
 
 #include <errno.h>
 #include <string.h>

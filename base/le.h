@@ -7,8 +7,8 @@
  * wider type. Shared by the wire format (proto/, ipc/) and the G3 on-disk
  * format (tiers/g3_format.c).
  */
-#ifndef KV_PROTO_LE_H
-#define KV_PROTO_LE_H
+#ifndef KV_BASE_LE_H
+#define KV_BASE_LE_H
 
 #include <stdint.h>
 

@@ -16,8 +16,8 @@
  * for warnings and errors). The level threshold is global and may be
  * changed at any time; messages below it cost one comparison.
  */
-#ifndef KV_DAEMON_LOG_H
-#define KV_DAEMON_LOG_H
+#ifndef KV_BASE_LOG_H
+#define KV_BASE_LOG_H
 
 #include <stdarg.h>
 #include <stdint.h>

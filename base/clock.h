@@ -1,0 +1,25 @@
+/*
+ * clock.h - the one clock: CLOCK_MONOTONIC, in the unit the caller wants.
+ *
+ * Deadlines, durations and rate limits everywhere are taken from this
+ * clock (never the wall clock, which jumps). Reading it is a vDSO call.
+ */
+#ifndef KV_BASE_CLOCK_H
+#define KV_BASE_CLOCK_H
+
+#include <stdint.h>
+#include <time.h>
+
+static inline uint64_t kv_now_ns(void) {
+  struct timespec ts;
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  return (uint64_t)ts.tv_sec * 1000000000u + (uint64_t)ts.tv_nsec;
+}
+
+/* Milliseconds: the unit of deadlines (ipc/sock.h takes -1 for "none"). */
+static inline int64_t kv_now_ms(void) { return (int64_t)(kv_now_ns() / 1000000u); }
+
+/* Seconds, for benchmarks' rates. */
+static inline double kv_now_s(void) { return (double)kv_now_ns() * 1e-9; }
+
+#endif
