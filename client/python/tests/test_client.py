@@ -79,8 +79,8 @@ def test_block_results_unpack_as_the_structure_lays_them_out():
     assert kvclient.client._blocks(b, 2) == [(0, 0, 0, 0), (-10002, 255, 0x1234567890, 4096)]
 
 
-def test_error_codes_match_proto_errors_h():
-    text = open(os.path.join(REPO, "proto", "errors.h")).read()
+def test_error_codes_match_base_errors_h():
+    text = open(os.path.join(REPO, "base", "errors.h")).read()
     base = int(re.search(r"#define KV_ERR_BASE (\d+)", text).group(1))
     table = dict((f"KV_E{n}", -(base + int(o))) for n, o in re.findall(r"X\((\w+),\s*(\d+),", text))
     assert table == CODES
