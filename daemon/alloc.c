@@ -104,7 +104,7 @@ static int defer(kvd *d, kvd_sink *sink, const kv_msg *req, uint32_t core_ns) {
   return 0;
 }
 
-int kvd_op_alloc(kvd *d, kvd_sink *sink, const kv_msg *req, kv_buf *out) {
+int kvd_op_alloc(kvd *d, kvd_sink *sink, const kv_msg *req, kv_buf *out, int fd_out[2]) {
   const kv_alloc_req *r = &req->alloc;
   kvd_session *s = sink->sess;
   if (r->tier != KV_G2) return kvd_fail(out, req, -EOPNOTSUPP, "ALLOC serves tier G2 in this build");

@@ -291,7 +291,8 @@ static int op_hello(kvd *d, kvd_sink *sink, const kv_msg *req, kv_buf *out, int 
 }
 
 /* --- G1_SELECT -------------------------------------------------------------- */
-static int op_g1_select(kvd *d, kvd_session *s, const kv_msg *req, kv_buf *out, int fd_out[2]) {
+static int op_g1_select(kvd *d, kvd_sink *sink, const kv_msg *req, kv_buf *out, int fd_out[2]) {
+  kvd_session *s = sink->sess;
   if (s->g1_loaded)
     return kvd_fail(out, req, KV_EBADSTATE,
                     "this session already holds G1 offsets from a LOAD: select before the first one");
@@ -312,7 +313,7 @@ static int op_g1_select(kvd *d, kvd_session *s, const kv_msg *req, kv_buf *out, 
 }
 
 /* --- LOOKUP ----------------------------------------------------------------- */
-static int op_lookup(kvd *d, kvd_session *s, const kv_msg *req, kv_buf *out) {
+static int lookup(kvd *d, kvd_session *s, const kv_msg *req, kv_buf *out) {
   const kv_keyvec *v = &req->batch.keys;
   int rc = kvd_load_keys(d, v);
   if (rc) return kvd_fail(out, req, rc, NULL);
@@ -326,6 +327,13 @@ static int op_lookup(kvd *d, kvd_session *s, const kv_msg *req, kv_buf *out) {
   m.lookup_rep.n = v->n;
   m.lookup_rep.tiers = d->tiers;
   return kv_msg_encode(out, &m);
+}
+
+static int op_lookup(kvd *d, kvd_sink *sink, const kv_msg *req, kv_buf *out, int fd_out[2]) {
+  uint64_t t0 = kvd_now_ns();
+  int rc = lookup(d, sink->sess, req, out);
+  kvd_req_done(d, KVD_REQ_LOOKUP, t0);
+  return rc;
 }
 
 /* Per-key status reply, shared by RELEASE, COMMIT, ABORT, SET_PRIORITY. */
@@ -342,7 +350,8 @@ static kv_block *any_block(kvd *d, kvd_session *s, uint32_t i) {
                        d->keys[i].len);
 }
 
-static int op_release(kvd *d, kvd_session *s, const kv_msg *req, kv_buf *out) {
+static int op_release(kvd *d, kvd_sink *sink, const kv_msg *req, kv_buf *out, int fd_out[2]) {
+  kvd_session *s = sink->sess;
   int rc = kvd_load_keys(d, &req->batch.keys);
   if (rc) return kvd_fail(out, req, rc, NULL);
   for (uint32_t i = 0; i < req->batch.keys.n; i++) {
@@ -356,7 +365,9 @@ static int op_release(kvd *d, kvd_session *s, const kv_msg *req, kv_buf *out) {
 }
 
 /* --- COMMIT / ABORT (ALLOC: alloc.c) ----------------------------------------- */
-static int op_commit_abort(kvd *d, kvd_session *s, const kv_msg *req, kv_buf *out, int commit) {
+static int op_commit_abort(kvd *d, kvd_sink *sink, const kv_msg *req, kv_buf *out, int fd_out[2]) {
+  kvd_session *s = sink->sess;
+  int commit = req->op == KV_OP_COMMIT;
   int rc = kvd_load_keys(d, &req->batch.keys);
   if (rc) return kvd_fail(out, req, rc, NULL);
   for (uint32_t i = 0; i < req->batch.keys.n; i++) {
@@ -394,7 +405,8 @@ static int del_one(kv_block *b, void *arg) {
   return 0;
 }
 
-static int op_delete(kvd *d, kvd_session *s, const kv_msg *req, kv_buf *out) {
+static int op_delete(kvd *d, kvd_sink *sink, const kv_msg *req, kv_buf *out, int fd_out[2]) {
+  kvd_session *s = sink->sess;
   const kv_batch_req *b = &req->batch;
   kv_msg m = kvd_reply_to(req);
   if (b->flags & KV_DEL_ALL) {
@@ -418,7 +430,8 @@ static int op_delete(kvd *d, kvd_session *s, const kv_msg *req, kv_buf *out) {
   return kv_msg_encode(out, &m);
 }
 
-static int op_set_priority(kvd *d, kvd_session *s, const kv_msg *req, kv_buf *out) {
+static int op_set_priority(kvd *d, kvd_sink *sink, const kv_msg *req, kv_buf *out, int fd_out[2]) {
+  kvd_session *s = sink->sess;
   int rc = kvd_load_keys(d, &req->batch.keys);
   if (rc) return kvd_fail(out, req, rc, NULL);
   for (uint32_t i = 0; i < req->batch.keys.n; i++) {
@@ -430,7 +443,8 @@ static int op_set_priority(kvd *d, kvd_session *s, const kv_msg *req, kv_buf *ou
 }
 
 /* --- PUT (GET: load.c): the inline slow path ---------------------------------------- */
-static int op_put(kvd *d, kvd_session *s, const kv_msg *req, kv_buf *out) {
+static int op_put(kvd *d, kvd_sink *sink, const kv_msg *req, kv_buf *out, int fd_out[2]) {
+  kvd_session *s = sink->sess;
   const kv_put_req *p = &req->put;
   kvd_ns *n = session_ns(d, s);
   if (p->data.len != n->block_bytes)
@@ -451,7 +465,7 @@ static int op_put(kvd *d, kvd_session *s, const kv_msg *req, kv_buf *out) {
 }
 
 /* --- STATUS ----------------------------------------------------------------- */
-static int op_status(kvd *d, kvd_session *s, const kv_msg *req, kv_buf *out) {
+static int op_status(kvd *d, kvd_sink *sink, const kv_msg *req, kv_buf *out, int fd_out[2]) {
   json_t *tenants = json_array();
   uint64_t cap = 0, used = 0;
   for (uint32_t i = 0; i < d->reg.ntenants; i++) {
@@ -502,33 +516,37 @@ static int op_status(kvd *d, kvd_session *s, const kv_msg *req, kv_buf *out) {
   return rc;
 }
 
+/* --- dispatch --------------------------------------------------------------- */
+/* Each opcode a request may carry: its handler, and whether it needs the
+ * session HELLO opens. An opcode without a handler is KV_EBADOP. */
+static const struct {
+  kvd_op_fn *fn;
+  uint8_t session;
+} ops[KV_OP_COUNT] = {
+    [KV_OP_HELLO] = {op_hello, 0},
+    [KV_OP_STATUS] = {op_status, 0},
+    [KV_OP_LOOKUP] = {op_lookup, 1},
+    [KV_OP_LOAD] = {kvd_op_load, 1},
+    [KV_OP_LOAD2] = {kvd_op_load, 1},
+    [KV_OP_RELEASE] = {op_release, 1},
+    [KV_OP_ALLOC] = {kvd_op_alloc, 1},
+    [KV_OP_COMMIT] = {op_commit_abort, 1},
+    [KV_OP_ABORT] = {op_commit_abort, 1},
+    [KV_OP_PREFETCH] = {kvd_op_prefetch, 1},
+    [KV_OP_DELETE] = {op_delete, 1},
+    [KV_OP_SET_PRIORITY] = {op_set_priority, 1},
+    [KV_OP_PUT] = {op_put, 1},
+    [KV_OP_GET] = {kvd_op_get, 1},
+    [KV_OP_G1_SELECT] = {op_g1_select, 1},
+};
+
 int kvd_handle(kvd *d, kvd_sink *sink, const kv_msg *req, kv_buf *out, int fd_out[2]) {
-  kvd_session *s = sink->sess;
   fd_out[0] = fd_out[1] = -1;
   if (req->flags & KV_F_REPLY) return kvd_fail(out, req, KV_EBADFRAME, "a reply sent to the daemon");
+  kvd_op_fn *fn = req->op < KV_OP_COUNT ? ops[req->op].fn : NULL;
   if (req->op < KV_OP_COUNT) d->st.ops[req->op]++;
-  if (req->op == KV_OP_HELLO) return op_hello(d, sink, req, out, fd_out);
-  if (req->op == KV_OP_STATUS) return op_status(d, s, req, out);
-  if (s->ns < 0) return kvd_fail(out, req, KV_ENOSESSION, NULL);
-  switch (req->op) {
-  case KV_OP_LOOKUP: {
-    uint64_t t0 = kvd_now_ns();
-    int rc = op_lookup(d, s, req, out);
-    kvd_req_done(d, KVD_REQ_LOOKUP, t0);
-    return rc;
-  }
-  case KV_OP_LOAD:
-  case KV_OP_LOAD2: return kvd_op_load(d, sink, req, out);
-  case KV_OP_RELEASE: return op_release(d, s, req, out);
-  case KV_OP_ALLOC: return kvd_op_alloc(d, sink, req, out);
-  case KV_OP_COMMIT: return op_commit_abort(d, s, req, out, 1);
-  case KV_OP_ABORT: return op_commit_abort(d, s, req, out, 0);
-  case KV_OP_PREFETCH: return kvd_op_prefetch(d, sink, req, out);
-  case KV_OP_DELETE: return op_delete(d, s, req, out);
-  case KV_OP_SET_PRIORITY: return op_set_priority(d, s, req, out);
-  case KV_OP_PUT: return op_put(d, s, req, out);
-  case KV_OP_GET: return kvd_op_get(d, sink, req, out);
-  case KV_OP_G1_SELECT: return op_g1_select(d, s, req, out, fd_out);
-  default: return kvd_fail(out, req, KV_EBADOP, NULL);
-  }
+  if ((!fn || ops[req->op].session) && sink->sess->ns < 0)
+    return kvd_fail(out, req, KV_ENOSESSION, NULL);
+  if (!fn) return kvd_fail(out, req, KV_EBADOP, NULL);
+  return fn(d, sink, req, out, fd_out);
 }

@@ -85,6 +85,10 @@ void kvd_fini(kvd *d);
  */
 int kvd_handle(kvd *d, kvd_sink *sink, const kv_msg *req, kv_buf *out, int fd_out[2]);
 
+/* The handler of one opcode, with kvd_handle's contract; it may return
+ * KVD_DEFERRED (the reply goes through the sink). */
+typedef int kvd_op_fn(kvd *d, kvd_sink *sink, const kv_msg *req, kv_buf *out, int fd_out[2]);
+
 /* Shared by the handlers: a reply header for req; an ERROR reply (msg NULL:
  * the code's own text); the request's keys copied into d->keys. */
 kv_msg kvd_reply_to(const kv_msg *req);
@@ -94,20 +98,20 @@ int kvd_load_keys(kvd *d, const kv_keyvec *v);
 /* LOAD and PREFETCH (load.c): they may wait on the SSD tier. kvd_op_load
  * returns 0 (reply appended to out) or KVD_DEFERRED (the reply goes through
  * the sink when the last block is up). */
-int kvd_op_load(kvd *d, kvd_sink *sink, const kv_msg *req, kv_buf *out);
+kvd_op_fn kvd_op_load;
 /* GET (load.c): the block's bytes, verified, from G2; a block only on G3
  * is first brought up as a LOAD brings it (its reply is then deferred,
  * tier G3). A miss is an ERROR reply: KV_ENOTFOUND, KV_ECORRUPT (a bad G3
  * record or G2 bytes), the read's I/O error, or -ETIMEDOUT (no G2 room). */
-int kvd_op_get(kvd *d, kvd_sink *sink, const kv_msg *req, kv_buf *out);
-int kvd_op_prefetch(kvd *d, kvd_sink *sink, const kv_msg *req, kv_buf *out);
+kvd_op_fn kvd_op_get;
+kvd_op_fn kvd_op_prefetch;
 /* ALLOC (alloc.c): 0 (reply appended) or KVD_DEFERRED (keys wait for G2
  * room; the reply goes through the sink). kvd_allocs_retry after G3
  * completions; kvd_allocs_expire from the tick answers keys that waited
  * longer than daemon.load_timeout_ms with -EAGAIN (returns how many);
  * kvd_allocs_fini answers what still waits with -ECANCELED (shutdown). */
 typedef struct kvd_alloc kvd_alloc;
-int kvd_op_alloc(kvd *d, kvd_sink *sink, const kv_msg *req, kv_buf *out);
+kvd_op_fn kvd_op_alloc;
 void kvd_allocs_retry(kvd *d);
 uint32_t kvd_allocs_expire(kvd *d);
 void kvd_allocs_fini(kvd *d);

@@ -285,7 +285,7 @@ static int load_keys(kvd *d, kvd_sink *sink, const kv_msg *req, uint32_t n, uint
   return answer(ld, out); /* everything was final: answer now, in the reply stream */
 }
 
-int kvd_op_load(kvd *d, kvd_sink *sink, const kv_msg *req, kv_buf *out) {
+int kvd_op_load(kvd *d, kvd_sink *sink, const kv_msg *req, kv_buf *out, int fd_out[2]) {
   const kv_batch_req *br = &req->batch;
   kvd_session *s = sink->sess;
   int rc = kvd_load_keys(d, &br->keys);
@@ -298,7 +298,7 @@ int kvd_op_load(kvd *d, kvd_sink *sink, const kv_msg *req, kv_buf *out) {
   return load_keys(d, sink, req, br->keys.n, br->tier, out);
 }
 
-int kvd_op_get(kvd *d, kvd_sink *sink, const kv_msg *req, kv_buf *out) {
+int kvd_op_get(kvd *d, kvd_sink *sink, const kv_msg *req, kv_buf *out, int fd_out[2]) {
   kv_key_set(&d->keys[0], req->get_key.p, req->get_key.len);
   return load_keys(d, sink, req, 1, KV_G2, out);
 }
@@ -373,7 +373,7 @@ void kvd_g3_poll(kvd *d) {
   kvd_allocs_retry(d);
 }
 
-int kvd_op_prefetch(kvd *d, kvd_sink *sink, const kv_msg *req, kv_buf *out) {
+int kvd_op_prefetch(kvd *d, kvd_sink *sink, const kv_msg *req, kv_buf *out, int fd_out[2]) {
   const kv_batch_req *br = &req->batch;
   int rc = kvd_load_keys(d, &br->keys);
   if (rc) return kvd_fail(out, req, rc, NULL);
