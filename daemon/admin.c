@@ -331,8 +331,8 @@ static void on_admin(void *arg, const kvd_http_req *req, kvd_http_resp *resp) {
 
 static void on_tick(uv_timer_t *t) {
   kvd_ops *o = t->data;
-  kvd_loads_expire(o->d);
-  kvd_allocs_expire(o->d);
+  kvd_defer_expire(&o->d->load_wait, (uint64_t)kv_now_ms(), o->d->cfg.load_timeout_ms);
+  kvd_defer_expire(&o->d->alloc_wait, (uint64_t)kv_now_ms(), o->d->cfg.load_timeout_ms);
   kvd_registry_sweep(&o->d->reg); /* namespaces whose last block went */
   if (o->d->trust.npend) kvd_trust_sweep(o->d);
   if (o->d->core.adm.limit[KV_G2] || o->d->core.adm.limit[KV_G3]) kv_core_enforce_limits(&o->d->core);

@@ -96,6 +96,8 @@ int kvd_init(kvd *d) {
   int rc;
   d->start_ms = now_ms();
   d->next_session_id = 1;
+  kvd_defer_init(&d->load_wait, &kvd_load_defer_ops);
+  kvd_defer_init(&d->alloc_wait, &kvd_alloc_defer_ops);
   d->keys = malloc(KV_BATCH_MAX * sizeof *d->keys);
   d->tiers = malloc(KV_BATCH_MAX);
   d->status = malloc(KV_BATCH_MAX * sizeof *d->status);
@@ -167,6 +169,7 @@ err:
 
 void kvd_fini(kvd *d) {
   uint64_t pins = 0, allocs = 0;
+  kvd_defer_cancel_all(&d->load_wait); /* their connections are closed: nobody is answered */
   kvd_session_close(&d->core, &d->admin, &pins, &allocs);
   if (pins) kv_info("admin", "released %llu pin(s) the operator held", (unsigned long long)pins);
   if (d->g3) {

@@ -9,6 +9,7 @@
 #include <stdint.h>
 
 #include "daemon/config.h"
+#include "daemon/defer.h"
 #include "daemon/g1.h"
 #include "daemon/g3_watch.h"
 #include "daemon/registry.h"
@@ -57,8 +58,8 @@ typedef struct kvd {
   kv_alloc_ent *allocs;
   kv_g3 *g3;                   /* NULL when no SSD tier is configured */
   kvd_g1s g1;                  /* the device pools; g1.on = 0 when G1 is off */
-  struct kvd_load *waiting;    /* LOADs waiting for G2 room (kvd_loads_retry) */
-  struct kvd_alloc *alloc_waiting; /* ALLOCs waiting for G2 room (alloc.c) */
+  kvd_defer load_wait;         /* LOADs waiting for room (load.c, defer.h) */
+  kvd_defer alloc_wait;        /* ALLOCs waiting for G2 room (alloc.c, defer.h) */
   kvd_metrics m;               /* latencies, miss reasons (stats.h) */
   kvd_session admin;           /* pins the operator took (POST /pin), released at fini */
   kvd_g3w g3w;                 /* G3 unavailable, its checks and poll (g3_watch.h) */
@@ -107,20 +108,14 @@ kvd_op_fn kvd_op_get;
 kvd_op_fn kvd_op_prefetch;
 /* ALLOC (alloc.c): 0 (reply appended) or KVD_DEFERRED (keys wait for G2
  * room; the reply goes through the sink). kvd_allocs_retry after G3
- * completions; kvd_allocs_expire from the tick answers keys that waited
- * longer than daemon.load_timeout_ms with -EAGAIN (returns how many);
- * kvd_allocs_fini answers what still waits with -ECANCELED (shutdown). */
-typedef struct kvd_alloc kvd_alloc;
+ * completions: the waiting ALLOCs, then the soft g2.capacity. */
 kvd_op_fn kvd_op_alloc;
 void kvd_allocs_retry(kvd *d);
-uint32_t kvd_allocs_expire(kvd *d);
-void kvd_allocs_fini(kvd *d);
-/* Retries LOADs that waited for room; call after G3 or G1 completions. */
-void kvd_loads_retry(kvd *d);
-/* Answers, with a timeout error, the blocks of LOADs that have waited for
- * G2 room longer than daemon.load_timeout_ms; call from a timer. Returns
- * the number of blocks timed out. */
-uint32_t kvd_loads_expire(kvd *d);
+/* What a waiting LOAD and a waiting ALLOC do when retried, expired
+ * (daemon.load_timeout_ms: a LOAD's blocks answer -ETIMEDOUT, an ALLOC's
+ * keys -EAGAIN) or cancelled (-ECANCELED): d->load_wait's and
+ * d->alloc_wait's (defer.h). */
+extern const kvd_defer_ops kvd_load_defer_ops, kvd_alloc_defer_ops;
 /* Delivers G3 completions (and what they unblock). */
 void kvd_g3_poll(kvd *d);
 /* The G1 completion hook (kvd_g1.done, arg the kvd): ends the core's copy

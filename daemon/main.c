@@ -234,7 +234,7 @@ int main(int argc, char **argv) {
   /* Stop accepting, send what is owed, release every session. */
   kvd_ops_stop(&st.ops);
   kvd_server_stop_listening(&st.srv);
-  kvd_allocs_fini(&st.d);
+  kvd_defer_cancel_all(&st.d.alloc_wait); /* answered -ECANCELED while their connections are open */
   kvd_server_close_all(&st.srv, 1000);
   kvd_g1s_stop(&st.d.g1);
   kvd_g3w_stop(&st.d);
