@@ -469,45 +469,7 @@ static int op_put(kvd *d, kvd_sink *sink, const kv_msg *req, kv_buf *out, int fd
 
 /* --- STATUS ----------------------------------------------------------------- */
 static int op_status(kvd *d, kvd_sink *sink, const kv_msg *req, kv_buf *out, int fd_out[2]) {
-  json_t *tenants = json_array();
-  uint64_t cap = 0, used = 0;
-  for (uint32_t i = 0; i < d->reg.ntenants; i++) {
-    kv_arena *a = &d->reg.tenants[i].arena;
-    cap += a->capacity;
-    used += a->used_bytes;
-    json_array_append_new(tenants, json_pack("{s:s,s:I,s:I,s:b}", "tenant", d->reg.tenants[i].cfg.name,
-                                             "capacity_bytes", (json_int_t)a->capacity,
-                                             "used_bytes", (json_int_t)a->used_bytes,
-                                             "locked", a->locked));
-  }
-  const kv_core_stats *c = &d->core.st;
-  uint64_t misses = 0; /* every reason, as kvcached_misses_total counts them */
-  for (int i = 0; i < KVD_MISS_COUNT; i++) misses += d->m.misses[i];
-  json_t *o = json_pack(
-      "{s:s,s:I,s:I,s:{s:I,s:I,s:I,s:o},s:{s:I,s:I,s:I,s:I,s:I,s:I,s:I,s:I,s:I},s:s,s:I}",
-      "version", KV_VERSION, "uptime_s", (json_int_t)((now_ms() - d->start_ms) / 1000),
-      "sessions", (json_int_t)d->nsessions,
-      "g2", "capacity_bytes", (json_int_t)cap, "used_bytes", (json_int_t)used,
-      "blocks", (json_int_t)d->core.ix.count, "tenants", tenants,
-      "core", "lookups", (json_int_t)c->lookups, "hits_g1", (json_int_t)c->hits[KV_G1],
-      "hits_g2", (json_int_t)c->hits[KV_G2], "hits_g3", (json_int_t)c->hits[KV_G3],
-      "misses", (json_int_t)misses, "evictions_g2", (json_int_t)c->evictions[KV_G2],
-      "allocs", (json_int_t)c->allocs, "commits", (json_int_t)c->commits,
-      "aborts", (json_int_t)c->aborts,
-      "policy", d->core.policy->name, "namespaces", (json_int_t)d->reg.nlive);
-  if (o && d->g3) {
-    kv_g3_stats gs;
-    kv_g3_get_stats(d->g3, &gs);
-    json_object_set_new(o, "g3", json_pack("{s:s,s:I,s:I,s:I,s:I,s:I,s:I,s:I,s:I}",
-        "state", kv_g3_state_name(gs.state), "capacity_bytes", (json_int_t)gs.capacity_bytes,
-        "stored_bytes", (json_int_t)gs.stored_bytes, "blocks", (json_int_t)gs.slots_stored,
-        "reads", (json_int_t)gs.reads, "writes", (json_int_t)gs.writes,
-        "corrupt", (json_int_t)gs.corrupt, "io_errors", (json_int_t)gs.io_errors,
-        "warm_blocks", (json_int_t)c->warm_blocks));
-    json_object_set_new(json_object_get(o, "core"), "promotions", json_integer((json_int_t)c->promotions));
-    json_object_set_new(json_object_get(o, "core"), "g3_admitted", json_integer((json_int_t)c->g3_admitted));
-    json_object_set_new(json_object_get(o, "core"), "g3_refused", json_integer((json_int_t)c->g3_refused));
-  }
+  json_t *o = kvd_stats_json(d, KVD_JSON_STATUS);
   char *text = o ? json_dumps(o, JSON_COMPACT) : NULL;
   json_decref(o);
   if (!text) return kvd_fail(out, req, -ENOMEM, NULL);
