@@ -168,8 +168,3 @@ static void cancel_alloc(kvd_waiter *w) { answer_waiting(waiter_alloc(w), -ECANC
 
 const kvd_defer_ops kvd_alloc_defer_ops = {"alloc", "answered -EAGAIN", retry_alloc, expire_alloc,
                                            cancel_alloc};
-
-void kvd_allocs_retry(kvd *d) {
-  kvd_defer_retry(&d->alloc_wait);
-  if (d->core.adm.limit[KV_G2]) kv_core_enforce_limits(&d->core);
-}

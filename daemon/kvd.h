@@ -70,10 +70,24 @@ typedef struct kvd {
 #define KVD_DEFERRED 1
 
 /* Builds the core, the registry (tenant arenas) and, if configured, the G3
- * store (attached to the core: what it holds is served again). 0 or an
- * error, logged. */
+ * store (attached to the core: what it holds is served again), from
+ * d->cfg; on failure, undoes what it built, the last first. 0 or an error,
+ * logged. kvd_fini releases the operator's pins, closes G3 (its writes in
+ * flight complete, its index commits), frees the rest; LOADs still
+ * waiting for room are dropped (their connections are gone). kvd.c. */
 int kvd_init(kvd *d);
 void kvd_fini(kvd *d);
+
+/* The whole daemon on cfg (checked; config_path, or NULL, is re-read on
+ * SIGHUP): kvd_init, then the loop with every event source - the worker
+ * socket, the operator sockets, the housekeeping tick (waits past
+ * daemon.load_timeout_ms, namespace sweep, corrupt reports, soft limits),
+ * G1 and G3 completions, the G3 watch, SIGTERM/SIGINT (stop) and SIGHUP -
+ * until asked to stop; then sockets closed, waiting ALLOCs answered
+ * -ECANCELED, owed replies sent (1 s at most), sources closed, kvd_fini.
+ * Returns the exit status: 0 after a clean stop, 1 when the start failed
+ * (logged; what was built is undone). kvd.c. */
+int kvd_main(const kv_config *cfg, const char *config_path);
 
 /*
  * Handles one decoded request of session s and appends exactly one reply
@@ -107,16 +121,15 @@ kvd_op_fn kvd_op_load;
 kvd_op_fn kvd_op_get;
 kvd_op_fn kvd_op_prefetch;
 /* ALLOC (alloc.c): 0 (reply appended) or KVD_DEFERRED (keys wait for G2
- * room; the reply goes through the sink). kvd_allocs_retry after G3
- * completions: the waiting ALLOCs, then the soft g2.capacity. */
+ * room; the reply goes through the sink). */
 kvd_op_fn kvd_op_alloc;
-void kvd_allocs_retry(kvd *d);
 /* What a waiting LOAD and a waiting ALLOC do when retried, expired
  * (daemon.load_timeout_ms: a LOAD's blocks answer -ETIMEDOUT, an ALLOC's
  * keys -EAGAIN) or cancelled (-ECANCELED): d->load_wait's and
  * d->alloc_wait's (defer.h). */
 extern const kvd_defer_ops kvd_load_defer_ops, kvd_alloc_defer_ops;
-/* Delivers G3 completions (and what they unblock). */
+/* Delivers G3 completions, then retries what waits for room (LOADs, then
+ * ALLOCs) and keeps a soft g2.capacity. */
 void kvd_g3_poll(kvd *d);
 /* The G1 completion hook (kvd_g1.done, arg the kvd): ends the core's copy
  * and retries the LOADs waiting for room. */

@@ -347,19 +347,6 @@ static void cancel_load(kvd_waiter *w) {
 const kvd_defer_ops kvd_load_defer_ops = {"load", "answered with a timeout", retry_load, expire_load,
                                           cancel_load};
 
-void kvd_g1_copied(void *arg, uint64_t tag, int status) {
-  kvd *d = arg;
-  kv_core_g1_done(&d->core, tag, status);
-  kvd_defer_retry(&d->load_wait); /* G1 room may have come */
-}
-
-void kvd_g3_poll(kvd *d) {
-  if (!d->g3) return;
-  kv_g3_poll(d->g3);
-  kvd_defer_retry(&d->load_wait);
-  kvd_allocs_retry(d);
-}
-
 int kvd_op_prefetch(kvd *d, kvd_sink *sink, const kv_msg *req, kv_buf *out, int fd_out[2]) {
   const kv_batch_req *br = &req->batch;
   int rc = kvd_load_keys(d, &br->keys);
