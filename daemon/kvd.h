@@ -1,7 +1,10 @@
 /*
  * kvd.h - the daemon's state, shared by its loop, its connections and the
  * handlers of each operation. One instance per process; only the loop's
- * thread touches it.
+ * thread touches it. Its life - built, run with every event source,
+ * taken down - is kvd.c's (kvd_init, kvd_main, kvd_fini); requests reach
+ * the handlers through one table of opcodes (kvd_handle, handlers.c);
+ * those that must wait for room wait in a kvd_defer queue (defer.h).
  */
 #ifndef KV_DAEMON_KVD_H
 #define KV_DAEMON_KVD_H
