@@ -15,8 +15,6 @@
 #include "base/log.h"
 #include "base/errors.h"
 
-#define TICK_MS 100
-
 static const char *const admin_routes[] = {"/config", "/evict", "/flush", "/pin", "/unpin"};
 #define NADMIN (sizeof admin_routes / sizeof admin_routes[0])
 
@@ -327,17 +325,6 @@ static void on_admin(void *arg, const kvd_http_req *req, kvd_http_resp *resp) {
   }
 }
 
-/* --- the tick ------------------------------------------------------------------------- */
-
-static void on_tick(uv_timer_t *t) {
-  kvd_ops *o = t->data;
-  kvd_loads_expire(o->d);
-  kvd_allocs_expire(o->d);
-  kvd_registry_sweep(&o->d->reg); /* namespaces whose last block went */
-  if (o->d->trust.npend) kvd_trust_sweep(o->d);
-  if (o->d->core.adm.limit[KV_G2] || o->d->core.adm.limit[KV_G3]) kv_core_enforce_limits(&o->d->core);
-}
-
 int kvd_ops_start(kvd_ops *o, kvd *d, uv_loop_t *loop) {
   memset(o, 0, sizeof *o);
   o->d = d;
@@ -368,11 +355,6 @@ int kvd_ops_start(kvd_ops *o, kvd *d, uv_loop_t *loop) {
     kvd_http_close(&o->admin);
     return rc;
   }
-  uv_timer_init(loop, &o->tick);
-  o->tick.data = o;
-  uv_timer_start(&o->tick, on_tick, TICK_MS, TICK_MS);
-  uv_unref((uv_handle_t *)&o->tick);
-  o->ticking = 1;
   return 0;
 }
 
@@ -381,9 +363,4 @@ void kvd_ops_stop(kvd_ops *o) {
     for (int i = 0; i < KVD_SOCK_COUNT; i++) o->d->m.http[i] = NULL;
   kvd_http_close(&o->stats);
   kvd_http_close(&o->admin);
-  if (o->ticking) {
-    o->ticking = 0;
-    uv_timer_stop(&o->tick);
-    uv_close((uv_handle_t *)&o->tick, NULL);
-  }
 }

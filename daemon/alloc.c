@@ -5,14 +5,16 @@
  * With the SSD tier attached an eviction is a demotion, and the victim's
  * slot is free only when its bytes are on the SSD: a key that finds no
  * free slot meanwhile (-EAGAIN from the core) does not fail - the ALLOC
- * waits in d->alloc_waiting and those keys are retried after each batch of
- * G3 completions, like a LOAD waiting for room (load.c). The reply goes
- * out when every key is final; a key still waiting after
- * daemon.load_timeout_ms is answered -EAGAIN (retry later). A worker that
- * disconnects while its ALLOC waits gets nothing more: what the ALLOC had
- * allocated went with its session, and no further slot is taken for it.
+ * waits in d->alloc_wait (defer.h) and those keys are retried, in order,
+ * after each batch of G3 completions, like a LOAD waiting for room
+ * (load.c). The reply goes out when every key is final; a key still
+ * waiting after daemon.load_timeout_ms is answered -EAGAIN (retry later),
+ * and at shutdown -ECANCELED. A worker that disconnects while its ALLOC
+ * waits gets nothing more: what the ALLOC had allocated went with its
+ * session, and no further slot is taken for it.
  */
 #include <errno.h>
+#include <stddef.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -22,18 +24,17 @@
 
 #define WAIT 1 /* entry status while waiting for room */
 
-struct kvd_alloc {
+typedef struct kvd_alloc {
+  kvd_waiter w;        /* in d->alloc_wait until every key is final */
   kvd *d;
   kvd_sink *sink;
   kv_msg req;          /* id and op, for the reply */
   uint32_t n, waiting, core_ns;
   uint8_t prio;
-  uint64_t since;      /* kv_now_ms() when it first waited */
-  kvd_alloc *next;
   kv_key *keys;
   kv_key *parents;     /* len 0: no parent */
   kv_alloc_ent *ent;
-};
+} kvd_alloc;
 
 /* Tries key i: its entry is final, or WAIT. */
 static void try_one(kvd *d, kvd_session *s, uint32_t core_ns, const kv_key *key,
@@ -90,9 +91,10 @@ static int defer(kvd *d, kvd_sink *sink, const kv_msg *req, uint32_t core_ns) {
     if (a) { free(a->keys); free(a->parents); free(a->ent); free(a); }
     return -ENOMEM;
   }
-  *a = (kvd_alloc){d, sink, *req, n, 0, core_ns, r->prio, (uint64_t)kv_now_ms(), NULL,
-                   a->keys, a->parents, a->ent};
+  *a = (kvd_alloc){.d = d, .sink = sink, .req = *req, .n = n, .core_ns = core_ns, .prio = r->prio,
+                   .keys = a->keys, .parents = a->parents, .ent = a->ent};
   kvd_sink_get(sink);
+  kvd_waiter_init(&a->w, sink);
   memcpy(a->keys, d->keys, n * sizeof *a->keys);
   memcpy(a->ent, d->allocs, n * sizeof *a->ent);
   for (uint32_t i = 0; i < n; i++) {
@@ -100,12 +102,11 @@ static int defer(kvd *d, kvd_sink *sink, const kv_msg *req, uint32_t core_ns) {
     if (pb) kv_key_set(&a->parents[i], pb, r->keys.klen);
     if (a->ent[i].status == WAIT) a->waiting++;
   }
-  a->next = d->alloc_waiting;
-  d->alloc_waiting = a;
+  kvd_defer_wait(&d->alloc_wait, &a->w, (uint64_t)kv_now_ms());
   return 0;
 }
 
-int kvd_op_alloc(kvd *d, kvd_sink *sink, const kv_msg *req, kv_buf *out) {
+int kvd_op_alloc(kvd *d, kvd_sink *sink, const kv_msg *req, kv_buf *out, int fd_out[2]) {
   const kv_alloc_req *r = &req->alloc;
   kvd_session *s = sink->sess;
   if (r->tier != KV_G2) return kvd_fail(out, req, -EOPNOTSUPP, "ALLOC serves tier G2 in this build");
@@ -130,63 +131,41 @@ int kvd_op_alloc(kvd *d, kvd_sink *sink, const kv_msg *req, kv_buf *out) {
   return kv_msg_encode(out, &m);
 }
 
-/* Walks the waiting ALLOCs: retry (expire = 0) or time out (expire = 1).
- * Returns the keys answered with a timeout. */
-static uint32_t walk(kvd *d, int expire) {
-  uint64_t now = (uint64_t)kv_now_ms();
-  uint32_t expired = 0;
-  kvd_alloc *list = d->alloc_waiting, **keep = &d->alloc_waiting;
-  d->alloc_waiting = NULL;
-  while (list) {
-    kvd_alloc *a = list;
-    list = a->next;
-    a->next = NULL;
-    if (!a->sink->sess) { /* gone: nobody to answer, nothing more to take */
-      free_alloc(a);
-      continue;
-    }
-    int late = expire && now - a->since >= a->d->cfg.load_timeout_ms;
-    for (uint32_t i = 0; i < a->n && a->waiting; i++) {
-      if (a->ent[i].status != WAIT) continue;
-      if (late) {
-        a->ent[i].status = -EAGAIN;
-        expired++;
-      } else {
-        try_one(d, a->sink->sess, a->core_ns, &a->keys[i], &a->parents[i], a->prio, &a->ent[i]);
-        if (a->ent[i].status == WAIT) break; /* no room yet: later keys wait too */
-      }
-      if (a->ent[i].status != WAIT) a->waiting--;
-    }
-    if (a->waiting == 0) {
-      answer(a);
-    } else {
-      *keep = a;
-      keep = &a->next;
-    }
-  }
-  return expired;
+/* The queue's callbacks (defer.h) for an ALLOC waiting for room. */
+static kvd_alloc *waiter_alloc(kvd_waiter *w) {
+  return (kvd_alloc *)(void *)((char *)w - offsetof(kvd_alloc, w));
 }
 
-void kvd_allocs_retry(kvd *d) {
-  if (d->alloc_waiting) walk(d, 0);
-  if (d->core.adm.limit[KV_G2]) kv_core_enforce_limits(&d->core);
-}
-
-uint32_t kvd_allocs_expire(kvd *d) {
-  if (!d->alloc_waiting) return 0;
-  uint32_t n = walk(d, 1);
-  if (n)
-    kv_warn("alloc", "%u block(s) waited more than %u ms for G2 room: answered -EAGAIN", n,
-            d->cfg.load_timeout_ms);
+/* Answers the keys still waiting with status, and the ALLOC. Returns how
+ * many there were. */
+static uint32_t answer_waiting(kvd_alloc *a, int status) {
+  uint32_t n = 0;
+  for (uint32_t i = 0; i < a->n; i++)
+    if (a->ent[i].status == WAIT) {
+      a->ent[i].status = status;
+      n++;
+    }
+  answer(a);
   return n;
 }
 
-void kvd_allocs_fini(kvd *d) {
-  while (d->alloc_waiting) {
-    kvd_alloc *a = d->alloc_waiting;
-    d->alloc_waiting = a->next;
-    for (uint32_t i = 0; i < a->n; i++)
-      if (a->ent[i].status == WAIT) a->ent[i].status = -ECANCELED;
-    answer(a);
+static int retry_alloc(kvd_waiter *w) {
+  kvd_alloc *a = waiter_alloc(w);
+  for (uint32_t i = 0; i < a->n && a->waiting; i++) {
+    if (a->ent[i].status != WAIT) continue;
+    try_one(a->d, a->sink->sess, a->core_ns, &a->keys[i], &a->parents[i], a->prio, &a->ent[i]);
+    if (a->ent[i].status == WAIT) break; /* no room yet: later keys wait too */
+    a->waiting--;
   }
+  if (a->waiting) return 1;
+  answer(a);
+  return 0;
 }
+
+static uint32_t expire_alloc(kvd_waiter *w) { return answer_waiting(waiter_alloc(w), -EAGAIN); }
+
+/* The reply is dropped when the connection is gone. */
+static void cancel_alloc(kvd_waiter *w) { answer_waiting(waiter_alloc(w), -ECANCELED); }
+
+const kvd_defer_ops kvd_alloc_defer_ops = {"alloc", "answered -EAGAIN", retry_alloc, expire_alloc,
+                                           cancel_alloc};

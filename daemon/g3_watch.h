@@ -47,7 +47,7 @@ typedef struct kvd_g3w {
 } kvd_g3w;
 
 /* Opens the SSD tier on the configured directories and attaches it to the
- * core (handlers.c). lock_wait_ms as in kv_g3_opts. 0, or an error with
+ * core (kvd.c). lock_wait_ms as in kv_g3_opts. 0, or an error with
  * nothing left open and why[0..n) saying what failed. */
 int kvd_g3_open(struct kvd *d, int lock_wait_ms, char *why, size_t n);
 

@@ -9,8 +9,6 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/stat.h>
-#include <time.h>
 
 #include "daemon/g3_watch.h"
 #include "base/clock.h"
@@ -18,167 +16,6 @@
 #include "base/log.h"
 #include "daemon/server.h"
 #include "base/crc32c.h"
-
-
-/* Opens the SSD tier on the configured directories and attaches it
- * (g3_watch.h). */
-int kvd_g3_open(kvd *d, int lock_wait_ms, char *why, size_t whylen) {
-  char paths[sizeof d->cfg.g3_path];
-  const char *names[KV_G3_MAX_DIRS];
-  kv_g3_dir dirs[KV_G3_MAX_DIRS];
-  int nd = kv_config_g3_dirs(&d->cfg, paths, names, KV_G3_MAX_DIRS); /* checked at start */
-  unsigned n = nd > 0 ? (unsigned)nd : 0;
-  why[0] = 0;
-  for (unsigned i = 0; i < n; i++) {
-    if (mkdir(names[i], 0750) < 0 && errno != EEXIST) {
-      int rc = -errno;
-      snprintf(why, whylen, "cannot create %s: %s", names[i], strerror(-rc));
-      return rc;
-    }
-    dirs[i] = (kv_g3_dir){names[i], d->cfg.g3_capacity};
-  }
-  if (n == 0) return 0;
-  kv_g3_opts o = {.dirs = dirs, .ndirs = n, .block_bytes = (uint32_t)d->cfg.g3_block_bytes,
-                  .queue_depth = d->cfg.g3_queue_depth,
-                  .backend = !strcmp(d->cfg.g3_backend, "uring") ? KV_G3_BACKEND_URING
-                           : !strcmp(d->cfg.g3_backend, "threads") ? KV_G3_BACKEND_THREADS
-                           : KV_G3_BACKEND_AUTO,
-                  .lock_wait_ms = lock_wait_ms,
-                  /* No G2 arena is registered as io_uring fixed buffers:
-                   * workers hold the memfd writable and can punch holes in
-                   * it (fallocate, MADV_REMOVE), which would leave the
-                   * registration pinning pages no longer in the file, and
-                   * every later G3 read landing where G2 cannot see it.
-                   * Plain reads map the arena's current pages per I/O. */
-                  .arena = NULL};
-  kv_g3_open_info info;
-  int rc = kv_g3_open(&d->g3, &o, &info);
-  if (rc == -EINVAL) {
-    /* Existing files made with another slot size: keep theirs. */
-    o.block_bytes = 0;
-    rc = kv_g3_open(&d->g3, &o, &info);
-    if (rc == 0)
-      kv_warn("g3", "existing files use %u-byte slots, not g3.block_bytes; keeping theirs",
-              info.slot_bytes);
-  }
-  if (rc) {
-    snprintf(why, whylen, "%s", info.why[0] ? info.why : kv_strerror(rc));
-    return rc;
-  }
-  kv_core_g3_opts go = {.admit = !strcmp(d->cfg.g3_admit, "second-use") ? KV_ADMIT_SECOND_USE
-                               : !strcmp(d->cfg.g3_admit, "min-prio") ? KV_ADMIT_MIN_PRIO
-                               : KV_ADMIT_ALWAYS,
-                        .min_prio = (uint8_t)d->cfg.g3_min_prio};
-  rc = kv_core_attach_g3(&d->core, d->g3, &go);
-  if (rc >= 0) {
-    kv_g3_stats gs;
-    kv_g3_get_stats(d->g3, &gs);
-    int sr = kvd_registry_g3_shares(&d->reg, &d->cfg, gs.capacity_bytes);
-    if (sr) rc = sr;
-  }
-  if (rc < 0) {
-    snprintf(why, whylen, "cannot attach the SSD tier to the cache core: %s", kv_strerror(rc));
-    kv_g3_close(d->g3);
-    d->g3 = NULL;
-    return rc;
-  }
-  kv_info("g3", "%u slots of %u bytes in %u file(s), %llu blocks served from before (warm)%s",
-          info.slots, info.slot_bytes, n, (unsigned long long)info.indexed,
-          info.rebuilt ? ", index rebuilt from the records" : "");
-  return 0;
-}
-
-int kvd_init(kvd *d) {
-  int rc;
-  d->start_ms = kv_now_ms();
-  d->next_session_id = 1;
-  d->keys = malloc(KV_BATCH_MAX * sizeof *d->keys);
-  d->tiers = malloc(KV_BATCH_MAX);
-  d->status = malloc(KV_BATCH_MAX * sizeof *d->status);
-  d->loads = malloc(KV_BATCH_MAX * sizeof *d->loads);
-  d->allocs = malloc(KV_BATCH_MAX * sizeof *d->allocs);
-  if (!d->keys || !d->tiers || !d->status || !d->loads || !d->allocs) {
-    rc = -ENOMEM;
-    goto err;
-  }
-  kv_core_opts co = {.policy = d->cfg.policy};
-  rc = kv_core_init(&d->core, &co);
-  if (rc) {
-    kv_error("core", "cannot start the cache core: %s", kv_strerror(rc));
-    goto err;
-  }
-  if ((rc = kvd_g1s_open(&d->g1, &d->cfg))) {
-    kv_core_fini(&d->core);
-    goto err;
-  }
-  for (unsigned i = 0; i < d->g1.n; i++) {
-    kvd_g1 *g = &d->g1.g[i];
-    if (!g->on) continue;
-    g->core_pool = kv_core_attach_g1(&d->core, &g->slots, kvd_g1_copy, g);
-    if (g->core_pool < 0) {
-      rc = g->core_pool;
-      kv_error("g1", "cannot attach the pool of device %d to the cache core: %s", g->ordinal,
-               kv_strerror(rc));
-      kvd_g1s_close(&d->g1);
-      kv_core_fini(&d->core);
-      goto err;
-    }
-    g->done = kvd_g1_copied;
-    g->done_arg = d;
-  }
-  kvd_registry_opts ro = {.cfg = &d->cfg, .lock = d->cfg.g2_lock, .core = &d->core};
-  if (d->g1.on) {
-    ro.register_fn = kvd_g1s_arena_register;
-    ro.unregister_fn = kvd_g1s_arena_unregister;
-    ro.register_arg = &d->g1;
-  }
-  rc = kvd_registry_init(&d->reg, &ro);
-  if (rc) {
-    kv_error("g2", "cannot create the G2 arenas (%llu bytes for %u tenant(s)): %s",
-             (unsigned long long)d->cfg.g2_capacity, d->cfg.ntenants ? d->cfg.ntenants : 1,
-             kv_strerror(rc));
-    kvd_g1s_close(&d->g1);
-    kv_core_fini(&d->core);
-    goto err;
-  }
-  /* A G3 that cannot be opened leaves the daemon on G2 alone (g3_watch.h). */
-  if (d->cfg.g3_path[0] && (rc = kvd_g3_open(d, 0, d->g3w.why, sizeof d->g3w.why)))
-    kvd_g3_unavailable(d, rc);
-  if ((rc = kvd_metrics_init(d))) {
-    kv_error("daemon", "cannot set up the metrics: %s", kv_strerror(rc));
-    if (d->g3) kv_g3_close(d->g3);
-    d->g3 = NULL;
-    kvd_registry_fini(&d->reg);
-    kvd_g1s_close(&d->g1);
-    kv_core_fini(&d->core);
-    goto err;
-  }
-  kvd_session_init(&d->admin, 0);
-  return 0;
-err:
-  free(d->keys); free(d->tiers); free(d->status); free(d->loads); free(d->allocs);
-  d->keys = NULL;
-  return rc;
-}
-
-void kvd_fini(kvd *d) {
-  uint64_t pins = 0, allocs = 0;
-  kvd_session_close(&d->core, &d->admin, &pins, &allocs);
-  if (pins) kv_info("admin", "released %llu pin(s) the operator held", (unsigned long long)pins);
-  if (d->g3) {
-    /* Every write in flight completes and the last index batch commits. */
-    kv_g3_close(d->g3);
-    d->g3 = NULL;
-    kv_info("g3", "index synced and closed");
-  }
-  kvd_metrics_fini(d);
-  kvd_trust_fini(&d->trust);
-  kv_core_fini(&d->core);
-  kvd_registry_fini(&d->reg); /* unregisters the arenas from the device */
-  kvd_g1s_close(&d->g1);
-  free(d->keys); free(d->tiers); free(d->status); free(d->loads); free(d->allocs);
-  d->keys = NULL;
-}
 
 static uint16_t min_u16(uint16_t a, uint16_t b) { return a < b ? a : b; }
 
@@ -287,7 +124,8 @@ static int op_hello(kvd *d, kvd_sink *sink, const kv_msg *req, kv_buf *out, int 
 }
 
 /* --- G1_SELECT -------------------------------------------------------------- */
-static int op_g1_select(kvd *d, kvd_session *s, const kv_msg *req, kv_buf *out, int fd_out[2]) {
+static int op_g1_select(kvd *d, kvd_sink *sink, const kv_msg *req, kv_buf *out, int fd_out[2]) {
+  kvd_session *s = sink->sess;
   if (s->g1_loaded)
     return kvd_fail(out, req, KV_EBADSTATE,
                     "this session already holds G1 offsets from a LOAD: select before the first one");
@@ -308,7 +146,7 @@ static int op_g1_select(kvd *d, kvd_session *s, const kv_msg *req, kv_buf *out, 
 }
 
 /* --- LOOKUP ----------------------------------------------------------------- */
-static int op_lookup(kvd *d, kvd_session *s, const kv_msg *req, kv_buf *out) {
+static int lookup(kvd *d, kvd_session *s, const kv_msg *req, kv_buf *out) {
   const kv_keyvec *v = &req->batch.keys;
   int rc = kvd_load_keys(d, v);
   if (rc) return kvd_fail(out, req, rc, NULL);
@@ -322,6 +160,13 @@ static int op_lookup(kvd *d, kvd_session *s, const kv_msg *req, kv_buf *out) {
   m.lookup_rep.n = v->n;
   m.lookup_rep.tiers = d->tiers;
   return kv_msg_encode(out, &m);
+}
+
+static int op_lookup(kvd *d, kvd_sink *sink, const kv_msg *req, kv_buf *out, int fd_out[2]) {
+  uint64_t t0 = kv_now_ns();
+  int rc = lookup(d, sink->sess, req, out);
+  kvd_req_done(d, KVD_REQ_LOOKUP, t0);
+  return rc;
 }
 
 /* Per-key status reply, shared by RELEASE, COMMIT, ABORT, SET_PRIORITY. */
@@ -338,7 +183,8 @@ static kv_block *any_block(kvd *d, kvd_session *s, uint32_t i) {
                        d->keys[i].len);
 }
 
-static int op_release(kvd *d, kvd_session *s, const kv_msg *req, kv_buf *out) {
+static int op_release(kvd *d, kvd_sink *sink, const kv_msg *req, kv_buf *out, int fd_out[2]) {
+  kvd_session *s = sink->sess;
   int rc = kvd_load_keys(d, &req->batch.keys);
   if (rc) return kvd_fail(out, req, rc, NULL);
   for (uint32_t i = 0; i < req->batch.keys.n; i++) {
@@ -352,7 +198,9 @@ static int op_release(kvd *d, kvd_session *s, const kv_msg *req, kv_buf *out) {
 }
 
 /* --- COMMIT / ABORT (ALLOC: alloc.c) ----------------------------------------- */
-static int op_commit_abort(kvd *d, kvd_session *s, const kv_msg *req, kv_buf *out, int commit) {
+static int op_commit_abort(kvd *d, kvd_sink *sink, const kv_msg *req, kv_buf *out, int fd_out[2]) {
+  kvd_session *s = sink->sess;
+  int commit = req->op == KV_OP_COMMIT;
   int rc = kvd_load_keys(d, &req->batch.keys);
   if (rc) return kvd_fail(out, req, rc, NULL);
   for (uint32_t i = 0; i < req->batch.keys.n; i++) {
@@ -390,7 +238,8 @@ static int del_one(kv_block *b, void *arg) {
   return 0;
 }
 
-static int op_delete(kvd *d, kvd_session *s, const kv_msg *req, kv_buf *out) {
+static int op_delete(kvd *d, kvd_sink *sink, const kv_msg *req, kv_buf *out, int fd_out[2]) {
+  kvd_session *s = sink->sess;
   const kv_batch_req *b = &req->batch;
   kv_msg m = kvd_reply_to(req);
   if (b->flags & KV_DEL_ALL) {
@@ -414,7 +263,8 @@ static int op_delete(kvd *d, kvd_session *s, const kv_msg *req, kv_buf *out) {
   return kv_msg_encode(out, &m);
 }
 
-static int op_set_priority(kvd *d, kvd_session *s, const kv_msg *req, kv_buf *out) {
+static int op_set_priority(kvd *d, kvd_sink *sink, const kv_msg *req, kv_buf *out, int fd_out[2]) {
+  kvd_session *s = sink->sess;
   int rc = kvd_load_keys(d, &req->batch.keys);
   if (rc) return kvd_fail(out, req, rc, NULL);
   for (uint32_t i = 0; i < req->batch.keys.n; i++) {
@@ -426,7 +276,8 @@ static int op_set_priority(kvd *d, kvd_session *s, const kv_msg *req, kv_buf *ou
 }
 
 /* --- PUT (GET: load.c): the inline slow path ---------------------------------------- */
-static int op_put(kvd *d, kvd_session *s, const kv_msg *req, kv_buf *out) {
+static int op_put(kvd *d, kvd_sink *sink, const kv_msg *req, kv_buf *out, int fd_out[2]) {
+  kvd_session *s = sink->sess;
   const kv_put_req *p = &req->put;
   kvd_ns *n = session_ns(d, s);
   if (p->data.len != n->block_bytes)
@@ -447,46 +298,8 @@ static int op_put(kvd *d, kvd_session *s, const kv_msg *req, kv_buf *out) {
 }
 
 /* --- STATUS ----------------------------------------------------------------- */
-static int op_status(kvd *d, kvd_session *s, const kv_msg *req, kv_buf *out) {
-  json_t *tenants = json_array();
-  uint64_t cap = 0, used = 0;
-  for (uint32_t i = 0; i < d->reg.ntenants; i++) {
-    kv_arena *a = &d->reg.tenants[i].arena;
-    cap += a->capacity;
-    used += a->used_bytes;
-    json_array_append_new(tenants, json_pack("{s:s,s:I,s:I,s:b}", "tenant", d->reg.tenants[i].cfg.name,
-                                             "capacity_bytes", (json_int_t)a->capacity,
-                                             "used_bytes", (json_int_t)a->used_bytes,
-                                             "locked", a->locked));
-  }
-  const kv_core_stats *c = &d->core.st;
-  uint64_t misses = 0; /* every reason, as kvcached_misses_total counts them */
-  for (int i = 0; i < KVD_MISS_COUNT; i++) misses += d->m.misses[i];
-  json_t *o = json_pack(
-      "{s:s,s:I,s:I,s:{s:I,s:I,s:I,s:o},s:{s:I,s:I,s:I,s:I,s:I,s:I,s:I,s:I,s:I},s:s,s:I}",
-      "version", KV_VERSION, "uptime_s", (json_int_t)((kv_now_ms() - d->start_ms) / 1000),
-      "sessions", (json_int_t)d->nsessions,
-      "g2", "capacity_bytes", (json_int_t)cap, "used_bytes", (json_int_t)used,
-      "blocks", (json_int_t)d->core.ix.count, "tenants", tenants,
-      "core", "lookups", (json_int_t)c->lookups, "hits_g1", (json_int_t)c->hits[KV_G1],
-      "hits_g2", (json_int_t)c->hits[KV_G2], "hits_g3", (json_int_t)c->hits[KV_G3],
-      "misses", (json_int_t)misses, "evictions_g2", (json_int_t)c->evictions[KV_G2],
-      "allocs", (json_int_t)c->allocs, "commits", (json_int_t)c->commits,
-      "aborts", (json_int_t)c->aborts,
-      "policy", d->core.policy->name, "namespaces", (json_int_t)d->reg.nlive);
-  if (o && d->g3) {
-    kv_g3_stats gs;
-    kv_g3_get_stats(d->g3, &gs);
-    json_object_set_new(o, "g3", json_pack("{s:s,s:I,s:I,s:I,s:I,s:I,s:I,s:I,s:I}",
-        "state", kv_g3_state_name(gs.state), "capacity_bytes", (json_int_t)gs.capacity_bytes,
-        "stored_bytes", (json_int_t)gs.stored_bytes, "blocks", (json_int_t)gs.slots_stored,
-        "reads", (json_int_t)gs.reads, "writes", (json_int_t)gs.writes,
-        "corrupt", (json_int_t)gs.corrupt, "io_errors", (json_int_t)gs.io_errors,
-        "warm_blocks", (json_int_t)c->warm_blocks));
-    json_object_set_new(json_object_get(o, "core"), "promotions", json_integer((json_int_t)c->promotions));
-    json_object_set_new(json_object_get(o, "core"), "g3_admitted", json_integer((json_int_t)c->g3_admitted));
-    json_object_set_new(json_object_get(o, "core"), "g3_refused", json_integer((json_int_t)c->g3_refused));
-  }
+static int op_status(kvd *d, kvd_sink *sink, const kv_msg *req, kv_buf *out, int fd_out[2]) {
+  json_t *o = kvd_stats_json(d, KVD_JSON_STATUS);
   char *text = o ? json_dumps(o, JSON_COMPACT) : NULL;
   json_decref(o);
   if (!text) return kvd_fail(out, req, -ENOMEM, NULL);
@@ -498,33 +311,37 @@ static int op_status(kvd *d, kvd_session *s, const kv_msg *req, kv_buf *out) {
   return rc;
 }
 
+/* --- dispatch --------------------------------------------------------------- */
+/* Each opcode a request may carry: its handler, and whether it needs the
+ * session HELLO opens. An opcode without a handler is KV_EBADOP. */
+static const struct {
+  kvd_op_fn *fn;
+  uint8_t session;
+} ops[KV_OP_COUNT] = {
+    [KV_OP_HELLO] = {op_hello, 0},
+    [KV_OP_STATUS] = {op_status, 0},
+    [KV_OP_LOOKUP] = {op_lookup, 1},
+    [KV_OP_LOAD] = {kvd_op_load, 1},
+    [KV_OP_LOAD2] = {kvd_op_load, 1},
+    [KV_OP_RELEASE] = {op_release, 1},
+    [KV_OP_ALLOC] = {kvd_op_alloc, 1},
+    [KV_OP_COMMIT] = {op_commit_abort, 1},
+    [KV_OP_ABORT] = {op_commit_abort, 1},
+    [KV_OP_PREFETCH] = {kvd_op_prefetch, 1},
+    [KV_OP_DELETE] = {op_delete, 1},
+    [KV_OP_SET_PRIORITY] = {op_set_priority, 1},
+    [KV_OP_PUT] = {op_put, 1},
+    [KV_OP_GET] = {kvd_op_get, 1},
+    [KV_OP_G1_SELECT] = {op_g1_select, 1},
+};
+
 int kvd_handle(kvd *d, kvd_sink *sink, const kv_msg *req, kv_buf *out, int fd_out[2]) {
-  kvd_session *s = sink->sess;
   fd_out[0] = fd_out[1] = -1;
   if (req->flags & KV_F_REPLY) return kvd_fail(out, req, KV_EBADFRAME, "a reply sent to the daemon");
+  kvd_op_fn *fn = req->op < KV_OP_COUNT ? ops[req->op].fn : NULL;
   if (req->op < KV_OP_COUNT) d->st.ops[req->op]++;
-  if (req->op == KV_OP_HELLO) return op_hello(d, sink, req, out, fd_out);
-  if (req->op == KV_OP_STATUS) return op_status(d, s, req, out);
-  if (s->ns < 0) return kvd_fail(out, req, KV_ENOSESSION, NULL);
-  switch (req->op) {
-  case KV_OP_LOOKUP: {
-    uint64_t t0 = kv_now_ns();
-    int rc = op_lookup(d, s, req, out);
-    kvd_req_done(d, KVD_REQ_LOOKUP, t0);
-    return rc;
-  }
-  case KV_OP_LOAD:
-  case KV_OP_LOAD2: return kvd_op_load(d, sink, req, out);
-  case KV_OP_RELEASE: return op_release(d, s, req, out);
-  case KV_OP_ALLOC: return kvd_op_alloc(d, sink, req, out);
-  case KV_OP_COMMIT: return op_commit_abort(d, s, req, out, 1);
-  case KV_OP_ABORT: return op_commit_abort(d, s, req, out, 0);
-  case KV_OP_PREFETCH: return kvd_op_prefetch(d, sink, req, out);
-  case KV_OP_DELETE: return op_delete(d, s, req, out);
-  case KV_OP_SET_PRIORITY: return op_set_priority(d, s, req, out);
-  case KV_OP_PUT: return op_put(d, s, req, out);
-  case KV_OP_GET: return kvd_op_get(d, sink, req, out);
-  case KV_OP_G1_SELECT: return op_g1_select(d, s, req, out, fd_out);
-  default: return kvd_fail(out, req, KV_EBADOP, NULL);
-  }
+  if ((!fn || ops[req->op].session) && sink->sess->ns < 0)
+    return kvd_fail(out, req, KV_ENOSESSION, NULL);
+  if (!fn) return kvd_fail(out, req, KV_EBADOP, NULL);
+  return fn(d, sink, req, out, fd_out);
 }

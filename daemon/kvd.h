@@ -1,7 +1,10 @@
 /*
  * kvd.h - the daemon's state, shared by its loop, its connections and the
  * handlers of each operation. One instance per process; only the loop's
- * thread touches it.
+ * thread touches it. Its life - built, run with every event source,
+ * taken down - is kvd.c's (kvd_init, kvd_main, kvd_fini); requests reach
+ * the handlers through one table of opcodes (kvd_handle, handlers.c);
+ * those that must wait for room wait in a kvd_defer queue (defer.h).
  */
 #ifndef KV_DAEMON_KVD_H
 #define KV_DAEMON_KVD_H
@@ -9,6 +12,7 @@
 #include <stdint.h>
 
 #include "daemon/config.h"
+#include "daemon/defer.h"
 #include "daemon/g1.h"
 #include "daemon/g3_watch.h"
 #include "daemon/registry.h"
@@ -57,8 +61,8 @@ typedef struct kvd {
   kv_alloc_ent *allocs;
   kv_g3 *g3;                   /* NULL when no SSD tier is configured */
   kvd_g1s g1;                  /* the device pools; g1.on = 0 when G1 is off */
-  struct kvd_load *waiting;    /* LOADs waiting for G2 room (kvd_loads_retry) */
-  struct kvd_alloc *alloc_waiting; /* ALLOCs waiting for G2 room (alloc.c) */
+  kvd_defer load_wait;         /* LOADs waiting for room (load.c, defer.h) */
+  kvd_defer alloc_wait;        /* ALLOCs waiting for G2 room (alloc.c, defer.h) */
   kvd_metrics m;               /* latencies, miss reasons (stats.h) */
   kvd_session admin;           /* pins the operator took (POST /pin), released at fini */
   kvd_g3w g3w;                 /* G3 unavailable, its checks and poll (g3_watch.h) */
@@ -69,10 +73,24 @@ typedef struct kvd {
 #define KVD_DEFERRED 1
 
 /* Builds the core, the registry (tenant arenas) and, if configured, the G3
- * store (attached to the core: what it holds is served again). 0 or an
- * error, logged. */
+ * store (attached to the core: what it holds is served again), from
+ * d->cfg; on failure, undoes what it built, the last first. 0 or an error,
+ * logged. kvd_fini releases the operator's pins, closes G3 (its writes in
+ * flight complete, its index commits), frees the rest; LOADs still
+ * waiting for room are dropped (their connections are gone). kvd.c. */
 int kvd_init(kvd *d);
 void kvd_fini(kvd *d);
+
+/* The whole daemon on cfg (checked; config_path, or NULL, is re-read on
+ * SIGHUP): kvd_init, then the loop with every event source - the worker
+ * socket, the operator sockets, the housekeeping tick (waits past
+ * daemon.load_timeout_ms, namespace sweep, corrupt reports, soft limits),
+ * G1 and G3 completions, the G3 watch, SIGTERM/SIGINT (stop) and SIGHUP -
+ * until asked to stop; then sockets closed, waiting ALLOCs answered
+ * -ECANCELED, owed replies sent (1 s at most), sources closed, kvd_fini.
+ * Returns the exit status: 0 after a clean stop, 1 when the start failed
+ * (logged; what was built is undone). kvd.c. */
+int kvd_main(const kv_config *cfg, const char *config_path);
 
 /*
  * Handles one decoded request of session s and appends exactly one reply
@@ -85,6 +103,10 @@ void kvd_fini(kvd *d);
  */
 int kvd_handle(kvd *d, kvd_sink *sink, const kv_msg *req, kv_buf *out, int fd_out[2]);
 
+/* The handler of one opcode, with kvd_handle's contract; it may return
+ * KVD_DEFERRED (the reply goes through the sink). */
+typedef int kvd_op_fn(kvd *d, kvd_sink *sink, const kv_msg *req, kv_buf *out, int fd_out[2]);
+
 /* Shared by the handlers: a reply header for req; an ERROR reply (msg NULL:
  * the code's own text); the request's keys copied into d->keys. */
 kv_msg kvd_reply_to(const kv_msg *req);
@@ -94,30 +116,23 @@ int kvd_load_keys(kvd *d, const kv_keyvec *v);
 /* LOAD and PREFETCH (load.c): they may wait on the SSD tier. kvd_op_load
  * returns 0 (reply appended to out) or KVD_DEFERRED (the reply goes through
  * the sink when the last block is up). */
-int kvd_op_load(kvd *d, kvd_sink *sink, const kv_msg *req, kv_buf *out);
+kvd_op_fn kvd_op_load;
 /* GET (load.c): the block's bytes, verified, from G2; a block only on G3
  * is first brought up as a LOAD brings it (its reply is then deferred,
  * tier G3). A miss is an ERROR reply: KV_ENOTFOUND, KV_ECORRUPT (a bad G3
  * record or G2 bytes), the read's I/O error, or -ETIMEDOUT (no G2 room). */
-int kvd_op_get(kvd *d, kvd_sink *sink, const kv_msg *req, kv_buf *out);
-int kvd_op_prefetch(kvd *d, kvd_sink *sink, const kv_msg *req, kv_buf *out);
+kvd_op_fn kvd_op_get;
+kvd_op_fn kvd_op_prefetch;
 /* ALLOC (alloc.c): 0 (reply appended) or KVD_DEFERRED (keys wait for G2
- * room; the reply goes through the sink). kvd_allocs_retry after G3
- * completions; kvd_allocs_expire from the tick answers keys that waited
- * longer than daemon.load_timeout_ms with -EAGAIN (returns how many);
- * kvd_allocs_fini answers what still waits with -ECANCELED (shutdown). */
-typedef struct kvd_alloc kvd_alloc;
-int kvd_op_alloc(kvd *d, kvd_sink *sink, const kv_msg *req, kv_buf *out);
-void kvd_allocs_retry(kvd *d);
-uint32_t kvd_allocs_expire(kvd *d);
-void kvd_allocs_fini(kvd *d);
-/* Retries LOADs that waited for room; call after G3 or G1 completions. */
-void kvd_loads_retry(kvd *d);
-/* Answers, with a timeout error, the blocks of LOADs that have waited for
- * G2 room longer than daemon.load_timeout_ms; call from a timer. Returns
- * the number of blocks timed out. */
-uint32_t kvd_loads_expire(kvd *d);
-/* Delivers G3 completions (and what they unblock). */
+ * room; the reply goes through the sink). */
+kvd_op_fn kvd_op_alloc;
+/* What a waiting LOAD and a waiting ALLOC do when retried, expired
+ * (daemon.load_timeout_ms: a LOAD's blocks answer -ETIMEDOUT, an ALLOC's
+ * keys -EAGAIN) or cancelled (-ECANCELED): d->load_wait's and
+ * d->alloc_wait's (defer.h). */
+extern const kvd_defer_ops kvd_load_defer_ops, kvd_alloc_defer_ops;
+/* Delivers G3 completions, then retries what waits for room (LOADs, then
+ * ALLOCs) and keeps a soft g2.capacity. */
 void kvd_g3_poll(kvd *d);
 /* The G1 completion hook (kvd_g1.done, arg the kvd): ends the core's copy
  * and retries the LOADs waiting for room. */

@@ -10,12 +10,13 @@
  * the worker reads it there. A block whose read fails
  * verification is answered with KV_ECORRUPT (or the I/O error), never as a
  * hit. When G2 has no room until a demotion completes (-EAGAIN), the LOAD
- * waits in d->waiting and is retried after each batch of G3 or G1
- * completions (so does a LOAD to G1 whose G1 room comes with a write-back).
- * If the worker disconnects meanwhile, its pins are already released with
- * its session; the late reply is dropped. A LOAD that has waited for room
- * longer than daemon.load_timeout_ms answers the blocks still waiting with
- * -ETIMEDOUT (kvd_loads_expire, from the daemon's tick).
+ * waits in d->load_wait (defer.h) and is retried after each batch of G3
+ * or G1 completions (so does a LOAD to G1 whose G1 room comes with a
+ * write-back). If the worker disconnects meanwhile, its pins are already
+ * released with its session; the late reply is dropped. A LOAD that has
+ * waited for room longer than daemon.load_timeout_ms answers the blocks
+ * still waiting with -ETIMEDOUT (the queue's expiry, from the daemon's
+ * tick).
  *
  * GET (the inline slow path) is a LOAD of one block to G2 whose reply
  * carries the bytes instead of an offset: the same promotion, waiting and
@@ -31,6 +32,7 @@
  * latency histogram (a GET's does not).
  */
 #include <errno.h>
+#include <stddef.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -50,6 +52,7 @@ typedef struct load_key {
 } load_key;
 
 struct kvd_load {
+  kvd_waiter w;        /* in d->load_wait while some entry waits for room */
   kvd *d;
   kvd_sink *sink;
   kv_msg req;          /* id and op, for the reply */
@@ -57,10 +60,7 @@ struct kvd_load {
   uint32_t core_ns;
   uint8_t target;      /* KV_G1 or KV_G2 */
   unsigned pool;       /* target G1: the session's pool (its worker's device) */
-  kvd_load *next_wait;
-  int waiting;
   uint64_t t0;         /* kv_now_ns() when the request was taken */
-  uint64_t wait_since; /* kv_now_ms() of the first wait for room; 0: never waited */
   kv_bid *bid;
   kv_load_ent *ent;
   load_key *keys;
@@ -158,7 +158,7 @@ static int start(kvd_load *ld, uint32_t i);
 
 /* One step of an entry is over: the reply goes when the last one is. */
 static void step_done(kvd_load *ld) {
-  if (--ld->pending == 0 && !ld->waiting) finish(ld);
+  if (--ld->pending == 0 && !kvd_waiter_queued(&ld->w)) finish(ld);
 }
 
 static void promoted(kv_core *c, kv_block *b, int status, void *arg) {
@@ -211,11 +211,7 @@ static int start(kvd_load *ld, uint32_t i) {
 }
 
 static void wait_for_room(kvd_load *ld) {
-  if (ld->waiting) return;
-  ld->waiting = 1;
-  if (!ld->wait_since) ld->wait_since = (uint64_t)kv_now_ms();
-  ld->next_wait = ld->d->waiting;
-  ld->d->waiting = ld;
+  kvd_defer_wait(&ld->d->load_wait, &ld->w, (uint64_t)kv_now_ms());
 }
 
 /* Brings up the first n keys of d->keys for sink's session: each block
@@ -240,6 +236,7 @@ static int load_keys(kvd *d, kvd_sink *sink, const kv_msg *req, uint32_t n, uint
   ld->t0 = kv_now_ns();
   ld->sink = sink;
   kvd_sink_get(sink);
+  kvd_waiter_init(&ld->w, sink);
   ld->req = *req;
   ld->n = n;
   ld->target = target;
@@ -286,7 +283,7 @@ static int load_keys(kvd *d, kvd_sink *sink, const kv_msg *req, uint32_t n, uint
   return answer(ld, out); /* everything was final: answer now, in the reply stream */
 }
 
-int kvd_op_load(kvd *d, kvd_sink *sink, const kv_msg *req, kv_buf *out) {
+int kvd_op_load(kvd *d, kvd_sink *sink, const kv_msg *req, kv_buf *out, int fd_out[2]) {
   const kv_batch_req *br = &req->batch;
   kvd_session *s = sink->sess;
   int rc = kvd_load_keys(d, &br->keys);
@@ -299,82 +296,59 @@ int kvd_op_load(kvd *d, kvd_sink *sink, const kv_msg *req, kv_buf *out) {
   return load_keys(d, sink, req, br->keys.n, br->tier, out);
 }
 
-int kvd_op_get(kvd *d, kvd_sink *sink, const kv_msg *req, kv_buf *out) {
+int kvd_op_get(kvd *d, kvd_sink *sink, const kv_msg *req, kv_buf *out, int fd_out[2]) {
   kv_key_set(&d->keys[0], req->get_key.p, req->get_key.len);
   return load_keys(d, sink, req, 1, KV_G2, out);
 }
 
-void kvd_loads_retry(kvd *d) {
-  kvd_load *list = d->waiting;
-  d->waiting = NULL;
-  while (list) {
-    kvd_load *ld = list;
-    list = ld->next_wait;
-    ld->waiting = 0;
-    int still = 0;
-    for (uint32_t i = 0; i < ld->n; i++) {
-      if (ld->ent[i].status != RETRY) continue;
-      if (!ld->sink->conn) { /* nobody to answer: give up the wait */
-        ld->ent[i].status = -ECANCELED;
-        ld->pending--;
-        continue;
-      }
-      ld->pending--;
-      ld->ent[i].status = 0;
-      int p = start(ld, i);
-      ld->pending += (uint32_t)p;
-      if (p && ld->ent[i].status == RETRY) still = 1;
-    }
-    if (still) wait_for_room(ld);
-    else if (ld->pending == 0) finish(ld);
-  }
+/* The queue's callbacks (defer.h) for a LOAD waiting for room. */
+static kvd_load *waiter_load(kvd_waiter *w) {
+  return (kvd_load *)(void *)((char *)w - offsetof(kvd_load, w));
 }
 
-uint32_t kvd_loads_expire(kvd *d) {
-  uint64_t now = (uint64_t)kv_now_ms();
+static int retry_load(kvd_waiter *w) {
+  kvd_load *ld = waiter_load(w);
+  int still = 0;
+  for (uint32_t i = 0; i < ld->n; i++) {
+    if (ld->ent[i].status != RETRY) continue;
+    ld->pending--;
+    ld->ent[i].status = 0;
+    int p = start(ld, i);
+    ld->pending += (uint32_t)p;
+    if (p && ld->ent[i].status == RETRY) still = 1;
+  }
+  if (!still && ld->pending == 0) finish(ld);
+  return still;
+}
+
+static uint32_t expire_load(kvd_waiter *w) {
+  kvd_load *ld = waiter_load(w);
   uint32_t expired = 0;
-  kvd_load *list = d->waiting, **keep = &d->waiting;
-  d->waiting = NULL;
-  while (list) {
-    kvd_load *ld = list;
-    list = ld->next_wait;
-    if (now - ld->wait_since < d->cfg.load_timeout_ms) { /* still within its time */
-      ld->next_wait = NULL;
-      *keep = ld;
-      keep = &ld->next_wait;
-      continue;
-    }
-    ld->waiting = 0;
-    for (uint32_t i = 0; i < ld->n; i++) {
-      if (ld->ent[i].status != RETRY) continue;
-      fail_entry(ld, i, -ETIMEDOUT);
-      ld->pending--;
-      expired++;
-    }
-    if (ld->pending == 0) finish(ld);
+  for (uint32_t i = 0; i < ld->n; i++) {
+    if (ld->ent[i].status != RETRY) continue;
+    fail_entry(ld, i, -ETIMEDOUT);
+    ld->pending--;
+    expired++;
   }
-  if (expired) {
-    kvd_miss_add(d, KVD_MISS_TIMEOUT, expired);
-    kv_warn("load", "%u block(s) waited more than %u ms for G2 room: answered with a timeout",
-            expired, d->cfg.load_timeout_ms);
-  }
+  if (expired) kvd_miss_add(ld->d, KVD_MISS_TIMEOUT, expired);
+  if (ld->pending == 0) finish(ld);
   return expired;
 }
 
-void kvd_g1_copied(void *arg, uint64_t tag, int status) {
-  kvd *d = arg;
-  kv_core_g1_done(&d->core, tag, status);
-  if (d->waiting) kvd_loads_retry(d); /* G1 room may have come */
+static void cancel_load(kvd_waiter *w) {
+  kvd_load *ld = waiter_load(w);
+  for (uint32_t i = 0; i < ld->n; i++) {
+    if (ld->ent[i].status != RETRY) continue;
+    ld->ent[i].status = -ECANCELED;
+    ld->pending--;
+  }
+  if (ld->pending == 0) finish(ld);
 }
 
-void kvd_g3_poll(kvd *d) {
-  if (!d->g3) return;
-  kv_g3_poll(d->g3);
-  if (d->waiting) kvd_loads_retry(d);
-  kvd_allocs_retry(d);
-}
+const kvd_defer_ops kvd_load_defer_ops = {"load", "answered with a timeout", retry_load, expire_load,
+                                          cancel_load};
 
-int kvd_op_prefetch(kvd *d, kvd_sink *sink, const kv_msg *req, kv_buf *out) {
+int kvd_op_prefetch(kvd *d, kvd_sink *sink, const kv_msg *req, kv_buf *out, int fd_out[2]) {
   const kv_batch_req *br = &req->batch;
   int rc = kvd_load_keys(d, &br->keys);
   if (rc) return kvd_fail(out, req, rc, NULL);

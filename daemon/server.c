@@ -40,18 +40,6 @@ static void conn_close(kvd_conn *c, const char *why);
 static int conn_flush(kvd_conn *c);
 static void set_events(kvd_conn *c);
 
-void kvd_sink_put(kvd_sink *s) {
-  if (--s->refs == 0) free(s);
-}
-
-void kvd_sink_reply(kvd_sink *s, const kv_msg *m) {
-  if (!s->conn) return;
-  kv_buf out;
-  kv_buf_init(&out);
-  if (kv_msg_encode(&out, m) == 0) s->deliver(s, &out);
-  kv_buf_free(&out);
-}
-
 /* A deferred reply: queue it behind what is waiting and send what we can. */
 static void sink_deliver(kvd_sink *s, const kv_buf *frame) {
   kvd_conn *c = s->conn;

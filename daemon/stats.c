@@ -500,9 +500,15 @@ static json_t *tenants_json(kvd *d) {
   return a;
 }
 
-static json_t *stats_json(kvd *d) {
-  snapshot s;
-  take(d, &s);
+/* Each tier's view: {"g1": ..., "g2": ..., "g3": ...}. */
+static json_t *tiers_json(const snapshot *s) {
+  json_t *tiers = json_object();
+  for (int t = 0; t < KV_NTIERS; t++) json_object_set_new(tiers, tier_names[t], tier_json(&s->t[t]));
+  return tiers;
+}
+
+/* /stats (daemon/OPS.md). */
+static json_t *stats_json(kvd *d, const snapshot *s) {
   const kv_core_stats *c = &d->core.st;
   json_t *o = json_object();
   json_object_set_new(o, "version", json_string(KV_VERSION));
@@ -510,9 +516,7 @@ static json_t *stats_json(kvd *d) {
   json_object_set_new(o, "uptime_s", json_integer((json_int_t)uptime_s(d)));
   json_object_set_new(o, "policy", json_pack("{s:s,s:s}", "eviction", d->core.policy->name,
                                              "admission", d->cfg.g3_admit));
-  json_t *tiers = json_object();
-  for (int t = 0; t < KV_NTIERS; t++) json_object_set_new(tiers, tier_names[t], tier_json(&s.t[t]));
-  json_object_set_new(o, "tiers", tiers);
+  json_object_set_new(o, "tiers", tiers_json(s));
   json_t *m = json_object();
   for (int i = 0; i < KVD_MISS_COUNT; i++)
     json_object_set_new(m, kvd_miss_names[i], json_integer((json_int_t)d->m.misses[i]));
@@ -530,8 +534,8 @@ static json_t *stats_json(kvd *d) {
   json_object_set_new(o, "traffic", tr);
   json_object_set_new(o, "demotions", json_integer((json_int_t)c->demotions));
   json_object_set_new(o, "admissions_refused", json_integer((json_int_t)c->g3_refused));
-  json_object_set_new(o, "pins", json_integer((json_int_t)s.pinned));
-  json_object_set_new(o, "uncommitted", json_integer((json_int_t)s.uncommitted));
+  json_object_set_new(o, "pins", json_integer((json_int_t)s->pinned));
+  json_object_set_new(o, "uncommitted", json_integer((json_int_t)s->uncommitted));
   json_object_set_new(o, "session_limit_refused", json_pack("{s:I,s:I}",
                       "pins", (json_int_t)d->st.pins_refused, "allocs", (json_int_t)d->st.allocs_refused));
   json_object_set_new(o, "sessions", json_integer((json_int_t)d->nsessions));
@@ -556,6 +560,57 @@ static json_t *stats_json(kvd *d) {
                       "g2_to_g3", lat_json(&d->m.copy[KVD_DIR_G2_TO_G3]),
                       "g3_to_g2", lat_json(&d->m.copy[KVD_DIR_G3_TO_G2])));
   return o;
+}
+
+/* STATUS (proto/PROTOCOL.md): the worker's summary, with the tiers as
+ * /stats shows them. */
+static json_t *status_json(kvd *d, const snapshot *s) {
+  json_t *tenants = json_array();
+  uint64_t cap = 0, used = 0;
+  for (uint32_t i = 0; i < d->reg.ntenants; i++) {
+    kv_arena *a = &d->reg.tenants[i].arena;
+    cap += a->capacity;
+    used += a->used_bytes;
+    json_array_append_new(tenants, json_pack("{s:s,s:I,s:I,s:b}", "tenant", d->reg.tenants[i].cfg.name,
+                                             "capacity_bytes", (json_int_t)a->capacity,
+                                             "used_bytes", (json_int_t)a->used_bytes,
+                                             "locked", a->locked));
+  }
+  const kv_core_stats *c = &d->core.st;
+  uint64_t misses = 0; /* every reason, as kvcached_misses_total counts them */
+  for (int i = 0; i < KVD_MISS_COUNT; i++) misses += d->m.misses[i];
+  json_t *o = json_pack(
+      "{s:s,s:I,s:I,s:{s:I,s:I,s:I,s:o},s:{s:I,s:I,s:I,s:I,s:I,s:I,s:I,s:I,s:I},s:s,s:I}",
+      "version", KV_VERSION, "uptime_s", (json_int_t)uptime_s(d),
+      "sessions", (json_int_t)d->nsessions,
+      "g2", "capacity_bytes", (json_int_t)cap, "used_bytes", (json_int_t)used,
+      "blocks", (json_int_t)d->core.ix.count, "tenants", tenants,
+      "core", "lookups", (json_int_t)c->lookups, "hits_g1", (json_int_t)c->hits[KV_G1],
+      "hits_g2", (json_int_t)c->hits[KV_G2], "hits_g3", (json_int_t)c->hits[KV_G3],
+      "misses", (json_int_t)misses, "evictions_g2", (json_int_t)c->evictions[KV_G2],
+      "allocs", (json_int_t)c->allocs, "commits", (json_int_t)c->commits,
+      "aborts", (json_int_t)c->aborts,
+      "policy", d->core.policy->name, "namespaces", (json_int_t)d->reg.nlive);
+  if (o && d->g3) {
+    const kv_g3_stats *gs = &s->gs;
+    json_object_set_new(o, "g3", json_pack("{s:s,s:I,s:I,s:I,s:I,s:I,s:I,s:I,s:I}",
+        "state", kv_g3_state_name(gs->state), "capacity_bytes", (json_int_t)gs->capacity_bytes,
+        "stored_bytes", (json_int_t)gs->stored_bytes, "blocks", (json_int_t)gs->slots_stored,
+        "reads", (json_int_t)gs->reads, "writes", (json_int_t)gs->writes,
+        "corrupt", (json_int_t)gs->corrupt, "io_errors", (json_int_t)gs->io_errors,
+        "warm_blocks", (json_int_t)c->warm_blocks));
+    json_object_set_new(json_object_get(o, "core"), "promotions", json_integer((json_int_t)c->promotions));
+    json_object_set_new(json_object_get(o, "core"), "g3_admitted", json_integer((json_int_t)c->g3_admitted));
+    json_object_set_new(json_object_get(o, "core"), "g3_refused", json_integer((json_int_t)c->g3_refused));
+  }
+  if (o) json_object_set_new(o, "tiers", tiers_json(s));
+  return o;
+}
+
+json_t *kvd_stats_json(kvd *d, kvd_json_for what) {
+  snapshot s;
+  take(d, &s);
+  return what == KVD_JSON_STATUS ? status_json(d, &s) : stats_json(d, &s);
 }
 
 static json_t *health_json(kvd *d, int *status) {
@@ -664,7 +719,7 @@ int kvd_stats_route(kvd *d, const kvd_http_req *req, kvd_http_resp *resp) {
     resp->content_type = "text/plain; version=0.0.4; charset=utf-8";
     if (kvd_render_metrics(d, &resp->body)) kvd_http_error(resp, 500, "out of memory");
     return 1;
-  case 1: o = stats_json(d); break;
+  case 1: o = kvd_stats_json(d, KVD_JSON_STATS); break;
   case 2: o = health_json(d, &status); break;
   case 3:
     o = json_object();

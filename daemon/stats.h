@@ -19,6 +19,7 @@
 #ifndef KV_DAEMON_STATS_H
 #define KV_DAEMON_STATS_H
 
+#include <jansson.h>
 #include <stdint.h>
 
 #include "daemon/ghost.h"
@@ -98,6 +99,13 @@ void kvd_ghost_note(struct kvd *d, uint32_t core_ns, const kv_key *key, int held
 /* The read-only routes: fills resp for GET path?query, or returns 0 if
  * path is not one of them (resp untouched). */
 int kvd_stats_route(struct kvd *d, const kvd_http_req *req, kvd_http_resp *resp);
+
+/* The daemon's state as JSON, both answers built here from one snapshot:
+ * /stats (KVD_JSON_STATS, daemon/OPS.md) or the wire STATUS reply
+ * (KVD_JSON_STATUS, proto/PROTOCOL.md), whose "tiers" is /stats' own.
+ * NULL when out of memory. */
+typedef enum { KVD_JSON_STATS = 0, KVD_JSON_STATUS } kvd_json_for;
+json_t *kvd_stats_json(struct kvd *d, kvd_json_for what);
 
 /* Renders /metrics into out. 0 or -ENOMEM. */
 int kvd_render_metrics(struct kvd *d, kv_buf *out);

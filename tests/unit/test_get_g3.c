@@ -2,7 +2,10 @@
  * daemon's state (kvd_init) driven through kvd_handle with a sink that
  * keeps the deferred replies, and the G3 store's fault hook. GET used to
  * answer KV_ENOTFOUND for a block LOAD would have brought up; now it brings
- * it up the same way, and a failed read is the read's error, not a hit. */
+ * it up the same way, and a failed read is the read's error, not a hit.
+ * Then LOAD and ALLOC waiting for G2 room while demotions are in flight
+ * (daemon/defer.h): getting it, or expiring on the deadline, or given up
+ * when the session goes. */
 #include <criterion/criterion.h>
 #include <errno.h>
 #include <poll.h>
@@ -12,6 +15,7 @@
 
 #include "daemon/kvd.h"
 #include "base/log.h"
+#include "ipc/sock.h"
 #include "base/errors.h"
 #include "tiers/g3_internal.h"
 
@@ -66,13 +70,13 @@ static void setup(void) {
   char g3[96];
   snprintf(g3, sizeof g3, "%s/g3", dir);
   kv_config_defaults(&d.cfg);
-  set("g2.capacity", "4M");
+  set("g2.capacity", "1M");
   set("g2.page_size", "1M");
   set("g2.lock", "no");
   set("g1.enable", "off");
   set("g3.path", g3);
-  set("g3.capacity", "4M");
-  set("g3.block_bytes", "64K");
+  set("g3.capacity", "16M");
+  set("g3.block_bytes", "4K");
   set("g3.backend", "threads");
   set("log.level", "error");
   kv_log_threshold = KV_LOG_ERROR;
@@ -192,4 +196,145 @@ Test(get_g3, a_block_in_g2_is_answered_at_once) {
   handle(&g, 0, &r);
   cr_assert_eq(r.op, KV_OP_ERROR);
   cr_assert_eq(r.status, KV_ENOTFOUND);
+}
+
+/* --- waiting for room ---------------------------------------------------------- */
+
+/* PUT of the 4-byte key k: 0 or the ERROR reply's status. */
+static int put_key(uint32_t k) {
+  static uint8_t data[BLOCK];
+  memset(data, (int)k, sizeof data);
+  kv_msg m = {.op = KV_OP_PUT, .id = 2}, r;
+  m.put = (kv_put_req){.prio = 1, .key = {(const uint8_t *)&k, sizeof k}, .data = {data, BLOCK}};
+  handle(&m, 0, &r);
+  return r.op == KV_OP_ERROR ? r.status : 0;
+}
+
+/* Fills G2 from key `from` on until a PUT finds no room: the victims'
+ * demotions are then in flight, and no slot frees before they are
+ * delivered (kvd_g3_poll). */
+static void fill_g2(uint32_t from) {
+  for (uint32_t k = from;; k++) {
+    cr_assert_lt(k, from + 10000, "G2 never filled");
+    int rc = put_key(k);
+    if (rc == -EAGAIN) return;
+    cr_assert_eq(rc, 0, "PUT %u: %d", k, rc);
+  }
+}
+
+#define NEW_KEY 50000u
+
+/* ALLOC of NEW_KEY, or LOAD of the 1-byte key k, both deferred; ts->got
+ * is emptied for the reply. */
+static void alloc_new(void) {
+  uint32_t k = NEW_KEY;
+  kv_msg m = {.op = KV_OP_ALLOC, .id = 5};
+  m.alloc = (kv_alloc_req){.tier = KV_G2, .prio = 1,
+                           .keys = {.p = (const uint8_t *)&k, .n = 1, .klen = sizeof k}};
+  kv_buf_reset(&ts->got);
+  handle(&m, 1, NULL);
+}
+
+static void load(uint8_t k) {
+  kv_msg m = {.op = KV_OP_LOAD, .id = 6};
+  m.batch = (kv_batch_req){.tier = KV_G2, .keys = {.p = &k, .n = 1, .klen = 1}};
+  kv_buf_reset(&ts->got);
+  handle(&m, 1, NULL);
+}
+
+/* The one deferred reply since frames, decoded into *r; its first entry's
+ * status. */
+static int deferred_reply(int frames, kv_msg *r) {
+  cr_assert_eq(ts->frames, frames + 1, "%d deferred replies, not one", ts->frames - frames);
+  cr_assert_eq(kv_msg_decode(ts->got.p, ts->got.len, r), 0);
+  if (r->op == KV_OP_ALLOC) {
+    kv_alloc_ent e;
+    kv_allocvec_get(&r->alloc_rep, 0, &e);
+    return e.status;
+  }
+  cr_assert_eq(r->op, KV_OP_LOAD);
+  kv_load_ent e;
+  kv_loadvec_get(&r->load_rep, 0, &e);
+  return e.status;
+}
+
+/* The daemon's tick, `ahead` ms past the deadline of what waits now. */
+static uint32_t expire(kvd_defer *q, int64_t ahead) {
+  uint64_t at = (uint64_t)kv_now_ms() + d.cfg.load_timeout_ms + (uint64_t)ahead;
+  return kvd_defer_expire(q, at, d.cfg.load_timeout_ms);
+}
+
+TestSuite(waits, .init = setup, .fini = teardown, .timeout = 60);
+
+Test(waits, an_alloc_waits_for_room_then_gets_its_slot) {
+  fill_g2(1000);
+  int frames = ts->frames;
+  alloc_new();
+  cr_assert_eq(d.alloc_wait.n, 1, "the ALLOC waits");
+  POLL_UNTIL(ts->frames > frames);
+  kv_msg r;
+  cr_assert_eq(deferred_reply(frames, &r), 0);
+  cr_assert_eq(d.alloc_wait.n, 0);
+  cr_assert_not(kvd_session_may_alloc(&sess, 1), "the session writes the block");
+}
+
+Test(waits, an_alloc_that_waits_past_the_deadline_is_answered_eagain) {
+  fill_g2(1000);
+  int frames = ts->frames;
+  alloc_new();
+  cr_assert_eq(expire(&d.alloc_wait, -1000), 0);
+  cr_assert_eq(ts->frames, frames, "not before its deadline");
+  cr_assert_eq(expire(&d.alloc_wait, 0), 1);
+  kv_msg r;
+  cr_assert_eq(deferred_reply(frames, &r), -EAGAIN);
+  cr_assert_eq(d.alloc_wait.n, 0);
+  for (int i = 0; i < 5; i++) { /* room comes: nothing is answered twice */
+    struct pollfd p = {.fd = kv_g3_fd(d.g3), .events = POLLIN};
+    poll(&p, 1, 50);
+    kvd_g3_poll(&d);
+  }
+  cr_assert_eq(ts->frames, frames + 1);
+  cr_assert(kvd_session_may_alloc(&sess, 1), "no slot is taken for it");
+}
+
+Test(waits, a_load_waits_for_room_then_brings_its_block_up) {
+  put_on_g3(7, 0x77);
+  fill_g2(1000);
+  int frames = ts->frames;
+  load(7);
+  cr_assert_eq(d.load_wait.n, 1, "the LOAD waits");
+  POLL_UNTIL(ts->frames > frames);
+  kv_msg r;
+  cr_assert_eq(deferred_reply(frames, &r), 0);
+  kv_load_ent e;
+  kv_loadvec_get(&r.load_rep, 0, &e);
+  cr_assert_eq(e.tier, KV_G2);
+  cr_assert_eq(d.load_wait.n, 0);
+  cr_assert_eq(kvd_session_pins(&sess), 1, "the LOAD's pin");
+}
+
+Test(waits, a_load_that_waits_past_the_deadline_times_out) {
+  put_on_g3(7, 0x77);
+  fill_g2(1000);
+  int frames = ts->frames;
+  load(7);
+  cr_assert_eq(expire(&d.load_wait, -1000), 0);
+  cr_assert_eq(ts->frames, frames, "not before its deadline");
+  cr_assert_eq(expire(&d.load_wait, 0), 1);
+  kv_msg r;
+  cr_assert_eq(deferred_reply(frames, &r), -ETIMEDOUT);
+  cr_assert_eq(d.m.misses[KVD_MISS_TIMEOUT], 1);
+  cr_assert_eq(kvd_session_pins(&sess), 0, "the pin goes with the timeout");
+}
+
+Test(waits, a_wait_whose_session_went_is_given_up_without_a_reply) {
+  fill_g2(1000);
+  int frames = ts->frames;
+  alloc_new();
+  ts->s.conn = NULL; /* as the server does when the connection closes */
+  ts->s.sess = NULL;
+  POLL_UNTIL(d.alloc_wait.n == 0);
+  cr_assert_eq(d.alloc_wait.cancelled, 1);
+  cr_assert_eq(ts->frames, frames, "nobody to answer");
+  cr_assert(kvd_session_may_alloc(&sess, 1), "no slot is taken for it");
 }

@@ -153,7 +153,6 @@ Test(stats, load_hits_count_as_hits_like_their_misses) {
   cr_assert_eq(metric(m, "kvcached_misses_total{reason=\"absent\"}"), 1);
   json_t *st = ops_json(ops_stats, "GET", "/stats", 200);
   cr_assert_eq(ops_num(st, "tiers.g2.hits"), 5);
-  json_decref(st);
   char *text = NULL;
   cr_assert_eq(kvc_status(c, &text), 0);
   json_t *w = json_loads(text, 0, NULL);
@@ -161,6 +160,12 @@ Test(stats, load_hits_count_as_hits_like_their_misses) {
   cr_assert_not_null(w);
   cr_assert_eq(ops_num(w, "core.hits_g2"), 5);
   cr_assert_eq(ops_num(w, "core.misses"), 1, "the same misses as the metric");
+  /* STATUS shows the tiers as /stats does, G1 included. */
+  json_t *wt = json_object_get(w, "tiers"), *g1 = json_object_get(wt, "g1");
+  cr_assert(json_is_object(g1), "STATUS has no tiers.g1");
+  cr_assert(json_equal(g1, json_object_get(json_object_get(st, "tiers"), "g1")));
+  cr_assert_eq(ops_num(w, "tiers.g2.hits"), 5);
+  json_decref(st);
   json_decref(w);
   kvc_close(c);
   char cmd[256], line[256] = "";

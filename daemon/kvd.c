@@ -1,0 +1,349 @@
+/*
+ * kvd.c - the daemon's life in one place: its state brought up and torn
+ * down (kvd_init, kvd_fini), and kvd_main, which builds the loop, registers
+ * every event source on it - the worker socket, the operator sockets, the
+ * housekeeping tick, the G1 devices' completions, the SSD tier's watch and
+ * completions, the signals - runs it, and takes it all down in reverse.
+ */
+#include <errno.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+#include <uv.h>
+
+#include <systemd/sd-daemon.h>
+
+#include "base/clock.h"
+#include "daemon/admin.h"
+#include "daemon/kvd.h"
+#include "base/log.h"
+#include "daemon/server.h"
+#include "ipc/sock.h"
+#include "base/errors.h"
+
+#define TICK_MS 100
+
+/* Opens the SSD tier on the configured directories and attaches it
+ * (g3_watch.h). */
+int kvd_g3_open(kvd *d, int lock_wait_ms, char *why, size_t whylen) {
+  char paths[sizeof d->cfg.g3_path];
+  const char *names[KV_G3_MAX_DIRS];
+  kv_g3_dir dirs[KV_G3_MAX_DIRS];
+  int nd = kv_config_g3_dirs(&d->cfg, paths, names, KV_G3_MAX_DIRS); /* checked at start */
+  unsigned n = nd > 0 ? (unsigned)nd : 0;
+  why[0] = 0;
+  for (unsigned i = 0; i < n; i++) {
+    if (mkdir(names[i], 0750) < 0 && errno != EEXIST) {
+      int rc = -errno;
+      snprintf(why, whylen, "cannot create %s: %s", names[i], strerror(-rc));
+      return rc;
+    }
+    dirs[i] = (kv_g3_dir){names[i], d->cfg.g3_capacity};
+  }
+  if (n == 0) return 0;
+  kv_g3_opts o = {.dirs = dirs, .ndirs = n, .block_bytes = (uint32_t)d->cfg.g3_block_bytes,
+                  .queue_depth = d->cfg.g3_queue_depth,
+                  .backend = !strcmp(d->cfg.g3_backend, "uring") ? KV_G3_BACKEND_URING
+                           : !strcmp(d->cfg.g3_backend, "threads") ? KV_G3_BACKEND_THREADS
+                           : KV_G3_BACKEND_AUTO,
+                  .lock_wait_ms = lock_wait_ms,
+                  /* No G2 arena is registered as io_uring fixed buffers:
+                   * workers hold the memfd writable and can punch holes in
+                   * it (fallocate, MADV_REMOVE), which would leave the
+                   * registration pinning pages no longer in the file, and
+                   * every later G3 read landing where G2 cannot see it.
+                   * Plain reads map the arena's current pages per I/O. */
+                  .arena = NULL};
+  kv_g3_open_info info;
+  int rc = kv_g3_open(&d->g3, &o, &info);
+  if (rc == -EINVAL) {
+    /* Existing files made with another slot size: keep theirs. */
+    o.block_bytes = 0;
+    rc = kv_g3_open(&d->g3, &o, &info);
+    if (rc == 0)
+      kv_warn("g3", "existing files use %u-byte slots, not g3.block_bytes; keeping theirs",
+              info.slot_bytes);
+  }
+  if (rc) {
+    snprintf(why, whylen, "%s", info.why[0] ? info.why : kv_strerror(rc));
+    return rc;
+  }
+  kv_core_g3_opts go = {.admit = !strcmp(d->cfg.g3_admit, "second-use") ? KV_ADMIT_SECOND_USE
+                               : !strcmp(d->cfg.g3_admit, "min-prio") ? KV_ADMIT_MIN_PRIO
+                               : KV_ADMIT_ALWAYS,
+                        .min_prio = (uint8_t)d->cfg.g3_min_prio};
+  rc = kv_core_attach_g3(&d->core, d->g3, &go);
+  if (rc >= 0) {
+    kv_g3_stats gs;
+    kv_g3_get_stats(d->g3, &gs);
+    int sr = kvd_registry_g3_shares(&d->reg, &d->cfg, gs.capacity_bytes);
+    if (sr) rc = sr;
+  }
+  if (rc < 0) {
+    snprintf(why, whylen, "cannot attach the SSD tier to the cache core: %s", kv_strerror(rc));
+    kv_g3_close(d->g3);
+    d->g3 = NULL;
+    return rc;
+  }
+  kv_info("g3", "%u slots of %u bytes in %u file(s), %llu blocks served from before (warm)%s",
+          info.slots, info.slot_bytes, n, (unsigned long long)info.indexed,
+          info.rebuilt ? ", index rebuilt from the records" : "");
+  return 0;
+}
+
+int kvd_init(kvd *d) {
+  int rc;
+  d->start_ms = (uint64_t)kv_now_ms();
+  d->next_session_id = 1;
+  kvd_defer_init(&d->load_wait, &kvd_load_defer_ops);
+  kvd_defer_init(&d->alloc_wait, &kvd_alloc_defer_ops);
+  d->keys = malloc(KV_BATCH_MAX * sizeof *d->keys);
+  d->tiers = malloc(KV_BATCH_MAX);
+  d->status = malloc(KV_BATCH_MAX * sizeof *d->status);
+  d->loads = malloc(KV_BATCH_MAX * sizeof *d->loads);
+  d->allocs = malloc(KV_BATCH_MAX * sizeof *d->allocs);
+  if (!d->keys || !d->tiers || !d->status || !d->loads || !d->allocs) {
+    rc = -ENOMEM;
+    goto fail_scratch;
+  }
+  kv_core_opts co = {.policy = d->cfg.policy};
+  rc = kv_core_init(&d->core, &co);
+  if (rc) {
+    kv_error("core", "cannot start the cache core: %s", kv_strerror(rc));
+    goto fail_scratch;
+  }
+  if ((rc = kvd_g1s_open(&d->g1, &d->cfg))) goto fail_core;
+  for (unsigned i = 0; i < d->g1.n; i++) {
+    kvd_g1 *g = &d->g1.g[i];
+    if (!g->on) continue;
+    g->core_pool = kv_core_attach_g1(&d->core, &g->slots, kvd_g1_copy, g);
+    if (g->core_pool < 0) {
+      rc = g->core_pool;
+      kv_error("g1", "cannot attach the pool of device %d to the cache core: %s", g->ordinal,
+               kv_strerror(rc));
+      goto fail_g1;
+    }
+    g->done = kvd_g1_copied;
+    g->done_arg = d;
+  }
+  kvd_registry_opts ro = {.cfg = &d->cfg, .lock = d->cfg.g2_lock, .core = &d->core};
+  if (d->g1.on) {
+    ro.register_fn = kvd_g1s_arena_register;
+    ro.unregister_fn = kvd_g1s_arena_unregister;
+    ro.register_arg = &d->g1;
+  }
+  rc = kvd_registry_init(&d->reg, &ro);
+  if (rc) {
+    kv_error("g2", "cannot create the G2 arenas (%llu bytes for %u tenant(s)): %s",
+             (unsigned long long)d->cfg.g2_capacity, d->cfg.ntenants ? d->cfg.ntenants : 1,
+             kv_strerror(rc));
+    goto fail_g1;
+  }
+  /* A G3 that cannot be opened leaves the daemon on G2 alone (g3_watch.h). */
+  if (d->cfg.g3_path[0] && (rc = kvd_g3_open(d, 0, d->g3w.why, sizeof d->g3w.why)))
+    kvd_g3_unavailable(d, rc);
+  if ((rc = kvd_metrics_init(d))) {
+    kv_error("daemon", "cannot set up the metrics: %s", kv_strerror(rc));
+    goto fail_g3;
+  }
+  kvd_session_init(&d->admin, 0);
+  return 0;
+
+fail_g3:
+  if (d->g3) kv_g3_close(d->g3);
+  d->g3 = NULL;
+  kvd_registry_fini(&d->reg);
+fail_g1:
+  kvd_g1s_close(&d->g1);
+fail_core:
+  kv_core_fini(&d->core);
+fail_scratch:
+  free(d->keys); free(d->tiers); free(d->status); free(d->loads); free(d->allocs);
+  d->keys = NULL;
+  return rc;
+}
+
+void kvd_fini(kvd *d) {
+  uint64_t pins = 0, allocs = 0;
+  kvd_defer_cancel_all(&d->load_wait); /* their connections are closed: nobody is answered */
+  kvd_session_close(&d->core, &d->admin, &pins, &allocs);
+  if (pins) kv_info("admin", "released %llu pin(s) the operator held", (unsigned long long)pins);
+  if (d->g3) {
+    /* Every write in flight completes and the last index batch commits. */
+    kv_g3_close(d->g3);
+    d->g3 = NULL;
+    kv_info("g3", "index synced and closed");
+  }
+  kvd_metrics_fini(d);
+  kvd_trust_fini(&d->trust);
+  kv_core_fini(&d->core);
+  kvd_registry_fini(&d->reg); /* unregisters the arenas from the device */
+  kvd_g1s_close(&d->g1);
+  free(d->keys); free(d->tiers); free(d->status); free(d->loads); free(d->allocs);
+  d->keys = NULL;
+}
+
+/* --- completions -------------------------------------------------------------- */
+
+void kvd_g1_copied(void *arg, uint64_t tag, int status) {
+  kvd *d = arg;
+  kv_core_g1_done(&d->core, tag, status);
+  kvd_defer_retry(&d->load_wait); /* G1 room may have come */
+}
+
+void kvd_g3_poll(kvd *d) {
+  if (!d->g3) return;
+  kv_g3_poll(d->g3);
+  kvd_defer_retry(&d->load_wait);
+  kvd_defer_retry(&d->alloc_wait);
+  if (d->core.adm.limit[KV_G2]) kv_core_enforce_limits(&d->core); /* a soft g2.capacity */
+}
+
+/* --- the loop ------------------------------------------------------------------ */
+
+typedef struct daemon_state {
+  kvd d;
+  const char *config_path;
+  kvd_server srv;
+  kvd_ops ops;
+  uv_loop_t loop;
+  uv_timer_t tick;
+  uv_signal_t sigterm, sigint, sighup;
+} daemon_state;
+
+/* Housekeeping: requests that waited for room too long, namespaces whose
+ * last block went, corrupt reports, soft capacity limits set live. */
+static void on_tick(uv_timer_t *t) {
+  kvd *d = t->data;
+  kvd_defer_expire(&d->load_wait, (uint64_t)kv_now_ms(), d->cfg.load_timeout_ms);
+  kvd_defer_expire(&d->alloc_wait, (uint64_t)kv_now_ms(), d->cfg.load_timeout_ms);
+  kvd_registry_sweep(&d->reg); /* namespaces whose last block went */
+  if (d->trust.npend) kvd_trust_sweep(d);
+  if (d->core.adm.limit[KV_G2] || d->core.adm.limit[KV_G3]) kv_core_enforce_limits(&d->core);
+}
+
+static void on_stop(uv_signal_t *h, int signum) {
+  kv_info("daemon", "%s: stopping", signum == SIGTERM ? "SIGTERM" : "SIGINT");
+  sd_notify(0, "STOPPING=1");
+  uv_stop(h->loop);
+}
+
+static void on_hup(uv_signal_t *h, int signum) {
+  daemon_state *d = h->data;
+  if (!d->config_path) {
+    kv_info("daemon", "SIGHUP: no configuration file to re-read");
+    return;
+  }
+  kv_config fresh;
+  char err[256];
+  kv_config_defaults(&fresh);
+  if (kv_config_load(&fresh, d->config_path, err, sizeof err) ||
+      kv_config_validate(&fresh, err, sizeof err)) {
+    kv_warn("daemon", "SIGHUP: keeping the running configuration: %s", err);
+    return;
+  }
+  kv_log_threshold = kv_log_parse_level(fresh.log_level);
+  memcpy(d->d.cfg.log_level, fresh.log_level, sizeof fresh.log_level);
+  if (fresh.g2_capacity != d->d.cfg.g2_capacity || strcmp(fresh.policy, d->d.cfg.policy))
+    kv_warn("daemon", "SIGHUP: g2.capacity and cache.policy change only on restart");
+  if (fresh.ntenants != d->d.cfg.ntenants ||
+      memcmp(fresh.tenants, d->d.cfg.tenants, fresh.ntenants * sizeof fresh.tenants[0]))
+    kv_warn("daemon", "SIGHUP: [tenant.NAME] sections change only on restart: the running ones stay");
+  kv_info("daemon", "SIGHUP: configuration re-read (log.level=%s)", fresh.log_level);
+}
+
+/* The event sources beside the sockets: none of them stops the start.
+ * sources_stop closes them but the tick (kvd_main closes it first). */
+static void sources_start(daemon_state *st) {
+  int rc;
+  if ((rc = kvd_g1s_start(&st->d.g1, &st->loop)))
+    kv_warn("g1", "cannot poll the device's completions: %s", uv_strerror(rc));
+  if ((rc = kvd_g3w_start(&st->d, &st->loop)))
+    kv_error("g3", "cannot watch the SSD tier: %s", uv_strerror(rc));
+  uv_timer_init(&st->loop, &st->tick);
+  st->tick.data = &st->d;
+  uv_timer_start(&st->tick, on_tick, TICK_MS, TICK_MS);
+  uv_unref((uv_handle_t *)&st->tick);
+  uv_signal_init(&st->loop, &st->sigterm);
+  uv_signal_init(&st->loop, &st->sigint);
+  uv_signal_init(&st->loop, &st->sighup);
+  st->sighup.data = st;
+  uv_signal_start(&st->sigterm, on_stop, SIGTERM);
+  uv_signal_start(&st->sigint, on_stop, SIGINT);
+  uv_signal_start(&st->sighup, on_hup, SIGHUP);
+}
+
+static void sources_stop(daemon_state *st) {
+  kvd_g1s_stop(&st->d.g1);
+  kvd_g3w_stop(&st->d);
+  uv_close((uv_handle_t *)&st->sigterm, NULL);
+  uv_close((uv_handle_t *)&st->sigint, NULL);
+  uv_close((uv_handle_t *)&st->sighup, NULL);
+}
+
+/* The "ready" lines and systemd's READY=1. */
+static void ready(daemon_state *st) {
+  uint64_t locked = 0, cap = 0;
+  for (uint32_t i = 0; i < st->d.reg.ntenants; i++) {
+    cap += st->d.reg.tenants[i].arena.capacity;
+    locked += st->d.reg.tenants[i].arena.locked;
+  }
+  char g1desc[32] = "off";
+  kvd_g1 *g1first = kvd_g1s_first(&st->d.g1);
+  if (g1first)
+    snprintf(g1desc, sizeof g1desc, "%s on %u device(s)",
+             kv_dev_backend_name(kv_dev_backend_of(g1first->dev)), st->d.g1.on);
+  kv_info("daemon", "ready: socket %s, G2 %llu bytes for %u tenant(s) (%s), G1 %s, G3 %s, policy %s",
+          st->srv.lst.path, (unsigned long long)cap, st->d.reg.ntenants,
+          locked == st->d.reg.ntenants ? "locked" : "not locked",
+          g1desc,
+          st->d.g3 ? st->d.cfg.g3_path : st->d.g3w.err ? "unavailable" : "off",
+          st->d.core.policy->name);
+  kv_info("daemon", "operator sockets: %s (stats%s%s), %s (admin)", st->ops.stats.ulst.path,
+          st->d.cfg.stats_listen[0] ? ", and TCP " : "", st->d.cfg.stats_listen, st->ops.admin.ulst.path);
+  sd_notifyf(0, "READY=1\nSTATUS=serving %s; G2 %llu bytes, G3 %s, policy %s\nMAINPID=%d",
+             st->srv.lst.path, (unsigned long long)cap,
+             st->d.g3 ? "on" : st->d.g3w.err ? "unavailable" : "off",
+             st->d.core.policy->name, (int)getpid());
+}
+
+int kvd_main(const kv_config *cfg, const char *config_path) {
+  static daemon_state st;
+  st.d.cfg = *cfg;
+  st.config_path = config_path;
+  /* A file size limit fails the write (EFBIG: G3 turns full) rather than
+   * killing the daemon. */
+  signal(SIGXFSZ, SIG_IGN);
+  if (kvd_init(&st.d)) return 1; /* G1 too: daemon/g1.h logs whether it is on */
+  uv_loop_init(&st.loop);
+  if (kvd_server_start(&st.srv, &st.d, &st.loop)) goto fail_loop;
+  if (kvd_ops_start(&st.ops, &st.d, &st.loop)) goto fail_server;
+  sources_start(&st);
+  ready(&st);
+  uv_run(&st.loop, UV_RUN_DEFAULT);
+
+  /* Stop accepting, send what is owed, release every session. The tick
+   * goes with the operator sockets: nothing expires during the drain. */
+  kvd_ops_stop(&st.ops);
+  uv_close((uv_handle_t *)&st.tick, NULL);
+  kvd_server_stop_listening(&st.srv);
+  kvd_defer_cancel_all(&st.d.alloc_wait); /* answered -ECANCELED while their connections are open */
+  kvd_server_close_all(&st.srv, 1000);
+  sources_stop(&st);
+  uv_run(&st.loop, UV_RUN_DEFAULT);
+  uv_loop_close(&st.loop);
+  kvd_fini(&st.d);
+  kv_info("daemon", "stopped cleanly");
+  return 0;
+
+fail_server:
+  kvd_server_stop_listening(&st.srv);
+  uv_run(&st.loop, UV_RUN_NOWAIT);
+fail_loop:
+  uv_loop_close(&st.loop);
+  kvd_fini(&st.d);
+  return 1;
+}
