@@ -44,9 +44,7 @@ int kvd_g3_open(kvd *d, int lock_wait_ms, char *why, size_t whylen) {
   if (n == 0) return 0;
   kv_g3_opts o = {.dirs = dirs, .ndirs = n, .block_bytes = (uint32_t)d->cfg.g3_block_bytes,
                   .queue_depth = d->cfg.g3_queue_depth,
-                  .backend = !strcmp(d->cfg.g3_backend, "uring") ? KV_G3_BACKEND_URING
-                           : !strcmp(d->cfg.g3_backend, "threads") ? KV_G3_BACKEND_THREADS
-                           : KV_G3_BACKEND_AUTO,
+                  .backend = d->cfg.g3_backend,
                   .lock_wait_ms = lock_wait_ms,
                   /* No G2 arena is registered as io_uring fixed buffers:
                    * workers hold the memfd writable and can punch holes in
@@ -69,9 +67,7 @@ int kvd_g3_open(kvd *d, int lock_wait_ms, char *why, size_t whylen) {
     snprintf(why, whylen, "%s", info.why[0] ? info.why : kv_strerror(rc));
     return rc;
   }
-  kv_core_g3_opts go = {.admit = !strcmp(d->cfg.g3_admit, "second-use") ? KV_ADMIT_SECOND_USE
-                               : !strcmp(d->cfg.g3_admit, "min-prio") ? KV_ADMIT_MIN_PRIO
-                               : KV_ADMIT_ALWAYS,
+  kv_core_g3_opts go = {.admit = d->cfg.g3_admit,
                         .min_prio = (uint8_t)d->cfg.g3_min_prio};
   rc = kv_core_attach_g3(&d->core, d->g3, &go);
   if (rc >= 0) {

@@ -436,7 +436,7 @@ int kvd_render_metrics(kvd *d, kv_buf *out) {
       refused[k] += g->batch.refused[k];
     }
   }
-  int wanted = strcmp(d->cfg.g1_enable, "off") != 0;
+  int wanted = d->cfg.g1_enable != KV_CFG_G1_OFF;
   H("kvcached_g1_enabled", "gauge", "1 when a G1 device pool is up.");
   P("kvcached_g1_enabled %d\n", g1->on > 0);
   H("kvcached_g1_unavailable", "gauge",
@@ -530,7 +530,7 @@ static json_t *stats_json(kvd *d) {
   json_object_set_new(o, "pid", json_integer(getpid()));
   json_object_set_new(o, "uptime_s", json_integer((json_int_t)uptime_s(d)));
   json_object_set_new(o, "policy", json_pack("{s:s,s:s}", "eviction", d->core.policy->name,
-                                             "admission", d->cfg.g3_admit));
+                                             "admission", kv_config_enum_name("g3.admit", d->cfg.g3_admit)));
   json_t *tiers = json_object();
   for (int t = 0; t < KV_NTIERS; t++) json_object_set_new(tiers, tier_names[t], tier_json(&s.t[t]));
   json_object_set_new(o, "tiers", tiers);
