@@ -113,8 +113,9 @@ int kv_config_set(kv_config *c, const char *dotted, const char *value,
  * The checks kvcached makes on a configuration before it serves, in one
  * place, so that the daemon and `kvctl check-config` never disagree.
  *
- * On its own (flags 0), the configuration is checked for closed sets,
- * ranges and values that depend on each other: what the daemon would
+ * On its own (flags 0), the configuration is checked for ranges, the
+ * eviction policy's name and values that depend on each other (closed
+ * sets are enums, refused when read): what the daemon would
  * refuse, or fail on after building part of its state (g3.queue_depth,
  * g3.block_bytes against g3.capacity, socket paths that do not fit).
  *
