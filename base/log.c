@@ -139,10 +139,3 @@ void kv_log(kv_log_level lvl, const char *subsys, const char *fmt, ...) {
   kv_vlog(lvl, subsys, fmt, ap);
   va_end(ap);
 }
-
-int kv_log_parse_level(const char *s) {
-  for (int i = 0; i < 4; i++)
-    if (strcmp(s, level_names[i]) == 0) return i;
-  if (strcmp(s, "warning") == 0) return KV_LOG_WARN;
-  return -EINVAL;
-}

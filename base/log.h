@@ -32,8 +32,6 @@ extern int kv_log_threshold;  /* default KV_LOG_INFO */
 void kv_log(kv_log_level lvl, const char *subsys, const char *fmt, ...)
     __attribute__((format(printf, 3, 4)));
 void kv_vlog(kv_log_level lvl, const char *subsys, const char *fmt, va_list ap);
-/* Parses "debug|info|warn|error"; returns the level or -EINVAL. */
-int kv_log_parse_level(const char *s);
 /* The level's name ("info"), or "?" */
 const char *kv_log_level_name(int lvl);
 /* Messages suppressed by the rate limiter so far (all keys together). */

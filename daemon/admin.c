@@ -167,12 +167,11 @@ static void route_config(kvd *d, const kvd_http_req *req, kvd_http_resp *resp) {
     rc = kv_core_set_policy(&d->core, next.policy);
     if (rc) { kvd_http_error(resp, 500, "cache.policy: %s", kv_strerror(rc)); return; }
   } else if (!strcmp(name, "g3.admit")) {
-    d->core.g3o.admit = !strcmp(next.g3_admit, "second-use") ? KV_ADMIT_SECOND_USE
-                      : !strcmp(next.g3_admit, "min-prio") ? KV_ADMIT_MIN_PRIO : KV_ADMIT_ALWAYS;
+    d->core.g3o.admit = next.g3_admit;
   } else if (!strcmp(name, "g3.min_prio")) {
     d->core.g3o.min_prio = (uint8_t)next.g3_min_prio;
   } else if (!strcmp(name, "log.level")) {
-    kv_log_threshold = kv_log_parse_level(next.log_level);
+    kv_log_threshold = next.log_level;
   } else {
     kvd_http_error(resp, 409, "%s changes only on restart", name);
     return;

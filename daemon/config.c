@@ -26,7 +26,14 @@
 #include "tiers/evict.h"
 #include "tiers/g3.h"
 
-typedef enum { OPT_SIZE, OPT_BOOL, OPT_STR, OPT_U32 } opt_type;
+typedef enum { OPT_SIZE, OPT_BOOL, OPT_STR, OPT_U32, OPT_ENUM } opt_type;
+
+/* One name of an enum option. A value may have more than one name: the
+ * first is the one written back, the others are accepted as well. */
+typedef struct opt_name {
+  const char *name;
+  int value;
+} opt_name;
 
 typedef struct opt {
   const char *section, *name;
@@ -34,17 +41,44 @@ typedef struct opt {
   size_t off, len; /* len: buffer size for OPT_STR */
   const char *def;
   const char *doc;
+  const opt_name *names; /* OPT_ENUM: its names, ending with {NULL} */
+  const char *flag;      /* an older spelling of its command-line flag, or NULL */
 } opt;
 
+/* Enum options are stored as the field's C enum, the size of an int. */
+_Static_assert(sizeof(kv_g3_backend) == sizeof(int) && sizeof(kv_admit) == sizeof(int) &&
+               sizeof(kv_log_level) == sizeof(int) && sizeof(kv_cfg_g1_enable) == sizeof(int) &&
+               sizeof(kv_dev_backend) == sizeof(int), "an enum option is an int");
+
+static const opt_name g1_enable_names[] = {
+    {"auto", KV_CFG_G1_AUTO}, {"on", KV_CFG_G1_ON}, {"off", KV_CFG_G1_OFF}, {NULL, 0}};
+static const opt_name g1_backend_names[] = {
+    {"auto", KV_DEV_AUTO}, {"cuda", KV_DEV_CUDA}, {"sim", KV_DEV_SIM}, {NULL, 0}};
+static const opt_name g3_backend_names[] = {{"auto", KV_G3_BACKEND_AUTO},
+                                            {"uring", KV_G3_BACKEND_URING},
+                                            {"threads", KV_G3_BACKEND_THREADS},
+                                            {NULL, 0}};
+static const opt_name g3_admit_names[] = {{"always", KV_ADMIT_ALWAYS},
+                                          {"second-use", KV_ADMIT_SECOND_USE},
+                                          {"min-prio", KV_ADMIT_MIN_PRIO},
+                                          {NULL, 0}};
+static const opt_name log_level_names[] = {{"debug", KV_LOG_DEBUG}, {"info", KV_LOG_INFO},
+                                           {"warn", KV_LOG_WARN},   {"warning", KV_LOG_WARN},
+                                           {"error", KV_LOG_ERROR}, {NULL, 0}};
+
 #define O(field) offsetof(kv_config, field)
+/* An entry leaves out names and flag when it has none. */
+#pragma GCC diagnostic push
+#pragma GCC diagnostic ignored "-Wmissing-field-initializers"
 static const opt opts[] = {
     {"daemon", "socket_dir", OPT_STR, O(socket_dir), sizeof(((kv_config *)0)->socket_dir),
-     KV_SOCKET_DIR, "directory of the worker socket (kvcached.sock); created 0750 if missing"},
+     KV_SOCKET_DIR, "directory of the worker socket (kvcached.sock); created 0750 if missing",
+     NULL, "socket-dir"},
     {"daemon", "load_timeout_ms", OPT_U32, O(load_timeout_ms), 0, "5000",
      "a LOAD or ALLOC waiting this long for G2 room answers its waiting blocks "
      "with a timeout (LOAD) or -EAGAIN (ALLOC)"},
     {"g2", "capacity", OPT_SIZE, O(g2_capacity), 0, "1G",
-     "bytes of pinned host memory for the G2 tier (K/M/G/T suffixes)"},
+     "bytes of pinned host memory for the G2 tier (K/M/G/T suffixes)", NULL, "g2-capacity"},
     {"g2", "page_size", OPT_SIZE, O(g2_page_size), 0, "64M",
      "G2 is carved into pages of this size, each holding blocks of one size; "
      "the largest block must fit in one page"},
@@ -54,38 +88,40 @@ static const opt opts[] = {
     {"g2", "tenants", OPT_U32, O(g2_tenants), 0, "1",
      "no longer used, must be 1: tenants, each with a G2 arena of its own, are "
      "[tenant.NAME] sections (daemon/OPS.md)"},
-    {"g1", "enable", OPT_STR, O(g1_enable), sizeof(((kv_config *)0)->g1_enable), "auto",
+    {"g1", "enable", OPT_ENUM, O(g1_enable), 0, "auto",
      "G1 device pools: auto (on when a CUDA device answers), on (start fails without "
-     "a device), off"},
+     "a device), off", g1_enable_names},
     {"g1", "capacity", OPT_SIZE, O(g1_capacity), 0, "1G",
      "bytes of device memory in the G1 pool of each device (rounded up to the allocation granularity)"},
-    {"g1", "backend", OPT_STR, O(g1_backend), sizeof(((kv_config *)0)->g1_backend), "auto",
-     "auto (CUDA), cuda, or sim (device memory simulated in shared host memory: tests, demos)"},
+    {"g1", "backend", OPT_ENUM, O(g1_backend), 0, "auto",
+     "auto (CUDA), cuda, or sim (device memory simulated in shared host memory: tests, demos)",
+     g1_backend_names},
     {"g1", "device", OPT_STR, O(g1_device), sizeof(((kv_config *)0)->g1_device), "0",
      "device ordinals, comma-separated (up to 8): a pool of g1.capacity on each; "
      "a worker gets the pool of the device it computes on"},
     {"g3", "path", OPT_STR, O(g3_path), sizeof(((kv_config *)0)->g3_path), "/var/lib/kvcached",
      "directories of the SSD tier, comma-separated (one preallocated file each, "
-     "created if missing); empty: no G3"},
+     "created if missing); empty: no G3", NULL, "g3-path"},
     {"g3", "capacity", OPT_SIZE, O(g3_capacity), 0, "4G",
-     "bytes of SSD per G3 directory (the file is preallocated to about this)"},
+     "bytes of SSD per G3 directory (the file is preallocated to about this)", NULL, "g3-capacity"},
     {"g3", "block_bytes", OPT_SIZE, O(g3_block_bytes), 0, "256K",
      "SSD slot size: the largest block G3 takes (larger blocks are not demoted); "
      "existing files keep the size they were made with"},
     {"g3", "queue_depth", OPT_U32, O(g3_queue_depth), 0, "32", "G3 block I/Os in flight at once"},
-    {"g3", "backend", OPT_STR, O(g3_backend), sizeof(((kv_config *)0)->g3_backend), "auto",
-     "auto (io_uring, else a thread pool), uring, or threads"},
-    {"g3", "admit", OPT_STR, O(g3_admit), sizeof(((kv_config *)0)->g3_admit), "always",
-     "which G2 victims are written to SSD: always, second-use, or min-prio"},
+    {"g3", "backend", OPT_ENUM, O(g3_backend), 0, "auto",
+     "auto (io_uring, else a thread pool), uring, or threads", g3_backend_names},
+    {"g3", "admit", OPT_ENUM, O(g3_admit), 0, "always",
+     "which G2 victims are written to SSD: always, second-use, or min-prio", g3_admit_names},
     {"g3", "min_prio", OPT_U32, O(g3_min_prio), 0, "128",
      "with admit = min-prio: the lowest priority written to SSD (0..255)"},
     {"g3", "retry_ms", OPT_U32, O(g3_retry_ms), 0, "5000",
      "ms between tries while G3 is full (one write let through) or could not be opened "
      "(doubling up to 5 min); 0: never"},
     {"cache", "policy", OPT_STR, O(policy), sizeof(((kv_config *)0)->policy),
-     NULL /* kv_evict_default */, "eviction policy: reuse, lru, lru2, lfuda, arc, s3fifo, tinylfu or auto"},
-    {"log", "level", OPT_STR, O(log_level), sizeof(((kv_config *)0)->log_level),
-     "info", "least severe level logged: debug, info, warn, error"},
+     NULL /* kv_evict_default */, "eviction policy: reuse, lru, lru2, lfuda, arc, s3fifo, tinylfu or auto",
+     NULL, "policy"},
+    {"log", "level", OPT_ENUM, O(log_level), 0,
+     "info", "least severe level logged: debug, info, warn, error", log_level_names, "log-level"},
     {"stats", "listen", OPT_STR, O(stats_listen), sizeof(((kv_config *)0)->stats_listen), "",
      "also serve /metrics and /health (no other route) over TCP on host:port "
      "(e.g. 127.0.0.1:9464); empty: Unix socket only"},
@@ -116,6 +152,7 @@ static const opt opts[] = {
     {"admin", "connections", OPT_U32, O(admin_connections), 0, "16",
      "connections at once on the admin socket (full: as stats.connections)"},
 };
+#pragma GCC diagnostic pop
 #undef O
 #define NOPTS (sizeof opts / sizeof opts[0])
 
@@ -128,9 +165,33 @@ static int parse_bool(const char *s, int *out) {
   return -EINVAL;
 }
 
+/* The name an enum option's value is written as, or NULL. */
+static const char *enum_name(const opt *o, int v) {
+  for (const opt_name *n = o->names; n->name; n++)
+    if (n->value == v) return n->name;
+  return NULL;
+}
+
+/* "a, b, c": an enum option's names, one for each value. */
+static void enum_list(const opt *o, const char *sep, char *out, size_t len) {
+  size_t at = 0;
+  out[0] = 0;
+  for (const opt_name *n = o->names; n->name && at < len; n++)
+    if (enum_name(o, n->value) == n->name)
+      at += (size_t)snprintf(out + at, len - at, "%s%s", at ? sep : "", n->name);
+}
+
 static int set_opt(kv_config *c, const opt *o, const char *v, char *err, size_t errlen) {
   void *p = (char *)c + o->off;
   switch (o->type) {
+  case OPT_ENUM: {
+    for (const opt_name *n = o->names; n->name; n++)
+      if (!strcmp(v, n->name)) { *(int *)p = n->value; return 0; }
+    char list[128];
+    enum_list(o, ", ", list, sizeof list);
+    snprintf(err, errlen, "%s.%s: '%s': expected one of: %s", o->section, o->name, v, list);
+    return -EINVAL;
+  }
   case OPT_SIZE:
     if (kv_parse_size(v, p) == 0) return 0;
     snprintf(err, errlen, "%s.%s: '%s' is not a size (e.g. 512M, 4G)", o->section, o->name, v);
@@ -565,21 +626,11 @@ static void check_alone(const kv_config *c, chk *k) {
     REFUSE("g2.tenants must be at least 1, with 4K of g2.capacity each");
   if (c->g2_page_size == 0 || c->g2_page_size % 4096)
     REFUSE("g2.page_size must be a non-zero multiple of 4K");
-  if (strcmp(c->g3_backend, "auto") && strcmp(c->g3_backend, "uring") &&
-      strcmp(c->g3_backend, "threads"))
-    REFUSE("g3.backend: '%s' is not auto, uring or threads", c->g3_backend);
-  if (strcmp(c->g3_admit, "always") && strcmp(c->g3_admit, "second-use") &&
-      strcmp(c->g3_admit, "min-prio"))
-    REFUSE("g3.admit: '%s' is not always, second-use or min-prio", c->g3_admit);
-  if (strcmp(c->g1_enable, "auto") && strcmp(c->g1_enable, "on") && strcmp(c->g1_enable, "off"))
-    REFUSE("g1.enable: '%s' is not auto, on or off", c->g1_enable);
-  if (strcmp(c->g1_backend, "auto") && strcmp(c->g1_backend, "cuda") && strcmp(c->g1_backend, "sim"))
-    REFUSE("g1.backend: '%s' is not auto, cuda or sim", c->g1_backend);
   int ord[KV_CFG_G1_DEVICES_MAX];
   if (kv_config_g1_devices(c, ord) < 0)
     REFUSE("g1.device: '%s' is not a list of 1 to %d distinct device ordinals "
            "(0..255, comma-separated)", c->g1_device, KV_CFG_G1_DEVICES_MAX);
-  if (strcmp(c->g1_enable, "off") && c->g1_capacity == 0)
+  if (c->g1_enable != KV_CFG_G1_OFF && c->g1_capacity == 0)
     REFUSE("g1.capacity must be more than 0 unless g1.enable = off");
   if (c->g3_min_prio > 255)
     REFUSE("g3.min_prio must be 0..255");
@@ -661,8 +712,6 @@ static void check_alone(const kv_config *c, chk *k) {
            "admin.connections must be at least 1");
   char terr[256];
   if (validate_tenants(c, terr, sizeof terr)) REFUSE("%s", terr);
-  if (kv_log_parse_level(c->log_level) < 0)
-    REFUSE("log.level: '%s' is not debug, info, warn or error", c->log_level);
 }
 
 /* A /proc/meminfo field in bytes; 0 if unknown. */
@@ -847,6 +896,62 @@ static void tenant_value(const kv_cfg_tenant *t, int k, char *v, size_t len) {
 
 static const char *const tenant_keys[] = {"uids", "gids", "g2_share", "g3_share"};
 
+/* An enum option's current value as its name. */
+static const char *value_name(const opt *o, const void *p) {
+  const char *n = enum_name(o, *(const int *)p);
+  return n ? n : "?";
+}
+
+const char *kv_config_enum_name(const char *dotted, int value) {
+  for (size_t i = 0; i < NOPTS; i++) {
+    const opt *o = &opts[i];
+    size_t sl = strlen(o->section);
+    if (o->type == OPT_ENUM && !strncmp(dotted, o->section, sl) && dotted[sl] == '.' &&
+        !strcmp(dotted + sl + 1, o->name))
+      return enum_name(o, value);
+  }
+  return NULL;
+}
+
+int kv_config_getopt(struct option *out, size_t max, int base) {
+  static char dotted[NOPTS][64];
+  size_t n = 0;
+  for (size_t i = 0; i < NOPTS; i++) {
+    snprintf(dotted[i], sizeof dotted[i], "%s.%s", opts[i].section, opts[i].name);
+    const char *spelling[2] = {dotted[i], opts[i].flag};
+    for (int k = 0; k < 2 && spelling[k]; k++) {
+      if (n + 1 >= max) return -ENOSPC;
+      out[n++] = (struct option){spelling[k], required_argument, NULL, base + (int)i};
+    }
+  }
+  out[n] = (struct option){NULL, 0, NULL, 0};
+  return (int)n;
+}
+
+int kv_config_set_index(kv_config *c, int index, const char *value, char *err, size_t errlen) {
+  if (index < 0 || (size_t)index >= NOPTS) {
+    snprintf(err, errlen, "no option number %d", index);
+    return -ENOENT;
+  }
+  return set_opt(c, &opts[index], value, err, errlen);
+}
+
+void kv_config_usage(FILE *f) {
+  static const char *const what[] = {[OPT_SIZE] = "SIZE", [OPT_BOOL] = "yes|no", [OPT_STR] = "TEXT",
+                                      [OPT_U32] = "N"};
+  fprintf(f, "options, as flags or in the configuration file ([SECTION] NAME = VALUE):\n");
+  for (size_t i = 0; i < NOPTS; i++) {
+    const opt *o = &opts[i];
+    char list[128];
+    if (o->type == OPT_ENUM) enum_list(o, "|", list, sizeof list);
+    else snprintf(list, sizeof list, "%s", what[o->type]);
+    fprintf(f, "  --%s.%s=%s", o->section, o->name, list);
+    if (o->flag) fprintf(f, ", --%s", o->flag);
+    const char *def = o->def ? o->def : kv_evict_default;
+    fprintf(f, "\n      %s (default: %s)\n", o->doc, *def ? def : "''");
+  }
+}
+
 void kv_config_print(const kv_config *c, FILE *f) {
   const char *sect = "";
   for (size_t i = 0; i < NOPTS; i++) {
@@ -859,6 +964,7 @@ void kv_config_print(const kv_config *c, FILE *f) {
     case OPT_BOOL: fprintf(f, "%s\n", *(const int *)p ? "yes" : "no"); break;
     case OPT_U32: fprintf(f, "%u\n", *(const uint32_t *)p); break;
     case OPT_STR: fprintf(f, "%s\n", (const char *)p); break;
+    case OPT_ENUM: fprintf(f, "%s\n", value_name(o, p)); break;
     }
   }
   for (uint32_t i = 0; i < c->ntenants; i++) {
@@ -882,6 +988,7 @@ void kv_config_foreach(const kv_config *c, kv_config_fn fn, void *arg) {
     case OPT_BOOL: val = *(const int *)p ? "yes" : "no"; break;
     case OPT_U32: snprintf(v, sizeof v, "%u", *(const uint32_t *)p); break;
     case OPT_STR: val = p; break;
+    case OPT_ENUM: val = value_name(o, p); break;
     }
     fn(arg, o->section, o->name, val);
   }

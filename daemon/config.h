@@ -4,18 +4,27 @@
  *
  * Every option is declared once, in config.c's table, with its section,
  * name, type, default and one line of documentation; the file parser, the
- * flag parser, `kvcached --print-config` and the tests all read that table.
+ * command-line flags (--SECTION.NAME=VALUE, generated from the table),
+ * `kvcached --help` and `--print-config`, and the tests all read that table.
+ * An option with a closed set of values is an enum: its names are listed
+ * once, in the table, and are parsed into the field's C enum when the
+ * option is read (a name outside the list is an error that lists them).
  * deploy/kvcached.conf is the commented default file (a test checks that it
  * names every option and parses to the defaults).
  */
 #ifndef KV_DAEMON_CONFIG_H
 #define KV_DAEMON_CONFIG_H
 
+#include <getopt.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <sys/types.h>
 
+#include "base/log.h"
 #include "base/size.h"
+#include "cuda/dev.h"
+#include "tiers/core.h"
+#include "tiers/g3.h"
 
 /*
  * Tenants (daemon/OPS.md, "Tenants and credentials"): INI sections
@@ -47,6 +56,9 @@ typedef struct kv_cfg_tenant {
   kv_cfg_share g2_share, g3_share;
 } kv_cfg_tenant;
 
+/* g1.enable */
+typedef enum { KV_CFG_G1_AUTO = 0, KV_CFG_G1_ON, KV_CFG_G1_OFF } kv_cfg_g1_enable;
+
 typedef struct kv_config {
   char socket_dir[96];    /* [daemon] socket_dir */
   uint64_t g2_capacity;   /* [g2] capacity */
@@ -57,12 +69,12 @@ typedef struct kv_config {
   uint64_t g3_capacity;   /* [g3] capacity, per directory */
   uint64_t g3_block_bytes;/* [g3] block_bytes: the SSD slot size */
   uint32_t g3_queue_depth;/* [g3] queue_depth */
-  char g3_backend[16];    /* [g3] backend: auto, uring, threads */
-  char g3_admit[16];      /* [g3] admit: always, second-use, min-prio */
+  kv_g3_backend g3_backend; /* [g3] backend: auto, uring, threads */
+  kv_admit g3_admit;      /* [g3] admit: always, second-use, min-prio */
   uint32_t g3_min_prio;   /* [g3] min_prio */
   uint32_t g3_retry_ms;   /* [g3] retry_ms: probe a full G3, reopen an unavailable one */
   char policy[32];        /* [cache] policy */
-  char log_level[16];     /* [log] level */
+  kv_log_level log_level; /* [log] level: debug, info, warn (or warning), error */
   uint32_t load_timeout_ms; /* [daemon] load_timeout_ms */
   char stats_listen[64];  /* [stats] listen: host:port for the TCP stats listener; "" = off */
   uint32_t limits_connections;         /* [limits] connections: worker connections at once */
@@ -73,9 +85,9 @@ typedef struct kv_config {
   uint32_t stats_request_timeout_ms; /* [stats] request_timeout_ms: every HTTP socket */
   uint32_t admin_connections;     /* [admin] connections */
   char admin_group[64];   /* [admin] group: members may use the admin socket; "" = none */
-  char g1_enable[8];      /* [g1] enable: auto, on, off */
+  kv_cfg_g1_enable g1_enable; /* [g1] enable: auto, on, off */
   uint64_t g1_capacity;   /* [g1] capacity: bytes of the device pool */
-  char g1_backend[8];     /* [g1] backend: auto, cuda, sim */
+  kv_dev_backend g1_backend; /* [g1] backend: auto, cuda, sim (auto is CUDA) */
   char g1_device[64];     /* [g1] device: CUDA ordinals, comma-separated: a pool on each */
   uint32_t limit_pins_per_session;   /* [limits] pins_per_session */
   uint32_t limit_allocs_per_session; /* [limits] allocs_per_session */
@@ -102,8 +114,9 @@ int kv_config_set(kv_config *c, const char *dotted, const char *value,
  * The checks kvcached makes on a configuration before it serves, in one
  * place, so that the daemon and `kvctl check-config` never disagree.
  *
- * On its own (flags 0), the configuration is checked for closed sets,
- * ranges and values that depend on each other: what the daemon would
+ * On its own (flags 0), the configuration is checked for ranges, the
+ * eviction policy's name and values that depend on each other (closed
+ * sets are enums, refused when read): what the daemon would
  * refuse, or fail on after building part of its state (g3.queue_depth,
  * g3.block_bytes against g3.capacity, socket paths that do not fit).
  *
@@ -155,6 +168,29 @@ int kv_config_split(const kv_config *c, int tier, uint64_t capacity,
 
 /* The tenant section of that name, or NULL. */
 const kv_cfg_tenant *kv_config_tenant(const kv_config *c, const char *name, size_t len);
+
+/* The name an enum option's value is written as: ("g3.admit",
+ * KV_ADMIT_MIN_PRIO) is "min-prio". NULL when dotted names no enum option
+ * or value is none of its. */
+const char *kv_config_enum_name(const char *dotted, int value);
+
+/*
+ * The options as command-line flags, for getopt_long: every option of the
+ * table as --SECTION.NAME (--g3.admit=min-prio, --g3.admit min-prio), and
+ * the older spellings some have (--socket-dir, --g2-capacity, --g3-path,
+ * --g3-capacity, --policy, --log-level). Each takes a value, and has val =
+ * base + the option's index in the table. Writes at most max entries and a
+ * zero entry after them; returns how many, or -ENOSPC.
+ */
+int kv_config_getopt(struct option *out, size_t max, int base);
+
+/* Sets the option of that index (a flag's val less base) from its text
+ * value: 0, or -ENOENT / -EINVAL with a message in err, as kv_config_set. */
+int kv_config_set_index(kv_config *c, int index, const char *value, char *err, size_t errlen);
+
+/* Writes the flags of every option for --help: its spellings, its values
+ * (an enum's names), its documentation and its default. */
+void kv_config_usage(FILE *f);
 
 /* Writes every option with its documentation and current value, as INI. */
 void kv_config_print(const kv_config *c, FILE *f);

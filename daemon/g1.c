@@ -27,14 +27,14 @@ int kvd_g1_open(kvd_g1 *g, const kv_config *c, int ordinal) {
   g->core_pool = -1;
   g->x.fd = -1;
   g->slots.fd = -1; /* kv_arena_fini of a never-made arena closes nothing */
-  if (!strcmp(c->g1_enable, "off")) {
+  if (c->g1_enable == KV_CFG_G1_OFF) {
     snprintf(g->reason, sizeof g->reason, "g1.enable = off");
     kv_info("g1", "G1 off (g1.enable = off)");
     return 0;
   }
-  int must = !strcmp(c->g1_enable, "on");
+  int must = c->g1_enable == KV_CFG_G1_ON;
   char why[KV_DEV_REASON_MAX] = "";
-  kv_dev_opts o = {.backend = !strcmp(c->g1_backend, "sim") ? KV_DEV_SIM : KV_DEV_CUDA,
+  kv_dev_opts o = {.backend = c->g1_backend == KV_DEV_SIM ? KV_DEV_SIM : KV_DEV_CUDA, /* auto: CUDA */
                    .ordinal = ordinal, .reason = why, .reason_len = sizeof why};
   int rc = kv_dev_open(&g->dev, &o);
   if (rc) {

@@ -23,6 +23,7 @@
 #include "daemon/server.h"
 #include "ipc/sock.h"
 #include "base/errors.h"
+#include "tiers/evict.h"
 
 #define TICK_MS 100
 
@@ -46,9 +47,7 @@ int kvd_g3_open(kvd *d, int lock_wait_ms, char *why, size_t whylen) {
   if (n == 0) return 0;
   kv_g3_opts o = {.dirs = dirs, .ndirs = n, .block_bytes = (uint32_t)d->cfg.g3_block_bytes,
                   .queue_depth = d->cfg.g3_queue_depth,
-                  .backend = !strcmp(d->cfg.g3_backend, "uring") ? KV_G3_BACKEND_URING
-                           : !strcmp(d->cfg.g3_backend, "threads") ? KV_G3_BACKEND_THREADS
-                           : KV_G3_BACKEND_AUTO,
+                  .backend = d->cfg.g3_backend,
                   .lock_wait_ms = lock_wait_ms,
                   /* No G2 arena is registered as io_uring fixed buffers:
                    * workers hold the memfd writable and can punch holes in
@@ -71,9 +70,7 @@ int kvd_g3_open(kvd *d, int lock_wait_ms, char *why, size_t whylen) {
     snprintf(why, whylen, "%s", info.why[0] ? info.why : kv_strerror(rc));
     return rc;
   }
-  kv_core_g3_opts go = {.admit = !strcmp(d->cfg.g3_admit, "second-use") ? KV_ADMIT_SECOND_USE
-                               : !strcmp(d->cfg.g3_admit, "min-prio") ? KV_ADMIT_MIN_PRIO
-                               : KV_ADMIT_ALWAYS,
+  kv_core_g3_opts go = {.admit = d->cfg.g3_admit,
                         .min_prio = (uint8_t)d->cfg.g3_min_prio};
   rc = kv_core_attach_g3(&d->core, d->g3, &go);
   if (rc >= 0) {
@@ -245,14 +242,16 @@ static void on_hup(uv_signal_t *h, int signum) {
     kv_warn("daemon", "SIGHUP: keeping the running configuration: %s", err);
     return;
   }
-  kv_log_threshold = kv_log_parse_level(fresh.log_level);
-  memcpy(d->d.cfg.log_level, fresh.log_level, sizeof fresh.log_level);
-  if (fresh.g2_capacity != d->d.cfg.g2_capacity || strcmp(fresh.policy, d->d.cfg.policy))
+  kv_log_threshold = fresh.log_level;
+  d->d.cfg.log_level = fresh.log_level;
+  if (fresh.g2_capacity != d->d.cfg.g2_capacity ||
+      kv_evict_lookup(fresh.policy) != kv_evict_lookup(d->d.cfg.policy))
     kv_warn("daemon", "SIGHUP: g2.capacity and cache.policy change only on restart");
   if (fresh.ntenants != d->d.cfg.ntenants ||
       memcmp(fresh.tenants, d->d.cfg.tenants, fresh.ntenants * sizeof fresh.tenants[0]))
     kv_warn("daemon", "SIGHUP: [tenant.NAME] sections change only on restart: the running ones stay");
-  kv_info("daemon", "SIGHUP: configuration re-read (log.level=%s)", fresh.log_level);
+  kv_info("daemon", "SIGHUP: configuration re-read (log.level=%s)",
+          kv_config_enum_name("log.level", fresh.log_level));
 }
 
 /* The event sources beside the sockets: none of them stops the start.

@@ -35,18 +35,14 @@ static void usage(FILE *f) {
   fprintf(f,
           "usage: kvcached [options]\n"
           "  -c, --config FILE       read options from FILE (INI; see deploy/kvcached.conf)\n"
-          "      --socket-dir DIR    directory of the worker socket\n"
-          "      --g2-capacity SIZE  bytes of G2 host memory (K/M/G suffixes)\n"
-          "      --g3-path DIRS      SSD tier directories, comma-separated ('' for none)\n"
-          "      --g3-capacity SIZE  bytes of SSD per G3 directory\n"
-          "      --policy NAME       eviction policy\n"
-          "      --log-level LEVEL   debug, info, warn or error\n"
-          "  -o, --set SECTION.NAME=VALUE  set any option\n"
+          "  -o, --set SECTION.NAME=VALUE  set any option (tenant.NAME.KEY=VALUE too)\n"
           "      --print-config      print the effective configuration and exit\n"
           "      --foreground        stay in the foreground (always the case; for\n"
           "                          service managers that pass it)\n"
           "  -V, --version           print the version and exit\n"
-          "  -h, --help              this text\n");
+          "  -h, --help              this text\n"
+          "\n");
+  kv_config_usage(f);
 }
 
 /* A finding of kv_config_check, logged (kvctl check-config prints the same text). */
@@ -56,49 +52,40 @@ static void log_finding(void *arg, kv_cfg_level level, const char *msg) {
 }
 
 static int parse_args(args *d, int argc, char **argv) {
-  enum { OPT_G2CAP = 256, OPT_POLICY, OPT_LOGLEVEL, OPT_PRINT, OPT_FG, OPT_SOCKDIR, OPT_G3PATH,
-         OPT_G3CAP };
-  static const struct option lo[] = {
+  enum { OPT_PRINT = 256, OPT_FG, OPT_TABLE /* + an option's index in the table */ };
+  static const struct option fixed[] = {
       {"config", required_argument, 0, 'c'},
-      {"g2-capacity", required_argument, 0, OPT_G2CAP},
-      {"socket-dir", required_argument, 0, OPT_SOCKDIR},
-      {"g3-path", required_argument, 0, OPT_G3PATH},
-      {"g3-capacity", required_argument, 0, OPT_G3CAP},
-      {"policy", required_argument, 0, OPT_POLICY},
-      {"log-level", required_argument, 0, OPT_LOGLEVEL},
       {"set", required_argument, 0, 'o'},
       {"print-config", no_argument, 0, OPT_PRINT},
       {"foreground", no_argument, 0, OPT_FG},
       {"version", no_argument, 0, 'V'},
-      {"help", no_argument, 0, 'h'},
-      {0, 0, 0, 0}};
+      {"help", no_argument, 0, 'h'}};
+  enum { NFIXED = sizeof fixed / sizeof fixed[0] };
+  struct option lo[NFIXED + 128];
   char err[256];
-  int print = 0;
+  int print = 0, ch;
+  memcpy(lo, fixed, sizeof fixed);
+  if (kv_config_getopt(lo + NFIXED, sizeof lo / sizeof lo[0] - NFIXED, OPT_TABLE) < 0) {
+    fprintf(stderr, "kvcached: the option table has more flags than fit\n");
+    return 1;
+  }
   kv_config_defaults(&d->cfg);
 
   /* First pass: the configuration file, so that flags override it. */
-  for (int i = 1; i < argc; i++) {
-    if ((!strcmp(argv[i], "-c") || !strcmp(argv[i], "--config")) && i + 1 < argc)
-      d->config_path = argv[i + 1];
-    else if (!strncmp(argv[i], "--config=", 9))
-      d->config_path = argv[i] + 9;
-  }
+  opterr = 0;
+  while ((ch = getopt_long(argc, argv, "c:o:Vh", lo, NULL)) != -1)
+    if (ch == 'c') d->config_path = optarg;
+  opterr = 1;
+  optind = 0;
   if (d->config_path && kv_config_load(&d->cfg, d->config_path, err, sizeof err)) {
     fprintf(stderr, "kvcached: %s\n", err);
     return 1;
   }
 
-  int ch;
   while ((ch = getopt_long(argc, argv, "c:o:Vh", lo, NULL)) != -1) {
     int rc = 0;
     switch (ch) {
     case 'c': break;
-    case OPT_G2CAP: rc = kv_config_set(&d->cfg, "g2.capacity", optarg, err, sizeof err); break;
-    case OPT_G3PATH: rc = kv_config_set(&d->cfg, "g3.path", optarg, err, sizeof err); break;
-    case OPT_G3CAP: rc = kv_config_set(&d->cfg, "g3.capacity", optarg, err, sizeof err); break;
-    case OPT_SOCKDIR: rc = kv_config_set(&d->cfg, "daemon.socket_dir", optarg, err, sizeof err); break;
-    case OPT_POLICY: rc = kv_config_set(&d->cfg, "cache.policy", optarg, err, sizeof err); break;
-    case OPT_LOGLEVEL: rc = kv_config_set(&d->cfg, "log.level", optarg, err, sizeof err); break;
     case 'o': {
       char *eq = strchr(optarg, '=');
       if (!eq) { snprintf(err, sizeof err, "--set wants SECTION.NAME=VALUE"); rc = -EINVAL; break; }
@@ -110,7 +97,10 @@ static int parse_args(args *d, int argc, char **argv) {
     case OPT_FG: break;
     case 'V': printf("kvcached %s\n", KV_VERSION); exit(0);
     case 'h': usage(stdout); exit(0);
-    default: usage(stderr); return 2;
+    default:
+      if (ch < OPT_TABLE) { usage(stderr); return 2; }
+      rc = kv_config_set_index(&d->cfg, ch - OPT_TABLE, optarg, err, sizeof err);
+      break;
     }
     if (rc) { fprintf(stderr, "kvcached: %s\n", err); return 2; }
   }
@@ -121,8 +111,7 @@ static int parse_args(args *d, int argc, char **argv) {
   }
   /* Nothing is built before the configuration has passed every check
    * (config.h), against this machine too unless it is only printed. */
-  int lvl = kv_log_parse_level(d->cfg.log_level);
-  if (lvl >= 0) kv_log_threshold = lvl;
+  kv_log_threshold = d->cfg.log_level;
   if (kv_config_check(&d->cfg, print ? 0 : KV_CFG_CHECK_MACHINE, log_finding, NULL)) {
     kv_error("config", "configuration refused: not starting");
     return 2;
@@ -138,7 +127,7 @@ int main(int argc, char **argv) {
   static args a;
   int rc = parse_args(&a, argc, argv);
   if (rc) return rc;
-  kv_log_threshold = kv_log_parse_level(a.cfg.log_level);
+  kv_log_threshold = a.cfg.log_level;
   kv_info("daemon", "kvcached %s starting (pid %d)", KV_VERSION, (int)getpid());
   return kvd_main(&a.cfg, a.config_path);
 }

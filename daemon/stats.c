@@ -415,7 +415,7 @@ int kvd_render_metrics(kvd *d, kv_buf *out) {
       refused[k] += g->batch.refused[k];
     }
   }
-  int wanted = strcmp(d->cfg.g1_enable, "off") != 0;
+  int wanted = d->cfg.g1_enable != KV_CFG_G1_OFF;
   H("kvcached_g1_enabled", "gauge", "1 when a G1 device pool is up.");
   P("kvcached_g1_enabled %d\n", g1->on > 0);
   H("kvcached_g1_unavailable", "gauge",
@@ -515,7 +515,7 @@ static json_t *stats_json(kvd *d, const snapshot *s) {
   json_object_set_new(o, "pid", json_integer(getpid()));
   json_object_set_new(o, "uptime_s", json_integer((json_int_t)uptime_s(d)));
   json_object_set_new(o, "policy", json_pack("{s:s,s:s}", "eviction", d->core.policy->name,
-                                             "admission", d->cfg.g3_admit));
+                                             "admission", kv_config_enum_name("g3.admit", d->cfg.g3_admit)));
   json_object_set_new(o, "tiers", tiers_json(s));
   json_t *m = json_object();
   for (int i = 0; i < KVD_MISS_COUNT; i++)

@@ -1,7 +1,10 @@
 /* test_config.c - configuration: sizes, files, flags, bad values with a
- * message that names the line, and the shipped default file. */
+ * message that names the line, enum options, the command-line flags made
+ * from the option table, and the shipped default file. */
 #include <criterion/criterion.h>
 #include <errno.h>
+#include <getopt.h>
+#include <stddef.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -75,20 +78,19 @@ Test(config, validation_catches_bad_combinations) {
   kv_config_set(&c, "g2.page_size", "5000", err, sizeof err);
   cr_assert_eq(kv_config_validate(&c, err, sizeof err), -EINVAL);
   kv_config_defaults(&c);
-  cr_assert_eq(kv_config_set(&c, "log.level", "chatty", err, sizeof err), 0);
-  cr_assert_eq(kv_config_validate(&c, err, sizeof err), -EINVAL);
+  /* Closed sets are refused when read (test enum_options_...). */
+  cr_assert_eq(kv_config_set(&c, "log.level", "chatty", err, sizeof err), -EINVAL);
+  cr_assert(strstr(err, "log.level"), "%s", err);
   /* G1: enable and backend are closed sets; a pool needs bytes. */
   kv_config_defaults(&c);
-  cr_assert_str_eq(c.g1_enable, "auto");
-  cr_assert_str_eq(c.g1_backend, "auto");
+  cr_assert_eq(c.g1_enable, KV_CFG_G1_AUTO);
+  cr_assert_eq(c.g1_backend, KV_DEV_AUTO);
   cr_assert_eq(c.g1_capacity, 1ull << 30);
   cr_assert_str_eq(c.g1_device, "0");
-  cr_assert_eq(kv_config_set(&c, "g1.enable", "maybe", err, sizeof err), 0);
-  cr_assert_eq(kv_config_validate(&c, err, sizeof err), -EINVAL);
+  cr_assert_eq(kv_config_set(&c, "g1.enable", "maybe", err, sizeof err), -EINVAL);
   cr_assert(strstr(err, "g1.enable"), "%s", err);
   kv_config_defaults(&c);
-  cr_assert_eq(kv_config_set(&c, "g1.backend", "opencl", err, sizeof err), 0);
-  cr_assert_eq(kv_config_validate(&c, err, sizeof err), -EINVAL);
+  cr_assert_eq(kv_config_set(&c, "g1.backend", "opencl", err, sizeof err), -EINVAL);
   cr_assert(strstr(err, "g1.backend"), "%s", err);
   kv_config_defaults(&c);
   cr_assert_eq(kv_config_set(&c, "g1.capacity", "0", err, sizeof err), 0);
@@ -292,7 +294,7 @@ Test(config, the_daemons_start_up_checks_are_configuration_checks) {
   kv_config_defaults(&c);
   kv_config_set(&c, "g3.queue_depth", "0", err, sizeof err);
   kv_config_set(&c, "g3.block_bytes", "0", err, sizeof err);
-  kv_config_set(&c, "log.level", "chatty", err, sizeof err);
+  kv_config_set(&c, "g2.page_size", "5000", err, sizeof err);
   findings f = {0};
   cr_assert_eq(kv_config_check(&c, 0, collect, &f), -EINVAL);
   cr_assert_eq(f.refused, 3);
@@ -333,4 +335,172 @@ Test(config, machine_checks_only_when_asked) {
   cr_assert_eq(kv_config_check(&c, 0, collect, &f), 0);
   cr_assert_eq(kv_config_check(&c, KV_CFG_CHECK_MACHINE, collect, &f), -EINVAL);
   cr_assert(strstr(f.last, "more than 90% of this machine's memory"), "%s", f.last);
+}
+
+/* Every enum option takes each of its names into its C enum, writes the
+ * value back by its first name, and refuses any other word with the list. */
+Test(config, enum_options_take_their_names_and_list_them_when_refused) {
+  static const struct {
+    const char *opt;
+    size_t off;
+    const char *names[6];
+    int values[6];
+    const char *list;
+  } enums[] = {
+      {"g1.enable", offsetof(kv_config, g1_enable), {"auto", "on", "off"},
+       {KV_CFG_G1_AUTO, KV_CFG_G1_ON, KV_CFG_G1_OFF}, "auto, on, off"},
+      {"g1.backend", offsetof(kv_config, g1_backend), {"auto", "cuda", "sim"},
+       {KV_DEV_AUTO, KV_DEV_CUDA, KV_DEV_SIM}, "auto, cuda, sim"},
+      {"g3.backend", offsetof(kv_config, g3_backend), {"auto", "uring", "threads"},
+       {KV_G3_BACKEND_AUTO, KV_G3_BACKEND_URING, KV_G3_BACKEND_THREADS}, "auto, uring, threads"},
+      {"g3.admit", offsetof(kv_config, g3_admit), {"always", "second-use", "min-prio"},
+       {KV_ADMIT_ALWAYS, KV_ADMIT_SECOND_USE, KV_ADMIT_MIN_PRIO}, "always, second-use, min-prio"},
+      {"log.level", offsetof(kv_config, log_level), {"debug", "info", "warn", "warning", "error"},
+       {KV_LOG_DEBUG, KV_LOG_INFO, KV_LOG_WARN, KV_LOG_WARN, KV_LOG_ERROR}, "debug, info, warn, error"},
+  };
+  char err[256];
+  for (size_t i = 0; i < sizeof enums / sizeof enums[0]; i++) {
+    kv_config c;
+    for (int k = 0; enums[i].names[k]; k++) {
+      kv_config_defaults(&c);
+      const char *name = enums[i].names[k];
+      cr_assert_eq(kv_config_set(&c, enums[i].opt, name, err, sizeof err), 0, "%s = %s: %s",
+                   enums[i].opt, name, err);
+      int v;
+      memcpy(&v, (const char *)&c + enums[i].off, sizeof v);
+      cr_assert_eq(v, enums[i].values[k], "%s = %s", enums[i].opt, name);
+      const char *back = kv_config_enum_name(enums[i].opt, v);
+      cr_assert_not_null(back);
+      cr_assert(!strcmp(back, name) || !strcmp(name, "warning"), "%s = %s reads back as %s",
+                enums[i].opt, name, back);
+      cr_assert_eq(kv_config_validate(&c, err, sizeof err), 0, "%s = %s: %s", enums[i].opt, name, err);
+    }
+    static const char *const bad[] = {"bogus", "", "AUTO", "on ", "2"};
+    for (size_t b = 0; b < sizeof bad / sizeof bad[0]; b++) {
+      kv_config_defaults(&c);
+      kv_config before = c;
+      cr_assert_eq(kv_config_set(&c, enums[i].opt, bad[b], err, sizeof err), -EINVAL, "%s = '%s'",
+                   enums[i].opt, bad[b]);
+      char want[160];
+      snprintf(want, sizeof want, "%s: '%s': expected one of: %s", enums[i].opt, bad[b], enums[i].list);
+      cr_assert_str_eq(err, want);
+      cr_assert_eq(memcmp(&before, &c, sizeof c), 0, "a refused value changes nothing");
+    }
+    /* In a file, the same refusal names the line. */
+    char text[96];
+    snprintf(text, sizeof text, "[%.*s]\n\n%s = bogus\n", (int)(strchr(enums[i].opt, '.') - enums[i].opt),
+             enums[i].opt, strchr(enums[i].opt, '.') + 1);
+    char *p = write_tmp(text);
+    kv_config_defaults(&c);
+    cr_assert_eq(kv_config_load(&c, p, err, sizeof err), -EINVAL);
+    unlink(p);
+    cr_assert(strstr(err, ":3:") && strstr(err, enums[i].list), "%s", err);
+  }
+  cr_assert_null(kv_config_enum_name("g3.admit", 99));
+  cr_assert_null(kv_config_enum_name("g3.capacity", 0), "not an enum option");
+  cr_assert_null(kv_config_enum_name("g3.nosuch", 0));
+}
+
+/* parse: the flags of argv (NULL-ended) over the defaults, as kvcached
+ * reads its table's flags. */
+static int parse(kv_config *c, const char *const *args, char *err, size_t errlen) {
+  struct option lo[160];
+  cr_assert_gt(kv_config_getopt(lo, sizeof lo / sizeof lo[0], 1000), 0);
+  char *argv[40] = {"kvcached"};
+  int argc = 1;
+  for (; args[argc - 1] && argc < 39; argc++) argv[argc] = (char *)args[argc - 1];
+  cr_assert_null(args[argc - 1], "more flags than argv holds");
+  argv[argc] = NULL;
+  kv_config_defaults(c);
+  optind = 0;
+  opterr = 0;
+  int ch, rc = 0;
+  while (!rc && (ch = getopt_long(argc, argv, "", lo, NULL)) != -1) {
+    cr_assert_geq(ch, 1000, "flag %s refused", argv[optind - 1]);
+    rc = kv_config_set_index(c, ch - 1000, optarg, err, errlen);
+  }
+  return rc;
+}
+
+/* --SECTION.NAME=VALUE, --SECTION.NAME VALUE and the older spellings set
+ * the same fields as a file and kv_config_set (--set) do. */
+Test(config, long_options_set_the_same_fields_as_the_file_and_set) {
+  static const char *const set[][2] = {
+      {"daemon.socket_dir", "/tmp/kvsock"}, {"g2.capacity", "256M"}, {"g2.lock", "no"},
+      {"g3.queue_depth", "8"}, {"g3.admit", "min-prio"}, {"g1.backend", "sim"},
+      {"log.level", "warning"}, {"cache.policy", "lru2"}, {"stats.listen", "127.0.0.1:9464"},
+  };
+  enum { N = sizeof set / sizeof set[0] };
+  kv_config want, file, eq, sep, old;
+  char err[256], text[1024] = "", flags[N][96], sepflags[N][64];
+  const char *eqv[N + 1], *sepv[2 * N + 1];
+  kv_config_defaults(&want);
+  for (size_t i = 0; i < N; i++) {
+    cr_assert_eq(kv_config_set(&want, set[i][0], set[i][1], err, sizeof err), 0, "%s", err);
+    const char *dot = strchr(set[i][0], '.');
+    snprintf(text + strlen(text), sizeof text - strlen(text), "[%.*s]\n%s = %s\n",
+             (int)(dot - set[i][0]), set[i][0], dot + 1, set[i][1]);
+    snprintf(flags[i], sizeof flags[i], "--%s=%s", set[i][0], set[i][1]);
+    eqv[i] = flags[i];
+    snprintf(sepflags[i], sizeof sepflags[i], "--%s", set[i][0]);
+    sepv[2 * i] = sepflags[i];
+    sepv[2 * i + 1] = set[i][1];
+  }
+  eqv[N] = NULL;
+  sepv[2 * N] = NULL;
+  char *p = write_tmp(text);
+  kv_config_defaults(&file);
+  cr_assert_eq(kv_config_load(&file, p, err, sizeof err), 0, "%s", err);
+  unlink(p);
+  cr_assert_eq(parse(&eq, eqv, err, sizeof err), 0, "%s", err);
+  cr_assert_eq(parse(&sep, sepv, err, sizeof err), 0, "%s", err);
+  static const char *const olds[] = {"--socket-dir", "/tmp/kvsock", "--g2-capacity=256M", "--g2.lock", "no",
+                                     "--g3.queue_depth=8", "--g3.admit", "min-prio", "--g1.backend=sim",
+                                     "--log-level=warning", "--policy", "lru2", "--stats.listen=127.0.0.1:9464",
+                                     NULL};
+  cr_assert_eq(parse(&old, olds, err, sizeof err), 0, "%s", err);
+  cr_assert_eq(memcmp(&want, &file, sizeof want), 0, "the file");
+  cr_assert_eq(memcmp(&want, &eq, sizeof want), 0, "--SECTION.NAME=VALUE");
+  cr_assert_eq(memcmp(&want, &sep, sizeof want), 0, "--SECTION.NAME VALUE");
+  cr_assert_eq(memcmp(&want, &old, sizeof want), 0, "the older spellings");
+  /* A bad value through a flag: the same message as from --set. */
+  char err2[256];
+  kv_config c;
+  cr_assert_eq(parse(&c, (const char *const[]){"--g3.admit=often", NULL}, err, sizeof err), -EINVAL);
+  cr_assert_eq(kv_config_set(&c, "g3.admit", "often", err2, sizeof err2), -EINVAL);
+  cr_assert_str_eq(err, err2);
+  /* Each of the table's options has its flag. */
+  struct option lo[160];
+  int n = kv_config_getopt(lo, sizeof lo / sizeof lo[0], 0);
+  cr_assert_gt(n, 0);
+  cr_assert_null(lo[n].name);
+  cr_assert_eq(kv_config_getopt(lo, 3, 0), -ENOSPC);
+}
+
+typedef struct help_ctx { const char *text; int n; } help_ctx;
+static void in_help(void *arg, const char *section, const char *name, const char *value) {
+  help_ctx *h = arg;
+  char flag[96];
+  snprintf(flag, sizeof flag, "\n  --%s.%s=", section, name);
+  cr_assert(strstr(h->text, flag), "--help lacks %s.%s", section, name);
+  h->n++;
+}
+
+/* --help lists every option of the table, with its doc line and default. */
+Test(config, help_lists_every_table_option) {
+  char *buf = NULL;
+  size_t len = 0;
+  FILE *m = open_memstream(&buf, &len);
+  kv_config_usage(m);
+  fclose(m);
+  kv_config c;
+  kv_config_defaults(&c);
+  help_ctx h = {buf, 0};
+  kv_config_foreach(&c, in_help, &h);
+  cr_assert_gt(h.n, 30);
+  cr_assert(strstr(buf, "  --g3.admit=always|second-use|min-prio\n"), "%s", buf);
+  cr_assert(strstr(buf, "  --log.level=debug|info|warn|error, --log-level\n"), "%s", buf);
+  cr_assert(strstr(buf, "  --g2.capacity=SIZE, --g2-capacity\n      bytes of pinned host memory"), "%s", buf);
+  cr_assert(strstr(buf, "(default: always)\n"), "%s", buf);
+  free(buf);
 }
