@@ -69,7 +69,7 @@ int kvd_g3_open(kvd *d, int lock_wait_ms, char *why, size_t whylen) {
                                : !strcmp(d->cfg.g3_admit, "min-prio") ? KV_ADMIT_MIN_PRIO
                                : KV_ADMIT_ALWAYS,
                         .min_prio = (uint8_t)d->cfg.g3_min_prio};
-  rc = kv_core_attach_g3(&d->core, d->g3, &go);
+  rc = kv_core_attach_g3(d->core, d->g3, &go);
   if (rc >= 0) {
     kv_g3_stats gs;
     kv_g3_get_stats(d->g3, &gs);
@@ -102,31 +102,31 @@ int kvd_init(kvd *d) {
     goto err;
   }
   kv_core_opts co = {.policy = d->cfg.policy};
-  rc = kv_core_init(&d->core, &co);
+  rc = kv_core_new(&d->core, &co);
   if (rc) {
     kv_error("core", "cannot start the cache core: %s", kv_strerror(rc));
     goto err;
   }
   if ((rc = kvd_g1s_open(&d->g1, &d->cfg))) {
-    kv_core_fini(&d->core);
+    kv_core_free(d->core);
     goto err;
   }
   for (unsigned i = 0; i < d->g1.n; i++) {
     kvd_g1 *g = &d->g1.g[i];
     if (!g->on) continue;
-    g->core_pool = kv_core_attach_g1(&d->core, &g->slots, kvd_g1_copy, g);
+    g->core_pool = kv_core_attach_g1(d->core, &g->slots, kvd_g1_copy, g);
     if (g->core_pool < 0) {
       rc = g->core_pool;
       kv_error("g1", "cannot attach the pool of device %d to the cache core: %s", g->ordinal,
                kv_strerror(rc));
       kvd_g1s_close(&d->g1);
-      kv_core_fini(&d->core);
+      kv_core_free(d->core);
       goto err;
     }
     g->done = kvd_g1_copied;
     g->done_arg = d;
   }
-  kvd_registry_opts ro = {.cfg = &d->cfg, .lock = d->cfg.g2_lock, .core = &d->core};
+  kvd_registry_opts ro = {.cfg = &d->cfg, .lock = d->cfg.g2_lock, .core = d->core};
   if (d->g1.on) {
     ro.register_fn = kvd_g1s_arena_register;
     ro.unregister_fn = kvd_g1s_arena_unregister;
@@ -138,7 +138,7 @@ int kvd_init(kvd *d) {
              (unsigned long long)d->cfg.g2_capacity, d->cfg.ntenants ? d->cfg.ntenants : 1,
              kv_strerror(rc));
     kvd_g1s_close(&d->g1);
-    kv_core_fini(&d->core);
+    kv_core_free(d->core);
     goto err;
   }
   /* A G3 that cannot be opened leaves the daemon on G2 alone (g3_watch.h). */
@@ -150,7 +150,7 @@ int kvd_init(kvd *d) {
     d->g3 = NULL;
     kvd_registry_fini(&d->reg);
     kvd_g1s_close(&d->g1);
-    kv_core_fini(&d->core);
+    kv_core_free(d->core);
     goto err;
   }
   kvd_session_init(&d->admin, 0);
@@ -163,7 +163,7 @@ err:
 
 void kvd_fini(kvd *d) {
   uint64_t pins = 0, allocs = 0;
-  kvd_session_close(&d->core, &d->admin, &pins, &allocs);
+  kvd_session_close(d->core, &d->admin, &pins, &allocs);
   if (pins) kv_info("admin", "released %llu pin(s) the operator held", (unsigned long long)pins);
   if (d->g3) {
     /* Every write in flight completes and the last index batch commits. */
@@ -173,7 +173,7 @@ void kvd_fini(kvd *d) {
   }
   kvd_metrics_fini(d);
   kvd_trust_fini(&d->trust);
-  kv_core_fini(&d->core);
+  kv_core_free(d->core);
   kvd_registry_fini(&d->reg); /* unregisters the arenas from the device */
   kvd_g1s_close(&d->g1);
   free(d->keys); free(d->tiers); free(d->status); free(d->loads); free(d->allocs);
@@ -334,7 +334,7 @@ static int statuses(const kv_msg *req, kv_buf *out, const int32_t *st, uint32_t 
 
 /* The record of key i in the session's namespace, in any state. */
 static kv_block *any_block(kvd *d, kvd_session *s, uint32_t i) {
-  return kv_index_find(&d->core.ix, (uint32_t)session_ns(d, s)->core_ns, d->keys[i].b,
+  return kv_index_find(kv_core_index(d->core), (uint32_t)session_ns(d, s)->core_ns, d->keys[i].b,
                        d->keys[i].len);
 }
 
@@ -343,7 +343,7 @@ static int op_release(kvd *d, kvd_session *s, const kv_msg *req, kv_buf *out) {
   if (rc) return kvd_fail(out, req, rc, NULL);
   for (uint32_t i = 0; i < req->batch.keys.n; i++) {
     kv_block *b = any_block(d, s, i);
-    d->status[i] = b ? kvd_session_unpin(&d->core, s, b) : KV_ENOTFOUND;
+    d->status[i] = b ? kvd_session_unpin(d->core, s, b) : KV_ENOTFOUND;
     /* A reader's report counts only for a block it had pinned (trust.h). */
     if (d->status[i] == 0 && (req->batch.flags & KV_REL_CORRUPT)) kvd_trust_report(d, s->id, b);
   }
@@ -366,11 +366,11 @@ static int op_commit_abort(kvd *d, kvd_session *s, const kv_msg *req, kv_buf *ou
       if (req->batch.flags & KV_COMMIT_CRC)
         crc = kv_u32vec_get(&req->batch.crcs, i);
       else if (b->state == KV_BS_WRITING && b->slot[KV_G2] != KV_SLOT_NONE)
-        crc = kv_crc32c(0, kv_core_g2_ptr(&d->core, b), b->size);
-      d->status[i] = kvd_session_commit(&d->core, s, b, crc);
+        crc = kv_crc32c(0, kv_core_g2_ptr(d->core, b), b->size);
+      d->status[i] = kvd_session_commit(d->core, s, b, crc);
       if (d->status[i] == 0) kvd_ghost_note(d, b->ns, &d->keys[i], 1);
     } else {
-      d->status[i] = kvd_session_abort(&d->core, s, b);
+      d->status[i] = kvd_session_abort(d->core, s, b);
     }
   }
   return statuses(req, out, d->status, req->batch.keys.n);
@@ -383,7 +383,7 @@ static int del_one(kv_block *b, void *arg) {
   if (b->ns != x->core_ns || b->state != KV_BS_READY) return 0;
   kv_key k;
   kv_key_set(&k, b->key, kv_block_keylen(b));
-  if (kv_core_delete(&x->d->core, b) == 0) {
+  if (kv_core_delete(x->d->core, b) == 0) {
     kvd_ghost_note(x->d, x->core_ns, &k, 0);
     x->n++;
   }
@@ -395,7 +395,7 @@ static int op_delete(kvd *d, kvd_session *s, const kv_msg *req, kv_buf *out) {
   kv_msg m = kvd_reply_to(req);
   if (b->flags & KV_DEL_ALL) {
     del_all x = {d, (uint32_t)session_ns(d, s)->core_ns, 0};
-    kv_index_foreach(&d->core.ix, del_one, &x);
+    kv_index_foreach(kv_core_index(d->core), del_one, &x);
     m.delete_rep.deleted = x.n;
     return kv_msg_encode(out, &m);
   }
@@ -403,8 +403,8 @@ static int op_delete(kvd *d, kvd_session *s, const kv_msg *req, kv_buf *out) {
   if (rc) return kvd_fail(out, req, rc, NULL);
   uint64_t n = 0;
   for (uint32_t i = 0; i < b->keys.n; i++) {
-    kv_block *blk = kv_core_find(&d->core, (uint32_t)session_ns(d, s)->core_ns, &d->keys[i]);
-    d->status[i] = blk ? kv_core_delete(&d->core, blk) : KV_ENOTFOUND;
+    kv_block *blk = kv_core_find(d->core, (uint32_t)session_ns(d, s)->core_ns, &d->keys[i]);
+    d->status[i] = blk ? kv_core_delete(d->core, blk) : KV_ENOTFOUND;
     if (d->status[i] == 0) kvd_ghost_note(d, (uint32_t)session_ns(d, s)->core_ns, &d->keys[i], 0);
     n += d->status[i] == 0;
   }
@@ -418,9 +418,9 @@ static int op_set_priority(kvd *d, kvd_session *s, const kv_msg *req, kv_buf *ou
   int rc = kvd_load_keys(d, &req->batch.keys);
   if (rc) return kvd_fail(out, req, rc, NULL);
   for (uint32_t i = 0; i < req->batch.keys.n; i++) {
-    kv_block *b = kv_core_find(&d->core, (uint32_t)session_ns(d, s)->core_ns, &d->keys[i]);
+    kv_block *b = kv_core_find(d->core, (uint32_t)session_ns(d, s)->core_ns, &d->keys[i]);
     d->status[i] = b ? 0 : KV_ENOTFOUND;
-    if (b) kv_core_set_priority(&d->core, b, req->batch.prio);
+    if (b) kv_core_set_priority(d->core, b, req->batch.prio);
   }
   return statuses(req, out, d->status, req->batch.keys.n);
 }
@@ -435,13 +435,13 @@ static int op_put(kvd *d, kvd_session *s, const kv_msg *req, kv_buf *out) {
   kv_key_set(&k, p->key.p, p->key.len);
   if (p->parent.len) kv_key_set(&parent, p->parent.p, p->parent.len);
   kv_block *b;
-  int rc = kv_core_alloc(&d->core, (uint32_t)n->core_ns, &k, p->parent.len ? &parent : NULL,
+  int rc = kv_core_alloc(d->core, (uint32_t)n->core_ns, &k, p->parent.len ? &parent : NULL,
                          p->prio, &b);
   if (rc) return kvd_fail(out, req, rc, NULL);
-  memcpy(kv_core_g2_ptr(&d->core, b), p->data.p, p->data.len);
-  kv_core_commit(&d->core, b, kv_crc32c(0, p->data.p, p->data.len));
+  memcpy(kv_core_g2_ptr(d->core, b), p->data.p, p->data.len);
+  kv_core_commit(d->core, b, kv_crc32c(0, p->data.p, p->data.len));
   kvd_ghost_note(d, (uint32_t)n->core_ns, &k, 1);
-  if (d->core.adm.limit[KV_G2]) kv_core_enforce_limits(&d->core); /* a soft g2.capacity */
+  if (kv_core_limit(d->core, KV_G2)) kv_core_enforce_limits(d->core); /* a soft g2.capacity */
   kv_msg m = kvd_reply_to(req);
   return kv_msg_encode(out, &m);
 }
@@ -459,7 +459,9 @@ static int op_status(kvd *d, kvd_session *s, const kv_msg *req, kv_buf *out) {
                                              "used_bytes", (json_int_t)a->used_bytes,
                                              "locked", a->locked));
   }
-  const kv_core_stats *c = &d->core.st;
+  kv_core_stats_t cs;
+  kv_core_stats(d->core, &cs);
+  const kv_core_stats_t *c = &cs;
   uint64_t misses = 0; /* every reason, as kvcached_misses_total counts them */
   for (int i = 0; i < KVD_MISS_COUNT; i++) misses += d->m.misses[i];
   json_t *o = json_pack(
@@ -467,13 +469,13 @@ static int op_status(kvd *d, kvd_session *s, const kv_msg *req, kv_buf *out) {
       "version", KV_VERSION, "uptime_s", (json_int_t)((kv_now_ms() - d->start_ms) / 1000),
       "sessions", (json_int_t)d->nsessions,
       "g2", "capacity_bytes", (json_int_t)cap, "used_bytes", (json_int_t)used,
-      "blocks", (json_int_t)d->core.ix.count, "tenants", tenants,
+      "blocks", (json_int_t)kv_core_index(d->core)->count, "tenants", tenants,
       "core", "lookups", (json_int_t)c->lookups, "hits_g1", (json_int_t)c->hits[KV_G1],
       "hits_g2", (json_int_t)c->hits[KV_G2], "hits_g3", (json_int_t)c->hits[KV_G3],
       "misses", (json_int_t)misses, "evictions_g2", (json_int_t)c->evictions[KV_G2],
       "allocs", (json_int_t)c->allocs, "commits", (json_int_t)c->commits,
       "aborts", (json_int_t)c->aborts,
-      "policy", d->core.policy->name, "namespaces", (json_int_t)d->reg.nlive);
+      "policy", kv_core_policy_name(d->core), "namespaces", (json_int_t)d->reg.nlive);
   if (o && d->g3) {
     kv_g3_stats gs;
     kv_g3_get_stats(d->g3, &gs);

@@ -222,13 +222,13 @@ int main(int argc, char **argv) {
           locked == st.d.reg.ntenants ? "locked" : "not locked",
           g1desc,
           st.d.g3 ? st.d.cfg.g3_path : st.d.g3w.err ? "unavailable" : "off",
-          st.d.core.policy->name);
+          kv_core_policy_name(st.d.core));
   kv_info("daemon", "operator sockets: %s (stats%s%s), %s (admin)", st.ops.stats.ulst.path,
           st.d.cfg.stats_listen[0] ? ", and TCP " : "", st.d.cfg.stats_listen, st.ops.admin.ulst.path);
   sd_notifyf(0, "READY=1\nSTATUS=serving %s; G2 %llu bytes, G3 %s, policy %s\nMAINPID=%d",
              st.srv.lst.path, (unsigned long long)cap,
              st.d.g3 ? "on" : st.d.g3w.err ? "unavailable" : "off",
-             st.d.core.policy->name, (int)getpid());
+             kv_core_policy_name(st.d.core), (int)getpid());
   uv_run(&st.loop, UV_RUN_DEFAULT);
 
   /* Stop accepting, send what is owed, release every session. */

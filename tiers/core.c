@@ -1,5 +1,5 @@
 /* core.c - the cache core (see core.h). */
-#include "tiers/core.h"
+#include "tiers/core_int.h"
 
 #include <errno.h>
 #include <stdlib.h>
@@ -10,16 +10,24 @@
 #include "base/log.h"
 #include "base/errors.h"
 
-int kv_core_init(kv_core *c, const kv_core_opts *o) {
-  memset(c, 0, sizeof *c);
+int kv_core_new(kv_core **out, const kv_core_opts *o) {
   const char *name = o && o->policy ? o->policy : kv_evict_default;
-  c->policy = kv_evict_lookup(name);
-  if (!c->policy) return -EINVAL;
+  const kv_evict_ops *policy = kv_evict_lookup(name);
+  if (!policy) return -EINVAL;
+  kv_core *c = calloc(1, sizeof *c);
+  if (!c) return -ENOMEM;
+  c->policy = policy;
   if (o) {
     c->demote = o->demote;
     c->demote_arg = o->demote_arg;
   }
-  return kv_index_init(&c->ix, o && o->index_hint ? o->index_hint : 1024);
+  int rc = kv_index_init(&c->ix, o && o->index_hint ? o->index_hint : 1024);
+  if (rc < 0) {
+    free(c);
+    return rc;
+  }
+  *out = c;
+  return 0;
 }
 
 /* Frees the policies the core made for a's classes (NULL: none). */
@@ -33,7 +41,8 @@ static void free_class_policies(kv_arena *a) {
   }
 }
 
-void kv_core_fini(kv_core *c) {
+void kv_core_free(kv_core *c) {
+  if (!c) return;
   if (c->g3) kv_evict_fini(&c->g3_evict);
   for (unsigned o = 0; o < KV_CORE_OWNERS_MAX; o++) {
     if (!c->g3_own[o]) continue;
@@ -45,7 +54,7 @@ void kv_core_fini(kv_core *c) {
   free(c->g2a);
   free(c->ns);
   kv_index_fini(&c->ix);
-  memset(c, 0, sizeof *c);
+  free(c);
 }
 
 /* Remembers a G2 arena the core makes policies in (they outlive its
@@ -830,3 +839,66 @@ int kv_core__evict_block(kv_core *c, kv_block *v, kv_tier t) {
 }
 
 void kv_core__drop_tier(kv_core *c, kv_block *b, kv_tier t) { drop_tier(c, b, t); }
+
+void *kv_core_g1_ptr(const kv_core *c, const kv_block *b) {
+  if (b->slot[KV_G1] == KV_SLOT_NONE || kv_g1_pool_of(b->slot[KV_G1]) >= c->ng1) return 0;
+  return kv_arena_ptr(c->g1[kv_g1_pool_of(b->slot[KV_G1])], kv_g1_slot_of(b->slot[KV_G1]));
+}
+
+void *kv_core_g2_ptr(const kv_core *c, const kv_block *b) {
+  if (b->slot[KV_G2] == KV_SLOT_NONE) return 0;
+  return kv_arena_ptr(c->ns[b->ns].arena, b->slot[KV_G2]);
+}
+
+uint32_t kv_core_ns_blocks(const kv_core *c, uint32_t ns) {
+  return ns < c->nns ? c->ns[ns].nblocks : 0;
+}
+
+int kv_core_ns_room(const kv_core *c) { return c->nfree || c->nns < KV_NS_MAX; }
+
+void kv_core_stats(const kv_core *c, kv_core_stats_t *out) { *out = c->st; }
+
+void kv_core_count_hit(kv_core *c, kv_tier t) { c->st.hits[t]++; }
+
+kv_index *kv_core_index(kv_core *c) { return &c->ix; }
+
+const char *kv_core_policy_name(const kv_core *c) { return c->policy->name; }
+
+uint64_t kv_core_limit(const kv_core *c, kv_tier t) { return c->adm.limit[t]; }
+
+void kv_core_on_copy(kv_core *c, kv_copy_fn fn, void *arg) {
+  c->adm.on_copy = fn;
+  c->adm.on_copy_arg = arg;
+}
+
+kv_core_g3_opts kv_core_g3_options(const kv_core *c) { return c->g3o; }
+
+void kv_core_set_admit(kv_core *c, kv_admit admit, uint8_t min_prio) {
+  c->g3o.admit = admit;
+  c->g3o.min_prio = min_prio;
+}
+
+uint64_t kv_core_ns_emptied(const kv_core *c) { return c->ns_emptied; }
+
+uint32_t kv_core_ns_count(const kv_core *c) { return c->nns; }
+
+int kv_core_ns_info_get(const kv_core *c, uint32_t ns, kv_core_ns_info *out) {
+  if (ns >= c->nns) return -EINVAL;
+  const kv_core_ns *n = &c->ns[ns];
+  *out = (kv_core_ns_info){.arena = n->arena, .cls = n->cls, .block_bytes = n->block_bytes,
+                           .live = n->live, .owner = n->owner, .g3_slots = n->g3_slots,
+                           .nblocks = n->nblocks, .digest = n->has_digest ? n->digest : NULL};
+  return 0;
+}
+
+uint32_t kv_core_g1_pools(const kv_core *c) { return c->ng1; }
+
+kv_arena *kv_core_g1_arena(const kv_core *c, unsigned p) { return p < c->ng1 ? c->g1[p] : NULL; }
+
+int kv_core_g3_share_get(const kv_core *c, unsigned owner, uint64_t *limit_slots,
+                         uint64_t *used_slots) {
+  if (owner >= KV_CORE_OWNERS_MAX || !c->g3 || !c->g3_own[owner]) return -ENOENT;
+  *limit_slots = c->g3_own_limit[owner];
+  *used_slots = c->g3_own_slots[owner];
+  return 0;
+}
