@@ -42,6 +42,21 @@ kv_block *kv_core__g3_victim(kv_core *c);
  * many, at most max. */
 uint32_t kv_core__g3_policies(kv_core *c, kv_evict **out, uint32_t max);
 int kv_core__alloc_g2_slot(kv_core *c, kv_core_ns *n, uint32_t *slot);
+/* Clears b's validity in tier t (its parent's count of resident children
+ * and its place in t's policy follow). */
+void kv_core__clear_valid(kv_core *c, kv_block *b, kv_tier t);
+/* Adds a namespace like proto; returns its id, or -ENOSPC / -ENOMEM. */
+int kv_core__ns_add(kv_core *c, kv_core_ns *proto);
+
+/* --- the SSD tier (tiers/core_g3.c) --- */
+
+/* The demotion callback the core uses once G3 is attached (kv_demote_fn). */
+int kv_core__g3_demote(kv_core *c, kv_block *v, kv_tier from, void *unused);
+/* b's key in G3: its namespace's digest and its key. */
+void kv_core__g3_key_of(kv_core *c, const kv_block *b, kv_g3_key *k);
+/* b's G3 slot is now `slot` (KV_SLOT_NONE: it has none): the count of its
+ * namespace, and of the namespace's owner. */
+void kv_core__set_g3_slot(kv_core *c, kv_block *b, uint32_t slot);
 
 struct kv_core_ns {
   kv_arena *arena;      /* NULL while dormant (known from G3, no HELLO yet) */
@@ -86,5 +101,10 @@ struct kv_core {
   kv_g1_copy_fn g1_copy;
   uint32_t g1_writing;  /* G1 -> G2 write-backs in flight */
 };
+
+/* A namespace that can take G2 blocks (registered, not dormant), or NULL. */
+static inline kv_core_ns *kv_core__ns_get(kv_core *c, uint32_t ns) {
+  return ns < c->nns && c->ns[ns].live && c->ns[ns].arena ? &c->ns[ns] : NULL;
+}
 
 #endif
