@@ -17,6 +17,11 @@
  * to the demotion callback (the G3 tier, when there is one), which either
  * finishes at once, starts an asynchronous copy (the slot stays busy until
  * kv_core_demote_done()), or refuses, and then the block is dropped.
+ *
+ * The core is opaque: made by kv_core_new(), read through the accessors
+ * below ("what the core shows its owner"). Its structure and the helpers
+ * its files share (core.c, core_g1.c, core_g3.c, core_admin.c) are in
+ * core_int.h, for those files only.
  */
 #ifndef KV_TIERS_CORE_H
 #define KV_TIERS_CORE_H
@@ -26,7 +31,6 @@
 #include "tiers/arena.h"
 #include "tiers/block.h"
 #include "tiers/g3.h"
-#include "tiers/evict.h"
 #include "tiers/index.h"
 
 typedef struct kv_core kv_core;

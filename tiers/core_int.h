@@ -11,6 +11,7 @@
 #define KV_TIERS_CORE_INT_H
 
 #include "tiers/core.h"
+#include "tiers/evict.h"
 
 /* Operator state (core_admin.c): soft limits and the copy observer. */
 typedef struct kv_core_admin {

@@ -20,6 +20,7 @@
 #include "base/errors.h"
 #include "base/clock.h"
 #include "tiers/core.h"
+#include "tiers/evict.h"
 #include "base/crc32c.h"
 #include "tiers/probe.h"
 #include "tools/kvbench.h"
