@@ -23,7 +23,7 @@
  * failed entry becomes an ERROR reply with the entry's status.
  *
  * Every block answered with its bytes is a hit of the best tier that held
- * it when asked (kv_core_stats.hits, as LOOKUP counts), every block
+ * it when asked (kv_core_stats_t.hits, as LOOKUP counts), every block
  * answered without them a miss with a reason (stats.h): absent, evicted or
  * not_shareable when it is not indexed, corrupt or io_error when its SSD
  * read (or a GET's check of the G2 bytes) failed, timeout as above. The
