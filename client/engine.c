@@ -25,7 +25,6 @@
 #include <string.h>
 #include <strings.h>
 
-#include "cuda/dev_int.h"
 #include "cuda/kernels.h"
 
 #ifdef KV_HAVE_CUDA
@@ -294,7 +293,7 @@ int kvc_memcpy_batch(kvc *c, const kvc_copy *v, size_t n, int mem, void *stream)
   }
   int batch = __atomic_load_n(&batch_ok, __ATOMIC_RELAXED);
   size_t queued = 0;
-  e = (cudaError_t)kv__cuda_enqueue((const kv_dev_copy *)v, n, KV_DEV_NDIR, stream, &batch,
+  e = (cudaError_t)kv_cuda_enqueue((const kv_dev_copy *)v, n, KV_DEV_NDIR, stream, &batch,
                                     &queued);
   if (!batch) __atomic_store_n(&batch_ok, 0, __ATOMIC_RELAXED);
   if (e == cudaErrorMemoryAllocation && queued == 0) return -ENOMEM;

@@ -520,7 +520,7 @@ static cudaError_t batch_call(const kv_dev_copy *v, size_t k, int dir, cudaStrea
 }
 #endif
 
-int kv__cuda_enqueue(const kv_dev_copy *v, size_t k, int dir, void *stream, int *batch,
+int kv_cuda_enqueue(const kv_dev_copy *v, size_t k, int dir, void *stream, int *batch,
                      size_t *queued) {
   cudaStream_t st = stream;
   if (queued) *queued = 0;
@@ -550,7 +550,7 @@ int kv__cuda_enqueue(const kv_dev_copy *v, size_t k, int dir, void *stream, int 
 
 static cudaError_t cu_enqueue(cu_state *cs, kv__sub *s, cudaStream_t st) {
   size_t queued = 0;
-  cudaError_t e = (cudaError_t)kv__cuda_enqueue(s->v, kv__sub_ncopy(s), s->dir, st, &cs->batch,
+  cudaError_t e = (cudaError_t)kv_cuda_enqueue(s->v, kv__sub_ncopy(s), s->dir, st, &cs->batch,
                                                 &queued);
   return e != cudaSuccess && queued ? cudaErrorUnknown : e; /* Unknown: some copies are queued */
 }

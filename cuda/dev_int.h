@@ -118,21 +118,4 @@ int kv__dev_fail(kv_dev *dev, int rc, const char *fmt, ...)
 /* The copies a submission actually performs: all, or half if injected. */
 static inline unsigned kv__sub_ncopy(const kv__sub *s) { return s->fail ? s->n / 2 : s->n; }
 
-/*
- * dev_cuda.c (CUDA builds only), shared with libkvclient's kvc_memcpy_batch:
- * queues v[0..k) on `stream` (a cudaStream_t) as one cudaMemcpyBatchAsync
- * while *batch is 1 (k > 1, and a stream other than the legacy default,
- * which the batch call refuses), else - or when the driver refuses the
- * batch call, which then sets *batch to 0 for good - as a loop of
- * cudaMemcpyAsync(cudaMemcpyDefault). Source access order "stream";
- * location hints from dir (H2D, D2H, D2D), or with dir KV_DEV_NDIR from
- * each pointer (cudaPointerGetAttributes: what a batch of mixed directions
- * needs). Returns 0 (cudaSuccess) or the cudaError_t of the call that
- * failed, cleared from the thread's error state; *queued (may be NULL)
- * gets how many copies were queued before it: k on success, 0 when a
- * batch call failed (all or nothing), i when copy i of the loop failed.
- */
-int kv__cuda_enqueue(const kv_dev_copy *v, size_t k, int dir, void *stream, int *batch,
-                     size_t *queued);
-
 #endif

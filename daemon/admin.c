@@ -132,7 +132,7 @@ static void route_config(kvd *d, const kvd_http_req *req, kvd_http_resp *resp) {
   if (rc || kv_config_validate(&next, err, sizeof err)) { kvd_http_error(resp, 400, "%s", err); return; }
   prev_ctx prev = {name, ""};
   kv_config_foreach(&d->cfg, prev_one, &prev);
-  if (!strcmp(name, "cache.policy")) snprintf(prev.val, sizeof prev.val, "%s", d->core.policy->name);
+  if (!strcmp(name, "cache.policy")) snprintf(prev.val, sizeof prev.val, "%s", kv_core_policy_name(d->core));
   int64_t evicted = -1;
 
   if (!strcmp(name, "g2.capacity")) {
@@ -151,7 +151,7 @@ static void route_config(kvd *d, const kvd_http_req *req, kvd_http_resp *resp) {
         return;
       }
     uint64_t each = next.g2_capacity / d->reg.ntenants;
-    evicted = kv_core_set_limit(&d->core, KV_G2, next.g2_capacity == reserved ? 0 : each);
+    evicted = kv_core_set_limit(d->core, KV_G2, next.g2_capacity == reserved ? 0 : each);
   } else if (!strcmp(name, "g3.capacity")) {
     if (!d->g3) { kvd_http_error(resp, 409, "g3.capacity: no SSD tier is configured"); return; }
     kv_g3_stats gs;
@@ -162,14 +162,14 @@ static void route_config(kvd *d, const kvd_http_req *req, kvd_http_resp *resp) {
                      (unsigned long long)(gs.capacity_bytes / dirs));
       return;
     }
-    evicted = kv_core_set_limit(&d->core, KV_G3, want == gs.capacity_bytes ? 0 : want);
+    evicted = kv_core_set_limit(d->core, KV_G3, want == gs.capacity_bytes ? 0 : want);
   } else if (!strcmp(name, "cache.policy")) {
-    rc = kv_core_set_policy(&d->core, next.policy);
+    rc = kv_core_set_policy(d->core, next.policy);
     if (rc) { kvd_http_error(resp, 500, "cache.policy: %s", kv_strerror(rc)); return; }
   } else if (!strcmp(name, "g3.admit")) {
-    d->core.g3o.admit = next.g3_admit;
+    kv_core_set_admit(d->core, next.g3_admit, kv_core_g3_options(d->core).min_prio);
   } else if (!strcmp(name, "g3.min_prio")) {
-    d->core.g3o.min_prio = (uint8_t)next.g3_min_prio;
+    kv_core_set_admit(d->core, kv_core_g3_options(d->core).admit, (uint8_t)next.g3_min_prio);
   } else if (!strcmp(name, "log.level")) {
     kv_log_threshold = next.log_level;
   } else {
@@ -202,7 +202,7 @@ static void route_evict(kvd *d, const kvd_http_req *req, kvd_http_resp *resp) {
     return;
   }
   if (t == KV_G3 && !d->g3) { kvd_http_error(resp, 409, "tier g3: no SSD tier is configured"); return; }
-  int64_t n = kv_core_evict_n(&d->core, (kv_tier)t, ns, count);
+  int64_t n = kv_core_evict_n(d->core, (kv_tier)t, ns, count);
   if (n < 0) { kvd_http_error(resp, 500, "evict: %s", kv_strerror((int)n)); return; }
   kv_info("admin", "evicted %lld block(s) from %s", (long long)n, t == KV_G2 ? "g2" : "g3");
   reply(resp, json_pack("{s:I}", "evicted", (json_int_t)n));
@@ -213,7 +213,7 @@ static void route_flush(kvd *d, const kvd_http_req *req, kvd_http_resp *resp) {
   uint32_t ns;
   if (tier_param(req, resp, 0, &t) || ns_param(d, req, resp, 0, &ns)) return;
   if (t == KV_G3 && !d->g3) { kvd_http_error(resp, 409, "tier g3: no SSD tier is configured"); return; }
-  int64_t n = kv_core_flush(&d->core, t, ns);
+  int64_t n = kv_core_flush(d->core, t, ns);
   if (n < 0) { kvd_http_error(resp, 500, "flush: %s", kv_strerror((int)n)); return; }
   kv_info("admin", "flushed %lld block copies", (long long)n);
   reply(resp, json_pack("{s:I}", "dropped", (json_int_t)n));
@@ -248,9 +248,9 @@ static void route_pin(kvd *d, const kvd_http_req *req, kvd_http_resp *resp, int 
     size_t len = e ? (size_t)(e - k) : strlen(k);
     kv_key key;
     kvd_key_from_hex(k, len, &key);
-    kv_block *b = kv_core_find(&d->core, ns, &key);
+    kv_block *b = kv_core_find(d->core, ns, &key);
     if (!b) missing++;
-    else if ((pin ? kvd_session_pin(&d->core, &d->admin, b, 0) : kvd_session_unpin(&d->core, &d->admin, b)) == 0) done++;
+    else if ((pin ? kvd_session_pin(d->core, &d->admin, b, 0) : kvd_session_unpin(d->core, &d->admin, b)) == 0) done++;
     else if (pin) failed++;
     else missing++; /* not pinned by the operator */
     k += len + (e ? 1 : 0);

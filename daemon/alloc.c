@@ -46,14 +46,14 @@ static void try_one(kvd *d, kvd_session *s, uint32_t core_ns, const kv_key *key,
     d->st.allocs_refused++;
     return;
   }
-  e->status = kv_core_alloc(&d->core, core_ns, key, parent && parent->len ? parent : NULL, prio, &b);
+  e->status = kv_core_alloc(d->core, core_ns, key, parent && parent->len ? parent : NULL, prio, &b);
   if (e->status == -EAGAIN) {
     e->status = WAIT;
     return;
   }
   if (e->status) return;
   if (kvd_session_track_alloc(s, b)) {
-    kv_core_abort(&d->core, b);
+    kv_core_abort(d->core, b);
     e->status = -ENOMEM;
     return;
   }
@@ -121,7 +121,7 @@ int kvd_op_alloc(kvd *d, kvd_sink *sink, const kv_msg *req, kv_buf *out, int fd_
     try_one(d, s, core_ns, &d->keys[i], &parent, r->prio, &d->allocs[i]);
     waiting += d->allocs[i].status == WAIT;
   }
-  if (d->core.adm.limit[KV_G2]) kv_core_enforce_limits(&d->core); /* a soft g2.capacity */
+  if (kv_core_limit(d->core, KV_G2)) kv_core_enforce_limits(d->core); /* a soft g2.capacity */
   if (waiting && defer(d, sink, req, core_ns) == 0) return KVD_DEFERRED;
   for (uint32_t i = 0; i < r->keys.n; i++)
     if (d->allocs[i].status == WAIT) d->allocs[i].status = -EAGAIN;

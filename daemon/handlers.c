@@ -179,7 +179,7 @@ static int statuses(const kv_msg *req, kv_buf *out, const int32_t *st, uint32_t 
 
 /* The record of key i in the session's namespace, in any state. */
 static kv_block *any_block(kvd *d, kvd_session *s, uint32_t i) {
-  return kv_index_find(&d->core.ix, (uint32_t)session_ns(d, s)->core_ns, d->keys[i].b,
+  return kv_index_find(kv_core_index(d->core), (uint32_t)session_ns(d, s)->core_ns, d->keys[i].b,
                        d->keys[i].len);
 }
 
@@ -189,7 +189,7 @@ static int op_release(kvd *d, kvd_sink *sink, const kv_msg *req, kv_buf *out, in
   if (rc) return kvd_fail(out, req, rc, NULL);
   for (uint32_t i = 0; i < req->batch.keys.n; i++) {
     kv_block *b = any_block(d, s, i);
-    d->status[i] = b ? kvd_session_unpin(&d->core, s, b) : KV_ENOTFOUND;
+    d->status[i] = b ? kvd_session_unpin(d->core, s, b) : KV_ENOTFOUND;
     /* A reader's report counts only for a block it had pinned (trust.h). */
     if (d->status[i] == 0 && (req->batch.flags & KV_REL_CORRUPT)) kvd_trust_report(d, s->id, b);
   }
@@ -214,11 +214,11 @@ static int op_commit_abort(kvd *d, kvd_sink *sink, const kv_msg *req, kv_buf *ou
       if (req->batch.flags & KV_COMMIT_CRC)
         crc = kv_u32vec_get(&req->batch.crcs, i);
       else if (b->state == KV_BS_WRITING && b->slot[KV_G2] != KV_SLOT_NONE)
-        crc = kv_crc32c(0, kv_core_g2_ptr(&d->core, b), b->size);
-      d->status[i] = kvd_session_commit(&d->core, s, b, crc);
+        crc = kv_crc32c(0, kv_core_g2_ptr(d->core, b), b->size);
+      d->status[i] = kvd_session_commit(d->core, s, b, crc);
       if (d->status[i] == 0) kvd_ghost_note(d, b->ns, &d->keys[i], 1);
     } else {
-      d->status[i] = kvd_session_abort(&d->core, s, b);
+      d->status[i] = kvd_session_abort(d->core, s, b);
     }
   }
   return statuses(req, out, d->status, req->batch.keys.n);
@@ -231,7 +231,7 @@ static int del_one(kv_block *b, void *arg) {
   if (b->ns != x->core_ns || b->state != KV_BS_READY) return 0;
   kv_key k;
   kv_key_set(&k, b->key, kv_block_keylen(b));
-  if (kv_core_delete(&x->d->core, b) == 0) {
+  if (kv_core_delete(x->d->core, b) == 0) {
     kvd_ghost_note(x->d, x->core_ns, &k, 0);
     x->n++;
   }
@@ -244,7 +244,7 @@ static int op_delete(kvd *d, kvd_sink *sink, const kv_msg *req, kv_buf *out, int
   kv_msg m = kvd_reply_to(req);
   if (b->flags & KV_DEL_ALL) {
     del_all x = {d, (uint32_t)session_ns(d, s)->core_ns, 0};
-    kv_index_foreach(&d->core.ix, del_one, &x);
+    kv_index_foreach(kv_core_index(d->core), del_one, &x);
     m.delete_rep.deleted = x.n;
     return kv_msg_encode(out, &m);
   }
@@ -252,8 +252,8 @@ static int op_delete(kvd *d, kvd_sink *sink, const kv_msg *req, kv_buf *out, int
   if (rc) return kvd_fail(out, req, rc, NULL);
   uint64_t n = 0;
   for (uint32_t i = 0; i < b->keys.n; i++) {
-    kv_block *blk = kv_core_find(&d->core, (uint32_t)session_ns(d, s)->core_ns, &d->keys[i]);
-    d->status[i] = blk ? kv_core_delete(&d->core, blk) : KV_ENOTFOUND;
+    kv_block *blk = kv_core_find(d->core, (uint32_t)session_ns(d, s)->core_ns, &d->keys[i]);
+    d->status[i] = blk ? kv_core_delete(d->core, blk) : KV_ENOTFOUND;
     if (d->status[i] == 0) kvd_ghost_note(d, (uint32_t)session_ns(d, s)->core_ns, &d->keys[i], 0);
     n += d->status[i] == 0;
   }
@@ -268,9 +268,9 @@ static int op_set_priority(kvd *d, kvd_sink *sink, const kv_msg *req, kv_buf *ou
   int rc = kvd_load_keys(d, &req->batch.keys);
   if (rc) return kvd_fail(out, req, rc, NULL);
   for (uint32_t i = 0; i < req->batch.keys.n; i++) {
-    kv_block *b = kv_core_find(&d->core, (uint32_t)session_ns(d, s)->core_ns, &d->keys[i]);
+    kv_block *b = kv_core_find(d->core, (uint32_t)session_ns(d, s)->core_ns, &d->keys[i]);
     d->status[i] = b ? 0 : KV_ENOTFOUND;
-    if (b) kv_core_set_priority(&d->core, b, req->batch.prio);
+    if (b) kv_core_set_priority(d->core, b, req->batch.prio);
   }
   return statuses(req, out, d->status, req->batch.keys.n);
 }
@@ -286,13 +286,13 @@ static int op_put(kvd *d, kvd_sink *sink, const kv_msg *req, kv_buf *out, int fd
   kv_key_set(&k, p->key.p, p->key.len);
   if (p->parent.len) kv_key_set(&parent, p->parent.p, p->parent.len);
   kv_block *b;
-  int rc = kv_core_alloc(&d->core, (uint32_t)n->core_ns, &k, p->parent.len ? &parent : NULL,
+  int rc = kv_core_alloc(d->core, (uint32_t)n->core_ns, &k, p->parent.len ? &parent : NULL,
                          p->prio, &b);
   if (rc) return kvd_fail(out, req, rc, NULL);
-  memcpy(kv_core_g2_ptr(&d->core, b), p->data.p, p->data.len);
-  kv_core_commit(&d->core, b, kv_crc32c(0, p->data.p, p->data.len));
+  memcpy(kv_core_g2_ptr(d->core, b), p->data.p, p->data.len);
+  kv_core_commit(d->core, b, kv_crc32c(0, p->data.p, p->data.len));
   kvd_ghost_note(d, (uint32_t)n->core_ns, &k, 1);
-  if (d->core.adm.limit[KV_G2]) kv_core_enforce_limits(&d->core); /* a soft g2.capacity */
+  if (kv_core_limit(d->core, KV_G2)) kv_core_enforce_limits(d->core); /* a soft g2.capacity */
   kv_msg m = kvd_reply_to(req);
   return kv_msg_encode(out, &m);
 }

@@ -72,7 +72,7 @@ int kvd_g3_open(kvd *d, int lock_wait_ms, char *why, size_t whylen) {
   }
   kv_core_g3_opts go = {.admit = d->cfg.g3_admit,
                         .min_prio = (uint8_t)d->cfg.g3_min_prio};
-  rc = kv_core_attach_g3(&d->core, d->g3, &go);
+  rc = kv_core_attach_g3(d->core, d->g3, &go);
   if (rc >= 0) {
     kv_g3_stats gs;
     kv_g3_get_stats(d->g3, &gs);
@@ -107,7 +107,7 @@ int kvd_init(kvd *d) {
     goto fail_scratch;
   }
   kv_core_opts co = {.policy = d->cfg.policy};
-  rc = kv_core_init(&d->core, &co);
+  rc = kv_core_new(&d->core, &co);
   if (rc) {
     kv_error("core", "cannot start the cache core: %s", kv_strerror(rc));
     goto fail_scratch;
@@ -116,7 +116,7 @@ int kvd_init(kvd *d) {
   for (unsigned i = 0; i < d->g1.n; i++) {
     kvd_g1 *g = &d->g1.g[i];
     if (!g->on) continue;
-    g->core_pool = kv_core_attach_g1(&d->core, &g->slots, kvd_g1_copy, g);
+    g->core_pool = kv_core_attach_g1(d->core, &g->slots, kvd_g1_copy, g);
     if (g->core_pool < 0) {
       rc = g->core_pool;
       kv_error("g1", "cannot attach the pool of device %d to the cache core: %s", g->ordinal,
@@ -126,7 +126,7 @@ int kvd_init(kvd *d) {
     g->done = kvd_g1_copied;
     g->done_arg = d;
   }
-  kvd_registry_opts ro = {.cfg = &d->cfg, .lock = d->cfg.g2_lock, .core = &d->core};
+  kvd_registry_opts ro = {.cfg = &d->cfg, .lock = d->cfg.g2_lock, .core = d->core};
   if (d->g1.on) {
     ro.register_fn = kvd_g1s_arena_register;
     ro.unregister_fn = kvd_g1s_arena_unregister;
@@ -156,7 +156,7 @@ fail_g3:
 fail_g1:
   kvd_g1s_close(&d->g1);
 fail_core:
-  kv_core_fini(&d->core);
+  kv_core_free(d->core);
 fail_scratch:
   free(d->keys); free(d->tiers); free(d->status); free(d->loads); free(d->allocs);
   d->keys = NULL;
@@ -166,7 +166,7 @@ fail_scratch:
 void kvd_fini(kvd *d) {
   uint64_t pins = 0, allocs = 0;
   kvd_defer_cancel_all(&d->load_wait); /* their connections are closed: nobody is answered */
-  kvd_session_close(&d->core, &d->admin, &pins, &allocs);
+  kvd_session_close(d->core, &d->admin, &pins, &allocs);
   if (pins) kv_info("admin", "released %llu pin(s) the operator held", (unsigned long long)pins);
   if (d->g3) {
     /* Every write in flight completes and the last index batch commits. */
@@ -176,7 +176,7 @@ void kvd_fini(kvd *d) {
   }
   kvd_metrics_fini(d);
   kvd_trust_fini(&d->trust);
-  kv_core_fini(&d->core);
+  kv_core_free(d->core);
   kvd_registry_fini(&d->reg); /* unregisters the arenas from the device */
   kvd_g1s_close(&d->g1);
   free(d->keys); free(d->tiers); free(d->status); free(d->loads); free(d->allocs);
@@ -187,7 +187,7 @@ void kvd_fini(kvd *d) {
 
 void kvd_g1_copied(void *arg, uint64_t tag, int status) {
   kvd *d = arg;
-  kv_core_g1_done(&d->core, tag, status);
+  kv_core_g1_done(d->core, tag, status);
   kvd_defer_retry(&d->load_wait); /* G1 room may have come */
 }
 
@@ -196,7 +196,7 @@ void kvd_g3_poll(kvd *d) {
   kv_g3_poll(d->g3);
   kvd_defer_retry(&d->load_wait);
   kvd_defer_retry(&d->alloc_wait);
-  if (d->core.adm.limit[KV_G2]) kv_core_enforce_limits(&d->core); /* a soft g2.capacity */
+  if (kv_core_limit(d->core, KV_G2)) kv_core_enforce_limits(d->core); /* a soft g2.capacity */
 }
 
 /* --- the loop ------------------------------------------------------------------ */
@@ -219,7 +219,7 @@ static void on_tick(uv_timer_t *t) {
   kvd_defer_expire(&d->alloc_wait, (uint64_t)kv_now_ms(), d->cfg.load_timeout_ms);
   kvd_registry_sweep(&d->reg); /* namespaces whose last block went */
   if (d->trust.npend) kvd_trust_sweep(d);
-  if (d->core.adm.limit[KV_G2] || d->core.adm.limit[KV_G3]) kv_core_enforce_limits(&d->core);
+  if (kv_core_limit(d->core, KV_G2) || kv_core_limit(d->core, KV_G3)) kv_core_enforce_limits(d->core);
 }
 
 static void on_stop(uv_signal_t *h, int signum) {
@@ -300,13 +300,13 @@ static void ready(daemon_state *st) {
           locked == st->d.reg.ntenants ? "locked" : "not locked",
           g1desc,
           st->d.g3 ? st->d.cfg.g3_path : st->d.g3w.err ? "unavailable" : "off",
-          st->d.core.policy->name);
+          kv_core_policy_name(st->d.core));
   kv_info("daemon", "operator sockets: %s (stats%s%s), %s (admin)", st->ops.stats.ulst.path,
           st->d.cfg.stats_listen[0] ? ", and TCP " : "", st->d.cfg.stats_listen, st->ops.admin.ulst.path);
   sd_notifyf(0, "READY=1\nSTATUS=serving %s; G2 %llu bytes, G3 %s, policy %s\nMAINPID=%d",
              st->srv.lst.path, (unsigned long long)cap,
              st->d.g3 ? "on" : st->d.g3w.err ? "unavailable" : "off",
-             st->d.core.policy->name, (int)getpid());
+             kv_core_policy_name(st->d.core), (int)getpid());
 }
 
 int kvd_main(const kv_config *cfg, const char *config_path) {

@@ -47,7 +47,7 @@ typedef struct kvd_stats {
 
 typedef struct kvd {
   kv_config cfg;
-  kv_core core;
+  kv_core *core;
   kvd_registry reg;
   uint64_t next_session_id;
   uint32_t nsessions;

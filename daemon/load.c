@@ -24,7 +24,7 @@
  * failed entry becomes an ERROR reply with the entry's status.
  *
  * Every block answered with its bytes is a hit of the best tier that held
- * it when asked (kv_core_stats.hits, as LOOKUP counts), every block
+ * it when asked (kv_core_stats_t.hits, as LOOKUP counts), every block
  * answered without them a miss with a reason (stats.h): absent, evicted or
  * not_shareable when it is not indexed, corrupt or io_error when its SSD
  * read (or a GET's check of the G2 bytes) failed, timeout as above. The
@@ -85,8 +85,8 @@ static void fail_entry(kvd_load *ld, uint32_t i, int status) {
   memset(e, 0, sizeof *e);
   e->status = status;
   e->tier = KV_TIER_NONE;
-  kv_block *b = kv_index_at(&ld->d->core.ix, ld->bid[i]);
-  if (b && ld->sink->sess) kvd_session_unpin(&ld->d->core, ld->sink->sess, b);
+  kv_block *b = kv_index_at(kv_core_index(ld->d->core), ld->bid[i]);
+  if (b && ld->sink->sess) kvd_session_unpin(ld->d->core, ld->sink->sess, b);
 }
 
 /* The reply to a GET: the block's bytes from G2, verified again (a worker
@@ -95,16 +95,16 @@ static void fail_entry(kvd_load *ld, uint32_t i, int status) {
 static int get_reply(kvd_load *ld, kv_buf *out) {
   kvd *d = ld->d;
   kv_load_ent *e = &ld->ent[0];
-  kv_block *b = e->status == 0 ? kv_index_at(&d->core.ix, ld->bid[0]) : NULL;
+  kv_block *b = e->status == 0 ? kv_index_at(kv_core_index(d->core), ld->bid[0]) : NULL;
   int status = e->status;
-  const uint8_t *p = b ? kv_core_g2_ptr(&d->core, b) : NULL;
+  const uint8_t *p = b ? kv_core_g2_ptr(d->core, b) : NULL;
   if (b && kv_crc32c(0, p, b->size) != b->crc) {
     status = KV_ECORRUPT;
     kvd_miss_add(d, KVD_MISS_CORRUPT, 1);
   }
   kv_msg m = kvd_reply_to(&ld->req);
   if (status == 0) {
-    d->core.st.hits[ld->found[0]]++;
+    kv_core_count_hit(d->core, ld->found[0]);
     /* The bytes are G2's; G3 says they had to come up from there. */
     m.get_rep.tier = ld->found[0] == KV_G3 ? KV_G3 : KV_G2;
     m.get_rep.data.p = p;
@@ -119,7 +119,7 @@ static int get_reply(kvd_load *ld, kv_buf *out) {
   int rc = 0;
   if (out) rc = kv_msg_encode(out, &m);
   else kvd_sink_reply(ld->sink, &m);
-  if (b && ld->sink->sess) kvd_session_unpin(&d->core, ld->sink->sess, b);
+  if (b && ld->sink->sess) kvd_session_unpin(d->core, ld->sink->sess, b);
   return rc;
 }
 
@@ -134,7 +134,7 @@ static int answer(kvd_load *ld, kv_buf *out) {
     /* A hit for each block served, in the tier that held it when asked
      * (as LOOKUP counts): the misses were counted with their reasons. */
     for (uint32_t i = 0; i < ld->n && (out || ld->sink->conn); i++)
-      if (ld->ent[i].status == 0) ld->d->core.st.hits[ld->found[i]]++;
+      if (ld->ent[i].status == 0) kv_core_count_hit(ld->d->core, ld->found[i]);
     kvd_req_done(ld->d, KVD_REQ_LOAD, ld->t0);
     kv_msg m = kvd_reply_to(&ld->req);
     m.load_rep.n = ld->n;
@@ -189,8 +189,8 @@ static void copied_up(kv_core *c, kv_block *b, int status, void *arg) {
  * it is now pending on a completion or waiting for room, 0 if the entry is
  * final. */
 static int start(kvd_load *ld, uint32_t i) {
-  kv_core *core = &ld->d->core;
-  kv_block *b = kv_index_at(&core->ix, ld->bid[i]);
+  kv_core *core = ld->d->core;
+  kv_block *b = kv_index_at(kv_core_index(core), ld->bid[i]);
   int rc = kv_core_promote(core, b, promoted, &ld->keys[i]);
   if (rc == 1 && ld->target == KV_G1) {
     rc = kv_core_promote_g1(core, b, ld->pool, copied_up, &ld->keys[i]);
@@ -248,7 +248,7 @@ static int load_keys(kvd *d, kvd_sink *sink, const kv_msg *req, uint32_t n, uint
     e->tier = KV_TIER_NONE;
     ld->keys[i] = (load_key){ld, i};
     ld->bid[i] = KV_BID_NONE;
-    kv_block *b = kv_core_find(&d->core, ld->core_ns, &d->keys[i]);
+    kv_block *b = kv_core_find(d->core, ld->core_ns, &d->keys[i]);
     if (!b) {
       e->status = KV_ENOTFOUND;
       kvd_miss_classify(d, s->ns, ld->core_ns, &d->keys[i]);
@@ -260,17 +260,17 @@ static int load_keys(kvd *d, kvd_sink *sink, const kv_msg *req, uint32_t n, uint
       continue;
     }
     ld->found[i] = (uint8_t)__builtin_ctz(b->tiers);
-    if ((e->status = kvd_session_pin(&d->core, s, b, d->cfg.limit_pins_per_session))) {
+    if ((e->status = kvd_session_pin(d->core, s, b, d->cfg.limit_pins_per_session))) {
       if (e->status == -EDQUOT) d->st.pins_refused++;
       continue;
     }
     ld->bid[i] = b->id;
-    kv_core_touch(&d->core, b);
+    kv_core_touch(d->core, b);
   }
   /* Every block is pinned before any moves: the room one block's copy
    * makes is never taken from another block of the same LOAD. */
   for (uint32_t i = 0; i < n; i++) {
-    kv_block *b = kv_index_at(&d->core.ix, ld->bid[i]);
+    kv_block *b = kv_index_at(kv_core_index(d->core), ld->bid[i]);
     if (!b || ld->ent[i].status) continue;
     int there = (b->tiers & KV_TIER_BIT(ld->target)) &&
                 (ld->target != KV_G1 || kv_g1_pool_of(b->slot[KV_G1]) == ld->pool);
@@ -290,7 +290,7 @@ int kvd_op_load(kvd *d, kvd_sink *sink, const kv_msg *req, kv_buf *out, int fd_o
   if (rc) return kvd_fail(out, req, rc, NULL);
   if (br->tier == KV_G1 && s->g1pool < 0)
     return kvd_fail(out, req, -ENODEV,
-                    !d->core.ng1 ? (d->g1.reason[0] ? d->g1.reason : "G1 is off")
+                    !kv_core_g1_pools(d->core) ? (d->g1.reason[0] ? d->g1.reason : "G1 is off")
                                  : "this session has no G1 pool (G1_SELECT named a device without one)");
   if (br->tier == KV_G1) s->g1_loaded = 1;
   return load_keys(d, sink, req, br->keys.n, br->tier, out);
@@ -355,8 +355,8 @@ int kvd_op_prefetch(kvd *d, kvd_sink *sink, const kv_msg *req, kv_buf *out, int 
   uint32_t core_ns = (uint32_t)kvd_registry_ns(&d->reg, sink->sess->ns)->core_ns;
   uint32_t queued = 0;
   for (uint32_t i = 0; i < br->keys.n; i++) {
-    kv_block *b = kv_core_find(&d->core, core_ns, &d->keys[i]);
-    if (b && kv_core_promote(&d->core, b, NULL, NULL) == 0) queued++;
+    kv_block *b = kv_core_find(d->core, core_ns, &d->keys[i]);
+    if (b && kv_core_promote(d->core, b, NULL, NULL) == 0) queued++;
   }
   kv_msg m = kvd_reply_to(req);
   m.prefetch_queued = queued;

@@ -247,7 +247,7 @@ static uint32_t sweep(kvd_registry *r, int t) {
   uint32_t freed = 0;
   for (uint32_t i = 0; i < r->nns; i++)
     if (t < 0 || r->ns[i].tenant == (uint32_t)t) freed += (uint32_t)ns_try_free(r, i);
-  if (t < 0) r->swept_at = r->core->ns_emptied;
+  if (t < 0) r->swept_at = kv_core_ns_emptied(r->core);
   return freed;
 }
 
@@ -262,7 +262,7 @@ static void ratelog_flush(kvd_ratelog *l, const char *what) {
 uint32_t kvd_registry_sweep(kvd_registry *r) {
   ratelog_flush(&r->hello_log, "HELLO(s) refused");
   ratelog_flush(&r->ns_log, "new namespace(s) refused");
-  return r->swept_at == r->core->ns_emptied ? 0 : sweep(r, -1);
+  return r->swept_at == kv_core_ns_emptied(r->core) ? 0 : sweep(r, -1);
 }
 
 void kvd_registry_release(kvd_registry *r, int ns) {
@@ -356,7 +356,9 @@ int kvd_registry_hello(kvd_registry *r, const kv_hello_req *h, const kvd_peer *p
   n->core_ns = core_ns;
   n->tenant = (uint32_t)t;
   n->block_bytes = l->block_bytes;
-  n->slot_bytes = a->cls[r->core->ns[core_ns].cls].slot_bytes;
+  kv_core_ns_info ni;
+  kv_core_ns_info_get(r->core, (uint32_t)core_ns, &ni);
+  n->slot_bytes = a->cls[ni.cls].slot_bytes;
   n->tp_rank = l->tp_rank;
   n->tp_size = l->tp_size;
   n->sessions = 1;

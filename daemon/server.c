@@ -69,7 +69,7 @@ static void conn_close(kvd_conn *c, const char *why) {
   kvd_sink_put(c->sink);
   kvd *d = c->srv->d;
   uint64_t pins = 0, allocs = 0;
-  kvd_session_close(&d->core, &c->sess, &pins, &allocs);
+  kvd_session_close(d->core, &c->sess, &pins, &allocs);
   kvd_registry_release(&d->reg, c->sess.ns); /* freed if nothing of it is left */
   d->st.pins_released_on_close += pins;
   d->st.allocs_aborted_on_close += allocs;

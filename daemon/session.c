@@ -76,14 +76,14 @@ void kvd_session_close(kv_core *c, kvd_session *s, uint64_t *pins, uint64_t *all
   if (s->pins.k) {
     for (uint32_t i = 0; i <= s->pins.mask; i++) {
       if (s->pins.k[i] == U32MAP_EMPTY) continue;
-      kv_core_unpin(c, kv_index_at(&c->ix, s->pins.k[i]));
+      kv_core_unpin(c, kv_index_at(kv_core_index(c), s->pins.k[i]));
       np += s->pins.v[i];
     }
   }
   if (s->allocs.k) {
     for (uint32_t i = 0; i <= s->allocs.mask; i++) {
       if (s->allocs.k[i] == U32MAP_EMPTY) continue;
-      kv_block *b = kv_index_at(&c->ix, s->allocs.k[i]);
+      kv_block *b = kv_index_at(kv_core_index(c), s->allocs.k[i]);
       if (b && b->state == KV_BS_WRITING && kv_core_abort(c, b) == 0) na++;
     }
   }

@@ -78,14 +78,13 @@ int kvd_metrics_init(kvd *d) {
   memset(&d->m, 0, sizeof d->m);
   int rc = kvd_ghost_init(&d->m.ghost, GHOST_SLOTS);
   if (rc) return rc;
-  d->core.adm.on_copy = on_copy;
-  d->core.adm.on_copy_arg = d;
-  kv_core_sample(&d->core, KV_TIER_NONE, KV_NS_ANY, remember, d); /* warm blocks from G3 */
+  kv_core_on_copy(d->core, on_copy, d);
+  kv_core_sample(d->core, KV_TIER_NONE, KV_NS_ANY, remember, d); /* warm blocks from G3 */
   return 0;
 }
 
 void kvd_metrics_fini(kvd *d) {
-  d->core.adm.on_copy = NULL;
+  kv_core_on_copy(d->core, NULL, NULL);
   kvd_ghost_fini(&d->m.ghost);
 }
 
@@ -109,7 +108,7 @@ static int held_elsewhere(kvd *d, int reg_ns, const kv_key *key) {
   for (uint32_t i = 0; i < n; i++) {
     const kvd_ns *o = &d->reg.ns[i];
     if (o->core_ns < 0 || o->tenant == me->tenant) continue; /* free, or the same tenant */
-    if (kv_core_find(&d->core, (uint32_t)o->core_ns, key)) return 1;
+    if (kv_core_find(d->core, (uint32_t)o->core_ns, key)) return 1;
   }
   return 0;
 }
@@ -136,11 +135,12 @@ int kvd_ns_by_hex(kvd *d, const char *hex, uint32_t *core_ns) {
   for (size_t i = 0; i < n; i++)
     if (kv_hex_digit((unsigned char)hex[i]) < 0) return -EINVAL;
   int found = -1;
-  for (uint32_t i = 0; i < d->core.nns; i++) {
-    const kv_core_ns *cn = &d->core.ns[i];
-    if (!cn->has_digest) continue;
+  for (uint32_t i = 0; i < kv_core_ns_count(d->core); i++) {
+    kv_core_ns_info cn;
+    kv_core_ns_info_get(d->core, i, &cn);
+    if (!cn.digest) continue;
     char h[2 * KV_G3_NS_BYTES + 1];
-    kv_hex_encode(cn->digest, KV_G3_NS_BYTES, h);
+    kv_hex_encode(cn.digest, KV_G3_NS_BYTES, h);
     if (strncasecmp(h, hex, n)) continue;
     if (found >= 0) return -EEXIST;
     found = (int)i;
@@ -175,16 +175,16 @@ static void add_arena(tier_view *v, const kv_arena *a, uint64_t limit) {
 static void take(kvd *d, snapshot *s) {
   memset(s, 0, sizeof *s);
   s->t[KV_G1].state = "off";
-  if (d->core.ng1) {
+  if (kv_core_g1_pools(d->core)) {
     tier_view *g1 = &s->t[KV_G1];
     g1->enabled = 1;
-    for (uint32_t p = 0; p < d->core.ng1; p++) add_arena(g1, d->core.g1[p], 0);
+    for (uint32_t p = 0; p < kv_core_g1_pools(d->core); p++) add_arena(g1, kv_core_g1_arena(d->core, p), 0);
     g1->state = g1->used >= g1->capacity ? "full" : "ok";
   }
   tier_view *g2 = &s->t[KV_G2];
   g2->enabled = 1;
   for (uint32_t i = 0; i < d->reg.ntenants; i++)
-    add_arena(g2, &d->reg.tenants[i].arena, d->core.adm.limit[KV_G2]);
+    add_arena(g2, &d->reg.tenants[i].arena, kv_core_limit(d->core, KV_G2));
   g2->state = g2->capacity && g2->used >= g2->capacity ? "full" : "ok";
   tier_view *g3 = &s->t[KV_G3];
   s->g3_state = -1;
@@ -195,18 +195,21 @@ static void take(kvd *d, snapshot *s) {
     s->g3_state = (int)s->gs.state;
     g3->state = kv_g3_state_name(s->gs.state);
     g3->capacity = s->gs.capacity_bytes;
-    if (d->core.adm.limit[KV_G3] && d->core.adm.limit[KV_G3] < g3->capacity)
-      g3->capacity = d->core.adm.limit[KV_G3];
+    if (kv_core_limit(d->core, KV_G3) && kv_core_limit(d->core, KV_G3) < g3->capacity)
+      g3->capacity = kv_core_limit(d->core, KV_G3);
     g3->used = s->gs.stored_bytes;
     g3->blocks = s->gs.slots_stored;
   }
+  kv_core_stats_t cs;
+  kv_core_stats(d->core, &cs);
   for (int t = 0; t < KV_NTIERS; t++) {
-    s->t[t].hits = d->core.st.hits[t];
-    s->t[t].evictions = d->core.st.evictions[t];
+    s->t[t].hits = cs.hits[t];
+    s->t[t].evictions = cs.evictions[t];
   }
   uint64_t seen = 0;
-  for (kv_bid id = 0; id < d->core.ix.hiwater && seen < d->core.ix.count; id++) {
-    const kv_block *b = kv_index_at(&d->core.ix, id);
+  const kv_index *ix = kv_core_index(d->core);
+  for (kv_bid id = 0; id < ix->hiwater && seen < ix->count; id++) {
+    const kv_block *b = kv_index_at(ix, id);
     if (b->state == KV_BS_FREE) continue;
     seen++;
     s->pinned += b->pins > 0;
@@ -257,7 +260,9 @@ static int histogram(kv_buf *out, const char *name, const char *label, const cha
 int kvd_render_metrics(kvd *d, kv_buf *out) {
   snapshot s;
   take(d, &s);
-  const kv_core_stats *c = &d->core.st;
+  kv_core_stats_t cs;
+  kv_core_stats(d->core, &cs);
+  const kv_core_stats_t *c = &cs;
 #ifdef KV_HAVE_CUDA
   const char *cuda = "yes";
 #else
@@ -442,12 +447,12 @@ int kvd_render_metrics(kvd *d, kv_buf *out) {
   P("kvcached_g1_selects_total{result=\"none\"} %llu\n", U(g1->selects[1]));
   H("kvcached_g1_copies_total", "counter",
     "Block copies between G1 and G2 that completed: load (G2->G1, for a LOAD to G1) and writeback (a G1 victim not in G2).");
-  P("kvcached_g1_copies_total{dir=\"load\"} %llu\n", U(d->core.st.g1_loads));
-  P("kvcached_g1_copies_total{dir=\"writeback\"} %llu\n", U(d->core.st.g1_writebacks));
+  P("kvcached_g1_copies_total{dir=\"load\"} %llu\n", U(c->g1_loads));
+  P("kvcached_g1_copies_total{dir=\"writeback\"} %llu\n", U(c->g1_writebacks));
   H("kvcached_g1_copy_failures_total", "counter",
     "Block copies between G1 and G2 the device failed (a failed load is answered from G2; a failed write-back keeps the G1 copy).");
-  P("kvcached_g1_copy_failures_total{dir=\"load\"} %llu\n", U(d->core.st.g1_load_failed));
-  P("kvcached_g1_copy_failures_total{dir=\"writeback\"} %llu\n", U(d->core.st.g1_writeback_failed));
+  P("kvcached_g1_copy_failures_total{dir=\"load\"} %llu\n", U(c->g1_load_failed));
+  P("kvcached_g1_copy_failures_total{dir=\"writeback\"} %llu\n", U(c->g1_writeback_failed));
   H("kvcached_g1_submissions_total", "counter",
     "Submissions to the devices' copy engines: the copies queued in one turn of the loop go as one per direction and device.");
   P("kvcached_g1_submissions_total{dir=\"load\"} %llu\n", U(subs[KV_DEV_H2D]));
@@ -490,10 +495,11 @@ static json_t *tenants_json(kvd *d) {
                           "g2_capacity_bytes", (json_int_t)t->arena.capacity,
                           "g2_used_bytes", (json_int_t)t->arena.used_bytes,
                           "namespaces", (json_int_t)d->reg.tenant_nns[i]);
-    if (d->g3 && d->core.g3_own[i]) {
+    uint64_t share, held;
+    if (d->g3 && kv_core_g3_share_get(d->core, i, &share, &held) == 0) {
       uint64_t sb = kv_g3_slot_bytes(d->g3);
-      json_object_set_new(o, "g3_share_bytes", json_integer((json_int_t)(d->core.g3_own_limit[i] * sb)));
-      json_object_set_new(o, "g3_used_bytes", json_integer((json_int_t)(d->core.g3_own_slots[i] * sb)));
+      json_object_set_new(o, "g3_share_bytes", json_integer((json_int_t)(share * sb)));
+      json_object_set_new(o, "g3_used_bytes", json_integer((json_int_t)(held * sb)));
     }
     json_array_append_new(a, o);
   }
@@ -509,12 +515,14 @@ static json_t *tiers_json(const snapshot *s) {
 
 /* /stats (daemon/OPS.md). */
 static json_t *stats_json(kvd *d, const snapshot *s) {
-  const kv_core_stats *c = &d->core.st;
+  kv_core_stats_t cs;
+  kv_core_stats(d->core, &cs);
+  const kv_core_stats_t *c = &cs;
   json_t *o = json_object();
   json_object_set_new(o, "version", json_string(KV_VERSION));
   json_object_set_new(o, "pid", json_integer(getpid()));
   json_object_set_new(o, "uptime_s", json_integer((json_int_t)uptime_s(d)));
-  json_object_set_new(o, "policy", json_pack("{s:s,s:s}", "eviction", d->core.policy->name,
+  json_object_set_new(o, "policy", json_pack("{s:s,s:s}", "eviction", kv_core_policy_name(d->core),
                                              "admission", kv_config_enum_name("g3.admit", d->cfg.g3_admit)));
   json_object_set_new(o, "tiers", tiers_json(s));
   json_t *m = json_object();
@@ -576,7 +584,9 @@ static json_t *status_json(kvd *d, const snapshot *s) {
                                              "used_bytes", (json_int_t)a->used_bytes,
                                              "locked", a->locked));
   }
-  const kv_core_stats *c = &d->core.st;
+  kv_core_stats_t cs;
+  kv_core_stats(d->core, &cs);
+  const kv_core_stats_t *c = &cs;
   uint64_t misses = 0; /* every reason, as kvcached_misses_total counts them */
   for (int i = 0; i < KVD_MISS_COUNT; i++) misses += d->m.misses[i];
   json_t *o = json_pack(
@@ -584,13 +594,13 @@ static json_t *status_json(kvd *d, const snapshot *s) {
       "version", KV_VERSION, "uptime_s", (json_int_t)uptime_s(d),
       "sessions", (json_int_t)d->nsessions,
       "g2", "capacity_bytes", (json_int_t)cap, "used_bytes", (json_int_t)used,
-      "blocks", (json_int_t)d->core.ix.count, "tenants", tenants,
+      "blocks", (json_int_t)kv_core_index(d->core)->count, "tenants", tenants,
       "core", "lookups", (json_int_t)c->lookups, "hits_g1", (json_int_t)c->hits[KV_G1],
       "hits_g2", (json_int_t)c->hits[KV_G2], "hits_g3", (json_int_t)c->hits[KV_G3],
       "misses", (json_int_t)misses, "evictions_g2", (json_int_t)c->evictions[KV_G2],
       "allocs", (json_int_t)c->allocs, "commits", (json_int_t)c->commits,
       "aborts", (json_int_t)c->aborts,
-      "policy", d->core.policy->name, "namespaces", (json_int_t)d->reg.nlive);
+      "policy", kv_core_policy_name(d->core), "namespaces", (json_int_t)d->reg.nlive);
   if (o && d->g3) {
     const kv_g3_stats *gs = &s->gs;
     json_object_set_new(o, "g3", json_pack("{s:s,s:I,s:I,s:I,s:I,s:I,s:I,s:I,s:I}",
@@ -656,8 +666,9 @@ static int key_one(const kv_block *b, void *arg) {
   keys_ctx *k = arg;
   char key[2 * KV_KEY_MAX + 1], ns[2 * KV_G3_NS_BYTES + 1] = "";
   kv_hex_encode(b->key, kv_block_keylen(b), key);
-  const kv_core_ns *cn = &k->d->core.ns[b->ns];
-  if (cn->has_digest) kv_hex_encode(cn->digest, KV_G3_NS_BYTES, ns);
+  kv_core_ns_info cn;
+  kv_core_ns_info_get(k->d->core, b->ns, &cn);
+  if (cn.digest) kv_hex_encode(cn.digest, KV_G3_NS_BYTES, ns);
   json_t *tiers = json_array();
   for (int t = 0; t < KV_NTIERS; t++)
     if (b->tiers & KV_TIER_BIT(t)) json_array_append_new(tiers, json_string(tier_names[t]));
@@ -698,7 +709,7 @@ static json_t *keys_json(kvd *d, const kvd_http_req *req, kvd_http_resp *resp) {
     }
   }
   keys_ctx k = {d, json_array(), limit};
-  uint64_t total = kv_core_sample(&d->core, tier, ns, key_one, &k);
+  uint64_t total = kv_core_sample(d->core, tier, ns, key_one, &k);
   return json_pack("{s:I,s:o}", "total", (json_int_t)total, "keys", k.arr);
 }
 
@@ -724,7 +735,7 @@ int kvd_stats_route(kvd *d, const kvd_http_req *req, kvd_http_resp *resp) {
   case 3:
     o = json_object();
     kv_config_foreach(&d->cfg, config_one, o);
-    json_object_set_new(o, "cache.policy", json_string(d->core.policy->name));
+    json_object_set_new(o, "cache.policy", json_string(kv_core_policy_name(d->core)));
     break;
   case 4:
     o = keys_json(d, req, resp);

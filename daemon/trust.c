@@ -16,7 +16,7 @@
 /* b's G2 copy against its committed CRC: 1 fails, 0 holds, -1 no copy to check. */
 static int g2_fails(kvd *d, const kv_block *b, uint32_t *now) {
   if (b->state != KV_BS_READY || !(b->tiers & KV_TIER_BIT(KV_G2))) return -1;
-  const void *p = kv_core_g2_ptr(&d->core, b);
+  const void *p = kv_core_g2_ptr(d->core, b);
   if (!p) return -1;
   *now = kv_crc32c(0, p, b->size);
   return *now != b->crc;
@@ -24,7 +24,7 @@ static int g2_fails(kvd *d, const kv_block *b, uint32_t *now) {
 
 /* Drops b's G2 and G1 copies if nothing holds them. 1 dropped, 0 not yet. */
 static int drop(kvd *d, kv_block *b) {
-  if (kv_core_drop(&d->core, b, BAD_COPIES) != 0) return 0;
+  if (kv_core_drop(d->core, b, BAD_COPIES) != 0) return 0;
   d->trust.dropped++;
   return 1;
 }
@@ -100,7 +100,7 @@ void kvd_trust_sweep(kvd *d) {
   kvd_trust *t = &d->trust;
   for (uint32_t i = 0; i < t->npend;) {
     kvd_suspect *s = &t->pend[i];
-    kv_block *b = kv_index_find(&d->core.ix, s->core_ns, s->key.b, s->key.len);
+    kv_block *b = kv_index_find(kv_core_index(d->core), s->core_ns, s->key.b, s->key.len);
     int gone = !b || b->state != KV_BS_READY || b->crc != s->crc || !(b->tiers & BAD_COPIES);
     if (gone || drop(d, b)) {
       if (!gone) {

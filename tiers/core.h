@@ -17,6 +17,11 @@
  * to the demotion callback (the G3 tier, when there is one), which either
  * finishes at once, starts an asynchronous copy (the slot stays busy until
  * kv_core_demote_done()), or refuses, and then the block is dropped.
+ *
+ * The core is opaque: made by kv_core_new(), read through the accessors
+ * below ("what the core shows its owner"). Its structure and the helpers
+ * its files share (core.c, core_g1.c, core_g3.c, core_admin.c) are in
+ * core_int.h, for those files only.
  */
 #ifndef KV_TIERS_CORE_H
 #define KV_TIERS_CORE_H
@@ -26,7 +31,6 @@
 #include "tiers/arena.h"
 #include "tiers/block.h"
 #include "tiers/g3.h"
-#include "tiers/evict.h"
 #include "tiers/index.h"
 
 typedef struct kv_core kv_core;
@@ -78,7 +82,7 @@ typedef struct kv_core_g3_opts {
   uint32_t g2_headroom;
 } kv_core_g3_opts;
 
-typedef struct kv_core_stats {
+typedef struct kv_core_stats_t {
   uint64_t lookups;           /* keys looked up */
   uint64_t hits[KV_NTIERS];   /* keys found, by the best tier holding them (kv_core_lookup;
                                * the daemon adds the blocks its LOADs and GETs serve) */
@@ -100,7 +104,7 @@ typedef struct kv_core_stats {
   uint64_t g1_load_failed;    /* ... that the device failed */
   uint64_t g1_writebacks;     /* G1 victims copied down to G2 (G1 -> G2) */
   uint64_t g1_writeback_failed;
-} kv_core_stats;
+} kv_core_stats_t;
 
 /* --- operator operations (tiers/core_admin.c) ---------------------------
  *
@@ -113,12 +117,6 @@ typedef struct kv_core_stats {
  * to completion, and the status (0 or the error). Called on the loop. */
 typedef void (*kv_copy_fn)(void *arg, kv_tier from, kv_tier to, uint32_t bytes,
                            uint64_t ns, int status);
-
-typedef struct kv_core_admin {
-  uint64_t limit[KV_NTIERS]; /* soft limit in bytes per arena (G2) or store (G3); 0: none */
-  kv_copy_fn on_copy;        /* NULL: none */
-  void *on_copy_arg;
-} kv_core_admin;
 
 #define KV_NS_ANY UINT32_MAX /* filter: every namespace */
 
@@ -190,73 +188,6 @@ int kv_core_g3_share(kv_core *c, unsigned owner, uint64_t bytes);
  * namespace or owner, or ns has an owner already). */
 int kv_core_ns_owner(kv_core *c, uint32_t ns, unsigned owner);
 
-/* Internal to the core's files (core.c exports them for core_admin.c). */
-int kv_core__evict_block(kv_core *c, kv_block *v, kv_tier t);
-void kv_core__drop_tier(kv_core *c, kv_block *b, kv_tier t);
-typedef struct kv_core_ns kv_core_ns;
-int kv_core__class(kv_core *c, kv_arena *arena, uint32_t block_bytes, kv_tier t);
-void kv_core__set_valid(kv_core *c, kv_block *b, kv_tier t);
-void kv_core__sync_all(kv_core *c, kv_block *b);
-void kv_core__reap(kv_core *c, kv_block *b);
-/* Tells kv_core_admin.on_copy of a copy started at t0 (kv_now_ns). */
-void kv_core__copied(kv_core *c, kv_tier from, kv_tier to, uint32_t bytes, uint64_t t0,
-                     int status);
-/* The policy ranking namespace ns's blocks in tier t (for G1: in G1 pool
- * `pool`; ignored for the other tiers), or NULL. */
-kv_evict *kv_core__policy(kv_core *c, uint32_t ns, kv_tier t, unsigned pool);
-/* The policy that ranks b in tier t (for G1, that of b's pool), or NULL. */
-kv_evict *kv_core__policy_of(kv_core *c, const kv_block *b, kv_tier t);
-/* The next G3 victim across G3's policies (see "G3 shares"), or NULL. */
-kv_block *kv_core__g3_victim(kv_core *c);
-/* G3's policy instances (the shared one, then the owners'); returns how
- * many, at most max. */
-uint32_t kv_core__g3_policies(kv_core *c, kv_evict **out, uint32_t max);
-int kv_core__alloc_g2_slot(kv_core *c, kv_core_ns *n, uint32_t *slot);
-
-struct kv_core_ns {
-  kv_arena *arena;      /* NULL while dormant (known from G3, no HELLO yet) */
-  int cls;              /* arena size class of its blocks */
-  int g1cls1[KV_G1_POOLS_MAX]; /* 1 + its class in each G1 pool; 0 until first needed */
-  uint32_t block_bytes;
-  int live;
-  int has_digest;
-  uint8_t digest[KV_G3_NS_BYTES]; /* identity across restarts (G3 records) */
-  int owner;            /* its G3 share's owner; -1: none */
-  uint32_t g3_slots;    /* G3 slots its blocks hold (written or being written) */
-  uint32_t nblocks;     /* index records of its blocks, in any state and tier */
-  uint32_t next_free1;  /* while freed: 1 + the next freed id, 0 for none */
-};
-
-struct kv_core {
-  kv_index ix;
-  const kv_evict_ops *policy;
-  uint64_t clock;       /* logical time: one tick per access */
-  kv_core_ns *ns;
-  uint32_t nns, capns;  /* ids 0..nns-1 given out, freed ones included */
-  uint32_t ns_free1;    /* 1 + the first freed id (reused first), 0 for none */
-  uint32_t nfree;       /* freed ids */
-  uint64_t ns_emptied;  /* times a namespace's last block went */
-  kv_arena **g2a;       /* the G2 arenas whose classes have policies of the core */
-  uint32_t ng2a, capg2a;
-  kv_demote_fn demote;
-  void *demote_arg;
-  uint32_t demoting;    /* asynchronous demotions in flight */
-  kv_core_stats st;
-  kv_g3 *g3;            /* NULL: no SSD tier */
-  kv_evict g3_evict;    /* G3's policy (one slot size) for blocks of no owner ("G3 shares") */
-  kv_core_g3_opts g3o;
-  uint64_t g3_seq;      /* last sequence number written to G3 */
-  kv_evict *g3_own[KV_CORE_OWNERS_MAX];     /* each owner's G3 policy; NULL: no share */
-  uint64_t g3_own_slots[KV_CORE_OWNERS_MAX]; /* G3 slots its namespaces hold */
-  uint64_t g3_own_limit[KV_CORE_OWNERS_MAX]; /* its share, in slots */
-  kv_core_admin adm;    /* operator state: limits, copy observer (core_admin.c) */
-  uint32_t ng1;         /* G1 pools attached (0: no GPU tier) */
-  kv_arena *g1[KV_G1_POOLS_MAX]; /* the slots of each pool */
-  void *g1_arg[KV_G1_POOLS_MAX]; /* the mover's arg for each */
-  kv_g1_copy_fn g1_copy;
-  uint32_t g1_writing;  /* G1 -> G2 write-backs in flight */
-};
-
 /* --- the GPU tier (tiers/core_g1.c) -------------------------------------
  *
  * G1 is one pool per device, whose slots the core hands out like G2's (an
@@ -301,19 +232,17 @@ int kv_core_promote_g1(kv_core *c, kv_block *b, unsigned pool, kv_promote_cb cb,
 void kv_core_g1_done(kv_core *c, uint64_t tag, int status);
 
 /* The device address of b's G1 slot (in its pool), or NULL. */
-static inline void *kv_core_g1_ptr(const kv_core *c, const kv_block *b) {
-  if (b->slot[KV_G1] == KV_SLOT_NONE || kv_g1_pool_of(b->slot[KV_G1]) >= c->ng1) return 0;
-  return kv_arena_ptr(c->g1[kv_g1_pool_of(b->slot[KV_G1])], kv_g1_slot_of(b->slot[KV_G1]));
-}
+void *kv_core_g1_ptr(const kv_core *c, const kv_block *b);
 /* b's offset in its G1 pool (b must have a G1 slot). */
 static inline uint64_t kv_core_g1_offset(const kv_block *b) {
   return kv_arena_offset(kv_g1_slot_of(b->slot[KV_G1]));
 }
 
-/* 0, -EINVAL (unknown policy name) or -ENOMEM. */
-int kv_core_init(kv_core *c, const kv_core_opts *o);
-/* Frees the index and the policies. Arenas belong to the caller. */
-void kv_core_fini(kv_core *c);
+/* Makes a core into *out. 0, -EINVAL (unknown policy name) or -ENOMEM. */
+int kv_core_new(kv_core **out, const kv_core_opts *o);
+/* Frees the core, its index and its policies (NULL: nothing). Arenas
+ * belong to the caller. */
+void kv_core_free(kv_core *c);
 
 /* Registers a namespace whose blocks are `block_bytes` long and live in
  * `arena`. Returns its id (>= 0; an id freed by kv_core_ns_free may come
@@ -328,12 +257,10 @@ int kv_core_ns_register(kv_core *c, kv_arena *arena, uint32_t block_bytes);
 int kv_core_ns_free(kv_core *c, uint32_t ns);
 
 /* Index records of namespace ns (0 for an id not in use). */
-static inline uint32_t kv_core_ns_blocks(const kv_core *c, uint32_t ns) {
-  return ns < c->nns ? c->ns[ns].nblocks : 0;
-}
+uint32_t kv_core_ns_blocks(const kv_core *c, uint32_t ns);
 
 /* Whether a new namespace id is free (KV_NS_MAX ids, freed ones reused). */
-static inline int kv_core_ns_room(const kv_core *c) { return c->nfree || c->nns < KV_NS_MAX; }
+int kv_core_ns_room(const kv_core *c);
 
 /* As kv_core_ns_register(), for a namespace with a stable identity: G3
  * records carry the digest, so blocks found on the SSD at start-up are
@@ -420,9 +347,67 @@ void kv_core_demote_done(kv_core *c, kv_block *b, kv_tier from, int ok);
  * 0, KV_EALLPINNED (nothing evictable) or -EAGAIN (demotion started). */
 int kv_core_evict_g2(kv_core *c, uint32_t ns);
 
-static inline void *kv_core_g2_ptr(const kv_core *c, const kv_block *b) {
-  if (b->slot[KV_G2] == KV_SLOT_NONE) return 0;
-  return kv_arena_ptr(c->ns[b->ns].arena, b->slot[KV_G2]);
-}
+/* The address of b's G2 slot, or NULL. */
+void *kv_core_g2_ptr(const kv_core *c, const kv_block *b);
+
+/* --- what the core shows its owner ---------------------------------------
+ *
+ * Read-only views for statistics and the operator surface, plus the few
+ * settings the daemon changes while running.
+ */
+
+/* A snapshot of the core's counters. */
+void kv_core_stats(const kv_core *c, kv_core_stats_t *out);
+
+/* Counts a hit of tier t that the caller served (kv_core_stats_t.hits). */
+void kv_core_count_hit(kv_core *c, kv_tier t);
+
+/* The block index: records by key or id, and its counts (index.h). */
+kv_index *kv_core_index(kv_core *c);
+
+/* The name of the eviction policy in use. */
+const char *kv_core_policy_name(const kv_core *c);
+
+/* The soft limit on tier t's bytes (kv_core_set_limit; 0: none). */
+uint64_t kv_core_limit(const kv_core *c, kv_tier t);
+
+/* Sets the observer of copies between tiers (NULL: none). */
+void kv_core_on_copy(kv_core *c, kv_copy_fn fn, void *arg);
+
+/* G3's options (kv_core_attach_g3, kv_core_set_admit). */
+kv_core_g3_opts kv_core_g3_options(const kv_core *c);
+
+/* Changes G3's admission policy (kv_core_g3_opts.admit, .min_prio). */
+void kv_core_set_admit(kv_core *c, kv_admit admit, uint8_t min_prio);
+
+/* Times a namespace's last block went: it changes when a namespace may
+ * have become empty. */
+uint64_t kv_core_ns_emptied(const kv_core *c);
+
+/* Namespace ids given out so far, freed ones included: ids are below it. */
+uint32_t kv_core_ns_count(const kv_core *c);
+
+typedef struct kv_core_ns_info {
+  kv_arena *arena;      /* NULL while dormant (known from G3, no HELLO yet) */
+  int cls;              /* arena size class of its blocks */
+  uint32_t block_bytes;
+  int live;             /* 0: the id is free */
+  int owner;            /* its G3 share's owner; -1: none */
+  uint32_t g3_slots;    /* G3 slots its blocks hold (written or being written) */
+  uint32_t nblocks;     /* index records of its blocks, in any state and tier */
+  const uint8_t *digest; /* identity across restarts (KV_G3_NS_BYTES), or NULL */
+} kv_core_ns_info;
+
+/* What the core knows of namespace ns. 0, or -EINVAL (id never given). */
+int kv_core_ns_info_get(const kv_core *c, uint32_t ns, kv_core_ns_info *out);
+
+/* G1 pools attached (0: no GPU tier), and pool p's arena (NULL past them). */
+uint32_t kv_core_g1_pools(const kv_core *c);
+kv_arena *kv_core_g1_arena(const kv_core *c, unsigned p);
+
+/* Owner's G3 share and the G3 slots its namespaces hold, in slots. 0, or
+ * -ENOENT when owner has no share (or there is no G3). */
+int kv_core_g3_share_get(const kv_core *c, unsigned owner, uint64_t *limit_slots,
+                         uint64_t *used_slots);
 
 #endif

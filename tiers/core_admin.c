@@ -14,7 +14,7 @@
 #include <string.h>
 
 #include "base/log.h"
-#include "tiers/core.h"
+#include "tiers/core_int.h"
 
 /* Block ids of every record for which keep(b) holds; *out is malloc'd. */
 static int64_t collect(kv_core *c, int (*keep)(const kv_block *b, const void *arg),

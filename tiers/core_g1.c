@@ -6,7 +6,7 @@
 #include "base/log.h"
 #include "base/clock.h"
 #include "base/errors.h"
-#include "tiers/core.h"
+#include "tiers/core_int.h"
 
 /* One copy in flight; its address is the tag the mover gets back. */
 typedef struct g1_op {

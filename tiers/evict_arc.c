@@ -23,7 +23,7 @@
 #include <errno.h>
 #include <stdlib.h>
 
-#include "tiers/evict.h"
+#include "tiers/evict_impl.h"
 
 enum { Q_T1 = 1, Q_T2 = 2 };
 

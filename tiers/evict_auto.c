@@ -52,7 +52,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "tiers/evict.h"
+#include "tiers/evict_impl.h"
 
 extern const kv_evict_ops kv_evict_lru_ops;
 extern const kv_evict_ops kv_evict_tinylfu_ops;

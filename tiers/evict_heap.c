@@ -13,6 +13,7 @@
  *
  * All put the priority class in the top byte of the score, so a lower
  * class always goes first. b->hpos[tier] is the block's heap position.
+ * The heap itself (evict_heap.h) is also the base of reuse (evict_reuse.c).
  *
  * The heap of lru and lru2 is 4 bytes per held block, the block's id: their
  * score is a function of the record (class, access times, hits), so it is
@@ -24,62 +25,36 @@
 #include <errno.h>
 #include <stdlib.h>
 
-#include "tiers/evict.h"
+#include "tiers/evict_heap.h"
 
-typedef struct heap heap;
-struct heap {
-  kv_bid *v;     /* the heap, by block id */
-  uint64_t *key; /* lfuda: the stored score of v[i]; NULL: scored from the record */
-  uint32_t n, cap;
-  uint64_t age; /* lfuda: the score of the last block offered as victim */
-  uint64_t (*score)(const heap *h, const kv_block *b);
-  kv_seen *seen;  /* reuse: its victims lately; NULL for the others */
-  struct lru2_times { uint64_t last, prev; } *t; /* lru2: by block id, the last two access times */
-  uint32_t nids;                                 /* lru2: ids covered by t */
-  kv_bid offered; /* reuse: the last block peek offered */
-  kv_bid newest;  /* reuse: the last block added */
-};
-
-#define TIME_MASK ((1ull << 55) - 1)
-
-static uint64_t score_lru(const heap *h, const kv_block *b) {
-  return ((uint64_t)b->prio << 56) | (b->atime & TIME_MASK);
+static uint64_t score_lru(const kv_heap *h, const kv_block *b) {
+  return ((uint64_t)b->prio << 56) | (b->atime & KV_HEAP_TIME_MASK);
 }
 
-static uint64_t score_lru2(const heap *h, const kv_block *b) {
+static uint64_t score_lru2(const kv_heap *h, const kv_block *b) {
   uint64_t seen_twice = b->hits >= 2;
   uint64_t t = seen_twice ? h->t[b->id].prev : b->atime;
-  return ((uint64_t)b->prio << 56) | (seen_twice << 55) | (t & TIME_MASK);
-}
-
-static uint64_t score_reuse(const heap *h, const kv_block *b) {
-  uint64_t again = b->hits >= 2;
-  return ((uint64_t)b->prio << 56) | (again << 55) | (b->atime & TIME_MASK);
+  return ((uint64_t)b->prio << 56) | (seen_twice << 55) | (t & KV_HEAP_TIME_MASK);
 }
 
 /* LFU with dynamic aging (Arlitt et al.): hits plus the age of the cache
  * when the block was last used, so old popularity fades. */
-static uint64_t score_lfuda(const heap *h, const kv_block *b) {
-  return ((uint64_t)b->prio << 56) | ((h->age + b->hits) & TIME_MASK);
+static uint64_t score_lfuda(const kv_heap *h, const kv_block *b) {
+  return ((uint64_t)b->prio << 56) | ((h->age + b->hits) & KV_HEAP_TIME_MASK);
 }
 
-/* The score of the entry at i. */
-static inline uint64_t key_at(const kv_evict *e, const heap *h, uint32_t i) {
-  return h->key ? h->key[i] : h->score(h, kv_index_at(e->ix, h->v[i]));
-}
-
-static inline void place(kv_evict *e, heap *h, uint32_t i, kv_bid bid, uint64_t key) {
+static inline void place(kv_evict *e, kv_heap *h, uint32_t i, kv_bid bid, uint64_t key) {
   h->v[i] = bid;
   if (h->key) h->key[i] = key;
   kv_index_at(e->ix, bid)->hpos[e->tier] = i;
 }
 
 /* Moves the entry at i (score k) up to its place. */
-static uint32_t sift_up(kv_evict *e, heap *h, uint32_t i, uint64_t k) {
+static uint32_t sift_up(kv_evict *e, kv_heap *h, uint32_t i, uint64_t k) {
   kv_bid x = h->v[i];
   while (i > 0) {
     uint32_t p = (i - 1) / 2;
-    uint64_t pk = key_at(e, h, p);
+    uint64_t pk = kv_heap_key(e, h, p);
     if (pk <= k) break;
     place(e, h, i, h->v[p], pk);
     i = p;
@@ -89,17 +64,17 @@ static uint32_t sift_up(kv_evict *e, heap *h, uint32_t i, uint64_t k) {
 }
 
 /* Moves the entry at i (score k) down to its place. */
-static void sift_down(kv_evict *e, heap *h, uint32_t i, uint64_t k) {
+static void sift_down(kv_evict *e, kv_heap *h, uint32_t i, uint64_t k) {
   kv_bid x = h->v[i];
   for (;;) {
     uint32_t l = 2 * i + 1, m = i;
     uint64_t mk = k;
     if (l < h->n) {
-      uint64_t lk = key_at(e, h, l);
+      uint64_t lk = kv_heap_key(e, h, l);
       if (lk < mk) m = l, mk = lk;
     }
     if (l + 1 < h->n) {
-      uint64_t rk = key_at(e, h, l + 1);
+      uint64_t rk = kv_heap_key(e, h, l + 1);
       if (rk < mk) m = l + 1, mk = rk;
     }
     if (m == i) break;
@@ -110,36 +85,24 @@ static void sift_down(kv_evict *e, heap *h, uint32_t i, uint64_t k) {
 }
 
 /* Restores the heap around i, whose score is now k (either way). */
-static void resift(kv_evict *e, heap *h, uint32_t i, uint64_t k) {
+static void resift(kv_evict *e, kv_heap *h, uint32_t i, uint64_t k) {
   uint32_t j = sift_up(e, h, i, k);
   if (j == i) sift_down(e, h, i, k);
 }
 
-static int heap_init(kv_evict *e, uint64_t (*score)(const heap *, const kv_block *)) {
-  heap *h = kv_meta_calloc(1, sizeof *h);
+int kv_heap_init(kv_evict *e, uint64_t (*score)(const kv_heap *, const kv_block *)) {
+  kv_heap *h = kv_meta_calloc(1, sizeof *h);
   if (!h) return -ENOMEM;
   h->score = score;
   e->priv = h;
   return 0;
 }
-static int init_lru(kv_evict *e) { return heap_init(e, score_lru); }
-static int init_lru2(kv_evict *e) { return heap_init(e, score_lru2); }
-static int init_lfuda(kv_evict *e) { return heap_init(e, score_lfuda); }
-static int init_reuse(kv_evict *e) {
-  if (heap_init(e, score_reuse)) return -ENOMEM;
-  heap *h = e->priv;
-  h->offered = h->newest = KV_BID_NONE;
-  h->seen = kv_meta_calloc(1, sizeof *h->seen);
-  if (!h->seen) {
-    kv_meta_free(h);
-    e->priv = NULL;
-    return -ENOMEM;
-  }
-  return 0;
-}
+static int init_lru(kv_evict *e) { return kv_heap_init(e, score_lru); }
+static int init_lru2(kv_evict *e) { return kv_heap_init(e, score_lru2); }
+static int init_lfuda(kv_evict *e) { return kv_heap_init(e, score_lfuda); }
 
-static void heap_fini(kv_evict *e) {
-  heap *h = e->priv;
+void kv_heap_fini(kv_evict *e) {
+  kv_heap *h = e->priv;
   if (h) {
     kv_meta_free(h->v), kv_meta_free(h->key);
     kv_meta_free(h->t);
@@ -151,7 +114,7 @@ static void heap_fini(kv_evict *e) {
 
 /* Room for one more entry: grows by a quarter (at least 256), so a heap
  * is never more than a fifth empty once it has grown. */
-static int heap_reserve(heap *h) {
+static int heap_reserve(kv_heap *h) {
   if (h->n < h->cap) return 0;
   uint64_t want = (uint64_t)h->cap + (h->cap / 4 > 256 ? h->cap / 4 : 256);
   if (want > UINT32_MAX) return -ENOMEM;
@@ -168,8 +131,8 @@ static int heap_reserve(heap *h) {
   return 0;
 }
 
-static int heap_add(kv_evict *e, kv_block *b) {
-  heap *h = e->priv;
+int kv_heap_add(kv_evict *e, kv_block *b) {
+  kv_heap *h = e->priv;
   if (heap_reserve(h)) return -ENOMEM;
   uint32_t i = h->n++;
   h->v[i] = b->id;
@@ -178,33 +141,33 @@ static int heap_add(kv_evict *e, kv_block *b) {
   return 0;
 }
 
-static void heap_remove(kv_evict *e, kv_block *b) {
-  heap *h = e->priv;
+void kv_heap_remove(kv_evict *e, kv_block *b) {
+  kv_heap *h = e->priv;
   uint32_t i = b->hpos[e->tier];
   b->hpos[e->tier] = KV_SLOT_NONE;
   e->count--;
   if (--h->n == i) return;
-  uint64_t k = key_at(e, h, h->n);
+  uint64_t k = kv_heap_key(e, h, h->n);
   h->v[i] = h->v[h->n];
   if (h->key) h->key[i] = k;
   resift(e, h, i, k);
 }
 
-static void heap_touch(kv_evict *e, kv_block *b) {
-  heap *h = e->priv;
+void kv_heap_touch(kv_evict *e, kv_block *b) {
+  kv_heap *h = e->priv;
   resift(e, h, b->hpos[e->tier], h->score(h, b));
 }
 
-static kv_block *heap_peek(kv_evict *e) {
-  heap *h = e->priv;
+kv_block *kv_heap_peek(kv_evict *e) {
+  kv_heap *h = e->priv;
   if (!h->n) return NULL;
-  h->age = key_at(e, h, 0) & TIME_MASK;
+  h->age = kv_heap_key(e, h, 0) & KV_HEAP_TIME_MASK;
   return kv_index_at(e->ix, h->v[0]);
 }
 
 /* lru2: records b's access at b->atime, if it is new to the policy.
  * 0 or -ENOMEM. */
-static int lru2_note(heap *h, const kv_block *b) {
+static int lru2_note(kv_heap *h, const kv_block *b) {
   uint32_t had = h->nids;
   if (kv_meta_grow((void **)&h->t, &h->nids, (uint64_t)b->id + 1, sizeof *h->t)) return -ENOMEM;
   for (uint32_t i = had; i < h->nids; i++) h->t[i].last = h->t[i].prev = 0;
@@ -217,87 +180,32 @@ static int lru2_note(heap *h, const kv_block *b) {
 }
 
 static int lru2_add(kv_evict *e, kv_block *b) {
-  heap *h = e->priv;
+  kv_heap *h = e->priv;
   if (b->hits < 2 && b->id < h->nids) h->t[b->id].last = h->t[b->id].prev = 0; /* a new record */
-  return lru2_note(h, b) ? -ENOMEM : heap_add(e, b);
+  return lru2_note(h, b) ? -ENOMEM : kv_heap_add(e, b);
 }
 
 static void lru2_touch(kv_evict *e, kv_block *b) {
   (void)lru2_note(e->priv, b); /* b was added, so its id is covered */
-  heap_touch(e, b);
+  kv_heap_touch(e, b);
 }
 
 static void lru2_seen(kv_evict *e, kv_block *b) {
-  heap *h = e->priv;
+  kv_heap *h = e->priv;
   if (b->id < h->nids) (void)lru2_note(h, b); /* never grows: b was held once, or is new */
-}
-
-/* reuse: the history is sized by the tier's capacity, or while that is
- * unknown by the most blocks held (resized, and so forgotten, as that
- * doubles). A failed resize leaves it empty: the policy is then lru2-like
- * on the core's counts alone, never wrong, only forgetful. */
-static void reuse_size(kv_evict *e, heap *h) {
-  uint32_t want = e->capacity;
-  if (!want) {
-    if (e->count <= h->seen->n * 2 && h->seen->n) return;
-    want = e->count > 1024 ? e->count : 1024;
-  }
-  if (want != h->seen->n) (void)kv_seen_size(h->seen, want);
-}
-
-static int reuse_add(kv_evict *e, kv_block *b) {
-  heap *h = e->priv;
-  reuse_size(e, h);
-  if (b->hits < 2 && kv_seen_has(h->seen, kv_fingerprint(b)))
-    b->hits = 2; /* evicted lately, and back: this is its second use */
-  int rc = heap_add(e, b);
-  if (rc == 0) h->newest = b->id;
-  return rc;
-}
-
-static void reuse_remove(kv_evict *e, kv_block *b) {
-  heap *h = e->priv;
-  if (b->id == h->offered) { /* the victim peek offered: remember its key */
-    kv_seen_add(h->seen, kv_fingerprint(b));
-    h->offered = KV_BID_NONE;
-  }
-  heap_remove(e, b);
-}
-
-/* The newest block is offered only when no other block of its priority
- * class is held: it is the leaf a chain being stored grows from (the core
- * stores a chain a block at a time), and once-used blocks rank first, so
- * without this rule a tier full of blocks used again would cut every new
- * chain at its first block. The next best is the smaller of the root's
- * children, if it is of the same priority class (a lower class always goes
- * first). */
-static kv_block *reuse_peek(kv_evict *e) {
-  heap *h = e->priv;
-  kv_block *b = heap_peek(e);
-  if (b && b->id == h->newest && h->n > 1) {
-    uint32_t i = h->n > 2 && key_at(e, h, 2) < key_at(e, h, 1) ? 2 : 1;
-    if (key_at(e, h, i) >> 56 == b->prio) b = kv_index_at(e->ix, h->v[i]); /* same class only */
-  }
-  h->offered = b ? b->id : KV_BID_NONE;
-  return b;
 }
 
 const kv_evict_ops kv_evict_lru_ops = {
     "lru", "least recently used (leaf-first, by priority class)",
-    init_lru, heap_fini, heap_add, heap_remove, heap_touch, heap_peek, NULL,
+    init_lru, kv_heap_fini, kv_heap_add, kv_heap_remove, kv_heap_touch, kv_heap_peek, NULL,
 };
 
 const kv_evict_ops kv_evict_lru2_ops = {
     "lru2", "LRU-2: once-used blocks first, then by second-to-last use",
-    init_lru2, heap_fini, lru2_add, heap_remove, lru2_touch, heap_peek, lru2_seen,
+    init_lru2, kv_heap_fini, lru2_add, kv_heap_remove, lru2_touch, kv_heap_peek, lru2_seen,
 };
 
 const kv_evict_ops kv_evict_lfuda_ops = {
     "lfuda", "LFU with dynamic aging: by use count, old popularity fading",
-    init_lfuda, heap_fini, heap_add, heap_remove, heap_touch, heap_peek, NULL,
-};
-
-const kv_evict_ops kv_evict_reuse_ops = {
-    "reuse", "blocks used once go first, then blocks used again (or evicted lately and back), each in LRU order",
-    init_reuse, heap_fini, reuse_add, reuse_remove, heap_touch, reuse_peek, NULL,
+    init_lfuda, kv_heap_fini, kv_heap_add, kv_heap_remove, kv_heap_touch, kv_heap_peek, NULL,
 };

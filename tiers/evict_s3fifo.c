@@ -22,7 +22,7 @@
 #include <errno.h>
 #include <stdlib.h>
 
-#include "tiers/evict.h"
+#include "tiers/evict_impl.h"
 
 enum { Q_S = 1, Q_M = 2, Q_REMEMBERED = 14 };
 #define S_SHARE_DIV 10 /* S gets 1/10 of the held blocks */

@@ -46,7 +46,7 @@
 #include <errno.h>
 #include <stdlib.h>
 
-#include "tiers/evict.h"
+#include "tiers/evict_impl.h"
 
 enum { Q_W = 1, Q_P = 2, Q_R = 3, Q_REMEMBERED = 14 };
 #define WINDOW_START 0.01       /* W: 1% of the held blocks at first */

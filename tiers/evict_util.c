@@ -8,7 +8,7 @@
 #include <string.h>
 #include <xxhash.h>
 
-#include "tiers/evict.h"
+#include "tiers/evict_impl.h"
 #include "tiers/probe.h"
 
 /* ---- kv_pq ---------------------------------------------------------------- */

@@ -20,6 +20,7 @@
 #include "base/errors.h"
 #include "base/clock.h"
 #include "tiers/core.h"
+#include "tiers/evict.h"
 #include "base/crc32c.h"
 #include "tiers/probe.h"
 #include "tools/kvbench.h"
@@ -138,7 +139,7 @@ static replay_result replay_lru_ref(const kv_trace *t, uint32_t cap) {
 
 typedef struct core_run {
   kv_arena arena;
-  kv_core core;
+  kv_core *core;
   int ns;
 } core_run;
 
@@ -148,20 +149,20 @@ static int core_open(core_run *cr, const char *policy, uint32_t cap_blocks, uint
   int rc = kv_arena_init(&cr->arena, &ao);
   if (rc) return rc;
   kv_core_opts co = {.policy = policy, .index_hint = hint};
-  rc = kv_core_init(&cr->core, &co);
+  rc = kv_core_new(&cr->core, &co);
   if (rc) { kv_arena_fini(&cr->arena); return rc; }
-  cr->ns = kv_core_ns_register(&cr->core, &cr->arena, SLOT);
-  if (cr->ns < 0) { rc = cr->ns; kv_core_fini(&cr->core); kv_arena_fini(&cr->arena); }
+  cr->ns = kv_core_ns_register(cr->core, &cr->arena, SLOT);
+  if (cr->ns < 0) { rc = cr->ns; kv_core_free(cr->core); kv_arena_fini(&cr->arena); }
   return rc;
 }
 
 static void core_close(core_run *cr) {
-  kv_core_fini(&cr->core);
+  kv_core_free(cr->core);
   kv_arena_fini(&cr->arena);
 }
 
 static int replay_core(const kv_trace *t, const char *policy, uint32_t cap,
-                       replay_result *out, kv_core_stats *st) {
+                       replay_result *out, kv_core_stats_t *st) {
   core_run cr;
   int rc = core_open(&cr, policy, cap, cap);
   if (rc) return rc;
@@ -182,21 +183,21 @@ static int replay_core(const kv_trace *t, const char *policy, uint32_t cap,
       keys[i].len = 8;
       kv_trace_key(q->ids[i], keys[i].b);
     }
-    int prefix = kv_core_lookup(&cr.core, (uint32_t)cr.ns, keys, q->n, tiers);
+    int prefix = kv_core_lookup(cr.core, (uint32_t)cr.ns, keys, q->n, tiers);
     if (prefix < 0) { rc = prefix; break; }
     uint32_t any = 0;
     for (uint32_t i = 0; i < q->n; i++) any += tiers[i] != KV_TIER_NONE;
     account(&r, q, (uint32_t)prefix, any);
     for (uint32_t i = 0; i < q->n; i++) {
-      kv_block *b = kv_core_find(&cr.core, (uint32_t)cr.ns, &keys[i]);
-      if (b) { kv_core_touch(&cr.core, b); continue; }
-      int arc = kv_core_alloc(&cr.core, (uint32_t)cr.ns, &keys[i], i ? &keys[i - 1] : NULL,
+      kv_block *b = kv_core_find(cr.core, (uint32_t)cr.ns, &keys[i]);
+      if (b) { kv_core_touch(cr.core, b); continue; }
+      int arc = kv_core_alloc(cr.core, (uint32_t)cr.ns, &keys[i], i ? &keys[i - 1] : NULL,
                               KV_PRIO_DEFAULT, &b);
-      if (arc == 0) arc = kv_core_commit(&cr.core, b, 0);
+      if (arc == 0) arc = kv_core_commit(cr.core, b, 0);
       if (arc) { rc = arc; break; }
     }
   }
-  if (st) *st = cr.core.st;
+  if (st) kv_core_stats(cr.core, st);
   free(keys);
   free(tiers);
   core_close(&cr);
@@ -238,12 +239,12 @@ static int replay_g3(const kv_trace *t, const char *dir, const char *policy, kv_
                    .arena = &arena, .commit_window_us = -1};
   kv_g3 *g3;
   if ((rc = kv_g3_open(&g3, &go, NULL))) { kv_arena_fini(&arena); return rc; }
-  kv_core core;
+  kv_core *core;
   kv_core_opts co = {.policy = policy, .index_hint = g2cap + g3cap};
-  kv_core_init(&core, &co);
+  if ((rc = kv_core_new(&core, &co))) { kv_g3_close(g3); kv_arena_fini(&arena); return rc; }
   kv_core_g3_opts ko = {.admit = admit, .min_prio = KV_PRIO_DEFAULT, .low_water = 32};
-  kv_core_attach_g3(&core, g3, &ko);
-  int ns = kv_core_ns_register_digest(&core, &arena, SLOT, digest);
+  kv_core_attach_g3(core, g3, &ko);
+  int ns = kv_core_ns_register_digest(core, &arena, SLOT, digest);
   kv_key *keys = malloc(4096 * sizeof *keys);
   uint8_t *tiers = malloc(4096);
   memset(out, 0, sizeof *out);
@@ -254,7 +255,7 @@ static int replay_g3(const kv_trace *t, const char *dir, const char *policy, kv_
       keys[i].len = 8;
       kv_trace_key(q->ids[i], keys[i].b);
     }
-    int prefix = kv_core_lookup(&core, (uint32_t)ns, keys, n, tiers);
+    int prefix = kv_core_lookup(core, (uint32_t)ns, keys, n, tiers);
     uint32_t any = 0;
     for (uint32_t i = 0; i < n; i++) {
       any += tiers[i] != KV_TIER_NONE;
@@ -262,32 +263,32 @@ static int replay_g3(const kv_trace *t, const char *dir, const char *policy, kv_
     }
     account(&out->r, q, (uint32_t)prefix, any);
     for (uint32_t i = 0; i < n && !rc; i++) {
-      kv_block *b = kv_core_find(&core, (uint32_t)ns, &keys[i]);
+      kv_block *b = kv_core_find(core, (uint32_t)ns, &keys[i]);
       if (b) {
-        kv_core_touch(&core, b);
+        kv_core_touch(core, b);
         if (!(b->tiers & KV_TIER_BIT(KV_G2))) {
           /* A LOAD of a block on the SSD: pin, promote, wait, release. */
           int st = 1, prc;
-          kv_core_pin(&core, b);
-          while ((prc = kv_core_promote(&core, b, wait_promoted, &st)) == -EAGAIN || prc == -EBUSY)
+          kv_core_pin(core, b);
+          while ((prc = kv_core_promote(core, b, wait_promoted, &st)) == -EAGAIN || prc == -EBUSY)
             kv_g3_drain(g3);
           if (prc == 0) kv_g3_drain(g3);
           /* What came up from the SSD is the block that went down. */
-          if (prc == 0 && st == 0 && memcmp(kv_core_g2_ptr(&core, b), keys[i].b, 8)) rc = -EIO;
-          kv_core_unpin(&core, b);
+          if (prc == 0 && st == 0 && memcmp(kv_core_g2_ptr(core, b), keys[i].b, 8)) rc = -EIO;
+          kv_core_unpin(core, b);
         }
         continue;
       }
       int arc;
-      while ((arc = kv_core_alloc(&core, (uint32_t)ns, &keys[i], i ? &keys[i - 1] : NULL,
+      while ((arc = kv_core_alloc(core, (uint32_t)ns, &keys[i], i ? &keys[i - 1] : NULL,
                                   KV_PRIO_DEFAULT, &b)) == -EAGAIN)
         kv_g3_drain(g3);
       if (arc == 0) {
         /* A payload that names the block, with its real checksum: G3
          * verifies it when the block comes back. */
-        uint8_t *p = kv_core_g2_ptr(&core, b);
+        uint8_t *p = kv_core_g2_ptr(core, b);
         memcpy(p, keys[i].b, 8);
-        arc = kv_core_commit(&core, b, kv_crc32c(0, p, SLOT));
+        arc = kv_core_commit(core, b, kv_crc32c(0, p, SLOT));
       }
       if (arc) rc = arc;
     }
@@ -302,11 +303,13 @@ static int replay_g3(const kv_trace *t, const char *dir, const char *policy, kv_
   kv_g3_get_stats(g3, &gs);
   out->g3_writes = gs.writes;
   out->g3_bytes = gs.write_bytes;
-  out->promotions = core.st.promotions;
-  out->promote_failed = core.st.promote_failed;
+  kv_core_stats_t cs;
+  kv_core_stats(core, &cs);
+  out->promotions = cs.promotions;
+  out->promote_failed = cs.promote_failed;
   free(keys);
   free(tiers);
-  kv_core_fini(&core);
+  kv_core_free(core);
   kv_g3_close(g3);
   kv_arena_fini(&arena);
   return rc;
@@ -401,8 +404,8 @@ static int measure_lookups(const kv_trace *t, double *per_s, uint64_t *found_out
     keys[i].len = 8;
     kv_trace_key(t->ids[i], keys[i].b);
     kv_block *b;
-    int a = kv_core_alloc(&cr.core, (uint32_t)cr.ns, &keys[i], NULL, KV_PRIO_DEFAULT, &b);
-    if (a == 0) kv_core_commit(&cr.core, b, 0);
+    int a = kv_core_alloc(cr.core, (uint32_t)cr.ns, &keys[i], NULL, KV_PRIO_DEFAULT, &b);
+    if (a == 0) kv_core_commit(cr.core, b, 0);
     else if (a != KV_EEXISTS) { rc = a; break; }
   }
   double rates[9];
@@ -412,7 +415,7 @@ static int measure_lookups(const kv_trace *t, double *per_s, uint64_t *found_out
     double t0 = kv_now_s();
     for (int k = 0; k < reps; k++)
       for (size_t i = 0; i < t->nids; i++)
-        found += kv_index_find(&cr.core.ix, (uint32_t)cr.ns, keys[i].b, keys[i].len) != NULL;
+        found += kv_index_find(kv_core_index(cr.core), (uint32_t)cr.ns, keys[i].b, keys[i].len) != NULL;
     rates[round] = (double)reps * (double)t->nids / (kv_now_s() - t0);
   }
   if (!rc) {
@@ -492,7 +495,7 @@ int kvbench_core_replay(int argc, char **argv) {
       uint32_t cap = (uint32_t)(fractions[f] * (double)t.nunique + 0.5);
       if (cap == 0) cap = 1;
       replay_result core_r, ref_r = replay_lru_ref(&t, cap);
-      kv_core_stats st;
+      kv_core_stats_t st;
       double t0 = kv_now_s();
       rc = replay_core(&t, policies[p], cap, &core_r, &st);
       double dt = kv_now_s() - t0;

@@ -2,7 +2,8 @@
 # include_order.sh - the folders depend one way only (tools/dev/layers.sh):
 # the tree passes, and a copy of it with any one back-edge of the kinds the
 # tree once had fails, naming the file: a tier including the daemon's
-# logger, the protocol including a tier's header, a folder's CMakeLists
+# logger, the protocol including a tier's header, the daemon including the
+# core's internal header, a folder's CMakeLists
 # compiling another folder's source, a library linking one beside it.
 source "$(dirname "$0")/lib.bash"
 
@@ -24,6 +25,8 @@ breaks "proto/ including a tier's header" proto/wire.h '#include "tiers/block.h"
 breaks "base/ including proto/" base/log.c '#include "proto/wire.h"'
 breaks "cuda/ including tiers/ (beside it)" cuda/dev.c '  #  include "tiers/arena.h"'
 breaks "client/ including daemon/ (beside it)" client/client.c '#include "daemon/config.h"'
+breaks "daemon/ including the core's insides" daemon/stats.c '#include "tiers/core_int.h"'
+breaks "client/ including the device's insides" client/engine.c '#include "cuda/dev_int.h"'
 breaks "ipc/ including client/" ipc/sock.h '#include "client/kvclient.h"'
 breaks "daemon/ compiling a tier's source" daemon/CMakeLists.txt 'target_sources(kvdaemon PRIVATE ${CMAKE_SOURCE_DIR}/tiers/core_admin.c)'
 breaks "client/ compiling the protocol's source" client/CMakeLists.txt 'set(X ${CMAKE_SOURCE_DIR}/proto/wire.c)'

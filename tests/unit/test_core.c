@@ -1,19 +1,20 @@
 /* test_core.c - the cache core: two-phase writes, prefix lookups, pins,
  * eviction order (priority, recency, leaf-first, never pinned), demotion,
- * a full tier with everything pinned, and invariants under random load. */
+ * a full tier with everything pinned, and invariants under random load.
+ * Includes core_int.h: the invariants read the index and the policies. */
 #include <criterion/criterion.h>
 #include <errno.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "base/errors.h"
-#include "tiers/core.h"
+#include "tiers/core_int.h"
 
 #define SLOT 4096u
 
 typedef struct fixture {
   kv_arena arena;
-  kv_core core;
+  kv_core *core;
   int ns;
 } fixture;
 
@@ -21,12 +22,12 @@ static void setup(fixture *f, uint32_t blocks, const char *policy, kv_demote_fn 
   kv_arena_opts ao = {.capacity = (size_t)blocks * SLOT, .page_bytes = SLOT, .no_lock = 1};
   cr_assert_eq(kv_arena_init(&f->arena, &ao), 0);
   kv_core_opts co = {.policy = policy, .demote = fn, .demote_arg = arg};
-  cr_assert_eq(kv_core_init(&f->core, &co), 0);
-  f->ns = kv_core_ns_register(&f->core, &f->arena, SLOT);
+  cr_assert_eq(kv_core_new(&f->core, &co), 0);
+  f->ns = kv_core_ns_register(f->core, &f->arena, SLOT);
   cr_assert_geq(f->ns, 0);
 }
 static void teardown(fixture *f) {
-  kv_core_fini(&f->core);
+  kv_core_free(f->core);
   kv_arena_fini(&f->arena);
 }
 
@@ -40,29 +41,29 @@ static kv_key K(uint64_t v) {
 static kv_block *store(fixture *f, uint64_t v, uint64_t p) {
   kv_key k = K(v), pk = K(p);
   kv_block *b;
-  int rc = kv_core_alloc(&f->core, (uint32_t)f->ns, &k, p ? &pk : NULL, KV_PRIO_DEFAULT, &b);
+  int rc = kv_core_alloc(f->core, (uint32_t)f->ns, &k, p ? &pk : NULL, KV_PRIO_DEFAULT, &b);
   cr_assert_eq(rc, 0, "alloc %llu: %s", (unsigned long long)v, kv_strerror(rc));
-  memset(kv_core_g2_ptr(&f->core, b), (int)(v & 0xff), SLOT);
-  cr_assert_eq(kv_core_commit(&f->core, b, (uint32_t)v), 0);
+  memset(kv_core_g2_ptr(f->core, b), (int)(v & 0xff), SLOT);
+  cr_assert_eq(kv_core_commit(f->core, b, (uint32_t)v), 0);
   return b;
 }
 static int resident(fixture *f, uint64_t v) {
   kv_key k = K(v);
-  return kv_core_find(&f->core, (uint32_t)f->ns, &k) != NULL;
+  return kv_core_find(f->core, (uint32_t)f->ns, &k) != NULL;
 }
 
 Test(core, unknown_policy_and_namespace_are_refused) {
-  kv_core c;
+  kv_core *c;
   kv_core_opts co = {.policy = "no-such-policy"};
-  cr_assert_eq(kv_core_init(&c, &co), -EINVAL);
+  cr_assert_eq(kv_core_new(&c, &co), -EINVAL);
   fixture f;
   setup(&f, 4, NULL, NULL, NULL);
   kv_key k = K(1);
   kv_block *b;
-  cr_assert_eq(kv_core_alloc(&f.core, 99, &k, NULL, 0, &b), -EINVAL);
-  cr_assert_eq(kv_core_lookup(&f.core, 99, &k, 1, NULL), -EINVAL);
+  cr_assert_eq(kv_core_alloc(f.core, 99, &k, NULL, 0, &b), -EINVAL);
+  cr_assert_eq(kv_core_lookup(f.core, 99, &k, 1, NULL), -EINVAL);
   kv_key bad = {.len = 0};
-  cr_assert_eq(kv_core_alloc(&f.core, (uint32_t)f.ns, &bad, NULL, 0, &b), -EINVAL);
+  cr_assert_eq(kv_core_alloc(f.core, (uint32_t)f.ns, &bad, NULL, 0, &b), -EINVAL);
   teardown(&f);
 }
 
@@ -71,19 +72,19 @@ Test(core, a_block_is_invisible_until_committed) {
   setup(&f, 4, NULL, NULL, NULL);
   kv_key k = K(5);
   kv_block *b, *again;
-  cr_assert_eq(kv_core_alloc(&f.core, (uint32_t)f.ns, &k, NULL, KV_PRIO_DEFAULT, &b), 0);
+  cr_assert_eq(kv_core_alloc(f.core, (uint32_t)f.ns, &k, NULL, KV_PRIO_DEFAULT, &b), 0);
   cr_assert_eq(b->state, KV_BS_WRITING);
-  cr_assert_null(kv_core_find(&f.core, (uint32_t)f.ns, &k));
+  cr_assert_null(kv_core_find(f.core, (uint32_t)f.ns, &k));
   uint8_t tier;
-  cr_assert_eq(kv_core_lookup(&f.core, (uint32_t)f.ns, &k, 1, &tier), 0);
+  cr_assert_eq(kv_core_lookup(f.core, (uint32_t)f.ns, &k, 1, &tier), 0);
   cr_assert_eq(tier, KV_TIER_NONE);
   /* A second writer of the same key is told it exists. */
-  cr_assert_eq(kv_core_alloc(&f.core, (uint32_t)f.ns, &k, NULL, KV_PRIO_DEFAULT, &again), KV_EEXISTS);
+  cr_assert_eq(kv_core_alloc(f.core, (uint32_t)f.ns, &k, NULL, KV_PRIO_DEFAULT, &again), KV_EEXISTS);
   cr_assert_eq(again, b);
-  cr_assert_eq(kv_core_commit(&f.core, b, 77), 0);
-  cr_assert_eq(kv_core_commit(&f.core, b, 77), KV_EBADSTATE, "double commit");
-  cr_assert_eq(kv_core_abort(&f.core, b), KV_EBADSTATE, "abort after commit");
-  cr_assert_eq(kv_core_lookup(&f.core, (uint32_t)f.ns, &k, 1, &tier), 1);
+  cr_assert_eq(kv_core_commit(f.core, b, 77), 0);
+  cr_assert_eq(kv_core_commit(f.core, b, 77), KV_EBADSTATE, "double commit");
+  cr_assert_eq(kv_core_abort(f.core, b), KV_EBADSTATE, "abort after commit");
+  cr_assert_eq(kv_core_lookup(f.core, (uint32_t)f.ns, &k, 1, &tier), 1);
   cr_assert_eq(tier, KV_G2);
   cr_assert_eq(b->crc, 77);
   teardown(&f);
@@ -94,11 +95,11 @@ Test(core, abort_releases_the_slot_and_the_key) {
   setup(&f, 1, NULL, NULL, NULL);
   kv_key k = K(5);
   kv_block *b;
-  cr_assert_eq(kv_core_alloc(&f.core, (uint32_t)f.ns, &k, NULL, KV_PRIO_DEFAULT, &b), 0);
+  cr_assert_eq(kv_core_alloc(f.core, (uint32_t)f.ns, &k, NULL, KV_PRIO_DEFAULT, &b), 0);
   cr_assert_eq(f.arena.used_bytes, SLOT);
-  cr_assert_eq(kv_core_abort(&f.core, b), 0);
+  cr_assert_eq(kv_core_abort(f.core, b), 0);
   cr_assert_eq(f.arena.used_bytes, 0);
-  cr_assert_eq(f.core.ix.count, 0);
+  cr_assert_eq(f.core->ix.count, 0);
   store(&f, 5, 0);
   cr_assert(resident(&f, 5));
   teardown(&f);
@@ -112,25 +113,25 @@ Test(core, lookup_reports_the_leading_run_and_every_tier) {
   store(&f, 4, 3); /* 3 missing */
   kv_key keys[4] = {K(1), K(2), K(3), K(4)};
   uint8_t tiers[4];
-  cr_assert_eq(kv_core_lookup(&f.core, (uint32_t)f.ns, keys, 4, tiers), 2);
+  cr_assert_eq(kv_core_lookup(f.core, (uint32_t)f.ns, keys, 4, tiers), 2);
   cr_assert_eq(tiers[0], KV_G2);
   cr_assert_eq(tiers[1], KV_G2);
   cr_assert_eq(tiers[2], KV_TIER_NONE);
   cr_assert_eq(tiers[3], KV_G2, "tiers are reported past the run too");
-  cr_assert_eq(f.core.st.hits[KV_G2], 3);
-  cr_assert_eq(f.core.st.misses, 1);
+  cr_assert_eq(f.core->st.hits[KV_G2], 3);
+  cr_assert_eq(f.core->st.misses, 1);
   teardown(&f);
 }
 
 Test(core, namespaces_do_not_see_each_other) {
   fixture f;
   setup(&f, 8, NULL, NULL, NULL);
-  int other = kv_core_ns_register(&f.core, &f.arena, SLOT);
+  int other = kv_core_ns_register(f.core, &f.arena, SLOT);
   cr_assert_geq(other, 0);
   store(&f, 1, 0);
   kv_key k = K(1);
-  cr_assert_null(kv_core_find(&f.core, (uint32_t)other, &k));
-  cr_assert_eq(kv_core_lookup(&f.core, (uint32_t)other, &k, 1, NULL), 0);
+  cr_assert_null(kv_core_find(f.core, (uint32_t)other, &k));
+  cr_assert_eq(kv_core_lookup(f.core, (uint32_t)other, &k, 1, NULL), 0);
   teardown(&f);
 }
 
@@ -138,11 +139,11 @@ Test(core, pin_underflow_is_an_error_and_changes_nothing) {
   fixture f;
   setup(&f, 2, NULL, NULL, NULL);
   kv_block *b = store(&f, 1, 0);
-  cr_assert_eq(kv_core_unpin(&f.core, b), KV_EPINUNDERFLOW);
+  cr_assert_eq(kv_core_unpin(f.core, b), KV_EPINUNDERFLOW);
   cr_assert_eq(b->pins, 0);
-  cr_assert_eq(kv_core_pin(&f.core, b), 0);
-  cr_assert_eq(kv_core_unpin(&f.core, b), 0);
-  cr_assert_eq(kv_core_unpin(&f.core, b), KV_EPINUNDERFLOW);
+  cr_assert_eq(kv_core_pin(f.core, b), 0);
+  cr_assert_eq(kv_core_unpin(f.core, b), 0);
+  cr_assert_eq(kv_core_unpin(f.core, b), KV_EPINUNDERFLOW);
   /* Still evictable once: the failed unpin did not disturb the policy. */
   store(&f, 2, 0);
   store(&f, 3, 0);
@@ -156,22 +157,22 @@ Test(core, full_tier_with_every_block_pinned_is_a_clear_error) {
   kv_block *b[4];
   for (int i = 0; i < 4; i++) {
     b[i] = store(&f, (uint64_t)i + 1, 0);
-    kv_core_pin(&f.core, b[i]);
+    kv_core_pin(f.core, b[i]);
   }
   kv_key k = K(99);
   kv_block *n;
-  cr_assert_eq(kv_core_alloc(&f.core, (uint32_t)f.ns, &k, NULL, KV_PRIO_DEFAULT, &n), KV_EALLPINNED);
-  cr_assert_eq(f.core.st.alloc_failed, 1);
+  cr_assert_eq(kv_core_alloc(f.core, (uint32_t)f.ns, &k, NULL, KV_PRIO_DEFAULT, &n), KV_EALLPINNED);
+  cr_assert_eq(f.core->st.alloc_failed, 1);
   /* Nothing was disturbed: every block is there with its bytes. */
   for (int i = 0; i < 4; i++) {
     cr_assert(resident(&f, (uint64_t)i + 1));
-    uint8_t *p = kv_core_g2_ptr(&f.core, b[i]);
+    uint8_t *p = kv_core_g2_ptr(f.core, b[i]);
     for (uint32_t j = 0; j < SLOT; j++) cr_assert_eq(p[j], (uint8_t)(i + 1));
   }
-  cr_assert_null(kv_index_find(&f.core.ix, (uint32_t)f.ns, k.b, k.len));
+  cr_assert_null(kv_index_find(&f.core->ix, (uint32_t)f.ns, k.b, k.len));
   /* Unpinning one makes room again. */
-  kv_core_unpin(&f.core, b[2]);
-  cr_assert_eq(kv_core_alloc(&f.core, (uint32_t)f.ns, &k, NULL, KV_PRIO_DEFAULT, &n), 0);
+  kv_core_unpin(f.core, b[2]);
+  cr_assert_eq(kv_core_alloc(f.core, (uint32_t)f.ns, &k, NULL, KV_PRIO_DEFAULT, &n), 0);
   cr_assert(!resident(&f, 3));
   teardown(&f);
 }
@@ -182,7 +183,7 @@ Test(core, least_recently_used_goes_first) {
   kv_block *a = store(&f, 1, 0);
   store(&f, 2, 0);
   store(&f, 3, 0);
-  kv_core_touch(&f.core, a); /* 2 is now the oldest */
+  kv_core_touch(f.core, a); /* 2 is now the oldest */
   store(&f, 4, 0);
   cr_assert(resident(&f, 1));
   cr_assert(!resident(&f, 2));
@@ -196,7 +197,7 @@ Test(core, lower_priority_goes_first) {
   store(&f, 1, 0);
   kv_block *b = store(&f, 2, 0);
   store(&f, 3, 0);
-  kv_core_set_priority(&f.core, b, 10); /* newer, but a lower class */
+  kv_core_set_priority(f.core, b, 10); /* newer, but a lower class */
   store(&f, 4, 0);
   cr_assert(resident(&f, 1));
   cr_assert(!resident(&f, 2));
@@ -230,11 +231,11 @@ Test(core, a_parent_pinned_child_keeps_the_parent) {
   setup(&f, 2, NULL, NULL, NULL);
   store(&f, 1, 0);
   kv_block *c = store(&f, 2, 1);
-  kv_core_pin(&f.core, c);
+  kv_core_pin(f.core, c);
   kv_key k = K(3);
   kv_block *n;
   /* The child is pinned and the parent has a resident child: nothing can go. */
-  cr_assert_eq(kv_core_alloc(&f.core, (uint32_t)f.ns, &k, NULL, KV_PRIO_DEFAULT, &n), KV_EALLPINNED);
+  cr_assert_eq(kv_core_alloc(f.core, (uint32_t)f.ns, &k, NULL, KV_PRIO_DEFAULT, &n), KV_EALLPINNED);
   teardown(&f);
 }
 
@@ -266,7 +267,7 @@ Test(core, victims_go_to_the_demotion_callback_with_their_bytes) {
   cr_assert(!resident(&f, 1));
   d.mode = -EIO; /* a refused demotion drops the block and is counted */
   store(&f, 4, 0);
-  cr_assert_eq(f.core.st.demote_failed, 1);
+  cr_assert_eq(f.core->st.demote_failed, 1);
   cr_assert(!resident(&f, 2));
   teardown(&f);
 }
@@ -279,18 +280,18 @@ Test(core, asynchronous_demotion_keeps_the_slot_until_done) {
   kv_block *b2 = store(&f, 2, 0);
   kv_key k = K(3);
   kv_block *n;
-  cr_assert_eq(kv_core_alloc(&f.core, (uint32_t)f.ns, &k, NULL, KV_PRIO_DEFAULT, &n), -EAGAIN);
+  cr_assert_eq(kv_core_alloc(f.core, (uint32_t)f.ns, &k, NULL, KV_PRIO_DEFAULT, &n), -EAGAIN);
   kv_block *victim = d.last;
   cr_assert(victim->busy & KV_TIER_BIT(KV_G2));
   cr_assert(resident(&f, 1), "still readable while the copy runs");
   /* The other block is demoted too; then nothing is left to start. */
-  cr_assert_eq(kv_core_alloc(&f.core, (uint32_t)f.ns, &k, NULL, KV_PRIO_DEFAULT, &n), -EAGAIN);
+  cr_assert_eq(kv_core_alloc(f.core, (uint32_t)f.ns, &k, NULL, KV_PRIO_DEFAULT, &n), -EAGAIN);
   cr_assert_eq(d.last, b2);
-  cr_assert_eq(kv_core_alloc(&f.core, (uint32_t)f.ns, &k, NULL, KV_PRIO_DEFAULT, &n), -EAGAIN);
+  cr_assert_eq(kv_core_alloc(f.core, (uint32_t)f.ns, &k, NULL, KV_PRIO_DEFAULT, &n), -EAGAIN);
   cr_assert_eq(d.calls, 2);
-  kv_core_demote_done(&f.core, victim, KV_G2, 1);
+  kv_core_demote_done(f.core, victim, KV_G2, 1);
   cr_assert(!resident(&f, 1));
-  cr_assert_eq(kv_core_alloc(&f.core, (uint32_t)f.ns, &k, NULL, KV_PRIO_DEFAULT, &n), 0);
+  cr_assert_eq(kv_core_alloc(f.core, (uint32_t)f.ns, &k, NULL, KV_PRIO_DEFAULT, &n), 0);
   teardown(&f);
 }
 
@@ -298,10 +299,10 @@ Test(core, delete_refuses_pinned_blocks) {
   fixture f;
   setup(&f, 2, NULL, NULL, NULL);
   kv_block *b = store(&f, 1, 0);
-  kv_core_pin(&f.core, b);
-  cr_assert_eq(kv_core_delete(&f.core, b), -EBUSY);
-  kv_core_unpin(&f.core, b);
-  cr_assert_eq(kv_core_delete(&f.core, b), 0);
+  kv_core_pin(f.core, b);
+  cr_assert_eq(kv_core_delete(f.core, b), -EBUSY);
+  kv_core_unpin(f.core, b);
+  cr_assert_eq(kv_core_delete(f.core, b), 0);
   cr_assert(!resident(&f, 1));
   cr_assert_eq(f.arena.used_bytes, 0);
   teardown(&f);
@@ -322,7 +323,7 @@ static int count_cb(kv_block *b, void *arg) {
   /* rchild counts the children valid in G2. */
   uint32_t n = 0;
   for (kv_bid c = b->child; c != KV_BID_NONE;) {
-    kv_block *cb = kv_index_at(&v->f->core.ix, c);
+    kv_block *cb = kv_index_at(&v->f->core->ix, c);
     n += (cb->tiers & KV_TIER_BIT(KV_G2)) != 0;
     c = cb->next;
   }
@@ -340,39 +341,39 @@ Test(core, invariants_hold_under_random_operations) {
     for (int step = 0; step < 20000; step++) {
       uint64_t v = 1 + (uint64_t)(rand() % 300);
       kv_key k = K(v);
-      kv_block *b = kv_core_find(&f.core, (uint32_t)f.ns, &k);
+      kv_block *b = kv_core_find(f.core, (uint32_t)f.ns, &k);
       int op = rand() % 10;
       if (!b) {
         uint64_t parent = v > 1 && rand() % 4 ? v - 1 : 0;
         kv_key pk = K(parent);
-        int rc = kv_core_alloc(&f.core, (uint32_t)f.ns, &k, parent ? &pk : NULL,
+        int rc = kv_core_alloc(f.core, (uint32_t)f.ns, &k, parent ? &pk : NULL,
                                (uint8_t)(rand() % 3 * 100), &b);
         if (rc == 0) {
-          if (rand() % 8) kv_core_commit(&f.core, b, 0);
-          else kv_core_abort(&f.core, b);
+          if (rand() % 8) kv_core_commit(f.core, b, 0);
+          else kv_core_abort(f.core, b);
         } else {
           cr_assert(rc == KV_EALLPINNED || rc == KV_EEXISTS, "%s", kv_strerror(rc));
         }
       } else if (op < 6) {
-        kv_core_touch(&f.core, b);
+        kv_core_touch(f.core, b);
       } else if (op < 8) {
         int i = rand() % 16;
         if (pinned[i]) {
           kv_key pk = {.len = (uint8_t)kv_block_keylen(pinned[i])};
           memcpy(pk.b, pinned[i]->key, pk.len);
-          kv_core_unpin(&f.core, pinned[i]);
+          kv_core_unpin(f.core, pinned[i]);
           pinned[i] = NULL;
         } else {
-          kv_core_pin(&f.core, b);
+          kv_core_pin(f.core, b);
           pinned[i] = b;
         }
       } else if (!b->pins) {
-        cr_assert_eq(kv_core_delete(&f.core, b), 0);
+        cr_assert_eq(kv_core_delete(f.core, b), 0);
       }
       if (step % 97 == 0) {
         inv v2 = {&f, 0, 0};
-        kv_index_foreach(&f.core.ix, count_cb, &v2);
-        kv_evict *e = f.arena.cls[f.core.ns[f.ns].cls].user;
+        kv_index_foreach(&f.core->ix, count_cb, &v2);
+        kv_evict *e = f.arena.cls[f.core->ns[f.ns].cls].user;
         cr_assert_eq(v2.evictable, e->count, "%s step %d", pols[p], step);
         cr_assert_eq((uint64_t)v2.slots * SLOT, f.arena.used_bytes, "%s step %d", pols[p], step);
       }

@@ -1,7 +1,8 @@
 /* test_core_g3.c - the cache core with the SSD tier attached: G2 victims
  * demoted to G3 (when admitted), promotion back to G2 verified, corrupt
  * bytes never served, G3 eviction, delete, and a warm restart that serves
- * what G3 held to the same namespace. */
+ * what G3 held to the same namespace. Includes core_int.h: it reads the
+ * counters and sets G3's low water. */
 #include <criterion/criterion.h>
 #include <errno.h>
 #include <fcntl.h>
@@ -12,7 +13,7 @@
 #include <unistd.h>
 
 #include "base/errors.h"
-#include "tiers/core.h"
+#include "tiers/core_int.h"
 
 #define BLK 16384u
 
@@ -21,7 +22,7 @@ static int rm_one(const char *p, const struct stat *sb, int f, struct FTW *w) { 
 typedef struct fx {
   char dir[64];
   kv_arena arena;
-  kv_core core;
+  kv_core *core;
   kv_g3 *g3;
   int ns;
 } fx;
@@ -37,11 +38,11 @@ static void open_g3(fx *f, uint32_t g3_slots, kv_admit admit) {
   int rc = kv_g3_open(&f->g3, &o, &info);
   cr_assert_eq(rc, 0, "kv_g3_open: %s", kv_strerror(rc));
   kv_core_opts co = {.policy = "lru"};
-  cr_assert_eq(kv_core_init(&f->core, &co), 0);
+  cr_assert_eq(kv_core_new(&f->core, &co), 0);
   kv_core_g3_opts go = {.admit = admit, .low_water = 1};
-  rc = kv_core_attach_g3(&f->core, f->g3, &go);
+  rc = kv_core_attach_g3(f->core, f->g3, &go);
   cr_assert_geq(rc, 0, "attach: %s", kv_strerror(rc));
-  f->ns = kv_core_ns_register_digest(&f->core, &f->arena, BLK, DIGEST);
+  f->ns = kv_core_ns_register_digest(f->core, &f->arena, BLK, DIGEST);
   cr_assert_geq(f->ns, 0);
 }
 
@@ -55,7 +56,7 @@ static void setup(fx *f, uint32_t g2_blocks, uint32_t g3_slots, kv_admit admit) 
 
 static void close_core(fx *f) {
   kv_g3_drain(f->g3);
-  kv_core_fini(&f->core);
+  kv_core_free(f->core);
   kv_g3_close(f->g3);
 }
 
@@ -84,13 +85,13 @@ static void store_under(fx *f, uint64_t v, uint64_t parent) {
   kv_key k = K(v), pk = K(parent);
   kv_block *b;
   int rc;
-  while ((rc = kv_core_alloc(&f->core, (uint32_t)f->ns, &k, parent ? &pk : NULL,
+  while ((rc = kv_core_alloc(f->core, (uint32_t)f->ns, &k, parent ? &pk : NULL,
                              KV_PRIO_DEFAULT, &b)) == -EAGAIN)
     kv_g3_drain(f->g3);
   cr_assert_eq(rc, 0, "alloc %llu: %s", (unsigned long long)v, kv_strerror(rc));
-  fill(kv_core_g2_ptr(&f->core, b), v);
+  fill(kv_core_g2_ptr(f->core, b), v);
   extern uint32_t kv_crc32c(uint32_t, const void *, size_t);
-  cr_assert_eq(kv_core_commit(&f->core, b, kv_crc32c(0, kv_core_g2_ptr(&f->core, b), BLK)), 0);
+  cr_assert_eq(kv_core_commit(f->core, b, kv_crc32c(0, kv_core_g2_ptr(f->core, b), BLK)), 0);
 }
 
 static void store(fx *f, uint64_t v) { store_under(f, v, 0); }
@@ -98,7 +99,7 @@ static void store(fx *f, uint64_t v) { store_under(f, v, 0); }
 static uint8_t tier_of(fx *f, uint64_t v) {
   kv_key k = K(v);
   uint8_t t;
-  kv_core_lookup(&f->core, (uint32_t)f->ns, &k, 1, &t);
+  kv_core_lookup(f->core, (uint32_t)f->ns, &k, 1, &t);
   return t;
 }
 
@@ -112,13 +113,13 @@ static void on_promoted(kv_core *c, kv_block *b, int status, void *arg) {
 /* Pins v, promotes it to G2 and waits; returns the status. */
 static int promote(fx *f, uint64_t v, kv_block **out) {
   kv_key k = K(v);
-  kv_block *b = kv_core_find(&f->core, (uint32_t)f->ns, &k);
+  kv_block *b = kv_core_find(f->core, (uint32_t)f->ns, &k);
   if (!b) return KV_ENOTFOUND;
-  kv_core_pin(&f->core, b);
+  kv_core_pin(f->core, b);
   pdone d = {0, 0};
   int rc;
   /* -EAGAIN: G2 is full and a demotion to make room is under way. */
-  while ((rc = kv_core_promote(&f->core, b, on_promoted, &d)) == -EAGAIN) kv_g3_drain(f->g3);
+  while ((rc = kv_core_promote(f->core, b, on_promoted, &d)) == -EAGAIN) kv_g3_drain(f->g3);
   if (rc == 0) {
     kv_g3_drain(f->g3);
     cr_assert_eq(d.called, 1);
@@ -135,7 +136,7 @@ Test(core_g3, victims_are_demoted_and_promoted_back_verified) {
   setup(&f, 4, 32, KV_ADMIT_ALWAYS);
   for (uint64_t v = 1; v <= 8; v++) store(&f, v);
   kv_g3_drain(f.g3);
-  cr_assert_eq(f.core.st.g3_admitted, 4, "admitted %llu", (unsigned long long)f.core.st.g3_admitted);
+  cr_assert_eq(f.core->st.g3_admitted, 4, "admitted %llu", (unsigned long long)f.core->st.g3_admitted);
   cr_assert_eq(tier_of(&f, 1), KV_G3);
   cr_assert_eq(tier_of(&f, 8), KV_G2);
   kv_block *b;
@@ -143,11 +144,11 @@ Test(core_g3, victims_are_demoted_and_promoted_back_verified) {
   cr_assert_eq(tier_of(&f, 1), KV_G2, "fastest tier reported");
   uint8_t *want = malloc(BLK);
   fill(want, 1);
-  cr_assert_eq(memcmp(kv_core_g2_ptr(&f.core, b), want, BLK), 0);
+  cr_assert_eq(memcmp(kv_core_g2_ptr(f.core, b), want, BLK), 0);
   free(want);
   cr_assert(b->tiers & KV_TIER_BIT(KV_G3), "the G3 copy stays after promotion");
-  kv_core_unpin(&f.core, b);
-  cr_assert_eq(f.core.st.promotions, 1);
+  kv_core_unpin(f.core, b);
+  cr_assert_eq(f.core->st.promotions, 1);
   teardown(&f);
 }
 
@@ -167,7 +168,7 @@ Test(core_g3, corrupt_ssd_bytes_are_never_served) {
   cr_assert_eq(tier_of(&f, 1), KV_G3);
   /* Flip a byte of block 1's payload in the file. */
   kv_key k = K(1);
-  kv_block *b = kv_core_find(&f.core, (uint32_t)f.ns, &k);
+  kv_block *b = kv_core_find(f.core, (uint32_t)f.ns, &k);
   g3_loc l = {b->slot[KV_G3], 0, 0};
   cr_assert_eq(kv_g3_foreach(f.g3, find_slot, &l), 1);
   char path[128];
@@ -181,13 +182,13 @@ Test(core_g3, corrupt_ssd_bytes_are_never_served) {
   fsync(fd);
   close(fd);
   cr_assert_eq(promote(&f, 1, &b), KV_ECORRUPT);
-  cr_assert_eq(f.core.st.promote_failed, 1);
-  kv_core_unpin(&f.core, b);
+  cr_assert_eq(f.core->st.promote_failed, 1);
+  kv_core_unpin(f.core, b);
   cr_assert_eq(tier_of(&f, 1), KV_TIER_NONE, "a corrupt block is a miss");
-  cr_assert_null(kv_index_find(&f.core.ix, (uint32_t)f.ns, k.b, k.len), "its record is gone");
+  cr_assert_null(kv_index_find(&f.core->ix, (uint32_t)f.ns, k.b, k.len), "its record is gone");
   /* The others still promote fine. */
   cr_assert_eq(promote(&f, 2, &b), 0);
-  kv_core_unpin(&f.core, b);
+  kv_core_unpin(f.core, b);
   teardown(&f);
 }
 
@@ -196,11 +197,11 @@ Test(core_g3, second_use_admission_keeps_one_time_blocks_off_the_ssd) {
   setup(&f, 4, 32, KV_ADMIT_SECOND_USE);
   store(&f, 1);
   kv_key k = K(1);
-  kv_core_touch(&f.core, kv_core_find(&f.core, (uint32_t)f.ns, &k)); /* used twice */
+  kv_core_touch(f.core, kv_core_find(f.core, (uint32_t)f.ns, &k)); /* used twice */
   for (uint64_t v = 2; v <= 8; v++) store(&f, v);
   kv_g3_drain(f.g3);
-  cr_assert_eq(f.core.st.g3_admitted, 1, "only the reused block");
-  cr_assert_eq(f.core.st.g3_refused, 3);
+  cr_assert_eq(f.core->st.g3_admitted, 1, "only the reused block");
+  cr_assert_eq(f.core->st.g3_refused, 3);
   cr_assert_eq(tier_of(&f, 1), KV_G3);
   cr_assert_eq(tier_of(&f, 2), KV_TIER_NONE);
   teardown(&f);
@@ -209,7 +210,7 @@ Test(core_g3, second_use_admission_keeps_one_time_blocks_off_the_ssd) {
 Test(core_g3, ssd_tier_evicts_through_the_policy) {
   fx f;
   setup(&f, 2, 8, KV_ADMIT_ALWAYS);
-  f.core.g3o.low_water = 2;
+  f.core->g3o.low_water = 2;
   for (uint64_t v = 1; v <= 40; v++) {
     store(&f, v);
     kv_g3_drain(f.g3); /* as the daemon's loop delivers completions */
@@ -217,7 +218,7 @@ Test(core_g3, ssd_tier_evicts_through_the_policy) {
   kv_g3_drain(f.g3);
   kv_g3_stats gs;
   kv_g3_get_stats(f.g3, &gs);
-  cr_assert_gt(f.core.st.evictions[KV_G3], 0);
+  cr_assert_gt(f.core->st.evictions[KV_G3], 0);
   cr_assert_leq(gs.slots_stored, gs.slots);
   /* The newest demotions are there; the oldest were evicted. */
   cr_assert_eq(tier_of(&f, 1), KV_TIER_NONE);
@@ -241,16 +242,16 @@ Test(core_g3, ssd_copy_of_a_parent_stays_while_its_child_is_in_g2) {
   cr_assert_eq(tier_of(&f, 2), KV_G2);
   /* Evicting all G3 can take would cut the chain 1 -> 2 at 1 and leave 2
    * stored but unreachable by a prefix lookup: 1's only copy stays. */
-  cr_assert_gt(kv_core_evict_n(&f.core, KV_G3, KV_NS_ANY, UINT64_MAX), 0);
+  cr_assert_gt(kv_core_evict_n(f.core, KV_G3, KV_NS_ANY, UINT64_MAX), 0);
   kv_g3_drain(f.g3);
   cr_assert_eq(tier_of(&f, 1), KV_G3, "the parent of a G2 block left G3");
   cr_assert_eq(tier_of(&f, 10), KV_TIER_NONE, "a block with no child went");
   kv_key k[2] = {K(1), K(2)};
-  cr_assert_eq(kv_core_lookup(&f.core, (uint32_t)f.ns, k, 2, NULL), 2, "the chain is whole");
+  cr_assert_eq(kv_core_lookup(f.core, (uint32_t)f.ns, k, 2, NULL), 2, "the chain is whole");
   /* Once the child is gone, the parent may go. */
-  kv_block *c2 = kv_core_find(&f.core, (uint32_t)f.ns, &k[1]);
-  cr_assert_eq(kv_core_delete(&f.core, c2), 0);
-  cr_assert_gt(kv_core_evict_n(&f.core, KV_G3, KV_NS_ANY, UINT64_MAX), 0);
+  kv_block *c2 = kv_core_find(f.core, (uint32_t)f.ns, &k[1]);
+  cr_assert_eq(kv_core_delete(f.core, c2), 0);
+  cr_assert_gt(kv_core_evict_n(f.core, KV_G3, KV_NS_ANY, UINT64_MAX), 0);
   kv_g3_drain(f.g3);
   cr_assert_eq(tier_of(&f, 1), KV_TIER_NONE);
   teardown(&f);
@@ -262,8 +263,8 @@ Test(core_g3, delete_removes_the_ssd_copy) {
   for (uint64_t v = 1; v <= 4; v++) store(&f, v);
   kv_g3_drain(f.g3);
   kv_key k = K(1);
-  kv_block *b = kv_core_find(&f.core, (uint32_t)f.ns, &k);
-  cr_assert_eq(kv_core_delete(&f.core, b), 0);
+  kv_block *b = kv_core_find(f.core, (uint32_t)f.ns, &k);
+  cr_assert_eq(kv_core_delete(f.core, b), 0);
   kv_g3_drain(f.g3);
   kv_g3_stats gs;
   kv_g3_get_stats(f.g3, &gs);
@@ -287,22 +288,22 @@ Test(core_g3, restart_is_warm) {
   kv_arena_opts ao = {.capacity = 2 * BLK, .page_bytes = BLK, .no_lock = 1};
   cr_assert_eq(kv_arena_init(&f.arena, &ao), 0);
   open_g3(&f, 16, KV_ADMIT_ALWAYS);
-  cr_assert_eq(f.core.st.warm_blocks, 4);
+  cr_assert_eq(f.core->st.warm_blocks, 4);
   for (uint64_t v = 1; v <= 4; v++) {
     cr_assert_eq(tier_of(&f, v), KV_G3, "block %llu", (unsigned long long)v);
     kv_block *b;
     cr_assert_eq(promote(&f, v, &b), 0);
     uint8_t *want = malloc(BLK);
     fill(want, v);
-    cr_assert_eq(memcmp(kv_core_g2_ptr(&f.core, b), want, BLK), 0);
+    cr_assert_eq(memcmp(kv_core_g2_ptr(f.core, b), want, BLK), 0);
     free(want);
-    kv_core_unpin(&f.core, b);
+    kv_core_unpin(f.core, b);
   }
   /* Another namespace does not see them. */
   static const uint8_t OTHER[KV_G3_NS_BYTES] = {9};
-  int other = kv_core_ns_register_digest(&f.core, &f.arena, BLK, OTHER);
+  int other = kv_core_ns_register_digest(f.core, &f.arena, BLK, OTHER);
   kv_key k = K(1);
-  cr_assert_eq(kv_core_lookup(&f.core, (uint32_t)other, &k, 1, NULL), 0);
+  cr_assert_eq(kv_core_lookup(f.core, (uint32_t)other, &k, 1, NULL), 0);
   teardown(&f);
 }
 
@@ -321,9 +322,9 @@ Test(core_g3, stores_find_room_kept_ahead) {
   for (uint64_t v = 5000; v < 5000 + want; v++) {
     kv_key k = K(v);
     kv_block *b;
-    cr_assert_eq(kv_core_alloc(&f.core, (uint32_t)f.ns, &k, NULL, KV_PRIO_DEFAULT, &b), 0,
+    cr_assert_eq(kv_core_alloc(f.core, (uint32_t)f.ns, &k, NULL, KV_PRIO_DEFAULT, &b), 0,
                  "store %llu of the burst waited", (unsigned long long)v);
-    cr_assert_eq(kv_core_commit(&f.core, b, 0), 0);
+    cr_assert_eq(kv_core_commit(f.core, b, 0), 0);
   }
   teardown(&f);
 }
@@ -338,7 +339,7 @@ Test(core_g3, demotion_burst_does_not_empty_a_full_ssd_tier) {
   fx f;
   const uint32_t g2 = 256, g3 = 512, low = 32;
   setup(&f, g2, g3, KV_ADMIT_ALWAYS);
-  f.core.g3o.low_water = low;
+  f.core->g3o.low_water = low;
   /* Fill G3, completions delivered as they come. */
   for (uint64_t v = 1; v <= g3 + g2 + low; v++) store(&f, v);
   kv_g3_drain(f.g3);
@@ -347,13 +348,13 @@ Test(core_g3, demotion_burst_does_not_empty_a_full_ssd_tier) {
   const uint64_t cap = gs.slots; /* the files' layout: somewhat under g3 */
   cr_assert_geq(gs.slots_stored, cap - 2 * low, "G3 filled: %llu of %llu",
                 (unsigned long long)gs.slots_stored, (unsigned long long)cap);
-  uint64_t ev0 = f.core.st.evictions[KV_G3], adm0 = f.core.st.g3_admitted;
+  uint64_t ev0 = f.core->st.evictions[KV_G3], adm0 = f.core->st.g3_admitted;
   /* The burst: every G2 block demoted in one call. */
-  int64_t n = kv_core_evict_n(&f.core, KV_G2, KV_NS_ANY, UINT64_MAX);
+  int64_t n = kv_core_evict_n(f.core, KV_G2, KV_NS_ANY, UINT64_MAX);
   cr_assert_geq(n, (int64_t)g2 - 32, "demotions: %lld", (long long)n);
   kv_g3_drain(f.g3);
   kv_g3_get_stats(f.g3, &gs);
-  uint64_t evicted = f.core.st.evictions[KV_G3] - ev0, admitted = f.core.st.g3_admitted - adm0;
+  uint64_t evicted = f.core->st.evictions[KV_G3] - ev0, admitted = f.core->st.g3_admitted - adm0;
   printf("burst of %lld demotions: %llu admitted, %llu G3 blocks evicted, %llu of %llu stored\n",
          (long long)n, (unsigned long long)admitted, (unsigned long long)evicted,
          (unsigned long long)gs.slots_stored, (unsigned long long)cap);

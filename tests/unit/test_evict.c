@@ -6,7 +6,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "tiers/evict.h"
+#include "tiers/evict_impl.h"
 
 static kv_block *mk(kv_index *ix, uint64_t v) {
   uint8_t k[8];

@@ -99,7 +99,7 @@ static void setup(void) {
 
 static void teardown(void) {
   uint64_t pins = 0, allocs = 0;
-  kvd_session_close(&d.core, &sess, &pins, &allocs);
+  kvd_session_close(d.core, &sess, &pins, &allocs);
   kv_buf_free(&ts->got);
   kvd_sink_put(&ts->s);
   kv_buf_free(&out);
@@ -122,7 +122,7 @@ static kv_block *block(uint8_t k) {
   kv_key key;
   kv_key_set(&key, &k, 1);
   uint32_t ns = (uint32_t)kvd_registry_ns(&d.reg, sess.ns)->core_ns;
-  return kv_core_find(&d.core, ns, &key);
+  return kv_core_find(d.core, ns, &key);
 }
 
 /* Stores key k with bytes of value v and moves it to G3 only. */
@@ -133,7 +133,7 @@ static void put_on_g3(uint8_t k, uint8_t v) {
   m.put = (kv_put_req){.prio = 1, .key = {&k, 1}, .data = {data, BLOCK}};
   handle(&m, 0, &r);
   cr_assert_eq(r.op, KV_OP_PUT, "PUT refused: %d", r.status);
-  cr_assert_geq(kv_core_evict_n(&d.core, KV_G2, KV_NS_ANY, UINT64_MAX), 1);
+  cr_assert_geq(kv_core_evict_n(d.core, KV_G2, KV_NS_ANY, UINT64_MAX), 1);
   POLL_UNTIL(block(k) && block(k)->tiers == KV_TIER_BIT(KV_G3));
 }
 
@@ -161,7 +161,9 @@ Test(get_g3, a_block_only_on_g3_is_brought_up_and_returned) {
   cr_assert(block(7)->tiers & KV_TIER_BIT(KV_G2), "left in G2, as LOAD leaves it");
   cr_assert_eq(block(7)->pins, 0, "GET keeps no pin");
   cr_assert_eq(kvd_session_pins(&sess), 0);
-  cr_assert_eq(d.core.st.hits[KV_G3], 1, "a hit of the tier it was found in");
+  kv_core_stats_t cs;
+  kv_core_stats(d.core, &cs);
+  cr_assert_eq(cs.hits[KV_G3], 1, "a hit of the tier it was found in");
 }
 
 Test(get_g3, a_failed_read_is_an_io_error_not_a_hit) {
@@ -173,7 +175,9 @@ Test(get_g3, a_failed_read_is_an_io_error_not_a_hit) {
   cr_assert_eq(r.error.req_op, KV_OP_GET);
   cr_assert_eq(r.status, -EIO, "status %d", r.status);
   cr_assert_eq(d.m.misses[KVD_MISS_IO_ERROR], 1);
-  cr_assert_eq(d.core.st.hits[KV_G3] + d.core.st.hits[KV_G2], 0);
+  kv_core_stats_t cs;
+  kv_core_stats(d.core, &cs);
+  cr_assert_eq(cs.hits[KV_G3] + cs.hits[KV_G2], 0);
   cr_assert_eq(kvd_session_pins(&sess), 0, "the pin is dropped with the failure");
   d.g3->fault = NULL;
 }

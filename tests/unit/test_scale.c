@@ -86,15 +86,15 @@ Test(scale, a_namespace_beyond_16_bits_is_refused_not_aliased) {
 
 typedef struct fixture {
   kv_arena arena;
-  kv_core core;
+  kv_core *core;
   uint32_t ns;
 } fixture;
 
 static void setup(fixture *f, uint32_t blocks) {
   kv_arena_opts ao = {.capacity = (size_t)blocks * SLOT, .page_bytes = SLOT, .no_lock = 1};
   cr_assert_eq(kv_arena_init(&f->arena, &ao), 0);
-  cr_assert_eq(kv_core_init(&f->core, NULL), 0);
-  int ns = kv_core_ns_register(&f->core, &f->arena, SLOT);
+  cr_assert_eq(kv_core_new(&f->core, NULL), 0);
+  int ns = kv_core_ns_register(f->core, &f->arena, SLOT);
   cr_assert_geq(ns, 0);
   f->ns = (uint32_t)ns;
 }
@@ -104,9 +104,9 @@ static kv_block *store(fixture *f, uint64_t v, uint64_t p) {
   memcpy(k.b, &v, 8);
   memcpy(pk.b, &p, 8);
   kv_block *b;
-  int rc = kv_core_alloc(&f->core, f->ns, &k, p ? &pk : NULL, KV_PRIO_DEFAULT, &b);
+  int rc = kv_core_alloc(f->core, f->ns, &k, p ? &pk : NULL, KV_PRIO_DEFAULT, &b);
   cr_assert_eq(rc, 0, "alloc %llu: %s", (unsigned long long)v, kv_strerror(rc));
-  cr_assert_eq(kv_core_commit(&f->core, b, 0), 0);
+  cr_assert_eq(kv_core_commit(f->core, b, 0), 0);
   return b;
 }
 
@@ -114,13 +114,13 @@ Test(scale, pins_stop_at_16_bits_with_eoverflow) {
   fixture f;
   setup(&f, 2);
   kv_block *b = store(&f, 1, 0);
-  for (uint32_t i = 0; i < UINT16_MAX; i++) cr_assert_eq(kv_core_pin(&f.core, b), 0);
-  cr_assert_eq(kv_core_pin(&f.core, b), -EOVERFLOW);
+  for (uint32_t i = 0; i < UINT16_MAX; i++) cr_assert_eq(kv_core_pin(f.core, b), 0);
+  cr_assert_eq(kv_core_pin(f.core, b), -EOVERFLOW);
   cr_assert_eq(b->pins, UINT16_MAX);
-  for (uint32_t i = 0; i < UINT16_MAX; i++) cr_assert_eq(kv_core_unpin(&f.core, b), 0);
-  cr_assert_eq(kv_core_unpin(&f.core, b), KV_EPINUNDERFLOW);
+  for (uint32_t i = 0; i < UINT16_MAX; i++) cr_assert_eq(kv_core_unpin(f.core, b), 0);
+  cr_assert_eq(kv_core_unpin(f.core, b), KV_EPINUNDERFLOW);
   cr_assert(b->inpol & KV_TIER_BIT(KV_G2), "unpinned: evictable again");
-  kv_core_fini(&f.core);
+  kv_core_free(f.core);
   kv_arena_fini(&f.arena);
 }
 
@@ -135,11 +135,13 @@ Test(scale, a_parent_of_65536_children_stays_until_the_last_goes) {
   kv_block **kids = malloc(KIDS * sizeof *kids);
   cr_assert_not_null(kids);
   for (uint32_t i = 0; i < KIDS; i++) kids[i] = store(&f, 100 + i, 1);
-  cr_assert_eq(f.core.st.evictions[KV_G2], 0);
+  kv_core_stats_t st;
+  kv_core_stats(f.core, &st);
+  cr_assert_eq(st.evictions[KV_G2], 0);
   cr_assert_eq(p->rchild[KV_G2], KV_RCHILD_STUCK);
   cr_assert_not(p->inpol & KV_TIER_BIT(KV_G2), "a parent with children is not a leaf");
   for (uint32_t i = 0; i < KIDS; i++) {
-    cr_assert_eq(kv_core_delete(&f.core, kids[i]), 0);
+    cr_assert_eq(kv_core_delete(f.core, kids[i]), 0);
     if (i + 1 < KIDS)
       cr_assert_not(p->inpol & KV_TIER_BIT(KV_G2), "%u children left, parent offered",
                     KIDS - i - 1);
@@ -147,6 +149,6 @@ Test(scale, a_parent_of_65536_children_stays_until_the_last_goes) {
   cr_assert_eq(p->rchild[KV_G2], 0);
   cr_assert(p->inpol & KV_TIER_BIT(KV_G2), "no child left: the parent is a leaf");
   free(kids);
-  kv_core_fini(&f.core);
+  kv_core_free(f.core);
   kv_arena_fini(&f.arena);
 }

@@ -4,7 +4,9 @@
 #   base <- proto <- ipc <- {tiers, cuda} <- {client, daemon} <- tools
 #
 # A file may include headers of its own folder and of folders below it,
-# never of a folder beside it or above it. Each folder's CMakeLists.txt
+# never of a folder beside it or above it; a folder's internal headers
+# (NAME_int.h, NAME_internal.h: e.g. the core's struct in tiers/core_int.h)
+# only from inside that folder (and from tests/). Each folder's CMakeLists.txt
 # builds only its own files (no source compiled by path from another
 # folder) and links only the libraries of folders below it.
 # Usage: layers.sh [ROOT]  (default: the tree this script is in). Prints
@@ -28,6 +30,9 @@ for dir in "${!rank[@]}"; do
     to=${inc%%/*}
     [ -n "${rank[$to]+x}" ] || continue
     allowed "$dir" "$to" || say "$file:$line: $dir/ includes $inc ($to/ is not below $dir/)"
+    if [ "$to" != "$dir" ] && [[ $inc =~ _int(ernal)?\.h$ ]]; then
+      say "$file:$line: $dir/ includes $inc, internal to $to/"
+    fi
   done < <(grep -rnoE --include='*.c' --include='*.h' --include='*.cu' \
              '^[[:space:]]*#[[:space:]]*include[[:space:]]+"[a-z_]+/[^"]+"' "$dir" |
            sed -E 's/:[[:space:]]*#[[:space:]]*include[[:space:]]+"/:/; s/"$//')

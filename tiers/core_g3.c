@@ -1,0 +1,326 @@
+/* core_g3.c - the cache core's SSD tier: G2 victims admitted and written to
+ * G3, G3's own eviction and its shares per owner, the warm restart that
+ * learns what G3 holds, and promotion back to G2 (see core.h). */
+#include <errno.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "base/clock.h"
+#include "base/errors.h"
+#include "base/log.h"
+#include "tiers/core_int.h"
+
+void kv_core__g3_key_of(kv_core *c, const kv_block *b, kv_g3_key *k) {
+  memcpy(k->ns, c->ns[b->ns].digest, KV_G3_NS_BYTES);
+  k->len = (uint8_t)kv_block_keylen(b);
+  memcpy(k->b, b->key, k->len);
+}
+
+void kv_core__set_g3_slot(kv_core *c, kv_block *b, uint32_t slot) {
+  kv_core_ns *n = &c->ns[b->ns];
+  int had = b->slot[KV_G3] != KV_SLOT_NONE, has = slot != KV_SLOT_NONE;
+  b->slot[KV_G3] = slot;
+  if (had == has) return;
+  n->g3_slots += has ? 1 : (uint32_t)-1;
+  if (n->owner >= 0) c->g3_own_slots[n->owner] += has ? 1 : (uint64_t)-1;
+}
+
+typedef struct g3_op {
+  kv_core *c;
+  kv_bid bid;
+  uint32_t slot;
+  kv_promote_cb cb;
+  void *arg;
+  uint64_t t0; /* start, for kv_core_admin.on_copy */
+} g3_op;
+
+static int admitted(kv_core *c, const kv_block *b) {
+  switch (c->g3o.admit) {
+  case KV_ADMIT_SECOND_USE: return b->hits >= 2;
+  case KV_ADMIT_MIN_PRIO: return b->prio >= c->g3o.min_prio;
+  default: return 1;
+  }
+}
+
+static int evict_g3_one(kv_core *c) {
+  kv_block *v = kv_core__g3_victim(c);
+  if (!v) return KV_EALLPINNED;
+  c->st.evictions[KV_G3]++;
+  kv_core__drop_tier(c, v, KV_G3);
+  return 0;
+}
+
+static void g3_written(int status, void *arg) {
+  g3_op *op = arg;
+  kv_core *c = op->c;
+  kv_block *b = kv_index_at(&c->ix, op->bid);
+  kv_core__copied(c, KV_G2, KV_G3, b->size, op->t0, status);
+  free(op);
+  b->busy &= (uint8_t)~KV_TIER_BIT(KV_G3);
+  if (status == 0) {
+    c->st.g3_admitted++;
+    kv_core__set_valid(c, b, KV_G3);
+  } else {
+    c->st.g3_write_failed++;
+    kv_g3_free(c->g3, b->slot[KV_G3]);
+    kv_core__set_g3_slot(c, b, KV_SLOT_NONE);
+  }
+  kv_core_demote_done(c, b, KV_G2, status == 0);
+}
+
+/* The demotion callback when G3 is attached: the G2 victim's bytes are
+ * written to an SSD slot, and its G2 slot is freed when they are durable. */
+int kv_core__g3_demote(kv_core *c, kv_block *v, kv_tier from, void *unused) {
+  if (v->tiers & KV_TIER_BIT(KV_G3)) return KV_DEMOTE_DONE; /* already there */
+  if (!admitted(c, v) || !kv_g3_writable(c->g3) || !c->ns[v->ns].has_digest ||
+      v->size > kv_g3_slot_bytes(c->g3)) {
+    c->st.g3_refused++;
+    return KV_DEMOTE_DONE;
+  }
+  int o = c->ns[v->ns].owner;
+  if (o >= 0 && c->g3_own[o]) {
+    /* The owner holds its share: its own victims make the room. */
+    while (c->g3_own_slots[o] >= c->g3_own_limit[o]) {
+      kv_block *x = c->g3_own[o]->ops->peek(c->g3_own[o]);
+      if (!x) {
+        c->st.g3_refused++;
+        c->st.g3_share_refused++;
+        return KV_DEMOTE_DONE;
+      }
+      c->st.evictions[KV_G3]++;
+      kv_core__drop_tier(c, x, KV_G3);
+    }
+  }
+  /* Slots being retired come back free when their index delete commits:
+   * counting them keeps a burst of demotions (no kv_g3_poll in between)
+   * from evicting low_water blocks each. */
+  kv_g3_stats gs;
+  kv_g3_get_stats(c->g3, &gs);
+  for (uint64_t f = gs.slots_free + gs.slots_retiring; f < c->g3o.low_water; f++)
+    if (evict_g3_one(c)) break;
+  uint32_t slot;
+  g3_op *op = malloc(sizeof *op);
+  if (!op || kv_g3_alloc(c->g3, &slot)) {
+    free(op);
+    c->st.g3_refused++;
+    return KV_DEMOTE_DONE;
+  }
+  *op = (g3_op){c, v->id, slot, NULL, NULL, kv_now_ns()};
+  kv_g3_key k;
+  kv_core__g3_key_of(c, v, &k);
+  kv_core__set_g3_slot(c, v, slot);
+  v->busy |= (uint8_t)KV_TIER_BIT(KV_G3);
+  int rc = kv_g3_write(c->g3, slot, &k, ++c->g3_seq, kv_core_g2_ptr(c, v), v->size, v->crc,
+                       g3_written, op);
+  if (rc) {
+    v->busy &= (uint8_t)~KV_TIER_BIT(KV_G3);
+    kv_core__set_g3_slot(c, v, KV_SLOT_NONE);
+    kv_g3_free(c->g3, slot);
+    free(op);
+    c->st.g3_refused++;
+    return KV_DEMOTE_DONE;
+  }
+  return KV_DEMOTE_ASYNC;
+}
+
+typedef struct warm_ctx {
+  kv_core *c;
+  int rc;
+} warm_ctx;
+
+static int dormant_ns(kv_core *c, const uint8_t digest[KV_G3_NS_BYTES], uint32_t bytes) {
+  for (uint32_t i = 0; i < c->nns; i++)
+    if (c->ns[i].has_digest && !memcmp(c->ns[i].digest, digest, KV_G3_NS_BYTES)) return (int)i;
+  kv_core_ns n = {.arena = NULL, .cls = -1, .block_bytes = bytes, .live = 1, .has_digest = 1};
+  memcpy(n.digest, digest, KV_G3_NS_BYTES);
+  return kv_core__ns_add(c, &n);
+}
+
+static int learn_entry(const kv_g3_entry *e, void *arg) {
+  warm_ctx *w = arg;
+  kv_core *c = w->c;
+  int ns = dormant_ns(c, e->key.ns, e->len);
+  if (ns < 0) return w->rc = ns;
+  kv_block *b;
+  int rc = kv_index_insert(&c->ix, (uint32_t)ns, e->key.b, e->key.len, &b);
+  if (rc) return w->rc = rc == KV_EEXISTS ? 0 : rc;
+  c->ns[ns].nblocks++;
+  b->state = KV_BS_READY;
+  b->size = e->len;
+  b->crc = e->crc;
+  kv_core__set_g3_slot(c, b, e->slot);
+  b->atime = ++c->clock;
+  kv_core__set_valid(c, b, KV_G3);
+  c->st.warm_blocks++;
+  return 0;
+}
+
+int kv_core_attach_g3(kv_core *c, kv_g3 *g3, const kv_core_g3_opts *o) {
+  if (!g3 || c->g3 || c->demote) return -EINVAL;
+  kv_g3_stats gs;
+  kv_g3_get_stats(g3, &gs);
+  c->g3_evict.capacity = (uint32_t)gs.slots;
+  int rc = kv_evict_init(&c->g3_evict, c->policy, &c->ix, KV_G3);
+  if (rc) return rc;
+  c->g3 = g3;
+  if (o) c->g3o = *o;
+  if (!c->g3o.low_water) c->g3o.low_water = 64;
+  c->g3_seq = kv_g3_max_seq(g3);
+  warm_ctx w = {c, 0};
+  rc = kv_g3_foreach(g3, learn_entry, &w);
+  if (rc < 0 || w.rc < 0) return rc < 0 ? rc : w.rc;
+  return (int)c->st.warm_blocks;
+}
+
+/* --- G3 shares ----------------------------------------------------------------- */
+
+int kv_core_g3_share(kv_core *c, unsigned owner, uint64_t bytes) {
+  if (!c->g3 || owner >= KV_CORE_OWNERS_MAX || c->g3_own[owner]) return -EINVAL;
+  uint64_t sb = kv_g3_slot_bytes(c->g3);
+  kv_evict *e = calloc(1, sizeof *e);
+  if (!e) return -ENOMEM;
+  c->g3_own_limit[owner] = sb ? bytes / sb : 0;
+  e->capacity = (uint32_t)(c->g3_own_limit[owner] < UINT32_MAX ? c->g3_own_limit[owner] : UINT32_MAX);
+  int rc = kv_evict_init(e, c->policy, &c->ix, KV_G3);
+  if (rc) {
+    free(e);
+    return rc;
+  }
+  c->g3_own[owner] = e;
+  return 0;
+}
+
+/* Evicts owner's G3 blocks down to its share (as far as they can go). */
+static void g3_share_enforce(kv_core *c, unsigned owner) {
+  kv_evict *e = c->g3_own[owner];
+  while (e && c->g3_own_slots[owner] > c->g3_own_limit[owner]) {
+    kv_block *x = e->ops->peek(e);
+    if (!x) break;
+    c->st.evictions[KV_G3]++;
+    kv_core__drop_tier(c, x, KV_G3);
+  }
+}
+
+int kv_core_ns_owner(kv_core *c, uint32_t ns, unsigned owner) {
+  if (ns >= c->nns || !c->ns[ns].live || owner >= KV_CORE_OWNERS_MAX) return -EINVAL;
+  kv_core_ns *n = &c->ns[ns];
+  if (n->owner == (int)owner) return 0;
+  if (n->owner >= 0) return -EINVAL;
+  kv_evict *from = kv_core__policy(c, ns, KV_G3, 0);
+  kv_evict *to = c->g3_own[owner] ? c->g3_own[owner] : from;
+  /* Blocks G3 can evict leave the shared policy, then join the owner's
+   * (the others are told when they become evictable, by then the owner's). */
+  uint64_t seen = 0, moved = 0;
+  uint8_t bit = (uint8_t)KV_TIER_BIT(KV_G3);
+  if (from != to && n->g3_slots) {
+    for (kv_bid id = 0; id < c->ix.hiwater && seen < c->ix.count; id++) {
+      kv_block *b = kv_index_at(&c->ix, id);
+      if (b->state == KV_BS_FREE) continue;
+      seen++;
+      if (b->ns != ns || !(b->inpol & bit)) continue;
+      from->ops->remove(from, b);
+      b->hpos[KV_G3] = KV_SLOT_NONE;
+      moved++;
+    }
+  }
+  n->owner = (int)owner;
+  c->g3_own_slots[owner] += n->g3_slots;
+  seen = 0;
+  for (kv_bid id = 0; moved && id < c->ix.hiwater && seen < c->ix.count; id++) {
+    kv_block *b = kv_index_at(&c->ix, id);
+    if (b->state == KV_BS_FREE) continue;
+    seen++;
+    if (b->ns != ns || !(b->inpol & bit)) continue;
+    if (to->ops->add(to, b)) {
+      b->inpol &= (uint8_t)~bit;
+      kv_warn("core", "eviction policy out of memory: a G3 block stays unevictable");
+    }
+  }
+  g3_share_enforce(c, owner);
+  return 0;
+}
+
+/* Which of two owners holds more of its share: a's part > b's part. */
+static int fuller(const kv_core *c, unsigned a, unsigned b) {
+  unsigned __int128 x = (unsigned __int128)c->g3_own_slots[a] * (c->g3_own_limit[b] ? c->g3_own_limit[b] : 1);
+  unsigned __int128 y = (unsigned __int128)c->g3_own_slots[b] * (c->g3_own_limit[a] ? c->g3_own_limit[a] : 1);
+  return x > y;
+}
+
+kv_block *kv_core__g3_victim(kv_core *c) {
+  if (!c->g3) return NULL;
+  kv_block *v = c->g3_evict.ops->peek(&c->g3_evict);
+  if (v) return v; /* no owner's share holds it */
+  int best = -1;
+  for (unsigned o = 0; o < KV_CORE_OWNERS_MAX; o++) {
+    if (!c->g3_own[o] || !c->g3_own[o]->count) continue;
+    if (best < 0 || fuller(c, o, (unsigned)best)) {
+      kv_block *x = c->g3_own[o]->ops->peek(c->g3_own[o]);
+      if (x) { best = (int)o; v = x; }
+    }
+  }
+  return v;
+}
+
+uint32_t kv_core__g3_policies(kv_core *c, kv_evict **out, uint32_t max) {
+  uint32_t n = 0;
+  if (!c->g3) return 0;
+  if (n < max) out[n++] = &c->g3_evict;
+  for (unsigned o = 0; o < KV_CORE_OWNERS_MAX && n < max; o++)
+    if (c->g3_own[o]) out[n++] = c->g3_own[o];
+  return n;
+}
+
+static void g3_read_done(int status, void *arg) {
+  g3_op *op = arg;
+  kv_core *c = op->c;
+  kv_block *b = kv_index_at(&c->ix, op->bid);
+  kv_promote_cb cb = op->cb;
+  void *cbarg = op->arg;
+  kv_core__copied(c, KV_G3, KV_G2, b->size, op->t0, status);
+  free(op);
+  b->busy &= (uint8_t)~KV_TIER_BIT(KV_G2);
+  if (status == 0) {
+    c->st.promotions++;
+    kv_core__set_valid(c, b, KV_G2);
+  } else {
+    /* Never served: the store dropped its index entry; free both slots. */
+    c->st.promote_failed++;
+    kv_arena_free(c->ns[b->ns].arena, b->slot[KV_G2]);
+    b->slot[KV_G2] = KV_SLOT_NONE;
+    if (b->tiers & KV_TIER_BIT(KV_G3)) kv_core__clear_valid(c, b, KV_G3);
+    kv_g3_free(c->g3, b->slot[KV_G3]);
+    kv_core__set_g3_slot(c, b, KV_SLOT_NONE);
+  }
+  if (cb) cb(c, b, status, cbarg);
+  kv_core__reap(c, b);
+}
+
+int kv_core_promote(kv_core *c, kv_block *b, kv_promote_cb cb, void *arg) {
+  if (b->tiers & KV_TIER_BIT(KV_G2)) return 1;
+  if (b->slot[KV_G2] != KV_SLOT_NONE) return -EBUSY;
+  if (!c->g3 || !(b->tiers & KV_TIER_BIT(KV_G3)) || b->state != KV_BS_READY) return KV_ENOTFOUND;
+  kv_core_ns *n = kv_core__ns_get(c, b->ns);
+  if (!n) return -EINVAL;
+  uint32_t slot;
+  int rc = kv_core__alloc_g2_slot(c, n, &slot);
+  if (rc) return rc;
+  g3_op *op = malloc(sizeof *op);
+  if (!op) {
+    kv_arena_free(n->arena, slot);
+    return -ENOMEM;
+  }
+  *op = (g3_op){c, b->id, slot, cb, arg, kv_now_ns()};
+  b->slot[KV_G2] = slot;
+  b->busy |= (uint8_t)KV_TIER_BIT(KV_G2);
+  kv_g3_expect ex = {.len = b->size, .crc = b->crc, .flags = KV_G3_EXPECT_CRC};
+  kv_core__g3_key_of(c, b, &ex.key);
+  rc = kv_g3_read(c->g3, b->slot[KV_G3], &ex, kv_arena_ptr(n->arena, slot), g3_read_done, op);
+  if (rc) {
+    b->busy &= (uint8_t)~KV_TIER_BIT(KV_G2);
+    b->slot[KV_G2] = KV_SLOT_NONE;
+    kv_arena_free(n->arena, slot);
+    free(op);
+  }
+  return rc;
+}
