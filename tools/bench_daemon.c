@@ -347,6 +347,19 @@ static void fail_res(cres *r, int rc, const char *what) {
   snprintf(r->err, sizeof r->err, "%s: %s", what, kvc_strerror(r->rc));
 }
 
+/* Completions of c's requests in flight, at most n: their count, 0 when
+ * none is ready yet (after waiting up to 30 s for the socket), or -1 with
+ * r's error set. */
+static int next_completions(kvc *c, kvc_completion *cp, int n, cres *r) {
+  int k = kvc_poll(c, cp, n);
+  if (k < 0) { fail_res(r, k, "poll"); return -1; }
+  if (k == 0) {
+    struct pollfd pf = {kvc_fd(c), POLLIN, 0};
+    if (poll(&pf, 1, 30000) <= 0) { fail_res(r, -ETIMEDOUT, "waiting for a reply"); return -1; }
+  }
+  return k;
+}
+
 /* Tells the parent this client is ready (or failed), then waits for the
  * start; once per client. */
 static void barrier(runctx *x) { kvb_sync_wait(x->sync); }
@@ -401,13 +414,9 @@ static int load_run(runctx *x, kvc *c, lslot *sl, uint32_t *at, uint64_t limit, 
   }
   while (loads || releases) {
     kvc_completion cp[16];
-    int k = kvc_poll(c, cp, 16);
-    if (k < 0) { fail_res(r, k, "poll"); return r->rc; }
-    if (k == 0) {
-      struct pollfd pf = {kvc_fd(c), POLLIN, 0};
-      if (poll(&pf, 1, 30000) <= 0) { fail_res(r, -ETIMEDOUT, "waiting for a reply"); return r->rc; }
-      continue;
-    }
+    int k = next_completions(c, cp, 16, r);
+    if (k < 0) return r->rc;
+    if (k == 0) continue;
     for (int j = 0; j < k; j++) {
       if (cp[j].op == KVC_OP_RELEASE) {
         releases--;
@@ -542,13 +551,9 @@ static int store_run(runctx *x, kvc *c, sslot *sl, uint32_t id, uint32_t *next, 
   }
   while (allocs || commits) {
     kvc_completion cp[16];
-    int k = kvc_poll(c, cp, 16);
-    if (k < 0) { fail_res(r, k, "poll"); return r->rc; }
-    if (k == 0) {
-      struct pollfd pf = {kvc_fd(c), POLLIN, 0};
-      if (poll(&pf, 1, 30000) <= 0) { fail_res(r, -ETIMEDOUT, "waiting for a reply"); return r->rc; }
-      continue;
-    }
+    int k = next_completions(c, cp, 16, r);
+    if (k < 0) return r->rc;
+    if (k == 0) continue;
     for (int j = 0; j < k; j++) {
       if (cp[j].op == KVC_OP_COMMIT) {
         commits--;
