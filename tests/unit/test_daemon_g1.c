@@ -4,7 +4,7 @@
  * device seen by another, workers that do not ask, a daemon with G1 off,
  * a pool per device with each worker on its own (G1_SELECT), the g1
  * metrics, and the client's refusal of a corrupt entry. */
-#include "test_ops_util.h"
+#include "tests/lib/fixture.h"
 
 #include <fcntl.h>
 #include <sys/mman.h>
@@ -16,18 +16,6 @@
 #include "ipc/reader.h"
 #include "base/errors.h"
 #include "proto/wire.h"
-
-/* The value of an unlabelled (or fully labelled) metric line, -1 if none. */
-static long long metric(const char *name) {
-  static char resp[1 << 20];
-  const char *body;
-  cr_assert_eq(ops_req(ops_stats, "GET", "/metrics", resp, sizeof resp, &body), 200);
-  char want[160];
-  snprintf(want, sizeof want, "\n%s ", name);
-  const char *p = strstr(body - 1, want);
-  if (!p) return -1;
-  return atoll(p + strlen(want));
-}
 
 static const char *const sim_on[] = {"g1.enable=on", "g1.backend=sim", "g1.capacity=4M", NULL};
 
@@ -104,17 +92,17 @@ Test(g1, sim_pool_shared_between_workers, .timeout = 60) {
             WIFEXITED(st) ? WEXITSTATUS(st) : -1);
 
   /* G2 still works in the same session. */
-  kvc_key k = ops_key(1), parent = {0};
+  kvc_key k = KC(1), parent = {0};
   kvc_block b;
   cr_assert_eq(kvc_alloc(c, KVC_G2, 128, &k, &parent, 1, &b), 1);
   memset(b.ptr, 0x5a, OPS_BLOCK);
   cr_assert_eq(kvc_commit(c, &k, 1, NULL), 1);
 
-  cr_assert_eq(metric("kvcached_g1_enabled"), 1);
-  cr_assert_eq(metric("kvcached_g1_unavailable"), 0);
-  cr_assert_geq(metric("kvcached_g1_pool_bytes"), 4 << 20);
-  cr_assert_eq(metric("kvcached_g1_exports_total{kind=\"sim_fd\"}"), 2);
-  cr_assert_eq(metric("kvcached_g1_exports_total{kind=\"vmm_fd\"}"), 0);
+  cr_assert_eq(ops_metric("kvcached_g1_enabled"), 1);
+  cr_assert_eq(ops_metric("kvcached_g1_unavailable"), 0);
+  cr_assert_geq(ops_metric("kvcached_g1_pool_bytes"), 4 << 20);
+  cr_assert_eq(ops_metric("kvcached_g1_exports_total{kind=\"sim_fd\"}"), 2);
+  cr_assert_eq(ops_metric("kvcached_g1_exports_total{kind=\"vmm_fd\"}"), 0);
   kvc_close(c);
   close(go[1]);
   ops_stop();
@@ -129,7 +117,7 @@ Test(g1, worker_without_cap_gets_no_pool, .timeout = 60) {
   cr_assert(strstr(g.reason, "not asked"), "%s", g.reason);
   void *p;
   cr_assert_eq(kvc_g1_ptr(c, 0, 1, &p), -ENODEV);
-  cr_assert_eq(metric("kvcached_g1_exports_total{kind=\"sim_fd\"}"), 0, "no entry was sent");
+  cr_assert_eq(ops_metric("kvcached_g1_exports_total{kind=\"sim_fd\"}"), 0, "no entry was sent");
   kvc_close(c);
   ops_stop();
 }
@@ -137,7 +125,7 @@ Test(g1, worker_without_cap_gets_no_pool, .timeout = 60) {
 /* The raw reply: a HELLO without KV_CAP_G1 has no tier-info and one fd;
  * with it, one G1 entry and a second fd. */
 static void raw_hello(uint32_t caps, kv_msg *r, kv_frame *f, kv_reader *rd, int *sockfd) {
-  int s = kv_sock_connect(ops_sock, 0);
+  int s = kv_sock_connect(ops_d.sock, 0);
   cr_assert_geq(s, 0);
   kv_msg m;
   memset(&m, 0, sizeof m);
@@ -200,7 +188,7 @@ Test(g1, raw_hello_entry_and_fds, .timeout = 60) {
 }
 
 /* The value of a metric line with labels, -1 if none. */
-static long long metric_l(const char *name_labels) { return metric(name_labels); }
+static long long metric_l(const char *name_labels) { return ops_metric(name_labels); }
 
 /* Reads n bytes at device address src back through the worker's device. */
 static void read_device(kvc *c, const void *src, uint8_t *host, size_t n) {
@@ -223,7 +211,7 @@ static int all_bytes(const uint8_t *p, size_t n, uint8_t v) {
 static void load_g1(kvc *c, uint64_t first, uint32_t n, uint8_t *host) {
   kvc_key k[32];
   kvc_block out[32];
-  for (uint32_t i = 0; i < n; i++) k[i] = ops_key(first + i);
+  for (uint32_t i = 0; i < n; i++) k[i] = KC(first + i);
   int ok = kvc_load(c, KVC_G1, k, n, out);
   for (uint32_t i = 0; i < n; i++)
     cr_assert_eq(out[i].status, 0, "load of %llu to G1: %d of %u; this one: %s", (unsigned long long)(first + i),
@@ -240,7 +228,7 @@ static void load_g1(kvc *c, uint64_t first, uint32_t n, uint8_t *host) {
 }
 
 static uint8_t tier_of(kvc *c, uint64_t v) {
-  kvc_key k = ops_key(v);
+  kvc_key k = KC(v);
   uint8_t t;
   kvc_lookup(c, &k, 1, &t);
   return t;
@@ -289,7 +277,7 @@ Test(g1, load_to_g1_and_write_back, .timeout = 60) {
   cr_assert_eq(metric_l("kvcached_g1_copy_failures_total{dir=\"load\"}"), 0);
   for (uint64_t v = 1; v <= 8; v++) cr_assert_eq(tier_of(c, v), KVC_G2, "block %llu written back", (unsigned long long)v);
   cr_assert_eq(tier_of(c, 9), KVC_G1);
-  kvc_key k = ops_key(1);
+  kvc_key k = KC(1);
   kvc_block out;
   cr_assert_eq(kvc_load(c, KVC_G2, &k, 1, &out), 1);
   cr_assert(all_bytes(out.ptr, OPS_BLOCK, 1), "written back intact");
@@ -311,7 +299,7 @@ Test(g1, failed_device_copies_are_answered_from_g2, .timeout = 60) {
   ops_store(c, 1, 4);
   kvc_key k[4];
   kvc_block out[4];
-  for (uint32_t i = 0; i < 4; i++) k[i] = ops_key(1 + i);
+  for (uint32_t i = 0; i < 4; i++) k[i] = KC(1 + i);
   cr_assert_eq(kvc_load(c, KVC_G1, k, 4, out), 4);
   for (uint32_t i = 0; i < 4; i++) {
     cr_assert_eq(out[i].status, 0, "block %u: %s", i + 1, kvc_strerror(out[i].status));
@@ -334,7 +322,7 @@ Test(g1, load_to_g1_without_g1_is_refused, .timeout = 60) {
   ops_start(NULL, off);
   kvc *c = open_g1(0);
   ops_store(c, 1, 1);
-  kvc_key k = ops_key(1);
+  kvc_key k = KC(1);
   kvc_block out;
   cr_assert_eq(kvc_load(c, KVC_G1, &k, 1, &out), -ENODEV, "the worker loads to G2 instead");
   cr_assert_eq(kvc_load(c, KVC_G2, &k, 1, &out), 1);
@@ -351,11 +339,11 @@ Test(g1, daemon_with_g1_off, .timeout = 60) {
   cr_assert_eq(g.available, 0);
   cr_assert(strstr(g.reason, "no G1 pool"), "%s", g.reason);
   cr_assert(strstr(g.reason, "g1.enable = off"), "the daemon's reason comes along: %s", g.reason);
-  cr_assert_eq(metric("kvcached_g1_enabled"), 0);
-  cr_assert_eq(metric("kvcached_g1_unavailable"), 0, "off by configuration is not unavailable");
-  cr_assert_eq(metric("kvcached_g1_pool_bytes"), 0);
+  cr_assert_eq(ops_metric("kvcached_g1_enabled"), 0);
+  cr_assert_eq(ops_metric("kvcached_g1_unavailable"), 0, "off by configuration is not unavailable");
+  cr_assert_eq(ops_metric("kvcached_g1_pool_bytes"), 0);
   /* G2 as before. */
-  kvc_key k = ops_key(2), parent = {0};
+  kvc_key k = KC(2), parent = {0};
   kvc_block b;
   cr_assert_eq(kvc_alloc(c, KVC_G2, 128, &k, &parent, 1, &b), 1);
   cr_assert_eq(kvc_commit(c, &k, 1, NULL), 1);
@@ -368,7 +356,7 @@ Test(g1, daemon_with_g1_off, .timeout = 60) {
 Test(g1, auto_is_on_or_unavailable, .timeout = 60) {
   static const char *const autoc[] = {"g1.enable=auto", "g1.backend=cuda", "g1.capacity=2M", NULL};
   ops_start(NULL, autoc);
-  long long on = metric("kvcached_g1_enabled"), un = metric("kvcached_g1_unavailable");
+  long long on = ops_metric("kvcached_g1_enabled"), un = ops_metric("kvcached_g1_unavailable");
   cr_assert(on + un == 1 && on >= 0 && un >= 0, "enabled %lld, unavailable %lld", on, un);
   kvc *c = open_g1(0);
   kvc_g1 g;
@@ -401,7 +389,7 @@ static kvc *open_on(const uint8_t *uuid) { return ops_open_on("t1", 0, uuid); }
 static void load_expect(kvc *c, uint64_t first, uint32_t n, uint8_t tier, uint8_t *host) {
   kvc_key k[8];
   kvc_block out[8];
-  for (uint32_t i = 0; i < n; i++) k[i] = ops_key(first + i);
+  for (uint32_t i = 0; i < n; i++) k[i] = KC(first + i);
   cr_assert_eq(kvc_load(c, KVC_G1, k, n, out), (int)n);
   for (uint32_t i = 0; i < n; i++) {
     uint64_t v = first + i;
@@ -424,8 +412,8 @@ Test(g1, a_pool_per_device_each_worker_maps_its_own, .timeout = 60) {
   cr_assert_eq(metric_l("kvcached_g1_device_up{device=\"0\"}"), 1);
   cr_assert_eq(metric_l("kvcached_g1_device_up{device=\"2\"}"), 1);
   cr_assert_eq(metric_l("kvcached_g1_device_pool_bytes{device=\"2\"}"), 2ll << 20);
-  cr_assert_eq(metric("kvcached_g1_pool_bytes"), 4ll << 20);
-  cr_assert_eq(metric("kvcached_g1_unavailable"), 0);
+  cr_assert_eq(ops_metric("kvcached_g1_pool_bytes"), 4ll << 20);
+  cr_assert_eq(ops_metric("kvcached_g1_unavailable"), 0);
 
   /* Device 0's worker takes what HELLO offers; device 2's asks for its own. */
   kvc *a = open_on(u0), *b = open_on(u2);
@@ -467,7 +455,7 @@ Test(g1, a_pool_per_device_each_worker_maps_its_own, .timeout = 60) {
   cr_assert(strstr(gc.reason, kv_dev_uuid_str(u5, us)), "%s", gc.reason);
   cr_assert(strstr(gc.reason, kv_dev_uuid_str(u2, us)), "%s", gc.reason);
   cr_assert_eq(metric_l("kvcached_g1_selects_total{result=\"none\"}"), 1);
-  kvc_key k = ops_key(1);
+  kvc_key k = KC(1);
   kvc_block out;
   cr_assert_eq(kvc_load(c, KVC_G2, &k, 1, &out), 1);
   cr_assert(all_bytes(out.ptr, OPS_BLOCK, 1));
@@ -526,7 +514,7 @@ Test(g1, raw_g1_select, .timeout = 60) {
   int s;
 
   /* Before HELLO. */
-  s = kv_sock_connect(ops_sock, 0);
+  s = kv_sock_connect(ops_d.sock, 0);
   cr_assert_geq(s, 0);
   kv_reader_init(&rd, 0);
   m = select_msg(1, u2);
@@ -592,12 +580,12 @@ Test(g1, a_missing_device_of_the_list, .timeout = 60) {
   static const char *const autoc[] = {"g1.enable=auto", "g1.backend=sim", "g1.capacity=2M",
                                       "g1.device=1,9", NULL};
   ops_start(NULL, autoc);
-  cr_assert_eq(metric("kvcached_g1_enabled"), 1);
-  cr_assert_eq(metric("kvcached_g1_unavailable"), 1);
+  cr_assert_eq(ops_metric("kvcached_g1_enabled"), 1);
+  cr_assert_eq(ops_metric("kvcached_g1_unavailable"), 1);
   cr_assert_eq(metric_l("kvcached_g1_device_up{device=\"1\"}"), 1);
   cr_assert_eq(metric_l("kvcached_g1_device_up{device=\"9\"}"), 0);
   cr_assert_eq(metric_l("kvcached_g1_device_pool_bytes{device=\"9\"}"), 0);
-  cr_assert_eq(metric("kvcached_g1_pool_bytes"), 2ll << 20);
+  cr_assert_eq(ops_metric("kvcached_g1_pool_bytes"), 2ll << 20);
   kvc *c = open_g1(0); /* no preference: the first pool, device 1's */
   kvc_g1 g;
   uint8_t u1[16];

@@ -5,13 +5,11 @@
  * after HELLO) answers each with an ERROR and a close while its memory
  * stays where it was. It used to buffer every byte each one sent (about
  * 61 MB per connection before any HELLO). */
-#include "test_ops_util.h"
+#include "tests/lib/fixture.h"
 
 #include "ipc/reader.h"
 #include "base/errors.h"
 #include "proto/wire.h"
-
-static char resp[1 << 20];
 
 /* One timeout for every test: Criterion 2.4's runner leaks a timeout record
  * (LeakSanitizer reports it) when tests with different timeouts end in
@@ -125,7 +123,7 @@ Test(frame_limits, the_reader_checks_a_header_before_making_room) {
 /* The daemon's resident memory, in KiB. */
 static long rss_kib(void) {
   char path[64], line[256];
-  snprintf(path, sizeof path, "/proc/%d/status", (int)ops_pid);
+  snprintf(path, sizeof path, "/proc/%d/status", (int)ops_d.pid);
   FILE *f = fopen(path, "r");
   cr_assert_not_null(f);
   long kib = -1;
@@ -136,19 +134,9 @@ static long rss_kib(void) {
   return kib;
 }
 
-/* A metric's value (the line that starts with `series `), or -1. */
-static long long metric(const char *series) {
-  const char *body;
-  cr_assert_eq(ops_req(ops_stats, "GET", "/metrics", resp, sizeof resp, &body), 200);
-  size_t n = strlen(series);
-  for (const char *l = body; l && *l; l = strchr(l, '\n') ? strchr(l, '\n') + 1 : NULL)
-    if (!strncmp(l, series, n) && l[n] == ' ') return atoll(l + n + 1);
-  return -1;
-}
-
 /* A raw worker connection; with hello, after a HELLO for OPS_BLOCK blocks. */
 static int raw_worker(int hello) {
-  int fd = kv_sock_connect(ops_sock, 0);
+  int fd = kv_sock_connect(ops_d.sock, 0);
   cr_assert_geq(fd, 0);
   struct timeval tv = {3, 0};
   setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv);
@@ -186,7 +174,7 @@ Test(frame_limits, unfinished_64mib_puts_cost_no_memory) {
   ops_start(NULL, NULL);
   /* Warm the daemon up with a legitimate session and PUT. */
   kvc *c = ops_open("t");
-  kvc_key k = ops_key(1);
+  kvc_key k = KC(1);
   static uint8_t block[OPS_BLOCK];
   memset(block, 0x5a, sizeof block);
   cr_assert_eq(kvc_put(c, &k, NULL, 128, block, OPS_BLOCK), 0);
@@ -231,11 +219,11 @@ Test(frame_limits, unfinished_64mib_puts_cost_no_memory) {
     close(fds[i]);
   }
   cr_assert_lt(grown, 16 << 10, "%d unfinished PUTs grew the daemon by %ld KiB", 2 * NCONN, grown);
-  cr_assert_eq(metric("kvcached_frames_over_limit_total"), 2 * NCONN);
+  cr_assert_eq(ops_metric("kvcached_frames_over_limit_total"), 2 * NCONN);
 
   /* The legitimate path is untouched: a PUT of the session's block size. */
   static uint8_t back[OPS_BLOCK];
-  k = ops_key(2);
+  k = KC(2);
   cr_assert_eq(kvc_put(c, &k, NULL, 128, block, OPS_BLOCK), 0);
   cr_assert_eq(kvc_get(c, &k, back, sizeof back), (int)OPS_BLOCK);
   cr_assert_eq(memcmp(back, block, OPS_BLOCK), 0);
