@@ -42,7 +42,7 @@ static void dc_fill(uint8_t *p, size_t n, uint32_t seed) {
 
 /* Reaps `want` completions into out (waiting on the fd with poll). -1 on a
  * hang (DC_HANG_MS without progress) or more than want. */
-static int dc_reap_n(kv_dev *d, kv_dev_done *out, unsigned want) {
+int dc_reap_n(kv_dev *d, kv_dev_done *out, unsigned want) {
   unsigned got = 0;
   while (got < want) {
     struct pollfd p = {.fd = kv_dev_completion_fd(d), .events = POLLIN};
@@ -132,7 +132,7 @@ fail:
 
 /* ---- pool shared with another process ---------------------------------------- */
 
-static ssize_t dc_recv_fd(int sock, void *buf, size_t cap, int *fd) {
+ssize_t dc_recv_fd(int sock, void *buf, size_t cap, int *fd) {
   char cbuf[CMSG_SPACE(sizeof(int))];
   struct iovec iov = {buf, cap};
   struct msghdr mh = {.msg_iov = &iov, .msg_iovlen = 1, .msg_control = cbuf,

@@ -12,6 +12,7 @@
 
 #include <stddef.h>
 #include <stdint.h>
+#include <sys/types.h>
 #include <string.h>
 
 #include "cuda/dev.h"
@@ -40,6 +41,14 @@ const char *dc_fmt(const char *file, int line, const char *fmt, ...)
 
 /* kv_dev_open of backend be (uuid: NULL for the default device). */
 int dc_open(kv_dev **d, kv_dev_backend be, const uint8_t *uuid);
+
+/* Reaps `want` completions into out (waiting on the fd with poll). -1 on a
+ * hang (DC_HANG_MS without progress) or more than want. */
+int dc_reap_n(kv_dev *d, kv_dev_done *out, unsigned want);
+
+/* Receives one message of at most cap bytes on sock with the descriptor
+ * it carries in *fd (-1 when none). The byte count, or -1 (errno set). */
+ssize_t dc_recv_fd(int sock, void *buf, size_t cap, int *fd);
 
 /* A device, a pool and a host buffer to copy between. */
 typedef struct dc_env {

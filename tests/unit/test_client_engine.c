@@ -10,7 +10,7 @@
 #include "tests/lib/fixture.h"
 
 #include "cuda/dev.h"
-#include "tests/unit/kernels_ref.h"
+#include "tests/lib/kernels_ref.h"
 
 #define NB 8 /* blocks per test */
 
