@@ -9,6 +9,7 @@
 
 #include "base/errors.h"
 #include "tiers/core.h"
+#include "tests/lib/keys.h"
 
 #define BLK 8192u
 
@@ -71,12 +72,6 @@ static void teardown(fx *f) {
   kv_arena_fini(&f->g1);
   kv_arena_fini(&f->g2);
   free(f->pool);
-}
-
-static kv_key K(uint64_t v) {
-  kv_key k = {.len = 8};
-  memcpy(k.b, &v, 8);
-  return k;
 }
 
 static kv_block *find(fx *f, uint64_t v) {
