@@ -13,8 +13,9 @@
  * with gaps), runs the implementation through a backend (host memory for the
  * unit test, device memory for tests/gpu), runs the reference on host
  * copies, and compares every byte of the buffers - gaps and untouched pages
- * included. Used by tests/unit/test_kernels.c, test_client_engine.c and
- * tests/gpu/gpu_test_kernels.c, gpu_test_client.c; defined in kernels_ref.c.
+ * included. Used by tests/unit/test_kernels.c,
+ * tests/integration/test_client_engine.c, tests/gpu/gpu_test_kernels.c and
+ * gpu_test_client.c; defined in kernels_ref.c.
  */
 #ifndef KV_TESTS_LIB_KERNELS_REF_H
 #define KV_TESTS_LIB_KERNELS_REF_H
