@@ -1,6 +1,6 @@
 /* test_namespaces.c - namespaces are freed when nothing holds them (no
  * session, no block in any tier), limited per tenant, and a namespace
- * belongs to one TP group; against a real kvcached (test_ops_util.h). */
+ * belongs to one TP group; against a real kvcached (tests/lib/fixture.h). */
 #include "tests/lib/fixture.h"
 
 #include "base/errors.h"

@@ -1,7 +1,7 @@
 /* test_tenants.c - tenants bound to credentials: who may act as which
  * tenant ([tenant.NAME] uids and gids, checked at HELLO with SO_PEERCRED
  * and SO_PEERGROUPS), the default single tenant, refusals counted, and each
- * tenant's share of the tiers; against a real kvcached (test_ops_util.h),
+ * tenant's share of the tiers; against a real kvcached (tests/lib/fixture.h),
  * with workers of other uids forked by this (root) test. */
 #include "tests/lib/fixture.h"
 

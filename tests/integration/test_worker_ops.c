@@ -1,4 +1,4 @@
-/* test_daemon.c - the real kvcached, started per test on a private socket
+/* test_worker_ops.c - the real kvcached, started per test on a private socket
  * directory, driven through libkvclient and raw sockets: two-phase stores,
  * loads with per-block status, ownership, a worker killed while holding
  * pins, tenant and namespace isolation, TP groups, corrupted G2 bytes,

@@ -1,6 +1,6 @@
-/* test_limits.c - what one worker connection may hold: pins (each repeat
+/* test_session_limits.c - what one worker connection may hold: pins (each repeat
  * counted, one pin per connection in the core) and uncommitted
- * allocations, against a real kvcached (test_ops_util.h). */
+ * allocations, against a real kvcached (tests/lib/fixture.h). */
 #include "tests/lib/fixture.h"
 
 #include "base/errors.h"
