@@ -16,6 +16,7 @@
 #include <sys/statvfs.h>
 
 #include "tests/lib/fixture.h"
+#include "tests/lib/tmpdir.h"
 
 static char resp[1 << 20];
 static char g3dir[128], setpath[160];
@@ -87,17 +88,11 @@ static void fini(void) {
   ops_stop();
   if (g3root[0]) {
     mutable_again(g3dir);
-    char cmd[128];
-    snprintf(cmd, sizeof cmd, "rm -rf %s", g3root);
-    system(cmd);
+    kvt_rmtree(g3root);
   }
 }
 
-static void rm_tree(const char *p) {
-  char cmd[256];
-  snprintf(cmd, sizeof cmd, "rm -rf %s", p);
-  cr_assert_eq(system(cmd), 0);
-}
+static void rm_tree(const char *p) { cr_assert_eq(kvt_rmtree(p), 0); }
 
 /* The worker still works on G2. */
 static void g2_serves(void) {

@@ -2,6 +2,7 @@
  * session, no block in any tier), limited per tenant, and a namespace
  * belongs to one TP group; against a real kvcached (tests/lib/fixture.h). */
 #include "tests/lib/fixture.h"
+#include "tests/lib/tmpdir.h"
 
 #include "base/errors.h"
 
@@ -154,9 +155,7 @@ Test(namespaces, ssd_blocks_are_found_again_after_namespaces_come_and_go, .timeo
   for (int i = 0; i < 4; i++) cr_assert_eq(((uint8_t *)out[i].ptr)[0], (uint8_t)(i + 1));
   kvc_close(a);
   ops_stop();
-  char cmd[128];
-  snprintf(cmd, sizeof cmd, "rm -rf %s", g3dir);
-  system(cmd);
+  kvt_rmtree(g3dir);
 }
 
 static void store_chain(kvc *c, uint32_t n) {

@@ -4,6 +4,7 @@
  * tenant's share of the tiers; against a real kvcached (tests/lib/fixture.h),
  * with workers of other uids forked by this (root) test. */
 #include "tests/lib/fixture.h"
+#include "tests/lib/tmpdir.h"
 
 #include <grp.h>
 #include <sys/stat.h>
@@ -252,9 +253,7 @@ Test(tenants, one_tenant_flooding_the_ssd_stays_within_its_share, .timeout = 120
   kvc_close(a);
   kvc_close(b);
   ops_stop();
-  char cmd[128];
-  snprintf(cmd, sizeof cmd, "rm -rf %s", g3dir);
-  system(cmd);
+  kvt_rmtree(g3dir);
 }
 
 /* Blocks found on the SSD at start count against their tenant's share
@@ -302,7 +301,5 @@ Test(tenants, ssd_blocks_from_before_a_restart_join_their_tenants_share, .timeou
   cr_assert(used > 0 && used <= share, "alice holds %lld bytes of G3, her share is %lld", used, share);
   kvc_close(a);
   ops_stop();
-  char cmd[128];
-  snprintf(cmd, sizeof cmd, "rm -rf %s", g3dir);
-  system(cmd);
+  kvt_rmtree(g3dir);
 }

@@ -13,6 +13,7 @@
 #include "ipc/reader.h"
 #include "proto/wire.h"
 #include "tests/lib/fixture.h"
+#include "tests/lib/tmpdir.h"
 #include "base/crc32c.h"
 
 #define NOCRC (-1ll)
@@ -441,9 +442,7 @@ static void setup_g3(void) {
 }
 static void stop_g3(void) {
   ops_stop();
-  char cmd[96];
-  snprintf(cmd, sizeof cmd, "rm -rf %s", g3dir);
-  system(cmd);
+  kvt_rmtree(g3dir);
 }
 
 Test(trust_g3, a_good_ssd_copy_outlives_a_scribbled_g2_copy, .init = setup_g3, .fini = stop_g3,
