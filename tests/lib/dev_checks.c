@@ -32,6 +32,15 @@ int dc_open(kv_dev **d, kv_dev_backend be, const uint8_t *uuid) {
   return kv_dev_open(d, &o);
 }
 
+int dc_uuid_of(kv_dev_backend be, int ordinal, uint8_t u[16]) {
+  kv_dev *d;
+  int rc = kv_dev_open(&d, &(kv_dev_opts){.backend = be, .ordinal = ordinal});
+  if (rc) return rc;
+  kv_dev_uuid(d, u);
+  kv_dev_close(d);
+  return 0;
+}
+
 static void dc_fill(uint8_t *p, size_t n, uint32_t seed) {
   uint32_t x = seed * 2654435761u + 1;
   for (size_t i = 0; i < n; i++) {

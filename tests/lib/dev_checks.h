@@ -42,6 +42,9 @@ const char *dc_fmt(const char *file, int line, const char *fmt, ...)
 /* kv_dev_open of backend be (uuid: NULL for the default device). */
 int dc_open(kv_dev **d, kv_dev_backend be, const uint8_t *uuid);
 
+/* The uuid of device `ordinal` of backend be into u. 0 or -errno. */
+int dc_uuid_of(kv_dev_backend be, int ordinal, uint8_t u[16]);
+
 /* Reaps `want` completions into out (waiting on the fd with poll). -1 on a
  * hang (DC_HANG_MS without progress) or more than want. */
 int dc_reap_n(kv_dev *d, kv_dev_done *out, unsigned want);
