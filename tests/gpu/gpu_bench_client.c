@@ -53,8 +53,8 @@
 #include "client/kvclient.h"
 #include "cuda/dev.h"
 #include "cuda/kernels.h"
-#include "tests/gpu/gpu_daemon.h"
-#include "tests/gpu/gpu_util.h"
+#include "tests/lib/gpu.h"
+#include "tests/lib/metrics.h"
 
 /* Blocks per LOAD / submission: KV_BENCH_BLOCKS, default 64; more shows
  * how a request's fixed cost is amortised (block sizes are then limited to
@@ -100,12 +100,12 @@ static int copy_async(void *dst, const void *src, size_t n) {
 /* The reference: nb cudaMemcpyAsync of blk bytes, pinned host -> device
  * (h2d) or back, on the stream; seconds to the end of the stream's work. */
 static double ref_copy(int h2d, size_t blk, int nb) {
-  double t0 = now_s();
+  double t0 = kv_now_s();
   for (int i = 0; i < nb; i++) {
     uint8_t *h = ph + (size_t)i * blk, *d = dref + (size_t)i * blk;
     if (copy_async(h2d ? d : h, h2d ? h : d, blk)) return -1;
   }
-  return d_sync() ? -1 : now_s() - t0;
+  return d_sync() ? -1 : kv_now_s() - t0;
 }
 
 /* ---- the table ------------------------------------------------------------------- */
@@ -128,7 +128,7 @@ static void row(const char *part, const char *what, size_t blk, double bytes, do
 
 /* ---- the daemon ------------------------------------------------------------------- */
 
-static gd_daemon kd;
+static kvt_daemon kd;
 
 static kvc *worker(uint32_t block_bytes) {
   kvc_opts o = {.socket_path = kd.sock, .tenant = "bench",
@@ -150,19 +150,9 @@ static kvc_key key(uint64_t v) {
  * socket; -1 if it cannot be read. */
 static long long g1_loads(void) {
   static char buf[1 << 20];
-  char path[160];
-  snprintf(path, sizeof path, "%s/kvcached-stats.sock", kd.dir);
-  int fd = kv_sock_connect(path, 0);
-  if (fd < 0) return -1;
-  static const char req[] = "GET /metrics HTTP/1.1\r\nHost: kvcached\r\nConnection: close\r\n\r\n";
-  size_t got = 0;
-  if (send(fd, req, sizeof req - 1, MSG_NOSIGNAL) == (ssize_t)(sizeof req - 1))
-    for (ssize_t r; got < sizeof buf - 1 && (r = recv(fd, buf + got, sizeof buf - 1 - got, 0)) > 0;)
-      got += (size_t)r;
-  close(fd);
-  buf[got] = 0;
-  const char *m = strstr(buf, "\nkvcached_g1_copies_total{dir=\"load\"} ");
-  return m ? atoll(strchr(m, '}') + 2) : -1;
+  const char *body;
+  if (kvt_http(kd.stats, "GET", "/metrics", buf, sizeof buf, &body) != 200) return -1;
+  return kvt_metric_value(body, "kvcached_g1_copies_total{dir=\"load\"}");
 }
 
 /* Stores keys first..first+n-1 (blk bytes each), committed. */
@@ -184,7 +174,7 @@ static int part_ac(size_t blk) {
   snprintf(g1, sizeof g1, "g1.capacity=%zuK", (BATCH * blk) >> 10);
   snprintf(be, sizeof be, "g1.backend=%s", sim ? "sim" : "cuda");
   const char *sets[] = {pg, "g1.enable=on", be, g1, NULL};
-  CK(gd_start(&kd, g2, sets) == 0, "kvcached (G2 %s, %s) did not start", g2, g1);
+  CK(gpu_daemon_start(&kd, g2, sets) == 0, "kvcached (G2 %s, %s) did not start", g2, g1);
   kvc *c = worker((uint32_t)blk);
   CK(c, "worker");
   CK(kvc_g2_register_cuda(c) == 0, "kvc_g2_register_cuda: %s", kvc_cuda_error());
@@ -198,9 +188,9 @@ static int part_ac(size_t blk) {
   static kvc_copy v[BATCH_MAX];
   for (int r = 0; r < runs + 2; r++) { /* two untimed: each set in G1 once */
     const kvc_key *k = keys[r & 1];
-    double t0 = now_s();
+    double t0 = kv_now_s();
     int n = kvc_load(c, KVC_G1, k, BATCH, out);
-    double t1 = now_s();
+    double t1 = kv_now_s();
     CK(n == BATCH, "LOAD to G1: %d of %d usable", n, BATCH);
     for (int i = 0; i < BATCH; i++)
       CK(out[i].tier == KVC_G1, "block %d came back in tier %u, not G1", i, out[i].tier);
@@ -210,10 +200,10 @@ static int part_ac(size_t blk) {
     /* c: G2 -> device staging, from this worker's registered mapping */
     CK(kvc_load(c, KVC_G2, k, BATCH, out) == BATCH, "LOAD to G2");
     for (int i = 0; i < BATCH; i++) v[i] = (kvc_copy){dstage + (size_t)i * blk, out[i].ptr, blk};
-    double t2 = now_s();
+    double t2 = kv_now_s();
     int rc = kvc_memcpy_batch(c, v, BATCH, sim ? KVC_MEM_HOST : KVC_MEM_CUDA, st);
     CK(rc == 0 && d_sync() == 0, "kvc_memcpy_batch: %d %s", rc, kvc_cuda_error());
-    double t3 = now_s();
+    double t3 = kv_now_s();
     CK(kvc_release(c, k, BATCH, NULL) == BATCH, "release");
     if (r >= 2) {
       ta[r - 2] = t1 - t0;
@@ -231,7 +221,7 @@ static int part_ac(size_t blk) {
   row("c", "G2->dev: kvc_memcpy_batch(KVC_MEM_CUDA)", blk, bytes, median(tc, runs), ref,
       ">= 0.90");
   kvc_close(c);
-  CK(gd_stop(&kd) == 0, "kvcached did not stop cleanly");
+  CK(gpu_daemon_stop(&kd) == 0, "kvcached did not stop cleanly");
   return 0;
 }
 
@@ -257,7 +247,7 @@ static int part_b(const size_t *sizes, int nsizes) {
     for (int i = 0; i < BATCH; i++)
       v[i] = (kv_dev_copy){h + (size_t)i * blk, dv + (size_t)i * blk, blk};
     for (int r = 0; r < runs + 1; r++) {
-      double t0 = now_s();
+      double t0 = kv_now_s();
       CK(kv_dev_submit(d, KV_DEV_D2H, v, BATCH, 1) == 0, "submit: %s", kv_dev_reason(d));
       kv_dev_done done;
       unsigned got = 0;
@@ -266,7 +256,7 @@ static int part_b(const size_t *sizes, int nsizes) {
         got = kv_dev_reap(d, &done, 1);
       }
       CK(done.status == 0, "D2H submission: %d", done.status);
-      double t1 = now_s(), t_ref = ref_copy(0, blk, BATCH);
+      double t1 = kv_now_s(), t_ref = ref_copy(0, blk, BATCH);
       CK(t_ref > 0, "reference copy failed");
       if (r >= 1) {
         tb[r - 1] = t1 - t0;
@@ -295,7 +285,7 @@ static int part_c_pages(void) {
   const char *sets[] = {"g2.page_size=4M", "g1.enable=off", NULL};
   char g2[32];
   snprintf(g2, sizeof g2, "%zuM", (2 * NB * bb + (16u << 20)) >> 20);
-  CK(gd_start(&kd, g2, sets) == 0, "kvcached (G2 %s) did not start", g2);
+  CK(gpu_daemon_start(&kd, g2, sets) == 0, "kvcached (G2 %s) did not start", g2);
   kvc *c = worker((uint32_t)bb);
   CK(c, "worker");
   CK(kvc_g2_register_cuda(c) == 0, "kvc_g2_register_cuda: %s", kvc_cuda_error());
@@ -332,7 +322,7 @@ static int part_c_pages(void) {
   double t[NWAYS][64];
   for (int r = 0; r < runs + 1; r++) {
     for (int w = 0; w < NWAYS; w++) {
-      double t0 = now_s();
+      double t0 = kv_now_s();
       int rc = 0;
       switch (w) {
       case SC_G2: rc = kvc_pages_scatter(c, &lo, layers, pages, g2in, NB, mem, st); break;
@@ -349,7 +339,7 @@ static int part_c_pages(void) {
       case REF_D2H: t[w][r ? r - 1 : 0] = ref_copy(0, bb, NB); continue;
       }
       CK(rc == 0 && d_sync() == 0, "way %d: %d %s", w, rc, kvc_cuda_error());
-      if (r) t[w][r - 1] = now_s() - t0;
+      if (r) t[w][r - 1] = kv_now_s() - t0;
     }
     CK(t[REF_H2D][r ? r - 1 : 0] > 0 && t[REF_D2H][r ? r - 1 : 0] > 0, "reference copy failed");
   }
@@ -379,7 +369,7 @@ static int part_c_pages(void) {
   kvc_close(c);
   if (sim) free(eng);
   else cudaFree(eng);
-  CK(gd_stop(&kd) == 0, "kvcached did not stop cleanly");
+  CK(gpu_daemon_stop(&kd) == 0, "kvcached did not stop cleanly");
   return 0;
 }
 
@@ -428,7 +418,7 @@ int main(int argc, char **argv) {
   for (int s = 0; s < nsizes && !rc; s++) rc = part_ac(sizes[s]);
   if (!rc) rc = part_b(sizes, nsizes);
   if (!rc) rc = part_c_pages();
-  if (rc) gd_stop(&kd);
+  if (rc) gpu_daemon_stop(&kd);
   printf("gpu_bench_client: %s\n", rc ? "FAILED" : "done");
   return rc;
 }

@@ -13,12 +13,14 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/uio.h>
 #include <sys/wait.h>
 #include <time.h>
 #include <unistd.h>
 
-#include "tests/unit/dev_checks.h"
-#include "tests/gpu/gpu_util.h"
+#include "ipc/sock.h"
+#include "tests/lib/dev_checks.h"
+#include "tests/lib/gpu.h"
 
 #define BATCH 64
 #define MAXBLK ((size_t)16 << 20)
@@ -35,16 +37,16 @@ static double run_dev(kv_dev *d, kv_dev_dir dir, uint8_t *dv, uint8_t *h, size_t
            : dir == KV_DEV_D2H ? (kv_dev_copy){hp, dp, blk}
                                : (kv_dev_copy){dp, dp + POOL / 2, blk};
   }
-  double t0 = now_s();
+  double t0 = kv_now_s();
   if (kv_dev_submit(d, dir, v, BATCH, 1)) return -1;
   kv_dev_done done;
   if (dc_reap_n(d, &done, 1) || done.status) return -1;
-  return now_s() - t0;
+  return kv_now_s() - t0;
 }
 
 /* The same bytes with cudaMemcpyAsync on a stream of its own. */
 static double run_plain(cudaStream_t st, kv_dev_dir dir, uint8_t *dv, uint8_t *h, size_t blk) {
-  double t0 = now_s();
+  double t0 = kv_now_s();
   for (int i = 0; i < BATCH; i++) {
     uint8_t *dp = dv + (size_t)i * blk, *hp = h + (size_t)i * blk;
     cudaError_t e = dir == KV_DEV_H2D   ? cudaMemcpyAsync(dp, hp, blk, cudaMemcpyHostToDevice, st)
@@ -54,7 +56,7 @@ static double run_plain(cudaStream_t st, kv_dev_dir dir, uint8_t *dv, uint8_t *h
     if (e != cudaSuccess) return -1;
   }
   if (cudaStreamSynchronize(st) != cudaSuccess) return -1;
-  return now_s() - t0;
+  return kv_now_s() - t0;
 }
 
 static void row(const char *what, size_t blk, double a, double b, const char *an,

@@ -5,7 +5,7 @@
  *     the thread's current device left as it was);
  *   - kvc_pages_gather(KVC_MEM_CUDA) from a cudaMalloc'ed paged engine
  *     (vLLM's K-first layout) straight into G2 slots from kvc_alloc: every
- *     byte equal to the CPU reference (tests/unit/kernels_ref.h), then
+ *     byte equal to the CPU reference (tests/lib/kernels_ref.c), then
  *     committed;
  *   - the blocks, loaded back, scattered into a second engine buffer three
  *     ways: straight from G2 (the kernel reads host memory in place), via
@@ -26,9 +26,8 @@
 #include "client/engine.h"
 #include "client/kvclient.h"
 #include "cuda/dev.h"
-#include "tests/gpu/gpu_daemon.h"
-#include "tests/gpu/gpu_util.h"
-#include "tests/unit/kernels_ref.h"
+#include "tests/lib/gpu.h"
+#include "tests/lib/kernels_ref.h"
 
 #define NBLK 32
 #define NPAGES 64
@@ -42,7 +41,7 @@ static const kvc_page_layout lo = {.layers = LAYERS, .page_tokens = 16, .kv_head
 
 static int sim, mem;
 static cudaStream_t stream;
-static gd_daemon kd;
+static kvt_daemon kd;
 
 /* "Device" memory: CUDA's, or host memory with --sim. */
 static void *d_alloc(size_t n) {
@@ -283,13 +282,13 @@ int main(int argc, char **argv) {
          sim ? "simulated" : "CUDA");
   const char *sets[] = {"g2.page_size=4M", "g1.enable=on",
                         sim ? "g1.backend=sim" : "g1.backend=cuda", "g1.capacity=64M", NULL};
-  if (gd_start(&kd, "96M", sets)) {
-    gd_stop(&kd);
+  if (gpu_daemon_start(&kd, "96M", sets)) {
+    gpu_daemon_stop(&kd);
     printf("gpu_test_client: FAILED (kvcached did not start)\n");
     return 1;
   }
   int rc = run();
-  rc = gd_stop(&kd) || rc;
+  rc = gpu_daemon_stop(&kd) || rc;
   printf("gpu_test_client: %s\n", rc ? "FAILED" : "passed");
   return rc;
 }

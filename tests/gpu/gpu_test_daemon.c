@@ -21,20 +21,19 @@
 #include "cuda/dev.h"
 #include "ipc/sock.h"
 #include "proto/wire.h"
-#include "tests/gpu/gpu_daemon.h"
-#include "tests/gpu/gpu_util.h"
+#include "tests/lib/gpu.h"
 
 #define BLOCK (1u << 20)
 #define NBLOCKS 32
 
-static gd_daemon kd;
+static kvt_daemon kd;
 
 /* kvcached with G1 on `backend` (cuda or sim): G2 96 MiB, G1 64 MiB. */
 static int start_daemon(const char *backend) {
   char be[32];
   snprintf(be, sizeof be, "g1.backend=%s", backend);
   const char *sets[] = {"g2.page_size=4M", "g1.enable=on", be, "g1.capacity=64M", NULL};
-  return gd_start(&kd, "96M", sets);
+  return gpu_daemon_start(&kd, "96M", sets);
 }
 
 static kvc *worker(const uint8_t *uuid) {
@@ -120,11 +119,11 @@ int main(int argc, char **argv) {
   printf("gpu_test_daemon: kvcached with its G1 pool on the %s device, this process its worker\n",
          sim ? "simulated" : "CUDA");
   if (start_daemon(sim ? "sim" : "cuda")) {
-    gd_stop(&kd);
+    gpu_daemon_stop(&kd);
     return 1;
   }
   int rc = run(sim);
-  int st = gd_stop(&kd);
+  int st = gpu_daemon_stop(&kd);
   rc = rc || st;
   printf("gpu_test_daemon: %s\n", rc ? "FAILED" : "passed");
   return rc;

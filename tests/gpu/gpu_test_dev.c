@@ -11,7 +11,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
-#include "tests/unit/dev_checks.h"
+#include "tests/lib/dev_checks.h"
 
 static const char *check_auto_is_cuda(void) {
   char why[KV_DEV_REASON_MAX];

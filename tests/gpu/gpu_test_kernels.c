@@ -1,5 +1,5 @@
 /* gpu_test_kernels.c - the CUDA gather/scatter of cuda/kernels.h against the
- * CPU reference (tests/unit/kernels_ref.h): every case of the unit test
+ * CPU reference (tests/lib/kernels_ref.c): every case of the unit test
  * (element widths 1, 2, 4, odd geometries, misaligned pointers, strided
  * views, one block to several launches' worth) in device memory, gather,
  * scatter and scatter-then-gather; and the refusals, checked before any
@@ -12,7 +12,7 @@
 
 #include "cuda/gpu.h"
 #include "cuda/kernels.h"
-#include "tests/unit/kernels_ref.h"
+#include "tests/lib/kernels_ref.h"
 
 static cudaStream_t stream;
 

@@ -58,7 +58,7 @@ refused g2_over_memory g2 capacity "$over_mem"
 refused socket_dir_too_long daemon socket_dir "/tmp/$(printf 'd%.0s' {1..88})"
 
 # G3 trouble the daemon survives is a warning, not a refusal: kvcached runs
-# on G2 alone and retries (tests/unit/test_daemon_g3.c starts one that way).
+# on G2 alone and retries (tests/integration/test_daemon_g3.c starts one that way).
 warned() {
   local name=$1 dir=$T/$1
   mkdir -p "$dir"

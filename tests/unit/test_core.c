@@ -9,6 +9,7 @@
 
 #include "base/errors.h"
 #include "tiers/core_int.h"
+#include "tests/lib/keys.h"
 
 #define SLOT 4096u
 
@@ -29,12 +30,6 @@ static void setup(fixture *f, uint32_t blocks, const char *policy, kv_demote_fn 
 static void teardown(fixture *f) {
   kv_core_free(f->core);
   kv_arena_fini(&f->arena);
-}
-
-static kv_key K(uint64_t v) {
-  kv_key k = {.len = 8};
-  for (int i = 0; i < 8; i++) k.b[i] = (uint8_t)(v >> (8 * i));
-  return k;
 }
 
 /* Stores block v (parent p, or none if p == 0) with its slot filled. */

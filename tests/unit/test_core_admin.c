@@ -14,6 +14,7 @@
 #include "base/errors.h"
 #include "tiers/core_int.h"
 #include "base/crc32c.h"
+#include "tests/lib/keys.h"
 
 #define SLOT 4096u
 
@@ -36,12 +37,6 @@ static void setup(fixture *f, uint32_t blocks, const char *policy) {
 static void teardown(fixture *f) {
   kv_core_free(f->core);
   kv_arena_fini(&f->arena);
-}
-
-static kv_key K(uint64_t v) {
-  kv_key k = {.len = 8};
-  for (int i = 0; i < 8; i++) k.b[i] = (uint8_t)(v >> (8 * i));
-  return k;
 }
 
 static kv_block *store_ns(fixture *f, int ns, uint64_t v, uint64_t p) {

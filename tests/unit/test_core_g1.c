@@ -10,6 +10,7 @@
 
 #include "base/errors.h"
 #include "tiers/core_int.h"
+#include "tests/lib/keys.h"
 
 #define BLK 8192u
 
@@ -72,12 +73,6 @@ static void teardown(fx *f) {
   kv_arena_fini(&f->g1);
   kv_arena_fini(&f->g2);
   free(f->pool);
-}
-
-static kv_key K(uint64_t v) {
-  kv_key k = {.len = 8};
-  memcpy(k.b, &v, 8);
-  return k;
 }
 
 static kv_block *find(fx *f, uint64_t v) {

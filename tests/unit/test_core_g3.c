@@ -14,6 +14,7 @@
 
 #include "base/errors.h"
 #include "tiers/core_int.h"
+#include "tests/lib/keys.h"
 
 #define BLK 16384u
 
@@ -64,12 +65,6 @@ static void teardown(fx *f) {
   close_core(f);
   kv_arena_fini(&f->arena);
   nftw(f->dir, rm_one, 8, FTW_DEPTH | FTW_PHYS);
-}
-
-static kv_key K(uint64_t v) {
-  kv_key k = {.len = 8};
-  for (int i = 0; i < 8; i++) k.b[i] = (uint8_t)(v >> (8 * i));
-  return k;
 }
 
 static void fill(void *p, uint64_t v) {

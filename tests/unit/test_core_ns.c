@@ -12,14 +12,9 @@
 
 #include "base/errors.h"
 #include "tiers/core_int.h"
+#include "tests/lib/keys.h"
 
 #define BLK 16384u
-
-static kv_key K(uint64_t v) {
-  kv_key k = {.len = 8};
-  for (int i = 0; i < 8; i++) k.b[i] = (uint8_t)(v >> (8 * i));
-  return k;
-}
 
 Test(core_ns, ids_are_freed_when_empty_and_reused) {
   kv_arena a;

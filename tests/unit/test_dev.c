@@ -2,14 +2,14 @@
  * choice and its reasons, pools shared with a forked worker over SCM_RIGHTS,
  * the export codec, the copy engine (batches, FIFO, directions at once,
  * refusals, injected failures, close with copies in flight, a random run
- * against a memcpy model). The checks live in dev_checks.h, shared with
+ * against a memcpy model). The checks live in tests/lib/dev_checks.c, shared with
  * tests/gpu/gpu_test_dev.c, which runs them on a CUDA device. */
 #include <criterion/criterion.h>
 #include <errno.h>
 #include <stdlib.h>
 #include <string.h>
 
-#include "tests/unit/dev_checks.h"
+#include "tests/lib/dev_checks.h"
 
 #define CHECK(expr)                                                             \
   do {                                                                          \

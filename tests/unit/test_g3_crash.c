@@ -7,7 +7,7 @@
 #include <sys/wait.h>
 #include <time.h>
 
-#include "test_g3_util.h"
+#include "tests/lib/g3.h"
 
 #define BLOCK 65536u
 #define INFLIGHT 16

@@ -14,7 +14,7 @@
 #include <sys/syscall.h>
 #include <sys/wait.h>
 
-#include "test_g3_util.h"
+#include "tests/lib/g3.h"
 #include "tiers/g3_format.h"
 
 typedef struct fx {

@@ -5,7 +5,7 @@
  * refused. */
 #include <sys/wait.h>
 
-#include "test_g3_util.h"
+#include "tests/lib/g3.h"
 #include "tiers/g3_format.h"
 
 typedef struct rb {

@@ -4,7 +4,7 @@
 #include <poll.h>
 #include <stdatomic.h>
 
-#include "test_g3_util.h"
+#include "tests/lib/g3.h"
 
 typedef struct store_t {
   char dir[64];

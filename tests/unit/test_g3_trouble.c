@@ -11,7 +11,7 @@
 #include <sys/statvfs.h>
 #include <sys/wait.h>
 
-#include "test_g3_util.h"
+#include "tests/lib/g3.h"
 #include "tiers/g3_format.h"
 
 #define BLK 8192u

@@ -18,6 +18,7 @@
 #include "ipc/sock.h"
 #include "base/errors.h"
 #include "tiers/g3_internal.h"
+#include "tests/lib/tmpdir.h"
 
 #define BLOCK 4096u
 
@@ -104,9 +105,7 @@ static void teardown(void) {
   kvd_sink_put(&ts->s);
   kv_buf_free(&out);
   kvd_fini(&d);
-  char cmd[128];
-  snprintf(cmd, sizeof cmd, "rm -rf %s", dir);
-  system(cmd);
+  kvt_rmtree(dir);
 }
 
 /* Delivers G3 completions until `done` holds (each wait at most 100 ms). */

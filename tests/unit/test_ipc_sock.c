@@ -7,6 +7,7 @@
 #include "ipc/sock.h"
 
 #include "base/clock.h"
+#include "tests/lib/tmpdir.h"
 
 #include <criterion/criterion.h>
 #include <errno.h>
@@ -31,9 +32,7 @@ static void setup(void) {
 }
 
 static void teardown(void) {
-  char cmd[160];
-  snprintf(cmd, sizeof cmd, "rm -rf '%s'", tmp);
-  if (system(cmd) != 0) cr_log_warn("could not remove %s", tmp);
+  if (kvt_rmtree(tmp) != 0) cr_log_warn("could not remove %s", tmp);
 }
 
 static mode_t mode_of(const char *path) {

@@ -10,7 +10,7 @@
 #include <string.h>
 
 #include "cuda/kernels.h"
-#include "tests/unit/kernels_ref.h"
+#include "tests/lib/kernels_ref.h"
 
 static void *h_alloc(size_t bytes, void *ctx) { return malloc(bytes); }
 static void h_release(void *p, void *ctx) { free(p); }

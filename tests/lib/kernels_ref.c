@@ -1,23 +1,5 @@
-/*
- * kernels_ref.h - a CPU reference for the gather/scatter of cuda/kernels.h,
- * and one case runner that checks an implementation against it.
- *
- * The reference is written from the index formulas alone, one element at a
- * time, sharing no code with kernels_host.c or kernels.cu:
- *   engine: layers[l] + page*P + kv*K + ((t*H + h)*D + d)*E
- *   block:  blocks[i] + ((((l*2 + kv)*T + t)*H + h)*D + d)*E
- * with P = page_stride or 2*T*H*D*E, K = kv_stride or T*H*D*E.
- *
- * The runner builds a case's engine tensors and blocks (random bytes, every
- * pointer misaligned as asked, blocks in a shuffled order inside one buffer
- * with gaps), runs the implementation through a backend (host memory for the
- * unit test, device memory for tests/gpu), runs the reference on host
- * copies, and compares every byte of the buffers - gaps and untouched pages
- * included. Header-only, used by tests/unit/test_kernels.c and
- * tests/gpu/gpu_test_kernels.c.
- */
-#ifndef KV_TESTS_KERNELS_REF_H
-#define KV_TESTS_KERNELS_REF_H
+/* kernels_ref.c - a CPU reference for the kernels and a case runner (kernels_ref.h). */
+#include "tests/lib/kernels_ref.h"
 
 #include <errno.h>
 #include <stdint.h>
@@ -25,16 +7,14 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "cuda/kernels.h"
-
-static inline void kv_ref_strides(const kv_kern_layout *lo, uint64_t *p, uint64_t *k) {
+static void kv_ref_strides(const kv_kern_layout *lo, uint64_t *p, uint64_t *k) {
   uint64_t half = (uint64_t)lo->page_tokens * lo->kv_heads * lo->head_dim * lo->elem_bytes;
   *p = lo->page_stride ? lo->page_stride : 2 * half;
   *k = lo->kv_stride ? lo->kv_stride : half;
 }
 
 /* Reference copy: scatter 0 moves engine -> blocks, 1 blocks -> engine. */
-static inline void kv_ref_copy(const kv_kern_layout *lo, void *const *layers,
+void kv_ref_copy(const kv_kern_layout *lo, void *const *layers,
                                const uint32_t *page_ids, void *const *blocks, size_t n,
                                int scatter) {
   const uint64_t T = lo->page_tokens, H = lo->kv_heads, D = lo->head_dim, E = lo->elem_bytes;
@@ -59,44 +39,17 @@ static inline void kv_ref_copy(const kv_kern_layout *lo, void *const *layers,
             }
 }
 
-/* Where the implementation under test runs. alloc/release/put/get move
- * whole buffers; gather/scatter are the entry points (returning 0 or
- * -errno once the copy is complete). */
-typedef struct kv_ref_backend {
-  void *(*alloc)(size_t bytes, void *ctx);
-  void (*release)(void *p, void *ctx);
-  int (*put)(void *dst, const void *src_host, size_t bytes, void *ctx);
-  int (*get)(void *dst_host, const void *src, size_t bytes, void *ctx);
-  int (*gather)(const kv_kern_layout *lo, void *const *layers, const uint32_t *page_ids,
-                void *const *blocks, size_t n, void *ctx);
-  int (*scatter)(const kv_kern_layout *lo, void *const *layers, const uint32_t *page_ids,
-                 void *const *blocks, size_t n, void *ctx);
-  void *ctx;
-} kv_ref_backend;
-
-enum { KV_REF_DENSE, KV_REF_PADDED, KV_REF_KFIRST };      /* stride kinds */
-enum { KV_REF_GATHER, KV_REF_SCATTER, KV_REF_ROUNDTRIP }; /* modes */
-
-typedef struct kv_ref_case {
-  uint32_t layers, page_tokens, kv_heads, head_dim, elem_bytes, num_pages;
-  int strides;       /* KV_REF_DENSE, _PADDED (gaps between halves), _KFIRST */
-  size_t n;          /* blocks (> 0); scatter, round trip: at most num_pages */
-  unsigned misalign; /* bytes added to every layer base and block pointer */
-  int repeat;        /* gather: page ids drawn with repeats (else distinct) */
-  uint64_t seed;
-} kv_ref_case;
-
-static inline uint64_t kv_ref_rand(uint64_t *s) {
+uint64_t kv_ref_rand(uint64_t *s) {
   uint64_t x = *s;
   x ^= x << 13, x ^= x >> 7, x ^= x << 17;
   return *s = x;
 }
 
-static inline void kv_ref_fill(unsigned char *p, size_t n, uint64_t *s) {
+void kv_ref_fill(unsigned char *p, size_t n, uint64_t *s) {
   for (size_t i = 0; i < n; i++) p[i] = (unsigned char)(kv_ref_rand(s) >> 24);
 }
 
-static inline void kv_ref_layout(const kv_ref_case *c, kv_kern_layout *lo) {
+static void kv_ref_layout(const kv_ref_case *c, kv_kern_layout *lo) {
   uint64_t half = (uint64_t)c->page_tokens * c->kv_heads * c->head_dim * c->elem_bytes;
   memset(lo, 0, sizeof *lo);
   lo->layers = c->layers, lo->page_tokens = c->page_tokens, lo->kv_heads = c->kv_heads;
@@ -111,7 +64,7 @@ static inline void kv_ref_layout(const kv_ref_case *c, kv_kern_layout *lo) {
 }
 
 /* First differing byte of two buffers, as a message; 0 if equal. */
-static inline int kv_ref_diff(const unsigned char *want, const unsigned char *got, size_t n,
+static int kv_ref_diff(const unsigned char *want, const unsigned char *got, size_t n,
                               const char *what, size_t idx, char *why, size_t whylen) {
   for (size_t i = 0; i < n; i++)
     if (want[i] != got[i]) {
@@ -125,7 +78,7 @@ static inline int kv_ref_diff(const unsigned char *want, const unsigned char *go
 /* Runs one case in one mode: 0 when the implementation matched the
  * reference byte for byte, -1 on a mismatch, -errno when the setup or the
  * implementation failed; why says which. */
-static inline int kv_ref_run(const kv_ref_case *c, int mode, const kv_ref_backend *be,
+int kv_ref_run(const kv_ref_case *c, int mode, const kv_ref_backend *be,
                              char *why, size_t whylen) {
   kv_kern_layout lo;
   kv_ref_layout(c, &lo);
@@ -223,7 +176,7 @@ out:
 /* The cases both test programs run: every element width, odd and
  * realistic geometries, one block and many, every stride kind, aligned
  * and misaligned pointers. */
-static inline size_t kv_ref_cases(kv_ref_case *out, size_t max) {
+size_t kv_ref_cases(kv_ref_case *out, size_t max) {
   static const uint32_t geo[][5] = {
       /* layers, page_tokens, kv_heads, head_dim, num_pages */
       {1, 1, 1, 1, 1},    {1, 1, 1, 3, 7},   {3, 5, 2, 3, 11}, {2, 16, 8, 1, 9},
@@ -259,5 +212,3 @@ static inline size_t kv_ref_cases(kv_ref_case *out, size_t max) {
   }
   return k;
 }
-
-#endif

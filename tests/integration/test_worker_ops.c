@@ -1,4 +1,4 @@
-/* test_daemon.c - the real kvcached, started per test on a private socket
+/* test_worker_ops.c - the real kvcached, started per test on a private socket
  * directory, driven through libkvclient and raw sockets: two-phase stores,
  * loads with per-block status, ownership, a worker killed while holding
  * pins, tenant and namespace isolation, TP groups, corrupted G2 bytes,
@@ -19,74 +19,50 @@
 #include "ipc/sock.h"
 #include "base/errors.h"
 #include "proto/wire.h"
+#include "tests/lib/daemon.h"
+#include "tests/lib/keys.h"
+#include "tests/lib/tmpdir.h"
 
 #define BLOCK 65536u
 
-static char dir[64], sock[128];
-static pid_t daemon_pid;
+static kvt_daemon kd;
 
 /* tenants: NULL for the one default tenant, or two names, comma-separated,
- * each configured ([tenant.NAME]) for this test's own uid. */
-static void launch(const char *tenants) {
-  daemon_pid = fork();
-  cr_assert_geq(daemon_pid, 0);
-  if (daemon_pid == 0) {
-    prctl(PR_SET_PDEATHSIG, SIGKILL); /* never outlive the test */
-    char t[2][96] = {"log.level=warn", "log.level=warn"}, g3[96], names[128];
-    snprintf(g3, sizeof g3, "%s/g3", dir);
-    snprintf(names, sizeof names, "%s", tenants ? tenants : "");
-    char *save = NULL;
-    int k = 0;
-    for (char *n = strtok_r(names, ",", &save); n && k < 2; n = strtok_r(NULL, ",", &save), k++)
-      snprintf(t[k], sizeof t[k], "tenant.%s.uids=%u", n, (unsigned)getuid());
-    execl(KV_BIN_DIR "/kvcached", "kvcached", "--socket-dir", dir, "--g2-capacity", "2M",
-          "--set", "g2.page_size=1M", "--set", "g2.lock=no", "--set", t[0], "--set", t[1],
-          "--g3-path", g3, "--g3-capacity", "12M", "--set", "g3.block_bytes=64K",
-          "--set", "g3.backend=threads", "--log-level", "warn", (char *)NULL);
-    _exit(127);
-  }
-  for (int i = 0; i < 200; i++) {
-    int fd = kv_sock_connect(sock, 0);
-    if (fd >= 0) { close(fd); return; }
-    usleep(20000);
-  }
-  cr_assert_fail("kvcached did not start");
-}
-
+ * each configured ([tenant.NAME]) for this test's own uid. G3 in DIR/g3. */
 static void start_daemon(const char *tenants) {
-  snprintf(dir, sizeof dir, "/tmp/kvd-test-XXXXXX");
-  cr_assert_not_null(mkdtemp(dir));
-  snprintf(sock, sizeof sock, "%s/kvcached.sock", dir);
-  launch(tenants);
+  char dir[64], t[2][96] = {"log.level=warn", "log.level=warn"}, g3[96], names[128];
+  cr_assert_eq(kvt_mkdtemp(dir, sizeof dir, "kvd-test"), 0);
+  snprintf(g3, sizeof g3, "%s/g3", dir);
+  snprintf(names, sizeof names, "%s", tenants ? tenants : "");
+  char *save = NULL;
+  int k = 0;
+  for (char *n = strtok_r(names, ",", &save); n && k < 2; n = strtok_r(NULL, ",", &save), k++)
+    snprintf(t[k], sizeof t[k], "tenant.%s.uids=%u", n, (unsigned)getuid());
+  const char *args[] = {"--g2-capacity", "2M", "--set", "g2.page_size=1M", "--set", "g2.lock=no",
+                        "--set", t[0], "--set", t[1], "--g3-path", g3, "--g3-capacity", "12M",
+                        "--set", "g3.block_bytes=64K", "--set", "g3.backend=threads",
+                        "--log-level", "warn", NULL};
+  kvt_daemon_opts o = {.dir = dir, .args = args, .wait_ms = 4000};
+  cr_assert_eq(kvt_daemon_start(&kd, &o), 0, "kvcached did not start");
 }
 
 /* Stops the daemon with `sig` and waits for it; the directory stays. */
 static void kill_daemon(int sig) {
-  kill(daemon_pid, sig);
-  int st;
-  waitpid(daemon_pid, &st, 0);
+  int st = kvt_daemon_kill(&kd, sig);
   if (sig == SIGTERM) cr_assert(WIFEXITED(st) && WEXITSTATUS(st) == 0, "unclean stop");
-  daemon_pid = 0;
 }
 
 static void stop_daemon(void) {
-  if (daemon_pid > 0) {
-    kill(daemon_pid, SIGTERM);
-    int st;
-    waitpid(daemon_pid, &st, 0);
-    cr_expect(WIFEXITED(st) && WEXITSTATUS(st) == 0, "kvcached did not stop cleanly");
-    daemon_pid = 0;
-  }
-  char cmd[128];
-  snprintf(cmd, sizeof cmd, "rm -rf %s", dir);
-  system(cmd);
+  cr_expect_eq(kvt_daemon_stop(&kd), 0, "kvcached did not stop cleanly");
+  kvt_rmtree(kd.dir);
+  kvt_daemon_free(&kd);
 }
 
 static void setup(void) { start_daemon(NULL); }
 static void setup2(void) { start_daemon("alice,bob"); }
 
 static kvc *open_as(const char *tenant, uint16_t rank, uint16_t size, const char *group) {
-  kvc_opts o = {.socket_path = sock, .tenant = tenant, .group = group,
+  kvc_opts o = {.socket_path = kd.sock, .tenant = tenant, .group = group,
                 .layout = {.block_bytes = BLOCK, .tokens_per_block = 16, .layers = 2,
                            .kv_heads = 2, .head_dim = 64, .tp_rank = rank, .tp_size = size,
                            .dtype = "bf16"}};
@@ -96,12 +72,6 @@ static kvc *open_as(const char *tenant, uint16_t rank, uint16_t size, const char
   return c;
 }
 static kvc *open_one(void) { return open_as("t1", 0, 1, NULL); }
-
-static kvc_key K(uint64_t v) {
-  kvc_key k = {.len = 8};
-  for (int i = 0; i < 8; i++) k.b[i] = (uint8_t)(v >> (8 * i));
-  return k;
-}
 
 /* Stores keys[0..n) as a chain, each block filled with its index. */
 static void store_chain(kvc *c, const kvc_key *keys, uint32_t n) {
@@ -117,7 +87,7 @@ TestSuite(daemon, .init = setup, .fini = stop_daemon, .timeout = 60);
 
 Test(daemon, store_lookup_load_release) {
   kvc *c = open_one();
-  kvc_key keys[4] = {K(1), K(2), K(3), K(4)};
+  kvc_key keys[4] = {KC(1), KC(2), KC(3), KC(4)};
   uint8_t tiers[4];
   cr_assert_eq(kvc_lookup(c, keys, 4, tiers), 0);
   cr_assert_eq(tiers[0], KVC_TIER_NONE);
@@ -143,7 +113,7 @@ Test(daemon, store_lookup_load_release) {
 
 Test(daemon, uncommitted_blocks_are_invisible_and_owned) {
   kvc *a = open_one(), *b = open_one();
-  kvc_key k = K(7);
+  kvc_key k = KC(7);
   kvc_block out;
   cr_assert_eq(kvc_alloc(a, KVC_G2, 128, &k, NULL, 1, &out), 1);
   cr_assert_eq(kvc_lookup(b, &k, 1, NULL), 0, "visible before commit");
@@ -160,7 +130,7 @@ Test(daemon, uncommitted_blocks_are_invisible_and_owned) {
 
 Test(daemon, a_closed_connection_aborts_its_allocations) {
   kvc *a = open_one();
-  kvc_key k = K(9);
+  kvc_key k = KC(9);
   kvc_block out;
   cr_assert_eq(kvc_alloc(a, KVC_G2, 128, &k, NULL, 1, &out), 1);
   kvc_close(a);
@@ -180,7 +150,7 @@ Test(daemon, a_closed_connection_aborts_its_allocations) {
 Test(daemon, a_killed_worker_releases_its_pins) {
   kvc *c = open_one();
   kvc_key keys[32];
-  for (int i = 0; i < 32; i++) keys[i] = K(100 + (uint64_t)i);
+  for (int i = 0; i < 32; i++) keys[i] = KC(100 + (uint64_t)i);
   for (int i = 0; i < 32; i += 8) store_chain(c, keys + i, 8);
   int pfd[2];
   cr_assert_eq(pipe(pfd), 0);
@@ -195,7 +165,7 @@ Test(daemon, a_killed_worker_releases_its_pins) {
   }
   char ok = 0;
   ssize_t got = read(pfd[0], &ok, 1);
-  kvc_key nk = K(999);
+  kvc_key nk = KC(999);
   kvc_block out;
   int r = kvc_alloc(c, KVC_G2, 128, &nk, NULL, 1, &out);
   kill(w, SIGKILL); /* before any assertion: a failed one must not leave it paused */
@@ -215,13 +185,13 @@ Test(daemon, a_killed_worker_releases_its_pins) {
 
 Test(daemon, namespaces_differ_by_layout) {
   kvc *a = open_as("t1", 0, 1, NULL);
-  kvc_opts o = {.socket_path = sock, .tenant = "t1",
+  kvc_opts o = {.socket_path = kd.sock, .tenant = "t1",
                 .layout = {.block_bytes = BLOCK, .tokens_per_block = 16, .layers = 2,
                            .kv_heads = 2, .head_dim = 64, .tp_rank = 0, .tp_size = 1,
                            .dtype = "fp8"}};
   kvc *b;
   cr_assert_eq(kvc_open(&o, &b), 0);
-  kvc_key k = K(5);
+  kvc_key k = KC(5);
   store_chain(a, &k, 1);
   cr_assert_eq(kvc_lookup(b, &k, 1, NULL), 0, "another dtype saw the block");
   kvc_block out;
@@ -233,7 +203,7 @@ Test(daemon, namespaces_differ_by_layout) {
 
 Test(daemon, tp_group_gets_one_hit_length) {
   kvc *r0 = open_as("t1", 0, 2, "grp"), *r1 = open_as("t1", 1, 2, "grp");
-  kvc_key keys[3] = {K(1), K(2), K(3)};
+  kvc_key keys[3] = {KC(1), KC(2), KC(3)};
   store_chain(r0, keys, 3);
   store_chain(r1, keys, 2);
   cr_assert_eq(kvc_lookup(r0, keys, 3, NULL), 2, "rank 0 must see the group's length");
@@ -244,7 +214,7 @@ Test(daemon, tp_group_gets_one_hit_length) {
 
 Test(daemon, corrupted_g2_bytes_are_never_served_by_get) {
   kvc *c = open_one();
-  kvc_key k = K(11);
+  kvc_key k = KC(11);
   uint8_t *data = malloc(BLOCK), *back = malloc(BLOCK);
   memset(data, 0x5a, BLOCK);
   cr_assert_eq(kvc_put(c, &k, NULL, 128, data, BLOCK), 0);
@@ -262,7 +232,7 @@ Test(daemon, corrupted_g2_bytes_are_never_served_by_get) {
 
 Test(daemon, delete_and_priority) {
   kvc *c = open_one();
-  kvc_key keys[3] = {K(1), K(2), K(3)};
+  kvc_key keys[3] = {KC(1), KC(2), KC(3)};
   store_chain(c, keys, 3);
   int32_t st[3];
   cr_assert_eq(kvc_set_priority(c, 10, keys, 3, st), 3);
@@ -287,7 +257,7 @@ Test(daemon, status_is_json) {
 
 Test(daemon, nonblocking_submissions_complete_out_of_band) {
   kvc *c = open_one();
-  kvc_key keys[2] = {K(1), K(2)};
+  kvc_key keys[2] = {KC(1), KC(2)};
   store_chain(c, keys, 2);
   uint8_t t1[2], t2[1];
   int64_t a = kvc_submit_lookup(c, keys, 2, t1, (void *)1);
@@ -316,7 +286,7 @@ Test(daemon, nonblocking_submissions_complete_out_of_band) {
 /* Raw bytes: garbage, a wrong version, an unknown opcode, an oversized
  * length. Each gets an error or a closed connection; the daemon lives. */
 static int raw_connect(void) {
-  int fd = kv_sock_connect(sock, 0);
+  int fd = kv_sock_connect(kd.sock, 0);
   cr_assert_geq(fd, 0);
   struct timeval tv = {2, 0};
   setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv);
@@ -397,10 +367,10 @@ Test(daemon, malformed_frames_get_an_error_never_a_crash) {
 
 Test(daemon_tenants, tenants_are_isolated_and_limited, .init = setup2, .fini = stop_daemon, .timeout = 60) {
   kvc *a = open_as("alice", 0, 1, NULL), *b = open_as("bob", 0, 1, NULL);
-  kvc_key k = K(3);
+  kvc_key k = KC(3);
   store_chain(a, &k, 1);
   cr_assert_eq(kvc_lookup(b, &k, 1, NULL), 0, "bob saw alice's block");
-  kvc_opts o = {.socket_path = sock, .tenant = "carol",
+  kvc_opts o = {.socket_path = kd.sock, .tenant = "carol",
                 .layout = {.block_bytes = BLOCK, .tokens_per_block = 16, .tp_size = 1, .dtype = "bf16"}};
   kvc *c;
   cr_assert_eq(kvc_open(&o, &c), -EPERM, "a tenant nobody configured got an arena");
@@ -409,7 +379,7 @@ Test(daemon_tenants, tenants_are_isolated_and_limited, .init = setup2, .fini = s
 }
 
 Test(daemon, bad_hello_is_refused) {
-  kvc_opts o = {.socket_path = sock, .tenant = "t1",
+  kvc_opts o = {.socket_path = kd.sock, .tenant = "t1",
                 .layout = {.block_bytes = BLOCK, .tokens_per_block = 16, .tp_rank = 2, .tp_size = 2, .dtype = "bf16"}};
   kvc *c;
   cr_assert_eq(kvc_open(&o, &c), -EINVAL);
@@ -428,7 +398,7 @@ static void fill_pattern(uint8_t *p, uint64_t v) {
 
 static void store_many(kvc *c, uint64_t first, uint32_t n) {
   for (uint32_t i = 0; i < n; i++) {
-    kvc_key k = K(first + i);
+    kvc_key k = KC(first + i);
     kvc_block out;
     int r;
     /* A full G2 with demotions in flight answers -EAGAIN: retry. */
@@ -444,7 +414,7 @@ static void store_many(kvc *c, uint64_t first, uint32_t n) {
 }
 
 static void wait_tier(kvc *c, uint64_t v, uint8_t want) {
-  kvc_key k = K(v);
+  kvc_key k = KC(v);
   uint8_t t = KVC_TIER_NONE;
   for (int i = 0; i < 200; i++) {
     kvc_lookup(c, &k, 1, &t);
@@ -458,7 +428,7 @@ Test(daemon, load_brings_blocks_up_from_ssd_verified) {
   kvc *c = open_one();
   store_many(c, 1000, 40); /* 2 MiB of G2 holds 32 */
   wait_tier(c, 1000, KVC_G3);
-  kvc_key keys[4] = {K(1000), K(1001), K(1002), K(1039)};
+  kvc_key keys[4] = {KC(1000), KC(1001), KC(1002), KC(1039)};
   kvc_block b[4];
   cr_assert_eq(kvc_load(c, KVC_G2, keys, 4, b), 4);
   uint8_t *want = malloc(BLOCK);
@@ -485,7 +455,7 @@ Test(daemon, stores_into_a_full_g2_wait_for_room_instead_of_failing) {
   kvc_key keys[16];
   kvc_block out[16];
   for (uint64_t batch = 0; batch < 6; batch++) {
-    for (uint32_t i = 0; i < 16; i++) keys[i] = K(7000 + batch * 16 + i);
+    for (uint32_t i = 0; i < 16; i++) keys[i] = KC(7000 + batch * 16 + i);
     int r = kvc_alloc(c, KVC_G2, 128, keys, NULL, 16, out);
     for (uint32_t i = 0; i < 16; i++)
       cr_assert_eq(out[i].status, 0, "batch %llu key %u: %s", (unsigned long long)batch, i,
@@ -496,7 +466,7 @@ Test(daemon, stores_into_a_full_g2_wait_for_room_instead_of_failing) {
   }
   uint8_t *want = malloc(BLOCK);
   for (uint64_t v = 7060; v < 7096; v += 5) { /* G2 and G3 together keep the newest */
-    kvc_key k = K(v);
+    kvc_key k = KC(v);
     kvc_block b;
     int lr = kvc_load(c, KVC_G2, &k, 1, &b);
     cr_assert_eq(lr, 1, "block %llu: %d %s", (unsigned long long)v, lr, kvc_strerror(b.status));
@@ -514,11 +484,11 @@ static void restart_and_check(int sig) {
   for (uint64_t v = 2000; v < 2008; v++) wait_tier(c, v, KVC_G3);
   kvc_close(c);
   kill_daemon(sig);
-  launch(NULL);
+  cr_assert_eq(kvt_daemon_restart(&kd), 0, "kvcached did not start");
   c = open_one();
   kvc_key keys[8];
   uint8_t tiers[8];
-  for (int i = 0; i < 8; i++) keys[i] = K(2000 + (uint64_t)i);
+  for (int i = 0; i < 8; i++) keys[i] = KC(2000 + (uint64_t)i);
   cr_assert_eq(kvc_lookup(c, keys, 8, tiers), 8, "the SSD forgot its blocks");
   for (int i = 0; i < 8; i++) cr_assert_eq(tiers[i], KVC_G3);
   kvc_block b[8];
@@ -546,7 +516,7 @@ Test(daemon, restart_after_kill_9_is_warm) { restart_and_check(SIGKILL); }
 static void key_bytes(uint8_t *p, uint64_t v) { fill_pattern(p, v); }
 
 static int worker(int w) {
-  kvc_opts o = {.socket_path = sock, .tenant = "t1",
+  kvc_opts o = {.socket_path = kd.sock, .tenant = "t1",
                 .layout = {.block_bytes = BLOCK, .tokens_per_block = 16, .layers = 2,
                            .kv_heads = 2, .head_dim = 64, .tp_rank = 0, .tp_size = 1,
                            .dtype = "bf16"}};
@@ -557,8 +527,8 @@ static int worker(int w) {
   for (int round = 0; round < 20 && !bad; round++) {
     /* Chain: 3 shared blocks (same for everyone), then 3 of this worker. */
     kvc_key keys[6];
-    for (int i = 0; i < 3; i++) keys[i] = K(5000 + (uint64_t)(round % 4) * 10 + (uint64_t)i);
-    for (int i = 3; i < 6; i++) keys[i] = K(6000 + (uint64_t)w * 1000 + (uint64_t)round * 10 + (uint64_t)i);
+    for (int i = 0; i < 3; i++) keys[i] = KC(5000 + (uint64_t)(round % 4) * 10 + (uint64_t)i);
+    for (int i = 3; i < 6; i++) keys[i] = KC(6000 + (uint64_t)w * 1000 + (uint64_t)round * 10 + (uint64_t)i);
     int hit = kvc_lookup(c, keys, 6, NULL);
     if (hit < 0) { bad = 11; break; }
     for (int i = hit; i < 6; i++) {

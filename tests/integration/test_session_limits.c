@@ -1,7 +1,7 @@
-/* test_limits.c - what one worker connection may hold: pins (each repeat
+/* test_session_limits.c - what one worker connection may hold: pins (each repeat
  * counted, one pin per connection in the core) and uncommitted
- * allocations, against a real kvcached (test_ops_util.h). */
-#include "test_ops_util.h"
+ * allocations, against a real kvcached (tests/lib/fixture.h). */
+#include "tests/lib/fixture.h"
 
 #include "base/errors.h"
 
@@ -16,7 +16,7 @@ Test(limits, one_session_pinning_a_block_65536_times_does_not_fail_others_loads,
   ops_store(a, 1, 1);
   static kvc_key keys[REPEAT];
   static kvc_block out[REPEAT];
-  for (uint32_t i = 0; i < REPEAT; i++) keys[i] = ops_key(1);
+  for (uint32_t i = 0; i < REPEAT; i++) keys[i] = KC(1);
   for (int round = 0; round < 16; round++) /* 16 x 4096 = 65536 pins */
     cr_assert_eq(kvc_load(a, KVC_G2, keys, REPEAT, out), (int)REPEAT, "round %d: %s", round,
                  kvc_strerror(out[REPEAT - 1].status));
@@ -24,14 +24,14 @@ Test(limits, one_session_pinning_a_block_65536_times_does_not_fail_others_loads,
   cr_assert_eq(kvc_load(b, KVC_G2, keys, 1, &ob), 1, "another worker's LOAD: %s", kvc_strerror(ob.status));
   cr_assert_eq(kvc_release(b, keys, 1, NULL), 1);
   /* Every repeat wants its release; the block stays pinned until the last. */
-  json_t *o = ops_json(ops_stats, "GET", "/stats", 200);
+  json_t *o = ops_json(ops_d.stats, "GET", "/stats", 200);
   cr_assert_eq(ops_num(o, "pins"), 1);
   json_decref(o);
   for (int round = 0; round < 16; round++) cr_assert_eq(kvc_release(a, keys, REPEAT, NULL), (int)REPEAT);
   int32_t st;
   cr_assert_eq(kvc_release(a, keys, 1, &st), 0);
   cr_assert_eq(st, KV_ENOTOWNER);
-  o = ops_json(ops_stats, "GET", "/stats", 200);
+  o = ops_json(ops_d.stats, "GET", "/stats", 200);
   cr_assert_eq(ops_num(o, "pins"), 0);
   json_decref(o);
   kvc_close(a);
@@ -46,8 +46,8 @@ Test(limits, pins_past_the_session_limit_are_refused_per_key) {
   ops_store(a, 1, 8);
   kvc_key keys[12];
   kvc_block out[12];
-  for (int i = 0; i < 8; i++) keys[i] = ops_key((uint64_t)i + 1);
-  for (int i = 8; i < 12; i++) keys[i] = ops_key(1); /* repeats count too */
+  for (int i = 0; i < 8; i++) keys[i] = KC((uint64_t)i + 1);
+  for (int i = 8; i < 12; i++) keys[i] = KC(1); /* repeats count too */
   cr_assert_eq(kvc_load(a, KVC_G2, keys, 12, out), 10);
   for (int i = 0; i < 10; i++) cr_assert_eq(out[i].status, 0, "key %d", i);
   for (int i = 10; i < 12; i++) {
@@ -60,7 +60,7 @@ Test(limits, pins_past_the_session_limit_are_refused_per_key) {
   cr_assert_eq(out[0].status, -EDQUOT);
   cr_assert_eq(kvc_release(a, keys, 1, NULL), 1);
   cr_assert_eq(kvc_load(a, KVC_G2, keys + 7, 1, out), 1);
-  json_t *o = ops_json(ops_stats, "GET", "/stats", 200);
+  json_t *o = ops_json(ops_d.stats, "GET", "/stats", 200);
   cr_assert_eq(ops_num(o, "session_limit_refused.pins"), 3);
   json_decref(o);
   kvc_close(a);
@@ -74,7 +74,7 @@ Test(limits, allocations_past_the_session_limit_are_refused_per_key) {
   kvc *a = ops_open("t"), *b = ops_open("t");
   kvc_key keys[6];
   kvc_block out[6];
-  for (int i = 0; i < 6; i++) keys[i] = ops_key((uint64_t)i + 1);
+  for (int i = 0; i < 6; i++) keys[i] = KC((uint64_t)i + 1);
   cr_assert_eq(kvc_alloc(a, KVC_G2, 128, keys, NULL, 5, out), 3);
   for (int i = 0; i < 3; i++) cr_assert_eq(out[i].status, 0);
   for (int i = 3; i < 5; i++) cr_assert_eq(out[i].status, -EDQUOT, "key %d: %s", i, kvc_strerror(out[i].status));
@@ -84,12 +84,12 @@ Test(limits, allocations_past_the_session_limit_are_refused_per_key) {
   cr_assert_eq(kvc_alloc(a, KVC_G2, 128, keys + 4, NULL, 1, out + 4), 1);
   cr_assert_eq(kvc_alloc(a, KVC_G2, 128, keys + 5, NULL, 1, out + 5), 0); /* 3 again */
   cr_assert_eq(out[5].status, -EDQUOT);
-  json_t *o = ops_json(ops_stats, "GET", "/stats", 200);
+  json_t *o = ops_json(ops_d.stats, "GET", "/stats", 200);
   cr_assert_eq(ops_num(o, "session_limit_refused.allocs"), 3);
   json_decref(o);
   const char *m;
   static char resp[1 << 20];
-  cr_assert_eq(ops_req(ops_stats, "GET", "/metrics", resp, sizeof resp, &m), 200);
+  cr_assert_eq(ops_req(ops_d.stats, "GET", "/metrics", resp, sizeof resp, &m), 200);
   cr_assert(strstr(m, "kvcached_session_limit_refused_total{limit=\"allocs\"} 3\n"), "%s", m);
   kvc_close(a);
   kvc_close(b);

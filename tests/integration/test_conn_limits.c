@@ -5,7 +5,7 @@
  * connections are kept within what RLIMIT_NOFILE leaves, so the stats
  * socket keeps answering. Connections per uid and in total are capped, and
  * a connection without a session is closed after limits.hello_timeout_ms. */
-#include "test_ops_util.h"
+#include "tests/lib/fixture.h"
 
 #include <arpa/inet.h>
 #include <dirent.h>
@@ -22,11 +22,8 @@ static char resp[1 << 20];
  * not there, -2 when /metrics does not answer 200. */
 static long long metric(const char *series) {
   const char *body;
-  if (ops_req(ops_stats, "GET", "/metrics", resp, sizeof resp, &body) != 200) return -2;
-  size_t n = strlen(series);
-  for (const char *l = body; l && *l; l = strchr(l, '\n') ? strchr(l, '\n') + 1 : NULL)
-    if (!strncmp(l, series, n) && l[n] == ' ') return atoll(l + n + 1);
-  return -1;
+  if (ops_req(ops_d.stats, "GET", "/metrics", resp, sizeof resp, &body) != 200) return -2;
+  return kvt_metric_value(body, series);
 }
 
 /* Waits (up to 10 s) for a metric to reach want; returns its last value. */
@@ -39,7 +36,7 @@ static long long wait_metric(const char *series, long long want) {
 /* The daemon's CPU time (user + system), in seconds. */
 static double cpu_s(void) {
   char path[64], buf[1024];
-  snprintf(path, sizeof path, "/proc/%d/stat", (int)ops_pid);
+  snprintf(path, sizeof path, "/proc/%d/stat", (int)ops_d.pid);
   FILE *f = fopen(path, "r");
   cr_assert_not_null(f);
   size_t n = fread(buf, 1, sizeof buf - 1, f);
@@ -54,7 +51,7 @@ static double cpu_s(void) {
 }
 
 static int raw_conn(void) {
-  int fd = kv_sock_connect(ops_sock, 0);
+  int fd = kv_sock_connect(ops_d.sock, 0);
   cr_assert_geq(fd, 0, "connect: %s", strerror(-fd));
   struct timeval tv = {5, 0};
   setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv);
@@ -223,12 +220,12 @@ Test(fd_limit, workers_past_the_descriptor_limit_are_refused_and_health_answers)
   double used = cpu_s() - c0;
   cr_assert_lt(used, 0.5, "the daemon used %.2f s of CPU in 1 s at its descriptor limit", used);
   for (int i = 0; i < 5; i++) {
-    json_t *o = ops_json(ops_stats, "GET", "/health", 200);
+    json_t *o = ops_json(ops_d.stats, "GET", "/health", 200);
     json_decref(o);
   }
   expect_refused(fds[N - 1], -EAGAIN, "RLIMIT_NOFILE");
   expect_served(fds[0]);
-  kvc_opts o = {.socket_path = ops_sock, .tenant = "t",
+  kvc_opts o = {.socket_path = ops_d.sock, .tenant = "t",
                 .layout = {.block_bytes = OPS_BLOCK, .tokens_per_block = 16, .tp_size = 1, .dtype = "bf16"}};
   kvc *c = NULL;
   cr_assert_eq(kvc_open(&o, &c), -EAGAIN, "a worker got in past the limit");
@@ -245,7 +242,7 @@ Test(fd_limit, workers_past_the_descriptor_limit_are_refused_and_health_answers)
 /* Descriptors the daemon has open. */
 static int daemon_fds(void) {
   char path[64];
-  snprintf(path, sizeof path, "/proc/%d/fd", (int)ops_pid);
+  snprintf(path, sizeof path, "/proc/%d/fd", (int)ops_d.pid);
   DIR *d = opendir(path);
   cr_assert_not_null(d);
   int n = 0;
@@ -262,7 +259,7 @@ Test(fd_limit, out_of_descriptors_the_daemon_refuses_and_does_not_spin) {
   ops_start(NULL, NULL);
   struct rlimit low;
   low.rlim_cur = low.rlim_max = (rlim_t)daemon_fds() + 16;
-  cr_assert_eq(prlimit(ops_pid, RLIMIT_NOFILE, &low, NULL), 0, "prlimit: %s", strerror(errno));
+  cr_assert_eq(prlimit(ops_d.pid, RLIMIT_NOFILE, &low, NULL), 0, "prlimit: %s", strerror(errno));
   enum { N = 64 };
   int fds[N];
   /* A second wave fills what the daemon closed meanwhile (ops_start's probe). */
@@ -275,7 +272,7 @@ Test(fd_limit, out_of_descriptors_the_daemon_refuses_and_does_not_spin) {
   usleep(1000000);
   double used = cpu_s() - c0;
   /* The stats socket is out of descriptors too: it answers 503. */
-  int st = ops_req(ops_stats, "GET", "/health", resp, sizeof resp, NULL);
+  int st = ops_req(ops_d.stats, "GET", "/health", resp, sizeof resp, NULL);
   for (int i = 0; i < N; i++) close(fds[i]);
   cr_assert_lt(used, 0.5, "the daemon used %.2f s of CPU in 1 s out of descriptors", used);
   cr_assert_eq(st, 503, "GET /health out of descriptors: %d", st);
@@ -415,17 +412,17 @@ static void slowloris(int port) {
   }
   static int fds[SLOW];
   for (int i = 0; i < SLOW; i++) {
-    fds[i] = port ? tcp_connect(port) : kv_sock_connect(ops_stats, 0);
+    fds[i] = port ? tcp_connect(port) : kv_sock_connect(ops_d.stats, 0);
     cr_assert_geq(fds[i], 0, "connection %d: %s", i, strerror(-fds[i]));
   }
   static const char req[] = "GET /health HTTP/1.1\r\nHost: x\r\n";
   char cmd[256];
-  snprintf(cmd, sizeof cmd, "%s/kvctl health --live --socket-dir %s >/dev/null 2>&1", KV_BIN_DIR, ops_dir);
+  snprintf(cmd, sizeof cmd, "%s/kvctl health --live --socket-dir %s >/dev/null 2>&1", KV_BIN_DIR, ops_d.dir);
   for (int round = 0; round < 25; round++) {
     for (int i = 0; i < SLOW; i++)
       send(fds[i], req + round % (sizeof req - 1), 1, MSG_NOSIGNAL | MSG_DONTWAIT);
     const char *body;
-    int st = ops_req(ops_stats, "GET", "/health", resp, sizeof resp, &body);
+    int st = ops_req(ops_d.stats, "GET", "/health", resp, sizeof resp, &body);
     cr_assert_eq(st, 200, "round %d: GET /health on the stats socket answered %d", round, st);
     if (port) {
       st = tcp_health(port);
@@ -475,7 +472,7 @@ Test(slowloris, the_request_deadline_is_absolute) {
   ops_start(NULL, extra);
   static const char req[] = "GET /health HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n";
   /* Fast enough: one byte every 10 ms (about 0.6 s in all). */
-  int fd = kv_sock_connect(ops_stats, 0);
+  int fd = kv_sock_connect(ops_d.stats, 0);
   cr_assert_geq(fd, 0);
   for (size_t i = 0; i < sizeof req - 1; i++) {
     cr_assert_eq(send(fd, req + i, 1, MSG_NOSIGNAL), 1);
@@ -488,7 +485,7 @@ Test(slowloris, the_request_deadline_is_absolute) {
   cr_assert(!strncmp(buf, "HTTP/1.1 200", 12), "%s", buf);
   close(fd);
   /* Too slow: a byte every 100 ms would take about 6 s; 408 at 1.5 s. */
-  fd = kv_sock_connect(ops_stats, 0);
+  fd = kv_sock_connect(ops_d.stats, 0);
   cr_assert_geq(fd, 0);
   size_t i = 0;
   for (; i < sizeof req - 1; i++) {

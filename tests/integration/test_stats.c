@@ -1,91 +1,17 @@
-/* test_stats.c - what the daemon measures: histogram buckets and
- * quantiles, the ghost table, query parsing; then a real kvcached: miss
- * reasons (absent, evicted, not_shareable), request latency counts, the
- * /metrics text against the names of daemon/OPS.md, /stats, /keys. */
-#include "test_ops_util.h"
+/* test_stats.c - what a real kvcached measures: miss reasons (absent,
+ * evicted, not_shareable), request latency counts, the /metrics text
+ * against the names of daemon/OPS.md, /stats, /keys. The pieces alone are
+ * in tests/unit/test_stats_unit.c. */
+#include "tests/lib/fixture.h"
 
-#include "daemon/ghost.h"
-#include "daemon/http.h"
 #include "daemon/stats.h"
 #include "base/errors.h"
 
 static char resp[1 << 20];
 
-Test(stats_unit, histogram_buckets_are_log2_microseconds) {
-  kvd_hist h = {0};
-  kvd_hist_add(&h, 0);          /* <= 1 us */
-  kvd_hist_add(&h, 1000);       /* 1 us */
-  kvd_hist_add(&h, 1001);       /* 2 us bucket */
-  kvd_hist_add(&h, 3000);       /* <= 4 us */
-  kvd_hist_add(&h, 1000000);    /* 1 ms: <= 1024 us, bucket 10 */
-  kvd_hist_add(&h, 100ull * 1000000000); /* 100 s: +Inf */
-  cr_assert_eq(h.b[0], 2);
-  cr_assert_eq(h.b[1], 1);
-  cr_assert_eq(h.b[2], 1);
-  cr_assert_eq(h.b[10], 1);
-  cr_assert_eq(h.b[KVD_HIST_BUCKETS], 1);
-  cr_assert_eq(h.count, 6);
-  cr_assert_eq(kvd_hist_quantile_us(&h, 0.5), 2);
-  cr_assert_eq(kvd_hist_quantile_us(&h, 0.8), 1024);
-  cr_assert_eq(kvd_hist_quantile_us(&h, 1.0), 1ull << KVD_HIST_BUCKETS);
-  kvd_hist e = {0};
-  cr_assert_eq(kvd_hist_quantile_us(&e, 0.99), 0);
-}
-
-Test(stats_unit, ghost_remembers_forgets_and_stays_bounded) {
-  kvd_ghost g;
-  cr_assert_eq(kvd_ghost_init(&g, 1024), 0);
-  uint8_t k[8] = {1, 2, 3};
-  uint64_t a = kvd_ghost_fp(0, k, 8), b = kvd_ghost_fp(1, k, 8);
-  cr_assert_neq(a, b, "the namespace is part of the fingerprint");
-  kvd_ghost_add(&g, a);
-  cr_assert(kvd_ghost_has(&g, a));
-  cr_assert(!kvd_ghost_has(&g, b));
-  kvd_ghost_forget(&g, a);
-  cr_assert(!kvd_ghost_has(&g, a));
-  /* 100x its size in keys: the table keeps about the last `slots`. */
-  for (uint64_t v = 0; v < 102400; v++) kvd_ghost_add(&g, kvd_ghost_fp(0, (uint8_t *)&v, 8));
-  uint32_t old = 0, recent = 0;
-  for (uint64_t v = 0; v < 256; v++) old += (uint32_t)kvd_ghost_has(&g, kvd_ghost_fp(0, (uint8_t *)&v, 8));
-  for (uint64_t v = 102400 - 256; v < 102400; v++)
-    recent += (uint32_t)kvd_ghost_has(&g, kvd_ghost_fp(0, (uint8_t *)&v, 8));
-  cr_assert_lt(old, 16, "old keys should be gone (%u of 256 left)", old);
-  cr_assert_gt(recent, 200, "recent keys should be remembered (%u of 256)", recent);
-  kvd_ghost_fini(&g);
-}
-
-Test(stats_unit, query_parameters_are_decoded_and_checked) {
-  char v[16];
-  cr_assert_eq(kvd_http_query("a=1&name=x%2Cy+z&b", "name", v, sizeof v), 1);
-  cr_assert_str_eq(v, "x,y z");
-  cr_assert_eq(kvd_http_query("a=1&b", "b", v, sizeof v), 1);
-  cr_assert_str_eq(v, "");
-  cr_assert_eq(kvd_http_query("a=1", "nam", v, sizeof v), 0);
-  cr_assert_eq(kvd_http_query("", "a", v, sizeof v), 0);
-  cr_assert_eq(kvd_http_query("a=%4", "a", v, sizeof v), -EINVAL);
-  cr_assert_eq(kvd_http_query("a=%g0", "a", v, sizeof v), -EINVAL);
-  cr_assert_eq(kvd_http_query("a=0123456789abcdefXYZ", "a", v, sizeof v), -E2BIG);
-  kv_key k;
-  cr_assert_eq(kvd_key_from_hex("0aFF", 4, &k), 0);
-  cr_assert_eq(k.len, 2);
-  cr_assert_eq(k.b[1], 0xff);
-  cr_assert_eq(kvd_key_from_hex("0a0", 3, &k), -EINVAL);
-  cr_assert_eq(kvd_key_from_hex("zz", 2, &k), -EINVAL);
-  cr_assert_eq(kvd_key_from_hex("", 0, &k), -EINVAL);
-}
-
-/* The value of one sample line of /metrics ("name{labels}"), or -1. */
-static long long metric(const char *text, const char *series) {
-  size_t n = strlen(series);
-  for (const char *p = text; (p = strstr(p, series)); p += n) {
-    if ((p == text || p[-1] == '\n') && p[n] == ' ') return atoll(p + n + 1);
-  }
-  return -1;
-}
-
 static const char *scrape(void) {
   const char *body;
-  cr_assert_eq(ops_req(ops_stats, "GET", "/metrics", resp, sizeof resp, &body), 200);
+  cr_assert_eq(ops_req(ops_d.stats, "GET", "/metrics", resp, sizeof resp, &body), 200);
   cr_assert(strstr(resp, "Content-Type: text/plain; version=0.0.4"), "%.200s", resp);
   return body;
 }
@@ -96,39 +22,39 @@ TestSuite(stats, .init = setup, .fini = ops_stop, .timeout = 60);
 Test(stats, miss_reasons_and_request_latency) {
   kvc *c = ops_open("t1");
   ops_store(c, 1, 4);
-  json_t *o = ops_json(ops_admin, "POST", "/flush", 200);
+  json_t *o = ops_json(ops_d.admin, "POST", "/flush", 200);
   cr_assert_eq(ops_num(o, "dropped"), 4);
   json_decref(o);
-  kvc_key keys[3] = {ops_key(1), ops_key(2), ops_key(99)};
+  kvc_key keys[3] = {KC(1), KC(2), KC(99)};
   uint8_t tiers[3];
   cr_assert_eq(kvc_lookup(c, keys, 3, tiers), 0);   /* 1, 2 evicted; 99 never seen */
   kvc_block out[1];
-  kvc_key k3 = ops_key(3);
+  kvc_key k3 = KC(3);
   cr_assert_eq(kvc_load(c, KVC_G2, &k3, 1, out), 0); /* a LOAD miss on an evicted key */
   cr_assert_neq(out[0].status, 0);
   ops_store(c, 5, 5);
-  kvc_key k5 = ops_key(5);
+  kvc_key k5 = KC(5);
   cr_assert_eq(kvc_load(c, KVC_G2, &k5, 1, out), 1);
   cr_assert_eq(kvc_release(c, &k5, 1, NULL), 1);
   kvc_delete(c, &k5, 1);
   cr_assert_eq(kvc_lookup(c, &k5, 1, tiers), 0);    /* deleted: forgotten, absent */
   const char *m = scrape();
-  cr_assert_eq(metric(m, "kvcached_misses_total{reason=\"evicted\"}"), 3, "%s", m);
-  cr_assert_eq(metric(m, "kvcached_misses_total{reason=\"absent\"}"), 2);
-  cr_assert_eq(metric(m, "kvcached_misses_total{reason=\"not_shareable\"}"), 0);
-  cr_assert_eq(metric(m, "kvcached_request_duration_seconds_count{op=\"lookup\"}"), 2);
-  cr_assert_eq(metric(m, "kvcached_request_duration_seconds_count{op=\"load\"}"), 2);
-  cr_assert_eq(metric(m, "kvcached_request_duration_seconds_bucket{op=\"load\",le=\"+Inf\"}"), 2);
-  cr_assert_eq(metric(m, "kvcached_requests_total{op=\"lookup\"}"), 2);
-  cr_assert_eq(metric(m, "kvcached_requests_total{op=\"commit\"}"), 5);
-  cr_assert_eq(metric(m, "kvcached_sessions"), 1);
-  cr_assert_eq(metric(m, "kvcached_g3_state{state=\"off\"}"), 1);
-  cr_assert_eq(metric(m, "kvcached_copy_ops_total{direction=\"g2_to_g3\"}"), 0);
-  json_t *s = ops_json(ops_stats, "GET", "/stats", 200);
+  cr_assert_eq(kvt_metric_value(m, "kvcached_misses_total{reason=\"evicted\"}"), 3, "%s", m);
+  cr_assert_eq(kvt_metric_value(m, "kvcached_misses_total{reason=\"absent\"}"), 2);
+  cr_assert_eq(kvt_metric_value(m, "kvcached_misses_total{reason=\"not_shareable\"}"), 0);
+  cr_assert_eq(kvt_metric_value(m, "kvcached_request_duration_seconds_count{op=\"lookup\"}"), 2);
+  cr_assert_eq(kvt_metric_value(m, "kvcached_request_duration_seconds_count{op=\"load\"}"), 2);
+  cr_assert_eq(kvt_metric_value(m, "kvcached_request_duration_seconds_bucket{op=\"load\",le=\"+Inf\"}"), 2);
+  cr_assert_eq(kvt_metric_value(m, "kvcached_requests_total{op=\"lookup\"}"), 2);
+  cr_assert_eq(kvt_metric_value(m, "kvcached_requests_total{op=\"commit\"}"), 5);
+  cr_assert_eq(kvt_metric_value(m, "kvcached_sessions"), 1);
+  cr_assert_eq(kvt_metric_value(m, "kvcached_g3_state{state=\"off\"}"), 1);
+  cr_assert_eq(kvt_metric_value(m, "kvcached_copy_ops_total{direction=\"g2_to_g3\"}"), 0);
+  json_t *s = ops_json(ops_d.stats, "GET", "/stats", 200);
   cr_assert_eq(ops_num(s, "misses.evicted"), 3);
   cr_assert_eq(ops_num(s, "latency_us.lookup.count"), 2);
   cr_assert_gt(ops_num(s, "latency_us.lookup.p99"), 0);
-  cr_assert_eq(ops_num(s, "pid"), ops_pid);
+  cr_assert_eq(ops_num(s, "pid"), ops_d.pid);
   json_decref(s);
   kvc_close(c);
 }
@@ -143,15 +69,15 @@ Test(stats, load_hits_count_as_hits_like_their_misses) {
   ops_store(c, 1, 5);
   kvc_key keys[6];
   kvc_block out[6];
-  for (int i = 0; i < 6; i++) keys[i] = ops_key((uint64_t)i + 1); /* 6 was never stored */
+  for (int i = 0; i < 6; i++) keys[i] = KC((uint64_t)i + 1); /* 6 was never stored */
   cr_assert_eq(kvc_load(c, KVC_G2, keys, 6, out), 5);
   for (int i = 0; i < 5; i++) cr_assert_eq(out[i].status, 0);
   cr_assert_eq(out[5].status, KV_ENOTFOUND);
   cr_assert_eq(kvc_release(c, keys, 5, NULL), 5);
   const char *m = scrape();
-  cr_assert_eq(metric(m, "kvcached_hits_total{tier=\"g2\"}"), 5, "%s", m);
-  cr_assert_eq(metric(m, "kvcached_misses_total{reason=\"absent\"}"), 1);
-  json_t *st = ops_json(ops_stats, "GET", "/stats", 200);
+  cr_assert_eq(kvt_metric_value(m, "kvcached_hits_total{tier=\"g2\"}"), 5, "%s", m);
+  cr_assert_eq(kvt_metric_value(m, "kvcached_misses_total{reason=\"absent\"}"), 1);
+  json_t *st = ops_json(ops_d.stats, "GET", "/stats", 200);
   cr_assert_eq(ops_num(st, "tiers.g2.hits"), 5);
   char *text = NULL;
   cr_assert_eq(kvc_status(c, &text), 0);
@@ -169,7 +95,7 @@ Test(stats, load_hits_count_as_hits_like_their_misses) {
   json_decref(w);
   kvc_close(c);
   char cmd[256], line[256] = "";
-  snprintf(cmd, sizeof cmd, KV_BIN_DIR "/kvctl status --socket-dir %s", ops_dir);
+  snprintf(cmd, sizeof cmd, KV_BIN_DIR "/kvctl status --socket-dir %s", ops_d.dir);
   FILE *p = popen(cmd, "r");
   cr_assert_not_null(p);
   char buf[256];
@@ -208,14 +134,14 @@ Test(stats, every_metric_of_the_contract_is_exported) {
   }
   for (int d = 0; d < KVD_DIR_COUNT; d++) {
     snprintf(line, sizeof line, "kvcached_copy_duration_seconds_count{direction=\"%s\"}", kvd_dir_names[d]);
-    cr_expect_eq(metric(m, line), 0, "%s", line);
+    cr_expect_eq(kvt_metric_value(m, line), 0, "%s", line);
   }
 }
 
 Test(stats, keys_samples_the_index) {
   kvc *c = ops_open("t1");
   ops_store(c, 1, 30);
-  json_t *o = ops_json(ops_stats, "GET", "/keys", 200);
+  json_t *o = ops_json(ops_d.stats, "GET", "/keys", 200);
   cr_assert_eq(ops_num(o, "total"), 30);
   cr_assert_eq(json_array_size(json_object_get(o, "keys")), 20, "default limit");
   json_t *k = json_array_get(json_object_get(o, "keys"), 0);
@@ -225,10 +151,10 @@ Test(stats, keys_samples_the_index) {
   cr_assert_eq(ops_num(k, "bytes"), OPS_BLOCK);
   cr_assert_eq(ops_num(k, "prio"), 128);
   json_decref(o);
-  o = ops_json(ops_stats, "GET", "/keys?limit=5&tier=g2", 200);
+  o = ops_json(ops_d.stats, "GET", "/keys?limit=5&tier=g2", 200);
   cr_assert_eq(json_array_size(json_object_get(o, "keys")), 5);
   json_decref(o);
-  o = ops_json(ops_stats, "GET", "/keys?tier=g3", 200);
+  o = ops_json(ops_d.stats, "GET", "/keys?tier=g3", 200);
   cr_assert_eq(ops_num(o, "total"), 0);
   json_decref(o);
   kvc_close(c);
@@ -240,13 +166,13 @@ TestSuite(stats2, .init = setup2, .fini = ops_stop, .timeout = 60);
 Test(stats2, a_key_held_by_another_tenant_is_not_shareable) {
   kvc *a = ops_open("alice"), *b = ops_open("bob");
   ops_store(a, 7, 7);
-  kvc_key k = ops_key(7), other = ops_key(8);
+  kvc_key k = KC(7), other = KC(8);
   uint8_t t;
   cr_assert_eq(kvc_lookup(b, &k, 1, &t), 0, "isolation");
   cr_assert_eq(kvc_lookup(b, &other, 1, &t), 0);
   const char *m = scrape();
-  cr_assert_eq(metric(m, "kvcached_misses_total{reason=\"not_shareable\"}"), 1, "%s", m);
-  cr_assert_eq(metric(m, "kvcached_misses_total{reason=\"absent\"}"), 1);
+  cr_assert_eq(kvt_metric_value(m, "kvcached_misses_total{reason=\"not_shareable\"}"), 1, "%s", m);
+  cr_assert_eq(kvt_metric_value(m, "kvcached_misses_total{reason=\"absent\"}"), 1);
   kvc_close(a);
   kvc_close(b);
 }

@@ -1,13 +1,5 @@
-/*
- * dev_checks.h - checks of the G1 device (cuda/dev.h) that run the same on
- * either backend: test_dev.c runs them on the simulation under criterion,
- * tests/gpu/gpu_test_dev.c on a CUDA device. Each dc_* returns NULL when
- * the check holds, else a message naming the failed condition (file:line).
- * A check opens its own device; the ones that fork do so before opening,
- * since a CUDA context does not survive fork().
- */
-#ifndef KV_TESTS_DEV_CHECKS_H
-#define KV_TESTS_DEV_CHECKS_H
+/* dev_checks.c - checks of the G1 device on either backend (dev_checks.h). */
+#include "tests/lib/dev_checks.h"
 
 #include <errno.h>
 #include <poll.h>
@@ -24,11 +16,9 @@
 #include "cuda/dev.h"
 #include "ipc/sock.h"
 
-static char dc_msg[512];
+char dc_msg[512];
 
-static inline const char *dc_fmt(const char *file, int line, const char *fmt, ...)
-    __attribute__((format(printf, 3, 4)));
-static inline const char *dc_fmt(const char *file, int line, const char *fmt, ...) {
+const char *dc_fmt(const char *file, int line, const char *fmt, ...) {
   int k = snprintf(dc_msg, sizeof dc_msg, "%s:%d: ", file, line);
   va_list ap;
   va_start(ap, fmt);
@@ -37,28 +27,21 @@ static inline const char *dc_fmt(const char *file, int line, const char *fmt, ..
   return dc_msg;
 }
 
-/* Fails the check (after cleanup label-free code: callers free on exit). */
-#define DC_REQ(cond, ...)                                                       \
-  do {                                                                          \
-    if (!(cond)) {                                                              \
-      dc_fmt(__FILE__, __LINE__, __VA_ARGS__);                                  \
-      goto fail;                                                                \
-    }                                                                           \
-  } while (0)
-#define DC_OK(call)                                                             \
-  do {                                                                          \
-    int dc_rc_ = (call);                                                        \
-    DC_REQ(dc_rc_ == 0, "%s = %d (%s)", #call, dc_rc_, strerror(-dc_rc_));      \
-  } while (0)
-
-#define DC_HANG_MS 60000 /* a guard against a hang, not a timing assertion */
-
-static inline int dc_open(kv_dev **d, kv_dev_backend be, const uint8_t *uuid) {
+int dc_open(kv_dev **d, kv_dev_backend be, const uint8_t *uuid) {
   kv_dev_opts o = {.backend = be, .uuid = uuid};
   return kv_dev_open(d, &o);
 }
 
-static inline void dc_fill(uint8_t *p, size_t n, uint32_t seed) {
+int dc_uuid_of(kv_dev_backend be, int ordinal, uint8_t u[16]) {
+  kv_dev *d;
+  int rc = kv_dev_open(&d, &(kv_dev_opts){.backend = be, .ordinal = ordinal});
+  if (rc) return rc;
+  kv_dev_uuid(d, u);
+  kv_dev_close(d);
+  return 0;
+}
+
+static void dc_fill(uint8_t *p, size_t n, uint32_t seed) {
   uint32_t x = seed * 2654435761u + 1;
   for (size_t i = 0; i < n; i++) {
     x ^= x << 13, x ^= x >> 17, x ^= x << 5;
@@ -68,7 +51,7 @@ static inline void dc_fill(uint8_t *p, size_t n, uint32_t seed) {
 
 /* Reaps `want` completions into out (waiting on the fd with poll). -1 on a
  * hang (DC_HANG_MS without progress) or more than want. */
-static inline int dc_reap_n(kv_dev *d, kv_dev_done *out, unsigned want) {
+int dc_reap_n(kv_dev *d, kv_dev_done *out, unsigned want) {
   unsigned got = 0;
   while (got < want) {
     struct pollfd p = {.fd = kv_dev_completion_fd(d), .events = POLLIN};
@@ -82,7 +65,7 @@ static inline int dc_reap_n(kv_dev *d, kv_dev_done *out, unsigned want) {
 }
 
 /* One submission, waited for. 0 or its status (or -ETIME on a hang). */
-static inline int dc_copy_wait(kv_dev *d, kv_dev_dir dir, void *dst, const void *src, size_t n) {
+static int dc_copy_wait(kv_dev *d, kv_dev_dir dir, void *dst, const void *src, size_t n) {
   kv_dev_copy c = {dst, src, n};
   int rc = kv_dev_submit(d, dir, &c, 1, 0xfeed);
   if (rc) return rc;
@@ -93,7 +76,7 @@ static inline int dc_copy_wait(kv_dev *d, kv_dev_dir dir, void *dst, const void 
 
 /* ---- export codec (pure) ------------------------------------------------------- */
 
-static inline const char *dc_export_codec(void) {
+const char *dc_export_codec(void) {
   kv_dev_export x, y;
   uint8_t buf[KV_DEVX_ENCODED_MAX + 8];
   for (int kind = 1; kind <= 3; kind++) {
@@ -158,7 +141,7 @@ fail:
 
 /* ---- pool shared with another process ---------------------------------------- */
 
-static inline ssize_t dc_recv_fd(int sock, void *buf, size_t cap, int *fd) {
+ssize_t dc_recv_fd(int sock, void *buf, size_t cap, int *fd) {
   char cbuf[CMSG_SPACE(sizeof(int))];
   struct iovec iov = {buf, cap};
   struct msghdr mh = {.msg_iov = &iov, .msg_iovlen = 1, .msg_control = cbuf,
@@ -175,7 +158,7 @@ static inline ssize_t dc_recv_fd(int sock, void *buf, size_t cap, int *fd) {
 
 /* The worker: imports the pool, reads what the daemon wrote (D2H), writes
  * its own pattern after it (H2D). Returns the process's exit status. */
-static inline int dc_share_child(int sock, kv_dev_backend be) {
+static int dc_share_child(int sock, kv_dev_backend be) {
   uint8_t enc[KV_DEVX_ENCODED_MAX];
   int fd = -1;
   kv_dev *d = NULL;
@@ -218,7 +201,7 @@ fail:
   return 1;
 }
 
-static inline const char *dc_share_fork(kv_dev_backend be) {
+const char *dc_share_fork(kv_dev_backend be) {
   int sv[2];
   kv_dev *d = NULL;
   uint8_t *h = NULL;
@@ -273,7 +256,7 @@ fail:
 }
 
 /* Import refusals: another device's uuid, a kind of the other backend. */
-static inline const char *dc_import_errors(kv_dev_backend be) {
+const char *dc_import_errors(kv_dev_backend be) {
   kv_dev *d = NULL;
   kv_dev_pool *p;
   kv_dev_map *m = NULL;
@@ -303,15 +286,7 @@ fail:
 
 /* ---- the copy engine ----------------------------------------------------------- */
 
-typedef struct dc_env {
-  kv_dev *d;
-  kv_dev_pool *p;
-  uint8_t *dev;  /* pool base */
-  uint8_t *h;    /* registered host buffer */
-  size_t bytes;  /* of each */
-} dc_env;
-
-static inline int dc_env_open(dc_env *e, kv_dev_backend be, size_t bytes) {
+int dc_env_open(dc_env *e, kv_dev_backend be, size_t bytes) {
   memset(e, 0, sizeof *e);
   int rc = dc_open(&e->d, be, NULL);
   if (!rc) rc = kv_dev_pool_create(e->d, bytes, &e->p);
@@ -323,7 +298,7 @@ static inline int dc_env_open(dc_env *e, kv_dev_backend be, size_t bytes) {
   return kv_dev_host_register(e->d, e->h, bytes);
 }
 
-static inline void dc_env_close(dc_env *e) {
+void dc_env_close(dc_env *e) {
   kv_dev_close(e->d); /* frees the pool and the registration too */
   free(e->h);
   memset(e, 0, sizeof *e);
@@ -333,7 +308,7 @@ static inline void dc_env_close(dc_env *e) {
  * with a pool per GPU registers each G2 arena with every device): both
  * take it, both copy from and to it, and it stays usable by one after the
  * other lets it go, whichever registered it first. */
-static inline const char *dc_shared_host(kv_dev_backend be) {
+const char *dc_shared_host(kv_dev_backend be) {
   dc_env e;
   kv_dev *d2 = NULL;
   kv_dev_pool *p2 = NULL;
@@ -386,7 +361,7 @@ fail:
 
 /* Many blocks per submission; each tag reaped exactly once with status 0;
  * the completion fd readable; reaping in parts leaves it readable. */
-static inline const char *dc_batch(kv_dev_backend be) {
+const char *dc_batch(kv_dev_backend be) {
   dc_env e;
   enum { NSUB = 16, NBLK = 64, BLK = 16384 };
   DC_OK(dc_env_open(&e, be, (size_t)NSUB * NBLK * BLK));
@@ -440,7 +415,7 @@ fail:
 
 /* FIFO within a direction: completions in submission order, and the last
  * of many writes to one place wins. */
-static inline const char *dc_fifo(kv_dev_backend be) {
+const char *dc_fifo(kv_dev_backend be) {
   dc_env e;
   enum { NSUB = 200, BLK = 4096 };
   DC_OK(dc_env_open(&e, be, (size_t)(NSUB + 1) * BLK));
@@ -465,7 +440,7 @@ fail:
 }
 
 /* H2D, D2H and D2D in flight at once, each on its own region. */
-static inline const char *dc_concurrent(kv_dev_backend be) {
+const char *dc_concurrent(kv_dev_backend be) {
   dc_env e;
   enum { R = 1 << 20, N = 64 };
   DC_OK(dc_env_open(&e, be, 6 * (size_t)R));
@@ -507,7 +482,7 @@ fail:
 }
 
 /* Bad submissions are refused whole, with nothing to reap. */
-static inline const char *dc_refusals(kv_dev_backend be) {
+const char *dc_refusals(kv_dev_backend be) {
   dc_env e;
   uint8_t *stray = malloc(8192);
   DC_OK(dc_env_open(&e, be, 1 << 20));
@@ -557,7 +532,7 @@ fail:
 }
 
 /* An injected failure is reaped with its status; the next is clean. */
-static inline const char *dc_inject(kv_dev_backend be) {
+const char *dc_inject(kv_dev_backend be) {
   dc_env e;
   DC_OK(dc_env_open(&e, be, 1 << 20));
   kv_dev_copy v[4];
@@ -582,7 +557,7 @@ fail:
 }
 
 /* kv_dev_close with copies in flight: every copy lands before it returns. */
-static inline const char *dc_close_inflight(kv_dev_backend be) {
+const char *dc_close_inflight(kv_dev_backend be) {
   dc_env e;
   enum { R = 8 << 20, N = 512 };
   uint8_t *want = malloc(R);
@@ -612,20 +587,20 @@ fail:
 /* Thousands of random copies, each round a set of submissions on all
  * directions that do not conflict, checked byte for byte against memcpy
  * on a model of both memories. */
-static inline int dc_overlaps(uintptr_t a, size_t n, const uintptr_t *lo, const size_t *len, int k) {
+static int dc_overlaps(uintptr_t a, size_t n, const uintptr_t *lo, const size_t *len, int k) {
   for (int i = 0; i < k; i++)
     if (a < lo[i] + len[i] && lo[i] < a + n) return 1;
   return 0;
 }
 
-static inline uint32_t dc_rnd(uint32_t *x) {
+static uint32_t dc_rnd(uint32_t *x) {
   *x ^= *x << 13;
   *x ^= *x >> 17;
   *x ^= *x << 5;
   return *x;
 }
 
-static inline const char *dc_random(kv_dev_backend be, unsigned rounds, uint32_t seed) {
+const char *dc_random(kv_dev_backend be, unsigned rounds, uint32_t seed) {
   dc_env e;
   enum { R = 4 << 20, MAXC = 32, MAXS = 8 };
   uint8_t *mh = malloc(R), *md = malloc(R);
@@ -707,7 +682,7 @@ fail:
 
 /* Reaps `want` tags from b into out, a few at a time; -1 on a hang or on
  * more than want. */
-static inline int dc_breap_n(kv_dev_batcher *b, kv_dev_done *out, unsigned want) {
+static int dc_breap_n(kv_dev_batcher *b, kv_dev_done *out, unsigned want) {
   unsigned got = 0;
   while (got < want) {
     unsigned k = kv_dev_batch_reap(b, out + got, want - got < 7 ? want - got : 7);
@@ -723,7 +698,7 @@ static inline int dc_breap_n(kv_dev_batcher *b, kv_dev_done *out, unsigned want)
  * is retried copy by copy so the bad copy fails alone, reaped before any
  * wait; an injected failure reaches every tag of its submission; a
  * direction that fills (max) is submitted at once; the bytes land. */
-static inline const char *dc_batcher(kv_dev_backend be) {
+const char *dc_batcher(kv_dev_backend be) {
   dc_env e;
   kv_dev_batcher b;
   memset(&b, 0, sizeof b);
@@ -838,5 +813,3 @@ fail:
   dc_env_close(&e);
   return dc_msg;
 }
-
-#endif

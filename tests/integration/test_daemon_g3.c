@@ -15,24 +15,16 @@
 #include <sys/stat.h>
 #include <sys/statvfs.h>
 
-#include "test_ops_util.h"
+#include "tests/lib/fixture.h"
+#include "tests/lib/tmpdir.h"
 
 static char resp[1 << 20];
 static char g3dir[128], setpath[160];
 
-static long long metric(const char *series) {
-  const char *text;
-  cr_assert_eq(ops_req(ops_stats, "GET", "/metrics", resp, sizeof resp, &text), 200);
-  size_t n = strlen(series);
-  for (const char *p = text; (p = strstr(p, series)); p += n)
-    if ((p == text || p[-1] == '\n') && p[n] == ' ') return atoll(p + n + 1);
-  return -1;
-}
-
 /* GET /health: its status; the reasons joined in `out`. */
 static int health(char *out, size_t n) {
   const char *body;
-  int st = ops_req(ops_stats, "GET", "/health", resp, sizeof resp, &body);
+  int st = ops_req(ops_d.stats, "GET", "/health", resp, sizeof resp, &body);
   snprintf(out, n, "%s", body);
   return st;
 }
@@ -96,17 +88,11 @@ static void fini(void) {
   ops_stop();
   if (g3root[0]) {
     mutable_again(g3dir);
-    char cmd[128];
-    snprintf(cmd, sizeof cmd, "rm -rf %s", g3root);
-    system(cmd);
+    kvt_rmtree(g3root);
   }
 }
 
-static void rm_tree(const char *p) {
-  char cmd[256];
-  snprintf(cmd, sizeof cmd, "rm -rf %s", p);
-  cr_assert_eq(system(cmd), 0);
-}
+static void rm_tree(const char *p) { cr_assert_eq(kvt_rmtree(p), 0); }
 
 /* The worker still works on G2. */
 static void g2_serves(void) {
@@ -148,11 +134,11 @@ Test(daemon_g3, g3_path_that_is_a_file_runs_on_g2_alone) {
   cr_assert_eq(health(h, sizeof h), 503, "%s", h);
   cr_assert(strstr(h, "g3 unavailable: "), "%s", h);
   cr_assert(strstr(h, "Not a directory"), "%s", h);
-  cr_assert_eq(metric("kvcached_g3_state{state=\"unavailable\"}"), 1);
-  cr_assert_eq(metric("kvcached_g3_state{state=\"off\"}"), 0);
-  cr_assert_eq(metric("kvcached_g3_problem{reason=\"bad_path\"}"), 1);
-  cr_assert_eq(metric("kvcached_g3_problem{reason=\"none\"}"), 0);
-  json_t *s = ops_json(ops_stats, "GET", "/stats", 200);
+  cr_assert_eq(ops_metric("kvcached_g3_state{state=\"unavailable\"}"), 1);
+  cr_assert_eq(ops_metric("kvcached_g3_state{state=\"off\"}"), 0);
+  cr_assert_eq(ops_metric("kvcached_g3_problem{reason=\"bad_path\"}"), 1);
+  cr_assert_eq(ops_metric("kvcached_g3_problem{reason=\"none\"}"), 0);
+  json_t *s = ops_json(ops_d.stats, "GET", "/stats", 200);
   cr_assert_str_eq(g3_state_of_stats(s), "unavailable");
   json_decref(s);
   g2_serves();
@@ -174,7 +160,7 @@ Test(daemon_g3, g3_too_large_for_its_filesystem_runs_on_g2_alone_and_leaves_no_f
   char h[4096];
   cr_assert_eq(health(h, sizeof h), 503, "%s", h);
   cr_assert(strstr(h, "free on its filesystem"), "%s", h);
-  cr_assert_eq(metric("kvcached_g3_problem{reason=\"no_space\"}"), 1);
+  cr_assert_eq(ops_metric("kvcached_g3_problem{reason=\"no_space\"}"), 1);
   cr_assert_eq(g3_files(g3dir), 0, "a partial store file was left in %s", g3dir);
   g2_serves();
 }
@@ -196,24 +182,24 @@ Test(daemon_g3, immutable_g3_directory_runs_on_g2_alone_until_fixed) {
   cr_assert_eq(health(h, sizeof h), 503, "%s", h);
   cr_assert(strstr(h, "g3 unavailable: "), "%s", h);
   cr_assert(strstr(h, "Operation not permitted"), "%s", h);
-  cr_assert_eq(metric("kvcached_g3_problem{reason=\"permission\"}"), 1);
+  cr_assert_eq(ops_metric("kvcached_g3_problem{reason=\"permission\"}"), 1);
   cr_assert_eq(g3_files(g3dir), 0);
   g2_serves();
   mutable_again(g3dir);
   cr_assert_eq(wait_health(NULL, h, sizeof h), 200, "G3 did not come up: %s", h);
-  cr_assert_eq(metric("kvcached_g3_state{state=\"ok\"}"), 1);
-  cr_assert_eq(metric("kvcached_g3_problem{reason=\"none\"}"), 1);
+  cr_assert_eq(ops_metric("kvcached_g3_state{state=\"ok\"}"), 1);
+  cr_assert_eq(ops_metric("kvcached_g3_problem{reason=\"none\"}"), 1);
   kvc *c = ops_open("t1");
   ops_store(c, 10, 13);
-  json_t *o = ops_json(ops_admin, "POST", "/evict?tier=g2", 200);
+  json_t *o = ops_json(ops_d.admin, "POST", "/evict?tier=g2", 200);
   json_decref(o);
-  json_t *s = ops_json(ops_stats, "GET", "/stats", 200);
+  json_t *s = ops_json(ops_d.stats, "GET", "/stats", 200);
   cr_assert_str_eq(g3_state_of_stats(s), "ok");
   long long blocks = 0;
   for (int i = 0; i < 200 && blocks < 4; i++) { /* demotions complete */
     json_decref(s);
     usleep(20000);
-    s = ops_json(ops_stats, "GET", "/stats", 200);
+    s = ops_json(ops_d.stats, "GET", "/stats", 200);
     blocks = ops_num(s, "tiers.g3.blocks");
   }
   json_decref(s);
@@ -228,7 +214,7 @@ Test(daemon_g3, immutable_g3_directory_runs_on_g2_alone_until_fixed) {
  * eviction took. */
 static long long store_and_demote(kvc *c, uint64_t first, uint64_t last) {
   ops_store(c, first, last);
-  json_t *o = ops_json(ops_admin, "POST", "/evict?tier=g2", 200);
+  json_t *o = ops_json(ops_d.admin, "POST", "/evict?tier=g2", 200);
   long long n = ops_num(o, "evicted");
   json_decref(o);
   return n;
@@ -236,7 +222,7 @@ static long long store_and_demote(kvc *c, uint64_t first, uint64_t last) {
 
 /* Loads key v (to G2) and checks its bytes (ops_store fills with v). */
 static int load_ok(kvc *c, uint64_t v) {
-  kvc_key k = ops_key(v);
+  kvc_key k = KC(v);
   kvc_block out;
   int n = kvc_load(c, KVC_G2, &k, 1, &out);
   if (n != 1) return n < 0 ? n : out.status ? out.status : -1;
@@ -258,19 +244,19 @@ Test(daemon_g3, full_g3_comes_back_by_itself_when_space_returns) {
   cr_assert_eq(wait_health(NULL, h, sizeof h), 200, "%s", h);
   /* Below the data area (which starts at 1 MiB): every block write fails. */
   struct rlimit lim = {1u << 20, RLIM_INFINITY};
-  cr_assert_eq(prlimit(ops_pid, RLIMIT_FSIZE, &lim, NULL), 0, "prlimit: %s", strerror(errno));
+  cr_assert_eq(prlimit(ops_d.pid, RLIMIT_FSIZE, &lim, NULL), 0, "prlimit: %s", strerror(errno));
   store_and_demote(c, 100, 107);
   cr_assert_eq(wait_health("g3 full", h, sizeof h), 503, "%s", h);
   cr_assert(strstr(h, "File too large"), "%s", h);
-  cr_assert_eq(metric("kvcached_g3_state{state=\"full\"}"), 1);
-  cr_assert_eq(metric("kvcached_g3_problem{reason=\"no_space\"}"), 1);
+  cr_assert_eq(ops_metric("kvcached_g3_state{state=\"full\"}"), 1);
+  cr_assert_eq(ops_metric("kvcached_g3_problem{reason=\"no_space\"}"), 1);
   /* Still full after more tries: it stays full (probes fail quietly). */
   usleep(300000);
   store_and_demote(c, 200, 203);
   cr_assert_eq(health(h, sizeof h), 503, "%s", h);
   /* Space is back: demotions go on until a probe gets through. */
   lim.rlim_cur = RLIM_INFINITY;
-  cr_assert_eq(prlimit(ops_pid, RLIMIT_FSIZE, &lim, NULL), 0);
+  cr_assert_eq(prlimit(ops_d.pid, RLIMIT_FSIZE, &lim, NULL), 0);
   int st = 0;
   uint64_t v = 300;
   for (int i = 0; i < 200 && st != 200; i++, v += 2) {
@@ -279,14 +265,14 @@ Test(daemon_g3, full_g3_comes_back_by_itself_when_space_returns) {
     st = health(h, sizeof h);
   }
   cr_assert_eq(st, 200, "G3 did not come back: %s", h);
-  cr_assert_eq(metric("kvcached_g3_state{state=\"ok\"}"), 1);
+  cr_assert_eq(ops_metric("kvcached_g3_state{state=\"ok\"}"), 1);
   /* New demotions land and load back intact. */
   uint64_t first = v;
   store_and_demote(c, first, first + 3);
   for (uint64_t k = first; k <= first + 3; k++) {
     int rc = 1;
     for (int i = 0; i < 100 && rc; i++) { /* its demotion may still be in flight */
-      kvc_key key = ops_key(k);
+      kvc_key key = KC(k);
       uint8_t t = KVC_TIER_NONE;
       kvc_lookup(c, &key, 1, &t);
       if (t == KVC_G3) rc = load_ok(c, k);
@@ -307,8 +293,8 @@ Test(daemon_g3, removed_g3_directory_shows_in_health) {
   cr_assert_eq(health(h, sizeof h), 200, "%s", h);
   rm_tree(g3dir);
   cr_assert_eq(wait_health("store file removed", h, sizeof h), 503, "%s", h);
-  cr_assert_eq(metric("kvcached_g3_state{state=\"degraded\"}"), 1);
-  cr_assert_eq(metric("kvcached_g3_problem{reason=\"removed\"}"), 1);
+  cr_assert_eq(ops_metric("kvcached_g3_state{state=\"degraded\"}"), 1);
+  cr_assert_eq(ops_metric("kvcached_g3_problem{reason=\"removed\"}"), 1);
   g2_serves();
   kvc_close(c);
 }
@@ -316,7 +302,7 @@ Test(daemon_g3, removed_g3_directory_shows_in_health) {
 /* ---- a worker punches holes in G2 ------------------------------------------------------ */
 
 static long long g3_blocks(void) {
-  json_t *s = ops_json(ops_stats, "GET", "/stats", 200);
+  json_t *s = ops_json(ops_d.stats, "GET", "/stats", 200);
   long long n = ops_num(s, "tiers.g3.blocks");
   json_decref(s);
   return n;
@@ -349,16 +335,16 @@ Test(daemon_g3, holes_punched_in_g2_leave_g3_reads_intact) {
   cr_assert_eq(madvise(g2.base, g2.bytes, MADV_REMOVE), 0, "MADV_REMOVE: %s", strerror(errno));
   /* Before the punch, on G3: loaded back intact, one by one, kept by G3. */
   for (uint64_t v = 1; v <= n; v++) cr_assert_eq(load_ok(c, v), 0, "block %llu", (unsigned long long)v);
-  cr_assert_eq(metric("kvcached_g3_corrupt_total"), 0);
+  cr_assert_eq(ops_metric("kvcached_g3_corrupt_total"), 0);
   cr_assert_eq(g3_blocks(), (long long)n, "G3 dropped blocks");
   cr_assert_eq(health(h, sizeof h), 200, "%s", h);
   /* Destroyed in G2, then demoted: their loads fail, never serve zeros. */
-  json_t *o = ops_json(ops_admin, "POST", "/evict?tier=g2", 200);
+  json_t *o = ops_json(ops_d.admin, "POST", "/evict?tier=g2", 200);
   json_decref(o);
   for (uint64_t v = 101; v <= 104; v++) {
     int rc = -2;
     for (int i = 0; i < 100; i++) { /* its demotion may still be in flight */
-      kvc_key key = ops_key(v);
+      kvc_key key = KC(v);
       uint8_t t = KVC_TIER_NONE;
       kvc_lookup(c, &key, 1, &t);
       if (t != KVC_G2) break;

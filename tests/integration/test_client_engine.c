@@ -7,10 +7,10 @@
  * stride layout, every byte against the CPU reference (kernels_ref.h);
  * every refusal with nothing written; KVC_MEM_CUDA without CUDA; and
  * kvc_memcpy_batch's host path and its refusals. */
-#include "test_ops_util.h"
+#include "tests/lib/fixture.h"
 
 #include "cuda/dev.h"
-#include "tests/unit/kernels_ref.h"
+#include "tests/lib/kernels_ref.h"
 
 #define NB 8 /* blocks per test */
 
@@ -59,7 +59,7 @@ static void engine_free(engine *e) {
 }
 
 static kvc *open_lo(const kvc_page_layout *lo) {
-  kvc_opts o = {.socket_path = ops_sock, .tenant = "t1",
+  kvc_opts o = {.socket_path = ops_d.sock, .tenant = "t1",
                 .layout = {.block_bytes = (uint32_t)kvc_page_block_bytes(lo),
                            .tokens_per_block = lo->page_tokens, .layers = lo->layers,
                            .kv_heads = lo->kv_heads, .head_dim = lo->head_dim, .tp_size = 1,
@@ -72,7 +72,7 @@ static kvc *open_lo(const kvc_page_layout *lo) {
 
 /* NB fresh slots in G2 for keys first.. */
 static void alloc_blocks(kvc *c, uint64_t first, kvc_key *keys, kvc_block *out, void **ptrs) {
-  for (int i = 0; i < NB; i++) keys[i] = ops_key(first + (uint64_t)i);
+  for (int i = 0; i < NB; i++) keys[i] = KC(first + (uint64_t)i);
   cr_assert_eq(kvc_alloc(c, KVC_G2, 128, keys, NULL, NB, out), NB);
   for (int i = 0; i < NB; i++) ptrs[i] = out[i].ptr;
 }

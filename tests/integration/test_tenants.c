@@ -1,9 +1,10 @@
 /* test_tenants.c - tenants bound to credentials: who may act as which
  * tenant ([tenant.NAME] uids and gids, checked at HELLO with SO_PEERCRED
  * and SO_PEERGROUPS), the default single tenant, refusals counted, and each
- * tenant's share of the tiers; against a real kvcached (test_ops_util.h),
+ * tenant's share of the tiers; against a real kvcached (tests/lib/fixture.h),
  * with workers of other uids forked by this (root) test. */
-#include "test_ops_util.h"
+#include "tests/lib/fixture.h"
+#include "tests/lib/tmpdir.h"
 
 #include <grp.h>
 #include <sys/stat.h>
@@ -14,7 +15,7 @@
 #define SUPP_GID 4242u /* a supplementary group no user has */
 
 static kvc_opts worker_opts(const char *tenant) {
-  kvc_opts o = {.socket_path = ops_sock, .tenant = tenant, .no_g1 = 1,
+  kvc_opts o = {.socket_path = ops_d.sock, .tenant = tenant, .no_g1 = 1,
                 .layout = {.block_bytes = OPS_BLOCK, .tokens_per_block = 16, .layers = 2,
                            .kv_heads = 2, .head_dim = 64, .tp_rank = 0, .tp_size = 1,
                            .dtype = "bf16"}};
@@ -29,7 +30,7 @@ typedef struct peer_result { int open_rc, loaded; } peer_result;
 static peer_result as_peer(const char *tenant, uid_t uid, gid_t gid, int sup) {
   /* The socket is 0660 in a directory only its owner may enter: let the
    * socket's group (root's) in, as an operator would for a worker group. */
-  cr_assert_eq(chmod(ops_dir, 0750), 0);
+  cr_assert_eq(chmod(ops_d.dir, 0750), 0);
   int p[2];
   cr_assert_eq(pipe(p), 0);
   pid_t pid = fork();
@@ -43,7 +44,7 @@ static peer_result as_peer(const char *tenant, uid_t uid, gid_t gid, int sup) {
     kvc *c = NULL;
     r.open_rc = kvc_open(&o, &c);
     if (r.open_rc == 0) {
-      kvc_key k[4] = {ops_key(1), ops_key(2), ops_key(3), ops_key(4)};
+      kvc_key k[4] = {KC(1), KC(2), KC(3), KC(4)};
       kvc_block b[4];
       r.loaded = kvc_load(c, KVC_G2, k, 4, b);
       kvc_close(c);
@@ -61,13 +62,6 @@ static peer_result as_peer(const char *tenant, uid_t uid, gid_t gid, int sup) {
   return r;
 }
 
-static long long stat_num(const char *path) {
-  json_t *o = ops_json(ops_stats, "GET", "/stats", 200);
-  long long v = ops_num(o, path);
-  json_decref(o);
-  return v;
-}
-
 /* Used to work: any process that could reach the socket named itself
  * "alice" in HELLO and read alice's blocks. */
 Test(tenants, a_peer_not_listed_for_a_tenant_cannot_act_as_it) {
@@ -78,9 +72,9 @@ Test(tenants, a_peer_not_listed_for_a_tenant_cannot_act_as_it) {
   peer_result r = as_peer("alice", NOBODY, 0, -1); /* another uid, in the socket's group */
   cr_assert_eq(r.open_rc, -EPERM, "uid %u opened alice's session: %s", NOBODY, kvc_strerror(r.open_rc));
   cr_assert_eq(r.loaded, 0);
-  cr_assert_eq(stat_num("hello_refused.not_allowed"), 1);
+  cr_assert_eq(ops_stat("hello_refused.not_allowed"), 1);
   /* Alice's own worker goes on. */
-  kvc_key k = ops_key(1);
+  kvc_key k = KC(1);
   cr_assert_eq(kvc_lookup(a, &k, 1, NULL), 1);
   kvc_close(a);
   ops_stop();
@@ -95,9 +89,9 @@ Test(tenants, a_tenant_nobody_configured_gets_no_arena) {
   for (int i = 0; i < 3; i++) cr_assert_eq(kvc_open(&o, &c), -EPERM);
   kvc *a = ops_open("alice"), *b = ops_open("bob");
   ops_store(a, 1, 2);
-  kvc_key k = ops_key(1);
+  kvc_key k = KC(1);
   cr_assert_eq(kvc_lookup(b, &k, 1, NULL), 0, "bob saw alice's block");
-  json_t *o2 = ops_json(ops_stats, "GET", "/stats", 200);
+  json_t *o2 = ops_json(ops_d.stats, "GET", "/stats", 200);
   cr_assert_eq(ops_num(o2, "hello_refused.unknown_tenant"), 3);
   json_t *ts = json_object_get(o2, "tenants");
   cr_assert_eq(json_array_size(ts), 2, "one arena per configured tenant, none for the squatter");
@@ -106,7 +100,7 @@ Test(tenants, a_tenant_nobody_configured_gets_no_arena) {
   json_decref(o2);
   static char resp[1 << 20];
   const char *m;
-  cr_assert_eq(ops_req(ops_stats, "GET", "/metrics", resp, sizeof resp, &m), 200);
+  cr_assert_eq(ops_req(ops_d.stats, "GET", "/metrics", resp, sizeof resp, &m), 200);
   cr_assert(strstr(m, "kvcached_hello_refused_total{reason=\"unknown_tenant\"} 3\n"), "%s", m);
   kvc_close(a);
   kvc_close(b);
@@ -124,7 +118,7 @@ Test(tenants, gids_admit_the_peers_primary_and_supplementary_groups) {
   cr_assert_eq(as_peer("ops", NOBODY, NOBODY, -1).open_rc, -EACCES,
                "outside the socket's group the socket itself refuses");
   cr_assert_eq(as_peer("root-only", NOBODY, 0, (int)SUPP_GID).open_rc, -EPERM);
-  cr_assert_eq(stat_num("hello_refused.not_allowed"), 2);
+  cr_assert_eq(ops_stat("hello_refused.not_allowed"), 2);
   ops_stop();
 }
 
@@ -153,7 +147,7 @@ Test(tenants, without_sections_every_peer_is_the_one_default_tenant) {
   r = as_peer("mallory", NOBODY, 0, -1);
   cr_assert_eq(r.open_rc, 0);
   cr_assert_eq(r.loaded, 0, "another name is another namespace");
-  json_t *o = ops_json(ops_stats, "GET", "/stats", 200);
+  json_t *o = ops_json(ops_d.stats, "GET", "/stats", 200);
   json_t *ts = json_object_get(o, "tenants");
   cr_assert_eq(json_array_size(ts), 1);
   cr_assert_str_eq(json_string_value(json_object_get(json_array_get(ts, 0), "name")), "");
@@ -170,7 +164,7 @@ Test(tenants, g2_tenants_above_1_is_refused_at_start) {
 Test(tenants, shares_size_each_tenants_arena) {
   const char *const set[] = {"tenant.small.g2_share=25%", "tenant.big.g2_share=1M", NULL};
   ops_start("small,big,rest", set);
-  json_t *o = ops_json(ops_stats, "GET", "/stats", 200);
+  json_t *o = ops_json(ops_d.stats, "GET", "/stats", 200);
   json_t *ts = json_object_get(o, "tenants");
   cr_assert_eq(json_array_size(ts), 3);
   long long want[3] = {512 << 10, 1 << 20, 512 << 10}; /* of 2M; the rest to "rest" */
@@ -181,7 +175,7 @@ Test(tenants, shares_size_each_tenants_arena) {
   kvc *s = ops_open("small");
   kvc_key keys[9];
   kvc_block out[9];
-  for (int i = 0; i < 9; i++) keys[i] = ops_key((uint64_t)i + 1);
+  for (int i = 0; i < 9; i++) keys[i] = KC((uint64_t)i + 1);
   cr_assert_eq(kvc_alloc(s, KVC_G2, 128, keys, NULL, 9, out), 8, "512K holds eight 64K blocks");
   kvc_close(s);
   ops_stop();
@@ -191,7 +185,7 @@ Test(tenants, shares_size_each_tenants_arena) {
  * G2 room while victims are written to the SSD. */
 static void store_retry(kvc *c, uint64_t first, uint32_t n) {
   for (uint64_t v = first; v < first + n; v++) {
-    kvc_key k = ops_key(v), none = {0};
+    kvc_key k = KC(v), none = {0};
     kvc_block out;
     int r = 0;
     for (int t = 0; t < 400; t++) {
@@ -206,7 +200,7 @@ static void store_retry(kvc *c, uint64_t first, uint32_t n) {
 }
 
 static json_t *tenant_stats(size_t i) {
-  json_t *o = ops_json(ops_stats, "GET", "/stats", 200);
+  json_t *o = ops_json(ops_d.stats, "GET", "/stats", 200);
   json_t *t = json_incref(json_array_get(json_object_get(o, "tenants"), i));
   json_decref(o);
   return t;
@@ -227,7 +221,7 @@ Test(tenants, one_tenant_flooding_the_ssd_stays_within_its_share, .timeout = 120
   long long share_a = jnum(ta, "g3_share_bytes"), share_b = jnum(tb, "g3_share_bytes");
   json_decref(ta);
   json_decref(tb);
-  json_t *o = ops_json(ops_stats, "GET", "/stats", 200);
+  json_t *o = ops_json(ops_d.stats, "GET", "/stats", 200);
   long long g3cap = ops_num(o, "tiers.g3.capacity_bytes");
   json_decref(o);
   cr_assert(share_a > 0 && share_a <= g3cap / 4 && share_b >= g3cap * 3 / 4 - (64 << 10),
@@ -249,7 +243,7 @@ Test(tenants, one_tenant_flooding_the_ssd_stays_within_its_share, .timeout = 120
   cr_assert(used_a > 0 && used_a <= share_a, "alice holds %lld bytes of G3, her share is %lld", used_a, share_a);
   /* bob's blocks come back from the SSD intact. */
   for (uint64_t v = 1; v <= 40; v++) {
-    kvc_key k = ops_key(v);
+    kvc_key k = KC(v);
     kvc_block out;
     cr_assert_eq(kvc_load(b, KVC_G2, &k, 1, &out), 1, "load %llu: %s", (unsigned long long)v,
                  kvc_strerror(out.status));
@@ -259,9 +253,7 @@ Test(tenants, one_tenant_flooding_the_ssd_stays_within_its_share, .timeout = 120
   kvc_close(a);
   kvc_close(b);
   ops_stop();
-  char cmd[128];
-  snprintf(cmd, sizeof cmd, "rm -rf %s", g3dir);
-  system(cmd);
+  kvt_rmtree(g3dir);
 }
 
 /* Blocks found on the SSD at start count against their tenant's share
@@ -293,7 +285,7 @@ Test(tenants, ssd_blocks_from_before_a_restart_join_their_tenants_share, .timeou
   int resident = ops_resident(a, 1, 60);
   cr_assert(resident >= (int)(used / OPS_BLOCK), "%d resident", resident);
   for (uint64_t v = 1; v <= 60; v++) {
-    kvc_key k = ops_key(v);
+    kvc_key k = KC(v);
     kvc_block out;
     if (kvc_load(a, KVC_G2, &k, 1, &out) != 1) continue;
     cr_assert_eq(((uint8_t *)out.ptr)[0], (uint8_t)v);
@@ -301,7 +293,7 @@ Test(tenants, ssd_blocks_from_before_a_restart_join_their_tenants_share, .timeou
   }
   /* New stores stay within the share, under another eviction policy too. */
   store_retry(a, 1000, 60);
-  json_decref(ops_json(ops_admin, "POST", "/config?name=cache.policy&value=lru", 200));
+  json_decref(ops_json(ops_d.admin, "POST", "/config?name=cache.policy&value=lru", 200));
   store_retry(a, 2000, 60);
   t = tenant_stats(0);
   used = jnum(t, "g3_used_bytes");
@@ -309,7 +301,5 @@ Test(tenants, ssd_blocks_from_before_a_restart_join_their_tenants_share, .timeou
   cr_assert(used > 0 && used <= share, "alice holds %lld bytes of G3, her share is %lld", used, share);
   kvc_close(a);
   ops_stop();
-  char cmd[128];
-  snprintf(cmd, sizeof cmd, "rm -rf %s", g3dir);
-  system(cmd);
+  kvt_rmtree(g3dir);
 }

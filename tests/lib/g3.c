@@ -1,43 +1,27 @@
-/*
- * test_g3_util.h - helpers shared by the G3 tests (tests/unit/test_g3_*.c):
- * temp directories on the real disk, a G2 arena for I/O buffers, block
- * contents that can be checked without keeping them, keys, and capture of
- * the log lines a test provokes. Header-only: each test is one program.
- */
-#ifndef KV_TEST_G3_UTIL_H
-#define KV_TEST_G3_UTIL_H
+/* g3.c - what the G3 tests share (g3.h). */
+#include "tests/lib/g3.h"
 
 #include <criterion/criterion.h>
 #include <errno.h>
 #include <fcntl.h>
-#include <ftw.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/stat.h>
 #include <unistd.h>
 
 #include "base/errors.h"
-#include "tiers/arena.h"
-#include "tiers/g3.h"
+#include "tests/lib/tmpdir.h"
 
-static const kv_g3_backend t_backends[] = {KV_G3_BACKEND_URING, KV_G3_BACKEND_THREADS};
-#define T_NBACKENDS 2
+const kv_g3_backend t_backends[T_NBACKENDS] = {KV_G3_BACKEND_URING, KV_G3_BACKEND_THREADS};
 
-/* A fresh directory under /tmp (the real disk, so O_DIRECT works). */
-static inline void t_mkdir(char *out, size_t n) {
-  snprintf(out, n, "/tmp/kvg3-test-XXXXXX");
-  cr_assert_not_null(mkdtemp(out), "mkdtemp");
+void t_mkdir(char *out, size_t n) {
+  int rc = kvt_mkdtemp(out, n, "kvg3-test");
+  cr_assert_eq(rc, 0, "mkdtemp: %s", strerror(-rc));
 }
 
-static int t_rm_one(const char *p, const struct stat *sb, int flag, struct FTW *ftw) {
-  (void)sb, (void)flag, (void)ftw;
-  return remove(p);
-}
-static inline void t_rmdir(const char *dir) { nftw(dir, t_rm_one, 16, FTW_DEPTH | FTW_PHYS); }
+void t_rmdir(const char *dir) { kvt_rmtree(dir); }
 
-/* Is io_uring usable here? Tests of the uring backend skip without it. */
-static inline int t_uring_ok(void) {
+int t_uring_ok(void) {
   static int ok = -1;
   if (ok < 0) {
     char dir[64];
@@ -53,8 +37,7 @@ static inline int t_uring_ok(void) {
   return ok;
 }
 
-/* An arena of `bytes` cut in slots of `slot` bytes. */
-static inline void t_arena(kv_arena *a, size_t bytes, uint32_t slot, int *cls) {
+void t_arena(kv_arena *a, size_t bytes, uint32_t slot, int *cls) {
   kv_arena_opts ao = {.capacity = bytes, .page_bytes = slot > (4u << 20) ? slot : (4u << 20),
                       .no_lock = 1};
   if (ao.page_bytes > bytes) ao.page_bytes = bytes;
@@ -63,14 +46,13 @@ static inline void t_arena(kv_arena *a, size_t bytes, uint32_t slot, int *cls) {
   cr_assert_geq(*cls, 0);
 }
 
-static inline void *t_buf(kv_arena *a, int cls) {
+void *t_buf(kv_arena *a, int cls) {
   uint32_t s;
   cr_assert_eq(kv_arena_alloc(a, cls, &s), 0, "arena full");
   return kv_arena_ptr(a, s);
 }
 
-/* Deterministic block contents for (seed, i). */
-static inline void t_fill(void *buf, uint32_t len, uint64_t seed, uint64_t i) {
+void t_fill(void *buf, uint32_t len, uint64_t seed, uint64_t i) {
   uint64_t x = seed * 0x9E3779B97F4A7C15ull ^ (i + 1) * 0xBF58476D1CE4E5B9ull;
   uint8_t *p = buf;
   for (uint32_t k = 0; k < len; k += 8) {
@@ -78,7 +60,7 @@ static inline void t_fill(void *buf, uint32_t len, uint64_t seed, uint64_t i) {
     memcpy(p + k, &x, len - k < 8 ? len - k : 8);
   }
 }
-static inline int t_check(const void *buf, uint32_t len, uint64_t seed, uint64_t i) {
+int t_check(const void *buf, uint32_t len, uint64_t seed, uint64_t i) {
   uint8_t *want = malloc(len);
   t_fill(want, len, seed, i);
   int ok = memcmp(buf, want, len) == 0;
@@ -86,7 +68,7 @@ static inline int t_check(const void *buf, uint32_t len, uint64_t seed, uint64_t
   return ok;
 }
 
-static inline kv_g3_key t_key(uint64_t i) {
+kv_g3_key t_key(uint64_t i) {
   kv_g3_key k;
   memset(&k, 0, sizeof k);
   for (int j = 0; j < KV_G3_NS_BYTES; j++) k.ns[j] = (uint8_t)(0xA0 + j);
@@ -96,7 +78,7 @@ static inline kv_g3_key t_key(uint64_t i) {
   return k;
 }
 
-static inline kv_g3_expect t_expect(uint64_t i, uint32_t len, uint64_t seq) {
+kv_g3_expect t_expect(uint64_t i, uint32_t len, uint64_t seq) {
   kv_g3_expect e;
   memset(&e, 0, sizeof e);
   e.key = t_key(i);
@@ -106,13 +88,7 @@ static inline kv_g3_expect t_expect(uint64_t i, uint32_t len, uint64_t seq) {
   return e;
 }
 
-/* Log capture: stderr goes to a file until t_log_end(), which returns the
- * number of lines containing `needle` and echoes the log to stdout. */
-typedef struct t_log {
-  int saved;
-  char path[64];
-} t_log;
-static inline void t_log_begin(t_log *l) {
+void t_log_begin(t_log *l) {
   snprintf(l->path, sizeof l->path, "/tmp/kvg3-log-XXXXXX");
   int fd = mkstemp(l->path);
   cr_assert_geq(fd, 0);
@@ -121,7 +97,7 @@ static inline void t_log_begin(t_log *l) {
   dup2(fd, 2);
   close(fd);
 }
-static inline int t_log_end(t_log *l, const char *needle) {
+int t_log_end(t_log *l, const char *needle) {
   fflush(stderr);
   dup2(l->saved, 2);
   close(l->saved);
@@ -138,14 +114,9 @@ static inline int t_log_end(t_log *l, const char *needle) {
   return n;
 }
 
-typedef struct t_count {
-  int n, err, last;
-} t_count;
-static inline void t_count_cb(int status, void *arg) {
+void t_count_cb(int status, void *arg) {
   t_count *c = arg;
   c->n++;
   if (status) c->err++;
   c->last = status;
 }
-
-#endif

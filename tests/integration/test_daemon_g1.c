@@ -2,9 +2,9 @@
  * (g1.backend = sim): the HELLO reply's G1 entry and fd, libkvclient's
  * import (kvc_g1_info, kvc_g1_ptr), bytes written by one worker through the
  * device seen by another, workers that do not ask, a daemon with G1 off,
- * a pool per device with each worker on its own (G1_SELECT), the g1
- * metrics, and the client's refusal of a corrupt entry. */
-#include "test_ops_util.h"
+ * a pool per device with each worker on its own (G1_SELECT) and the g1
+ * metrics. The client's side alone is in tests/unit/test_g1_client.c. */
+#include "tests/lib/fixture.h"
 
 #include <fcntl.h>
 #include <sys/mman.h>
@@ -16,18 +16,7 @@
 #include "ipc/reader.h"
 #include "base/errors.h"
 #include "proto/wire.h"
-
-/* The value of an unlabelled (or fully labelled) metric line, -1 if none. */
-static long long metric(const char *name) {
-  static char resp[1 << 20];
-  const char *body;
-  cr_assert_eq(ops_req(ops_stats, "GET", "/metrics", resp, sizeof resp, &body), 200);
-  char want[160];
-  snprintf(want, sizeof want, "\n%s ", name);
-  const char *p = strstr(body - 1, want);
-  if (!p) return -1;
-  return atoll(p + strlen(want));
-}
+#include "tests/lib/dev_checks.h"
 
 static const char *const sim_on[] = {"g1.enable=on", "g1.backend=sim", "g1.capacity=4M", NULL};
 
@@ -104,17 +93,17 @@ Test(g1, sim_pool_shared_between_workers, .timeout = 60) {
             WIFEXITED(st) ? WEXITSTATUS(st) : -1);
 
   /* G2 still works in the same session. */
-  kvc_key k = ops_key(1), parent = {0};
+  kvc_key k = KC(1), parent = {0};
   kvc_block b;
   cr_assert_eq(kvc_alloc(c, KVC_G2, 128, &k, &parent, 1, &b), 1);
   memset(b.ptr, 0x5a, OPS_BLOCK);
   cr_assert_eq(kvc_commit(c, &k, 1, NULL), 1);
 
-  cr_assert_eq(metric("kvcached_g1_enabled"), 1);
-  cr_assert_eq(metric("kvcached_g1_unavailable"), 0);
-  cr_assert_geq(metric("kvcached_g1_pool_bytes"), 4 << 20);
-  cr_assert_eq(metric("kvcached_g1_exports_total{kind=\"sim_fd\"}"), 2);
-  cr_assert_eq(metric("kvcached_g1_exports_total{kind=\"vmm_fd\"}"), 0);
+  cr_assert_eq(ops_metric("kvcached_g1_enabled"), 1);
+  cr_assert_eq(ops_metric("kvcached_g1_unavailable"), 0);
+  cr_assert_geq(ops_metric("kvcached_g1_pool_bytes"), 4 << 20);
+  cr_assert_eq(ops_metric("kvcached_g1_exports_total{kind=\"sim_fd\"}"), 2);
+  cr_assert_eq(ops_metric("kvcached_g1_exports_total{kind=\"vmm_fd\"}"), 0);
   kvc_close(c);
   close(go[1]);
   ops_stop();
@@ -129,7 +118,7 @@ Test(g1, worker_without_cap_gets_no_pool, .timeout = 60) {
   cr_assert(strstr(g.reason, "not asked"), "%s", g.reason);
   void *p;
   cr_assert_eq(kvc_g1_ptr(c, 0, 1, &p), -ENODEV);
-  cr_assert_eq(metric("kvcached_g1_exports_total{kind=\"sim_fd\"}"), 0, "no entry was sent");
+  cr_assert_eq(ops_metric("kvcached_g1_exports_total{kind=\"sim_fd\"}"), 0, "no entry was sent");
   kvc_close(c);
   ops_stop();
 }
@@ -137,7 +126,7 @@ Test(g1, worker_without_cap_gets_no_pool, .timeout = 60) {
 /* The raw reply: a HELLO without KV_CAP_G1 has no tier-info and one fd;
  * with it, one G1 entry and a second fd. */
 static void raw_hello(uint32_t caps, kv_msg *r, kv_frame *f, kv_reader *rd, int *sockfd) {
-  int s = kv_sock_connect(ops_sock, 0);
+  int s = kv_sock_connect(ops_d.sock, 0);
   cr_assert_geq(s, 0);
   kv_msg m;
   memset(&m, 0, sizeof m);
@@ -200,7 +189,7 @@ Test(g1, raw_hello_entry_and_fds, .timeout = 60) {
 }
 
 /* The value of a metric line with labels, -1 if none. */
-static long long metric_l(const char *name_labels) { return metric(name_labels); }
+static long long metric_l(const char *name_labels) { return ops_metric(name_labels); }
 
 /* Reads n bytes at device address src back through the worker's device. */
 static void read_device(kvc *c, const void *src, uint8_t *host, size_t n) {
@@ -223,7 +212,7 @@ static int all_bytes(const uint8_t *p, size_t n, uint8_t v) {
 static void load_g1(kvc *c, uint64_t first, uint32_t n, uint8_t *host) {
   kvc_key k[32];
   kvc_block out[32];
-  for (uint32_t i = 0; i < n; i++) k[i] = ops_key(first + i);
+  for (uint32_t i = 0; i < n; i++) k[i] = KC(first + i);
   int ok = kvc_load(c, KVC_G1, k, n, out);
   for (uint32_t i = 0; i < n; i++)
     cr_assert_eq(out[i].status, 0, "load of %llu to G1: %d of %u; this one: %s", (unsigned long long)(first + i),
@@ -240,7 +229,7 @@ static void load_g1(kvc *c, uint64_t first, uint32_t n, uint8_t *host) {
 }
 
 static uint8_t tier_of(kvc *c, uint64_t v) {
-  kvc_key k = ops_key(v);
+  kvc_key k = KC(v);
   uint8_t t;
   kvc_lookup(c, &k, 1, &t);
   return t;
@@ -289,7 +278,7 @@ Test(g1, load_to_g1_and_write_back, .timeout = 60) {
   cr_assert_eq(metric_l("kvcached_g1_copy_failures_total{dir=\"load\"}"), 0);
   for (uint64_t v = 1; v <= 8; v++) cr_assert_eq(tier_of(c, v), KVC_G2, "block %llu written back", (unsigned long long)v);
   cr_assert_eq(tier_of(c, 9), KVC_G1);
-  kvc_key k = ops_key(1);
+  kvc_key k = KC(1);
   kvc_block out;
   cr_assert_eq(kvc_load(c, KVC_G2, &k, 1, &out), 1);
   cr_assert(all_bytes(out.ptr, OPS_BLOCK, 1), "written back intact");
@@ -311,7 +300,7 @@ Test(g1, failed_device_copies_are_answered_from_g2, .timeout = 60) {
   ops_store(c, 1, 4);
   kvc_key k[4];
   kvc_block out[4];
-  for (uint32_t i = 0; i < 4; i++) k[i] = ops_key(1 + i);
+  for (uint32_t i = 0; i < 4; i++) k[i] = KC(1 + i);
   cr_assert_eq(kvc_load(c, KVC_G1, k, 4, out), 4);
   for (uint32_t i = 0; i < 4; i++) {
     cr_assert_eq(out[i].status, 0, "block %u: %s", i + 1, kvc_strerror(out[i].status));
@@ -334,7 +323,7 @@ Test(g1, load_to_g1_without_g1_is_refused, .timeout = 60) {
   ops_start(NULL, off);
   kvc *c = open_g1(0);
   ops_store(c, 1, 1);
-  kvc_key k = ops_key(1);
+  kvc_key k = KC(1);
   kvc_block out;
   cr_assert_eq(kvc_load(c, KVC_G1, &k, 1, &out), -ENODEV, "the worker loads to G2 instead");
   cr_assert_eq(kvc_load(c, KVC_G2, &k, 1, &out), 1);
@@ -351,11 +340,11 @@ Test(g1, daemon_with_g1_off, .timeout = 60) {
   cr_assert_eq(g.available, 0);
   cr_assert(strstr(g.reason, "no G1 pool"), "%s", g.reason);
   cr_assert(strstr(g.reason, "g1.enable = off"), "the daemon's reason comes along: %s", g.reason);
-  cr_assert_eq(metric("kvcached_g1_enabled"), 0);
-  cr_assert_eq(metric("kvcached_g1_unavailable"), 0, "off by configuration is not unavailable");
-  cr_assert_eq(metric("kvcached_g1_pool_bytes"), 0);
+  cr_assert_eq(ops_metric("kvcached_g1_enabled"), 0);
+  cr_assert_eq(ops_metric("kvcached_g1_unavailable"), 0, "off by configuration is not unavailable");
+  cr_assert_eq(ops_metric("kvcached_g1_pool_bytes"), 0);
   /* G2 as before. */
-  kvc_key k = ops_key(2), parent = {0};
+  kvc_key k = KC(2), parent = {0};
   kvc_block b;
   cr_assert_eq(kvc_alloc(c, KVC_G2, 128, &k, &parent, 1, &b), 1);
   cr_assert_eq(kvc_commit(c, &k, 1, NULL), 1);
@@ -368,7 +357,7 @@ Test(g1, daemon_with_g1_off, .timeout = 60) {
 Test(g1, auto_is_on_or_unavailable, .timeout = 60) {
   static const char *const autoc[] = {"g1.enable=auto", "g1.backend=cuda", "g1.capacity=2M", NULL};
   ops_start(NULL, autoc);
-  long long on = metric("kvcached_g1_enabled"), un = metric("kvcached_g1_unavailable");
+  long long on = ops_metric("kvcached_g1_enabled"), un = ops_metric("kvcached_g1_unavailable");
   cr_assert(on + un == 1 && on >= 0 && un >= 0, "enabled %lld, unavailable %lld", on, un);
   kvc *c = open_g1(0);
   kvc_g1 g;
@@ -387,10 +376,7 @@ static const char *const two_devs[] = {"g1.enable=on", "g1.backend=sim", "g1.cap
                                        "g1.device=0,2", "cache.policy=lru", NULL};
 
 static void sim_uuid(int ordinal, uint8_t u[16]) {
-  kv_dev *d;
-  cr_assert_eq(kv_dev_open(&d, &(kv_dev_opts){.backend = KV_DEV_SIM, .ordinal = ordinal}), 0);
-  kv_dev_uuid(d, u);
-  kv_dev_close(d);
+  cr_assert_eq(dc_uuid_of(KV_DEV_SIM, ordinal, u), 0);
 }
 
 /* A worker computing on the device with this uuid. */
@@ -401,7 +387,7 @@ static kvc *open_on(const uint8_t *uuid) { return ops_open_on("t1", 0, uuid); }
 static void load_expect(kvc *c, uint64_t first, uint32_t n, uint8_t tier, uint8_t *host) {
   kvc_key k[8];
   kvc_block out[8];
-  for (uint32_t i = 0; i < n; i++) k[i] = ops_key(first + i);
+  for (uint32_t i = 0; i < n; i++) k[i] = KC(first + i);
   cr_assert_eq(kvc_load(c, KVC_G1, k, n, out), (int)n);
   for (uint32_t i = 0; i < n; i++) {
     uint64_t v = first + i;
@@ -424,8 +410,8 @@ Test(g1, a_pool_per_device_each_worker_maps_its_own, .timeout = 60) {
   cr_assert_eq(metric_l("kvcached_g1_device_up{device=\"0\"}"), 1);
   cr_assert_eq(metric_l("kvcached_g1_device_up{device=\"2\"}"), 1);
   cr_assert_eq(metric_l("kvcached_g1_device_pool_bytes{device=\"2\"}"), 2ll << 20);
-  cr_assert_eq(metric("kvcached_g1_pool_bytes"), 4ll << 20);
-  cr_assert_eq(metric("kvcached_g1_unavailable"), 0);
+  cr_assert_eq(ops_metric("kvcached_g1_pool_bytes"), 4ll << 20);
+  cr_assert_eq(ops_metric("kvcached_g1_unavailable"), 0);
 
   /* Device 0's worker takes what HELLO offers; device 2's asks for its own. */
   kvc *a = open_on(u0), *b = open_on(u2);
@@ -467,7 +453,7 @@ Test(g1, a_pool_per_device_each_worker_maps_its_own, .timeout = 60) {
   cr_assert(strstr(gc.reason, kv_dev_uuid_str(u5, us)), "%s", gc.reason);
   cr_assert(strstr(gc.reason, kv_dev_uuid_str(u2, us)), "%s", gc.reason);
   cr_assert_eq(metric_l("kvcached_g1_selects_total{result=\"none\"}"), 1);
-  kvc_key k = ops_key(1);
+  kvc_key k = KC(1);
   kvc_block out;
   cr_assert_eq(kvc_load(c, KVC_G2, &k, 1, &out), 1);
   cr_assert(all_bytes(out.ptr, OPS_BLOCK, 1));
@@ -526,7 +512,7 @@ Test(g1, raw_g1_select, .timeout = 60) {
   int s;
 
   /* Before HELLO. */
-  s = kv_sock_connect(ops_sock, 0);
+  s = kv_sock_connect(ops_d.sock, 0);
   cr_assert_geq(s, 0);
   kv_reader_init(&rd, 0);
   m = select_msg(1, u2);
@@ -592,12 +578,12 @@ Test(g1, a_missing_device_of_the_list, .timeout = 60) {
   static const char *const autoc[] = {"g1.enable=auto", "g1.backend=sim", "g1.capacity=2M",
                                       "g1.device=1,9", NULL};
   ops_start(NULL, autoc);
-  cr_assert_eq(metric("kvcached_g1_enabled"), 1);
-  cr_assert_eq(metric("kvcached_g1_unavailable"), 1);
+  cr_assert_eq(ops_metric("kvcached_g1_enabled"), 1);
+  cr_assert_eq(ops_metric("kvcached_g1_unavailable"), 1);
   cr_assert_eq(metric_l("kvcached_g1_device_up{device=\"1\"}"), 1);
   cr_assert_eq(metric_l("kvcached_g1_device_up{device=\"9\"}"), 0);
   cr_assert_eq(metric_l("kvcached_g1_device_pool_bytes{device=\"9\"}"), 0);
-  cr_assert_eq(metric("kvcached_g1_pool_bytes"), 2ll << 20);
+  cr_assert_eq(ops_metric("kvcached_g1_pool_bytes"), 2ll << 20);
   kvc *c = open_g1(0); /* no preference: the first pool, device 1's */
   kvc_g1 g;
   uint8_t u1[16];
@@ -611,186 +597,4 @@ Test(g1, a_missing_device_of_the_list, .timeout = 60) {
   static const char *const on[] = {"g1.enable=on", "g1.backend=sim", "g1.capacity=2M",
                                    "g1.device=1,9", NULL};
   cr_assert_neq(ops_try_start(NULL, on), 0, "g1.enable = on with device 9 missing started");
-}
-
-/* The client's import of the entry: bad values give a reason, not a crash,
- * and the fd is closed either way. */
-static int memfd_of(size_t n) {
-  int fd = memfd_create("g1-test", MFD_CLOEXEC);
-  cr_assert_geq(fd, 0);
-  cr_assert_eq(ftruncate(fd, (off_t)n), 0);
-  return fd;
-}
-
-static int is_closed(int fd) { return fcntl(fd, F_GETFD) < 0 && errno == EBADF; }
-
-Test(g1_client, corrupt_entries_give_reasons) {
-  kv_dev *d;
-  cr_assert_eq(kv_dev_open(&d, &(kv_dev_opts){.backend = KV_DEV_SIM}), 0);
-  kv_dev_pool *pool;
-  cr_assert_eq(kv_dev_pool_create(d, 1 << 20, &pool), 0);
-  kv_dev_export x;
-  cr_assert_eq(kv_dev_pool_export(pool, &x), 0);
-  uint8_t enc[KV_DEVX_ENCODED_MAX];
-  int n = kv_dev_export_encode(&x, enc, sizeof enc);
-  cr_assert_gt(n, 0);
-
-  kvc__g1 g;
-  /* Corrupt magic. */
-  memset(&g, 0, sizeof g);
-  uint8_t bad[KV_DEVX_ENCODED_MAX];
-  memcpy(bad, enc, (size_t)n);
-  bad[0] ^= 0xff;
-  int fd = dup(x.fd);
-  cr_assert_eq(kvc__g1_import(&g, KV_TI_G1_SIM_FD, bad, (size_t)n, fd), KV_EBADFRAME);
-  cr_assert_eq(g.info.available, 0);
-  cr_assert(strstr(g.info.reason, "does not decode"), "%s", g.info.reason);
-  cr_assert(is_closed(fd));
-  /* Truncated. */
-  memset(&g, 0, sizeof g);
-  fd = dup(x.fd);
-  cr_assert_eq(kvc__g1_import(&g, KV_TI_G1_SIM_FD, enc, (size_t)n - 1, fd), KV_EBADFRAME);
-  cr_assert(is_closed(fd));
-  /* Entry kind and export kind disagree. */
-  memset(&g, 0, sizeof g);
-  fd = dup(x.fd);
-  cr_assert_eq(kvc__g1_import(&g, KV_TI_G1_VMM_FD, enc, (size_t)n, fd), KV_EBADFRAME);
-  /* Unknown kind. */
-  memset(&g, 0, sizeof g);
-  fd = dup(x.fd);
-  cr_assert_eq(kvc__g1_import(&g, 77, enc, (size_t)n, fd), -EOPNOTSUPP);
-  cr_assert(strstr(g.info.reason, "77"), "%s", g.info.reason);
-  cr_assert(is_closed(fd));
-  /* No fd for an fd kind. */
-  memset(&g, 0, sizeof g);
-  cr_assert_eq(kvc__g1_import(&g, KV_TI_G1_SIM_FD, enc, (size_t)n, -1), KV_EBADFD);
-  cr_assert(strstr(g.info.reason, "fd"), "%s", g.info.reason);
-  /* An fd smaller than the pool the export claims. */
-  memset(&g, 0, sizeof g);
-  fd = memfd_of(4096);
-  cr_assert_lt(kvc__g1_import(&g, KV_TI_G1_SIM_FD, enc, (size_t)n, fd), 0);
-  cr_assert_eq(g.info.available, 0);
-  cr_assert(strstr(g.info.reason, "cannot map"), "%s", g.info.reason);
-  cr_assert(is_closed(fd));
-  kvc__g1_release(&g);
-  /* The real thing imports, and the mapping shows the pool's bytes. */
-  memset(&g, 0, sizeof g);
-  fd = dup(x.fd);
-  cr_assert_eq(kvc__g1_import(&g, KV_TI_G1_SIM_FD, enc, (size_t)n, fd), 0, "%s", g.info.reason);
-  cr_assert_eq(g.info.available, 1);
-  cr_assert_eq(g.info.bytes, kv_dev_pool_bytes(pool));
-  cr_assert(is_closed(fd));
-  kvc__g1_release(&g);
-  cr_assert_eq(g.info.available, 0);
-  cr_assert_eq(kv_dev_pool_destroy(d, pool), 0);
-  kv_dev_close(d);
-}
-
-/* ---- libkvclient against daemons that cannot select ---------------------------- */
-
-/* A stand-in daemon on one connection: answers HELLO (protocol 1.`minor`)
- * with an arena and a pool on simulated device 0; then, by mode, answers a
- * G1_SELECT with an ERROR (1) or hangs up on it (2). Exits 0 when the
- * worker did what the mode expects (mode 0: it sent nothing after HELLO). */
-static int fake_daemon(int lfd, int minor, int mode) {
-  int s = accept(lfd, NULL, NULL);
-  if (s < 0) return 20;
-  kv_reader rd;
-  kv_reader_init(&rd, 0);
-  kv_frame f;
-  kv_msg m;
-  if (kv_reader_recv(&rd, s, &f, 5000) != 1 || kv_msg_decode(f.p, f.len, &m) || m.op != KV_OP_HELLO)
-    return 21;
-  kv_dev *d;
-  kv_dev_pool *pool;
-  kv_dev_export x;
-  uint8_t enc[KV_DEVX_ENCODED_MAX];
-  if (kv_dev_open(&d, &(kv_dev_opts){.backend = KV_DEV_SIM}) || kv_dev_pool_create(d, 1 << 20, &pool) ||
-      kv_dev_pool_export(pool, &x))
-    return 22;
-  int n = kv_dev_export_encode(&x, enc, sizeof enc);
-  int arena = memfd_create("fake-arena", MFD_CLOEXEC);
-  if (n < 0 || arena < 0 || ftruncate(arena, 1 << 20)) return 23;
-  kv_tierinfo ti = {.tier = KV_G1, .kind = KV_TI_G1_SIM_FD, .len = (uint16_t)n, .p = enc};
-  kv_msg r;
-  memset(&r, 0, sizeof r);
-  r.op = KV_OP_HELLO;
-  r.flags = KV_F_REPLY | KV_F_FD | KV_F_FD2;
-  r.id = m.id;
-  r.hello_rep = (kv_hello_rep){.ver_major = 1, .ver_minor = (uint16_t)minor, .caps = KV_CAP_G1,
-                               .session_id = 1, .arena_bytes = 1 << 20, .slot_align = 4096,
-                               .slot_bytes = OPS_BLOCK, .ntierinfo = 1, .tierinfo = &ti};
-  kv_buf b;
-  kv_buf_init(&b);
-  if (kv_msg_encode(&b, &r)) return 24;
-  struct iovec iov = {b.p, b.len};
-  int fds[2] = {arena, x.fd};
-  if (kv_sock_send_frame_fds(s, &iov, 1, fds, 2, 5000)) return 25;
-  int rc = kv_reader_recv(&rd, s, &f, 5000);
-  if (mode == 0) return rc == 0 ? 0 : 26; /* the worker closed, asking nothing */
-  if (rc != 1 || kv_msg_decode(f.p, f.len, &m) || m.op != KV_OP_G1_SELECT) return 27;
-  if (mode == 2) return 0; /* hang up */
-  kv_buf_reset(&b);
-  if (kv_msg_encode_error(&b, m.id, KV_OP_G1_SELECT, KV_EBADOP, NULL)) return 28;
-  iov = (struct iovec){b.p, b.len};
-  if (kv_sock_send_frame(s, &iov, 1, -1, 5000)) return 29;
-  rc = kv_reader_recv(&rd, s, &f, 5000);
-  return rc == 0 ? 0 : 30;
-}
-
-/* Runs a worker on simulated device 3 against fake_daemon(minor, mode):
- * kvc_open's result, and the G1 reason when it opened. */
-static int against_fake(int minor, int mode, char *reason, size_t cap) {
-  char dir[] = "/tmp/kvfake-XXXXXX";
-  cr_assert_not_null(mkdtemp(dir));
-  char path[64];
-  snprintf(path, sizeof path, "%s/s", dir);
-  int lfd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
-  struct sockaddr_un sa = {.sun_family = AF_UNIX};
-  snprintf(sa.sun_path, sizeof sa.sun_path, "%s", path);
-  cr_assert_eq(bind(lfd, (struct sockaddr *)&sa, sizeof sa), 0);
-  cr_assert_eq(listen(lfd, 1), 0);
-  pid_t pid = fork();
-  cr_assert_geq(pid, 0);
-  if (pid == 0) _exit(fake_daemon(lfd, minor, mode));
-  close(lfd);
-  uint8_t u3[16];
-  sim_uuid(3, u3);
-  kvc_opts o = {.socket_path = path, .tenant = "t1", .g1_uuid = u3, .timeout_ms = 5000,
-                .layout = {.block_bytes = OPS_BLOCK, .tokens_per_block = 16, .tp_size = 1,
-                           .dtype = "bf16"}};
-  kvc *c = NULL;
-  int rc = kvc_open(&o, &c);
-  reason[0] = 0;
-  if (rc == 0) {
-    kvc_g1 g;
-    cr_assert_eq(kvc_g1_info(c, &g), 0);
-    cr_assert_eq(g.available, 0, "device 0's pool mapped for a worker on device 3");
-    snprintf(reason, cap, "%s", g.reason);
-    kvc_close(c);
-  }
-  int st;
-  cr_assert_eq(waitpid(pid, &st, 0), pid);
-  cr_assert(WIFEXITED(st) && WEXITSTATUS(st) == 0, "the fake daemon saw otherwise: %d",
-            WIFEXITED(st) ? WEXITSTATUS(st) : -1);
-  unlink(path);
-  rmdir(dir);
-  return rc;
-}
-
-Test(g1_client, daemons_that_cannot_give_this_devices_pool) {
-  char why[400];
-  int open_fds = 0;
-  for (int fd = 0; fd < 1024; fd++) open_fds += fcntl(fd, F_GETFD) >= 0;
-  /* 1.0: no G1_SELECT is sent; G2, and why. */
-  cr_assert_eq(against_fake(0, 0, why, sizeof why), 0);
-  cr_assert(strstr(why, "protocol 1.0"), "%s", why);
-  /* It refuses G1_SELECT: G2, and why. */
-  cr_assert_eq(against_fake(1, 1, why, sizeof why), 0);
-  cr_assert(strstr(why, "refused G1_SELECT"), "%s", why);
-  /* It hangs up on G1_SELECT: kvc_open fails, nothing leaks. */
-  cr_assert_lt(against_fake(1, 2, why, sizeof why), 0);
-  int now = 0;
-  for (int fd = 0; fd < 1024; fd++) now += fcntl(fd, F_GETFD) >= 0;
-  cr_assert_eq(now, open_fds, "fds leaked: %d before, %d after", open_fds, now);
 }

@@ -1,7 +1,8 @@
 /* test_namespaces.c - namespaces are freed when nothing holds them (no
  * session, no block in any tier), limited per tenant, and a namespace
- * belongs to one TP group; against a real kvcached (test_ops_util.h). */
-#include "test_ops_util.h"
+ * belongs to one TP group; against a real kvcached (tests/lib/fixture.h). */
+#include "tests/lib/fixture.h"
+#include "tests/lib/tmpdir.h"
 
 #include "base/errors.h"
 
@@ -9,7 +10,7 @@
 static int open_ns(const char *tenant, int salt, uint16_t rank, uint16_t size, const char *group, kvc **out) {
   char s[16];
   int n = salt < 0 ? 0 : snprintf(s, sizeof s, "s%d", salt);
-  kvc_opts o = {.socket_path = ops_sock, .tenant = tenant, .no_g1 = 1, .group = group,
+  kvc_opts o = {.socket_path = ops_d.sock, .tenant = tenant, .no_g1 = 1, .group = group,
                 .salt = (const uint8_t *)s, .salt_len = (size_t)n,
                 .layout = {.block_bytes = OPS_BLOCK, .tokens_per_block = 16, .layers = 2,
                            .kv_heads = 2, .head_dim = 64, .tp_rank = rank, .tp_size = size,
@@ -25,20 +26,13 @@ static kvc *must_open(const char *tenant, int salt) {
   return c;
 }
 
-static long long stat_num(const char *path) {
-  json_t *o = ops_json(ops_stats, "GET", "/stats", 200);
-  long long v = ops_num(o, path);
-  json_decref(o);
-  return v;
-}
-
 /* The daemon sees a close after the client's close() returns: wait until
  * the namespaces come down to want (bounded; the assertion is on the count). */
 static long long live_after_closes(long long want) {
   long long live = -1;
   for (int i = 0; i < 500 && live != want; i++) {
     if (i) usleep(10000);
-    live = stat_num("namespaces.live");
+    live = ops_stat("namespaces.live");
   }
   return live;
 }
@@ -55,8 +49,8 @@ Test(namespaces, hello_close_loops_with_distinct_salts_never_run_out, .timeout =
     kvc_close(c);
   }
   cr_assert_eq(live_after_closes(0), 0);
-  cr_assert_eq(stat_num("namespaces.freed"), 5000);
-  cr_assert_eq(stat_num("namespaces.refused.tenant_limit"), 0);
+  cr_assert_eq(ops_stat("namespaces.freed"), 5000);
+  cr_assert_eq(ops_stat("namespaces.refused.tenant_limit"), 0);
   ops_stop();
 }
 
@@ -69,7 +63,7 @@ Test(namespaces, a_tenant_at_its_limit_is_refused_and_does_not_stop_another) {
   cr_assert_eq(open_ns("alice", 5, 0, 1, NULL, &c), -EDQUOT);
   kvc *again = must_open("alice", 2); /* an existing namespace is not a new one */
   for (int i = 0; i < 4; i++) b[i] = must_open("bob", i);
-  json_t *o = ops_json(ops_stats, "GET", "/stats", 200);
+  json_t *o = ops_json(ops_d.stats, "GET", "/stats", 200);
   cr_assert_eq(ops_num(o, "namespaces.refused.tenant_limit"), 2);
   cr_assert_eq(ops_num(o, "namespaces.live"), 8);
   cr_assert_eq(json_integer_value(json_object_get(json_array_get(json_object_get(o, "tenants"), 0),
@@ -77,7 +71,7 @@ Test(namespaces, a_tenant_at_its_limit_is_refused_and_does_not_stop_another) {
   json_decref(o);
   static char resp[1 << 20];
   const char *m;
-  cr_assert_eq(ops_req(ops_stats, "GET", "/metrics", resp, sizeof resp, &m), 200);
+  cr_assert_eq(ops_req(ops_d.stats, "GET", "/metrics", resp, sizeof resp, &m), 200);
   cr_assert(strstr(m, "kvcached_namespaces_refused_total{reason=\"tenant_limit\"} 2\n"), "%s", m);
   /* One of alice's goes (its last session, no block): room for a new one. */
   kvc_close(a[0]);
@@ -92,7 +86,7 @@ Test(namespaces, a_tenant_at_its_limit_is_refused_and_does_not_stop_another) {
 }
 
 static void store1(kvc *c, uint64_t v) {
-  kvc_key k = ops_key(v), none = {0};
+  kvc_key k = KC(v), none = {0};
   kvc_block out;
   cr_assert_eq(kvc_alloc(c, KVC_G2, 128, &k, &none, 1, &out), 1);
   memset(out.ptr, (int)v, OPS_BLOCK);
@@ -111,7 +105,7 @@ Test(namespaces, blocks_keep_a_namespace_until_they_go) {
   cr_assert_eq(live_after_closes(2), 2);
   cr_assert_eq(open_ns("t", 2, 0, 1, NULL, &c), -EDQUOT, "s0's block keeps it");
   a = must_open("t", 0);
-  kvc_key k = ops_key(7);
+  kvc_key k = KC(7);
   cr_assert_eq(kvc_lookup(a, &k, 1, NULL), 1, "the block is found again");
   cr_assert_eq(kvc_delete(a, NULL, 0), 1);
   kvc_close(a);
@@ -134,14 +128,14 @@ Test(namespaces, ssd_blocks_are_found_again_after_namespaces_come_and_go, .timeo
   kvc *a = must_open("t", 0);
   for (uint64_t v = 1; v <= 4; v++) store1(a, v);
   kvc_close(a);
-  json_decref(ops_json(ops_admin, "POST", "/evict?tier=g2", 200)); /* to the SSD */
+  json_decref(ops_json(ops_d.admin, "POST", "/evict?tier=g2", 200)); /* to the SSD */
   for (int i = 100; i < 200; i++) { /* come and go */
     kvc *c = must_open("t", i);
     kvc_close(c);
   }
   a = must_open("t", 0);
   uint8_t tiers[4];
-  kvc_key keys[4] = {ops_key(1), ops_key(2), ops_key(3), ops_key(4)};
+  kvc_key keys[4] = {KC(1), KC(2), KC(3), KC(4)};
   for (int i = 0; i < 200; i++) { /* the writes to the SSD complete */
     if (kvc_lookup(a, keys, 4, tiers) == 4 && tiers[0] == KVC_G3 && tiers[3] == KVC_G3) break;
     usleep(10000);
@@ -161,16 +155,14 @@ Test(namespaces, ssd_blocks_are_found_again_after_namespaces_come_and_go, .timeo
   for (int i = 0; i < 4; i++) cr_assert_eq(((uint8_t *)out[i].ptr)[0], (uint8_t)(i + 1));
   kvc_close(a);
   ops_stop();
-  char cmd[128];
-  snprintf(cmd, sizeof cmd, "rm -rf %s", g3dir);
-  system(cmd);
+  kvt_rmtree(g3dir);
 }
 
 static void store_chain(kvc *c, uint32_t n) {
   kvc_key keys[8], parents[8] = {{0}};
   kvc_block out[8];
   for (uint32_t i = 0; i < n; i++) {
-    keys[i] = ops_key(i + 1);
+    keys[i] = KC(i + 1);
     if (i) parents[i] = keys[i - 1];
   }
   cr_assert_eq(kvc_alloc(c, KVC_G2, 128, keys, parents, n, out), (int)n);
@@ -179,7 +171,7 @@ static void store_chain(kvc *c, uint32_t n) {
 
 static int hit(kvc *c, uint32_t n) {
   kvc_key keys[8];
-  for (uint32_t i = 0; i < n; i++) keys[i] = ops_key(i + 1);
+  for (uint32_t i = 0; i < n; i++) keys[i] = KC(i + 1);
   return kvc_lookup(c, keys, n, NULL);
 }
 

@@ -1,4 +1,4 @@
-/* test_g3_crc32c.c - CRC-32C: known vectors, hardware path == table path
+/* test_crc32c.c - CRC-32C: known vectors, hardware path == table path
  * for every length and alignment, and exact chaining. */
 #include <criterion/criterion.h>
 #include <stdint.h>

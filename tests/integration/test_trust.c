@@ -12,7 +12,8 @@
 
 #include "ipc/reader.h"
 #include "proto/wire.h"
-#include "test_ops_util.h"
+#include "tests/lib/fixture.h"
+#include "tests/lib/tmpdir.h"
 #include "base/crc32c.h"
 
 #define NOCRC (-1ll)
@@ -51,7 +52,7 @@ static void raw_recv(raw *r, kv_msg *m, kv_frame *f) {
  * layout: the same blocks). */
 static void raw_open(raw *r, const char *tenant, uint16_t minor) {
   memset(r, 0, sizeof *r);
-  r->fd = kv_sock_connect(ops_sock, 0);
+  r->fd = kv_sock_connect(ops_d.sock, 0);
   cr_assert_geq(r->fd, 0);
   kv_reader_init(&r->rd, 0);
   r->id = 1;
@@ -84,7 +85,7 @@ static kv_keyvec keyvec1(const kvc_key *k) { return (kv_keyvec){.p = k->b, .n = 
 /* ALLOC, fill with `fill`, COMMIT with `crc` (NOCRC: a plain COMMIT, the
  * daemon computes). Returns the slot's offset. */
 static uint64_t raw_store(raw *r, uint64_t v, uint8_t fill, long long crc) {
-  kvc_key k = ops_key(v);
+  kvc_key k = KC(v);
   kv_msg m = {.op = KV_OP_ALLOC};
   m.alloc = (kv_alloc_req){.tier = KV_G2, .prio = 128, .keys = keyvec1(&k)};
   raw_send(r, &m);
@@ -109,7 +110,7 @@ static uint64_t raw_store(raw *r, uint64_t v, uint8_t fill, long long crc) {
 
 /* LOAD2 (or LOAD, for a 1.1 session) of one key to G2. */
 static kv_load_ent raw_load(raw *r, uint64_t v, uint16_t op) {
-  kvc_key k = ops_key(v);
+  kvc_key k = KC(v);
   kv_msg m = {.op = op};
   m.batch = (kv_batch_req){.tier = KV_G2, .keys = keyvec1(&k)};
   raw_send(r, &m);
@@ -123,7 +124,7 @@ static kv_load_ent raw_load(raw *r, uint64_t v, uint16_t op) {
 
 /* RELEASE of one key with `flags` (KV_REL_CORRUPT: a report); its status. */
 static int32_t raw_release(raw *r, uint64_t v, uint8_t flags) {
-  kvc_key k = ops_key(v);
+  kvc_key k = KC(v);
   kv_msg m = {.op = KV_OP_RELEASE};
   m.batch = (kv_batch_req){.flags = flags, .keys = keyvec1(&k)};
   raw_send(r, &m);
@@ -140,7 +141,7 @@ static uint32_t fill_crc(uint8_t fill) {
 
 /* /stats' corrupt_reports.<what>, or misses.corrupt for "miss". */
 static long long reports(const char *what) {
-  json_t *o = ops_json(ops_stats, "GET", "/stats", 200);
+  json_t *o = ops_json(ops_d.stats, "GET", "/stats", 200);
   char path[64];
   snprintf(path, sizeof path, strcmp(what, "miss") ? "corrupt_reports.%s" : "misses.corrupt", what);
   long long v = ops_num(o, path);
@@ -284,7 +285,7 @@ Test(trust, a_confirmed_block_still_pinned_is_refused_then_dropped) {
 static void store_crc(kvc *c, uint64_t v, uint8_t fill) {
   static uint8_t src[OPS_BLOCK];
   memset(src, fill, sizeof src);
-  kvc_key k = ops_key(v), none = {0};
+  kvc_key k = KC(v), none = {0};
   kvc_block out;
   cr_assert_eq(kvc_alloc(c, KVC_G2, 128, &k, &none, 1, &out), 1, "alloc %llu", (unsigned long long)v);
   uint32_t crc = kvc_copy_crc(out.ptr, src, OPS_BLOCK);
@@ -295,7 +296,7 @@ static void store_crc(kvc *c, uint64_t v, uint8_t fill) {
 
 /* Loads key v (G2) into *b; 1 when usable. */
 static int load1(kvc *c, uint64_t v, kvc_block *b) {
-  kvc_key k = ops_key(v);
+  kvc_key k = KC(v);
   return kvc_load(c, KVC_G2, &k, 1, b);
 }
 
@@ -315,7 +316,7 @@ Test(trust, a_block_scribbled_through_the_mapping_is_never_served) {
   kvc_block b;
   cr_assert_eq(load1(attacker, 10, &b), 1);
   ((uint8_t *)b.ptr)[1234] ^= 0xff; /* the mapping is writable: nothing stops this */
-  kvc_key k = ops_key(10);
+  kvc_key k = KC(10);
   cr_assert_eq(kvc_release(attacker, &k, 1, NULL), 1);
 
   static uint8_t dst[OPS_BLOCK];
@@ -351,7 +352,7 @@ Test(trust, a_hole_punched_in_the_arena_is_never_served_as_zeros) {
   kvc_key keys[N];
   for (int i = 0; i < N; i++) {
     store_crc(w, 100 + (uint64_t)i, (uint8_t)(0x11 + i));
-    keys[i] = ops_key(100 + (uint64_t)i);
+    keys[i] = KC(100 + (uint64_t)i);
   }
   raw attacker;
   raw_open(&attacker, "t1", KV_PROTO_MINOR);
@@ -377,7 +378,7 @@ Test(trust, kvc_verify_checks_in_place) {
   kvc *w = ops_open("t1"), *reader = ops_open("t1");
   store_crc(w, 30, 0x30);
   store_crc(w, 31, 0x31);
-  kvc_key k30 = ops_key(30), k31 = ops_key(31);
+  kvc_key k30 = KC(30), k31 = KC(31);
   kvc_block b;
   cr_assert_eq(load1(reader, 30, &b), 1);
   cr_assert_eq(kvc_verify(reader, &k30, &b), 0);
@@ -391,7 +392,7 @@ Test(trust, kvc_verify_checks_in_place) {
   cr_assert_eq(kvc_lookup(reader, &k31, 1, NULL), 0);
   /* what has no CRC to check is refused, not passed */
   kvc_block a;
-  kvc_key k32 = ops_key(32);
+  kvc_key k32 = KC(32);
   cr_assert_eq(kvc_alloc(w, KVC_G2, 128, &k32, NULL, 1, &a), 1);
   cr_assert_eq(kvc_verify(w, &k32, &a), -EOPNOTSUPP, "an allocation has no committed CRC");
   cr_assert_eq(kvc_read(reader, &k31, &b, a.ptr), -EINVAL, "a block marked corrupt");
@@ -402,7 +403,7 @@ Test(trust, kvc_verify_checks_in_place) {
 /* Non-blocking writers: kvc_submit_commit_crc completes as a COMMIT. */
 Test(trust, submit_commit_crc_completes_as_a_commit) {
   kvc *w = ops_open("t1");
-  kvc_key k = ops_key(40);
+  kvc_key k = KC(40);
   kvc_block out;
   cr_assert_eq(kvc_alloc(w, KVC_G2, 128, &k, NULL, 1, &out), 1);
   static uint8_t src[OPS_BLOCK];
@@ -441,17 +442,15 @@ static void setup_g3(void) {
 }
 static void stop_g3(void) {
   ops_stop();
-  char cmd[96];
-  snprintf(cmd, sizeof cmd, "rm -rf %s", g3dir);
-  system(cmd);
+  kvt_rmtree(g3dir);
 }
 
 Test(trust_g3, a_good_ssd_copy_outlives_a_scribbled_g2_copy, .init = setup_g3, .fini = stop_g3,
      .timeout = 60) {
   kvc *w = ops_open("t1"), *attacker = ops_open("t1"), *reader = ops_open("t1");
-  kvc_key k = ops_key(50);
+  kvc_key k = KC(50);
   store_crc(w, 50, 0x77);
-  json_decref(ops_json(ops_admin, "POST", "/evict?tier=g2", 200)); /* down to G3 */
+  json_decref(ops_json(ops_d.admin, "POST", "/evict?tier=g2", 200)); /* down to G3 */
   uint8_t t = KVC_TIER_NONE;
   for (int i = 0; i < 250 && t != KVC_G3; i++) {
     kvc_lookup(reader, &k, 1, &t);
@@ -492,7 +491,7 @@ Test(trust_g1, kvc_read_checks_a_sim_g1_block, .init = setup_sim, .fini = ops_st
   cr_assert_eq(kvc_g1_info(reader, &g), 0);
   cr_assert(g.available && g.backend == KVC_G1_SIM, "no simulated G1: %s", g.reason);
   store_crc(w, 60, 0x60);
-  kvc_key k = ops_key(60);
+  kvc_key k = KC(60);
   kvc_block b;
   cr_assert_eq(kvc_load(reader, KVC_G1, &k, 1, &b), 1);
   cr_assert_eq(b.tier, KVC_G1);
