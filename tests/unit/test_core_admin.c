@@ -5,7 +5,6 @@
  * the policy instances and the counters. */
 #include <criterion/criterion.h>
 #include <errno.h>
-#include <ftw.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -15,6 +14,7 @@
 #include "tiers/core_int.h"
 #include "base/crc32c.h"
 #include "tests/lib/keys.h"
+#include "tests/lib/tmpdir.h"
 
 #define SLOT 4096u
 
@@ -184,8 +184,6 @@ Test(core_admin, sample_counts_all_matches_and_stops_the_callback_when_asked) {
 
 /* --- with a real SSD tier ---------------------------------------------------- */
 
-static int rm_one(const char *p, const struct stat *sb, int fl, struct FTW *w) { return remove(p); }
-
 typedef struct copies {
   uint32_t n[KV_NTIERS][KV_NTIERS];
   uint64_t bytes;
@@ -198,8 +196,7 @@ static void on_copy(void *arg, kv_tier from, kv_tier to, uint32_t bytes, uint64_
 
 Test(core_admin, g3_evict_limit_flush_and_the_copy_observer) {
   char dir[64];
-  snprintf(dir, sizeof dir, "/tmp/kvcore-adm-XXXXXX");
-  cr_assert_not_null(mkdtemp(dir));
+  cr_assert_eq(kvt_mkdtemp(dir, sizeof dir, "kvcore-adm"), 0);
   kv_arena a;
   kv_arena_opts ao = {.capacity = 8 * SLOT, .page_bytes = SLOT, .no_lock = 1};
   cr_assert_eq(kv_arena_init(&a, &ao), 0);
@@ -244,5 +241,5 @@ Test(core_admin, g3_evict_limit_flush_and_the_copy_observer) {
   kv_core_free(c);
   kv_g3_close(g3);
   kv_arena_fini(&a);
-  nftw(dir, rm_one, 8, FTW_DEPTH | FTW_PHYS);
+  kvt_rmtree(dir);
 }

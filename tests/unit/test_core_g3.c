@@ -6,7 +6,6 @@
 #include <criterion/criterion.h>
 #include <errno.h>
 #include <fcntl.h>
-#include <ftw.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -15,10 +14,9 @@
 #include "base/errors.h"
 #include "tiers/core_int.h"
 #include "tests/lib/keys.h"
+#include "tests/lib/tmpdir.h"
 
 #define BLK 16384u
-
-static int rm_one(const char *p, const struct stat *sb, int f, struct FTW *w) { return remove(p); }
 
 typedef struct fx {
   char dir[64];
@@ -48,8 +46,7 @@ static void open_g3(fx *f, uint32_t g3_slots, kv_admit admit) {
 }
 
 static void setup(fx *f, uint32_t g2_blocks, uint32_t g3_slots, kv_admit admit) {
-  snprintf(f->dir, sizeof f->dir, "/tmp/kvcore-g3-XXXXXX");
-  cr_assert_not_null(mkdtemp(f->dir));
+  cr_assert_eq(kvt_mkdtemp(f->dir, sizeof f->dir, "kvcore-g3"), 0);
   kv_arena_opts ao = {.capacity = (size_t)g2_blocks * BLK, .page_bytes = BLK, .no_lock = 1};
   cr_assert_eq(kv_arena_init(&f->arena, &ao), 0);
   open_g3(f, g3_slots, admit);
@@ -64,7 +61,7 @@ static void close_core(fx *f) {
 static void teardown(fx *f) {
   close_core(f);
   kv_arena_fini(&f->arena);
-  nftw(f->dir, rm_one, 8, FTW_DEPTH | FTW_PHYS);
+  kvt_rmtree(f->dir);
 }
 
 static void fill(void *p, uint64_t v) {

@@ -4,7 +4,6 @@
  * core_int.h: it reads the id table. */
 #include <criterion/criterion.h>
 #include <errno.h>
-#include <ftw.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -13,6 +12,7 @@
 #include "base/errors.h"
 #include "tiers/core_int.h"
 #include "tests/lib/keys.h"
+#include "tests/lib/tmpdir.h"
 
 #define BLK 16384u
 
@@ -59,13 +59,11 @@ Test(core_ns, ids_are_freed_when_empty_and_reused) {
   kv_arena_fini(&a);
 }
 
-static int rm_one(const char *p, const struct stat *sb, int f, struct FTW *w) { return remove(p); }
-
 /* A namespace learned from G3 at attach, that nobody registers again,
  * is freed by the core when its last block leaves G3. */
 Test(core_ns, namespaces_learned_from_g3_go_with_their_last_block) {
-  char dir[64] = "/tmp/kvcore-ns-XXXXXX";
-  cr_assert_not_null(mkdtemp(dir));
+  char dir[64];
+  cr_assert_eq(kvt_mkdtemp(dir, sizeof dir, "kvcore-ns"), 0);
   kv_arena a;
   kv_arena_opts ao = {.capacity = 4 * BLK, .page_bytes = BLK, .no_lock = 1};
   cr_assert_eq(kv_arena_init(&a, &ao), 0);
@@ -105,5 +103,5 @@ Test(core_ns, namespaces_learned_from_g3_go_with_their_last_block) {
   kv_core_free(c);
   kv_g3_close(g3);
   kv_arena_fini(&a);
-  nftw(dir, rm_one, 8, FTW_DEPTH | FTW_PHYS);
+  kvt_rmtree(dir);
 }
