@@ -17,10 +17,10 @@
 #define KV_BUF_MAX ((size_t)80 << 20)
 
 typedef struct kv_buf {
-  uint8_t *p;     /* bytes [0, len) are the content */
+  uint8_t *p; /* bytes [0, len) are the content */
   size_t len;
   size_t cap;
-  int fixed;      /* caller memory: never grown or freed */
+  int fixed; /* caller memory: never grown or freed */
 } kv_buf;
 
 /* An empty growable buffer; allocates nothing until the first append. */

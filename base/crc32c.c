@@ -60,8 +60,8 @@ uint32_t kv_crc32c_sw(uint32_t crc, const void *buf, size_t len) {
   while (len >= 8) {
     c ^= load64(p);
     c = sw_tab[7][c & 0xff] ^ sw_tab[6][(c >> 8) & 0xff] ^ sw_tab[5][(c >> 16) & 0xff] ^
-        sw_tab[4][(c >> 24) & 0xff] ^ sw_tab[3][(c >> 32) & 0xff] ^
-        sw_tab[2][(c >> 40) & 0xff] ^ sw_tab[1][(c >> 48) & 0xff] ^ sw_tab[0][c >> 56];
+        sw_tab[4][(c >> 24) & 0xff] ^ sw_tab[3][(c >> 32) & 0xff] ^ sw_tab[2][(c >> 40) & 0xff] ^
+        sw_tab[1][(c >> 48) & 0xff] ^ sw_tab[0][c >> 56];
     p += 8;
     len -= 8;
   }
@@ -71,7 +71,7 @@ uint32_t kv_crc32c_sw(uint32_t crc, const void *buf, size_t len) {
 
 #if KV_CRC_X86
 /* ---- hardware: three interleaved crc32q streams --------------------------- */
-#define LONG 8192
+#define LONG  8192
 #define SHORT 256
 
 static uint32_t shift_long[4][256], shift_short[4][256];
@@ -132,8 +132,7 @@ static inline uint32_t shift(const uint32_t t[4][256], uint32_t crc) {
   return t[0][crc & 0xff] ^ t[1][(crc >> 8) & 0xff] ^ t[2][(crc >> 16) & 0xff] ^ t[3][crc >> 24];
 }
 
-__attribute__((target("sse4.2"))) uint32_t kv_crc32c_hw(uint32_t crc, const void *buf,
-                                                         size_t len) {
+__attribute__((target("sse4.2"))) uint32_t kv_crc32c_hw(uint32_t crc, const void *buf, size_t len) {
   pthread_once(&hw_once, hw_init);
   const unsigned char *p = buf;
   uint64_t c0 = crc ^ 0xffffffffu, c1, c2;
@@ -190,18 +189,18 @@ static inline void store64_nt(unsigned char *p, uint64_t v) {
 }
 
 #define ST(p, v) (nt ? store64_nt(p, v) : store64(p, v))
-#define COPY3(n, d, s)                                                          \
-  do {                                                                          \
-    c1 = c2 = 0;                                                                \
-    for (size_t i_ = 0; i_ < (n); i_ += 16) {                                   \
-      uint64_t a0 = load64(s + i_), b0 = load64(s + (n) + i_);                  \
-      uint64_t e0 = load64(s + 2 * (n) + i_), a1 = load64(s + i_ + 8);          \
-      uint64_t b1 = load64(s + (n) + i_ + 8), e1 = load64(s + 2 * (n) + i_ + 8); \
-      ST(d + i_, a0), ST(d + (n) + i_, b0), ST(d + 2 * (n) + i_, e0);           \
-      ST(d + i_ + 8, a1), ST(d + (n) + i_ + 8, b1), ST(d + 2 * (n) + i_ + 8, e1); \
+#define COPY3(n, d, s)                                                                    \
+  do {                                                                                    \
+    c1 = c2 = 0;                                                                          \
+    for (size_t i_ = 0; i_ < (n); i_ += 16) {                                             \
+      uint64_t a0 = load64(s + i_), b0 = load64(s + (n) + i_);                            \
+      uint64_t e0 = load64(s + 2 * (n) + i_), a1 = load64(s + i_ + 8);                    \
+      uint64_t b1 = load64(s + (n) + i_ + 8), e1 = load64(s + 2 * (n) + i_ + 8);          \
+      ST(d + i_, a0), ST(d + (n) + i_, b0), ST(d + 2 * (n) + i_, e0);                     \
+      ST(d + i_ + 8, a1), ST(d + (n) + i_ + 8, b1), ST(d + 2 * (n) + i_ + 8, e1);         \
       c0 = _mm_crc32_u64(c0, a0), c1 = _mm_crc32_u64(c1, b0), c2 = _mm_crc32_u64(c2, e0); \
       c0 = _mm_crc32_u64(c0, a1), c1 = _mm_crc32_u64(c1, b1), c2 = _mm_crc32_u64(c2, e1); \
-    }                                                                           \
+    }                                                                                     \
   } while (0)
 
 __attribute__((target("sse4.2"), always_inline)) static inline uint32_t
@@ -240,12 +239,12 @@ copy_hw(uint32_t crc, void *dst, const void *src, size_t len, const int nt) {
 #undef ST
 
 __attribute__((target("sse4.2"))) uint32_t kv_crc32c_copy_hw(uint32_t crc, void *dst,
-                                                              const void *src, size_t len) {
+                                                             const void *src, size_t len) {
   return copy_hw(crc, dst, src, len, 0);
 }
 
 __attribute__((target("sse4.2"))) uint32_t kv_crc32c_copy_nt_hw(uint32_t crc, void *dst,
-                                                                 const void *src, size_t len) {
+                                                                const void *src, size_t len) {
   return copy_hw(crc, dst, src, len, 1);
 }
 
@@ -282,10 +281,12 @@ static void clmul_init(void) {
 #define CLMUL_TARGET __attribute__((target("avx2,vpclmulqdq,pclmul,sse4.2")))
 
 CLMUL_TARGET static inline __m256i fold256(__m256i a, __m256i k) {
-  return _mm256_xor_si256(_mm256_clmulepi64_epi128(a, k, 0x00), _mm256_clmulepi64_epi128(a, k, 0x11));
+  return _mm256_xor_si256(_mm256_clmulepi64_epi128(a, k, 0x00),
+                          _mm256_clmulepi64_epi128(a, k, 0x11));
 }
 
-#define KPAIR(lo, hi) _mm256_set_epi64x((long long)(hi), (long long)(lo), (long long)(hi), (long long)(lo))
+#define KPAIR(lo, hi) \
+  _mm256_set_epi64x((long long)(hi), (long long)(lo), (long long)(hi), (long long)(lo))
 
 CLMUL_TARGET __attribute__((always_inline)) static inline uint32_t
 copy_clmul(uint32_t crc, void *dst, const void *src, size_t len, int nt) {
@@ -337,8 +338,9 @@ copy_clmul(uint32_t crc, void *dst, const void *src, size_t len, int nt) {
     a3 = _mm256_xor_si256(fold256(a2, k32), a3);
     const __m128i k16 = _mm_set_epi64x((long long)k_fold[5], (long long)k_fold[4]);
     __m128i lo = _mm256_castsi256_si128(a3), hi = _mm256_extracti128_si256(a3, 1);
-    __m128i x = _mm_xor_si128(_mm_xor_si128(_mm_clmulepi64_si128(lo, k16, 0x00),
-                                            _mm_clmulepi64_si128(lo, k16, 0x11)), hi);
+    __m128i x = _mm_xor_si128(
+        _mm_xor_si128(_mm_clmulepi64_si128(lo, k16, 0x00), _mm_clmulepi64_si128(lo, k16, 0x11)),
+        hi);
     c = _mm_crc32_u64(_mm_crc32_u64(0, (uint64_t)_mm_cvtsi128_si64(x)),
                       (uint64_t)_mm_extract_epi64(x, 1));
   }
@@ -417,7 +419,8 @@ uint32_t kv_crc32c(uint32_t crc, const void *buf, size_t len) {
 uint32_t kv_crc32c_copy_sw(uint32_t crc, void *dst, const void *src, size_t len) {
   unsigned char *d = dst;
   const unsigned char *s = src;
-  for (size_t off = 0; off < len; off += KV_CRC_COPY_CHUNK) { /* the CRC reads dst while it is in cache */
+  for (size_t off = 0; off < len;
+       off += KV_CRC_COPY_CHUNK) { /* the CRC reads dst while it is in cache */
     size_t n = len - off < KV_CRC_COPY_CHUNK ? len - off : KV_CRC_COPY_CHUNK;
     memcpy(d + off, s + off, n);
     crc = kv_crc32c_sw(crc, d + off, n);

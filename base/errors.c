@@ -6,7 +6,8 @@
 
 const char *kv_strerror(int err) {
   switch (err) {
-#define KV_ERR_MSG(name, off, msg) case KV_E##name: return msg;
+#define KV_ERR_MSG(name, off, msg) \
+  case KV_E##name: return msg;
     KV_ERRNO_MAP(KV_ERR_MSG)
 #undef KV_ERR_MSG
   default: break;
@@ -18,7 +19,8 @@ const char *kv_strerror(int err) {
 
 const char *kv_err_name(int err) {
   switch (err) {
-#define KV_ERR_NAME(name, off, msg) case KV_E##name: return "KV_E" #name;
+#define KV_ERR_NAME(name, off, msg) \
+  case KV_E##name: return "KV_E" #name;
     KV_ERRNO_MAP(KV_ERR_NAME)
 #undef KV_ERR_NAME
   default: break;

@@ -20,7 +20,7 @@ typedef struct kv_key {
 } kv_key;
 
 typedef enum { KV_G1 = 0, KV_G2 = 1, KV_G3 = 2, KV_NTIERS = 3 } kv_tier;
-#define KV_TIER_NONE 0xff
+#define KV_TIER_NONE   0xff
 #define KV_TIER_BIT(t) (1u << (t))
 
 /* k = bytes[0..len); 0, or -EINVAL when len is 0 or over KV_KEY_MAX. */

@@ -12,9 +12,7 @@
 
 #include <stdint.h>
 
-static inline uint16_t kv_ld16(const uint8_t *p) {
-  return (uint16_t)(p[0] | (uint16_t)p[1] << 8);
-}
+static inline uint16_t kv_ld16(const uint8_t *p) { return (uint16_t)(p[0] | (uint16_t)p[1] << 8); }
 
 static inline uint32_t kv_ld32(const uint8_t *p) {
   return (uint32_t)p[0] | (uint32_t)p[1] << 8 | (uint32_t)p[2] << 16 | (uint32_t)p[3] << 24;

@@ -22,9 +22,7 @@ int kv_log_threshold = KV_LOG_INFO;
 static const char *const level_names[] = {"debug", "info", "warn", "error"};
 static const int level_prio[] = {LOG_DEBUG, LOG_INFO, LOG_WARNING, LOG_ERR};
 
-const char *kv_log_level_name(int lvl) {
-  return lvl >= 0 && lvl < 4 ? level_names[lvl] : "?";
-}
+const char *kv_log_level_name(int lvl) { return lvl >= 0 && lvl < 4 ? level_names[lvl] : "?"; }
 
 /* --- where lines go ---------------------------------------------------------- */
 
@@ -57,8 +55,8 @@ static void emit(kv_log_level lvl, const char *subsys, const char *msg) {
   clock_gettime(CLOCK_REALTIME, &ts);
   gmtime_r(&ts.tv_sec, &tm);
   int n = snprintf(line, sizeof line, "%04d-%02d-%02dT%02d:%02d:%02d.%03ldZ %s %s: %s",
-                   tm.tm_year + 1900, tm.tm_mon + 1, tm.tm_mday, tm.tm_hour, tm.tm_min,
-                   tm.tm_sec, ts.tv_nsec / 1000000L, level_names[lvl], subsys, msg);
+                   tm.tm_year + 1900, tm.tm_mon + 1, tm.tm_mday, tm.tm_hour, tm.tm_min, tm.tm_sec,
+                   ts.tv_nsec / 1000000L, level_names[lvl], subsys, msg);
   if (n < 0) return;
   if ((size_t)n >= sizeof line - 1) n = (int)sizeof line - 2;
   line[n++] = '\n';
@@ -73,14 +71,13 @@ static void emit(kv_log_level lvl, const char *subsys, const char *msg) {
 typedef struct rl_slot {
   const char *subsys, *fmt; /* the key: pointers to string literals */
   uint64_t window_ms;
-  uint32_t count;           /* messages in the current window */
-  uint64_t suppressed;      /* not shown since the last one shown */
+  uint32_t count;      /* messages in the current window */
+  uint64_t suppressed; /* not shown since the last one shown */
 } rl_slot;
 
 static pthread_mutex_t rl_lock = PTHREAD_MUTEX_INITIALIZER;
 static rl_slot rl[RL_SLOTS];
 static uint64_t rl_total;
-
 
 uint64_t kv_log_suppressed(void) {
   pthread_mutex_lock(&rl_lock);

@@ -24,10 +24,10 @@
 
 typedef enum { KV_LOG_DEBUG, KV_LOG_INFO, KV_LOG_WARN, KV_LOG_ERROR } kv_log_level;
 
-#define KV_LOG_BURST 10
+#define KV_LOG_BURST       10
 #define KV_LOG_INTERVAL_MS 10000
 
-extern int kv_log_threshold;  /* default KV_LOG_INFO */
+extern int kv_log_threshold; /* default KV_LOG_INFO */
 
 void kv_log(kv_log_level lvl, const char *subsys, const char *fmt, ...)
     __attribute__((format(printf, 3, 4)));
@@ -39,9 +39,15 @@ uint64_t kv_log_suppressed(void);
 /* 1 if events go to the journal (decided once, at the first message). */
 int kv_log_to_journal(void);
 
-#define kv_debug(sub, ...) do { if (kv_log_threshold <= KV_LOG_DEBUG) kv_log(KV_LOG_DEBUG, sub, __VA_ARGS__); } while (0)
-#define kv_info(sub, ...)  do { if (kv_log_threshold <= KV_LOG_INFO)  kv_log(KV_LOG_INFO,  sub, __VA_ARGS__); } while (0)
-#define kv_warn(sub, ...)  kv_log(KV_LOG_WARN,  sub, __VA_ARGS__)
+#define kv_debug(sub, ...)                                                        \
+  do {                                                                            \
+    if (kv_log_threshold <= KV_LOG_DEBUG) kv_log(KV_LOG_DEBUG, sub, __VA_ARGS__); \
+  } while (0)
+#define kv_info(sub, ...)                                                       \
+  do {                                                                          \
+    if (kv_log_threshold <= KV_LOG_INFO) kv_log(KV_LOG_INFO, sub, __VA_ARGS__); \
+  } while (0)
+#define kv_warn(sub, ...)  kv_log(KV_LOG_WARN, sub, __VA_ARGS__)
 #define kv_error(sub, ...) kv_log(KV_LOG_ERROR, sub, __VA_ARGS__)
 
 #endif

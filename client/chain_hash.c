@@ -11,8 +11,7 @@ static const char domain[] = "kvcached-chain-v1";
 
 /* BLAKE2b's key for `salt`: the salt itself, or its digest when it is out
  * of BLAKE2b's key range. *keylen 0: no key. */
-static const uint8_t *salt_key(const void *salt, size_t salt_len, uint8_t buf[32],
-                               size_t *keylen) {
+static const uint8_t *salt_key(const void *salt, size_t salt_len, uint8_t buf[32], size_t *keylen) {
   *keylen = 0;
   if (!salt_len) return NULL;
   if (salt_len > crypto_generichash_KEYBYTES_MAX || salt_len < crypto_generichash_KEYBYTES_MIN) {
@@ -24,9 +23,9 @@ static const uint8_t *salt_key(const void *salt, size_t salt_len, uint8_t buf[32
   return salt;
 }
 
-static void hash_block(uint8_t out[KVC_DIGEST_BYTES], const uint8_t *parent,
-                       const int32_t *tokens, uint32_t n, const void *extra, size_t extra_len,
-                       const uint8_t *key, size_t keylen) {
+static void hash_block(uint8_t out[KVC_DIGEST_BYTES], const uint8_t *parent, const int32_t *tokens,
+                       uint32_t n, const void *extra, size_t extra_len, const uint8_t *key,
+                       size_t keylen) {
   static const uint8_t zero[KVC_DIGEST_BYTES];
   crypto_generichash_state st;
   crypto_generichash_init(&st, key, keylen, KVC_DIGEST_BYTES);
@@ -50,13 +49,10 @@ static void hash_block(uint8_t out[KVC_DIGEST_BYTES], const uint8_t *parent,
   crypto_generichash_final(&st, out, KVC_DIGEST_BYTES);
 }
 
-int kvc_chain_hash(uint8_t out[KVC_DIGEST_BYTES],
-                   const uint8_t parent[KVC_DIGEST_BYTES],
-                   const int32_t *tokens, size_t ntokens,
-                   const void *extra, size_t extra_len,
+int kvc_chain_hash(uint8_t out[KVC_DIGEST_BYTES], const uint8_t parent[KVC_DIGEST_BYTES],
+                   const int32_t *tokens, size_t ntokens, const void *extra, size_t extra_len,
                    const void *salt, size_t salt_len) {
-  if (!out || (!tokens && ntokens) || (!extra && extra_len) || (!salt && salt_len))
-    return -EINVAL;
+  if (!out || (!tokens && ntokens) || (!extra && extra_len) || (!salt && salt_len)) return -EINVAL;
   if (ntokens > UINT32_MAX) return -EINVAL;
   if (sodium_init() < 0) return -ENOSYS;
   uint8_t keybuf[32];
@@ -70,8 +66,7 @@ int kvc_chain_hash(uint8_t out[KVC_DIGEST_BYTES],
 int kvc_chain_keys(uint8_t *out, size_t max_keys, const uint8_t parent[KVC_DIGEST_BYTES],
                    const int32_t *tokens, size_t ntokens, uint32_t tokens_per_block,
                    const void *extra, size_t extra_len, const void *salt, size_t salt_len) {
-  if (!tokens_per_block || (!tokens && ntokens) || (!extra && extra_len) ||
-      (!salt && salt_len))
+  if (!tokens_per_block || (!tokens && ntokens) || (!extra && extra_len) || (!salt && salt_len))
     return -EINVAL;
   size_t n = ntokens / tokens_per_block;
   if (n > max_keys) n = max_keys;

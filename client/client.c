@@ -15,6 +15,7 @@
 #include <sys/mman.h>
 #include <unistd.h>
 
+#include "base/crc32c.h"
 #include "base/paths.h"
 #include "client/engine.h"
 #include "client/g1.h"
@@ -22,7 +23,6 @@
 #include "ipc/reader.h"
 #include "ipc/sock.h"
 #include "proto/wire.h"
-#include "base/crc32c.h"
 
 /* kvc_block.has_crc and .crc took padding (after tier, after length): the
  * struct keeps its size (and every other field its offset) on LP64. */
@@ -37,9 +37,9 @@ typedef struct pending {
   uint8_t *tiers;
   kvc_block *blocks;
   int32_t *status;
-  void *buf;      /* GET */
+  void *buf; /* GET */
   uint32_t cap;
-  char **json;    /* STATUS */
+  char **json; /* STATUS */
 } pending;
 
 struct kvc {
@@ -50,19 +50,19 @@ struct kvc {
   size_t arena_bytes;
   uint32_t slot_bytes, block_bytes;
   uint64_t session;
-  uint16_t minor;     /* the protocol minor HELLO settled on (1.2: LOAD2, COMMIT CRCs) */
+  uint16_t minor; /* the protocol minor HELLO settled on (1.2: LOAD2, COMMIT CRCs) */
   uint64_t next_id;
   int timeout_ms;
   pending *pend;
   uint32_t npend, cappend;
   kvc_completion *done;
   uint32_t ndone, capdone;
-  uint64_t sync_id;   /* the blocking call's request, when finished */
+  uint64_t sync_id; /* the blocking call's request, when finished */
   int sync_result;
   int sync_done;
-  int dead;           /* sticky connection error */
-  kvc__g1 g1;         /* the imported G1 pool, if any */
-  kvc__g2 g2;         /* the G2 mapping's CUDA registration (engine.c) */
+  int dead;   /* sticky connection error */
+  kvc__g1 g1; /* the imported G1 pool, if any */
+  kvc__g2 g2; /* the G2 mapping's CUDA registration (engine.c) */
 };
 
 int kvc_g1_info(const kvc *c, kvc_g1 *out) {
@@ -110,7 +110,10 @@ static int send_msg(kvc *c, kv_msg *m) {
 
 static int keyvec(kv_keyvec *v, const kvc_key *keys, uint32_t n) {
   if (n > KVC_BATCH_MAX) return -E2BIG;
-  if (n == 0) { memset(v, 0, sizeof *v); return 0; }
+  if (n == 0) {
+    memset(v, 0, sizeof *v);
+    return 0;
+  }
   /* kvc_key and kv_key have one layout: a length byte and 32 key bytes. */
   return kv_keyvec_from_keys(v, (const kv_key *)keys, n);
 }
@@ -222,15 +225,15 @@ static int apply_reply(kvc *c, pending *p, const kv_msg *m) {
     }
     return ok;
   }
-  case KV_OP_RELEASE: case KV_OP_COMMIT: case KV_OP_ABORT: case KV_OP_SET_PRIORITY:
+  case KV_OP_RELEASE:
+  case KV_OP_COMMIT:
+  case KV_OP_ABORT:
+  case KV_OP_SET_PRIORITY:
     if (m->statuses.n != p->n) return KV_EBADFRAME;
     return count_ok_status(&m->statuses, p->status, p->n);
-  case KV_OP_PREFETCH:
-    return (int)m->prefetch_queued;
-  case KV_OP_DELETE:
-    return (int)m->delete_rep.deleted;
-  case KV_OP_PUT:
-    return 0;
+  case KV_OP_PREFETCH: return (int)m->prefetch_queued;
+  case KV_OP_DELETE: return (int)m->delete_rep.deleted;
+  case KV_OP_PUT: return 0;
   case KV_OP_GET: {
     uint32_t n = m->get_rep.data.len < p->cap ? m->get_rep.data.len : p->cap;
     if (p->buf && n) memcpy(p->buf, m->get_rep.data.p, n);
@@ -244,8 +247,7 @@ static int apply_reply(kvc *c, pending *p, const kv_msg *m) {
     *p->json = s;
     return 0;
   }
-  default:
-    return KV_EBADFRAME;
+  default: return KV_EBADFRAME;
   }
 }
 
@@ -335,8 +337,8 @@ int kvc_poll(kvc *c, kvc_completion *out, int max) {
 
 /* --- requests ---------------------------------------------------------------- */
 
-static int64_t batch(kvc *c, int op, uint8_t tier, uint8_t prio, uint8_t flags,
-                     const kvc_key *keys, uint32_t n, pending **pp, void *user) {
+static int64_t batch(kvc *c, int op, uint8_t tier, uint8_t prio, uint8_t flags, const kvc_key *keys,
+                     uint32_t n, pending **pp, void *user) {
   kv_msg m;
   memset(&m, 0, sizeof m);
   m.op = (uint16_t)op;
@@ -418,18 +420,30 @@ int64_t kvc_submit_alloc(kvc *c, uint8_t tier, uint8_t prio, const kvc_key *keys
   if (parents && n) {
     has = calloc(n, 1);
     par = calloc(n, sizeof *par);
-    if (!has || !par) { free(has); free(par); return -ENOMEM; }
+    if (!has || !par) {
+      free(has);
+      free(par);
+      return -ENOMEM;
+    }
     for (uint32_t i = 0; i < n; i++) {
       par[i].len = keys[0].len; /* absent entries: zero bytes of the keys' length */
       if (parents[i].len) {
-        if (parents[i].len != keys[0].len) { free(has); free(par); return -EINVAL; }
+        if (parents[i].len != keys[0].len) {
+          free(has);
+          free(par);
+          return -EINVAL;
+        }
         has[i] = 1;
         memcpy(par[i].b, parents[i].b, parents[i].len);
       }
     }
     m.alloc.has_parent = has;
     rc = kv_keyvec_from_keys(&m.alloc.parents, par, n);
-    if (rc) { free(has); free(par); return rc; }
+    if (rc) {
+      free(has);
+      free(par);
+      return rc;
+    }
   }
   int64_t id = -ENOMEM;
   pending *p = add_pending(c, KV_OP_ALLOC, n, user);
@@ -443,11 +457,11 @@ int64_t kvc_submit_alloc(kvc *c, uint8_t tier, uint8_t prio, const kvc_key *keys
 }
 
 /* The blocking calls: submit, then wait for that reply. */
-#define BLOCK_ON(expr)                                  \
-  do {                                                  \
-    int64_t id_ = (expr);                               \
-    if (id_ < 0) return (int)id_;                       \
-    return wait_for(c, (uint64_t)id_);                  \
+#define BLOCK_ON(expr)                 \
+  do {                                 \
+    int64_t id_ = (expr);              \
+    if (id_ < 0) return (int)id_;      \
+    return wait_for(c, (uint64_t)id_); \
   } while (0)
 
 int kvc_lookup(kvc *c, const kvc_key *keys, uint32_t n, uint8_t *tiers) {
@@ -673,7 +687,8 @@ static int g1_choose(kvc *c, const kvc_opts *o, uint16_t minor, const kv_tierinf
   char a[KV_DEV_UUID_STR], b[KV_DEV_UUID_STR];
   snprintf(c->g1.info.reason, sizeof c->g1.info.reason,
            "the daemon's G1 pool is on device %s, this worker computes on %s, and the daemon "
-           "(protocol 1.0) cannot offer another", kv_dev_uuid_str(x.uuid, a), kv_dev_uuid_str(want, b));
+           "(protocol 1.0) cannot offer another",
+           kv_dev_uuid_str(x.uuid, a), kv_dev_uuid_str(want, b));
   return 0;
 }
 
@@ -691,7 +706,10 @@ int kvc_open(const kvc_opts *o, kvc **out) {
   kv_buf_init(&c->wbuf);
   int rc;
   int fd = kv_sock_connect(path, 0);
-  if (fd < 0) { rc = fd; goto err; }
+  if (fd < 0) {
+    rc = fd;
+    goto err;
+  }
   c->fd = fd;
 
   kv_msg m;
@@ -743,10 +761,12 @@ int kvc_open(const kvc_opts *o, kvc **out) {
       g1done = 1;
     }
     if (!g1done)
-      snprintf(c->g1.info.reason, sizeof c->g1.info.reason, "the daemon granted G1 but sent no pool");
+      snprintf(c->g1.info.reason, sizeof c->g1.info.reason,
+               "the daemon granted G1 but sent no pool");
   } else if (!o->no_g1) {
-    snprintf(c->g1.info.reason, sizeof c->g1.info.reason,
-             "the daemon offers no G1 pool (G1 off there: see its log and kvcached_g1_unavailable)");
+    snprintf(
+        c->g1.info.reason, sizeof c->g1.info.reason,
+        "the daemon offers no G1 pool (G1 off there: see its log and kvcached_g1_unavailable)");
     for (unsigned i = 0; i < r.hello_rep.ntierinfo; i++) {
       kv_tierinfo t;
       kv_hello_tierinfo(&r.hello_rep, i, &t);

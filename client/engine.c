@@ -97,8 +97,8 @@ int kvc_g2_register_cuda(kvc *c) {
   int sim = env && !strcasecmp(env, "sim");
   char why[KV_DEV_REASON_MAX] = "";
   uint8_t uuid[16];
-  kv_dev_opts o = {.backend = sim ? KV_DEV_SIM : KV_DEV_CUDA, .reason = why,
-                   .reason_len = sizeof why};
+  kv_dev_opts o = {
+      .backend = sim ? KV_DEV_SIM : KV_DEV_CUDA, .reason = why, .reason_len = sizeof why};
   /* The calling thread's current device, by uuid (ordinals are the
    * process's own; the uuid is what kv_dev_open matches). Without one,
    * kv_dev_open with no uuid says why (no driver, no device, no CUDA). */
@@ -116,8 +116,8 @@ int kvc_g2_register_cuda(kvc *c) {
   }
   if (rc) {
     dev = NULL;
-    rc = reg_fail(g, rc, "cannot open the device to register G2 with",
-                  why[0] ? why : strerror(-rc));
+    rc =
+        reg_fail(g, rc, "cannot open the device to register G2 with", why[0] ? why : strerror(-rc));
     goto out;
   }
   rc = kv_dev_host_register_mapped(dev, g->info.base, (size_t)g->info.bytes, &dbase);
@@ -162,8 +162,7 @@ static int place(kvc *c, const void *p, size_t n, int mem, const char *what, siz
   uintptr_t b = (uintptr_t)g->info.base, e = b + (uintptr_t)g->info.bytes;
   if (lo < e && b < hi) {
     if (lo < b || hi > e)
-      return cuda_fail(-EFAULT, "%s %zu: %p+%zu crosses the edge of the G2 mapping", what, i, p,
-                       n);
+      return cuda_fail(-EFAULT, "%s %zu: %p+%zu crosses the edge of the G2 mapping", what, i, p, n);
     if (mem == KVC_MEM_CUDA && g->info.registered != KVC_G1_CUDA)
       return g->info.registered == KVC_G1_SIM
                  ? cuda_fail(-ENODEV,
@@ -180,8 +179,8 @@ static int place(kvc *c, const void *p, size_t n, int mem, const char *what, siz
   if (mem == KVC_MEM_HOST && g1->available && g1->backend == KVC_G1_CUDA) {
     uintptr_t gb = (uintptr_t)g1->base, ge = gb + (uintptr_t)g1->bytes;
     if (lo < ge && gb < hi)
-      return cuda_fail(-EFAULT, "%s %zu is in the G1 pool, device memory: use KVC_MEM_CUDA",
-                       what, i);
+      return cuda_fail(-EFAULT, "%s %zu is in the G1 pool, device memory: use KVC_MEM_CUDA", what,
+                       i);
   }
   return OUTSIDE;
 }
@@ -192,9 +191,8 @@ uint64_t kvc_page_block_bytes(const kvc_page_layout *lo) {
   return kv_kern_block_bytes((const kv_kern_layout *)lo);
 }
 
-static int pages(kvc *c, const kvc_page_layout *lop, void *const *layers,
-                 const uint32_t *page_ids, void *const *blocks, size_t n, int mem, void *stream,
-                 int scatter) {
+static int pages(kvc *c, const kvc_page_layout *lop, void *const *layers, const uint32_t *page_ids,
+                 void *const *blocks, size_t n, int mem, void *stream, int scatter) {
   cuda_err[0] = 0;
   const kv_kern_layout *lo = (const kv_kern_layout *)lop;
   if (mem != KVC_MEM_HOST && mem != KVC_MEM_CUDA) return -EINVAL;
@@ -293,8 +291,7 @@ int kvc_memcpy_batch(kvc *c, const kvc_copy *v, size_t n, int mem, void *stream)
   }
   int batch = __atomic_load_n(&batch_ok, __ATOMIC_RELAXED);
   size_t queued = 0;
-  e = (cudaError_t)kv_cuda_enqueue((const kv_dev_copy *)v, n, KV_DEV_NDIR, stream, &batch,
-                                    &queued);
+  e = (cudaError_t)kv_cuda_enqueue((const kv_dev_copy *)v, n, KV_DEV_NDIR, stream, &batch, &queued);
   if (!batch) __atomic_store_n(&batch_ok, 0, __ATOMIC_RELAXED);
   if (e == cudaErrorMemoryAllocation && queued == 0) return -ENOMEM;
   if (e != cudaSuccess) {

@@ -19,9 +19,9 @@
 #include "cuda/dev.h"
 
 typedef struct kvc__g2 {
-  kvc_g2 info;       /* base, bytes: the mapping; registered, reason */
-  kv_dev *dev;       /* holds the registration; NULL when not registered */
-  uintptr_t dbase;   /* device-side address of info.base (registered only) */
+  kvc_g2 info;     /* base, bytes: the mapping; registered, reason */
+  kv_dev *dev;     /* holds the registration; NULL when not registered */
+  uintptr_t dbase; /* device-side address of info.base (registered only) */
 } kvc__g2;
 
 /* The handle's G2 state (client.c). */

@@ -27,20 +27,24 @@ int kvc__g1_import(kvc__g1 *g, uint8_t kind, const uint8_t *val, size_t len, int
     goto out;
   }
   if (kv_dev_export_decode(val, len, &x) || x.kind != kind) {
-    rc = fail(g, KV_EBADFRAME, "the daemon's G1 entry does not decode (corrupt or another version)", NULL);
+    rc = fail(g, KV_EBADFRAME, "the daemon's G1 entry does not decode (corrupt or another version)",
+              NULL);
     goto out;
   }
   if ((kind == KV_TI_G1_LEGACY_IPC) != (fd < 0)) {
-    rc = fail(g, KV_EBADFD, kind == KV_TI_G1_LEGACY_IPC ? "an fd came with a legacy IPC G1 export"
-                                                         : "the G1 pool's fd did not come with HELLO",
+    rc = fail(g, KV_EBADFD,
+              kind == KV_TI_G1_LEGACY_IPC ? "an fd came with a legacy IPC G1 export"
+                                          : "the G1 pool's fd did not come with HELLO",
               NULL);
     goto out;
   }
   memcpy(g->info.uuid, x.uuid, 16);
   x.fd = fd;
   char why[KV_DEV_REASON_MAX] = "";
-  kv_dev_opts o = {.backend = kind == KV_TI_G1_SIM_FD ? KV_DEV_SIM : KV_DEV_CUDA, .uuid = x.uuid,
-                   .reason = why, .reason_len = sizeof why};
+  kv_dev_opts o = {.backend = kind == KV_TI_G1_SIM_FD ? KV_DEV_SIM : KV_DEV_CUDA,
+                   .uuid = x.uuid,
+                   .reason = why,
+                   .reason_len = sizeof why};
   rc = kv_dev_open(&g->dev, &o);
   if (rc) {
     g->dev = NULL;
@@ -49,8 +53,8 @@ int kvc__g1_import(kvc__g1 *g, uint8_t kind, const uint8_t *val, size_t len, int
   }
   rc = kv_dev_pool_import(g->dev, &x, &g->map);
   if (rc) {
-    fail(g, rc, "cannot map the G1 pool", kv_dev_reason(g->dev)[0] ? kv_dev_reason(g->dev)
-                                                                        : kv_strerror(rc));
+    fail(g, rc, "cannot map the G1 pool",
+         kv_dev_reason(g->dev)[0] ? kv_dev_reason(g->dev) : kv_strerror(rc));
     kv_dev_close(g->dev);
     g->dev = NULL;
     g->map = NULL;

@@ -55,13 +55,13 @@ extern "C" {
 #endif
 
 #define KVC_DIGEST_BYTES 32
-#define KVC_KEY_MAX 32
-#define KVC_BATCH_MAX 4096
+#define KVC_KEY_MAX      32
+#define KVC_BATCH_MAX    4096
 
 /* Tiers, as the daemon reports them. */
-#define KVC_G1 0
-#define KVC_G2 1
-#define KVC_G3 2
+#define KVC_G1        0
+#define KVC_G2        1
+#define KVC_G3        2
 #define KVC_TIER_NONE 0xff
 
 /* A block key: an opaque digest of 1..32 bytes. All keys of one call must
@@ -80,15 +80,15 @@ typedef struct kvc_layout {
 } kvc_layout;
 
 typedef struct kvc_opts {
-  const char *socket_path;   /* NULL: $KVCACHED_SOCKET, else /run/kvcached/kvcached.sock */
-  const char *tenant;        /* 1..64 bytes */
-  const char *group;         /* TP group name, NULL for none */
-  const void *salt;          /* 0..64 bytes namespace salt, may be NULL */
+  const char *socket_path; /* NULL: $KVCACHED_SOCKET, else /run/kvcached/kvcached.sock */
+  const char *tenant;      /* 1..64 bytes */
+  const char *group;       /* TP group name, NULL for none */
+  const void *salt;        /* 0..64 bytes namespace salt, may be NULL */
   size_t salt_len;
   kvc_layout layout;
-  int timeout_ms;            /* for blocking calls; 0: 10000, -1: none */
-  int no_g1;                 /* 1: do not offer G1 import (KV_CAP_G1) in HELLO */
-  const uint8_t *g1_uuid;    /* the device this worker computes on (16 bytes, CUDA's
+  int timeout_ms;         /* for blocking calls; 0: 10000, -1: none */
+  int no_g1;              /* 1: do not offer G1 import (KV_CAP_G1) in HELLO */
+  const uint8_t *g1_uuid; /* the device this worker computes on (16 bytes, CUDA's
                               * uuid); NULL: the calling thread's current CUDA
                               * device, if any. kvc_open maps that device's pool. */
 } kvc_opts;
@@ -117,15 +117,15 @@ uint32_t kvc_slot_bytes(const kvc *c);
  * daemon, no pool on this worker's device, a handle kind it cannot map, no
  * driver), the session works on G2 as before and kvc_g1_info says why. */
 #define KVC_G1_CUDA 1
-#define KVC_G1_SIM 2 /* the daemon's simulated device (g1.backend = sim) */
+#define KVC_G1_SIM  2 /* the daemon's simulated device (g1.backend = sim) */
 struct kv_dev;
 typedef struct kvc_g1 {
-  int available;      /* 1: the pool is mapped in this process */
-  char reason[320];   /* when not: why ("" when the daemon offered none) */
-  uint8_t uuid[16];   /* the pool's device */
-  int backend;        /* KVC_G1_CUDA or KVC_G1_SIM; 0 when not available */
-  uint8_t kind;       /* how it was shared: KV_TI_G1_* (proto/wire.h) */
-  void *base;         /* device address of the pool in this process */
+  int available;    /* 1: the pool is mapped in this process */
+  char reason[320]; /* when not: why ("" when the daemon offered none) */
+  uint8_t uuid[16]; /* the pool's device */
+  int backend;      /* KVC_G1_CUDA or KVC_G1_SIM; 0 when not available */
+  uint8_t kind;     /* how it was shared: KV_TI_G1_* (proto/wire.h) */
+  void *base;       /* device address of the pool in this process */
   uint64_t bytes;
   struct kv_dev *dev; /* the device (cuda/dev.h), for copies; owned by c */
 } kvc_g1;
@@ -138,14 +138,14 @@ int kvc_g1_ptr(const kvc *c, uint64_t offset, uint64_t len, void **out);
 
 /* One block's result from load or alloc. */
 typedef struct kvc_block {
-  int32_t status; /* 0: usable; else why not (KV_ENOTFOUND: absent, ...) */
-  uint8_t tier;   /* where ptr points: KVC_G2 (host) or KVC_G1 (a device
+  int32_t status;  /* 0: usable; else why not (KV_ENOTFOUND: absent, ...) */
+  uint8_t tier;    /* where ptr points: KVC_G2 (host) or KVC_G1 (a device
                    * address in the imported pool), KVC_TIER_NONE on error */
   uint8_t has_crc; /* 1: crc is the block's committed CRC (a usable block of a
                     * load from a daemon of protocol 1.2 or later); else 0 */
-  void *ptr;      /* the block's bytes in this process, NULL on error */
+  void *ptr;       /* the block's bytes in this process, NULL on error */
   uint32_t length;
-  uint32_t crc;   /* with has_crc: the CRC-32C the block was committed with
+  uint32_t crc; /* with has_crc: the CRC-32C the block was committed with
                    * (kvc_read and kvc_verify check against it); else 0 */
 } kvc_block;
 
@@ -175,8 +175,8 @@ int kvc_release(kvc *c, const kvc_key *keys, uint32_t n, int32_t *status);
  * (no room came within the daemon's daemon.load_timeout_ms while victims
  * were being written to the SSD - the daemon waits that long for the room
  * before answering: retry later). */
-int kvc_alloc(kvc *c, uint8_t tier, uint8_t prio, const kvc_key *keys,
-              const kvc_key *parents, uint32_t n, kvc_block *out);
+int kvc_alloc(kvc *c, uint8_t tier, uint8_t prio, const kvc_key *keys, const kvc_key *parents,
+              uint32_t n, kvc_block *out);
 /* Makes written blocks visible (the daemon checksums them, on its own
  * thread: prefer kvc_commit_crc) / drops them. Returns how many succeeded,
  * or an error; status may be NULL. */
@@ -203,8 +203,7 @@ uint32_t kvc_crc32c(uint32_t crc, const void *p, size_t len);
  * block's checksum without reading the bytes; a wrong one only makes
  * readers reject the block. With a daemon before protocol 1.2 this is
  * kvc_commit (the daemon computes). crcs may be NULL only when n is 0. */
-int kvc_commit_crc(kvc *c, const kvc_key *keys, const uint32_t *crcs, uint32_t n,
-                   int32_t *status);
+int kvc_commit_crc(kvc *c, const kvc_key *keys, const uint32_t *crcs, uint32_t n, int32_t *status);
 
 /*
  * Copies the loaded block b (key: its key) into dst (b->length bytes,
@@ -241,8 +240,8 @@ int kvc_set_priority(kvc *c, uint8_t prio, const kvc_key *keys, uint32_t n, int3
 /* The slow inline path (tools, tests): the bytes travel in the frame.
  * len must be the namespace's block_bytes. get copies at most cap bytes
  * into buf and returns the block's length. */
-int kvc_put(kvc *c, const kvc_key *key, const kvc_key *parent, uint8_t prio,
-            const void *data, uint32_t len);
+int kvc_put(kvc *c, const kvc_key *key, const kvc_key *parent, uint8_t prio, const void *data,
+            uint32_t len);
 int kvc_get(kvc *c, const kvc_key *key, void *buf, uint32_t cap);
 
 /* The daemon's status as JSON text; the caller frees *json with free(). */
@@ -258,17 +257,17 @@ int kvc_fd(const kvc *c);
  * and allocs the count of usable blocks; per-key results went into the
  * arrays given at submission. */
 typedef struct kvc_completion {
-  uint64_t id;      /* what kvc_submit_* returned */
-  int op;           /* KVC_OP_LOOKUP, ... */
-  int result;       /* as the blocking call would return */
-  void *user;       /* the submission's user pointer */
+  uint64_t id; /* what kvc_submit_* returned */
+  int op;      /* KVC_OP_LOOKUP, ... */
+  int result;  /* as the blocking call would return */
+  void *user;  /* the submission's user pointer */
 } kvc_completion;
 
-#define KVC_OP_LOOKUP 2
-#define KVC_OP_LOAD 3
+#define KVC_OP_LOOKUP  2
+#define KVC_OP_LOAD    3
 #define KVC_OP_RELEASE 4
-#define KVC_OP_ALLOC 5
-#define KVC_OP_COMMIT 6
+#define KVC_OP_ALLOC   5
+#define KVC_OP_COMMIT  6
 
 /* Submit without waiting; the arrays (keys and crcs are copied;
  * tiers/out/status are filled later) must stay valid until the completion
@@ -317,10 +316,10 @@ int kvc_pending(const kvc *c);
 int kvc_g2_register_cuda(kvc *c);
 
 typedef struct kvc_g2 {
-  void *base;        /* the G2 arena mapped in this process */
+  void *base; /* the G2 arena mapped in this process */
   uint64_t bytes;
-  int registered;    /* 0, KVC_G1_CUDA or KVC_G1_SIM */
-  char reason[256];  /* why kvc_g2_register_cuda failed; "" otherwise */
+  int registered;   /* 0, KVC_G1_CUDA or KVC_G1_SIM */
+  char reason[256]; /* why kvc_g2_register_cuda failed; "" otherwise */
 } kvc_g2;
 /* Fills *out. 0, or -EINVAL (NULL). */
 int kvc_g2_info(const kvc *c, kvc_g2 *out);
@@ -337,7 +336,8 @@ typedef struct kvc_page_layout {
   uint64_t page_stride, kv_stride;
 } kvc_page_layout;
 #define KVC_MEM_HOST 0 /* engine tensors and blocks are host memory: memcpy */
-#define KVC_MEM_CUDA 1 /* engine tensors are device memory of the current device: one kernel
+#define KVC_MEM_CUDA \
+  1 /* engine tensors are device memory of the current device: one kernel
                         * launch on `stream` */
 /* Bytes of one block (kv_kern_block_bytes): layers * 2 * page_tokens *
  * kv_heads * head_dim * elem_bytes, the block_bytes to declare in HELLO
@@ -437,10 +437,8 @@ const char *kvc_version(void);
  * one user's KV to another. Writes KVC_DIGEST_BYTES to out. Returns 0, or
  * -EINVAL for a NULL out or a NULL tokens with ntokens > 0.
  */
-int kvc_chain_hash(uint8_t out[KVC_DIGEST_BYTES],
-                   const uint8_t parent[KVC_DIGEST_BYTES],
-                   const int32_t *tokens, size_t ntokens,
-                   const void *extra, size_t extra_len,
+int kvc_chain_hash(uint8_t out[KVC_DIGEST_BYTES], const uint8_t parent[KVC_DIGEST_BYTES],
+                   const int32_t *tokens, size_t ntokens, const void *extra, size_t extra_len,
                    const void *salt, size_t salt_len);
 
 /* The keys of a whole sequence in one call: out[i] (KVC_DIGEST_BYTES each,

@@ -49,16 +49,16 @@ typedef struct kv__batch_sub kv__batch_sub;
 
 typedef struct kv_dev_batcher {
   kv_dev *dev;
-  unsigned max;                    /* copies per submission */
+  unsigned max; /* copies per submission */
   struct {
-    kv_dev_copy *cp;               /* queued, not yet submitted */
+    kv_dev_copy *cp; /* queued, not yet submitted */
     uint64_t *tag;
     unsigned n, cap, tcap;
   } q[KV_DEV_NDIR];
-  kv_dev_done *ready;              /* refused, or expanded from a reaped submission */
-  unsigned rhead, rn, rcap;        /* ready[rhead .. rn); rcap >= outstanding */
-  unsigned outstanding;            /* tags added and not yet reaped */
-  kv__batch_sub *live;             /* accepted submissions not yet reaped */
+  kv_dev_done *ready;       /* refused, or expanded from a reaped submission */
+  unsigned rhead, rn, rcap; /* ready[rhead .. rn); rcap >= outstanding */
+  unsigned outstanding;     /* tags added and not yet reaped */
+  kv__batch_sub *live;      /* accepted submissions not yet reaped */
   /* Counters, for metrics. */
   uint64_t submissions[KV_DEV_NDIR]; /* submissions accepted */
   uint64_t copies[KV_DEV_NDIR];      /* copies in accepted submissions */

@@ -14,8 +14,8 @@
 #include <unistd.h>
 
 #include "base/hex.h"
-#include "cuda/dev_int.h"
 #include "base/le.h"
+#include "cuda/dev_int.h"
 
 int kv__dev_fail(kv_dev *dev, int rc, const char *fmt, ...) {
   va_list ap;
@@ -126,7 +126,7 @@ int kv_dev_open(kv_dev **out, const kv_dev_opts *opts) {
     set_out_reason(opts, both);
     return rc;
   }
-  snprintf((*out)->reason, sizeof (*out)->reason, "%s", why);
+  snprintf((*out)->reason, sizeof(*out)->reason, "%s", why);
   set_out_reason(opts, why);
   return 0;
 }
@@ -198,8 +198,7 @@ int kv_dev_pool_create(kv_dev *dev, size_t bytes, kv_dev_pool **out) {
 int kv_dev_pool_destroy(kv_dev *dev, kv_dev_pool *pool) {
   if (!pool) return 0;
   if (dev->inflight)
-    return kv__dev_fail(dev, -EBUSY, "pool destroy with %u submission(s) unreaped",
-                        dev->inflight);
+    return kv__dev_fail(dev, -EBUSY, "pool destroy with %u submission(s) unreaped", dev->inflight);
   for (kv_dev_pool **pp = &dev->pools; *pp; pp = &(*pp)->next) {
     if (*pp == pool) {
       *pp = pool->next;
@@ -228,8 +227,8 @@ int kv_dev_pool_export(const kv_dev_pool *pool, kv_dev_export *x) {
 }
 
 #define XMAGIC "KVDX"
-#define XVER 1
-#define XHEAD 32
+#define XVER   1
+#define XHEAD  32
 
 static int kind_ok(uint8_t kind, uint16_t hlen) {
   switch (kind) {
@@ -272,9 +271,9 @@ int kv_dev_export_decode(const uint8_t *buf, size_t len, kv_dev_export *x) {
 }
 
 static void uuid_str(const uint8_t u[16], char *s, size_t cap) {
-  snprintf(s, cap, "%02x%02x%02x%02x-%02x%02x-%02x%02x-%02x%02x-%02x%02x%02x%02x%02x%02x",
-           u[0], u[1], u[2], u[3], u[4], u[5], u[6], u[7], u[8], u[9], u[10], u[11], u[12],
-           u[13], u[14], u[15]);
+  snprintf(s, cap, "%02x%02x%02x%02x-%02x%02x-%02x%02x-%02x%02x-%02x%02x%02x%02x%02x%02x", u[0],
+           u[1], u[2], u[3], u[4], u[5], u[6], u[7], u[8], u[9], u[10], u[11], u[12], u[13], u[14],
+           u[15]);
 }
 
 int kv_dev_pool_import(kv_dev *dev, const kv_dev_export *x, kv_dev_map **out) {
@@ -421,19 +420,16 @@ static int check_copy(kv_dev *dev, kv_dev_dir dir, unsigned i, void *dst, const 
   int dst_dev = dir != KV_DEV_D2H, src_dev = dir != KV_DEV_H2D;
   if (!(dst_dev ? in_device(dev, d, d + n) : in_host(dev, d, d + n)))
     return kv__dev_fail(dev, -EFAULT, "copy %u: destination %p+%zu is not in %s", i, dst, n,
-                        dst_dev ? "a pool or mapping of this device"
-                                : "registered host memory");
+                        dst_dev ? "a pool or mapping of this device" : "registered host memory");
   if (!(src_dev ? in_device(dev, s, s + n) : in_host(dev, s, s + n)))
     return kv__dev_fail(dev, -EFAULT, "copy %u: source %p+%zu is not in %s", i, src, n,
-                        src_dev ? "a pool or mapping of this device"
-                                : "registered host memory");
+                        src_dev ? "a pool or mapping of this device" : "registered host memory");
   return 0;
 }
 
 /* ---- the copy engine ---------------------------------------------------------- */
 
-int kv_dev_submit(kv_dev *dev, kv_dev_dir dir, const kv_dev_copy *v, unsigned n,
-                  uint64_t tag) {
+int kv_dev_submit(kv_dev *dev, kv_dev_dir dir, const kv_dev_copy *v, unsigned n, uint64_t tag) {
   if ((unsigned)dir >= KV_DEV_NDIR) return kv__dev_fail(dev, -EINVAL, "bad direction %d", dir);
   if (n == 0 || n > KV_DEV_BATCH_MAX || !v)
     return kv__dev_fail(dev, -EINVAL, "%u copies in one submission", n);
@@ -472,8 +468,7 @@ void kv__dev_complete(kv_dev *dev, kv__sub *s) {
   pthread_mutex_unlock(&dev->qmu);
   uint64_t one = 1;
   /* Only EAGAIN (counter at its maximum) can fail: it is readable anyway. */
-  while (write(dev->efd, &one, sizeof one) < 0 && errno == EINTR) {
-  }
+  while (write(dev->efd, &one, sizeof one) < 0 && errno == EINTR) {}
 }
 
 int kv_dev_completion_fd(const kv_dev *dev) { return dev->efd; }
@@ -483,8 +478,7 @@ unsigned kv_dev_reap(kv_dev *dev, kv_dev_done *out, unsigned max) {
   uint64_t cnt;
   /* Clear readiness first: a completion pushed after this read writes the
    * fd again, so none is missed. */
-  while (read(dev->efd, &cnt, sizeof cnt) < 0 && errno == EINTR) {
-  }
+  while (read(dev->efd, &cnt, sizeof cnt) < 0 && errno == EINTR) {}
   unsigned k = 0;
   kv__sub *list = NULL, **tailp = &list;
   pthread_mutex_lock(&dev->qmu);
@@ -501,8 +495,7 @@ unsigned kv_dev_reap(kv_dev *dev, kv_dev_done *out, unsigned max) {
   pthread_mutex_unlock(&dev->qmu);
   if (more) {
     uint64_t one = 1;
-    while (write(dev->efd, &one, sizeof one) < 0 && errno == EINTR) {
-    }
+    while (write(dev->efd, &one, sizeof one) < 0 && errno == EINTR) {}
   }
   unsigned i = 0;
   while (list) {

@@ -70,7 +70,7 @@ typedef enum kv_dev_backend {
   KV_DEV_SIM = 2,
 } kv_dev_backend;
 
-#define KV_DEV_SIM_NDEV 8  /* simulated devices: ordinals 0..7 */
+#define KV_DEV_SIM_NDEV   8 /* simulated devices: ordinals 0..7 */
 #define KV_DEV_REASON_MAX 256
 
 typedef struct kv_dev_opts {
@@ -142,21 +142,21 @@ size_t kv_dev_pool_bytes(const kv_dev_pool *pool);
 
 /* Export kinds; 1 and 2 equal proto/wire.h's KV_TI_G1_VMM and
  * KV_TI_G1_CUDAIPC, so the kind can be the tier-info entry's kind. */
-#define KV_DEVX_VMM_FD 1     /* CUDA VMM allocation, POSIX fd (SCM_RIGHTS) */
-#define KV_DEVX_LEGACY_IPC 2 /* cudaIpcMemHandle_t in `handle`, no fd */
-#define KV_DEVX_SIM_FD 3     /* simulation memfd (SCM_RIGHTS) */
-#define KV_DEVX_HANDLE_MAX 64
+#define KV_DEVX_VMM_FD      1 /* CUDA VMM allocation, POSIX fd (SCM_RIGHTS) */
+#define KV_DEVX_LEGACY_IPC  2 /* cudaIpcMemHandle_t in `handle`, no fd */
+#define KV_DEVX_SIM_FD      3 /* simulation memfd (SCM_RIGHTS) */
+#define KV_DEVX_HANDLE_MAX  64
 #define KV_DEVX_ENCODED_MAX 128 /* kv_dev_export_encode never writes more */
 
 typedef struct kv_dev_export {
-  uint8_t kind;     /* KV_DEVX_* */
-  int fd;           /* VMM_FD, SIM_FD: the fd to send (owned by the pool:
+  uint8_t kind;                       /* KV_DEVX_* */
+  int fd;                             /* VMM_FD, SIM_FD: the fd to send (owned by the pool:
                      * send it, do not close it); -1 otherwise and after
                      * decode (the receiver puts the fd it got here) */
-  uint64_t bytes;   /* the pool's size */
-  uint8_t uuid[16]; /* the device the pool lives on */
-  uint16_t handle_len;                 /* LEGACY_IPC: 64; else 0 */
-  uint8_t handle[KV_DEVX_HANDLE_MAX];  /* LEGACY_IPC: the cudaIpcMemHandle_t */
+  uint64_t bytes;                     /* the pool's size */
+  uint8_t uuid[16];                   /* the device the pool lives on */
+  uint16_t handle_len;                /* LEGACY_IPC: 64; else 0 */
+  uint8_t handle[KV_DEVX_HANDLE_MAX]; /* LEGACY_IPC: the cudaIpcMemHandle_t */
 } kv_dev_export;
 
 /* Fills *x for sending to a worker. 0. */
@@ -227,7 +227,7 @@ typedef enum kv_dev_dir {
   KV_DEV_D2H = 1, /* G1 -> G2: src device, dst host */
   KV_DEV_D2D = 2, /* within G1 */
 } kv_dev_dir;
-#define KV_DEV_NDIR 3
+#define KV_DEV_NDIR      3
 #define KV_DEV_BATCH_MAX 65536 /* copies per submission */
 
 typedef struct kv_dev_copy {
@@ -249,8 +249,7 @@ typedef struct kv_dev_done {
  * overlapping), -EFAULT (a side outside its kind of range: see
  * "Addresses"), -EIO (the driver refused the submission), -ENOMEM.
  */
-int kv_dev_submit(kv_dev *dev, kv_dev_dir dir, const kv_dev_copy *v, unsigned n,
-                  uint64_t tag);
+int kv_dev_submit(kv_dev *dev, kv_dev_dir dir, const kv_dev_copy *v, unsigned n, uint64_t tag);
 /* The completion eventfd (non-blocking, close-on-exec, owned by dev). */
 int kv_dev_completion_fd(const kv_dev *dev);
 /* Moves up to max finished submissions to out, oldest first; returns the

@@ -39,8 +39,7 @@ typedef struct cu_fns {
   CUresult (*MemRelease)(CUmemGenericAllocationHandle);
   CUresult (*MemAddressReserve)(CUdeviceptr *, size_t, size_t, CUdeviceptr, unsigned long long);
   CUresult (*MemAddressFree)(CUdeviceptr, size_t);
-  CUresult (*MemMap)(CUdeviceptr, size_t, size_t, CUmemGenericAllocationHandle,
-                     unsigned long long);
+  CUresult (*MemMap)(CUdeviceptr, size_t, size_t, CUmemGenericAllocationHandle, unsigned long long);
   CUresult (*MemUnmap)(CUdeviceptr, size_t);
   CUresult (*MemSetAccess)(CUdeviceptr, size_t, const CUmemAccessDesc *, size_t);
   CUresult (*MemExportToShareableHandle)(void *, CUmemGenericAllocationHandle,
@@ -52,14 +51,14 @@ typedef struct cu_fns {
 
 typedef struct cu_state {
   cu_fns f;
-  int have_fns;          /* every driver entry point resolved */
-  int vmm;               /* pools are VMM with POSIX-fd export */
+  int have_fns;                  /* every driver entry point resolved */
+  int vmm;                       /* pools are VMM with POSIX-fd export */
   char novmm[KV_DEV_REASON_MAX]; /* why not */
-  int batch;             /* cudaMemcpyBatchAsync still worth trying */
-  size_t gran;           /* VMM granularity */
+  int batch;                     /* cudaMemcpyBatchAsync still worth trying */
+  size_t gran;                   /* VMM granularity */
   cudaStream_t st[KV_DEV_NDIR];
-  cudaStream_t sync;     /* kv_dev_memcpy_sync */
-  cudaEvent_t *ev;       /* free events */
+  cudaStream_t sync; /* kv_dev_memcpy_sync */
+  cudaEvent_t *ev;   /* free events */
   unsigned nev, capev;
 } cu_state;
 
@@ -179,8 +178,7 @@ static int cu_open(kv_dev *dev, const kv_dev_opts *o, char *why, size_t len) {
   if (o->uuid) {
     int found = -1;
     for (int i = 0; i < n && found < 0; i++)
-      if (cudaGetDeviceProperties(&prop, i) == cudaSuccess &&
-          !memcmp(prop.uuid.bytes, o->uuid, 16))
+      if (cudaGetDeviceProperties(&prop, i) == cudaSuccess && !memcmp(prop.uuid.bytes, o->uuid, 16))
         found = i;
     if (found < 0) {
       snprintf(why, len, "CUDA: none of the %d visible devices has the requested uuid", n);
@@ -223,8 +221,8 @@ static int cu_pool_legacy(kv_dev *dev, kv_dev_pool *p, size_t bytes) {
   void *b = NULL;
   cudaError_t e = cudaMalloc(&b, len);
   if (e != cudaSuccess)
-    return kv__dev_fail(dev, e == cudaErrorMemoryAllocation ? -ENOMEM : -EIO,
-                        "cudaMalloc %zu: %s", len, cudaGetErrorString(e));
+    return kv__dev_fail(dev, e == cudaErrorMemoryAllocation ? -ENOMEM : -EIO, "cudaMalloc %zu: %s",
+                        len, cudaGetErrorString(e));
   cudaIpcMemHandle_t h;
   e = cudaIpcGetMemHandle(&h, b);
   if (e != cudaSuccess) {
@@ -309,8 +307,7 @@ static int cu_pool_create(kv_dev *dev, kv_dev_pool *p, size_t bytes) {
     memcpy(cs->novmm, dev->reason, sizeof cs->novmm);
   }
   int rc = cu_pool_legacy(dev, p, bytes);
-  if (rc == 0)
-    kv__dev_fail(dev, 0, "pool exported with legacy CUDA IPC: %s", cs->novmm);
+  if (rc == 0) kv__dev_fail(dev, 0, "pool exported with legacy CUDA IPC: %s", cs->novmm);
   return rc;
 }
 
@@ -354,8 +351,7 @@ static int cu_import(kv_dev *dev, const kv_dev_export *x, kv_dev_map *m) {
   }
   size_t len = (size_t)x->bytes;
   if (len % gran)
-    return kv__dev_fail(dev, -EINVAL, "VMM import: %zu bytes is not a multiple of %zu", len,
-                        gran);
+    return kv__dev_fail(dev, -EINVAL, "VMM import: %zu bytes is not a multiple of %zu", len, gran);
   CUmemGenericAllocationHandle h = 0;
   CUdeviceptr va = 0;
   int mapped = 0, rc = -EIO;
@@ -418,8 +414,8 @@ static int cu_host_register(kv_dev *dev, void *p, size_t n, int mapped) {
   }
   if (e != cudaSuccess) {
     cudaGetLastError();
-    return kv__dev_fail(dev, -EIO, "cudaHostRegister %p+%zu%s: %s", p, n,
-                        mapped ? " (mapped)" : "", cudaGetErrorString(e));
+    return kv__dev_fail(dev, -EIO, "cudaHostRegister %p+%zu%s: %s", p, n, mapped ? " (mapped)" : "",
+                        cudaGetErrorString(e));
   }
   return 0;
 }
@@ -521,7 +517,7 @@ static cudaError_t batch_call(const kv_dev_copy *v, size_t k, int dir, cudaStrea
 #endif
 
 int kv_cuda_enqueue(const kv_dev_copy *v, size_t k, int dir, void *stream, int *batch,
-                     size_t *queued) {
+                    size_t *queued) {
   cudaStream_t st = stream;
   if (queued) *queued = 0;
   if (k == 0) return cudaSuccess;
@@ -550,8 +546,8 @@ int kv_cuda_enqueue(const kv_dev_copy *v, size_t k, int dir, void *stream, int *
 
 static cudaError_t cu_enqueue(cu_state *cs, kv__sub *s, cudaStream_t st) {
   size_t queued = 0;
-  cudaError_t e = (cudaError_t)kv_cuda_enqueue(s->v, kv__sub_ncopy(s), s->dir, st, &cs->batch,
-                                                &queued);
+  cudaError_t e =
+      (cudaError_t)kv_cuda_enqueue(s->v, kv__sub_ncopy(s), s->dir, st, &cs->batch, &queued);
   return e != cudaSuccess && queued ? cudaErrorUnknown : e; /* Unknown: some copies are queued */
 }
 
@@ -568,8 +564,8 @@ static int cu_submit(kv_dev *dev, kv__sub *s) {
   if (e != cudaSuccess && e != cudaErrorUnknown) {
     if (pooled) cs->ev[cs->nev++] = ev;
     else cudaEventDestroy(ev);
-    return kv__dev_fail(dev, e == cudaErrorMemoryAllocation ? -ENOMEM : -EIO,
-                        "cudaMemcpyAsync: %s", cudaGetErrorString(e));
+    return kv__dev_fail(dev, e == cudaErrorMemoryAllocation ? -ENOMEM : -EIO, "cudaMemcpyAsync: %s",
+                        cudaGetErrorString(e));
   }
   /* From here the submission is accepted: some copies may be queued, so it
    * must be reaped, after them, even when it failed. */

@@ -24,23 +24,23 @@ typedef struct kv__sub {
   struct kv__sub *next;
   kv_dev *dev;
   uint64_t tag;
-  int status;          /* set by the backend; 0 or -errno */
-  int fail;            /* injected: copy half, report this */
+  int status; /* set by the backend; 0 or -errno */
+  int fail;   /* injected: copy half, report this */
   kv_dev_dir dir;
   unsigned n;
-  void *bk;            /* backend's per-submission data (CUDA event) */
-  kv_dev_copy v[];     /* the copies */
+  void *bk;        /* backend's per-submission data (CUDA event) */
+  kv_dev_copy v[]; /* the copies */
 } kv__sub;
 
 struct kv_dev_pool {
   kv_dev_pool *next;
   void *base;
   size_t bytes;
-  uint8_t kind;        /* KV_DEVX_* */
-  uint8_t uuid[16];    /* the device's */
-  int fd;              /* VMM/SIM fd, -1 for legacy */
+  uint8_t kind;     /* KV_DEVX_* */
+  uint8_t uuid[16]; /* the device's */
+  int fd;           /* VMM/SIM fd, -1 for legacy */
   uint8_t handle[KV_DEVX_HANDLE_MAX];
-  uint64_t bk[2];      /* backend: CUDA generic allocation handle */
+  uint64_t bk[2]; /* backend: CUDA generic allocation handle */
 };
 
 struct kv_dev_map {
@@ -52,8 +52,8 @@ struct kv_dev_map {
 };
 
 typedef struct kv__range {
-  uintptr_t lo, hi;    /* [lo, hi) */
-  int own;             /* 1: this kv_dev's registration, undone at unregister;
+  uintptr_t lo, hi; /* [lo, hi) */
+  int own;          /* 1: this kv_dev's registration, undone at unregister;
                         * 0: another kv_dev of the process registered it */
 } kv__range;
 
@@ -94,17 +94,17 @@ struct kv_dev {
   int ordinal;
   uint8_t uuid[16];
   char reason[KV_DEV_REASON_MAX];
-  int efd;                       /* completion eventfd */
-  pthread_mutex_t qmu;           /* guards done_head/done_tail */
+  int efd;             /* completion eventfd */
+  pthread_mutex_t qmu; /* guards done_head/done_tail */
   kv__sub *done_head, *done_tail;
-  unsigned inflight;             /* owner thread only */
-  int fail_next;                 /* owner thread only */
-  int fail_all;                  /* SIM, KV_DEV_SIM_FAIL: every submission fails so */
+  unsigned inflight; /* owner thread only */
+  int fail_next;     /* owner thread only */
+  int fail_all;      /* SIM, KV_DEV_SIM_FAIL: every submission fails so */
   kv_dev_pool *pools;
   kv_dev_map *maps;
-  kv__range *host;               /* registered host ranges */
+  kv__range *host; /* registered host ranges */
   unsigned nhost, caphost;
-  void *bk;                      /* backend state */
+  void *bk; /* backend state */
 };
 
 extern const kv__backend kv__dev_sim;
@@ -113,8 +113,7 @@ extern const kv__backend kv__dev_cuda; /* dev_cuda.c, or dev_none.c */
 /* Called from any thread when s's copies are done (s->status set). */
 void kv__dev_complete(kv_dev *dev, kv__sub *s);
 /* printf into dev->reason; returns rc (for `return kv__dev_fail(...)`). */
-int kv__dev_fail(kv_dev *dev, int rc, const char *fmt, ...)
-    __attribute__((format(printf, 3, 4)));
+int kv__dev_fail(kv_dev *dev, int rc, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
 /* The copies a submission actually performs: all, or half if injected. */
 static inline unsigned kv__sub_ncopy(const kv__sub *s) { return s->fail ? s->n / 2 : s->n; }
 

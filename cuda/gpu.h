@@ -11,10 +11,10 @@
 #include <stddef.h>
 
 typedef struct kv_gpu_info {
-  int ndev;             /* devices usable, 0 if none */
-  int built_with_cuda;  /* 1 when this binary has the CUDA backend */
-  int runtime_version;  /* CUDA runtime version, 0 if unknown */
-  char reason[160];     /* why ndev is 0, for the log */
+  int ndev;            /* devices usable, 0 if none */
+  int built_with_cuda; /* 1 when this binary has the CUDA backend */
+  int runtime_version; /* CUDA runtime version, 0 if unknown */
+  char reason[160];    /* why ndev is 0, for the log */
 } kv_gpu_info;
 
 /* Fills *info. Never fails: a missing driver is ndev = 0 with a reason. */

@@ -13,8 +13,8 @@ void kv_gpu_probe(kv_gpu_info *info) {
   int n = 0;
   cudaError_t e = cudaGetDeviceCount(&n);
   if (e != cudaSuccess) {
-    snprintf(info->reason, sizeof info->reason, "CUDA: %s (%s)",
-             cudaGetErrorString(e), cudaGetErrorName(e));
+    snprintf(info->reason, sizeof info->reason, "CUDA: %s (%s)", cudaGetErrorString(e),
+             cudaGetErrorName(e));
     return;
   }
   if (n == 0) snprintf(info->reason, sizeof info->reason, "CUDA: no device");

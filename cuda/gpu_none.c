@@ -5,6 +5,5 @@
 
 void kv_gpu_probe(kv_gpu_info *info) {
   memset(info, 0, sizeof *info);
-  strncpy(info->reason, "built without CUDA (KV_CUDA=OFF or no nvcc)",
-          sizeof info->reason - 1);
+  strncpy(info->reason, "built without CUDA (KV_CUDA=OFF or no nvcc)", sizeof info->reason - 1);
 }

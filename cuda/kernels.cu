@@ -38,8 +38,8 @@ template <int NB> struct Params {
   unsigned long long pstride; /* engine: page to page */
   unsigned long long kstride; /* engine: K half to V half */
   unsigned int layers;
-  unsigned int n;             /* blocks in this launch, <= NB */
-  unsigned int scatter;       /* 0: engine -> block, 1: block -> engine */
+  unsigned int n;       /* blocks in this launch, <= NB */
+  unsigned int scatter; /* 0: engine -> block, 1: block -> engine */
   unsigned int page[NB];
   unsigned char *layer[KV_KERN_MAX_LAYERS];
   unsigned char *block[NB];
@@ -89,15 +89,12 @@ int fail(cudaError_t e, const char *what) {
   switch (e) {
   case cudaErrorNoDevice:
   case cudaErrorInsufficientDriver:
-  case cudaErrorDevicesUnavailable:
-    return -ENODEV;
-  default:
-    return -EIO;
+  case cudaErrorDevicesUnavailable: return -ENODEV;
+  default: return -EIO;
   }
 }
 
-template <int W, int NB>
-cudaError_t launch_one(Params<NB> *p, cudaStream_t stream) {
+template <int W, int NB> cudaError_t launch_one(Params<NB> *p, cudaStream_t stream) {
   unsigned long long warps = 2ull * p->layers * p->n;
   unsigned grid = (unsigned)((warps + kThreads / 32 - 1) / (kThreads / 32));
   void *args[] = {p};

@@ -99,21 +99,20 @@ uint64_t kv_kern_layer_bytes(const kv_kern_layout *lo);
 
 /* The checks both implementations make before copying: 0, -EINVAL or
  * -ENOMEM. scatter: 0 for a gather, 1 for a scatter. */
-int kv_kern_check(const kv_kern_layout *lo, void *const *layers,
-                  const uint32_t *page_ids, void *const *blocks, size_t n,
-                  int scatter);
+int kv_kern_check(const kv_kern_layout *lo, void *const *layers, const uint32_t *page_ids,
+                  void *const *blocks, size_t n, int scatter);
 
 /* The widest copy unit (16, 8, 4, 2 or 1 bytes) that every base pointer,
  * block pointer, stride and half size is a multiple of. */
-unsigned kv_kern_copy_width(const kv_kern_layout *lo, void *const *layers,
-                            void *const *blocks, size_t n);
+unsigned kv_kern_copy_width(const kv_kern_layout *lo, void *const *layers, void *const *blocks,
+                            size_t n);
 
 /* Host implementation. layers[lo->layers] are the per-layer tensors,
  * page_ids[n] and blocks[n] the pairs to copy. 0 or -errno as above. */
-int kv_kern_gather_host(const kv_kern_layout *lo, void *const *layers,
-                        const uint32_t *page_ids, void *const *blocks, size_t n);
-int kv_kern_scatter_host(const kv_kern_layout *lo, void *const *layers,
-                         const uint32_t *page_ids, void *const *blocks, size_t n);
+int kv_kern_gather_host(const kv_kern_layout *lo, void *const *layers, const uint32_t *page_ids,
+                        void *const *blocks, size_t n);
+int kv_kern_scatter_host(const kv_kern_layout *lo, void *const *layers, const uint32_t *page_ids,
+                         void *const *blocks, size_t n);
 
 /* CUDA implementation (defined only when built with KV_HAVE_CUDA); stream
  * is a cudaStream_t (NULL: the legacy default stream). Returns 0 once the
@@ -121,12 +120,10 @@ int kv_kern_scatter_host(const kv_kern_layout *lo, void *const *layers,
  * usable device; -EIO for any other CUDA error, whose text
  * kv_kern_cuda_error() then gives. Errors of the copy itself show up when
  * the caller synchronizes with the stream. */
-int kv_kern_gather_cuda(const kv_kern_layout *lo, void *const *layers,
-                        const uint32_t *page_ids, void *const *blocks, size_t n,
-                        void *stream);
-int kv_kern_scatter_cuda(const kv_kern_layout *lo, void *const *layers,
-                         const uint32_t *page_ids, void *const *blocks, size_t n,
-                         void *stream);
+int kv_kern_gather_cuda(const kv_kern_layout *lo, void *const *layers, const uint32_t *page_ids,
+                        void *const *blocks, size_t n, void *stream);
+int kv_kern_scatter_cuda(const kv_kern_layout *lo, void *const *layers, const uint32_t *page_ids,
+                         void *const *blocks, size_t n, void *stream);
 /* The CUDA error behind this thread's last -ENODEV / -EIO, or "". */
 const char *kv_kern_cuda_error(void);
 

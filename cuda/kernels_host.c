@@ -14,12 +14,10 @@ typedef struct geom {
 
 static int geom_of(const kv_kern_layout *lo, geom *g) {
   memset(g, 0, sizeof *g);
-  if (!lo || lo->layers == 0 || lo->layers > KV_KERN_MAX_LAYERS ||
-      lo->page_tokens == 0 || lo->kv_heads == 0 || lo->head_dim == 0 ||
-      lo->num_pages == 0)
+  if (!lo || lo->layers == 0 || lo->layers > KV_KERN_MAX_LAYERS || lo->page_tokens == 0 ||
+      lo->kv_heads == 0 || lo->head_dim == 0 || lo->num_pages == 0)
     return -EINVAL;
-  if (lo->elem_bytes != 1 && lo->elem_bytes != 2 && lo->elem_bytes != 4)
-    return -EINVAL;
+  if (lo->elem_bytes != 1 && lo->elem_bytes != 2 && lo->elem_bytes != 4) return -EINVAL;
   uint64_t h = lo->page_tokens, b;
   if (__builtin_mul_overflow(h, (uint64_t)lo->kv_heads, &h) ||
       __builtin_mul_overflow(h, (uint64_t)lo->head_dim, &h) ||
@@ -88,9 +86,8 @@ static int pages_distinct(const uint32_t *page_ids, size_t n) {
   return rc;
 }
 
-int kv_kern_check(const kv_kern_layout *lo, void *const *layers,
-                  const uint32_t *page_ids, void *const *blocks, size_t n,
-                  int scatter) {
+int kv_kern_check(const kv_kern_layout *lo, void *const *layers, const uint32_t *page_ids,
+                  void *const *blocks, size_t n, int scatter) {
   geom g;
   int rc = geom_of(lo, &g);
   if (rc || n == 0) return rc;
@@ -104,8 +101,8 @@ int kv_kern_check(const kv_kern_layout *lo, void *const *layers,
   return scatter ? pages_distinct(page_ids, n) : blocks_apart(blocks, n, g.block);
 }
 
-unsigned kv_kern_copy_width(const kv_kern_layout *lo, void *const *layers,
-                            void *const *blocks, size_t n) {
+unsigned kv_kern_copy_width(const kv_kern_layout *lo, void *const *layers, void *const *blocks,
+                            size_t n) {
   geom g;
   if (geom_of(lo, &g)) return 1;
   uint64_t bits = g.half | g.pstride | g.kstride | 16;
@@ -115,9 +112,8 @@ unsigned kv_kern_copy_width(const kv_kern_layout *lo, void *const *layers,
 }
 
 /* The copy itself, after the checks: one memcpy per contiguous run. */
-static int run(const kv_kern_layout *lo, void *const *layers,
-               const uint32_t *page_ids, void *const *blocks, size_t n,
-               int scatter) {
+static int run(const kv_kern_layout *lo, void *const *layers, const uint32_t *page_ids,
+               void *const *blocks, size_t n, int scatter) {
   int rc = kv_kern_check(lo, layers, page_ids, blocks, n, scatter);
   if (rc || n == 0) return rc;
   geom g;
@@ -133,22 +129,20 @@ static int run(const kv_kern_layout *lo, void *const *layers,
       for (unsigned kv = 0; kv < halves; kv++) {
         unsigned char *e = eng + kv * g.kstride;
         unsigned char *b = blk + ((size_t)l * 2 + kv) * g.half;
-        if (scatter)
-          memcpy(e, b, run_bytes);
-        else
-          memcpy(b, e, run_bytes);
+        if (scatter) memcpy(e, b, run_bytes);
+        else memcpy(b, e, run_bytes);
       }
     }
   }
   return 0;
 }
 
-int kv_kern_gather_host(const kv_kern_layout *lo, void *const *layers,
-                        const uint32_t *page_ids, void *const *blocks, size_t n) {
+int kv_kern_gather_host(const kv_kern_layout *lo, void *const *layers, const uint32_t *page_ids,
+                        void *const *blocks, size_t n) {
   return run(lo, layers, page_ids, blocks, n, 0);
 }
 
-int kv_kern_scatter_host(const kv_kern_layout *lo, void *const *layers,
-                         const uint32_t *page_ids, void *const *blocks, size_t n) {
+int kv_kern_scatter_host(const kv_kern_layout *lo, void *const *layers, const uint32_t *page_ids,
+                         void *const *blocks, size_t n) {
   return run(lo, layers, page_ids, blocks, n, 1);
 }

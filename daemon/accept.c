@@ -8,9 +8,9 @@
 #include <sys/resource.h>
 #include <unistd.h>
 
+#include "base/errors.h"
 #include "base/log.h"
 #include "ipc/sock.h"
-#include "base/errors.h"
 
 static int reserve = -1;
 
@@ -74,7 +74,8 @@ int64_t kvd_fd_budget(uint64_t others, uint64_t want) {
       rl = nr;
     } else {
       kv_warn("server", "cannot raise RLIMIT_NOFILE from %llu to %llu: %s",
-              (unsigned long long)rl.rlim_cur, (unsigned long long)nr.rlim_cur, kv_strerror(-errno));
+              (unsigned long long)rl.rlim_cur, (unsigned long long)nr.rlim_cur,
+              kv_strerror(-errno));
     }
   }
   if (rl.rlim_cur == RLIM_INFINITY) return (int64_t)want;

@@ -12,8 +12,8 @@
 #include <string.h>
 #include <unistd.h>
 
-#include "base/log.h"
 #include "base/errors.h"
+#include "base/log.h"
 
 static const char *const admin_routes[] = {"/config", "/evict", "/flush", "/pin", "/unpin"};
 #define NADMIN (sizeof admin_routes / sizeof admin_routes[0])
@@ -66,7 +66,10 @@ static int tier_param(const kvd_http_req *req, kvd_http_resp *resp, int required
   int r = param(req, resp, "tier", v, sizeof v);
   if (r < 0) return -1;
   if (r == 0) {
-    if (!required) { *t = KV_TIER_NONE; return 0; }
+    if (!required) {
+      *t = KV_TIER_NONE;
+      return 0;
+    }
     kvd_http_error(resp, 400, "tier: required (g2 or g3)");
     return -1;
   }
@@ -85,14 +88,18 @@ static int ns_param(kvd *d, const kvd_http_req *req, kvd_http_resp *resp, int re
   int r = param(req, resp, "ns", v, sizeof v);
   if (r < 0) return -1;
   if (r == 0) {
-    if (!required) { *ns = KV_NS_ANY; return 0; }
+    if (!required) {
+      *ns = KV_NS_ANY;
+      return 0;
+    }
     kvd_http_error(resp, 400, "ns: required (the namespace digest in hex, at least 8 digits)");
     return -1;
   }
   int rc = kvd_ns_by_hex(d, v, ns);
   if (rc == -ENOENT) kvd_http_error(resp, 404, "ns: no namespace has the digest '%s'", v);
   else if (rc == -EEXIST) kvd_http_error(resp, 400, "ns: '%s' names more than one namespace", v);
-  else if (rc) kvd_http_error(resp, 400, "ns: '%s' is not a namespace digest in hex (at least 8 digits)", v);
+  else if (rc)
+    kvd_http_error(resp, 400, "ns: '%s' is not a namespace digest in hex (at least 8 digits)", v);
   return rc ? -1 : 0;
 }
 
@@ -103,12 +110,18 @@ static uint32_t g3_dirs(const kv_config *c) {
   int in = 0;
   for (const char *p = c->g3_path; *p; p++) {
     if (*p == ',') in = 0;
-    else if (*p != ' ' && !in) { in = 1; n++; }
+    else if (*p != ' ' && !in) {
+      in = 1;
+      n++;
+    }
   }
   return n ? n : 1;
 }
 
-typedef struct prev_ctx { const char *want; char val[300]; } prev_ctx;
+typedef struct prev_ctx {
+  const char *want;
+  char val[300];
+} prev_ctx;
 static void prev_one(void *arg, const char *section, const char *name, const char *value) {
   prev_ctx *p = arg;
   char key[96];
@@ -128,11 +141,18 @@ static void route_config(kvd *d, const kvd_http_req *req, kvd_http_resp *resp) {
   }
   kv_config next = d->cfg;
   int rc = kv_config_set(&next, name, value, err, sizeof err);
-  if (rc == -ENOENT) { kvd_http_error(resp, 404, "%s", err); return; }
-  if (rc || kv_config_validate(&next, err, sizeof err)) { kvd_http_error(resp, 400, "%s", err); return; }
+  if (rc == -ENOENT) {
+    kvd_http_error(resp, 404, "%s", err);
+    return;
+  }
+  if (rc || kv_config_validate(&next, err, sizeof err)) {
+    kvd_http_error(resp, 400, "%s", err);
+    return;
+  }
   prev_ctx prev = {name, ""};
   kv_config_foreach(&d->cfg, prev_one, &prev);
-  if (!strcmp(name, "cache.policy")) snprintf(prev.val, sizeof prev.val, "%s", kv_core_policy_name(d->core));
+  if (!strcmp(name, "cache.policy"))
+    snprintf(prev.val, sizeof prev.val, "%s", kv_core_policy_name(d->core));
   int64_t evicted = -1;
 
   if (!strcmp(name, "g2.capacity")) {
@@ -146,14 +166,18 @@ static void route_config(kvd *d, const kvd_http_req *req, kvd_http_resp *resp) {
     for (uint32_t i = 1; i < d->reg.ntenants; i++)
       if (d->reg.tenants[i].arena.capacity != d->reg.tenants[0].arena.capacity) {
         /* The core's soft limit is one size for every arena. */
-        kvd_http_error(resp, 409, "g2.capacity changes only on restart while tenants' arenas differ "
+        kvd_http_error(resp, 409,
+                       "g2.capacity changes only on restart while tenants' arenas differ "
                        "in size (g2_share)");
         return;
       }
     uint64_t each = next.g2_capacity / d->reg.ntenants;
     evicted = kv_core_set_limit(d->core, KV_G2, next.g2_capacity == reserved ? 0 : each);
   } else if (!strcmp(name, "g3.capacity")) {
-    if (!d->g3) { kvd_http_error(resp, 409, "g3.capacity: no SSD tier is configured"); return; }
+    if (!d->g3) {
+      kvd_http_error(resp, 409, "g3.capacity: no SSD tier is configured");
+      return;
+    }
     kv_g3_stats gs;
     kv_g3_get_stats(d->g3, &gs);
     uint64_t dirs = g3_dirs(&d->cfg), want = next.g3_capacity * dirs;
@@ -165,7 +189,10 @@ static void route_config(kvd *d, const kvd_http_req *req, kvd_http_resp *resp) {
     evicted = kv_core_set_limit(d->core, KV_G3, want == gs.capacity_bytes ? 0 : want);
   } else if (!strcmp(name, "cache.policy")) {
     rc = kv_core_set_policy(d->core, next.policy);
-    if (rc) { kvd_http_error(resp, 500, "cache.policy: %s", kv_strerror(rc)); return; }
+    if (rc) {
+      kvd_http_error(resp, 500, "cache.policy: %s", kv_strerror(rc));
+      return;
+    }
   } else if (!strcmp(name, "g3.admit")) {
     kv_core_set_admit(d->core, next.g3_admit, kv_core_g3_options(d->core).min_prio);
   } else if (!strcmp(name, "g3.min_prio")) {
@@ -201,9 +228,15 @@ static void route_evict(kvd *d, const kvd_http_req *req, kvd_http_resp *resp) {
     kvd_http_error(resp, 400, "count: '%s' is not a count", v);
     return;
   }
-  if (t == KV_G3 && !d->g3) { kvd_http_error(resp, 409, "tier g3: no SSD tier is configured"); return; }
+  if (t == KV_G3 && !d->g3) {
+    kvd_http_error(resp, 409, "tier g3: no SSD tier is configured");
+    return;
+  }
   int64_t n = kv_core_evict_n(d->core, (kv_tier)t, ns, count);
-  if (n < 0) { kvd_http_error(resp, 500, "evict: %s", kv_strerror((int)n)); return; }
+  if (n < 0) {
+    kvd_http_error(resp, 500, "evict: %s", kv_strerror((int)n));
+    return;
+  }
   kv_info("admin", "evicted %lld block(s) from %s", (long long)n, t == KV_G2 ? "g2" : "g3");
   reply(resp, json_pack("{s:I}", "evicted", (json_int_t)n));
 }
@@ -212,9 +245,15 @@ static void route_flush(kvd *d, const kvd_http_req *req, kvd_http_resp *resp) {
   uint8_t t;
   uint32_t ns;
   if (tier_param(req, resp, 0, &t) || ns_param(d, req, resp, 0, &ns)) return;
-  if (t == KV_G3 && !d->g3) { kvd_http_error(resp, 409, "tier g3: no SSD tier is configured"); return; }
+  if (t == KV_G3 && !d->g3) {
+    kvd_http_error(resp, 409, "tier g3: no SSD tier is configured");
+    return;
+  }
   int64_t n = kv_core_flush(d->core, t, ns);
-  if (n < 0) { kvd_http_error(resp, 500, "flush: %s", kv_strerror((int)n)); return; }
+  if (n < 0) {
+    kvd_http_error(resp, 500, "flush: %s", kv_strerror((int)n));
+    return;
+  }
   kv_info("admin", "flushed %lld block copies", (long long)n);
   reply(resp, json_pack("{s:I}", "dropped", (json_int_t)n));
 }
@@ -237,7 +276,8 @@ static void route_pin(kvd *d, const kvd_http_req *req, kvd_http_resp *resp, int 
     size_t len = e ? (size_t)(e - k) : strlen(k);
     kv_key key;
     if (kvd_key_from_hex(k, len, &key)) {
-      kvd_http_error(resp, 400, "keys: '%.*s' is not a hex key of 1 to 32 bytes", (int)(len < 80 ? len : 80), k);
+      kvd_http_error(resp, 400, "keys: '%.*s' is not a hex key of 1 to 32 bytes",
+                     (int)(len < 80 ? len : 80), k);
       return;
     }
     k += len + (e ? 1 : 0);
@@ -250,7 +290,9 @@ static void route_pin(kvd *d, const kvd_http_req *req, kvd_http_resp *resp, int 
     kvd_key_from_hex(k, len, &key);
     kv_block *b = kv_core_find(d->core, ns, &key);
     if (!b) missing++;
-    else if ((pin ? kvd_session_pin(d->core, &d->admin, b, 0) : kvd_session_unpin(d->core, &d->admin, b)) == 0) done++;
+    else if ((pin ? kvd_session_pin(d->core, &d->admin, b, 0)
+                  : kvd_session_unpin(d->core, &d->admin, b)) == 0)
+      done++;
     else if (pin) failed++;
     else missing++; /* not pinned by the operator */
     k += len + (e ? 1 : 0);
@@ -276,7 +318,8 @@ static void on_stats(void *arg, const kvd_http_req *req, kvd_http_resp *resp) {
   kvd_ops *o = arg;
   o->d->m.stats_requests++;
   if (req->tcp && strcmp(req->path, "/metrics") && strcmp(req->path, "/health")) {
-    kvd_http_error(resp, 403, "%s is served on the Unix sockets only (over TCP: /metrics and /health)",
+    kvd_http_error(resp, 403,
+                   "%s is served on the Unix sockets only (over TCP: /metrics and /health)",
                    req->path);
     return;
   }
@@ -296,7 +339,8 @@ static void on_admin(void *arg, const kvd_http_req *req, kvd_http_resp *resp) {
   d->m.admin_requests++;
   if (!req->has_cred || !kvd_ops_peer_allowed(o, &req->cred)) {
     if (req->conn_requests == 1)
-      kv_warn("admin", "refused peer pid %d uid %d gid %d: not root, the daemon's user or admin.group",
+      kv_warn("admin",
+              "refused peer pid %d uid %d gid %d: not root, the daemon's user or admin.group",
               (int)req->cred.pid, (int)req->cred.uid, (int)req->cred.gid);
     kvd_http_error(resp, 403, "peer uid %d may not use the admin socket", (int)req->cred.uid);
     resp->close = 1;

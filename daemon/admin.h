@@ -16,12 +16,11 @@
 #include "daemon/http.h"
 #include "daemon/kvd.h"
 
-
 typedef struct kvd_ops {
   kvd *d;
   kvd_http stats, admin;
   int has_gid;
-  gid_t admin_gid;   /* admin.group's gid when has_gid */
+  gid_t admin_gid; /* admin.group's gid when has_gid */
 } kvd_ops;
 
 /* Listens on <socket_dir>/kvcached-stats.sock (0666), stats.listen when

@@ -18,21 +18,21 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "daemon/kvd.h"
 #include "base/clock.h"
 #include "base/log.h"
+#include "daemon/kvd.h"
 
 #define WAIT 1 /* entry status while waiting for room */
 
 typedef struct kvd_alloc {
-  kvd_waiter w;        /* in d->alloc_wait until every key is final */
+  kvd_waiter w; /* in d->alloc_wait until every key is final */
   kvd *d;
   kvd_sink *sink;
-  kv_msg req;          /* id and op, for the reply */
+  kv_msg req; /* id and op, for the reply */
   uint32_t n, waiting, core_ns;
   uint8_t prio;
   kv_key *keys;
-  kv_key *parents;     /* len 0: no parent */
+  kv_key *parents; /* len 0: no parent */
   kv_alloc_ent *ent;
 } kvd_alloc;
 
@@ -88,11 +88,23 @@ static int defer(kvd *d, kvd_sink *sink, const kv_msg *req, uint32_t core_ns) {
     a->ent = malloc(n * sizeof *a->ent);
   }
   if (!a || !a->keys || !a->parents || !a->ent) {
-    if (a) { free(a->keys); free(a->parents); free(a->ent); free(a); }
+    if (a) {
+      free(a->keys);
+      free(a->parents);
+      free(a->ent);
+      free(a);
+    }
     return -ENOMEM;
   }
-  *a = (kvd_alloc){.d = d, .sink = sink, .req = *req, .n = n, .core_ns = core_ns, .prio = r->prio,
-                   .keys = a->keys, .parents = a->parents, .ent = a->ent};
+  *a = (kvd_alloc){.d = d,
+                   .sink = sink,
+                   .req = *req,
+                   .n = n,
+                   .core_ns = core_ns,
+                   .prio = r->prio,
+                   .keys = a->keys,
+                   .parents = a->parents,
+                   .ent = a->ent};
   kvd_sink_get(sink);
   kvd_waiter_init(&a->w, sink);
   memcpy(a->keys, d->keys, n * sizeof *a->keys);
@@ -109,7 +121,8 @@ static int defer(kvd *d, kvd_sink *sink, const kv_msg *req, uint32_t core_ns) {
 int kvd_op_alloc(kvd *d, kvd_sink *sink, const kv_msg *req, kv_buf *out, int fd_out[2]) {
   const kv_alloc_req *r = &req->alloc;
   kvd_session *s = sink->sess;
-  if (r->tier != KV_G2) return kvd_fail(out, req, -EOPNOTSUPP, "ALLOC serves tier G2 in this build");
+  if (r->tier != KV_G2)
+    return kvd_fail(out, req, -EOPNOTSUPP, "ALLOC serves tier G2 in this build");
   int rc = kvd_load_keys(d, &r->keys);
   if (rc) return kvd_fail(out, req, rc, NULL);
   uint32_t core_ns = (uint32_t)kvd_registry_ns(&d->reg, s->ns)->core_ns;

@@ -18,9 +18,9 @@
 #include <sys/statvfs.h>
 #include <unistd.h>
 
+#include "base/log.h"
 #include "base/paths.h"
 #include "daemon/admin.h"
-#include "base/log.h"
 #include "daemon/server.h"
 #include "ipc/sock.h"
 #include "tiers/evict.h"
@@ -47,8 +47,9 @@ typedef struct opt {
 
 /* Enum options are stored as the field's C enum, the size of an int. */
 _Static_assert(sizeof(kv_g3_backend) == sizeof(int) && sizeof(kv_admit) == sizeof(int) &&
-               sizeof(kv_log_level) == sizeof(int) && sizeof(kv_cfg_g1_enable) == sizeof(int) &&
-               sizeof(kv_dev_backend) == sizeof(int), "an enum option is an int");
+                   sizeof(kv_log_level) == sizeof(int) && sizeof(kv_cfg_g1_enable) == sizeof(int) &&
+                   sizeof(kv_dev_backend) == sizeof(int),
+               "an enum option is an int");
 
 static const opt_name g1_enable_names[] = {
     {"auto", KV_CFG_G1_AUTO}, {"on", KV_CFG_G1_ON}, {"off", KV_CFG_G1_OFF}, {NULL, 0}};
@@ -72,8 +73,8 @@ static const opt_name log_level_names[] = {{"debug", KV_LOG_DEBUG}, {"info", KV_
 #pragma GCC diagnostic ignored "-Wmissing-field-initializers"
 static const opt opts[] = {
     {"daemon", "socket_dir", OPT_STR, O(socket_dir), sizeof(((kv_config *)0)->socket_dir),
-     KV_SOCKET_DIR, "directory of the worker socket (kvcached.sock); created 0750 if missing",
-     NULL, "socket-dir"},
+     KV_SOCKET_DIR, "directory of the worker socket (kvcached.sock); created 0750 if missing", NULL,
+     "socket-dir"},
     {"daemon", "load_timeout_ms", OPT_U32, O(load_timeout_ms), 0, "5000",
      "a LOAD or ALLOC waiting this long for G2 room answers its waiting blocks "
      "with a timeout (LOAD) or -EAGAIN (ALLOC)"},
@@ -90,9 +91,11 @@ static const opt opts[] = {
      "[tenant.NAME] sections (daemon/OPS.md)"},
     {"g1", "enable", OPT_ENUM, O(g1_enable), 0, "auto",
      "G1 device pools: auto (on when a CUDA device answers), on (start fails without "
-     "a device), off", g1_enable_names},
+     "a device), off",
+     g1_enable_names},
     {"g1", "capacity", OPT_SIZE, O(g1_capacity), 0, "1G",
-     "bytes of device memory in the G1 pool of each device (rounded up to the allocation granularity)"},
+     "bytes of device memory in the G1 pool of each device (rounded up to the allocation "
+     "granularity)"},
     {"g1", "backend", OPT_ENUM, O(g1_backend), 0, "auto",
      "auto (CUDA), cuda, or sim (device memory simulated in shared host memory: tests, demos)",
      g1_backend_names},
@@ -101,7 +104,8 @@ static const opt opts[] = {
      "a worker gets the pool of the device it computes on"},
     {"g3", "path", OPT_STR, O(g3_path), sizeof(((kv_config *)0)->g3_path), "/var/lib/kvcached",
      "directories of the SSD tier, comma-separated (one preallocated file each, "
-     "created if missing); empty: no G3", NULL, "g3-path"},
+     "created if missing); empty: no G3",
+     NULL, "g3-path"},
     {"g3", "capacity", OPT_SIZE, O(g3_capacity), 0, "4G",
      "bytes of SSD per G3 directory (the file is preallocated to about this)", NULL, "g3-capacity"},
     {"g3", "block_bytes", OPT_SIZE, O(g3_block_bytes), 0, "256K",
@@ -118,10 +122,10 @@ static const opt opts[] = {
      "ms between tries while G3 is full (one write let through) or could not be opened "
      "(doubling up to 5 min); 0: never"},
     {"cache", "policy", OPT_STR, O(policy), sizeof(((kv_config *)0)->policy),
-     NULL /* kv_evict_default */, "eviction policy: reuse, lru, lru2, lfuda, arc, s3fifo, tinylfu or auto",
-     NULL, "policy"},
-    {"log", "level", OPT_ENUM, O(log_level), 0,
-     "info", "least severe level logged: debug, info, warn, error", log_level_names, "log-level"},
+     NULL /* kv_evict_default */,
+     "eviction policy: reuse, lru, lru2, lfuda, arc, s3fifo, tinylfu or auto", NULL, "policy"},
+    {"log", "level", OPT_ENUM, O(log_level), 0, "info",
+     "least severe level logged: debug, info, warn, error", log_level_names, "log-level"},
     {"stats", "listen", OPT_STR, O(stats_listen), sizeof(((kv_config *)0)->stats_listen), "",
      "also serve /metrics and /health (no other route) over TCP on host:port "
      "(e.g. 127.0.0.1:9464); empty: Unix socket only"},
@@ -143,9 +147,11 @@ static const opt opts[] = {
     {"limits", "pins_per_session", OPT_U32, O(limit_pins_per_session), 0, "1048576",
      "pins one worker connection may hold, repeats counted; past it a LOAD's key answers -EDQUOT"},
     {"limits", "allocs_per_session", OPT_U32, O(limit_allocs_per_session), 0, "65536",
-     "uncommitted allocations one worker connection may hold; past it an ALLOC's key answers -EDQUOT"},
+     "uncommitted allocations one worker connection may hold; past it an ALLOC's key answers "
+     "-EDQUOT"},
     {"limits", "namespaces_per_tenant", OPT_U32, O(limit_namespaces_per_tenant), 0, "4096",
-     "namespaces one tenant may have at once (those with sessions or blocks); past it a HELLO for a "
+     "namespaces one tenant may have at once (those with sessions or blocks); past it a HELLO for "
+     "a "
      "new one answers -EDQUOT"},
     {"admin", "group", OPT_STR, O(admin_group), sizeof(((kv_config *)0)->admin_group), "",
      "members of this group may use the admin socket (besides root and the daemon's user)"},
@@ -159,8 +165,14 @@ static const opt opts[] = {
 static int parse_bool(const char *s, int *out) {
   static const char *yes[] = {"1", "yes", "true", "on"}, *no[] = {"0", "no", "false", "off"};
   for (int i = 0; i < 4; i++) {
-    if (strcasecmp(s, yes[i]) == 0) { *out = 1; return 0; }
-    if (strcasecmp(s, no[i]) == 0) { *out = 0; return 0; }
+    if (strcasecmp(s, yes[i]) == 0) {
+      *out = 1;
+      return 0;
+    }
+    if (strcasecmp(s, no[i]) == 0) {
+      *out = 0;
+      return 0;
+    }
   }
   return -EINVAL;
 }
@@ -186,7 +198,10 @@ static int set_opt(kv_config *c, const opt *o, const char *v, char *err, size_t 
   switch (o->type) {
   case OPT_ENUM: {
     for (const opt_name *n = o->names; n->name; n++)
-      if (!strcmp(v, n->name)) { *(int *)p = n->value; return 0; }
+      if (!strcmp(v, n->name)) {
+        *(int *)p = n->value;
+        return 0;
+      }
     char list[128];
     enum_list(o, ", ", list, sizeof list);
     snprintf(err, errlen, "%s.%s: '%s': expected one of: %s", o->section, o->name, v, list);
@@ -202,7 +217,10 @@ static int set_opt(kv_config *c, const opt *o, const char *v, char *err, size_t 
     return -EINVAL;
   case OPT_U32: {
     uint64_t x;
-    if (kv_parse_size(v, &x) == 0 && x <= UINT32_MAX) { *(uint32_t *)p = (uint32_t)x; return 0; }
+    if (kv_parse_size(v, &x) == 0 && x <= UINT32_MAX) {
+      *(uint32_t *)p = (uint32_t)x;
+      return 0;
+    }
     snprintf(err, errlen, "%s.%s: '%s' is not a count", o->section, o->name, v);
     return -EINVAL;
   }
@@ -226,8 +244,7 @@ void kv_config_defaults(kv_config *c) {
 
 static const opt *find_opt(const char *section, const char *name) {
   for (size_t i = 0; i < NOPTS; i++)
-    if (strcmp(opts[i].section, section) == 0 && strcmp(opts[i].name, name) == 0)
-      return &opts[i];
+    if (strcmp(opts[i].section, section) == 0 && strcmp(opts[i].name, name) == 0) return &opts[i];
   return NULL;
 }
 
@@ -242,7 +259,8 @@ static int tenant_name_ok(const char *s, size_t n) {
 
 const kv_cfg_tenant *kv_config_tenant(const kv_config *c, const char *name, size_t len) {
   for (uint32_t i = 0; i < c->ntenants; i++)
-    if (strlen(c->tenants[i].name) == len && !memcmp(c->tenants[i].name, name, len)) return &c->tenants[i];
+    if (strlen(c->tenants[i].name) == len && !memcmp(c->tenants[i].name, name, len))
+      return &c->tenants[i];
   return NULL;
 }
 
@@ -289,8 +307,10 @@ static int parse_ids(const char *v, int group, uint32_t *ids, uint32_t *n, const
     uint32_t id = UINT32_MAX;
     int rc = parse_id(p, group, &id);
     if (rc) {
-      snprintf(err, errlen, "%s: '%s' is not a %s%s%s", what, p, group ? "gid or group name" : "uid or user name",
-               rc == -EINVAL || rc == -ENOENT ? "" : ": ", rc == -EINVAL || rc == -ENOENT ? "" : strerror(-rc));
+      snprintf(err, errlen, "%s: '%s' is not a %s%s%s", what, p,
+               group ? "gid or group name" : "uid or user name",
+               rc == -EINVAL || rc == -ENOENT ? "" : ": ",
+               rc == -EINVAL || rc == -ENOENT ? "" : strerror(-rc));
       return -EINVAL;
     }
     uint32_t j = 0;
@@ -330,7 +350,10 @@ static int parse_share(const char *v, kv_cfg_share *out) {
   num[n - 1] = 0;
   int dots = 0, frac = 0;
   for (char *p = num; *p; p++) {
-    if (*p == '.') { if (dots++ || p == num) return -EINVAL; continue; }
+    if (*p == '.') {
+      if (dots++ || p == num) return -EINVAL;
+      continue;
+    }
     if (!isdigit((unsigned char)*p)) return -EINVAL;
     frac += dots;
   }
@@ -354,7 +377,8 @@ static int set_tenant(kv_config *c, const char *name, size_t nlen, const char *k
   int add = !t;
   if (add) {
     if (c->ntenants == KV_CFG_TENANTS_MAX) {
-      snprintf(err, errlen, "tenant.%.*s: more than %d tenants", (int)nlen, name, KV_CFG_TENANTS_MAX);
+      snprintf(err, errlen, "tenant.%.*s: more than %d tenants", (int)nlen, name,
+               KV_CFG_TENANTS_MAX);
       return -EINVAL;
     }
     memset(&fresh, 0, sizeof fresh);
@@ -370,20 +394,22 @@ static int set_tenant(kv_config *c, const char *name, size_t nlen, const char *k
     rc = parse_ids(value, 1, t->gids, &t->ngids, key_name, err, errlen);
   } else if (!strcmp(key, "g2_share") || !strcmp(key, "g3_share")) {
     rc = parse_share(value, key[1] == '2' ? &t->g2_share : &t->g3_share);
-    if (rc) snprintf(err, errlen, "%s: '%s' is not a percentage (e.g. 25%%) or a size", key_name, value);
+    if (rc)
+      snprintf(err, errlen, "%s: '%s' is not a percentage (e.g. 25%%) or a size", key_name, value);
   } else {
-    snprintf(err, errlen, "'%s': no such option (a tenant has uids, gids, g2_share, g3_share)", key_name);
+    snprintf(err, errlen, "'%s': no such option (a tenant has uids, gids, g2_share, g3_share)",
+             key_name);
     return -ENOENT;
   }
   if (rc == 0 && add) c->tenants[c->ntenants++] = fresh;
   return rc;
 }
 
-int kv_config_set(kv_config *c, const char *dotted, const char *value, char *err,
-                  size_t errlen) {
+int kv_config_set(kv_config *c, const char *dotted, const char *value, char *err, size_t errlen) {
   if (!strncmp(dotted, "tenant.", 7)) {
     const char *last = strrchr(dotted, '.');
-    if (last > dotted + 7) return set_tenant(c, dotted + 7, (size_t)(last - dotted - 7), last + 1, value, err, errlen);
+    if (last > dotted + 7)
+      return set_tenant(c, dotted + 7, (size_t)(last - dotted - 7), last + 1, value, err, errlen);
   }
   const char *dot = strchr(dotted, '.');
   char section[32];
@@ -480,12 +506,15 @@ int kv_config_split(const kv_config *c, int tier, uint64_t capacity,
   uint32_t unset = 0;
   for (uint32_t i = 0; i < c->ntenants; i++) {
     const kv_cfg_share *s = tier == 1 ? &c->tenants[i].g2_share : &c->tenants[i].g3_share;
-    if (s->kind == KV_SHARE_UNSET) { unset++; continue; }
+    if (s->kind == KV_SHARE_UNSET) {
+      unset++;
+      continue;
+    }
     out[i] = share_bytes(s, capacity);
     fixed += out[i];
     if (out[i] > capacity || fixed > capacity) {
-      snprintf(err, errlen, "the tenants' g%d_share add up to more than the %s (%llu bytes)", tier + 1,
-               tier == 1 ? "g2.capacity" : "SSD tier", (unsigned long long)capacity);
+      snprintf(err, errlen, "the tenants' g%d_share add up to more than the %s (%llu bytes)",
+               tier + 1, tier == 1 ? "g2.capacity" : "SSD tier", (unsigned long long)capacity);
       return -EINVAL;
     }
   }
@@ -498,7 +527,8 @@ int kv_config_split(const kv_config *c, int tier, uint64_t capacity,
 
 static int validate_tenants(const kv_config *c, char *err, size_t errlen) {
   if (c->g2_tenants != 1) {
-    snprintf(err, errlen, "g2.tenants is no longer used (it bound arenas to whichever tenant names came "
+    snprintf(err, errlen,
+             "g2.tenants is no longer used (it bound arenas to whichever tenant names came "
              "first): name each tenant in a [tenant.NAME] section, with the uids or gids that may "
              "act as it (daemon/OPS.md)");
     return -EINVAL;
@@ -528,9 +558,10 @@ static int validate_tenants(const kv_config *c, char *err, size_t errlen) {
   if (kv_config_split(c, 2, g3cap, part, err, errlen)) return -EINVAL;
   for (uint32_t i = 0; i < c->ntenants; i++) {
     if (part[i] < c->g3_block_bytes && c->tenants[i].g3_share.kind == KV_SHARE_UNSET) {
-      snprintf(err, errlen, "tenant.%s: its G3 share (what the other shares leave, split evenly) is "
-               "%llu bytes, less than one g3.block_bytes slot", c->tenants[i].name,
-               (unsigned long long)part[i]);
+      snprintf(err, errlen,
+               "tenant.%s: its G3 share (what the other shares leave, split evenly) is "
+               "%llu bytes, less than one g3.block_bytes slot",
+               c->tenants[i].name, (unsigned long long)part[i]);
       return -EINVAL;
     }
   }
@@ -545,8 +576,8 @@ typedef struct chk {
   int refused;
 } chk;
 
-__attribute__((format(printf, 3, 4)))
-static void say(chk *k, kv_cfg_level level, const char *fmt, ...) {
+__attribute__((format(printf, 3, 4))) static void say(chk *k, kv_cfg_level level, const char *fmt,
+                                                      ...) {
   char msg[512];
   va_list ap;
   va_start(ap, fmt);
@@ -556,7 +587,7 @@ static void say(chk *k, kv_cfg_level level, const char *fmt, ...) {
   if (k->fn) k->fn(k->arg, level, msg);
 }
 #define REFUSE(...) say(k, KV_CFG_REFUSE, __VA_ARGS__)
-#define WARN(...) say(k, KV_CFG_WARN, __VA_ARGS__)
+#define WARN(...)   say(k, KV_CFG_WARN, __VA_ARGS__)
 
 /* "1.5 GiB" */
 static const char *hsize(uint64_t v, char *out, size_t cap) {
@@ -599,7 +630,10 @@ int kv_config_admin_gid(const kv_config *c, gid_t *gid) {
     int e = getgrnam_r(c->admin_group, &gr, buf, cap, &gp);
     if (e == 0 && gp) *gid = gp->gr_gid;
     free(buf);
-    if (e == ERANGE && cap < (1u << 22)) { cap *= 4; continue; }
+    if (e == ERANGE && cap < (1u << 22)) {
+      cap *= 4;
+      continue;
+    }
     if (e) return -e;
     return gp ? 0 : -ENOENT;
   }
@@ -618,10 +652,10 @@ static void check_alone(const kv_config *c, chk *k) {
     size_t most = KV_SOCK_PATH_MAX - 1 - 1 - longest;
     if (strlen(c->socket_dir) > most)
       REFUSE("daemon.socket_dir: '%s' is %zu bytes; at most %zu fit (its sockets' paths must "
-             "fit a Unix socket address)", c->socket_dir, strlen(c->socket_dir), most);
+             "fit a Unix socket address)",
+             c->socket_dir, strlen(c->socket_dir), most);
   }
-  if (c->g2_capacity < 4096)
-    REFUSE("g2.capacity must be at least 4K");
+  if (c->g2_capacity < 4096) REFUSE("g2.capacity must be at least 4K");
   else if (c->g2_tenants == 0 || c->g2_capacity / c->g2_tenants < 4096)
     REFUSE("g2.tenants must be at least 1, with 4K of g2.capacity each");
   if (c->g2_page_size == 0 || c->g2_page_size % 4096)
@@ -629,35 +663,33 @@ static void check_alone(const kv_config *c, chk *k) {
   int ord[KV_CFG_G1_DEVICES_MAX];
   if (kv_config_g1_devices(c, ord) < 0)
     REFUSE("g1.device: '%s' is not a list of 1 to %d distinct device ordinals "
-           "(0..255, comma-separated)", c->g1_device, KV_CFG_G1_DEVICES_MAX);
+           "(0..255, comma-separated)",
+           c->g1_device, KV_CFG_G1_DEVICES_MAX);
   if (c->g1_enable != KV_CFG_G1_OFF && c->g1_capacity == 0)
     REFUSE("g1.capacity must be more than 0 unless g1.enable = off");
-  if (c->g3_min_prio > 255)
-    REFUSE("g3.min_prio must be 0..255");
+  if (c->g3_min_prio > 255) REFUSE("g3.min_prio must be 0..255");
   if (c->g3_path[0]) {
     char buf[sizeof c->g3_path];
     const char *dirs[KV_G3_MAX_DIRS];
     int n = kv_config_g3_dirs(c, buf, dirs, KV_G3_MAX_DIRS);
-    if (n == -E2BIG)
-      REFUSE("g3.path names more than %d directories", KV_G3_MAX_DIRS);
+    if (n == -E2BIG) REFUSE("g3.path names more than %d directories", KV_G3_MAX_DIRS);
     else if (n == 0)
       REFUSE("g3.path: '%s' names no directory (leave it empty for no G3)", c->g3_path);
     for (int i = 0; i < n; i++)
       for (int j = 0; j < i; j++)
         if (!strcmp(dirs[i], dirs[j])) REFUSE("g3.path names %s twice", dirs[i]);
     char a[32], b[32];
-    if (c->g3_capacity < (2u << 20))
-      REFUSE("g3.capacity must be at least 2M");
+    if (c->g3_capacity < (2u << 20)) REFUSE("g3.capacity must be at least 2M");
     if (c->g3_queue_depth < 1 || c->g3_queue_depth > KV_G3_QUEUE_DEPTH_MAX)
       REFUSE("g3.queue_depth: %u is not 1..%d", c->g3_queue_depth, KV_G3_QUEUE_DEPTH_MAX);
     int lrc = kv_g3_layout_of(c->g3_capacity, c->g3_block_bytes, NULL, NULL);
-    if (c->g3_block_bytes == 0)
-      REFUSE("g3.block_bytes must be more than 0");
+    if (c->g3_block_bytes == 0) REFUSE("g3.block_bytes must be more than 0");
     else if (c->g3_block_bytes > c->g3_capacity)
       REFUSE("g3.block_bytes (%llu) is larger than g3.capacity (%llu)",
              (unsigned long long)c->g3_block_bytes, (unsigned long long)c->g3_capacity);
     else if (lrc == -EINVAL)
-      REFUSE("g3.block_bytes: %llu is too large for an SSD slot", (unsigned long long)c->g3_block_bytes);
+      REFUSE("g3.block_bytes: %llu is too large for an SSD slot",
+             (unsigned long long)c->g3_block_bytes);
     else if (lrc == -ENOSPC && c->g3_capacity >= (2u << 20))
       REFUSE("g3.capacity (%s) holds no slot of g3.block_bytes (%s): a G3 file needs 1 MiB, "
              "then 4 KiB plus the block rounded up to 4 KiB per slot",
@@ -674,8 +706,7 @@ static void check_alone(const kv_config *c, chk *k) {
     }
     REFUSE("cache.policy: unknown policy '%s' (known:%s)", c->policy, known);
   }
-  if (c->load_timeout_ms == 0)
-    REFUSE("daemon.load_timeout_ms must be at least 1");
+  if (c->load_timeout_ms == 0) REFUSE("daemon.load_timeout_ms must be at least 1");
   if (c->stats_listen[0]) {
     const char *colon = strrchr(c->stats_listen, ':');
     char *end = NULL;
@@ -687,7 +718,10 @@ static void check_alone(const kv_config *c, chk *k) {
       char host[64];
       size_t hl = (size_t)(colon - c->stats_listen);
       const char *h = c->stats_listen;
-      if (hl >= 2 && h[0] == '[' && h[hl - 1] == ']') { h++; hl -= 2; }
+      if (hl >= 2 && h[0] == '[' && h[hl - 1] == ']') {
+        h++;
+        hl -= 2;
+      }
       unsigned char addr[16];
       int ok = hl < sizeof host;
       if (ok) {
@@ -767,7 +801,10 @@ static void check_g3_space(const kv_config *c, chk *k) {
     char parent[sizeof c->g3_path];
     struct stat st;
     if (stat(dir, &st) == 0) {
-      if (!S_ISDIR(st.st_mode)) { WARN("g3.path: %s is not a directory: kvcached would run on G2 alone", dir); continue; }
+      if (!S_ISDIR(st.st_mode)) {
+        WARN("g3.path: %s is not a directory: kvcached would run on G2 alone", dir);
+        continue;
+      }
       for (unsigned j = 0; j < nseen; j++)
         if (seen[j].st_dev == st.st_dev && seen[j].st_ino == st.st_ino)
           WARN("g3.path: %s and %s are the same directory", seen_name[j], dir);
@@ -777,13 +814,17 @@ static void check_g3_space(const kv_config *c, chk *k) {
       /* kvcached creates the last directory only. */
       snprintf(parent, sizeof parent, "%s", dir);
       char *slash = strrchr(parent, '/');
-      while (slash && slash > parent && slash[1] == 0) { *slash = 0; slash = strrchr(parent, '/'); }
+      while (slash && slash > parent && slash[1] == 0) {
+        *slash = 0;
+        slash = strrchr(parent, '/');
+      }
       if (!slash) snprintf(parent, sizeof parent, ".");
       else if (slash == parent) parent[1] = 0;
       else *slash = 0;
       if (stat(parent, &st) || !S_ISDIR(st.st_mode)) {
         WARN("g3.path: %s does not exist, nor does its parent %s (kvcached creates only the "
-               "last directory): kvcached would run on G2 alone", dir, parent);
+             "last directory): kvcached would run on G2 alone",
+             dir, parent);
         continue;
       }
       where = parent;
@@ -806,9 +847,11 @@ static void check_g3_space(const kv_config *c, chk *k) {
     unsigned f = 0;
     while (f < nfs && fs[f].dev != st.st_dev) f++;
     if (f == nfs) {
-      fs[nfs++] = (g3_fs){.dev = st.st_dev, .first = dir,
-                          .free = (uint64_t)(geteuid() == 0 ? vfs.f_bfree : vfs.f_bavail) * vfs.f_frsize,
-                          .size = (uint64_t)vfs.f_blocks * vfs.f_frsize};
+      fs[nfs++] =
+          (g3_fs){.dev = st.st_dev,
+                  .first = dir,
+                  .free = (uint64_t)(geteuid() == 0 ? vfs.f_bfree : vfs.f_bavail) * vfs.f_frsize,
+                  .size = (uint64_t)vfs.f_blocks * vfs.f_frsize};
     }
     fs[f].ndirs++;
     fs[f].need += file_bytes > have ? file_bytes - have : 0;
@@ -820,10 +863,11 @@ static void check_g3_space(const kv_config *c, chk *k) {
       snprintf(more, sizeof more, " and %u more director%s on its filesystem", fs[f].ndirs - 1,
                fs[f].ndirs > 2 ? "ies" : "y");
     WARN("g3.capacity: the G3 file%s in %s%s need%s %s, but the filesystem has %s free "
-           "(of %s): preallocation would fail, so kvcached would run on G2 alone, retrying "
-           "every g3.retry_ms", fs[f].ndirs > 1 ? "s" : "", fs[f].first, more,
-           fs[f].ndirs > 1 ? "" : "s", hsize(fs[f].need, a, sizeof a),
-           hsize(fs[f].free, b, sizeof b), hsize(fs[f].size, e, sizeof e));
+         "(of %s): preallocation would fail, so kvcached would run on G2 alone, retrying "
+         "every g3.retry_ms",
+         fs[f].ndirs > 1 ? "s" : "", fs[f].first, more, fs[f].ndirs > 1 ? "" : "s",
+         hsize(fs[f].need, a, sizeof a), hsize(fs[f].free, b, sizeof b),
+         hsize(fs[f].size, e, sizeof e));
   }
 }
 
@@ -833,10 +877,8 @@ static void check_machine(const kv_config *c, chk *k) {
   if (c->admin_group[0]) {
     gid_t gid;
     int rc = kv_config_admin_gid(c, &gid);
-    if (rc == -ENOENT)
-      REFUSE("admin.group: no group named '%s'", c->admin_group);
-    else if (rc)
-      REFUSE("admin.group: cannot look up '%s': %s", c->admin_group, strerror(-rc));
+    if (rc == -ENOENT) REFUSE("admin.group: no group named '%s'", c->admin_group);
+    else if (rc) REFUSE("admin.group: cannot look up '%s': %s", c->admin_group, strerror(-rc));
   }
   uint64_t total = meminfo("MemTotal"), avail = meminfo("MemAvailable");
   if (total && c->g2_capacity > total / 10 * 9)
@@ -862,7 +904,11 @@ int kv_config_check(const kv_config *c, unsigned flags, kv_config_report_fn fn, 
   return k.refused ? -EINVAL : 0;
 }
 
-typedef struct first_err { char *err; size_t len; int have; } first_err;
+typedef struct first_err {
+  char *err;
+  size_t len;
+  int have;
+} first_err;
 static void keep_first(void *arg, kv_cfg_level level, const char *msg) {
   first_err *f = arg;
   if (level != KV_CFG_REFUSE || f->have) return;
@@ -891,7 +937,8 @@ static void tenant_value(const kv_cfg_tenant *t, int k, char *v, size_t len) {
   const kv_cfg_share *s = k == 2 ? &t->g2_share : &t->g3_share;
   if (s->kind == KV_SHARE_BYTES) snprintf(v, len, "%llu", (unsigned long long)s->v);
   else if (s->kind == KV_SHARE_PCT)
-    snprintf(v, len, "%llu.%02llu%%", (unsigned long long)(s->v / 100), (unsigned long long)(s->v % 100));
+    snprintf(v, len, "%llu.%02llu%%", (unsigned long long)(s->v / 100),
+             (unsigned long long)(s->v % 100));
 }
 
 static const char *const tenant_keys[] = {"uids", "gids", "g2_share", "g3_share"};
@@ -937,8 +984,8 @@ int kv_config_set_index(kv_config *c, int index, const char *value, char *err, s
 }
 
 void kv_config_usage(FILE *f) {
-  static const char *const what[] = {[OPT_SIZE] = "SIZE", [OPT_BOOL] = "yes|no", [OPT_STR] = "TEXT",
-                                      [OPT_U32] = "N"};
+  static const char *const what[] = {
+      [OPT_SIZE] = "SIZE", [OPT_BOOL] = "yes|no", [OPT_STR] = "TEXT", [OPT_U32] = "N"};
   fprintf(f, "options, as flags or in the configuration file ([SECTION] NAME = VALUE):\n");
   for (size_t i = 0; i < NOPTS; i++) {
     const opt *o = &opts[i];

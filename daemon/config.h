@@ -39,14 +39,14 @@
  * kv_config_validate(). No section: one tenant that every peer able to
  * reach the worker socket acts as (ntenants == 0).
  */
-#define KV_CFG_TENANTS_MAX 32    /* [tenant.NAME] sections */
-#define KV_CFG_TENANT_IDS_MAX 16 /* uids, and gids, of one tenant */
+#define KV_CFG_TENANTS_MAX     32 /* [tenant.NAME] sections */
+#define KV_CFG_TENANT_IDS_MAX  16 /* uids, and gids, of one tenant */
 #define KV_CFG_TENANT_NAME_MAX 64
 
 enum { KV_SHARE_UNSET = 0, KV_SHARE_PCT, KV_SHARE_BYTES };
 typedef struct kv_cfg_share {
-  uint8_t kind;   /* KV_SHARE_* */
-  uint64_t v;     /* KV_SHARE_PCT: hundredths of a percent (10000 = all); bytes */
+  uint8_t kind; /* KV_SHARE_* */
+  uint64_t v;   /* KV_SHARE_PCT: hundredths of a percent (10000 = all); bytes */
 } kv_cfg_share;
 
 typedef struct kv_cfg_tenant {
@@ -60,39 +60,39 @@ typedef struct kv_cfg_tenant {
 typedef enum { KV_CFG_G1_AUTO = 0, KV_CFG_G1_ON, KV_CFG_G1_OFF } kv_cfg_g1_enable;
 
 typedef struct kv_config {
-  char socket_dir[96];    /* [daemon] socket_dir */
-  uint64_t g2_capacity;   /* [g2] capacity */
-  uint64_t g2_page_size;  /* [g2] page_size */
-  int g2_lock;            /* [g2] lock */
-  uint32_t g2_tenants;    /* [g2] tenants */
-  char g3_path[256];      /* [g3] path: directories, comma-separated; "" = no G3 */
-  uint64_t g3_capacity;   /* [g3] capacity, per directory */
-  uint64_t g3_block_bytes;/* [g3] block_bytes: the SSD slot size */
-  uint32_t g3_queue_depth;/* [g3] queue_depth */
-  kv_g3_backend g3_backend; /* [g3] backend: auto, uring, threads */
-  kv_admit g3_admit;      /* [g3] admit: always, second-use, min-prio */
-  uint32_t g3_min_prio;   /* [g3] min_prio */
-  uint32_t g3_retry_ms;   /* [g3] retry_ms: probe a full G3, reopen an unavailable one */
-  char policy[32];        /* [cache] policy */
-  kv_log_level log_level; /* [log] level: debug, info, warn (or warning), error */
-  uint32_t load_timeout_ms; /* [daemon] load_timeout_ms */
-  char stats_listen[64];  /* [stats] listen: host:port for the TCP stats listener; "" = off */
-  uint32_t limits_connections;         /* [limits] connections: worker connections at once */
+  char socket_dir[96];         /* [daemon] socket_dir */
+  uint64_t g2_capacity;        /* [g2] capacity */
+  uint64_t g2_page_size;       /* [g2] page_size */
+  int g2_lock;                 /* [g2] lock */
+  uint32_t g2_tenants;         /* [g2] tenants */
+  char g3_path[256];           /* [g3] path: directories, comma-separated; "" = no G3 */
+  uint64_t g3_capacity;        /* [g3] capacity, per directory */
+  uint64_t g3_block_bytes;     /* [g3] block_bytes: the SSD slot size */
+  uint32_t g3_queue_depth;     /* [g3] queue_depth */
+  kv_g3_backend g3_backend;    /* [g3] backend: auto, uring, threads */
+  kv_admit g3_admit;           /* [g3] admit: always, second-use, min-prio */
+  uint32_t g3_min_prio;        /* [g3] min_prio */
+  uint32_t g3_retry_ms;        /* [g3] retry_ms: probe a full G3, reopen an unavailable one */
+  char policy[32];             /* [cache] policy */
+  kv_log_level log_level;      /* [log] level: debug, info, warn (or warning), error */
+  uint32_t load_timeout_ms;    /* [daemon] load_timeout_ms */
+  char stats_listen[64];       /* [stats] listen: host:port for the TCP stats listener; "" = off */
+  uint32_t limits_connections; /* [limits] connections: worker connections at once */
   uint32_t limits_connections_per_uid; /* [limits] connections_per_uid */
   uint32_t limits_hello_timeout_ms;    /* [limits] hello_timeout_ms: 0 = none */
-  uint32_t stats_connections;     /* [stats] connections: on the Unix stats socket */
-  uint32_t stats_tcp_connections; /* [stats] tcp_connections: on stats.listen */
-  uint32_t stats_request_timeout_ms; /* [stats] request_timeout_ms: every HTTP socket */
-  uint32_t admin_connections;     /* [admin] connections */
-  char admin_group[64];   /* [admin] group: members may use the admin socket; "" = none */
-  kv_cfg_g1_enable g1_enable; /* [g1] enable: auto, on, off */
-  uint64_t g1_capacity;   /* [g1] capacity: bytes of the device pool */
-  kv_dev_backend g1_backend; /* [g1] backend: auto, cuda, sim (auto is CUDA) */
-  char g1_device[64];     /* [g1] device: CUDA ordinals, comma-separated: a pool on each */
-  uint32_t limit_pins_per_session;   /* [limits] pins_per_session */
-  uint32_t limit_allocs_per_session; /* [limits] allocs_per_session */
+  uint32_t stats_connections;          /* [stats] connections: on the Unix stats socket */
+  uint32_t stats_tcp_connections;      /* [stats] tcp_connections: on stats.listen */
+  uint32_t stats_request_timeout_ms;   /* [stats] request_timeout_ms: every HTTP socket */
+  uint32_t admin_connections;          /* [admin] connections */
+  char admin_group[64];            /* [admin] group: members may use the admin socket; "" = none */
+  kv_cfg_g1_enable g1_enable;      /* [g1] enable: auto, on, off */
+  uint64_t g1_capacity;            /* [g1] capacity: bytes of the device pool */
+  kv_dev_backend g1_backend;       /* [g1] backend: auto, cuda, sim (auto is CUDA) */
+  char g1_device[64];              /* [g1] device: CUDA ordinals, comma-separated: a pool on each */
+  uint32_t limit_pins_per_session; /* [limits] pins_per_session */
+  uint32_t limit_allocs_per_session;    /* [limits] allocs_per_session */
   uint32_t limit_namespaces_per_tenant; /* [limits] namespaces_per_tenant */
-  uint32_t ntenants;                 /* [tenant.NAME] sections, in their order */
+  uint32_t ntenants;                    /* [tenant.NAME] sections, in their order */
   kv_cfg_tenant tenants[KV_CFG_TENANTS_MAX];
 } kv_config;
 
@@ -107,8 +107,7 @@ int kv_config_load(kv_config *c, const char *path, char *err, size_t errlen);
 
 /* Sets one option by "section.name" (as flags do) from its text value.
  * 0, or -ENOENT (no such option) / -EINVAL (bad value), message in err. */
-int kv_config_set(kv_config *c, const char *dotted, const char *value,
-                  char *err, size_t errlen);
+int kv_config_set(kv_config *c, const char *dotted, const char *value, char *err, size_t errlen);
 
 /*
  * The checks kvcached makes on a configuration before it serves, in one

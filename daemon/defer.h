@@ -45,8 +45,8 @@ typedef struct kvd_defer_ops {
 } kvd_defer_ops;
 
 struct kvd_waiter {
-  kvd_sink *sink;         /* the request's; its sess is NULL once the session went */
-  uint64_t since;         /* kv_now_ms() when it first waited; 0: never */
+  kvd_sink *sink; /* the request's; its sess is NULL once the session went */
+  uint64_t since; /* kv_now_ms() when it first waited; 0: never */
   kvd_waiter *next;
   int queued;
 };
@@ -54,7 +54,7 @@ struct kvd_waiter {
 typedef struct kvd_defer {
   const kvd_defer_ops *ops;
   kvd_waiter *head, **tail;
-  uint32_t n;             /* waiters queued */
+  uint32_t n;                                  /* waiters queued */
   uint64_t waits, retries, expired, cancelled; /* waiters registered, retried, expired, cancelled */
 } kvd_defer;
 

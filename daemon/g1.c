@@ -5,8 +5,8 @@
 #include <stdio.h>
 #include <string.h>
 
-#include "base/log.h"
 #include "base/errors.h"
+#include "base/log.h"
 #include "tiers/core.h"
 
 /* G1 cannot be had, for `why`: with g1.enable = on that fails the start
@@ -34,8 +34,11 @@ int kvd_g1_open(kvd_g1 *g, const kv_config *c, int ordinal) {
   }
   int must = c->g1_enable == KV_CFG_G1_ON;
   char why[KV_DEV_REASON_MAX] = "";
-  kv_dev_opts o = {.backend = c->g1_backend == KV_DEV_SIM ? KV_DEV_SIM : KV_DEV_CUDA, /* auto: CUDA */
-                   .ordinal = ordinal, .reason = why, .reason_len = sizeof why};
+  kv_dev_opts o = {.backend =
+                       c->g1_backend == KV_DEV_SIM ? KV_DEV_SIM : KV_DEV_CUDA, /* auto: CUDA */
+                   .ordinal = ordinal,
+                   .reason = why,
+                   .reason_len = sizeof why};
   int rc = kv_dev_open(&g->dev, &o);
   if (rc) {
     char msg[KV_DEV_REASON_MAX + 96];
@@ -47,7 +50,8 @@ int kvd_g1_open(kvd_g1 *g, const kv_config *c, int ordinal) {
   rc = kv_dev_pool_create(g->dev, (size_t)c->g1_capacity, &g->pool);
   if (rc == 0) rc = kv_dev_pool_export(g->pool, &g->x);
   if (rc == 0) {
-    kv_arena_opts ao = {.capacity = kv_dev_pool_bytes(g->pool), .page_bytes = c->g2_page_size,
+    kv_arena_opts ao = {.capacity = kv_dev_pool_bytes(g->pool),
+                        .page_bytes = c->g2_page_size,
                         .memory = kv_dev_pool_base(g->pool)};
     rc = kv_arena_init(&g->slots, &ao);
   }
@@ -71,10 +75,12 @@ int kvd_g1_open(kvd_g1 *g, const kv_config *c, int ordinal) {
   }
   g->on = 1;
   kv_dev_uuid(g->dev, g->uuid);
-  static const char *const kinds[] = {"?", "CUDA VMM (POSIX fd)", "legacy CUDA IPC", "simulated (memfd)"};
+  static const char *const kinds[] = {"?", "CUDA VMM (POSIX fd)", "legacy CUDA IPC",
+                                      "simulated (memfd)"};
   kv_info("g1", "pool of %llu bytes on %s device %d, exported as %s",
-          (unsigned long long)kv_dev_pool_bytes(g->pool), kv_dev_backend_name(kv_dev_backend_of(g->dev)),
-          kv_dev_ordinal(g->dev), g->x.kind < 4 ? kinds[g->x.kind] : "?");
+          (unsigned long long)kv_dev_pool_bytes(g->pool),
+          kv_dev_backend_name(kv_dev_backend_of(g->dev)), kv_dev_ordinal(g->dev),
+          g->x.kind < 4 ? kinds[g->x.kind] : "?");
   return 0;
 }
 
@@ -186,8 +192,10 @@ int kvd_g1_arena_register(void *base, size_t len, void *arg) {
   if (!g || !g->dev) return 0;
   int rc = kv_dev_host_register(g->dev, base, len);
   if (rc) {
-    kv_warn("g1", "cannot register a G2 arena of %zu bytes with the device (%s): "
-            "G1<->G2 copies of it will not be DMA", len, kv_dev_reason(g->dev));
+    kv_warn("g1",
+            "cannot register a G2 arena of %zu bytes with the device (%s): "
+            "G1<->G2 copies of it will not be DMA",
+            len, kv_dev_reason(g->dev));
     return rc;
   }
   g->arenas++;
@@ -239,8 +247,7 @@ int kvd_g1s_open(kvd_g1s *s, const kv_config *c) {
     if (w < 0) break;
     k += (size_t)w;
   }
-  if (s->on && s->n > 1)
-    kv_info("g1", "%u of %u devices have a pool", s->on, s->n);
+  if (s->on && s->n > 1) kv_info("g1", "%u of %u devices have a pool", s->on, s->n);
   return 0;
 }
 

@@ -57,25 +57,25 @@
 typedef void (*kvd_g1_done_fn)(void *arg, uint64_t tag, int status);
 
 typedef struct kvd_g1 {
-  int on;                      /* 1 when the pool exists */
-  int ordinal;                 /* the device, as g1.device names it */
-  int core_pool;               /* the core's index of the pool (kv_core_attach_g1); -1: none */
-  uint8_t uuid[16];            /* the device's (valid while on) */
+  int on;           /* 1 when the pool exists */
+  int ordinal;      /* the device, as g1.device names it */
+  int core_pool;    /* the core's index of the pool (kv_core_attach_g1); -1: none */
+  uint8_t uuid[16]; /* the device's (valid while on) */
   char reason[KV_DEV_REASON_MAX + 128]; /* why G1 is off ("" when on or disabled by config) */
   kv_dev *dev;
   kv_dev_pool *pool;
-  kv_arena slots;              /* the pool's slots (valid while on) */
-  kv_dev_export x;             /* the pool's export (x.fd owned by the pool) */
+  kv_arena slots;                   /* the pool's slots (valid while on) */
+  kv_dev_export x;                  /* the pool's export (x.fd owned by the pool) */
   uint8_t enc[KV_DEVX_ENCODED_MAX]; /* x encoded (kv_dev_export_encode) */
   int enc_len;
-  uint64_t exports[4];         /* exports sent, by KV_DEVX_* kind */
-  uint32_t arenas;             /* G2 arenas registered */
-  uint64_t reaped;             /* completions reaped */
-  kvd_g1_done_fn done;         /* dispatch hook for reaped tags, or NULL */
+  uint64_t exports[4]; /* exports sent, by KV_DEVX_* kind */
+  uint32_t arenas;     /* G2 arenas registered */
+  uint64_t reaped;     /* completions reaped */
+  kvd_g1_done_fn done; /* dispatch hook for reaped tags, or NULL */
   void *done_arg;
-  kv_dev_batcher batch;        /* copies queued for the next submission */
+  kv_dev_batcher batch; /* copies queued for the next submission */
   uv_poll_t poll;
-  uv_prepare_t prep;           /* flushes the batch before the loop blocks */
+  uv_prepare_t prep; /* flushes the batch before the loop blocks */
   int polling;
 } kvd_g1;
 
@@ -111,11 +111,11 @@ int kvd_g1_export(kvd_g1 *g, uint8_t *kind, int *fd);
 /* ---- every device of g1.device ---------------------------------------------- */
 
 typedef struct kvd_g1s {
-  unsigned n;                  /* devices g1.device names */
-  unsigned on;                 /* of them, with a pool */
+  unsigned n;  /* devices g1.device names */
+  unsigned on; /* of them, with a pool */
   kvd_g1 g[KV_CFG_G1_DEVICES_MAX];
   char reason[KV_DEV_REASON_MAX + 160]; /* why G1 is off ("" while a pool is up) */
-  uint64_t selects[2];         /* G1_SELECT answered [0] with a pool, [1] without */
+  uint64_t selects[2];                  /* G1_SELECT answered [0] with a pool, [1] without */
 } kvd_g1s;
 
 /* Opens every device of g1.device (kvd_g1_open each). 0 (with s->on pools

@@ -6,26 +6,35 @@
 #include <string.h>
 
 #include "base/clock.h"
-#include "daemon/kvd.h"
-#include "base/log.h"
-#include "ipc/sock.h"
 #include "base/errors.h"
+#include "base/log.h"
+#include "daemon/kvd.h"
+#include "ipc/sock.h"
 
-#define WATCH_MS 500                  /* how often the files are checked */
+#define WATCH_MS       500            /* how often the files are checked */
 #define BACKOFF_MAX_MS (300u * 1000u) /* reopening: at most every 5 minutes */
 
-const char *const kvd_g3_problem_names[KVD_G3P_COUNT] = {
-    "none", "no_space", "permission", "bad_path", "in_use", "corrupt", "removed", "io_error",
-    "other"};
+const char *const kvd_g3_problem_names[KVD_G3P_COUNT] = {"none",     "no_space", "permission",
+                                                         "bad_path", "in_use",   "corrupt",
+                                                         "removed",  "io_error", "other"};
 
 static kvd_g3_problem problem_of_err(int err) {
   switch (err) {
   case 0: return KVD_G3P_NONE;
-  case -ENOSPC: case -EFBIG: case -EDQUOT: return KVD_G3P_NO_SPACE;
-  case -EACCES: case -EPERM: case -EROFS: return KVD_G3P_PERMISSION;
-  case -ENOTDIR: case -ENOENT: case -EISDIR: case -ENAMETOOLONG: case -ELOOP: case -EEXIST:
-    return KVD_G3P_BAD_PATH;
-  case -EBUSY: case -EWOULDBLOCK: return KVD_G3P_IN_USE;
+  case -ENOSPC:
+  case -EFBIG:
+  case -EDQUOT: return KVD_G3P_NO_SPACE;
+  case -EACCES:
+  case -EPERM:
+  case -EROFS: return KVD_G3P_PERMISSION;
+  case -ENOTDIR:
+  case -ENOENT:
+  case -EISDIR:
+  case -ENAMETOOLONG:
+  case -ELOOP:
+  case -EEXIST: return KVD_G3P_BAD_PATH;
+  case -EBUSY:
+  case -EWOULDBLOCK: return KVD_G3P_IN_USE;
   case KV_ECORRUPT: return KVD_G3P_CORRUPT;
   case -EIO: return KVD_G3P_IO_ERROR;
   default: return KVD_G3P_OTHER;
@@ -91,8 +100,7 @@ static void try_reopen(kvd *d, uint64_t now) {
   }
   if (problem_of_err(rc) != problem_of_err(w->err) || strcmp(why, w->why))
     kv_error("g3", "the SSD tier in %s is still unavailable: %s", d->cfg.g3_path, why);
-  else
-    kv_debug("g3", "the SSD tier in %s is still unavailable: %s", d->cfg.g3_path, why);
+  else kv_debug("g3", "the SSD tier in %s is still unavailable: %s", d->cfg.g3_path, why);
   w->err = rc;
   snprintf(w->why, sizeof w->why, "%s", why);
   w->backoff_ms = w->backoff_ms * 2 < BACKOFF_MAX_MS ? w->backoff_ms * 2 : BACKOFF_MAX_MS;

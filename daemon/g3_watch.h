@@ -20,24 +20,24 @@ struct kvd;
 
 /* Why G3 is not ok: the `reason` label of kvcached_g3_problem. */
 typedef enum {
-  KVD_G3P_NONE = 0,  /* ok, or not configured */
-  KVD_G3P_NO_SPACE,  /* ENOSPC, EFBIG, EDQUOT: full, or the file does not fit */
-  KVD_G3P_PERMISSION,/* EACCES, EPERM (an immutable file), EROFS */
-  KVD_G3P_BAD_PATH,  /* a path that is not a directory, or cannot be made */
-  KVD_G3P_IN_USE,    /* its files are locked by another store */
-  KVD_G3P_CORRUPT,   /* an index that cannot be read or rebuilt */
-  KVD_G3P_REMOVED,   /* a store file was removed while in use */
-  KVD_G3P_IO_ERROR,  /* an I/O error */
+  KVD_G3P_NONE = 0,   /* ok, or not configured */
+  KVD_G3P_NO_SPACE,   /* ENOSPC, EFBIG, EDQUOT: full, or the file does not fit */
+  KVD_G3P_PERMISSION, /* EACCES, EPERM (an immutable file), EROFS */
+  KVD_G3P_BAD_PATH,   /* a path that is not a directory, or cannot be made */
+  KVD_G3P_IN_USE,     /* its files are locked by another store */
+  KVD_G3P_CORRUPT,    /* an index that cannot be read or rebuilt */
+  KVD_G3P_REMOVED,    /* a store file was removed while in use */
+  KVD_G3P_IO_ERROR,   /* an I/O error */
   KVD_G3P_OTHER,
   KVD_G3P_COUNT
 } kvd_g3_problem;
 extern const char *const kvd_g3_problem_names[KVD_G3P_COUNT];
 
 typedef struct kvd_g3w {
-  int err;             /* why G3 could not be opened; 0 when open or not configured */
-  char why[448];       /* ... in words: what failed, where, and the reason */
-  uint64_t down_ms;    /* when it first failed (kv_now_ms) */
-  uint64_t next_try_ms;/* when to try opening again (0: never) */
+  int err;              /* why G3 could not be opened; 0 when open or not configured */
+  char why[448];        /* ... in words: what failed, where, and the reason */
+  uint64_t down_ms;     /* when it first failed (kv_now_ms) */
+  uint64_t next_try_ms; /* when to try opening again (0: never) */
   uint64_t backoff_ms;
   uint64_t last_probe_ms;
   uv_loop_t *loop;

@@ -41,7 +41,10 @@ void kvd_ghost_add(kvd_ghost *g, uint64_t fp) {
   for (int i = 0; i < KVD_GHOST_WAYS; i++)
     if (s[i] == fp) return;
   for (int i = 0; i < KVD_GHOST_WAYS; i++)
-    if (s[i] == 0) { s[i] = fp; return; }
+    if (s[i] == 0) {
+      s[i] = fp;
+      return;
+    }
   uint8_t *n = &g->next[fp & (g->nsets - 1)];
   s[*n] = fp;
   *n = (uint8_t)((*n + 1) % KVD_GHOST_WAYS);

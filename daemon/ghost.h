@@ -20,9 +20,9 @@
 #define KVD_GHOST_WAYS 4
 
 typedef struct kvd_ghost {
-  uint64_t *fp;     /* nsets * KVD_GHOST_WAYS entries; 0 = empty */
-  uint8_t *next;    /* per set: the way the next insertion replaces */
-  uint32_t nsets;   /* a power of two */
+  uint64_t *fp;   /* nsets * KVD_GHOST_WAYS entries; 0 = empty */
+  uint8_t *next;  /* per set: the way the next insertion replaces */
+  uint32_t nsets; /* a power of two */
 } kvd_ghost;
 
 /* Room for about `slots` keys (rounded up to a power of two, at least

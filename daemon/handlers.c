@@ -10,12 +10,12 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "daemon/g3_watch.h"
 #include "base/clock.h"
-#include "daemon/kvd.h"
-#include "base/log.h"
-#include "daemon/server.h"
 #include "base/crc32c.h"
+#include "base/log.h"
+#include "daemon/g3_watch.h"
+#include "daemon/kvd.h"
+#include "daemon/server.h"
 
 static uint16_t min_u16(uint16_t a, uint16_t b) { return a < b ? a : b; }
 
@@ -63,7 +63,8 @@ static int g1_entry(kvd *d, kvd_g1 *g, const uint8_t *uuid, kv_tierinfo *ti, int
   if (!uuid || !d->g1.on) {
     snprintf(why, sizeof why, "%s", d->g1.reason[0] ? d->g1.reason : "G1 is off");
   } else {
-    int k = snprintf(why, sizeof why, "no G1 pool on device %s; pools on", kv_dev_uuid_str(uuid, us));
+    int k =
+        snprintf(why, sizeof why, "no G1 pool on device %s; pools on", kv_dev_uuid_str(uuid, us));
     for (unsigned i = 0; i < d->g1.n && k > 0 && (size_t)k < sizeof why; i++)
       if (d->g1.g[i].on)
         k += snprintf(why + k, sizeof why - (size_t)k, " %s (ordinal %d)",
@@ -71,23 +72,25 @@ static int g1_entry(kvd *d, kvd_g1 *g, const uint8_t *uuid, kv_tierinfo *ti, int
   }
   size_t len = strlen(why);
   if (len > KV_TIERINFO_BYTES_MAX) len = KV_TIERINFO_BYTES_MAX;
-  *ti = (kv_tierinfo){.tier = KV_G1, .kind = KV_TI_G1_NONE, .len = (uint16_t)len,
-                      .p = (const uint8_t *)why};
+  *ti = (kv_tierinfo){
+      .tier = KV_G1, .kind = KV_TI_G1_NONE, .len = (uint16_t)len, .p = (const uint8_t *)why};
   return -ENODEV;
 }
 
 static int op_hello(kvd *d, kvd_sink *sink, const kv_msg *req, kv_buf *out, int fd_out[2]) {
   kvd_session *s = sink->sess;
   const kv_hello_req *h = &req->hello;
-  if (s->ns >= 0) return kvd_fail(out, req, KV_EBADSTATE, "HELLO was already said on this connection");
+  if (s->ns >= 0)
+    return kvd_fail(out, req, KV_EBADSTATE, "HELLO was already said on this connection");
   if (h->ver_major != KV_PROTO_MAJOR) return kvd_fail(out, req, KV_EBADVERSION, NULL);
   kvd_peer peer = {s->peer_uid, s->peer_gid, s->peer_fd};
   int ns = kvd_registry_hello(&d->reg, h, &peer);
   if (ns < 0) {
-    const char *why = d->reg.why[0] ? d->reg.why
-                    : ns == KV_ETOOBIG ? "block_bytes exceeds the G2 page size (raise g2.page_size)"
-                    : ns == -EINVAL ? "layout the daemon cannot serve (TP rank/size, block size, names)"
-                    : NULL;
+    const char *why =
+        d->reg.why[0]      ? d->reg.why
+        : ns == KV_ETOOBIG ? "block_bytes exceeds the G2 page size (raise g2.page_size)"
+        : ns == -EINVAL    ? "layout the daemon cannot serve (TP rank/size, block size, names)"
+                           : NULL;
     return kvd_fail(out, req, ns, why);
   }
   s->ns = ns;
@@ -127,8 +130,9 @@ static int op_hello(kvd *d, kvd_sink *sink, const kv_msg *req, kv_buf *out, int 
 static int op_g1_select(kvd *d, kvd_sink *sink, const kv_msg *req, kv_buf *out, int fd_out[2]) {
   kvd_session *s = sink->sess;
   if (s->g1_loaded)
-    return kvd_fail(out, req, KV_EBADSTATE,
-                    "this session already holds G1 offsets from a LOAD: select before the first one");
+    return kvd_fail(
+        out, req, KV_EBADSTATE,
+        "this session already holds G1 offsets from a LOAD: select before the first one");
   kvd_g1 *g = kvd_g1s_find(&d->g1, req->g1_select.uuid);
   kv_msg m = kvd_reply_to(req);
   int g1fd = -1;
@@ -211,8 +215,7 @@ static int op_commit_abort(kvd *d, kvd_sink *sink, const kv_msg *req, kv_buf *ou
       /* The writer's CRC (1.2) is taken as it is: the daemon never reads
        * the bytes for it, and a wrong one only makes readers reject them. */
       uint32_t crc = 0;
-      if (req->batch.flags & KV_COMMIT_CRC)
-        crc = kv_u32vec_get(&req->batch.crcs, i);
+      if (req->batch.flags & KV_COMMIT_CRC) crc = kv_u32vec_get(&req->batch.crcs, i);
       else if (b->state == KV_BS_WRITING && b->slot[KV_G2] != KV_SLOT_NONE)
         crc = kv_crc32c(0, kv_core_g2_ptr(d->core, b), b->size);
       d->status[i] = kvd_session_commit(d->core, s, b, crc);
@@ -225,7 +228,11 @@ static int op_commit_abort(kvd *d, kvd_sink *sink, const kv_msg *req, kv_buf *ou
 }
 
 /* --- DELETE, SET_PRIORITY ----------------------------------------------------- */
-typedef struct del_all { kvd *d; uint32_t core_ns; uint64_t n; } del_all;
+typedef struct del_all {
+  kvd *d;
+  uint32_t core_ns;
+  uint64_t n;
+} del_all;
 static int del_one(kv_block *b, void *arg) {
   del_all *x = arg;
   if (b->ns != x->core_ns || b->state != KV_BS_READY) return 0;
@@ -286,8 +293,8 @@ static int op_put(kvd *d, kvd_sink *sink, const kv_msg *req, kv_buf *out, int fd
   kv_key_set(&k, p->key.p, p->key.len);
   if (p->parent.len) kv_key_set(&parent, p->parent.p, p->parent.len);
   kv_block *b;
-  int rc = kv_core_alloc(d->core, (uint32_t)n->core_ns, &k, p->parent.len ? &parent : NULL,
-                         p->prio, &b);
+  int rc =
+      kv_core_alloc(d->core, (uint32_t)n->core_ns, &k, p->parent.len ? &parent : NULL, p->prio, &b);
   if (rc) return kvd_fail(out, req, rc, NULL);
   memcpy(kv_core_g2_ptr(d->core, b), p->data.p, p->data.len);
   kv_core_commit(d->core, b, kv_crc32c(0, p->data.p, p->data.len));
@@ -337,7 +344,8 @@ static const struct {
 
 int kvd_handle(kvd *d, kvd_sink *sink, const kv_msg *req, kv_buf *out, int fd_out[2]) {
   fd_out[0] = fd_out[1] = -1;
-  if (req->flags & KV_F_REPLY) return kvd_fail(out, req, KV_EBADFRAME, "a reply sent to the daemon");
+  if (req->flags & KV_F_REPLY)
+    return kvd_fail(out, req, KV_EBADFRAME, "a reply sent to the daemon");
   kvd_op_fn *fn = req->op < KV_OP_COUNT ? ops[req->op].fn : NULL;
   if (req->op < KV_OP_COUNT) d->st.ops[req->op]++;
   if ((!fn || ops[req->op].session) && sink->sess->ns < 0)

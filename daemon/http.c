@@ -14,10 +14,10 @@
 #include <unistd.h>
 
 #include "base/clock.h"
-#include "base/hex.h"
-#include "daemon/accept.h"
-#include "base/log.h"
 #include "base/errors.h"
+#include "base/hex.h"
+#include "base/log.h"
+#include "daemon/accept.h"
 
 struct kvd_http_conn {
   uv_poll_t poll;
@@ -25,17 +25,17 @@ struct kvd_http_conn {
   kvd_http *h;
   http_parser p;
   kv_buf url, body, out;
-  size_t msg_bytes;      /* bytes of the request being parsed */
+  size_t msg_bytes; /* bytes of the request being parsed */
   int too_big;
-  int close_after;       /* close once out is sent */
+  int close_after; /* close once out is sent */
   int closing;
   int events;
   int nreq;
   int has_cred;
   int tcp;
   kv_peercred cred;
-  uint64_t last_ms;      /* the last byte in or response out */
-  uint64_t req_ms;       /* the current request's clock: accept or first byte; 0: idle */
+  uint64_t last_ms; /* the last byte in or response out */
+  uint64_t req_ms;  /* the current request's clock: accept or first byte; 0: idle */
   kvd_http_conn *next, **pprev;
 };
 
@@ -125,7 +125,10 @@ int kvd_http_query(const char *query, const char *name, char *out, size_t outlen
           ch = kv_hex_digit(v[1]) * 16 + kv_hex_digit(v[2]);
           v += 2;
         }
-        if (o + 1 >= outlen) { rc = -E2BIG; break; }
+        if (o + 1 >= outlen) {
+          rc = -E2BIG;
+          break;
+        }
         out[o++] = (char)ch;
       }
       if (outlen) out[o < outlen ? o : outlen - 1] = 0;
@@ -172,7 +175,8 @@ static void say_and_close(kvd_http_conn *c, int status, const char *msg) {
                    "HTTP/1.1 %d %s\r\nContent-Type: application/json\r\nContent-Length: %zu\r\n"
                    "Connection: close\r\n\r\n{\"error\":\"%s\"}\n",
                    status, kvd_http_reason(status), strlen(msg) + 13, msg);
-  if (!c->out.len && n > 0 && (size_t)n < sizeof r) send(c->fd, r, (size_t)n, MSG_NOSIGNAL | MSG_DONTWAIT);
+  if (!c->out.len && n > 0 && (size_t)n < sizeof r)
+    send(c->fd, r, (size_t)n, MSG_NOSIGNAL | MSG_DONTWAIT);
   conn_close(c);
 }
 
@@ -240,9 +244,13 @@ static int on_begin(http_parser *p) {
   c->msg_bytes = 0;
   return 0;
 }
-static int on_url(http_parser *p, const char *at, size_t n) { return grow(p->data, &((kvd_http_conn *)p->data)->url, at, n); }
+static int on_url(http_parser *p, const char *at, size_t n) {
+  return grow(p->data, &((kvd_http_conn *)p->data)->url, at, n);
+}
 static int on_hdr(http_parser *p, const char *at, size_t n) { return grow(p->data, NULL, at, n); }
-static int on_body(http_parser *p, const char *at, size_t n) { return grow(p->data, &((kvd_http_conn *)p->data)->body, at, n); }
+static int on_body(http_parser *p, const char *at, size_t n) {
+  return grow(p->data, &((kvd_http_conn *)p->data)->body, at, n);
+}
 
 static int on_complete(http_parser *p) {
   kvd_http_conn *c = p->data;
@@ -254,9 +262,13 @@ static int on_complete(http_parser *p) {
   char *frag = strchr(q ? q : url, '#');
   if (frag) *frag = 0;
   kvd_http_req req = {.method = http_method_str((enum http_method)p->method),
-                      .path = url, .query = q ? q : "",
-                      .body = (const char *)c->body.p, .body_len = c->body.len - 1,
-                      .has_cred = c->has_cred, .cred = c->cred, .tcp = c->tcp,
+                      .path = url,
+                      .query = q ? q : "",
+                      .body = (const char *)c->body.p,
+                      .body_len = c->body.len - 1,
+                      .has_cred = c->has_cred,
+                      .cred = c->cred,
+                      .tcp = c->tcp,
                       .conn_requests = ++c->nreq};
   kvd_http_resp r = {.status = 200, .content_type = "application/json"};
   kv_buf_init(&r.body);
@@ -304,16 +316,25 @@ static void conn_read(kvd_http_conn *c) {
 static void on_conn(uv_poll_t *p, int status, int events) {
   kvd_http_conn *c = p->data;
   if (c->closing) return;
-  if (status < 0) { conn_close(c); return; }
+  if (status < 0) {
+    conn_close(c);
+    return;
+  }
   if (events & UV_READABLE) conn_read(c);
   if (c->closing) return;
-  if (conn_flush(c) < 0) { conn_close(c); return; }
+  if (conn_flush(c) < 0) {
+    conn_close(c);
+    return;
+  }
   if (c->close_after && !c->out.len) {
     shutdown(c->fd, SHUT_WR);
     conn_close(c);
     return;
   }
-  if ((events & UV_DISCONNECT) && !(events & UV_READABLE)) { conn_close(c); return; }
+  if ((events & UV_DISCONNECT) && !(events & UV_READABLE)) {
+    conn_close(c);
+    return;
+  }
   set_events(c);
 }
 
@@ -333,8 +354,8 @@ static kvd_http_conn *longest_waiting(kvd_http *h, int which) {
 
 static void evict(kvd_http *h, kvd_http_conn *v, const char *why) {
   h->st[v->tcp].evicted++;
-  kv_warn("http", "%s: %s: closing the connection that waited longest for a request (%s)",
-          h->name, why, v->tcp ? "TCP" : "Unix socket");
+  kv_warn("http", "%s: %s: closing the connection that waited longest for a request (%s)", h->name,
+          why, v->tcp ? "TCP" : "Unix socket");
   say_and_close(v, 503, "evicted: the socket is at its connection limit");
 }
 
@@ -356,9 +377,10 @@ static void add_conn(kvd_http *h, int fd, int tcp) {
       h->refused_conns++;
       kv_warn("http", "%s: %u connections open on the %s, all sending: refusing another", h->name,
               st->open, tcp ? "TCP listener" : "Unix socket");
-      static const char r[] = "HTTP/1.1 503 Service Unavailable\r\nContent-Type: application/json\r\n"
-                              "Content-Length: 38\r\nConnection: close\r\n\r\n"
-                              "{\"error\":\"too many connections open\"}\n";
+      static const char r[] =
+          "HTTP/1.1 503 Service Unavailable\r\nContent-Type: application/json\r\n"
+          "Content-Length: 38\r\nConnection: close\r\n\r\n"
+          "{\"error\":\"too many connections open\"}\n";
       send(fd, r, sizeof r - 1, MSG_NOSIGNAL | MSG_DONTWAIT);
       close(fd);
       return;
@@ -395,11 +417,13 @@ static void add_conn(kvd_http *h, int fd, int tcp) {
 /* kvd_accept()'s refusal at the descriptor limit: a 503, nothing that
  * takes a descriptor. */
 static void refuse_fd_limit(void *arg, int fd) {
-  static const char body[] = "{\"error\":\"kvcached is out of file descriptors: try again later\"}\n";
+  static const char body[] =
+      "{\"error\":\"kvcached is out of file descriptors: try again later\"}\n";
   char r[256];
   int n = snprintf(r, sizeof r,
                    "HTTP/1.1 503 Service Unavailable\r\nContent-Type: application/json\r\n"
-                   "Content-Length: %zu\r\nConnection: close\r\n\r\n%s", sizeof body - 1, body);
+                   "Content-Length: %zu\r\nConnection: close\r\n\r\n%s",
+                   sizeof body - 1, body);
   if (n > 0 && (size_t)n < sizeof r) send(fd, r, (size_t)n, MSG_NOSIGNAL | MSG_DONTWAIT);
 }
 
@@ -473,9 +497,12 @@ void kvd_http_init(kvd_http *h, uv_loop_t *loop, const char *name, kvd_http_fn f
   h->ulst.fd = h->ulst.lock_fd = -1;
   h->tcp_fd = -1;
   kvd_http_set_limits(h, 0, 0, 0);
-  settings = (http_parser_settings){.on_message_begin = on_begin, .on_url = on_url,
-                                    .on_header_field = on_hdr, .on_header_value = on_hdr,
-                                    .on_body = on_body, .on_message_complete = on_complete};
+  settings = (http_parser_settings){.on_message_begin = on_begin,
+                                    .on_url = on_url,
+                                    .on_header_field = on_hdr,
+                                    .on_header_value = on_hdr,
+                                    .on_body = on_body,
+                                    .on_message_complete = on_complete};
 }
 
 void kvd_http_set_limits(kvd_http *h, uint32_t unix_max, uint32_t tcp_max,
@@ -527,8 +554,10 @@ int kvd_http_listen_tcp(kvd_http *h, const char *hostport) {
     host[hl - 2] = 0;
   }
   snprintf(port, sizeof port, "%s", colon + 1);
-  struct addrinfo hints = {.ai_family = AF_UNSPEC, .ai_socktype = SOCK_STREAM,
-                           .ai_flags = AI_PASSIVE | AI_NUMERICSERV}, *ai = NULL;
+  struct addrinfo hints = {.ai_family = AF_UNSPEC,
+                           .ai_socktype = SOCK_STREAM,
+                           .ai_flags = AI_PASSIVE | AI_NUMERICSERV},
+                  *ai = NULL;
   int g = getaddrinfo(host, port, &hints, &ai);
   if (g) {
     kv_error("http", "%s: cannot resolve %s: %s", h->name, hostport, gai_strerror(g));
@@ -537,7 +566,10 @@ int kvd_http_listen_tcp(kvd_http *h, const char *hostport) {
   int rc = -EADDRNOTAVAIL;
   for (struct addrinfo *a = ai; a; a = a->ai_next) {
     int fd = socket(a->ai_family, a->ai_socktype | SOCK_NONBLOCK | SOCK_CLOEXEC, a->ai_protocol);
-    if (fd < 0) { rc = -errno; continue; }
+    if (fd < 0) {
+      rc = -errno;
+      continue;
+    }
     int one = 1;
     setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof one);
     if (bind(fd, a->ai_addr, a->ai_addrlen) == 0 && listen(fd, SOMAXCONN) == 0) {

@@ -41,31 +41,31 @@
 #include <sys/types.h>
 #include <uv.h>
 
-#include "ipc/sock.h"
 #include "base/buf.h"
+#include "ipc/sock.h"
 
 #define KVD_HTTP_MAX_REQUEST (64u << 10)
-#define KVD_HTTP_MAX_CONNS 256
-#define KVD_HTTP_IDLE_MS 30000
-#define KVD_HTTP_OUT_MAX ((size_t)4 << 20)
+#define KVD_HTTP_MAX_CONNS   256
+#define KVD_HTTP_IDLE_MS     30000
+#define KVD_HTTP_OUT_MAX     ((size_t)4 << 20)
 
 typedef struct kvd_http_req {
-  const char *method;   /* "GET", "POST", ... */
-  const char *path;     /* without the query; NUL-terminated */
-  const char *query;    /* after '?', "" if none */
+  const char *method; /* "GET", "POST", ... */
+  const char *path;   /* without the query; NUL-terminated */
+  const char *query;  /* after '?', "" if none */
   const char *body;
   size_t body_len;
-  int has_cred;         /* 1 on the Unix socket */
+  int has_cred; /* 1 on the Unix socket */
   kv_peercred cred;
-  int tcp;              /* 1 on the TCP listener */
-  int conn_requests;    /* requests on this connection so far, this one included */
+  int tcp;           /* 1 on the TCP listener */
+  int conn_requests; /* requests on this connection so far, this one included */
 } kvd_http_req;
 
 typedef struct kvd_http_resp {
-  int status;                 /* 200 unless the handler says otherwise */
-  const char *content_type;   /* "application/json" unless set */
+  int status;               /* 200 unless the handler says otherwise */
+  const char *content_type; /* "application/json" unless set */
   kv_buf body;
-  int close;                  /* close the connection after this response */
+  int close; /* close the connection after this response */
 } kvd_http_resp;
 
 typedef void (*kvd_http_fn)(void *arg, const kvd_http_req *req, kvd_http_resp *resp);
@@ -74,24 +74,24 @@ typedef struct kvd_http_conn kvd_http_conn;
 
 /* What one listener counts. */
 typedef struct kvd_http_lstats {
-  uint32_t open, max;          /* connections now, and the limit */
-  uint64_t refused_fd_limit;   /* answered 503 when descriptors ran out */
-  uint64_t refused_limit;      /* answered 503: full, and nothing to evict */
-  uint64_t evicted;            /* closed (503) to make room for a new one */
-  uint64_t request_timeouts;   /* closed (408): no complete request in time */
-  uint64_t idle;               /* closed: idle between requests too long */
+  uint32_t open, max;        /* connections now, and the limit */
+  uint64_t refused_fd_limit; /* answered 503 when descriptors ran out */
+  uint64_t refused_limit;    /* answered 503: full, and nothing to evict */
+  uint64_t evicted;          /* closed (503) to make room for a new one */
+  uint64_t request_timeouts; /* closed (408): no complete request in time */
+  uint64_t idle;             /* closed: idle between requests too long */
 } kvd_http_lstats;
 
 #define KVD_HTTP_UNIX 0
-#define KVD_HTTP_TCP 1
+#define KVD_HTTP_TCP  1
 
 typedef struct kvd_http {
   uv_loop_t *loop;
   kvd_http_fn fn;
   void *arg;
-  const char *name;     /* for the log: "stats", "admin" */
-  kv_listener ulst;     /* Unix listener (fd -1 when off) */
-  int tcp_fd;           /* -1 when off */
+  const char *name; /* for the log: "stats", "admin" */
+  kv_listener ulst; /* Unix listener (fd -1 when off) */
+  int tcp_fd;       /* -1 when off */
   uv_poll_t upoll, tpoll;
   uv_timer_t sweep;
   int uon, ton, started;
@@ -100,7 +100,7 @@ typedef struct kvd_http {
   uint32_t nconns;
   uint64_t requests, bad_requests, refused_conns;
   uint32_t request_timeout_ms;
-  kvd_http_lstats st[2];  /* KVD_HTTP_UNIX, KVD_HTTP_TCP */
+  kvd_http_lstats st[2]; /* KVD_HTTP_UNIX, KVD_HTTP_TCP */
 } kvd_http;
 
 /* Prepares h (no socket yet). */

@@ -17,12 +17,12 @@
 #include <systemd/sd-daemon.h>
 
 #include "base/clock.h"
+#include "base/errors.h"
+#include "base/log.h"
 #include "daemon/admin.h"
 #include "daemon/kvd.h"
-#include "base/log.h"
 #include "daemon/server.h"
 #include "ipc/sock.h"
-#include "base/errors.h"
 #include "tiers/evict.h"
 
 #define TICK_MS 100
@@ -45,7 +45,9 @@ int kvd_g3_open(kvd *d, int lock_wait_ms, char *why, size_t whylen) {
     dirs[i] = (kv_g3_dir){names[i], d->cfg.g3_capacity};
   }
   if (n == 0) return 0;
-  kv_g3_opts o = {.dirs = dirs, .ndirs = n, .block_bytes = (uint32_t)d->cfg.g3_block_bytes,
+  kv_g3_opts o = {.dirs = dirs,
+                  .ndirs = n,
+                  .block_bytes = (uint32_t)d->cfg.g3_block_bytes,
                   .queue_depth = d->cfg.g3_queue_depth,
                   .backend = d->cfg.g3_backend,
                   .lock_wait_ms = lock_wait_ms,
@@ -70,8 +72,7 @@ int kvd_g3_open(kvd *d, int lock_wait_ms, char *why, size_t whylen) {
     snprintf(why, whylen, "%s", info.why[0] ? info.why : kv_strerror(rc));
     return rc;
   }
-  kv_core_g3_opts go = {.admit = d->cfg.g3_admit,
-                        .min_prio = (uint8_t)d->cfg.g3_min_prio};
+  kv_core_g3_opts go = {.admit = d->cfg.g3_admit, .min_prio = (uint8_t)d->cfg.g3_min_prio};
   rc = kv_core_attach_g3(d->core, d->g3, &go);
   if (rc >= 0) {
     kv_g3_stats gs;
@@ -158,7 +159,11 @@ fail_g1:
 fail_core:
   kv_core_free(d->core);
 fail_scratch:
-  free(d->keys); free(d->tiers); free(d->status); free(d->loads); free(d->allocs);
+  free(d->keys);
+  free(d->tiers);
+  free(d->status);
+  free(d->loads);
+  free(d->allocs);
   d->keys = NULL;
   return rc;
 }
@@ -179,7 +184,11 @@ void kvd_fini(kvd *d) {
   kv_core_free(d->core);
   kvd_registry_fini(&d->reg); /* unregisters the arenas from the device */
   kvd_g1s_close(&d->g1);
-  free(d->keys); free(d->tiers); free(d->status); free(d->loads); free(d->allocs);
+  free(d->keys);
+  free(d->tiers);
+  free(d->status);
+  free(d->loads);
+  free(d->allocs);
   d->keys = NULL;
 }
 
@@ -219,7 +228,8 @@ static void on_tick(uv_timer_t *t) {
   kvd_defer_expire(&d->alloc_wait, (uint64_t)kv_now_ms(), d->cfg.load_timeout_ms);
   kvd_registry_sweep(&d->reg); /* namespaces whose last block went */
   if (d->trust.npend) kvd_trust_sweep(d);
-  if (kv_core_limit(d->core, KV_G2) || kv_core_limit(d->core, KV_G3)) kv_core_enforce_limits(d->core);
+  if (kv_core_limit(d->core, KV_G2) || kv_core_limit(d->core, KV_G3))
+    kv_core_enforce_limits(d->core);
 }
 
 static void on_stop(uv_signal_t *h, int signum) {
@@ -249,7 +259,8 @@ static void on_hup(uv_signal_t *h, int signum) {
     kv_warn("daemon", "SIGHUP: g2.capacity and cache.policy change only on restart");
   if (fresh.ntenants != d->d.cfg.ntenants ||
       memcmp(fresh.tenants, d->d.cfg.tenants, fresh.ntenants * sizeof fresh.tenants[0]))
-    kv_warn("daemon", "SIGHUP: [tenant.NAME] sections change only on restart: the running ones stay");
+    kv_warn("daemon",
+            "SIGHUP: [tenant.NAME] sections change only on restart: the running ones stay");
   kv_info("daemon", "SIGHUP: configuration re-read (log.level=%s)",
           kv_config_enum_name("log.level", fresh.log_level));
 }
@@ -295,17 +306,22 @@ static void ready(daemon_state *st) {
   if (g1first)
     snprintf(g1desc, sizeof g1desc, "%s on %u device(s)",
              kv_dev_backend_name(kv_dev_backend_of(g1first->dev)), st->d.g1.on);
-  kv_info("daemon", "ready: socket %s, G2 %llu bytes for %u tenant(s) (%s), G1 %s, G3 %s, policy %s",
+  kv_info("daemon",
+          "ready: socket %s, G2 %llu bytes for %u tenant(s) (%s), G1 %s, G3 %s, policy %s",
           st->srv.lst.path, (unsigned long long)cap, st->d.reg.ntenants,
-          locked == st->d.reg.ntenants ? "locked" : "not locked",
-          g1desc,
-          st->d.g3 ? st->d.cfg.g3_path : st->d.g3w.err ? "unavailable" : "off",
+          locked == st->d.reg.ntenants ? "locked" : "not locked", g1desc,
+          st->d.g3        ? st->d.cfg.g3_path
+          : st->d.g3w.err ? "unavailable"
+                          : "off",
           kv_core_policy_name(st->d.core));
   kv_info("daemon", "operator sockets: %s (stats%s%s), %s (admin)", st->ops.stats.ulst.path,
-          st->d.cfg.stats_listen[0] ? ", and TCP " : "", st->d.cfg.stats_listen, st->ops.admin.ulst.path);
+          st->d.cfg.stats_listen[0] ? ", and TCP " : "", st->d.cfg.stats_listen,
+          st->ops.admin.ulst.path);
   sd_notifyf(0, "READY=1\nSTATUS=serving %s; G2 %llu bytes, G3 %s, policy %s\nMAINPID=%d",
              st->srv.lst.path, (unsigned long long)cap,
-             st->d.g3 ? "on" : st->d.g3w.err ? "unavailable" : "off",
+             st->d.g3        ? "on"
+             : st->d.g3w.err ? "unavailable"
+                             : "off",
              kv_core_policy_name(st->d.core), (int)getpid());
 }
 

@@ -25,9 +25,9 @@
 
 /* Why a worker connection was refused at accept. */
 typedef enum {
-  KVD_REFUSED_FD_LIMIT = 0, /* out of descriptors, or over what RLIMIT_NOFILE leaves */
-  KVD_REFUSED_TOTAL,        /* limits.connections */
-  KVD_REFUSED_PER_UID,      /* limits.connections_per_uid */
+  KVD_REFUSED_FD_LIMIT = 0,   /* out of descriptors, or over what RLIMIT_NOFILE leaves */
+  KVD_REFUSED_TOTAL,          /* limits.connections */
+  KVD_REFUSED_PER_UID,        /* limits.connections_per_uid */
   KVD_REFUSED_NO_CREDENTIALS, /* SO_PEERCRED failed: the peer cannot be told apart */
   KVD_REFUSED_COUNT
 } kvd_refused;
@@ -41,8 +41,8 @@ typedef struct kvd_stats {
   uint64_t ops[KV_OP_COUNT];
   uint64_t frames_over_limit; /* refused from the header: over frame_limit() (server.c) */
   uint64_t conns_refused[KVD_REFUSED_COUNT];
-  uint64_t hello_timeouts;    /* connections closed without a session in time */
-  uint32_t conns_max;         /* limits.connections within the descriptor budget */
+  uint64_t hello_timeouts; /* connections closed without a session in time */
+  uint32_t conns_max;      /* limits.connections within the descriptor budget */
 } kvd_stats;
 
 typedef struct kvd {
@@ -59,14 +59,14 @@ typedef struct kvd {
   int32_t *status;
   kv_load_ent *loads;
   kv_alloc_ent *allocs;
-  kv_g3 *g3;                   /* NULL when no SSD tier is configured */
-  kvd_g1s g1;                  /* the device pools; g1.on = 0 when G1 is off */
-  kvd_defer load_wait;         /* LOADs waiting for room (load.c, defer.h) */
-  kvd_defer alloc_wait;        /* ALLOCs waiting for G2 room (alloc.c, defer.h) */
-  kvd_metrics m;               /* latencies, miss reasons (stats.h) */
-  kvd_session admin;           /* pins the operator took (POST /pin), released at fini */
-  kvd_g3w g3w;                 /* G3 unavailable, its checks and poll (g3_watch.h) */
-  kvd_trust trust;             /* readers' corrupt-block reports (trust.h) */
+  kv_g3 *g3;            /* NULL when no SSD tier is configured */
+  kvd_g1s g1;           /* the device pools; g1.on = 0 when G1 is off */
+  kvd_defer load_wait;  /* LOADs waiting for room (load.c, defer.h) */
+  kvd_defer alloc_wait; /* ALLOCs waiting for G2 room (alloc.c, defer.h) */
+  kvd_metrics m;        /* latencies, miss reasons (stats.h) */
+  kvd_session admin;    /* pins the operator took (POST /pin), released at fini */
+  kvd_g3w g3w;          /* G3 unavailable, its checks and poll (g3_watch.h) */
+  kvd_trust trust;      /* readers' corrupt-block reports (trust.h) */
 } kvd;
 
 /* kvd_handle()'s return when the reply will be sent later, through the sink. */

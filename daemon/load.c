@@ -36,11 +36,11 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "daemon/kvd.h"
 #include "base/clock.h"
-#include "base/log.h"
-#include "ipc/sock.h"
 #include "base/crc32c.h"
+#include "base/log.h"
+#include "daemon/kvd.h"
+#include "ipc/sock.h"
 
 #define RETRY 1 /* entry status while waiting for G2 room */
 
@@ -52,19 +52,19 @@ typedef struct load_key {
 } load_key;
 
 struct kvd_load {
-  kvd_waiter w;        /* in d->load_wait while some entry waits for room */
+  kvd_waiter w; /* in d->load_wait while some entry waits for room */
   kvd *d;
   kvd_sink *sink;
-  kv_msg req;          /* id and op, for the reply */
+  kv_msg req; /* id and op, for the reply */
   uint32_t n, pending;
   uint32_t core_ns;
-  uint8_t target;      /* KV_G1 or KV_G2 */
-  unsigned pool;       /* target G1: the session's pool (its worker's device) */
-  uint64_t t0;         /* kv_now_ns() when the request was taken */
+  uint8_t target; /* KV_G1 or KV_G2 */
+  unsigned pool;  /* target G1: the session's pool (its worker's device) */
+  uint64_t t0;    /* kv_now_ns() when the request was taken */
   kv_bid *bid;
   kv_load_ent *ent;
   load_key *keys;
-  uint8_t *found;      /* per entry: the best tier holding the block when asked */
+  uint8_t *found; /* per entry: the best tier holding the block when asked */
 };
 
 /* Entry i is a hit in tier t (G1 or G2): its slot's offset in the memory
@@ -194,9 +194,15 @@ static int start(kvd_load *ld, uint32_t i) {
   int rc = kv_core_promote(core, b, promoted, &ld->keys[i]);
   if (rc == 1 && ld->target == KV_G1) {
     rc = kv_core_promote_g1(core, b, ld->pool, copied_up, &ld->keys[i]);
-    if (rc == 1) { fill(ld, i, b, KV_G1); return 0; }
+    if (rc == 1) {
+      fill(ld, i, b, KV_G1);
+      return 0;
+    }
     /* In another device's pool: the worker reads it from G2. */
-    if (rc == -EXDEV && (b->tiers & KV_TIER_BIT(KV_G2))) { fill(ld, i, b, KV_G2); return 0; }
+    if (rc == -EXDEV && (b->tiers & KV_TIER_BIT(KV_G2))) {
+      fill(ld, i, b, KV_G2);
+      return 0;
+    }
   } else if (rc == 1) {
     fill(ld, i, b, KV_G2);
     return 0;
@@ -229,7 +235,13 @@ static int load_keys(kvd *d, kvd_sink *sink, const kv_msg *req, uint32_t n, uint
     ld->found = calloc(n ? n : 1, 1);
   }
   if (!ld || !ld->bid || !ld->ent || !ld->keys || !ld->found) {
-    if (ld) { free(ld->bid); free(ld->ent); free(ld->keys); free(ld->found); free(ld); }
+    if (ld) {
+      free(ld->bid);
+      free(ld->ent);
+      free(ld->keys);
+      free(ld->found);
+      free(ld);
+    }
     return kvd_fail(out, req, -ENOMEM, NULL);
   }
   ld->d = d;
@@ -278,7 +290,10 @@ static int load_keys(kvd *d, kvd_sink *sink, const kv_msg *req, uint32_t n, uint
     else ld->pending += (uint32_t)start(ld, i);
   }
   for (uint32_t i = 0; i < n; i++)
-    if (ld->ent[i].status == RETRY) { wait_for_room(ld); break; }
+    if (ld->ent[i].status == RETRY) {
+      wait_for_room(ld);
+      break;
+    }
   if (ld->pending) return KVD_DEFERRED;
   return answer(ld, out); /* everything was final: answer now, in the reply stream */
 }
@@ -290,8 +305,9 @@ int kvd_op_load(kvd *d, kvd_sink *sink, const kv_msg *req, kv_buf *out, int fd_o
   if (rc) return kvd_fail(out, req, rc, NULL);
   if (br->tier == KV_G1 && s->g1pool < 0)
     return kvd_fail(out, req, -ENODEV,
-                    !kv_core_g1_pools(d->core) ? (d->g1.reason[0] ? d->g1.reason : "G1 is off")
-                                 : "this session has no G1 pool (G1_SELECT named a device without one)");
+                    !kv_core_g1_pools(d->core)
+                        ? (d->g1.reason[0] ? d->g1.reason : "G1 is off")
+                        : "this session has no G1 pool (G1_SELECT named a device without one)");
   if (br->tier == KV_G1) s->g1_loaded = 1;
   return load_keys(d, sink, req, br->keys.n, br->tier, out);
 }
@@ -345,8 +361,8 @@ static void cancel_load(kvd_waiter *w) {
   if (ld->pending == 0) finish(ld);
 }
 
-const kvd_defer_ops kvd_load_defer_ops = {"load", "answered with a timeout", retry_load, expire_load,
-                                          cancel_load};
+const kvd_defer_ops kvd_load_defer_ops = {"load", "answered with a timeout", retry_load,
+                                          expire_load, cancel_load};
 
 int kvd_op_prefetch(kvd *d, kvd_sink *sink, const kv_msg *req, kv_buf *out, int fd_out[2]) {
   const kv_batch_req *br = &req->batch;

@@ -20,10 +20,10 @@
 #include <string.h>
 #include <unistd.h>
 
+#include "base/errors.h"
+#include "base/log.h"
 #include "daemon/config.h"
 #include "daemon/kvd.h"
-#include "base/log.h"
-#include "base/errors.h"
 
 /* What the command line says: the configuration, and its file if any. */
 typedef struct args {
@@ -32,16 +32,15 @@ typedef struct args {
 } args;
 
 static void usage(FILE *f) {
-  fprintf(f,
-          "usage: kvcached [options]\n"
-          "  -c, --config FILE       read options from FILE (INI; see deploy/kvcached.conf)\n"
-          "  -o, --set SECTION.NAME=VALUE  set any option (tenant.NAME.KEY=VALUE too)\n"
-          "      --print-config      print the effective configuration and exit\n"
-          "      --foreground        stay in the foreground (always the case; for\n"
-          "                          service managers that pass it)\n"
-          "  -V, --version           print the version and exit\n"
-          "  -h, --help              this text\n"
-          "\n");
+  fprintf(f, "usage: kvcached [options]\n"
+             "  -c, --config FILE       read options from FILE (INI; see deploy/kvcached.conf)\n"
+             "  -o, --set SECTION.NAME=VALUE  set any option (tenant.NAME.KEY=VALUE too)\n"
+             "      --print-config      print the effective configuration and exit\n"
+             "      --foreground        stay in the foreground (always the case; for\n"
+             "                          service managers that pass it)\n"
+             "  -V, --version           print the version and exit\n"
+             "  -h, --help              this text\n"
+             "\n");
   kv_config_usage(f);
 }
 
@@ -53,13 +52,12 @@ static void log_finding(void *arg, kv_cfg_level level, const char *msg) {
 
 static int parse_args(args *d, int argc, char **argv) {
   enum { OPT_PRINT = 256, OPT_FG, OPT_TABLE /* + an option's index in the table */ };
-  static const struct option fixed[] = {
-      {"config", required_argument, 0, 'c'},
-      {"set", required_argument, 0, 'o'},
-      {"print-config", no_argument, 0, OPT_PRINT},
-      {"foreground", no_argument, 0, OPT_FG},
-      {"version", no_argument, 0, 'V'},
-      {"help", no_argument, 0, 'h'}};
+  static const struct option fixed[] = {{"config", required_argument, 0, 'c'},
+                                        {"set", required_argument, 0, 'o'},
+                                        {"print-config", no_argument, 0, OPT_PRINT},
+                                        {"foreground", no_argument, 0, OPT_FG},
+                                        {"version", no_argument, 0, 'V'},
+                                        {"help", no_argument, 0, 'h'}};
   enum { NFIXED = sizeof fixed / sizeof fixed[0] };
   struct option lo[NFIXED + 128];
   char err[256];
@@ -88,7 +86,11 @@ static int parse_args(args *d, int argc, char **argv) {
     case 'c': break;
     case 'o': {
       char *eq = strchr(optarg, '=');
-      if (!eq) { snprintf(err, sizeof err, "--set wants SECTION.NAME=VALUE"); rc = -EINVAL; break; }
+      if (!eq) {
+        snprintf(err, sizeof err, "--set wants SECTION.NAME=VALUE");
+        rc = -EINVAL;
+        break;
+      }
       *eq = 0;
       rc = kv_config_set(&d->cfg, optarg, eq + 1, err, sizeof err);
       break;
@@ -98,11 +100,17 @@ static int parse_args(args *d, int argc, char **argv) {
     case 'V': printf("kvcached %s\n", KV_VERSION); exit(0);
     case 'h': usage(stdout); exit(0);
     default:
-      if (ch < OPT_TABLE) { usage(stderr); return 2; }
+      if (ch < OPT_TABLE) {
+        usage(stderr);
+        return 2;
+      }
       rc = kv_config_set_index(&d->cfg, ch - OPT_TABLE, optarg, err, sizeof err);
       break;
     }
-    if (rc) { fprintf(stderr, "kvcached: %s\n", err); return 2; }
+    if (rc) {
+      fprintf(stderr, "kvcached: %s\n", err);
+      return 2;
+    }
   }
   if (optind < argc) {
     fprintf(stderr, "kvcached: unexpected argument '%s'\n", argv[optind]);

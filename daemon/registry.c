@@ -12,7 +12,8 @@
 #include "base/log.h"
 #include "ipc/sock.h"
 
-const char *const kvd_hello_refusal_names[KVD_HELLO_REFUSED_COUNT] = {"unknown_tenant", "not_allowed"};
+const char *const kvd_hello_refusal_names[KVD_HELLO_REFUSED_COUNT] = {"unknown_tenant",
+                                                                      "not_allowed"};
 const char *const kvd_ns_refusal_names[KVD_NS_REFUSED_COUNT] = {"tenant_limit", "daemon_full"};
 
 int kvd_registry_init(kvd_registry *r, const kvd_registry_opts *o) {
@@ -42,9 +43,13 @@ int kvd_registry_init(kvd_registry *r, const kvd_registry_opts *o) {
     t->configured = r->configured;
     char name[32];
     snprintf(name, sizeof name, "kvcached-g2-%u", i);
-    kv_arena_opts ao = {.capacity = g2[i], .page_bytes = cfg->g2_page_size,
-                        .no_lock = !o->lock, .name = name, .register_fn = o->register_fn,
-                        .unregister_fn = o->unregister_fn, .register_arg = o->register_arg};
+    kv_arena_opts ao = {.capacity = g2[i],
+                        .page_bytes = cfg->g2_page_size,
+                        .no_lock = !o->lock,
+                        .name = name,
+                        .register_fn = o->register_fn,
+                        .unregister_fn = o->unregister_fn,
+                        .register_arg = o->register_arg};
     int rc = kv_arena_init(&t->arena, &ao);
     if (rc) {
       kvd_registry_fini(r);
@@ -100,8 +105,7 @@ static void ratelog(kvd_ratelog *l, const char *what, const char *why) {
   if (l->quiet)
     kv_warn("registry", "%s: %s (and %llu more refused since the last such line)", what, why,
             (unsigned long long)l->quiet);
-  else
-    kv_warn("registry", "%s: %s", what, why);
+  else kv_warn("registry", "%s: %s", what, why);
   l->last_ms = now;
   l->quiet = 0;
 }
@@ -132,20 +136,25 @@ static int tenant_for(kvd_registry *r, const kv_str *name, const kvd_peer *p) {
   if (!r->configured) return 0;
   kvd_tenant *t = NULL;
   for (uint32_t i = 0; i < r->ntenants && !t; i++)
-    if (strlen(r->tenants[i].cfg.name) == name->len && !memcmp(r->tenants[i].cfg.name, name->p, name->len))
+    if (strlen(r->tenants[i].cfg.name) == name->len &&
+        !memcmp(r->tenants[i].cfg.name, name->p, name->len))
       t = &r->tenants[i];
   if (!t) {
     r->hello_refused[KVD_HELLO_UNKNOWN_TENANT]++;
-    snprintf(r->why, sizeof r->why, "tenant '%.*s' is not configured (tenants are [tenant.NAME] sections "
-             "of the daemon's configuration)", (int)name->len, name->p);
+    snprintf(r->why, sizeof r->why,
+             "tenant '%.*s' is not configured (tenants are [tenant.NAME] sections "
+             "of the daemon's configuration)",
+             (int)name->len, name->p);
   } else if (has_id(t->cfg.uids, t->cfg.nuids, p->uid) ||
              (t->cfg.ngids && (has_id(t->cfg.gids, t->cfg.ngids, p->gid) ||
                                (p->fd >= 0 && peer_group_in(p->fd, t->cfg.gids, t->cfg.ngids))))) {
     return (int)(t - r->tenants);
   } else {
     r->hello_refused[KVD_HELLO_NOT_ALLOWED]++;
-    snprintf(r->why, sizeof r->why, "uid %u (gid %u) may not act as tenant '%s': neither the uid nor a "
-             "group of the peer is in [tenant.%s] uids or gids", p->uid, p->gid, t->cfg.name, t->cfg.name);
+    snprintf(r->why, sizeof r->why,
+             "uid %u (gid %u) may not act as tenant '%s': neither the uid nor a "
+             "group of the peer is in [tenant.%s] uids or gids",
+             p->uid, p->gid, t->cfg.name, t->cfg.name);
   }
   ratelog(&r->hello_log, "HELLO refused", r->why);
   return -EPERM;
@@ -159,10 +168,19 @@ static void digest_of(const kv_hello_req *h, int group, uint8_t out[32]) {
   crypto_generichash_state st;
   uint8_t le[4];
   crypto_generichash_init(&st, NULL, 0, 32);
-#define PUT32(x) do { uint32_t v_ = (x); for (int i_ = 0; i_ < 4; i_++) le[i_] = (uint8_t)(v_ >> (8 * i_)); \
-                      crypto_generichash_update(&st, le, 4); } while (0)
-#define PUTB(p, n) do { PUT32(n); if (n) crypto_generichash_update(&st, (const uint8_t *)(p), n); } while (0)
-  crypto_generichash_update(&st, (const uint8_t *)(group ? "kvcached-tp-v1" : "kvcached-ns-v1"), 14);
+#define PUT32(x)                                                       \
+  do {                                                                 \
+    uint32_t v_ = (x);                                                 \
+    for (int i_ = 0; i_ < 4; i_++) le[i_] = (uint8_t)(v_ >> (8 * i_)); \
+    crypto_generichash_update(&st, le, 4);                             \
+  } while (0)
+#define PUTB(p, n)                                                  \
+  do {                                                              \
+    PUT32(n);                                                       \
+    if (n) crypto_generichash_update(&st, (const uint8_t *)(p), n); \
+  } while (0)
+  crypto_generichash_update(&st, (const uint8_t *)(group ? "kvcached-tp-v1" : "kvcached-ns-v1"),
+                            14);
   PUTB(h->tenant.p, h->tenant.len);
   if (group) PUTB(h->group.p, h->group.len);
   PUT32(h->layout.block_bytes);
@@ -185,7 +203,8 @@ static kvd_group *group_find(kvd_registry *r, const uint8_t key[32]) {
   return NULL;
 }
 
-static kvd_group *group_new(kvd_registry *r, const uint8_t key[32], const kv_str *name, uint16_t tp_size) {
+static kvd_group *group_new(kvd_registry *r, const uint8_t key[32], const kv_str *name,
+                            uint16_t tp_size) {
   kvd_group *g = calloc(1, sizeof *g);
   if (!g) return NULL;
   memcpy(g->key, key, 32);
@@ -275,11 +294,13 @@ void kvd_registry_release(kvd_registry *r, int ns) {
 static int ns_refuse(kvd_registry *r, kvd_ns_refusal why, const kv_hello_req *h, int rc) {
   r->ns_refused[why]++;
   if (why == KVD_NS_TENANT_LIMIT)
-    snprintf(r->why, sizeof r->why, "tenant '%.*s' has %u namespaces, its limit "
-             "(limits.namespaces_per_tenant): close sessions of, or delete the blocks of, namespaces "
-             "it no longer uses", (int)h->tenant.len, h->tenant.p, r->ns_limit);
-  else
-    snprintf(r->why, sizeof r->why, "the daemon holds %u namespaces, all it can", KV_NS_MAX);
+    snprintf(
+        r->why, sizeof r->why,
+        "tenant '%.*s' has %u namespaces, its limit "
+        "(limits.namespaces_per_tenant): close sessions of, or delete the blocks of, namespaces "
+        "it no longer uses",
+        (int)h->tenant.len, h->tenant.p, r->ns_limit);
+  else snprintf(r->why, sizeof r->why, "the daemon holds %u namespaces, all it can", KV_NS_MAX);
   ratelog(&r->ns_log, "new namespace refused", r->why);
   return rc;
 }
@@ -324,7 +345,8 @@ int kvd_registry_hello(kvd_registry *r, const kv_hello_req *h, const kvd_peer *p
     kvd_ns *n = &r->ns[i];
     if (!ns_live(r, i) || memcmp(n->digest, d, 32)) continue;
     if (h->group.len && n->group &&
-        (strlen(n->group->name) != h->group.len || memcmp(n->group->name, h->group.p, h->group.len))) {
+        (strlen(n->group->name) != h->group.len ||
+         memcmp(n->group->name, h->group.p, h->group.len))) {
       snprintf(r->why, sizeof r->why, "this namespace is rank %u of TP group '%s', not of '%.*s'",
                n->tp_rank, n->group->name, (int)h->group.len, h->group.p);
       return -EINVAL;
@@ -347,7 +369,8 @@ int kvd_registry_hello(kvd_registry *r, const kv_hello_req *h, const kvd_peer *p
   int core_ns = kv_core_ns_register_digest(r->core, a, l->block_bytes, d);
   if (core_ns < 0) {
     ns_entry_back(r, (uint32_t)i);
-    if (core_ns == -ENOSPC && !kv_core_ns_room(r->core)) return ns_refuse(r, KVD_NS_DAEMON_FULL, h, -ENOSPC);
+    if (core_ns == -ENOSPC && !kv_core_ns_room(r->core))
+      return ns_refuse(r, KVD_NS_DAEMON_FULL, h, -ENOSPC);
     return core_ns;
   }
   kvd_ns *n = &r->ns[i];
@@ -366,7 +389,8 @@ int kvd_registry_hello(kvd_registry *r, const kv_hello_req *h, const kvd_peer *p
     int rc = group_join(r, (uint32_t)i, h);
     if (rc) {
       /* A namespace with no block goes back at once; one found on G3 stays in the core. */
-      if (!kv_core_ns_blocks(r->core, (uint32_t)core_ns)) kv_core_ns_free(r->core, (uint32_t)core_ns);
+      if (!kv_core_ns_blocks(r->core, (uint32_t)core_ns))
+        kv_core_ns_free(r->core, (uint32_t)core_ns);
       ns_entry_back(r, (uint32_t)i);
       return rc;
     }

@@ -46,13 +46,13 @@
 #include "tiers/core.h"
 
 #define KVD_NAME_MAX 64
-#define KVD_TP_MAX 64 /* ranks in a TP group */
+#define KVD_TP_MAX   64 /* ranks in a TP group */
 
 typedef struct kvd_tenant {
-  kv_cfg_tenant cfg;  /* name, uids, gids; name "" for the one default tenant */
-  int configured;     /* 0: the default tenant (no [tenant.*] section) */
+  kv_cfg_tenant cfg; /* name, uids, gids; name "" for the one default tenant */
+  int configured;    /* 0: the default tenant (no [tenant.*] section) */
   kv_arena arena;
-  uint64_t g3_bytes;  /* its share of the SSD tier; 0: no G3 or no share */
+  uint64_t g3_bytes; /* its share of the SSD tier; 0: no G3 or no share */
 } kvd_tenant;
 
 /* Why a HELLO was refused, for the counters (kvcached_hello_refused_total). */
@@ -82,18 +82,18 @@ typedef struct kvd_group kvd_group;
 
 typedef struct kvd_ns {
   uint8_t digest[32];
-  int core_ns;            /* id in the cache core; -1 while the entry is free */
-  uint32_t tenant;        /* index into the tenant table */
+  int core_ns;     /* id in the cache core; -1 while the entry is free */
+  uint32_t tenant; /* index into the tenant table */
   uint32_t block_bytes;
-  uint32_t slot_bytes;    /* block_bytes rounded to the arena's alignment */
-  kvd_group *group;       /* NULL when the sessions name no group */
+  uint32_t slot_bytes; /* block_bytes rounded to the arena's alignment */
+  kvd_group *group;    /* NULL when the sessions name no group */
   uint16_t tp_rank, tp_size;
-  uint32_t sessions;      /* sessions using it */
-  uint32_t next_free1;    /* while free: 1 + the next free entry, 0 for none */
+  uint32_t sessions;   /* sessions using it */
+  uint32_t next_free1; /* while free: 1 + the next free entry, 0 for none */
 } kvd_ns;
 
 struct kvd_group {
-  uint8_t key[32];        /* tenant, group name, salt, layout but the rank */
+  uint8_t key[32]; /* tenant, group name, salt, layout but the rank */
   char name[KVD_NAME_MAX + 1];
   uint16_t tp_size;
   int32_t ns_of_rank[KVD_TP_MAX]; /* registry ns index, -1 until a rank joins */
@@ -111,10 +111,10 @@ extern const char *const kvd_ns_refusal_names[KVD_NS_REFUSED_COUNT];
 typedef struct kvd_registry {
   kvd_tenant *tenants;
   uint32_t ntenants;
-  int configured;       /* tenants come from [tenant.NAME] sections */
+  int configured; /* tenants come from [tenant.NAME] sections */
   uint64_t hello_refused[KVD_HELLO_REFUSED_COUNT];
   kvd_ratelog hello_log;
-  char why[256];        /* the last refusal's reason, for the ERROR reply */
+  char why[256]; /* the last refusal's reason, for the ERROR reply */
   kvd_ns *ns;
   uint32_t nns, capns;  /* entries 0..nns-1 in use or free */
   uint32_t free1;       /* 1 + the first free entry, 0 for none */
@@ -124,13 +124,13 @@ typedef struct kvd_registry {
   uint64_t ns_freed;
   uint64_t ns_refused[KVD_NS_REFUSED_COUNT];
   kvd_ratelog ns_log;
-  uint64_t swept_at;    /* the core's ns_emptied at the last sweep */
+  uint64_t swept_at; /* the core's ns_emptied at the last sweep */
   kvd_group *groups;
   kv_core *core;
 } kvd_registry;
 
 typedef struct kvd_registry_opts {
-  const kv_config *cfg;  /* g2.*, limits.namespaces_per_tenant, [tenant.NAME] sections */
+  const kv_config *cfg; /* g2.*, limits.namespaces_per_tenant, [tenant.NAME] sections */
   int lock;
   kv_core *core;
   /* Passed to every arena (kv_arena_opts): the device registration. */
@@ -182,7 +182,6 @@ static inline kv_arena *kvd_registry_arena(kvd_registry *r, const kvd_ns *n) {
 /* The longest prefix of keys resident for every rank of ns's TP group (for
  * a namespace outside any group, its own). tier_out as kv_core_lookup()'s,
  * for ns itself. */
-int kvd_registry_lookup(kvd_registry *r, int ns, const kv_key *keys, uint32_t n,
-                        uint8_t *tier_out);
+int kvd_registry_lookup(kvd_registry *r, int ns, const kv_key *keys, uint32_t n, uint8_t *tier_out);
 
 #endif

@@ -7,8 +7,8 @@
 #include <unistd.h>
 
 #include "base/clock.h"
-#include "daemon/accept.h"
 #include "base/log.h"
+#include "daemon/accept.h"
 #include "ipc/reader.h"
 
 #define MAX_OUT_FDS 4
@@ -21,14 +21,18 @@ struct kvd_conn {
   kvd_sink *sink;
   kv_reader rd;
   kv_buf out;
-  struct { size_t at; int fd[2]; unsigned n; } ofd[MAX_OUT_FDS]; /* fds to send with byte `at` of out */
+  struct {
+    size_t at;
+    int fd[2];
+    unsigned n;
+  } ofd[MAX_OUT_FDS]; /* fds to send with byte `at` of out */
   unsigned nofd;
   int events;
   int closing;
   kv_peercred cred;
-  uint64_t accepted_ms;    /* kv_now_ms() at accept: the HELLO deadline's start */
-  kv_hdr refused;          /* the header check_header() refused */
-  uint32_t refused_limit;  /* and the limit it was over; 0: none refused */
+  uint64_t accepted_ms;   /* kv_now_ms() at accept: the HELLO deadline's start */
+  kv_hdr refused;         /* the header check_header() refused */
+  uint32_t refused_limit; /* and the limit it was over; 0: none refused */
   kvd_conn *next, **pprev;
 };
 
@@ -48,7 +52,10 @@ static void sink_deliver(kvd_sink *s, const kv_buf *frame) {
     conn_close(c, "out of memory for a reply");
     return;
   }
-  if (conn_flush(c) < 0) { conn_close(c, "peer gone while sending"); return; }
+  if (conn_flush(c) < 0) {
+    conn_close(c, "peer gone while sending");
+    return;
+  }
   set_events(c);
 }
 
@@ -79,7 +86,8 @@ static void conn_close(kvd_conn *c, const char *why) {
   uint32_t *per = u32map_get(&c->srv->per_uid, (uint32_t)c->cred.uid);
   if (per && --*per == 0) u32map_del(&c->srv->per_uid, (uint32_t)c->cred.uid);
   if (pins || allocs)
-    kv_info("server", "session %llu (pid %d) closed (%s): released %llu pins, aborted %llu allocations",
+    kv_info("server",
+            "session %llu (pid %d) closed (%s): released %llu pins, aborted %llu allocations",
             (unsigned long long)c->sess.id, (int)c->cred.pid, why, (unsigned long long)pins,
             (unsigned long long)allocs);
   else
@@ -112,9 +120,7 @@ static int conn_flush(kvd_conn *c) {
                                     with_fds ? c->ofd[0].n : 0, 1);
     if (w == -EAGAIN) return 0;
     if (w < 0) return (int)w;
-    if (with_fds) {
-      memmove(c->ofd, c->ofd + 1, (--c->nofd) * sizeof c->ofd[0]);
-    }
+    if (with_fds) { memmove(c->ofd, c->ofd + 1, (--c->nofd) * sizeof c->ofd[0]); }
     for (unsigned i = 0; i < c->nofd; i++) c->ofd[i].at -= (size_t)w;
     kv_buf_consume(&c->out, (size_t)w);
     c->srv->d->st.frames_out++;
@@ -139,8 +145,9 @@ static void handle_frame(kvd_conn *c, const kv_frame *f) {
     if (rc == KVD_DEFERRED) return;
   }
   if (rc) {
-    kv_warn("server", "session %llu: cannot encode a reply to %s: %s", (unsigned long long)c->sess.id,
-            kv_op_name(f->hdr.op) ? kv_op_name(f->hdr.op) : "?", kv_strerror(rc));
+    kv_warn("server", "session %llu: cannot encode a reply to %s: %s",
+            (unsigned long long)c->sess.id, kv_op_name(f->hdr.op) ? kv_op_name(f->hdr.op) : "?",
+            kv_strerror(rc));
     conn_close(c, "reply failed");
     return;
   }
@@ -161,7 +168,8 @@ static void handle_frame(kvd_conn *c, const kv_frame *f) {
 static uint32_t frame_limit(kvd_conn *c, uint16_t op) {
   if (c->sess.ns < 0) return kv_req_payload_max(KV_OP_HELLO);
   if (op == KV_OP_PUT) {
-    uint64_t m = KV_PUT_OVERHEAD + (uint64_t)kvd_registry_ns(&c->srv->d->reg, c->sess.ns)->block_bytes;
+    uint64_t m =
+        KV_PUT_OVERHEAD + (uint64_t)kvd_registry_ns(&c->srv->d->reg, c->sess.ns)->block_bytes;
     return m < KV_PAYLOAD_MAX_DATA ? (uint32_t)m : KV_PAYLOAD_MAX_DATA;
   }
   uint32_t m = kv_req_payload_max(op);
@@ -226,7 +234,10 @@ static void conn_read(kvd_conn *c) {
     }
     ssize_t n = kv_reader_fill(&c->rd, c->fd, 1);
     if (n == -EAGAIN) return;
-    if (n == 0) { conn_close(c, "end of stream"); return; }
+    if (n == 0) {
+      conn_close(c, "end of stream");
+      return;
+    }
     if (n < 0) {
       if (n == -ECONNRESET) conn_close(c, "connection reset");
       else conn_close(c, kv_strerror((int)n));
@@ -238,11 +249,20 @@ static void conn_read(kvd_conn *c) {
 static void on_conn(uv_poll_t *h, int status, int events) {
   kvd_conn *c = h->data;
   if (c->closing) return;
-  if (status < 0) { conn_close(c, uv_strerror(status)); return; }
+  if (status < 0) {
+    conn_close(c, uv_strerror(status));
+    return;
+  }
   if (events & UV_READABLE) conn_read(c);
   if (c->closing) return;
-  if (conn_flush(c) < 0) { conn_close(c, "peer gone while sending"); return; }
-  if (events & UV_DISCONNECT && !(events & UV_READABLE)) { conn_close(c, "hang-up"); return; }
+  if (conn_flush(c) < 0) {
+    conn_close(c, "peer gone while sending");
+    return;
+  }
+  if (events & UV_DISCONNECT && !(events & UV_READABLE)) {
+    conn_close(c, "hang-up");
+    return;
+  }
   /* Reading may have stopped for back-pressure with frames still buffered. */
   if (c->out.len < KVD_OUT_MAX && kv_reader_pending(&c->rd)) conn_read(c);
   if (!c->closing) set_events(c);
@@ -267,7 +287,8 @@ static void refuse_fd_limit(void *arg, int fd) {
   send_refusal(fd, -EAGAIN, "kvcached is out of file descriptors: try again later");
 }
 
-static void refuse(kvd_server *s, int fd, kvd_refused why, const kv_peercred *cred, const char *msg) {
+static void refuse(kvd_server *s, int fd, kvd_refused why, const kv_peercred *cred,
+                   const char *msg) {
   send_refusal(fd, -EAGAIN, msg);
   close(fd);
   s->d->st.conns_refused[why]++;
@@ -293,7 +314,8 @@ static void on_accept(uv_poll_t *h, int status, int events) {
     if (fd == -EAGAIN) return;
     if (shed) {
       d->st.conns_refused[KVD_REFUSED_FD_LIMIT]++;
-      kv_warn("server", "out of file descriptors (%s): refused a worker connection", kv_strerror(fd));
+      kv_warn("server", "out of file descriptors (%s): refused a worker connection",
+              kv_strerror(fd));
       continue;
     }
     if (fd < 0) {
@@ -318,8 +340,10 @@ static void on_accept(uv_poll_t *h, int status, int events) {
     }
     uint32_t *per = u32map_get(&s->per_uid, (uint32_t)cred.uid);
     if (per && *per >= d->cfg.limits_connections_per_uid) {
-      snprintf(msg, sizeof msg, "too many worker connections from uid %u: %u open "
-               "(limits.connections_per_uid)", (unsigned)cred.uid, *per);
+      snprintf(msg, sizeof msg,
+               "too many worker connections from uid %u: %u open "
+               "(limits.connections_per_uid)",
+               (unsigned)cred.uid, *per);
       refuse(s, fd, KVD_REFUSED_PER_UID, &cred, msg);
       continue;
     }
@@ -407,7 +431,8 @@ static uint32_t worker_budget(kvd *d) {
     kv_log(b ? KV_LOG_WARN : KV_LOG_ERROR, "server",
            "RLIMIT_NOFILE leaves room for %lld worker connections (limits.connections = %u) beside "
            "%llu descriptors for the daemon and its operator sockets: raise it (LimitNOFILE=) "
-           "to serve more", (long long)b, want, (unsigned long long)others);
+           "to serve more",
+           (long long)b, want, (unsigned long long)others);
   return (uint32_t)b;
 }
 
@@ -416,8 +441,9 @@ int kvd_server_start(kvd_server *s, kvd *d, uv_loop_t *loop) {
   s->d = d;
   s->loop = loop;
   int rc = kvd_fd_reserve_init();
-  if (rc) kv_warn("server", "no reserve descriptor (%s): at the fd limit the listener pauses",
-                  kv_strerror(rc));
+  if (rc)
+    kv_warn("server", "no reserve descriptor (%s): at the fd limit the listener pauses",
+            kv_strerror(rc));
   s->max_conns = worker_budget(d);
   d->st.conns_max = s->max_conns;
   if (!s->max_conns) return -EMFILE;

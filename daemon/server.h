@@ -45,12 +45,12 @@ typedef struct kvd_server {
   kv_listener lst;
   uv_poll_t lpoll;
   int listening;
-  int paused;          /* lpoll stopped after an accept error; the sweep resumes it */
-  uv_timer_t sweep;    /* HELLO deadlines, and resuming a paused listener */
+  int paused;       /* lpoll stopped after an accept error; the sweep resumes it */
+  uv_timer_t sweep; /* HELLO deadlines, and resuming a paused listener */
   int sweeping;
-  uint32_t nconns;     /* connections open */
-  uint32_t max_conns;  /* limits.connections within the descriptor budget */
-  u32map per_uid;      /* peer uid -> connections open */
+  uint32_t nconns;    /* connections open */
+  uint32_t max_conns; /* limits.connections within the descriptor budget */
+  u32map per_uid;     /* peer uid -> connections open */
   kvd_conn *conns;
 } kvd_server;
 

@@ -26,16 +26,16 @@
 
 typedef struct kvd_session {
   uint64_t id;
-  int ns;        /* registry namespace index; -1 before HELLO */
-  int g1pool;    /* the core's index of this session's G1 pool (HELLO: the
+  int ns;                      /* registry namespace index; -1 before HELLO */
+  int g1pool;                  /* the core's index of this session's G1 pool (HELLO: the
                   * first; G1_SELECT: its device's); -1: none */
-  int g1_loaded; /* 1 once a LOAD to G1 came: offsets into g1pool were given */
-  u32map pins;   /* block id -> pins this session holds on it (the core: one) */
-  uint64_t npins; /* the sum of pins' counts */
-  u32map allocs; /* block id -> 1 while this session writes it */
+  int g1_loaded;               /* 1 once a LOAD to G1 came: offsets into g1pool were given */
+  u32map pins;                 /* block id -> pins this session holds on it (the core: one) */
+  uint64_t npins;              /* the sum of pins' counts */
+  u32map allocs;               /* block id -> 1 while this session writes it */
   uint32_t peer_uid, peer_gid; /* the worker's credentials at accept (SO_PEERCRED) */
   int32_t peer_pid;
-  int peer_fd;   /* the connection's socket, for SO_PEERGROUPS at HELLO; -1: none */
+  int peer_fd; /* the connection's socket, for SO_PEERGROUPS at HELLO; -1: none */
 } kvd_session;
 
 void kvd_session_init(kvd_session *s, uint64_t id);

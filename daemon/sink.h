@@ -13,15 +13,15 @@
 
 #include <stdint.h>
 
-#include "daemon/session.h"
 #include "base/buf.h"
+#include "daemon/session.h"
 
 typedef struct kvd_sink kvd_sink;
 struct kvd_sink {
   /* Appends one encoded frame for the connection and sends what it can. */
   void (*deliver)(kvd_sink *s, const kv_buf *frame);
-  void *conn;          /* the connection; NULL once it closed */
-  kvd_session *sess;   /* its session; NULL once it closed */
+  void *conn;        /* the connection; NULL once it closed */
+  kvd_session *sess; /* its session; NULL once it closed */
   uint32_t refs;
 };
 

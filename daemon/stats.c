@@ -3,9 +3,9 @@
 #include "daemon/stats.h"
 
 #include <ctype.h>
-#include <stddef.h>
 #include <errno.h>
 #include <jansson.h>
+#include <stddef.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -14,20 +14,19 @@
 #include <unistd.h>
 
 #include "base/clock.h"
+#include "base/errors.h"
 #include "base/hex.h"
+#include "base/log.h"
 #include "base/size.h"
 #include "daemon/kvd.h"
-#include "base/log.h"
-#include "base/errors.h"
 
 #define GHOST_SLOTS (1u << 18) /* about 256 Ki keys remembered: 2 MiB */
 
-const char *const kvd_miss_names[KVD_MISS_COUNT] = {"absent", "evicted", "corrupt",
+const char *const kvd_miss_names[KVD_MISS_COUNT] = {"absent",   "evicted", "corrupt",
                                                     "io_error", "timeout", "not_shareable"};
 const char *const kvd_dir_names[KVD_DIR_COUNT] = {"g1_to_g2", "g2_to_g1", "g2_to_g3", "g3_to_g2"};
 const char *const kvd_sock_names[KVD_SOCK_COUNT] = {"stats", "stats_tcp", "admin"};
 static const char *const tier_names[KV_NTIERS] = {"g1", "g2", "g3"};
-
 
 /* --- histograms --------------------------------------------------------------- */
 
@@ -56,10 +55,11 @@ uint64_t kvd_hist_quantile_us(const kvd_hist *h, double q) {
 
 static void on_copy(void *arg, kv_tier from, kv_tier to, uint32_t bytes, uint64_t ns, int status) {
   kvd *d = arg;
-  int dir = from == KV_G2 && to == KV_G3 ? KVD_DIR_G2_TO_G3
-          : from == KV_G3 && to == KV_G2 ? KVD_DIR_G3_TO_G2
-          : from == KV_G1 && to == KV_G2 ? KVD_DIR_G1_TO_G2
-          : from == KV_G2 && to == KV_G1 ? KVD_DIR_G2_TO_G1 : -1;
+  int dir = from == KV_G2 && to == KV_G3   ? KVD_DIR_G2_TO_G3
+            : from == KV_G3 && to == KV_G2 ? KVD_DIR_G3_TO_G2
+            : from == KV_G1 && to == KV_G2 ? KVD_DIR_G1_TO_G2
+            : from == KV_G2 && to == KV_G1 ? KVD_DIR_G2_TO_G1
+                                           : -1;
   if (dir < 0) return;
   kvd_hist_add(&d->m.copy[dir], ns);
   if (status == 0) {
@@ -116,7 +116,8 @@ static int held_elsewhere(kvd *d, int reg_ns, const kv_key *key) {
 kvd_miss kvd_miss_classify(kvd *d, int reg_ns, uint32_t core_ns, const kv_key *key) {
   kvd_miss why = KVD_MISS_ABSENT;
   if (d->reg.ntenants > 1 && held_elsewhere(d, reg_ns, key)) why = KVD_MISS_NOT_SHAREABLE;
-  else if (kvd_ghost_has(&d->m.ghost, kvd_ghost_fp(core_ns, key->b, key->len))) why = KVD_MISS_EVICTED;
+  else if (kvd_ghost_has(&d->m.ghost, kvd_ghost_fp(core_ns, key->b, key->len)))
+    why = KVD_MISS_EVICTED;
   d->m.misses[why]++;
   return why;
 }
@@ -178,7 +179,8 @@ static void take(kvd *d, snapshot *s) {
   if (kv_core_g1_pools(d->core)) {
     tier_view *g1 = &s->t[KV_G1];
     g1->enabled = 1;
-    for (uint32_t p = 0; p < kv_core_g1_pools(d->core); p++) add_arena(g1, kv_core_g1_arena(d->core, p), 0);
+    for (uint32_t p = 0; p < kv_core_g1_pools(d->core); p++)
+      add_arena(g1, kv_core_g1_arena(d->core, p), 0);
     g1->state = g1->used >= g1->capacity ? "full" : "ok";
   }
   tier_view *g2 = &s->t[KV_G2];
@@ -227,13 +229,14 @@ static int op_label(uint16_t op, char *low, size_t len) {
   return 1;
 }
 
-static uint64_t uptime_s(kvd *d) {
-  return ((uint64_t)kv_now_ms() - d->start_ms) / 1000;
-}
+static uint64_t uptime_s(kvd *d) { return ((uint64_t)kv_now_ms() - d->start_ms) / 1000; }
 
 /* --- /metrics -------------------------------------------------------------------- */
 
-#define P(...) do { if (kvd_buf_printf(out, __VA_ARGS__)) return -ENOMEM; } while (0)
+#define P(...)                                            \
+  do {                                                    \
+    if (kvd_buf_printf(out, __VA_ARGS__)) return -ENOMEM; \
+  } while (0)
 
 static int header(kv_buf *out, const char *name, const char *type, const char *help) {
   P("# HELP %s %s\n# TYPE %s %s\n", name, help, name, type);
@@ -254,7 +257,10 @@ static int histogram(kv_buf *out, const char *name, const char *label, const cha
   return 0;
 }
 
-#define H(name, type, help) do { if (header(out, name, type, help)) return -ENOMEM; } while (0)
+#define H(name, type, help)                            \
+  do {                                                 \
+    if (header(out, name, type, help)) return -ENOMEM; \
+  } while (0)
 #define U(x) ((unsigned long long)(x))
 
 int kvd_render_metrics(kvd *d, kv_buf *out) {
@@ -272,12 +278,16 @@ int kvd_render_metrics(kvd *d, kv_buf *out) {
   P("kvcached_build_info{version=\"%s\",cuda=\"%s\"} 1\n", KV_VERSION, cuda);
   H("kvcached_uptime_seconds", "gauge", "Seconds since the daemon started.");
   P("kvcached_uptime_seconds %llu\n", U(uptime_s(d)));
-  static const struct { const char *name, *help; size_t off; } tg[] = {
+  static const struct {
+    const char *name, *help;
+    size_t off;
+  } tg[] = {
       {"kvcached_tier_capacity_bytes", "Bytes the tier may hold (a soft limit when one is set).",
        offsetof(tier_view, capacity)},
       {"kvcached_tier_used_bytes", "Bytes of blocks the tier holds.", offsetof(tier_view, used)},
       {"kvcached_tier_blocks", "Blocks the tier holds.", offsetof(tier_view, blocks)},
-      {"kvcached_hits_total", "Keys asked for (LOOKUP, LOAD, GET) and found, by the fastest tier holding them.",
+      {"kvcached_hits_total",
+       "Keys asked for (LOOKUP, LOAD, GET) and found, by the fastest tier holding them.",
        offsetof(tier_view, hits)},
       {"kvcached_evictions_total", "Blocks evicted from the tier.", offsetof(tier_view, evictions)},
   };
@@ -287,21 +297,24 @@ int kvd_render_metrics(kvd *d, kv_buf *out) {
       P("%s{tier=\"%s\"} %llu\n", tg[i].name, tier_names[t],
         U(*(const uint64_t *)((const char *)&s.t[t] + tg[i].off)));
   }
-  H("kvcached_misses_total", "counter", "Keys asked for (LOOKUP, LOAD, GET) and not served, by reason.");
+  H("kvcached_misses_total", "counter",
+    "Keys asked for (LOOKUP, LOAD, GET) and not served, by reason.");
   for (int i = 0; i < KVD_MISS_COUNT; i++)
     P("kvcached_misses_total{reason=\"%s\"} %llu\n", kvd_miss_names[i], U(d->m.misses[i]));
   H("kvcached_lookups_total", "counter", "Keys looked up.");
   P("kvcached_lookups_total %llu\n", U(c->lookups));
   H("kvcached_copy_bytes_total", "counter", "Bytes copied between tiers, by direction.");
   for (int i = 0; i < KVD_DIR_COUNT; i++)
-    P("kvcached_copy_bytes_total{direction=\"%s\"} %llu\n", kvd_dir_names[i], U(d->m.copy_bytes[i]));
+    P("kvcached_copy_bytes_total{direction=\"%s\"} %llu\n", kvd_dir_names[i],
+      U(d->m.copy_bytes[i]));
   H("kvcached_copy_ops_total", "counter", "Block copies between tiers completed, by direction.");
   for (int i = 0; i < KVD_DIR_COUNT; i++)
     P("kvcached_copy_ops_total{direction=\"%s\"} %llu\n", kvd_dir_names[i], U(d->m.copy_ops[i]));
   H("kvcached_copy_duration_seconds", "histogram",
     "Time from the start of a block copy between tiers to its completion.");
   for (int i = 0; i < KVD_DIR_COUNT; i++)
-    if (histogram(out, "kvcached_copy_duration_seconds", "direction", kvd_dir_names[i], &d->m.copy[i]))
+    if (histogram(out, "kvcached_copy_duration_seconds", "direction", kvd_dir_names[i],
+                  &d->m.copy[i]))
       return -ENOMEM;
   H("kvcached_demotions_total", "counter", "Victims handed down to the next tier, by source tier.");
   P("kvcached_demotions_total{from=\"g1\"} 0\n");
@@ -310,7 +323,8 @@ int kvd_render_metrics(kvd *d, kv_buf *out) {
     "G2 victims the SSD tier did not take (admission policy, state or space).");
   P("kvcached_admissions_refused_total %llu\n", U(c->g3_refused));
   H("kvcached_g3_share_refused_total", "counter",
-    "G2 victims not written to G3 because their tenant held its g3_share and none of its G3 blocks could go.");
+    "G2 victims not written to G3 because their tenant held its g3_share and none of its G3 blocks "
+    "could go.");
   P("kvcached_g3_share_refused_total %llu\n", U(c->g3_share_refused));
   H("kvcached_pinned_blocks", "gauge", "Blocks pinned by workers or the operator.");
   P("kvcached_pinned_blocks %llu\n", U(s.pinned));
@@ -326,16 +340,19 @@ int kvd_render_metrics(kvd *d, kv_buf *out) {
   H("kvcached_sessions_opened_total", "counter", "Worker connections accepted.");
   P("kvcached_sessions_opened_total %llu\n", U(d->st.sessions_opened));
   H("kvcached_hello_refused_total", "counter",
-    "HELLOs refused by tenant: naming a tenant not configured, or from a peer not allowed to act as it.");
+    "HELLOs refused by tenant: naming a tenant not configured, or from a peer not allowed to act "
+    "as it.");
   for (int i = 0; i < KVD_HELLO_REFUSED_COUNT; i++)
     P("kvcached_hello_refused_total{reason=\"%s\"} %llu\n", kvd_hello_refusal_names[i],
       U(d->reg.hello_refused[i]));
   H("kvcached_namespaces", "gauge", "Namespaces: those with a session open or blocks in any tier.");
   P("kvcached_namespaces %llu\n", U(d->reg.nlive));
-  H("kvcached_namespaces_freed_total", "counter", "Namespaces freed: no session and no block left.");
+  H("kvcached_namespaces_freed_total", "counter",
+    "Namespaces freed: no session and no block left.");
   P("kvcached_namespaces_freed_total %llu\n", U(d->reg.ns_freed));
   H("kvcached_namespaces_refused_total", "counter",
-    "HELLOs refused a new namespace: the tenant at limits.namespaces_per_tenant, or the daemon full.");
+    "HELLOs refused a new namespace: the tenant at limits.namespaces_per_tenant, or the daemon "
+    "full.");
   for (int i = 0; i < KVD_NS_REFUSED_COUNT; i++)
     P("kvcached_namespaces_refused_total{reason=\"%s\"} %llu\n", kvd_ns_refusal_names[i],
       U(d->reg.ns_refused[i]));
@@ -363,17 +380,20 @@ int kvd_render_metrics(kvd *d, kv_buf *out) {
       kvd_sock_names[i], U(l->request_timeouts));
     P("kvcached_connections_closed_total{socket=\"%s\",reason=\"evicted\"} %llu\n",
       kvd_sock_names[i], U(l->evicted));
-    P("kvcached_connections_closed_total{socket=\"%s\",reason=\"idle\"} %llu\n",
-      kvd_sock_names[i], U(l->idle));
+    P("kvcached_connections_closed_total{socket=\"%s\",reason=\"idle\"} %llu\n", kvd_sock_names[i],
+      U(l->idle));
   }
   H("kvcached_connections", "gauge", "Connections open, by socket.");
   P("kvcached_connections{socket=\"worker\"} %llu\n", U(d->nsessions));
   for (int i = 0; i < KVD_SOCK_COUNT; i++)
-    if (d->m.http[i]) P("kvcached_connections{socket=\"%s\"} %llu\n", kvd_sock_names[i], U(d->m.http[i]->open));
+    if (d->m.http[i])
+      P("kvcached_connections{socket=\"%s\"} %llu\n", kvd_sock_names[i], U(d->m.http[i]->open));
   H("kvcached_connections_limit", "gauge", "Connections a socket takes at once.");
   P("kvcached_connections_limit{socket=\"worker\"} %llu\n", U(d->st.conns_max));
   for (int i = 0; i < KVD_SOCK_COUNT; i++)
-    if (d->m.http[i]) P("kvcached_connections_limit{socket=\"%s\"} %llu\n", kvd_sock_names[i], U(d->m.http[i]->max));
+    if (d->m.http[i])
+      P("kvcached_connections_limit{socket=\"%s\"} %llu\n", kvd_sock_names[i],
+        U(d->m.http[i]->max));
   H("kvcached_requests_total", "counter", "Worker requests handled, by operation.");
   char low[32];
   for (uint16_t op = 1; op < KV_OP_COUNT; op++)
@@ -381,16 +401,19 @@ int kvd_render_metrics(kvd *d, kv_buf *out) {
       P("kvcached_requests_total{op=\"%s\"} %llu\n", low, U(d->st.ops[op]));
   H("kvcached_request_duration_seconds", "histogram",
     "Time from a decoded request to its reply (LOOKUP; LOAD, waits on the SSD included).");
-  if (histogram(out, "kvcached_request_duration_seconds", "op", "lookup", &d->m.req[KVD_REQ_LOOKUP]) ||
+  if (histogram(out, "kvcached_request_duration_seconds", "op", "lookup",
+                &d->m.req[KVD_REQ_LOOKUP]) ||
       histogram(out, "kvcached_request_duration_seconds", "op", "load", &d->m.req[KVD_REQ_LOAD]))
     return -ENOMEM;
   H("kvcached_g3_state", "gauge",
-    "State of the SSD tier (1 for the current one; unavailable: configured but it could not be opened).");
+    "State of the SSD tier (1 for the current one; unavailable: configured but it could not be "
+    "opened).");
   static const char *const g3s[] = {"ok", "degraded", "full", "off", "unavailable"};
   int cur = s.g3_state >= 0 ? s.g3_state : d->g3w.err ? 4 : 3;
   for (int i = 0; i < 5; i++) P("kvcached_g3_state{state=\"%s\"} %d\n", g3s[i], i == cur);
   H("kvcached_g3_problem", "gauge",
-    "Why the SSD tier is not ok (1 for the current reason, none while it is ok or off; details in /health and the log).");
+    "Why the SSD tier is not ok (1 for the current reason, none while it is ok or off; details in "
+    "/health and the log).");
   kvd_g3_problem why = kvd_g3_problem_of(d);
   for (int i = 0; i < KVD_G3P_COUNT; i++)
     P("kvcached_g3_problem{reason=\"%s\"} %d\n", kvd_g3_problem_names[i], i == (int)why);
@@ -424,9 +447,11 @@ int kvd_render_metrics(kvd *d, kv_buf *out) {
   H("kvcached_g1_enabled", "gauge", "1 when a G1 device pool is up.");
   P("kvcached_g1_enabled %d\n", g1->on > 0);
   H("kvcached_g1_unavailable", "gauge",
-    "1 when G1 was wanted (g1.enable auto or on) but a device of g1.device or its pool could not be had (reason in the log).");
+    "1 when G1 was wanted (g1.enable auto or on) but a device of g1.device or its pool could not "
+    "be had (reason in the log).");
   P("kvcached_g1_unavailable %d\n", wanted && g1->on < g1->n);
-  H("kvcached_g1_pool_bytes", "gauge", "Bytes of the G1 device pools, all devices together (0 when off).");
+  H("kvcached_g1_pool_bytes", "gauge",
+    "Bytes of the G1 device pools, all devices together (0 when off).");
   P("kvcached_g1_pool_bytes %llu\n", U(pool_bytes));
   H("kvcached_g1_device_up", "gauge",
     "Per device of g1.device (its ordinal): 1 when its pool is up, 0 when it could not be had.");
@@ -442,29 +467,35 @@ int kvd_render_metrics(kvd *d, kv_buf *out) {
   for (int i = 0; i < 3; i++)
     P("kvcached_g1_exports_total{kind=\"%s\"} %llu\n", g1k[i], U(exports[i + 1]));
   H("kvcached_g1_selects_total", "counter",
-    "G1_SELECT requests (a worker asking for its device's pool): answered with a pool, or with none (the worker uses G2).");
+    "G1_SELECT requests (a worker asking for its device's pool): answered with a pool, or with "
+    "none (the worker uses G2).");
   P("kvcached_g1_selects_total{result=\"pool\"} %llu\n", U(g1->selects[0]));
   P("kvcached_g1_selects_total{result=\"none\"} %llu\n", U(g1->selects[1]));
   H("kvcached_g1_copies_total", "counter",
-    "Block copies between G1 and G2 that completed: load (G2->G1, for a LOAD to G1) and writeback (a G1 victim not in G2).");
+    "Block copies between G1 and G2 that completed: load (G2->G1, for a LOAD to G1) and writeback "
+    "(a G1 victim not in G2).");
   P("kvcached_g1_copies_total{dir=\"load\"} %llu\n", U(c->g1_loads));
   P("kvcached_g1_copies_total{dir=\"writeback\"} %llu\n", U(c->g1_writebacks));
   H("kvcached_g1_copy_failures_total", "counter",
-    "Block copies between G1 and G2 the device failed (a failed load is answered from G2; a failed write-back keeps the G1 copy).");
+    "Block copies between G1 and G2 the device failed (a failed load is answered from G2; a failed "
+    "write-back keeps the G1 copy).");
   P("kvcached_g1_copy_failures_total{dir=\"load\"} %llu\n", U(c->g1_load_failed));
   P("kvcached_g1_copy_failures_total{dir=\"writeback\"} %llu\n", U(c->g1_writeback_failed));
   H("kvcached_g1_submissions_total", "counter",
-    "Submissions to the devices' copy engines: the copies queued in one turn of the loop go as one per direction and device.");
+    "Submissions to the devices' copy engines: the copies queued in one turn of the loop go as one "
+    "per direction and device.");
   P("kvcached_g1_submissions_total{dir=\"load\"} %llu\n", U(subs[KV_DEV_H2D]));
   P("kvcached_g1_submissions_total{dir=\"writeback\"} %llu\n", U(subs[KV_DEV_D2H]));
   H("kvcached_g1_copies_refused_total", "counter",
-    "Copies the device refused at submit (each fails alone: a refused submission is retried copy by copy).");
+    "Copies the device refused at submit (each fails alone: a refused submission is retried copy "
+    "by copy).");
   P("kvcached_g1_copies_refused_total{dir=\"load\"} %llu\n", U(refused[KV_DEV_H2D]));
   P("kvcached_g1_copies_refused_total{dir=\"writeback\"} %llu\n", U(refused[KV_DEV_D2H]));
   H("kvcached_bad_frames_total", "counter", "Malformed frames received on the worker socket.");
   P("kvcached_bad_frames_total %llu\n", U(d->st.bad_frames));
   H("kvcached_frames_over_limit_total", "counter",
-    "Worker frames refused from their header alone: payload over the connection's limit (connection closed).");
+    "Worker frames refused from their header alone: payload over the connection's limit "
+    "(connection closed).");
   P("kvcached_frames_over_limit_total %llu\n", U(d->st.frames_over_limit));
   return 0;
 }
@@ -476,14 +507,14 @@ int kvd_render_metrics(kvd *d, kv_buf *out) {
 static json_t *tier_json(const tier_view *t) {
   return json_pack("{s:b,s:s,s:I,s:I,s:I,s:I,s:I}", "enabled", t->enabled, "state", t->state,
                    "capacity_bytes", (json_int_t)t->capacity, "used_bytes", (json_int_t)t->used,
-                   "blocks", (json_int_t)t->blocks, "hits", (json_int_t)t->hits,
-                   "evictions", (json_int_t)t->evictions);
+                   "blocks", (json_int_t)t->blocks, "hits", (json_int_t)t->hits, "evictions",
+                   (json_int_t)t->evictions);
 }
 
 static json_t *lat_json(const kvd_hist *h) {
-  return json_pack("{s:I,s:I,s:I}", "count", (json_int_t)h->count,
-                   "p50", (json_int_t)kvd_hist_quantile_us(h, 0.5),
-                   "p99", (json_int_t)kvd_hist_quantile_us(h, 0.99));
+  return json_pack("{s:I,s:I,s:I}", "count", (json_int_t)h->count, "p50",
+                   (json_int_t)kvd_hist_quantile_us(h, 0.5), "p99",
+                   (json_int_t)kvd_hist_quantile_us(h, 0.99));
 }
 
 /* Each tenant: its name ("" for the default one), its arena, its G3 share. */
@@ -491,10 +522,10 @@ static json_t *tenants_json(kvd *d) {
   json_t *a = json_array();
   for (uint32_t i = 0; i < d->reg.ntenants; i++) {
     const kvd_tenant *t = &d->reg.tenants[i];
-    json_t *o = json_pack("{s:s,s:b,s:I,s:I,s:I}", "name", t->cfg.name, "configured", t->configured,
-                          "g2_capacity_bytes", (json_int_t)t->arena.capacity,
-                          "g2_used_bytes", (json_int_t)t->arena.used_bytes,
-                          "namespaces", (json_int_t)d->reg.tenant_nns[i]);
+    json_t *o =
+        json_pack("{s:s,s:b,s:I,s:I,s:I}", "name", t->cfg.name, "configured", t->configured,
+                  "g2_capacity_bytes", (json_int_t)t->arena.capacity, "g2_used_bytes",
+                  (json_int_t)t->arena.used_bytes, "namespaces", (json_int_t)d->reg.tenant_nns[i]);
     uint64_t share, held;
     if (d->g3 && kv_core_g3_share_get(d->core, i, &share, &held) == 0) {
       uint64_t sb = kv_g3_slot_bytes(d->g3);
@@ -509,7 +540,8 @@ static json_t *tenants_json(kvd *d) {
 /* Each tier's view: {"g1": ..., "g2": ..., "g3": ...}. */
 static json_t *tiers_json(const snapshot *s) {
   json_t *tiers = json_object();
-  for (int t = 0; t < KV_NTIERS; t++) json_object_set_new(tiers, tier_names[t], tier_json(&s->t[t]));
+  for (int t = 0; t < KV_NTIERS; t++)
+    json_object_set_new(tiers, tier_names[t], tier_json(&s->t[t]));
   return tiers;
 }
 
@@ -522,51 +554,58 @@ static json_t *stats_json(kvd *d, const snapshot *s) {
   json_object_set_new(o, "version", json_string(KV_VERSION));
   json_object_set_new(o, "pid", json_integer(getpid()));
   json_object_set_new(o, "uptime_s", json_integer((json_int_t)uptime_s(d)));
-  json_object_set_new(o, "policy", json_pack("{s:s,s:s}", "eviction", kv_core_policy_name(d->core),
-                                             "admission", kv_config_enum_name("g3.admit", d->cfg.g3_admit)));
+  json_object_set_new(o, "policy",
+                      json_pack("{s:s,s:s}", "eviction", kv_core_policy_name(d->core), "admission",
+                                kv_config_enum_name("g3.admit", d->cfg.g3_admit)));
   json_object_set_new(o, "tiers", tiers_json(s));
   json_t *m = json_object();
   for (int i = 0; i < KVD_MISS_COUNT; i++)
     json_object_set_new(m, kvd_miss_names[i], json_integer((json_int_t)d->m.misses[i]));
   json_object_set_new(o, "misses", m);
   json_object_set_new(o, "lookups", json_integer((json_int_t)c->lookups));
-  json_object_set_new(o, "corrupt_reports", json_pack("{s:I,s:I,s:I,s:I}",
-                      "confirmed", (json_int_t)d->trust.confirmed,
-                      "rejected", (json_int_t)d->trust.rejected,
-                      "dropped", (json_int_t)d->trust.dropped,
-                      "pending", (json_int_t)d->trust.npend));
+  json_object_set_new(o, "corrupt_reports",
+                      json_pack("{s:I,s:I,s:I,s:I}", "confirmed", (json_int_t)d->trust.confirmed,
+                                "rejected", (json_int_t)d->trust.rejected, "dropped",
+                                (json_int_t)d->trust.dropped, "pending",
+                                (json_int_t)d->trust.npend));
   json_t *tr = json_object();
   for (int i = 0; i < KVD_DIR_COUNT; i++)
-    json_object_set_new(tr, kvd_dir_names[i], json_pack("{s:I,s:I}", "bytes",
-                        (json_int_t)d->m.copy_bytes[i], "ops", (json_int_t)d->m.copy_ops[i]));
+    json_object_set_new(tr, kvd_dir_names[i],
+                        json_pack("{s:I,s:I}", "bytes", (json_int_t)d->m.copy_bytes[i], "ops",
+                                  (json_int_t)d->m.copy_ops[i]));
   json_object_set_new(o, "traffic", tr);
   json_object_set_new(o, "demotions", json_integer((json_int_t)c->demotions));
   json_object_set_new(o, "admissions_refused", json_integer((json_int_t)c->g3_refused));
   json_object_set_new(o, "pins", json_integer((json_int_t)s->pinned));
   json_object_set_new(o, "uncommitted", json_integer((json_int_t)s->uncommitted));
-  json_object_set_new(o, "session_limit_refused", json_pack("{s:I,s:I}",
-                      "pins", (json_int_t)d->st.pins_refused, "allocs", (json_int_t)d->st.allocs_refused));
+  json_object_set_new(o, "session_limit_refused",
+                      json_pack("{s:I,s:I}", "pins", (json_int_t)d->st.pins_refused, "allocs",
+                                (json_int_t)d->st.allocs_refused));
   json_object_set_new(o, "sessions", json_integer((json_int_t)d->nsessions));
   json_object_set_new(o, "tenants", tenants_json(d));
   json_t *hr = json_object();
   for (int i = 0; i < KVD_HELLO_REFUSED_COUNT; i++)
-    json_object_set_new(hr, kvd_hello_refusal_names[i], json_integer((json_int_t)d->reg.hello_refused[i]));
+    json_object_set_new(hr, kvd_hello_refusal_names[i],
+                        json_integer((json_int_t)d->reg.hello_refused[i]));
   json_object_set_new(o, "hello_refused", hr);
   json_t *nr = json_object();
   for (int i = 0; i < KVD_NS_REFUSED_COUNT; i++)
-    json_object_set_new(nr, kvd_ns_refusal_names[i], json_integer((json_int_t)d->reg.ns_refused[i]));
-  json_object_set_new(o, "namespaces", json_pack("{s:I,s:I,s:o}", "live", (json_int_t)d->reg.nlive,
-                                                 "freed", (json_int_t)d->reg.ns_freed, "refused", nr));
+    json_object_set_new(nr, kvd_ns_refusal_names[i],
+                        json_integer((json_int_t)d->reg.ns_refused[i]));
+  json_object_set_new(o, "namespaces",
+                      json_pack("{s:I,s:I,s:o}", "live", (json_int_t)d->reg.nlive, "freed",
+                                (json_int_t)d->reg.ns_freed, "refused", nr));
   json_t *rq = json_object();
   char low[32];
   for (uint16_t op = 1; op < KV_OP_COUNT; op++)
-    if (op_label(op, low, sizeof low)) json_object_set_new(rq, low, json_integer((json_int_t)d->st.ops[op]));
+    if (op_label(op, low, sizeof low))
+      json_object_set_new(rq, low, json_integer((json_int_t)d->st.ops[op]));
   json_object_set_new(o, "requests", rq);
-  json_object_set_new(o, "latency_us", json_pack("{s:o,s:o,s:o,s:o}",
-                      "lookup", lat_json(&d->m.req[KVD_REQ_LOOKUP]),
-                      "load", lat_json(&d->m.req[KVD_REQ_LOAD]),
-                      "g2_to_g3", lat_json(&d->m.copy[KVD_DIR_G2_TO_G3]),
-                      "g3_to_g2", lat_json(&d->m.copy[KVD_DIR_G3_TO_G2])));
+  json_object_set_new(o, "latency_us",
+                      json_pack("{s:o,s:o,s:o,s:o}", "lookup", lat_json(&d->m.req[KVD_REQ_LOOKUP]),
+                                "load", lat_json(&d->m.req[KVD_REQ_LOAD]), "g2_to_g3",
+                                lat_json(&d->m.copy[KVD_DIR_G2_TO_G3]), "g3_to_g2",
+                                lat_json(&d->m.copy[KVD_DIR_G3_TO_G2])));
   return o;
 }
 
@@ -579,10 +618,10 @@ static json_t *status_json(kvd *d, const snapshot *s) {
     kv_arena *a = &d->reg.tenants[i].arena;
     cap += a->capacity;
     used += a->used_bytes;
-    json_array_append_new(tenants, json_pack("{s:s,s:I,s:I,s:b}", "tenant", d->reg.tenants[i].cfg.name,
-                                             "capacity_bytes", (json_int_t)a->capacity,
-                                             "used_bytes", (json_int_t)a->used_bytes,
-                                             "locked", a->locked));
+    json_array_append_new(tenants,
+                          json_pack("{s:s,s:I,s:I,s:b}", "tenant", d->reg.tenants[i].cfg.name,
+                                    "capacity_bytes", (json_int_t)a->capacity, "used_bytes",
+                                    (json_int_t)a->used_bytes, "locked", a->locked));
   }
   kv_core_stats_t cs;
   kv_core_stats(d->core, &cs);
@@ -591,27 +630,30 @@ static json_t *status_json(kvd *d, const snapshot *s) {
   for (int i = 0; i < KVD_MISS_COUNT; i++) misses += d->m.misses[i];
   json_t *o = json_pack(
       "{s:s,s:I,s:I,s:{s:I,s:I,s:I,s:o},s:{s:I,s:I,s:I,s:I,s:I,s:I,s:I,s:I,s:I},s:s,s:I}",
-      "version", KV_VERSION, "uptime_s", (json_int_t)uptime_s(d),
-      "sessions", (json_int_t)d->nsessions,
-      "g2", "capacity_bytes", (json_int_t)cap, "used_bytes", (json_int_t)used,
-      "blocks", (json_int_t)kv_core_index(d->core)->count, "tenants", tenants,
-      "core", "lookups", (json_int_t)c->lookups, "hits_g1", (json_int_t)c->hits[KV_G1],
-      "hits_g2", (json_int_t)c->hits[KV_G2], "hits_g3", (json_int_t)c->hits[KV_G3],
-      "misses", (json_int_t)misses, "evictions_g2", (json_int_t)c->evictions[KV_G2],
-      "allocs", (json_int_t)c->allocs, "commits", (json_int_t)c->commits,
-      "aborts", (json_int_t)c->aborts,
+      "version", KV_VERSION, "uptime_s", (json_int_t)uptime_s(d), "sessions",
+      (json_int_t)d->nsessions, "g2", "capacity_bytes", (json_int_t)cap, "used_bytes",
+      (json_int_t)used, "blocks", (json_int_t)kv_core_index(d->core)->count, "tenants", tenants,
+      "core", "lookups", (json_int_t)c->lookups, "hits_g1", (json_int_t)c->hits[KV_G1], "hits_g2",
+      (json_int_t)c->hits[KV_G2], "hits_g3", (json_int_t)c->hits[KV_G3], "misses",
+      (json_int_t)misses, "evictions_g2", (json_int_t)c->evictions[KV_G2], "allocs",
+      (json_int_t)c->allocs, "commits", (json_int_t)c->commits, "aborts", (json_int_t)c->aborts,
       "policy", kv_core_policy_name(d->core), "namespaces", (json_int_t)d->reg.nlive);
   if (o && d->g3) {
     const kv_g3_stats *gs = &s->gs;
-    json_object_set_new(o, "g3", json_pack("{s:s,s:I,s:I,s:I,s:I,s:I,s:I,s:I,s:I}",
-        "state", kv_g3_state_name(gs->state), "capacity_bytes", (json_int_t)gs->capacity_bytes,
-        "stored_bytes", (json_int_t)gs->stored_bytes, "blocks", (json_int_t)gs->slots_stored,
-        "reads", (json_int_t)gs->reads, "writes", (json_int_t)gs->writes,
-        "corrupt", (json_int_t)gs->corrupt, "io_errors", (json_int_t)gs->io_errors,
-        "warm_blocks", (json_int_t)c->warm_blocks));
-    json_object_set_new(json_object_get(o, "core"), "promotions", json_integer((json_int_t)c->promotions));
-    json_object_set_new(json_object_get(o, "core"), "g3_admitted", json_integer((json_int_t)c->g3_admitted));
-    json_object_set_new(json_object_get(o, "core"), "g3_refused", json_integer((json_int_t)c->g3_refused));
+    json_object_set_new(
+        o, "g3",
+        json_pack("{s:s,s:I,s:I,s:I,s:I,s:I,s:I,s:I,s:I}", "state", kv_g3_state_name(gs->state),
+                  "capacity_bytes", (json_int_t)gs->capacity_bytes, "stored_bytes",
+                  (json_int_t)gs->stored_bytes, "blocks", (json_int_t)gs->slots_stored, "reads",
+                  (json_int_t)gs->reads, "writes", (json_int_t)gs->writes, "corrupt",
+                  (json_int_t)gs->corrupt, "io_errors", (json_int_t)gs->io_errors, "warm_blocks",
+                  (json_int_t)c->warm_blocks));
+    json_object_set_new(json_object_get(o, "core"), "promotions",
+                        json_integer((json_int_t)c->promotions));
+    json_object_set_new(json_object_get(o, "core"), "g3_admitted",
+                        json_integer((json_int_t)c->g3_admitted));
+    json_object_set_new(json_object_get(o, "core"), "g3_refused",
+                        json_integer((json_int_t)c->g3_refused));
   }
   if (o) json_object_set_new(o, "tiers", tiers_json(s));
   return o;
@@ -633,7 +675,8 @@ static json_t *health_json(kvd *d, int *status) {
       int n = snprintf(r, sizeof r, "g3 %s: %s: %s", kv_g3_state_name(gs.state), gs.state_what,
                        kv_strerror(gs.state_err));
       if (n > 0 && (size_t)n < sizeof r && gs.state == KV_G3_FULL && d->cfg.g3_retry_ms)
-        snprintf(r + n, sizeof r - (size_t)n, " (a write is tried every %u ms)", d->cfg.g3_retry_ms);
+        snprintf(r + n, sizeof r - (size_t)n, " (a write is tried every %u ms)",
+                 d->cfg.g3_retry_ms);
       else if (n > 0 && (size_t)n < sizeof r && !strcmp(gs.state_what, "store file removed"))
         snprintf(r + n, sizeof r - (size_t)n, " (restart to make a new store)");
       json_array_append_new(reasons, json_string(r));
@@ -672,10 +715,10 @@ static int key_one(const kv_block *b, void *arg) {
   json_t *tiers = json_array();
   for (int t = 0; t < KV_NTIERS; t++)
     if (b->tiers & KV_TIER_BIT(t)) json_array_append_new(tiers, json_string(tier_names[t]));
-  json_array_append_new(k->arr, json_pack("{s:s,s:s,s:o,s:I,s:I,s:I,s:I}", "key", key, "ns", ns,
-                                          "tiers", tiers, "bytes", (json_int_t)b->size,
-                                          "pins", (json_int_t)b->pins, "prio", (json_int_t)b->prio,
-                                          "hits", (json_int_t)b->hits));
+  json_array_append_new(k->arr,
+                        json_pack("{s:s,s:s,s:o,s:I,s:I,s:I,s:I}", "key", key, "ns", ns, "tiers",
+                                  tiers, "bytes", (json_int_t)b->size, "pins", (json_int_t)b->pins,
+                                  "prio", (json_int_t)b->prio, "hits", (json_int_t)b->hits));
   return json_array_size(k->arr) >= k->limit;
 }
 
@@ -702,9 +745,9 @@ static json_t *keys_json(kvd *d, const kvd_http_req *req, kvd_http_resp *resp) {
     int rc = r < 0 ? -EINVAL : kvd_ns_by_hex(d, v, &ns);
     if (rc) {
       kvd_http_error(resp, rc == -ENOENT ? 404 : 400, "ns: %s",
-                     rc == -ENOENT ? "no namespace has that digest"
+                     rc == -ENOENT   ? "no namespace has that digest"
                      : rc == -EEXIST ? "the prefix names more than one namespace"
-                     : "wants the namespace digest in hex (at least 8 digits)");
+                                     : "wants the namespace digest in hex (at least 8 digits)");
       return NULL;
     }
   }

@@ -22,9 +22,9 @@
 #include <jansson.h>
 #include <stdint.h>
 
+#include "base/buf.h"
 #include "daemon/ghost.h"
 #include "daemon/http.h"
-#include "base/buf.h"
 #include "tiers/block.h"
 
 /* Bucket i counts durations <= 2^i microseconds (1 us .. about 8.4 s);

@@ -6,10 +6,10 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "base/hex.h"
-#include "daemon/kvd.h"
-#include "base/log.h"
 #include "base/crc32c.h"
+#include "base/hex.h"
+#include "base/log.h"
+#include "daemon/kvd.h"
 
 #define BAD_COPIES ((uint8_t)(KV_TIER_BIT(KV_G1) | KV_TIER_BIT(KV_G2)))
 
@@ -75,18 +75,21 @@ int kvd_trust_report(kvd *d, uint64_t sid, kv_block *b) {
   unsigned ns = b->ns;
   uint32_t crc = b->crc;
   if (drop(d, b)) { /* b may be gone with its last copy */
-    kv_warn("trust", "block %s (namespace %u), reported by session %llu: its G2 bytes fail their "
+    kv_warn("trust",
+            "block %s (namespace %u), reported by session %llu: its G2 bytes fail their "
             "CRC (committed %08x, now %08x): G2/G1 copies dropped",
             k, ns, (unsigned long long)sid, crc, now);
     return 1;
   }
   int rc = list_add(&d->trust, b);
   if (rc)
-    kv_error("trust", "block %s (namespace %u) fails its CRC and is still pinned, but cannot wait "
+    kv_error("trust",
+             "block %s (namespace %u) fails its CRC and is still pinned, but cannot wait "
              "for its drop (%s, %u waiting): it stays until a reader reports it again",
              k, (unsigned)b->ns, kv_strerror(rc), d->trust.npend);
   else
-    kv_warn("trust", "block %s (namespace %u), reported by session %llu: its G2 bytes fail their "
+    kv_warn("trust",
+            "block %s (namespace %u), reported by session %llu: its G2 bytes fail their "
             "CRC (committed %08x, now %08x): refused to LOADs, dropped when its %u pin(s) go",
             k, (unsigned)b->ns, (unsigned long long)sid, b->crc, now, (unsigned)b->pins);
   return 1;

@@ -33,7 +33,7 @@
 
 typedef struct kvd_suspect {
   uint32_t core_ns;
-  uint32_t crc;   /* the committed CRC the bytes failed */
+  uint32_t crc; /* the committed CRC the bytes failed */
   kv_key key;
 } kvd_suspect;
 

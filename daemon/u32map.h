@@ -23,7 +23,11 @@ typedef struct u32map {
 #define U32MAP_EMPTY UINT32_MAX
 
 static inline uint32_t u32map_hash(uint32_t x) {
-  x ^= x >> 16; x *= 0x7feb352dU; x ^= x >> 15; x *= 0x846ca68bU; x ^= x >> 16;
+  x ^= x >> 16;
+  x *= 0x7feb352dU;
+  x ^= x >> 15;
+  x *= 0x846ca68bU;
+  x ^= x >> 16;
   return x;
 }
 
@@ -46,7 +50,11 @@ static inline uint32_t *u32map_get(const u32map *m, uint32_t key) {
 static inline int u32map_grow(u32map *m) {
   uint32_t cap = m->k ? (m->mask + 1) * 2 : 16;
   uint32_t *k = malloc(cap * sizeof *k), *v = malloc(cap * sizeof *v);
-  if (!k || !v) { free(k); free(v); return -ENOMEM; }
+  if (!k || !v) {
+    free(k);
+    free(v);
+    return -ENOMEM;
+  }
   for (uint32_t i = 0; i < cap; i++) k[i] = U32MAP_EMPTY;
   if (m->k) {
     for (uint32_t i = 0; i <= m->mask; i++) {
@@ -68,7 +76,10 @@ static inline int u32map_grow(u32map *m) {
 /* Adds delta to key's value, inserting it with value delta if absent. */
 static inline int u32map_add(u32map *m, uint32_t key, uint32_t delta) {
   uint32_t *p = u32map_get(m, key);
-  if (p) { *p += delta; return 0; }
+  if (p) {
+    *p += delta;
+    return 0;
+  }
   if (!m->k || (m->n + 1) * 4 > (m->mask + 1) * 3) {
     int rc = u32map_grow(m);
     if (rc) return rc;
@@ -94,7 +105,11 @@ static inline int u32map_del(u32map *m, uint32_t key) {
     j = (j + 1) & m->mask;
     if (m->k[j] == U32MAP_EMPTY) break;
     uint32_t home = u32map_hash(m->k[j]) & m->mask;
-    if (!kv_probe_stays(hole, j, home)) { m->k[hole] = m->k[j]; m->v[hole] = m->v[j]; hole = j; }
+    if (!kv_probe_stays(hole, j, home)) {
+      m->k[hole] = m->k[j];
+      m->v[hole] = m->v[j];
+      hole = j;
+    }
   }
   m->k[hole] = U32MAP_EMPTY;
   m->n--;

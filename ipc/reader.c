@@ -17,13 +17,13 @@
 #include <unistd.h>
 
 #include "base/clock.h"
-#include "ipc/sock.h"
 #include "base/le.h"
+#include "ipc/sock.h"
 
-#define KV_READER_INIT (64u * 1024)  /* first allocation */
-#define KV_READER_CHUNK 4096u        /* least room offered to a greedy read */
-#define KV_READER_SHRINK (1u << 20)  /* above this, give memory back when idle */
-#define KV_READER_CMSG_FDS 8         /* fds one recvmsg() can take in */
+#define KV_READER_INIT     (64u * 1024) /* first allocation */
+#define KV_READER_CHUNK    4096u        /* least room offered to a greedy read */
+#define KV_READER_SHRINK   (1u << 20)   /* above this, give memory back when idle */
+#define KV_READER_CMSG_FDS 8            /* fds one recvmsg() can take in */
 
 void kv_reader_init(kv_reader *rd, uint32_t max_payload) {
   memset(rd, 0, sizeof *rd);
@@ -156,7 +156,10 @@ ssize_t kv_reader_fill(kv_reader *rd, int sock, int dontwait) {
 
   struct iovec iov = {.iov_base = p, .iov_len = len};
   struct msghdr mh = {
-    .msg_iov = &iov, .msg_iovlen = 1, .msg_control = cm.buf, .msg_controllen = sizeof cm.buf,
+      .msg_iov = &iov,
+      .msg_iovlen = 1,
+      .msg_control = cm.buf,
+      .msg_controllen = sizeof cm.buf,
   };
   ssize_t n;
   do {
@@ -172,10 +175,8 @@ ssize_t kv_reader_fill(kv_reader *rd, int sock, int dontwait) {
     for (size_t j = 0; j < k; j++) {
       int fd;
       memcpy(&fd, CMSG_DATA(c) + j * sizeof(int), sizeof fd);
-      if (ngot < KV_READER_CMSG_FDS)
-        got[ngot++] = fd;
-      else
-        close(fd), extra++;
+      if (ngot < KV_READER_CMSG_FDS) got[ngot++] = fd;
+      else close(fd), extra++;
     }
   }
   uint64_t lo = rd->pos + rd->w;

@@ -53,16 +53,16 @@ typedef int (*kv_reader_check_fn)(void *arg, const kv_hdr *h);
 typedef struct kv_reader {
   uint8_t *buf;
   size_t cap;
-  size_t r, w;          /* unread bytes are buf[r, w) */
-  uint64_t pos;         /* stream offset of buf[0] */
-  uint32_t max_payload; /* this reader's payload limit */
+  size_t r, w;              /* unread bytes are buf[r, w) */
+  uint64_t pos;             /* stream offset of buf[0] */
+  uint32_t max_payload;     /* this reader's payload limit */
   kv_reader_check_fn check; /* the owner's header check, or NULL */
   void *check_arg;
-  int err;              /* sticky error, 0 if none */
+  int err; /* sticky error, 0 if none */
   unsigned nfds;
   struct {
     int fd;
-    uint64_t lo, hi;    /* stream bytes of the recvmsg() that brought it */
+    uint64_t lo, hi; /* stream bytes of the recvmsg() that brought it */
   } fds[KV_READER_FDS];
 } kv_reader;
 

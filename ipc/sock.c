@@ -31,7 +31,6 @@ static int mkaddr(struct sockaddr_un *a, const char *path) {
   return 0;
 }
 
-
 int kv_sock_wait(int fd, short events, int64_t deadline_ms) {
   for (;;) {
     int timeout = -1;
@@ -115,7 +114,8 @@ int kv_listen(kv_listener *l, const char *dir, const char *name, const kv_listen
   rc = clear_stale(l->path);
   if (rc) goto err;
 
-  fd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC | ((d.flags & KV_SOCK_NONBLOCK) ? SOCK_NONBLOCK : 0), 0);
+  fd = socket(AF_UNIX,
+              SOCK_STREAM | SOCK_CLOEXEC | ((d.flags & KV_SOCK_NONBLOCK) ? SOCK_NONBLOCK : 0), 0);
   if (fd < 0) {
     rc = -errno;
     goto err;
@@ -239,13 +239,11 @@ ssize_t kv_sock_sendmsg_fds(int sock, const struct iovec *iov, int iovcnt, const
   }
 }
 
-ssize_t kv_sock_sendmsg(int sock, const struct iovec *iov, int iovcnt, int pass_fd,
-                        int dontwait) {
+ssize_t kv_sock_sendmsg(int sock, const struct iovec *iov, int iovcnt, int pass_fd, int dontwait) {
   return kv_sock_sendmsg_fds(sock, iov, iovcnt, &pass_fd, pass_fd >= 0 ? 1 : 0, dontwait);
 }
 
-int kv_sock_send_frame(int sock, const struct iovec *iov, int iovcnt, int pass_fd,
-                       int timeout_ms) {
+int kv_sock_send_frame(int sock, const struct iovec *iov, int iovcnt, int pass_fd, int timeout_ms) {
   return kv_sock_send_frame_fds(sock, iov, iovcnt, &pass_fd, pass_fd >= 0 ? 1 : 0, timeout_ms);
 }
 
@@ -268,7 +266,7 @@ int kv_sock_send_frame_fds(int sock, const struct iovec *iov, int iovcnt, const 
     }
     if (n < 0) return (int)n;
     if (n == 0) return -EIO; /* a stream socket that takes nothing */
-    nfds = 0; /* they went with the first byte */
+    nfds = 0;                /* they went with the first byte */
     size_t left = (size_t)n;
     while (i < iovcnt && left >= v[i].iov_len) left -= v[i++].iov_len;
     if (i < iovcnt) {

@@ -35,9 +35,9 @@ typedef struct kv_listen_opts {
 } kv_listen_opts;
 
 typedef struct kv_listener {
-  int fd;                          /* the listening socket, or -1 */
-  int lock_fd;                     /* holds an flock on "<path>.lock", or -1 */
-  char path[KV_SOCK_PATH_MAX];     /* the socket file */
+  int fd;                      /* the listening socket, or -1 */
+  int lock_fd;                 /* holds an flock on "<path>.lock", or -1 */
+  char path[KV_SOCK_PATH_MAX]; /* the socket file */
 } kv_listener;
 
 /*
@@ -107,8 +107,7 @@ int kv_sock_wait(int fd, short events, int64_t deadline_ms);
  * sent), -EPIPE, or -errno. The caller passes pass_fd only with the first
  * byte of a frame.
  */
-ssize_t kv_sock_sendmsg(int sock, const struct iovec *iov, int iovcnt, int pass_fd,
-                        int dontwait);
+ssize_t kv_sock_sendmsg(int sock, const struct iovec *iov, int iovcnt, int pass_fd, int dontwait);
 
 /*
  * Sends a whole frame, given as an iovec (header + payload, or a head and
@@ -119,8 +118,7 @@ ssize_t kv_sock_sendmsg(int sock, const struct iovec *iov, int iovcnt, int pass_
  * gone: the stream is then unusable), -EPIPE, -EINVAL (iovcnt out of
  * 1..16), or -errno. pass_fd stays the caller's either way.
  */
-int kv_sock_send_frame(int sock, const struct iovec *iov, int iovcnt, int pass_fd,
-                       int timeout_ms);
+int kv_sock_send_frame(int sock, const struct iovec *iov, int iovcnt, int pass_fd, int timeout_ms);
 
 /* As kv_sock_sendmsg / kv_sock_send_frame, with nfds (0..KV_SOCK_FDS_MAX)
  * fds in one SCM_RIGHTS message, in order (a HELLO reply: the G2 arena,

@@ -37,30 +37,31 @@
 
 #define KV_PROTO_MAGIC 0x4443564Bu /* bytes "KVCD" */
 #define KV_PROTO_MAJOR 1           /* in every header; a change breaks peers */
-#define KV_PROTO_MINOR 2           /* negotiated by HELLO; additions only (1: G1_SELECT;
+#define KV_PROTO_MINOR \
+  2 /* negotiated by HELLO; additions only (1: G1_SELECT;
                                     * 2: COMMIT with CRCs, corrupt reports, LOAD2) */
 
 #define KV_HDR_SIZE 32
 
-#define KV_BATCH_MAX 4096          /* keys (or entries) in one batch */
-#define KV_TENANT_MAX 64           /* bytes of a tenant name (1..64) */
-#define KV_GROUP_MAX 64            /* bytes of a TP group name (0..64) */
-#define KV_SALT_MAX 64             /* bytes of a namespace salt (0..64) */
-#define KV_DTYPE_MAX 16            /* bytes of a dtype name (1..16) */
-#define KV_TIERINFO_MAX 8          /* entries in HELLO reply's tier-info list */
-#define KV_TIERINFO_BYTES_MAX 1024 /* bytes of one tier-info entry's value */
-#define KV_ERRMSG_MAX 255          /* bytes of an ERROR reply's message */
-#define KV_INLINE_MAX (64u << 20)  /* bytes of one block through PUT/GET */
+#define KV_BATCH_MAX          4096        /* keys (or entries) in one batch */
+#define KV_TENANT_MAX         64          /* bytes of a tenant name (1..64) */
+#define KV_GROUP_MAX          64          /* bytes of a TP group name (0..64) */
+#define KV_SALT_MAX           64          /* bytes of a namespace salt (0..64) */
+#define KV_DTYPE_MAX          16          /* bytes of a dtype name (1..16) */
+#define KV_TIERINFO_MAX       8           /* entries in HELLO reply's tier-info list */
+#define KV_TIERINFO_BYTES_MAX 1024        /* bytes of one tier-info entry's value */
+#define KV_ERRMSG_MAX         255         /* bytes of an ERROR reply's message */
+#define KV_INLINE_MAX         (64u << 20) /* bytes of one block through PUT/GET */
 
 /* Largest payload of a control frame (every frame but the two below). */
 #define KV_PAYLOAD_MAX_CTRL (1u << 20)
 /* Largest payload of a PUT request or a GET reply: the block and its key. */
 #define KV_PAYLOAD_MAX_DATA (KV_INLINE_MAX + 128u)
 /* Largest STATUS reply text: what fits a control frame. */
-#define KV_STATUS_TEXT_MAX (KV_PAYLOAD_MAX_CTRL - 4u)
+#define KV_STATUS_TEXT_MAX  (KV_PAYLOAD_MAX_CTRL - 4u)
 /* Bytes of a PUT request besides its block: prio, key and parent (str8 of
  * up to KV_KEY_MAX bytes each) and the block's length. */
-#define KV_PUT_OVERHEAD (1u + 2u * (1u + KV_KEY_MAX) + 4u)
+#define KV_PUT_OVERHEAD     (1u + 2u * (1u + KV_KEY_MAX) + 4u)
 
 /* ---- header ----------------------------------------------------------------- */
 
@@ -78,17 +79,19 @@ typedef enum kv_op {
   KV_OP_PUT = 11,
   KV_OP_GET = 12,
   KV_OP_STATUS = 13,
-  KV_OP_ERROR = 14, /* reply only: the request failed as a whole */
+  KV_OP_ERROR = 14,     /* reply only: the request failed as a whole */
   KV_OP_G1_SELECT = 15, /* since 1.1: the G1 pool of the worker's device */
-  KV_OP_LOAD2 = 16, /* since 1.2: LOAD whose reply carries each block's committed CRC */
-  KV_OP_COUNT       /* one past the last opcode; not an opcode */
+  KV_OP_LOAD2 = 16,     /* since 1.2: LOAD whose reply carries each block's committed CRC */
+  KV_OP_COUNT           /* one past the last opcode; not an opcode */
 } kv_op;
 
 /* Header flags. Any other bit set is KV_EBADFRAME. */
 #define KV_F_REPLY 0x0001u /* a reply (daemon -> worker) */
-#define KV_F_FD 0x0002u    /* an fd travels with this frame: the G2 arena (HELLO
+#define KV_F_FD \
+  0x0002u /* an fd travels with this frame: the G2 arena (HELLO
                             * reply) or the G1 pool (G1_SELECT reply) */
-#define KV_F_FD2 0x0004u   /* a second fd travels, after the first (the G1 pool);
+#define KV_F_FD2 \
+  0x0004u /* a second fd travels, after the first (the G1 pool);
                             * only with KV_F_FD, only on a HELLO reply */
 #define KV_F_KNOWN (KV_F_REPLY | KV_F_FD | KV_F_FD2)
 
@@ -97,19 +100,21 @@ typedef enum kv_op {
 #define KV_CAP_G1 0x00000001u /* the worker can import G1 (device) memory */
 
 /* Batch request flags (kv_batch_req.flags); each is valid on its op only. */
-#define KV_DEL_ALL 0x01u     /* DELETE: every block of the session's namespace */
-#define KV_COMMIT_CRC 0x02u  /* COMMIT (1.2): n x u32 follow the keys, the CRC-32C of
+#define KV_DEL_ALL 0x01u /* DELETE: every block of the session's namespace */
+#define KV_COMMIT_CRC \
+  0x02u /* COMMIT (1.2): n x u32 follow the keys, the CRC-32C of
                               * each block as its writer computed it (kv_batch_req.crcs) */
-#define KV_REL_CORRUPT 0x04u /* RELEASE (1.2): the reader found these blocks' bytes
+#define KV_REL_CORRUPT \
+  0x04u /* RELEASE (1.2): the reader found these blocks' bytes
                               * failing their committed CRC (the daemon re-checks) */
 
 /* Tier-info kinds (HELLO reply). Unknown kinds are skipped by clients. */
-#define KV_TI_G1_VMM_FD 1     /* G1 pool, CUDA VMM POSIX-fd handle (the fd: KV_F_FD2) */
+#define KV_TI_G1_VMM_FD     1 /* G1 pool, CUDA VMM POSIX-fd handle (the fd: KV_F_FD2) */
 #define KV_TI_G1_LEGACY_IPC 2 /* G1 pool, legacy cudaIpcMemHandle in the value, no fd */
-#define KV_TI_G1_SIM_FD 3     /* G1 pool, simulated device memory (memfd: KV_F_FD2) */
-#define KV_TI_G1_NONE 4       /* no G1 pool for this worker: the value is the reason (text) */
-#define KV_TI_G1_VMM KV_TI_G1_VMM_FD          /* older names */
-#define KV_TI_G1_CUDAIPC KV_TI_G1_LEGACY_IPC
+#define KV_TI_G1_SIM_FD     3 /* G1 pool, simulated device memory (memfd: KV_F_FD2) */
+#define KV_TI_G1_NONE       4 /* no G1 pool for this worker: the value is the reason (text) */
+#define KV_TI_G1_VMM        KV_TI_G1_VMM_FD /* older names */
+#define KV_TI_G1_CUDAIPC    KV_TI_G1_LEGACY_IPC
 
 typedef struct kv_hdr {
   uint32_t magic;   /* KV_PROTO_MAGIC */
@@ -192,8 +197,8 @@ int kv_keyvec_get(const kv_keyvec *v, uint32_t i, kv_key *out);
 /* Per-key status: 0, or a negative -errno / KV_E* (never positive). */
 typedef struct kv_statvec {
   uint32_t n;
-  const int32_t *v;     /* encode: host array */
-  const uint8_t *wire;  /* decode: n packed little-endian i32 */
+  const int32_t *v;    /* encode: host array */
+  const uint8_t *wire; /* decode: n packed little-endian i32 */
 } kv_statvec;
 /* The i-th status (i < n), from v or wire. */
 int32_t kv_statvec_get(const kv_statvec *s, uint32_t i);
@@ -265,32 +270,32 @@ typedef struct kv_layout {
   uint32_t layers;
   uint32_t kv_heads;
   uint32_t head_dim;
-  uint16_t tp_rank;          /* < tp_size */
-  uint16_t tp_size;          /* > 0 */
-  kv_str dtype;              /* 1..KV_DTYPE_MAX bytes of UTF-8 */
+  uint16_t tp_rank; /* < tp_size */
+  uint16_t tp_size; /* > 0 */
+  kv_str dtype;     /* 1..KV_DTYPE_MAX bytes of UTF-8 */
 } kv_layout;
 
 typedef struct kv_hello_req {
   uint16_t ver_major; /* the protocol version the worker wants (its highest) */
   uint16_t ver_minor;
-  uint32_t caps;      /* KV_CAP_* the worker offers */
-  kv_str tenant;      /* 1..KV_TENANT_MAX bytes of UTF-8 */
-  kv_str group;       /* TP group, 0..KV_GROUP_MAX bytes (0: none) */
-  kv_bytes salt;      /* 0..KV_SALT_MAX bytes */
+  uint32_t caps; /* KV_CAP_* the worker offers */
+  kv_str tenant; /* 1..KV_TENANT_MAX bytes of UTF-8 */
+  kv_str group;  /* TP group, 0..KV_GROUP_MAX bytes (0: none) */
+  kv_bytes salt; /* 0..KV_SALT_MAX bytes */
   kv_layout layout;
 } kv_hello_req;
 
 typedef struct kv_hello_rep {
-  uint16_t ver_major;   /* the version spoken on this connection */
+  uint16_t ver_major; /* the version spoken on this connection */
   uint16_t ver_minor;
-  uint32_t caps;        /* KV_CAP_* granted */
+  uint32_t caps; /* KV_CAP_* granted */
   uint64_t session_id;
   uint32_t ns_id;
   uint64_t arena_bytes; /* G2 arena size; > 0 iff the arena fd travels (KV_F_FD) */
   uint32_t slot_align;
   uint32_t slot_bytes;
-  uint8_t ntierinfo;    /* <= KV_TIERINFO_MAX */
-  const kv_tierinfo *tierinfo; /* encode: host array */
+  uint8_t ntierinfo;            /* <= KV_TIERINFO_MAX */
+  const kv_tierinfo *tierinfo;  /* encode: host array */
   const uint8_t *tierinfo_wire; /* decode: the packed list */
 } kv_hello_rep;
 /* The i-th tier-info entry (i < ntierinfo), from either form. */
@@ -330,14 +335,14 @@ typedef struct kv_alloc_req {
 const uint8_t *kv_alloc_parent(const kv_alloc_req *a, uint32_t i);
 
 typedef struct kv_lookup_rep {
-  uint32_t hit_len;     /* resident prefix length (TP-group consistent), <= n */
+  uint32_t hit_len; /* resident prefix length (TP-group consistent), <= n */
   uint32_t n;
   const uint8_t *tiers; /* n bytes: KV_G1, KV_G2, KV_G3 or KV_TIER_NONE */
 } kv_lookup_rep;
 
 typedef struct kv_delete_rep {
-  uint64_t deleted;     /* blocks deleted */
-  kv_statvec st;        /* per key; n == 0 for KV_DEL_ALL */
+  uint64_t deleted; /* blocks deleted */
+  kv_statvec st;    /* per key; n == 0 for KV_DEL_ALL */
 } kv_delete_rep;
 
 typedef struct kv_put_req {
@@ -348,8 +353,8 @@ typedef struct kv_put_req {
 } kv_put_req;
 
 typedef struct kv_get_rep {
-  uint8_t tier;    /* where the bytes were found */
-  kv_bytes data;   /* 1..KV_INLINE_MAX */
+  uint8_t tier;  /* where the bytes were found */
+  kv_bytes data; /* 1..KV_INLINE_MAX */
 } kv_get_rep;
 
 typedef struct kv_error_rep {
@@ -376,17 +381,17 @@ typedef struct kv_error_rep {
  *   ERROR          -                  rep error, with status < 0
  */
 typedef struct kv_msg {
-  uint16_t op;     /* kv_op */
-  uint16_t flags;  /* KV_F_REPLY, KV_F_FD (set it when an fd travels) */
-  int32_t status;  /* 0, except an ERROR reply: < 0 */
-  uint64_t id;     /* request id: non-zero in requests; replies echo it */
+  uint16_t op;    /* kv_op */
+  uint16_t flags; /* KV_F_REPLY, KV_F_FD (set it when an fd travels) */
+  int32_t status; /* 0, except an ERROR reply: < 0 */
+  uint64_t id;    /* request id: non-zero in requests; replies echo it */
   union {
     kv_hello_req hello;
     kv_batch_req batch;
     kv_alloc_req alloc;
     kv_put_req put;
-    kv_bytes get_key;       /* 1..KV_KEY_MAX */
-    uint8_t status_flags;   /* 0 */
+    kv_bytes get_key;     /* 1..KV_KEY_MAX */
+    uint8_t status_flags; /* 0 */
     kv_g1_select_req g1_select;
     kv_hello_rep hello_rep;
     kv_lookup_rep lookup_rep;
@@ -396,7 +401,7 @@ typedef struct kv_msg {
     uint32_t prefetch_queued;
     kv_delete_rep delete_rep;
     kv_get_rep get_rep;
-    kv_str status_text;     /* 0..KV_STATUS_TEXT_MAX bytes */
+    kv_str status_text; /* 0..KV_STATUS_TEXT_MAX bytes */
     kv_error_rep error;
     kv_tierinfo g1_pool;
   };
@@ -438,8 +443,7 @@ int kv_msg_encode_head(kv_buf *b, const kv_msg *m, kv_bytes *tail);
  * UTF-8 character boundary. Returns as kv_msg_encode(); -EINVAL for a
  * status >= 0.
  */
-int kv_msg_encode_error(kv_buf *b, uint64_t id, uint16_t req_op, int32_t status,
-                        const char *msg);
+int kv_msg_encode_error(kv_buf *b, uint64_t id, uint16_t req_op, int32_t status, const char *msg);
 
 /* 1 if p[0..n) is well-formed UTF-8 without NUL bytes, else 0. */
 int kv_utf8_ok(const void *p, size_t n);

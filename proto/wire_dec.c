@@ -295,8 +295,7 @@ static int dec_error_rep(rcur *c, kv_error_rep *e) {
 static int dec_payload(rcur *c, kv_msg *m) {
   int reply = (m->flags & KV_F_REPLY) != 0;
   switch ((kv_op)m->op) {
-  case KV_OP_HELLO:
-    return reply ? dec_hello_rep(c, m) : dec_hello_req(c, &m->hello);
+  case KV_OP_HELLO: return reply ? dec_hello_rep(c, m) : dec_hello_req(c, &m->hello);
   case KV_OP_LOOKUP:
     return reply ? dec_lookup_rep(c, &m->lookup_rep) : dec_batch(c, m->op, &m->batch);
   case KV_OP_LOAD:
@@ -308,8 +307,7 @@ static int dec_payload(rcur *c, kv_msg *m) {
   case KV_OP_ABORT:
   case KV_OP_SET_PRIORITY:
     return reply ? rstatuses(c, &m->statuses) : dec_batch(c, m->op, &m->batch);
-  case KV_OP_ALLOC:
-    return reply ? dec_alloc_rep(c, &m->alloc_rep) : dec_alloc(c, &m->alloc);
+  case KV_OP_ALLOC: return reply ? dec_alloc_rep(c, &m->alloc_rep) : dec_alloc(c, &m->alloc);
   case KV_OP_PREFETCH:
     if (!reply) return dec_batch(c, m->op, &m->batch);
     m->prefetch_queued = r32(c);
@@ -318,8 +316,7 @@ static int dec_payload(rcur *c, kv_msg *m) {
     if (!reply) return dec_batch(c, m->op, &m->batch);
     m->delete_rep.deleted = r64(c);
     return rstatuses(c, &m->delete_rep.st);
-  case KV_OP_PUT:
-    return reply ? 0 : dec_put(c, &m->put);
+  case KV_OP_PUT: return reply ? 0 : dec_put(c, &m->put);
   case KV_OP_GET:
     if (reply) return dec_get_rep(c, &m->get_rep);
     return rbytes(c, &m->get_key, 1, KV_KEY_MAX);
@@ -327,8 +324,7 @@ static int dec_payload(rcur *c, kv_msg *m) {
     if (reply) return dec_status_rep(c, &m->status_text);
     m->status_flags = r8(c);
     return m->status_flags ? KV_EBADFRAME : 0;
-  case KV_OP_ERROR:
-    return dec_error_rep(c, &m->error);
+  case KV_OP_ERROR: return dec_error_rep(c, &m->error);
   case KV_OP_G1_SELECT: {
     if (reply) {
       int rc = rtierinfo(c, &m->g1_pool);
@@ -339,8 +335,7 @@ static int dec_payload(rcur *c, kv_msg *m) {
     memcpy(m->g1_select.uuid, u, KV_UUID_BYTES);
     return 0;
   }
-  case KV_OP_COUNT:
-    break;
+  case KV_OP_COUNT: break;
   }
   return KV_EBADOP;
 }

@@ -201,10 +201,8 @@ static int enc_alloc(wcur *c, const kv_alloc_req *a) {
   }
   for (uint32_t i = 0; i < k->n; i++) {
     const uint8_t *pk = kv_alloc_parent(a, i);
-    if (pk)
-      wmem(c, pk, k->klen);
-    else
-      wzero(c, k->klen);
+    if (pk) wmem(c, pk, k->klen);
+    else wzero(c, k->klen);
   }
   return 0;
 }
@@ -301,8 +299,7 @@ static int enc_error_rep(wcur *c, const kv_error_rep *e) {
 static int enc_payload(wcur *c, const kv_msg *m) {
   int reply = (m->flags & KV_F_REPLY) != 0;
   switch ((kv_op)m->op) {
-  case KV_OP_HELLO:
-    return reply ? enc_hello_rep(c, m) : enc_hello_req(c, &m->hello);
+  case KV_OP_HELLO: return reply ? enc_hello_rep(c, m) : enc_hello_req(c, &m->hello);
   case KV_OP_LOOKUP:
     return reply ? enc_lookup_rep(c, &m->lookup_rep) : enc_batch(c, m->op, &m->batch);
   case KV_OP_LOAD:
@@ -314,8 +311,7 @@ static int enc_payload(wcur *c, const kv_msg *m) {
   case KV_OP_ABORT:
   case KV_OP_SET_PRIORITY:
     return reply ? wstatuses(c, &m->statuses) : enc_batch(c, m->op, &m->batch);
-  case KV_OP_ALLOC:
-    return reply ? enc_alloc_rep(c, &m->alloc_rep) : enc_alloc(c, &m->alloc);
+  case KV_OP_ALLOC: return reply ? enc_alloc_rep(c, &m->alloc_rep) : enc_alloc(c, &m->alloc);
   case KV_OP_PREFETCH:
     if (!reply) return enc_batch(c, m->op, &m->batch);
     w32(c, m->prefetch_queued);
@@ -324,8 +320,7 @@ static int enc_payload(wcur *c, const kv_msg *m) {
     if (!reply) return enc_batch(c, m->op, &m->batch);
     w64(c, m->delete_rep.deleted);
     return wstatuses(c, &m->delete_rep.st);
-  case KV_OP_PUT:
-    return reply ? 0 : enc_put(c, &m->put);
+  case KV_OP_PUT: return reply ? 0 : enc_put(c, &m->put);
   case KV_OP_GET:
     if (reply) return enc_get_rep(c, &m->get_rep);
     return wstr8(c, m->get_key.p, m->get_key.len, 1, KV_KEY_MAX, 0);
@@ -334,8 +329,7 @@ static int enc_payload(wcur *c, const kv_msg *m) {
     if (m->status_flags != 0) return -EINVAL;
     w8(c, 0);
     return 0;
-  case KV_OP_ERROR:
-    return enc_error_rep(c, &m->error);
+  case KV_OP_ERROR: return enc_error_rep(c, &m->error);
   case KV_OP_G1_SELECT:
     if (!reply) {
       wmem(c, m->g1_select.uuid, KV_UUID_BYTES);
@@ -343,8 +337,7 @@ static int enc_payload(wcur *c, const kv_msg *m) {
     }
     if (m->g1_pool.tier != KV_G1) return -EINVAL;
     return wtierinfo(c, &m->g1_pool);
-  case KV_OP_COUNT:
-    break;
+  case KV_OP_COUNT: break;
   }
   return KV_EBADOP;
 }
@@ -360,8 +353,13 @@ int kv_msg_encode_head(kv_buf *b, const kv_msg *m, kv_bytes *tail) {
   rc = kv_buf_reserve(b, head);
   if (rc) return rc;
   kv_hdr h = {
-    .magic = KV_PROTO_MAGIC, .version = KV_PROTO_MAJOR, .op = m->op, .flags = m->flags,
-    .len = (uint32_t)c.n, .id = m->id, .status = m->status,
+      .magic = KV_PROTO_MAGIC,
+      .version = KV_PROTO_MAJOR,
+      .op = m->op,
+      .flags = m->flags,
+      .len = (uint32_t)c.n,
+      .id = m->id,
+      .status = m->status,
   };
   kv_hdr_write(b->p + b->len, &h);
   wcur w = {.p = b->p + b->len + KV_HDR_SIZE, .split = c.split};
@@ -376,8 +374,7 @@ int kv_msg_encode_head(kv_buf *b, const kv_msg *m, kv_bytes *tail) {
 
 int kv_msg_encode(kv_buf *b, const kv_msg *m) { return kv_msg_encode_head(b, m, NULL); }
 
-int kv_msg_encode_error(kv_buf *b, uint64_t id, uint16_t req_op, int32_t status,
-                        const char *msg) {
+int kv_msg_encode_error(kv_buf *b, uint64_t id, uint16_t req_op, int32_t status, const char *msg) {
   if (status >= 0) return -EINVAL;
   if (!msg) msg = kv_strerror(status);
   size_t len = strnlen(msg, KV_ERRMSG_MAX + 1);

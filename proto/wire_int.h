@@ -11,7 +11,7 @@
 #include "proto/wire.h"
 
 /* Wire sizes of the packed reply entries. */
-#define KV_LOAD_ENT_SIZE 17  /* i32 status, u8 tier, u64 offset, u32 length */
+#define KV_LOAD_ENT_SIZE  17 /* i32 status, u8 tier, u64 offset, u32 length */
 #define KV_LOAD2_ENT_SIZE 21 /* the same and u32 crc */
 #define KV_ALLOC_ENT_SIZE 12 /* i32 status, u64 offset */
 
@@ -50,20 +50,16 @@ static inline int kv__batch_ok(uint16_t op, const kv_batch_req *b) {
   switch (op) {
   case KV_OP_LOAD:
   case KV_OP_LOAD2:
-  case KV_OP_PREFETCH:
-    return kv__target_ok(b->tier) && b->prio == 0 && b->flags == 0;
+  case KV_OP_PREFETCH: return kv__target_ok(b->tier) && b->prio == 0 && b->flags == 0;
   case KV_OP_COMMIT:
     if (b->tier || b->prio || (b->flags & ~KV_COMMIT_CRC)) return 0;
     return !(b->flags & KV_COMMIT_CRC) || b->crcs.n == b->keys.n;
-  case KV_OP_RELEASE:
-    return b->tier == 0 && b->prio == 0 && (b->flags & ~KV_REL_CORRUPT) == 0;
-  case KV_OP_SET_PRIORITY:
-    return b->tier == 0 && b->flags == 0;
+  case KV_OP_RELEASE: return b->tier == 0 && b->prio == 0 && (b->flags & ~KV_REL_CORRUPT) == 0;
+  case KV_OP_SET_PRIORITY: return b->tier == 0 && b->flags == 0;
   case KV_OP_DELETE:
     if (b->tier || b->prio || (b->flags & ~KV_DEL_ALL)) return 0;
     return !(b->flags & KV_DEL_ALL) || b->keys.n == 0;
-  default:
-    return b->tier == 0 && b->prio == 0 && b->flags == 0;
+  default: return b->tier == 0 && b->prio == 0 && b->flags == 0;
   }
 }
 

@@ -9,11 +9,11 @@
 #include <sys/mman.h>
 #include <unistd.h>
 
-#include "base/log.h"
 #include "base/errors.h"
+#include "base/log.h"
 
 #define NOPAGE UINT32_MAX
-#define NOCLS 0xff
+#define NOCLS  0xff
 
 static atomic_int lock_warned;
 
@@ -43,8 +43,7 @@ int kv_arena_init(kv_arena *a, const kv_arena_opts *o) {
   if (page > o->capacity) page = o->capacity - o->capacity % KV_ARENA_ALIGN;
   if (page == 0) return -EINVAL;
   uint64_t npages = o->capacity / page;
-  if (npages >= NOPAGE || (npages * page) / KV_ARENA_ALIGN >= UINT32_MAX)
-    return -E2BIG;
+  if (npages >= NOPAGE || (npages * page) / KV_ARENA_ALIGN >= UINT32_MAX) return -E2BIG;
   a->opts = *o;
   a->page_bytes = page;
   a->npages = (uint32_t)npages;
@@ -61,8 +60,11 @@ int kv_arena_init(kv_arena *a, const kv_arena_opts *o) {
   a->page_link = malloc(a->npages * sizeof *a->page_link);
   a->page_blink = malloc(a->npages * sizeof *a->page_blink);
   a->inuse = zalloc((units + 63) / 64, sizeof *a->inuse);
-  if (!a->page_cls || !a->page_used || !a->page_gen || !a->page_link ||
-      !a->page_blink || !a->inuse) { rc = -ENOMEM; goto err; }
+  if (!a->page_cls || !a->page_used || !a->page_gen || !a->page_link || !a->page_blink ||
+      !a->inuse) {
+    rc = -ENOMEM;
+    goto err;
+  }
   memset(a->page_cls, NOCLS, a->npages);
   for (uint32_t i = 0; i < a->npages; i++) a->page_link[i] = i + 1 < a->npages ? i + 1 : NOPAGE;
   a->free_head = 0;
@@ -75,7 +77,8 @@ int kv_arena_init(kv_arena *a, const kv_arena_opts *o) {
     } else {
       int e = errno;
       if (atomic_exchange(&lock_warned, 1) == 0)
-        kv_warn("g2", "cannot lock %zu bytes of G2 memory (%s): running unlocked; "
+        kv_warn("g2",
+                "cannot lock %zu bytes of G2 memory (%s): running unlocked; "
                 "raise RLIMIT_MEMLOCK (LimitMEMLOCK= in systemd) to pin it",
                 a->capacity, strerror(e));
     }
@@ -133,7 +136,8 @@ static void empty_push(kv_arena *a, kv_arena_class *k, uint32_t pg) {
 }
 static void empty_unlink(kv_arena *a, kv_arena_class *k, uint32_t pg) {
   uint32_t n = a->page_link[pg], p = a->page_blink[pg];
-  if (p != NOPAGE) a->page_link[p] = n; else k->empty_head = n;
+  if (p != NOPAGE) a->page_link[p] = n;
+  else k->empty_head = n;
   if (n != NOPAGE) a->page_blink[n] = p;
 }
 
@@ -243,8 +247,7 @@ int kv_arena_slot_class(const kv_arena *a, uint32_t slot) {
   if (a->page_cls[pg] == NOCLS) return -EINVAL;
   const kv_arena_class *k = &a->cls[a->page_cls[pg]];
   uint64_t in_page = kv_arena_offset(slot) - (uint64_t)pg * a->page_bytes;
-  if (in_page % k->slot_bytes || in_page / k->slot_bytes >= k->slots_per_page)
-    return -EINVAL;
+  if (in_page % k->slot_bytes || in_page / k->slot_bytes >= k->slots_per_page) return -EINVAL;
   return a->page_cls[pg];
 }
 

@@ -24,8 +24,8 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#define KV_ARENA_ALIGN 4096u
-#define KV_ARENA_MAX_CLASSES 32
+#define KV_ARENA_ALIGN        4096u
+#define KV_ARENA_MAX_CLASSES  32
 #define KV_ARENA_DEFAULT_PAGE (64u << 20)
 
 typedef struct kv_arena_opts {
@@ -45,15 +45,15 @@ typedef struct kv_arena_opts {
 } kv_arena_opts;
 
 typedef struct kv_arena_class {
-  uint32_t slot_bytes;     /* 0: class unused */
+  uint32_t slot_bytes; /* 0: class unused */
   uint32_t slots_per_page;
-  uint64_t *free;          /* stack of (page generation << 32 | slot) */
+  uint64_t *free; /* stack of (page generation << 32 | slot) */
   uint32_t nfree, capfree;
-  uint32_t nstale;         /* entries of pages that left the class */
-  uint32_t pages;          /* pages held */
-  uint32_t used;           /* slots allocated */
-  uint32_t empty_head;     /* a page of this class with no slot in use */
-  void *user;              /* owner's per-class data (eviction policy) */
+  uint32_t nstale;     /* entries of pages that left the class */
+  uint32_t pages;      /* pages held */
+  uint32_t used;       /* slots allocated */
+  uint32_t empty_head; /* a page of this class with no slot in use */
+  void *user;          /* owner's per-class data (eviction policy) */
 } kv_arena_class;
 
 typedef struct kv_arena {
@@ -62,20 +62,20 @@ typedef struct kv_arena {
   size_t capacity;
   size_t page_bytes;
   uint32_t npages;
-  int locked;              /* 1 if mlock succeeded */
-  int registered;          /* 1 if register_fn succeeded */
+  int locked;     /* 1 if mlock succeeded */
+  int registered; /* 1 if register_fn succeeded */
   kv_arena_opts opts;
   kv_arena_class cls[KV_ARENA_MAX_CLASSES];
   uint32_t nclasses;
-  uint8_t *page_cls;       /* class per page, 0xff when unassigned */
-  uint32_t *page_used;     /* slots in use per page */
-  uint32_t *page_gen;      /* bumped when a page changes class */
-  uint32_t *page_link;     /* free-page list and per-class empty-page lists */
+  uint8_t *page_cls;   /* class per page, 0xff when unassigned */
+  uint32_t *page_used; /* slots in use per page */
+  uint32_t *page_gen;  /* bumped when a page changes class */
+  uint32_t *page_link; /* free-page list and per-class empty-page lists */
   uint32_t *page_blink;
-  uint32_t free_head;      /* unassigned pages */
+  uint32_t free_head; /* unassigned pages */
   uint32_t nfree_pages;
-  uint64_t *inuse;         /* bitmap, one bit per KV_ARENA_ALIGN unit */
-  uint64_t used_bytes;     /* sum of allocated slot sizes */
+  uint64_t *inuse;     /* bitmap, one bit per KV_ARENA_ALIGN unit */
+  uint64_t used_bytes; /* sum of allocated slot sizes */
 } kv_arena;
 
 /* Creates the memfd, maps and locks it. 0, -EINVAL (capacity 0, page size
@@ -107,8 +107,6 @@ int kv_arena_slot_class(const kv_arena *a, uint32_t slot);
 static inline void *kv_arena_ptr(const kv_arena *a, uint32_t slot) {
   return a->base + (size_t)slot * KV_ARENA_ALIGN;
 }
-static inline uint64_t kv_arena_offset(uint32_t slot) {
-  return (uint64_t)slot * KV_ARENA_ALIGN;
-}
+static inline uint64_t kv_arena_offset(uint32_t slot) { return (uint64_t)slot * KV_ARENA_ALIGN; }
 
 #endif

@@ -28,8 +28,8 @@ typedef enum {
 } kv_bstate;
 
 typedef uint32_t kv_bid;
-#define KV_BID_NONE UINT32_MAX
-#define KV_SLOT_NONE UINT32_MAX
+#define KV_BID_NONE     UINT32_MAX
+#define KV_SLOT_NONE    UINT32_MAX
 #define KV_PRIO_DEFAULT 128 /* priorities 0..255; lower is evicted first */
 
 /*
@@ -50,28 +50,28 @@ typedef uint32_t kv_bid;
  */
 typedef struct kv_block {
   uint8_t key[KV_KEY_MAX];
-  kv_bid id;              /* this record's own id */
-  uint32_t size;          /* bytes */
-  uint32_t crc;           /* CRC32C of the payload, taken at commit */
+  kv_bid id;     /* this record's own id */
+  uint32_t size; /* bytes */
+  uint32_t crc;  /* CRC32C of the payload, taken at commit */
   uint16_t ns;
-  uint16_t pins;          /* holders that need the bytes to stay put */
-  uint64_t atime : 48;    /* logical time of the last access */
-  uint64_t hits : 8;      /* accesses, saturating at KV_HITS_MAX */
-  uint64_t prio : 8;      /* eviction class, lower goes first */
+  uint16_t pins;                    /* holders that need the bytes to stay put */
+  uint64_t atime : 48;              /* logical time of the last access */
+  uint64_t hits : 8;                /* accesses, saturating at KV_HITS_MAX */
+  uint64_t prio : 8;                /* eviction class, lower goes first */
   kv_bid parent, child, next, prev; /* prefix tree: parent, first child, siblings */
-  uint32_t slot[KV_NTIERS];   /* slot per tier, KV_SLOT_NONE if none */
-  uint32_t hpos[KV_NTIERS];   /* owned by that tier's eviction policy */
-  uint16_t rchild[KV_NTIERS]; /* children whose bytes are valid in tier t */
-  uint8_t tiers : 3;          /* KV_TIER_BIT set where bytes are valid */
-  uint8_t klen1 : 5;          /* key length - 1: see kv_block_keylen */
-  uint8_t busy : 3;           /* KV_TIER_BIT set where a copy is in flight */
-  uint8_t inpol : 3;          /* KV_TIER_BIT set where the tier's policy holds it */
-  uint8_t state : 2;          /* kv_bstate */
+  uint32_t slot[KV_NTIERS];         /* slot per tier, KV_SLOT_NONE if none */
+  uint32_t hpos[KV_NTIERS];         /* owned by that tier's eviction policy */
+  uint16_t rchild[KV_NTIERS];       /* children whose bytes are valid in tier t */
+  uint8_t tiers : 3;                /* KV_TIER_BIT set where bytes are valid */
+  uint8_t klen1 : 5;                /* key length - 1: see kv_block_keylen */
+  uint8_t busy : 3;                 /* KV_TIER_BIT set where a copy is in flight */
+  uint8_t inpol : 3;                /* KV_TIER_BIT set where the tier's policy holds it */
+  uint8_t state : 2;                /* kv_bstate */
 } kv_block;
 
-#define KV_HITS_MAX 255u
-#define KV_NS_MAX 65535u      /* namespaces 0..KV_NS_MAX-1 */
-#define KV_ATIME_MASK ((1ull << 48) - 1)
+#define KV_HITS_MAX     255u
+#define KV_NS_MAX       65535u /* namespaces 0..KV_NS_MAX-1 */
+#define KV_ATIME_MASK   ((1ull << 48) - 1)
 #define KV_RCHILD_STUCK UINT16_MAX
 _Static_assert(sizeof(kv_block) == 104, "kv_block grew: see tiers/INDEX.md for the budget");
 

@@ -7,8 +7,8 @@
 #include <time.h>
 
 #include "base/clock.h"
-#include "base/log.h"
 #include "base/errors.h"
+#include "base/log.h"
 
 int kv_core_new(kv_core **out, const kv_core_opts *o) {
   const char *name = o && o->policy ? o->policy : kv_evict_default;
@@ -85,7 +85,10 @@ int kv_core__class(kv_core *c, kv_arena *arena, uint32_t block_bytes, kv_tier t)
     if (!e) return -ENOMEM;
     e->capacity = (uint32_t)(arena->capacity / k->slot_bytes);
     int rc = kv_evict_init(e, c->policy, &c->ix, t);
-    if (rc) { free(e); return rc; }
+    if (rc) {
+      free(e);
+      return rc;
+    }
     k->user = e;
   }
   return cls;
@@ -154,8 +157,8 @@ int kv_core_ns_register_digest(kv_core *c, kv_arena *arena, uint32_t block_bytes
   }
   int cls = kv_core__class(c, arena, block_bytes, KV_G2);
   if (cls < 0) return cls;
-  kv_core_ns n = {.arena = arena, .cls = cls, .block_bytes = block_bytes, .live = 1,
-                  .has_digest = 1};
+  kv_core_ns n = {
+      .arena = arena, .cls = cls, .block_bytes = block_bytes, .live = 1, .has_digest = 1};
   memcpy(n.digest, digest, KV_G3_NS_BYTES);
   return ns_add(c, &n);
 }
@@ -199,8 +202,8 @@ static int strands_children(const kv_core *c, const kv_block *b, kv_tier t) {
  * evict.h. Every change to what that rule reads ends here. */
 static void sync_evictable(kv_core *c, kv_block *b, kv_tier t) {
   uint8_t bit = (uint8_t)KV_TIER_BIT(t);
-  int want = (b->tiers & bit) && b->state == KV_BS_READY && b->pins == 0 &&
-             !(b->busy & bit) && b->rchild[t] == 0 && !strands_children(c, b, t);
+  int want = (b->tiers & bit) && b->state == KV_BS_READY && b->pins == 0 && !(b->busy & bit) &&
+             b->rchild[t] == 0 && !strands_children(c, b, t);
   int have = (b->inpol & bit) != 0;
   if (want == have) return;
   kv_evict *e = policy_of(c, b, t);
@@ -291,8 +294,9 @@ static void drop_tier(kv_core *c, kv_block *b, kv_tier t) {
       kv_core__g3_key_of(c, b, &k);
       rc = kv_g3_remove(c->g3, b->slot[KV_G3], &k);
     }
-    if (rc) kv_error("core", "tier %d slot %u of a block would not free: %s", (int)t,
-                     b->slot[t], kv_strerror(rc));
+    if (rc)
+      kv_error("core", "tier %d slot %u of a block would not free: %s", (int)t, b->slot[t],
+               kv_strerror(rc));
     if (t == KV_G3) kv_core__set_g3_slot(c, b, KV_SLOT_NONE);
     else b->slot[t] = KV_SLOT_NONE;
   }
@@ -306,8 +310,7 @@ kv_block *kv_core_find(kv_core *c, uint32_t ns, const kv_key *key) {
   return b && b->state == KV_BS_READY && b->tiers ? b : NULL;
 }
 
-int kv_core_lookup(kv_core *c, uint32_t ns, const kv_key *keys, uint32_t n,
-                   uint8_t *tier_out) {
+int kv_core_lookup(kv_core *c, uint32_t ns, const kv_key *keys, uint32_t n, uint8_t *tier_out) {
   if (!kv_core__ns_get(c, ns)) return -EINVAL;
   uint32_t prefix = 0;
   int run = 1;
@@ -394,14 +397,17 @@ int kv_core__alloc_g2_slot(kv_core *c, kv_core_ns *n, uint32_t *slot) {
     uint32_t before = c->demoting;
     rc = evict_one(c, n->arena->cls[n->cls].user);
     if (rc) break;
-    if (c->demoting != before) { rc = -EAGAIN; break; }
+    if (c->demoting != before) {
+      rc = -EAGAIN;
+      break;
+    }
   }
   if (rc == 0) keep_g2_room(c, n);
   return rc;
 }
 
-int kv_core_alloc(kv_core *c, uint32_t ns, const kv_key *key,
-                  const kv_key *parent, uint8_t prio, kv_block **out) {
+int kv_core_alloc(kv_core *c, uint32_t ns, const kv_key *key, const kv_key *parent, uint8_t prio,
+                  kv_block **out) {
   kv_core_ns *n = kv_core__ns_get(c, ns);
   if (!n || !key || key->len == 0 || key->len > KV_KEY_MAX) return -EINVAL;
   kv_block *b = kv_index_find(&c->ix, ns, key->b, key->len);
@@ -562,9 +568,14 @@ uint32_t kv_core_ns_count(const kv_core *c) { return c->nns; }
 int kv_core_ns_info_get(const kv_core *c, uint32_t ns, kv_core_ns_info *out) {
   if (ns >= c->nns) return -EINVAL;
   const kv_core_ns *n = &c->ns[ns];
-  *out = (kv_core_ns_info){.arena = n->arena, .cls = n->cls, .block_bytes = n->block_bytes,
-                           .live = n->live, .owner = n->owner, .g3_slots = n->g3_slots,
-                           .nblocks = n->nblocks, .digest = n->has_digest ? n->digest : NULL};
+  *out = (kv_core_ns_info){.arena = n->arena,
+                           .cls = n->cls,
+                           .block_bytes = n->block_bytes,
+                           .live = n->live,
+                           .owner = n->owner,
+                           .g3_slots = n->g3_slots,
+                           .nblocks = n->nblocks,
+                           .digest = n->has_digest ? n->digest : NULL};
   return 0;
 }
 

@@ -36,7 +36,7 @@
 typedef struct kv_core kv_core;
 
 /* Return values of a demotion callback, besides a negative error. */
-#define KV_DEMOTE_DONE 0  /* bytes are safe elsewhere (or not wanted): free */
+#define KV_DEMOTE_DONE  0 /* bytes are safe elsewhere (or not wanted): free */
 #define KV_DEMOTE_ASYNC 1 /* a copy reads the slot; wait for demote_done */
 
 typedef int (*kv_demote_fn)(kv_core *c, kv_block *b, kv_tier from, void *arg);
@@ -54,23 +54,23 @@ static inline unsigned kv_g1_pool_of(uint32_t s) { return s >> KV_G1_SLOT_BITS; 
 static inline uint32_t kv_g1_slot_of(uint32_t s) { return s & ((1u << KV_G1_SLOT_BITS) - 1); }
 
 typedef struct kv_core_opts {
-  const char *policy;   /* eviction policy name; NULL: kv_evict_default */
-  uint32_t index_hint;  /* expected number of blocks */
-  kv_demote_fn demote;  /* NULL: victims are dropped */
+  const char *policy;  /* eviction policy name; NULL: kv_evict_default */
+  uint32_t index_hint; /* expected number of blocks */
+  kv_demote_fn demote; /* NULL: victims are dropped */
   void *demote_arg;
 } kv_core_opts;
 
 /* Which G2 victims deserve the SSD (each write wears it). */
 typedef enum {
-  KV_ADMIT_ALWAYS = 0,    /* every victim */
-  KV_ADMIT_SECOND_USE,    /* victims used at least twice (a commit is one use) */
-  KV_ADMIT_MIN_PRIO,      /* victims whose priority is at least min_prio */
+  KV_ADMIT_ALWAYS = 0, /* every victim */
+  KV_ADMIT_SECOND_USE, /* victims used at least twice (a commit is one use) */
+  KV_ADMIT_MIN_PRIO,   /* victims whose priority is at least min_prio */
 } kv_admit;
 
 typedef struct kv_core_g3_opts {
   kv_admit admit;
-  uint8_t min_prio;       /* for KV_ADMIT_MIN_PRIO */
-  uint32_t low_water;     /* free G3 slots kept ready by evicting ahead (slots
+  uint8_t min_prio;   /* for KV_ADMIT_MIN_PRIO */
+  uint32_t low_water; /* free G3 slots kept ready by evicting ahead (slots
                            * being retired count: they are on their way); 0: 64 */
   /* G2 slots kept free (or being freed by a demotion in flight) per size
    * class, so that a store finds room at once instead of waiting for the
@@ -83,26 +83,26 @@ typedef struct kv_core_g3_opts {
 } kv_core_g3_opts;
 
 typedef struct kv_core_stats_t {
-  uint64_t lookups;           /* keys looked up */
-  uint64_t hits[KV_NTIERS];   /* keys found, by the best tier holding them (kv_core_lookup;
+  uint64_t lookups;         /* keys looked up */
+  uint64_t hits[KV_NTIERS]; /* keys found, by the best tier holding them (kv_core_lookup;
                                * the daemon adds the blocks its LOADs and GETs serve) */
-  uint64_t misses;            /* kv_core_lookup's */
+  uint64_t misses;          /* kv_core_lookup's */
   uint64_t evictions[KV_NTIERS];
-  uint64_t demotions;         /* victims handed to the demotion callback */
-  uint64_t demote_failed;     /* ... that it refused: dropped */
+  uint64_t demotions;     /* victims handed to the demotion callback */
+  uint64_t demote_failed; /* ... that it refused: dropped */
   uint64_t allocs, commits, aborts, alloc_failed;
   uint64_t deletes;
-  uint64_t g3_admitted;       /* demotions written to G3 */
-  uint64_t g3_refused;        /* victims not admitted (policy, state, space) */
-  uint64_t g3_share_refused;  /* ... of those, because their owner held its G3 share */
-  uint64_t ns_freed;          /* namespace ids freed (kv_core_ns_free, empty dormant ones) */
+  uint64_t g3_admitted;      /* demotions written to G3 */
+  uint64_t g3_refused;       /* victims not admitted (policy, state, space) */
+  uint64_t g3_share_refused; /* ... of those, because their owner held its G3 share */
+  uint64_t ns_freed;         /* namespace ids freed (kv_core_ns_free, empty dormant ones) */
   uint64_t g3_write_failed;
-  uint64_t promotions;        /* G3 -> G2 reads that verified */
-  uint64_t promote_failed;    /* ... that did not: corrupt or I/O error */
-  uint64_t warm_blocks;       /* blocks learned from G3 at attach */
-  uint64_t g1_loads;          /* G2 -> G1 copies done */
-  uint64_t g1_load_failed;    /* ... that the device failed */
-  uint64_t g1_writebacks;     /* G1 victims copied down to G2 (G1 -> G2) */
+  uint64_t promotions;     /* G3 -> G2 reads that verified */
+  uint64_t promote_failed; /* ... that did not: corrupt or I/O error */
+  uint64_t warm_blocks;    /* blocks learned from G3 at attach */
+  uint64_t g1_loads;       /* G2 -> G1 copies done */
+  uint64_t g1_load_failed; /* ... that the device failed */
+  uint64_t g1_writebacks;  /* G1 victims copied down to G2 (G1 -> G2) */
   uint64_t g1_writeback_failed;
 } kv_core_stats_t;
 
@@ -115,8 +115,8 @@ typedef struct kv_core_stats_t {
 
 /* Observer of copies between tiers: from, to, bytes, nanoseconds from start
  * to completion, and the status (0 or the error). Called on the loop. */
-typedef void (*kv_copy_fn)(void *arg, kv_tier from, kv_tier to, uint32_t bytes,
-                           uint64_t ns, int status);
+typedef void (*kv_copy_fn)(void *arg, kv_tier from, kv_tier to, uint32_t bytes, uint64_t ns,
+                           int status);
 
 #define KV_NS_ANY UINT32_MAX /* filter: every namespace */
 
@@ -281,7 +281,6 @@ int kv_core_ns_register_digest(kv_core *c, kv_arena *arena, uint32_t block_bytes
  */
 int kv_core_attach_g3(kv_core *c, kv_g3 *g3, const kv_core_g3_opts *o);
 
-
 /*
  * Brings a block that is in G3 only into G2: a G2 slot (evicting as alloc
  * does), then a verified read. cb(status) runs from kv_g3_poll(): 0 when
@@ -301,8 +300,7 @@ kv_block *kv_core_find(kv_core *c, uint32_t ns, const kv_key *key);
  * holding key i, or KV_TIER_NONE. Returns the length of the longest leading
  * run of keys that are all resident, or -EINVAL for an unknown namespace.
  * Touches nothing. */
-int kv_core_lookup(kv_core *c, uint32_t ns, const kv_key *keys, uint32_t n,
-                   uint8_t *tier_out);
+int kv_core_lookup(kv_core *c, uint32_t ns, const kv_key *keys, uint32_t n, uint8_t *tier_out);
 
 /* Records an access to b: its recency and frequency, in every tier. */
 void kv_core_touch(kv_core *c, kv_block *b);
@@ -318,8 +316,8 @@ void kv_core_touch(kv_core *c, kv_block *b);
  *   -EINVAL        unknown namespace or bad key
  *   -ENOMEM
  */
-int kv_core_alloc(kv_core *c, uint32_t ns, const kv_key *key,
-                  const kv_key *parent, uint8_t prio, kv_block **out);
+int kv_core_alloc(kv_core *c, uint32_t ns, const kv_key *key, const kv_key *parent, uint8_t prio,
+                  kv_block **out);
 
 /* Makes a written block visible, with the checksum of its bytes. Counts as
  * its first access. KV_EBADSTATE if b is not being written. */
@@ -388,13 +386,13 @@ uint64_t kv_core_ns_emptied(const kv_core *c);
 uint32_t kv_core_ns_count(const kv_core *c);
 
 typedef struct kv_core_ns_info {
-  kv_arena *arena;      /* NULL while dormant (known from G3, no HELLO yet) */
-  int cls;              /* arena size class of its blocks */
+  kv_arena *arena; /* NULL while dormant (known from G3, no HELLO yet) */
+  int cls;         /* arena size class of its blocks */
   uint32_t block_bytes;
-  int live;             /* 0: the id is free */
-  int owner;            /* its G3 share's owner; -1: none */
-  uint32_t g3_slots;    /* G3 slots its blocks hold (written or being written) */
-  uint32_t nblocks;     /* index records of its blocks, in any state and tier */
+  int live;              /* 0: the id is free */
+  int owner;             /* its G3 share's owner; -1: none */
+  uint32_t g3_slots;     /* G3 slots its blocks hold (written or being written) */
+  uint32_t nblocks;      /* index records of its blocks, in any state and tier */
   const uint8_t *digest; /* identity across restarts (KV_G3_NS_BYTES), or NULL */
 } kv_core_ns_info;
 

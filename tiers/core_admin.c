@@ -17,8 +17,8 @@
 #include "tiers/core_int.h"
 
 /* Block ids of every record for which keep(b) holds; *out is malloc'd. */
-static int64_t collect(kv_core *c, int (*keep)(const kv_block *b, const void *arg),
-                       const void *arg, kv_bid **out) {
+static int64_t collect(kv_core *c, int (*keep)(const kv_block *b, const void *arg), const void *arg,
+                       kv_bid **out) {
   kv_bid *v = malloc(((size_t)c->ix.count + 1) * sizeof *v);
   if (!v) return -ENOMEM;
   int64_t n = 0;
@@ -63,8 +63,8 @@ static uint32_t tier_policies(kv_core *c, kv_tier t, kv_evict **out, uint32_t ma
 }
 
 /* Re-creates e in place with ops and puts the blocks v[0..n) into it. */
-static int refill(kv_core *c, kv_evict *e, const kv_evict_ops *ops, kv_tier t,
-                  const kv_bid *v, int64_t n) {
+static int refill(kv_core *c, kv_evict *e, const kv_evict_ops *ops, kv_tier t, const kv_bid *v,
+                  int64_t n) {
   kv_tier tier = e->tier;
   for (int64_t i = 0; i < n; i++) { /* a rollback empties an instance already filled */
     kv_block *b = kv_index_at(&c->ix, v[i]);
@@ -114,7 +114,8 @@ int kv_core_set_policy(kv_core *c, const char *name) {
   const kv_evict_ops *old = c->policy;
   int rc = 0;
   for (int t = 0; t < KV_NTIERS && !rc; t++)
-    for (uint32_t i = 0; i < npol[t] && !rc; i++) rc = refill(c, pol[t][i], ops, (kv_tier)t, v[t], nv[t]);
+    for (uint32_t i = 0; i < npol[t] && !rc; i++)
+      rc = refill(c, pol[t][i], ops, (kv_tier)t, v[t], nv[t]);
   if (rc) {
     /* Out of memory building the new instances: back to the old policy. */
     for (int t = 0; t < KV_NTIERS; t++)
@@ -151,7 +152,7 @@ static int64_t enforce_g2(kv_core *c) {
     if (!a) continue;
     uint32_t j = 0;
     while (j < i && c->ns[j].arena != a) j++;
-    if (j < i) continue; /* arena seen */
+    if (j < i) continue;  /* arena seen */
     uint64_t pending = 0; /* bytes an asynchronous demotion will free */
     while (a->used_bytes > pending && a->used_bytes - pending > lim) {
       kv_block *v = g2_victim(c, a);
@@ -188,9 +189,7 @@ static int64_t enforce_g3(kv_core *c) {
   return n;
 }
 
-int kv_core_enforce_limits(kv_core *c) {
-  return (int)(enforce_g2(c) + enforce_g3(c));
-}
+int kv_core_enforce_limits(kv_core *c) { return (int)(enforce_g2(c) + enforce_g3(c)); }
 
 int kv_core_set_limit(kv_core *c, kv_tier t, uint64_t bytes) {
   if (t != KV_G2 && t != KV_G3) return -EINVAL;
@@ -268,7 +267,7 @@ int64_t kv_core_flush(kv_core *c, uint8_t t, uint32_t ns) {
 }
 
 int kv_core_drop(kv_core *c, kv_block *b, uint8_t mask) {
-  if (mask & (uint8_t)~(KV_TIER_BIT(KV_NTIERS) - 1)) return -EINVAL;
+  if (mask & (uint8_t) ~(KV_TIER_BIT(KV_NTIERS) - 1)) return -EINVAL;
   if (b->pins || b->state != KV_BS_READY || (b->busy & mask)) return -EBUSY;
   /* Each drop may reap the record (its state turns free): stop then. */
   for (int t = KV_G1; t < KV_NTIERS && b->state == KV_BS_READY; t++)

@@ -3,20 +3,20 @@
 #include <errno.h>
 #include <stdlib.h>
 
-#include "base/log.h"
 #include "base/clock.h"
 #include "base/errors.h"
+#include "base/log.h"
 #include "tiers/core_int.h"
 
 /* One copy in flight; its address is the tag the mover gets back. */
 typedef struct g1_op {
-  kv_bid bid;         /* the block copied */
-  int to_g1;          /* 1: a load (G2 -> G1); 0: a write-back (G1 -> G2) */
-  kv_bid waiter;      /* write-back: the block whose load waits for the slot */
-  unsigned pool;      /* the pool of the copy (and of the waiter's load) */
-  kv_promote_cb cb;   /* the load's (or the waiter's) completion */
+  kv_bid bid;       /* the block copied */
+  int to_g1;        /* 1: a load (G2 -> G1); 0: a write-back (G1 -> G2) */
+  kv_bid waiter;    /* write-back: the block whose load waits for the slot */
+  unsigned pool;    /* the pool of the copy (and of the waiter's load) */
+  kv_promote_cb cb; /* the load's (or the waiter's) completion */
   void *arg;
-  uint64_t t0;        /* start, for kv_core_admin.on_copy */
+  uint64_t t0; /* start, for kv_core_admin.on_copy */
 } g1_op;
 
 #define BUSY_BOTH ((uint8_t)(KV_TIER_BIT(KV_G1) | KV_TIER_BIT(KV_G2)))

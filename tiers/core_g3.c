@@ -180,7 +180,8 @@ int kv_core_g3_share(kv_core *c, unsigned owner, uint64_t bytes) {
   kv_evict *e = calloc(1, sizeof *e);
   if (!e) return -ENOMEM;
   c->g3_own_limit[owner] = sb ? bytes / sb : 0;
-  e->capacity = (uint32_t)(c->g3_own_limit[owner] < UINT32_MAX ? c->g3_own_limit[owner] : UINT32_MAX);
+  e->capacity =
+      (uint32_t)(c->g3_own_limit[owner] < UINT32_MAX ? c->g3_own_limit[owner] : UINT32_MAX);
   int rc = kv_evict_init(e, c->policy, &c->ix, KV_G3);
   if (rc) {
     free(e);
@@ -242,8 +243,10 @@ int kv_core_ns_owner(kv_core *c, uint32_t ns, unsigned owner) {
 
 /* Which of two owners holds more of its share: a's part > b's part. */
 static int fuller(const kv_core *c, unsigned a, unsigned b) {
-  unsigned __int128 x = (unsigned __int128)c->g3_own_slots[a] * (c->g3_own_limit[b] ? c->g3_own_limit[b] : 1);
-  unsigned __int128 y = (unsigned __int128)c->g3_own_slots[b] * (c->g3_own_limit[a] ? c->g3_own_limit[a] : 1);
+  unsigned __int128 x =
+      (unsigned __int128)c->g3_own_slots[a] * (c->g3_own_limit[b] ? c->g3_own_limit[b] : 1);
+  unsigned __int128 y =
+      (unsigned __int128)c->g3_own_slots[b] * (c->g3_own_limit[a] ? c->g3_own_limit[a] : 1);
   return x > y;
 }
 
@@ -256,7 +259,10 @@ kv_block *kv_core__g3_victim(kv_core *c) {
     if (!c->g3_own[o] || !c->g3_own[o]->count) continue;
     if (best < 0 || fuller(c, o, (unsigned)best)) {
       kv_block *x = c->g3_own[o]->ops->peek(c->g3_own[o]);
-      if (x) { best = (int)o; v = x; }
+      if (x) {
+        best = (int)o;
+        v = x;
+      }
     }
   }
   return v;

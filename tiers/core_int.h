@@ -30,8 +30,7 @@ void kv_core__set_valid(kv_core *c, kv_block *b, kv_tier t);
 void kv_core__sync_all(kv_core *c, kv_block *b);
 void kv_core__reap(kv_core *c, kv_block *b);
 /* Tells kv_core_admin.on_copy of a copy started at t0 (kv_now_ns). */
-void kv_core__copied(kv_core *c, kv_tier from, kv_tier to, uint32_t bytes, uint64_t t0,
-                     int status);
+void kv_core__copied(kv_core *c, kv_tier from, kv_tier to, uint32_t bytes, uint64_t t0, int status);
 /* The policy ranking namespace ns's blocks in tier t (for G1: in G1 pool
  * `pool`; ignored for the other tiers), or NULL. */
 kv_evict *kv_core__policy(kv_core *c, uint32_t ns, kv_tier t, unsigned pool);
@@ -60,47 +59,47 @@ void kv_core__g3_key_of(kv_core *c, const kv_block *b, kv_g3_key *k);
 void kv_core__set_g3_slot(kv_core *c, kv_block *b, uint32_t slot);
 
 struct kv_core_ns {
-  kv_arena *arena;      /* NULL while dormant (known from G3, no HELLO yet) */
-  int cls;              /* arena size class of its blocks */
+  kv_arena *arena;             /* NULL while dormant (known from G3, no HELLO yet) */
+  int cls;                     /* arena size class of its blocks */
   int g1cls1[KV_G1_POOLS_MAX]; /* 1 + its class in each G1 pool; 0 until first needed */
   uint32_t block_bytes;
   int live;
   int has_digest;
   uint8_t digest[KV_G3_NS_BYTES]; /* identity across restarts (G3 records) */
-  int owner;            /* its G3 share's owner; -1: none */
-  uint32_t g3_slots;    /* G3 slots its blocks hold (written or being written) */
-  uint32_t nblocks;     /* index records of its blocks, in any state and tier */
-  uint32_t next_free1;  /* while freed: 1 + the next freed id, 0 for none */
+  int owner;                      /* its G3 share's owner; -1: none */
+  uint32_t g3_slots;              /* G3 slots its blocks hold (written or being written) */
+  uint32_t nblocks;               /* index records of its blocks, in any state and tier */
+  uint32_t next_free1;            /* while freed: 1 + the next freed id, 0 for none */
 };
 
 struct kv_core {
   kv_index ix;
   const kv_evict_ops *policy;
-  uint64_t clock;       /* logical time: one tick per access */
+  uint64_t clock; /* logical time: one tick per access */
   kv_core_ns *ns;
-  uint32_t nns, capns;  /* ids 0..nns-1 given out, freed ones included */
-  uint32_t ns_free1;    /* 1 + the first freed id (reused first), 0 for none */
-  uint32_t nfree;       /* freed ids */
-  uint64_t ns_emptied;  /* times a namespace's last block went */
-  kv_arena **g2a;       /* the G2 arenas whose classes have policies of the core */
+  uint32_t nns, capns; /* ids 0..nns-1 given out, freed ones included */
+  uint32_t ns_free1;   /* 1 + the first freed id (reused first), 0 for none */
+  uint32_t nfree;      /* freed ids */
+  uint64_t ns_emptied; /* times a namespace's last block went */
+  kv_arena **g2a;      /* the G2 arenas whose classes have policies of the core */
   uint32_t ng2a, capg2a;
   kv_demote_fn demote;
   void *demote_arg;
-  uint32_t demoting;    /* asynchronous demotions in flight */
+  uint32_t demoting; /* asynchronous demotions in flight */
   kv_core_stats_t st;
-  kv_g3 *g3;            /* NULL: no SSD tier */
-  kv_evict g3_evict;    /* G3's policy (one slot size) for blocks of no owner ("G3 shares") */
+  kv_g3 *g3;         /* NULL: no SSD tier */
+  kv_evict g3_evict; /* G3's policy (one slot size) for blocks of no owner ("G3 shares") */
   kv_core_g3_opts g3o;
-  uint64_t g3_seq;      /* last sequence number written to G3 */
-  kv_evict *g3_own[KV_CORE_OWNERS_MAX];     /* each owner's G3 policy; NULL: no share */
+  uint64_t g3_seq;                           /* last sequence number written to G3 */
+  kv_evict *g3_own[KV_CORE_OWNERS_MAX];      /* each owner's G3 policy; NULL: no share */
   uint64_t g3_own_slots[KV_CORE_OWNERS_MAX]; /* G3 slots its namespaces hold */
   uint64_t g3_own_limit[KV_CORE_OWNERS_MAX]; /* its share, in slots */
-  kv_core_admin adm;    /* operator state: limits, copy observer (core_admin.c) */
-  uint32_t ng1;         /* G1 pools attached (0: no GPU tier) */
+  kv_core_admin adm;             /* operator state: limits, copy observer (core_admin.c) */
+  uint32_t ng1;                  /* G1 pools attached (0: no GPU tier) */
   kv_arena *g1[KV_G1_POOLS_MAX]; /* the slots of each pool */
   void *g1_arg[KV_G1_POOLS_MAX]; /* the mover's arg for each */
   kv_g1_copy_fn g1_copy;
-  uint32_t g1_writing;  /* G1 -> G2 write-backs in flight */
+  uint32_t g1_writing; /* G1 -> G2 write-backs in flight */
 };
 
 /* A namespace that can take G2 blocks (registered, not dormant), or NULL. */

@@ -13,15 +13,9 @@ extern const kv_evict_ops kv_evict_auto_ops;
 extern const kv_evict_ops kv_evict_reuse_ops;
 
 const kv_evict_ops *const kv_evict_policies[] = {
-    &kv_evict_lru_ops,
-    &kv_evict_lru2_ops,
-    &kv_evict_lfuda_ops,
-    &kv_evict_arc_ops,
-    &kv_evict_s3fifo_ops,
-    &kv_evict_tinylfu_ops,
-    &kv_evict_auto_ops,
-    &kv_evict_reuse_ops,
-    NULL,
+    &kv_evict_lru_ops,  &kv_evict_lru2_ops,   &kv_evict_lfuda_ops,
+    &kv_evict_arc_ops,  &kv_evict_s3fifo_ops, &kv_evict_tinylfu_ops,
+    &kv_evict_auto_ops, &kv_evict_reuse_ops,  NULL,
 };
 
 /* Chosen by `kvbench core-replay` (see README.md, "Choosing the policy"). */

@@ -37,7 +37,7 @@ typedef struct kv_evict kv_evict;
 typedef struct kv_evict_ops {
   const char *name;
   const char *summary;
-  int (*init)(kv_evict *e);                 /* 0 or -ENOMEM */
+  int (*init)(kv_evict *e); /* 0 or -ENOMEM */
   void (*fini)(kv_evict *e);
   /* b became evictable; may fail only with -ENOMEM (b then stays out). */
   int (*add)(kv_evict *e, kv_block *b);
@@ -53,7 +53,7 @@ struct kv_evict {
   const kv_evict_ops *ops;
   kv_index *ix;
   kv_tier tier;
-  uint32_t count; /* blocks held */
+  uint32_t count;    /* blocks held */
   uint32_t capacity; /* blocks the tier's class can hold; 0 unknown. Set by
                       * the owner before kv_evict_init; policies that size
                       * ghosts or segments use it (else their peak count). */

@@ -81,7 +81,8 @@ static int arc_add(kv_evict *e, kv_block *b) {
   uint32_t c = arc_cap(e, a);
   if (c != a->c) { /* capacity learnt from the peak: resize (forgets ghosts) */
     a->c = c;
-    if (kv_ghost_size(&a->b1, c) || kv_ghost_size(&a->b2, c)) { /* ghosts off */ }
+    if (kv_ghost_size(&a->b1, c) || kv_ghost_size(&a->b2, c)) { /* ghosts off */
+    }
     if (a->p > c) a->p = c;
   }
   kv_pq *q = b->hits >= 2 ? &a->t2 : &a->t1;
@@ -140,6 +141,9 @@ static kv_block *arc_peek(kv_evict *e) {
 }
 
 const kv_evict_ops kv_evict_arc_ops = {
-    "arc", "ARC: recency and frequency lists sized by ghost hits (Megiddo & Modha)",
-    arc_init, arc_fini, arc_add, arc_remove, arc_touch, arc_peek, NULL,
+    "arc",     "ARC: recency and frequency lists sized by ghost hits (Megiddo & Modha)",
+    arc_init,  arc_fini,
+    arc_add,   arc_remove,
+    arc_touch, arc_peek,
+    NULL,
 };

@@ -60,9 +60,9 @@ extern const kv_evict_ops kv_evict_tinylfu_ops;
 enum { X_LRU = 0, X_TLFU = 1, NX = 2 };
 static const kv_evict_ops *const experts[NX] = {&kv_evict_lru_ops, &kv_evict_tinylfu_ops};
 
-#define MINI_CAP 1024       /* blocks per miniature cache at most (see EVICTION.md) */
-#define PERIOD_PER_BLOCK 10 /* votes halve after 10 sampled accesses per miniature block */
-#define SWITCH_Z 2.0        /* standard deviations the other expert must lead by */
+#define MINI_CAP         1024 /* blocks per miniature cache at most (see EVICTION.md) */
+#define PERIOD_PER_BLOCK 10   /* votes halve after 10 sampled accesses per miniature block */
+#define SWITCH_Z         2.0  /* standard deviations the other expert must lead by */
 
 typedef struct autop {
   /* expert lru over the real blocks: a min-heap of ids by (class, atime) */
@@ -71,10 +71,10 @@ typedef struct autop {
   uint32_t n, cap, npos;
   kv_evict tl; /* expert tinylfu over the real blocks */
   /* the miniature simulations */
-  int minis;       /* 1 when running */
-  kv_index mix;    /* records of sampled keys held by some miniature */
+  int minis;    /* 1 when running */
+  kv_index mix; /* records of sampled keys held by some miniature */
   kv_evict mini[NX];
-  uint64_t sample; /* a key is sampled when its hash * 2^-32 < sample * 2^-32 */
+  uint64_t sample;   /* a key is sampled when its hash * 2^-32 < sample * 2^-32 */
   uint32_t held[NX]; /* blocks each miniature holds (leaves or not) */
   uint64_t clock, seen, period;
   double votes[NX]; /* decayed: accesses where miniature i hit and the other missed */
@@ -173,7 +173,7 @@ static void mini_drop(autop *a, int i, kv_block *m) {
   kv_evict *me = &a->mini[i];
   me->ops->remove(me, m);
   m->hpos[i] = KV_SLOT_NONE; /* gone from this cache: new if it comes back */
-  m->tiers &= (uint8_t)~(1u << i);
+  m->tiers &= (uint8_t) ~(1u << i);
   a->held[i]--;
   kv_block *p = m->parent != KV_BID_NONE ? kv_index_at(&a->mix, m->parent) : NULL;
   if (p && (p->tiers >> i & 1) && --p->rchild[i] == 0 && me->ops->add(me, p) == 0)
@@ -190,7 +190,7 @@ static void mini_hold(autop *a, int i, kv_block *m) {
   while (a->held[i] >= me->capacity) {
     kv_block *v = me->ops->peek(me);
     if (!v) return; /* no leaf offered (out of memory): m stays out */
-    v->inpol &= (uint8_t)~(1u << i);
+    v->inpol &= (uint8_t) ~(1u << i);
     mini_drop(a, i, v);
   }
   kv_block *p = m->parent != KV_BID_NONE ? kv_index_at(&a->mix, m->parent) : NULL;
@@ -200,7 +200,7 @@ static void mini_hold(autop *a, int i, kv_block *m) {
   a->held[i]++;
   if (p && (p->tiers >> i & 1) && p->rchild[i]++ == 0 && (p->inpol >> i & 1)) {
     me->ops->remove(me, p); /* no longer a leaf: out of the policy */
-    p->inpol &= (uint8_t)~(1u << i);
+    p->inpol &= (uint8_t) ~(1u << i);
   }
 }
 
@@ -217,7 +217,8 @@ static void observe(kv_evict *e, autop *a, const kv_block *rb) {
   if (!a->minis || sample_hash(root_of(e->ix, rb)) >= a->sample) return;
   kv_block *m = kv_index_find(&a->mix, rb->ns, rb->key, kv_block_keylen(rb));
   if (!m) {
-    if (kv_index_insert(&a->mix, rb->ns, rb->key, kv_block_keylen(rb), &m)) return; /* out of memory: unsampled */
+    if (kv_index_insert(&a->mix, rb->ns, rb->key, kv_block_keylen(rb), &m))
+      return; /* out of memory: unsampled */
     m->state = KV_BS_READY;
     m->hits = 0;
     m->inpol = 0;
@@ -241,7 +242,8 @@ static void observe(kv_evict *e, autop *a, const kv_block *rb) {
   if (hit[X_LRU] != hit[X_TLFU]) a->votes[hit[X_TLFU] ? X_TLFU : X_LRU] += 1;
   int other = 1 - a->cur;
   double lead = a->votes[other] - a->votes[a->cur];
-  if (lead > 1 && (lead - 1) * (lead - 1) > SWITCH_Z * SWITCH_Z * (a->votes[other] + a->votes[a->cur])) {
+  if (lead > 1 &&
+      (lead - 1) * (lead - 1) > SWITCH_Z * SWITCH_Z * (a->votes[other] + a->votes[a->cur])) {
     a->cur = other;
     a->switches++;
   }
@@ -326,6 +328,9 @@ const char *kv_evict_auto_following(const kv_evict *e, uint64_t *switches) {
 }
 
 const kv_evict_ops kv_evict_auto_ops = {
-    "auto", "follows lru or tinylfu, whichever miniature simulations find better now",
-    auto_init, auto_fini, auto_add, auto_remove, auto_touch, auto_peek, auto_seen,
+    "auto",     "follows lru or tinylfu, whichever miniature simulations find better now",
+    auto_init,  auto_fini,
+    auto_add,   auto_remove,
+    auto_touch, auto_peek,
+    auto_seen,
 };

@@ -196,16 +196,25 @@ static void lru2_seen(kv_evict *e, kv_block *b) {
 }
 
 const kv_evict_ops kv_evict_lru_ops = {
-    "lru", "least recently used (leaf-first, by priority class)",
-    init_lru, kv_heap_fini, kv_heap_add, kv_heap_remove, kv_heap_touch, kv_heap_peek, NULL,
+    "lru",         "least recently used (leaf-first, by priority class)",
+    init_lru,      kv_heap_fini,
+    kv_heap_add,   kv_heap_remove,
+    kv_heap_touch, kv_heap_peek,
+    NULL,
 };
 
 const kv_evict_ops kv_evict_lru2_ops = {
-    "lru2", "LRU-2: once-used blocks first, then by second-to-last use",
-    init_lru2, kv_heap_fini, lru2_add, kv_heap_remove, lru2_touch, kv_heap_peek, lru2_seen,
+    "lru2",     "LRU-2: once-used blocks first, then by second-to-last use",
+    init_lru2,  kv_heap_fini,
+    lru2_add,   kv_heap_remove,
+    lru2_touch, kv_heap_peek,
+    lru2_seen,
 };
 
 const kv_evict_ops kv_evict_lfuda_ops = {
-    "lfuda", "LFU with dynamic aging: by use count, old popularity fading",
-    init_lfuda, kv_heap_fini, kv_heap_add, kv_heap_remove, kv_heap_touch, kv_heap_peek, NULL,
+    "lfuda",       "LFU with dynamic aging: by use count, old popularity fading",
+    init_lfuda,    kv_heap_fini,
+    kv_heap_add,   kv_heap_remove,
+    kv_heap_touch, kv_heap_peek,
+    NULL,
 };

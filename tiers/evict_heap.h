@@ -22,9 +22,11 @@ struct kv_heap {
   uint32_t n, cap;
   uint64_t age; /* lfuda: the score of the last block offered as victim */
   uint64_t (*score)(const kv_heap *h, const kv_block *b);
-  kv_seen *seen;  /* reuse: its victims lately; NULL for the others */
-  struct lru2_times { uint64_t last, prev; } *t; /* lru2: by block id, the last two access times */
-  uint32_t nids;                                 /* lru2: ids covered by t */
+  kv_seen *seen; /* reuse: its victims lately; NULL for the others */
+  struct lru2_times {
+    uint64_t last, prev;
+  } * t;          /* lru2: by block id, the last two access times */
+  uint32_t nids;  /* lru2: ids covered by t */
   kv_bid offered; /* reuse: the last block peek offered */
   kv_bid newest;  /* reuse: the last block added */
 };

@@ -42,9 +42,9 @@ typedef struct kv_pq {
   uint32_t id; /* 1..15 */
 } kv_pq;
 
-#define KV_PQ_SHIFT 28
-#define KV_PQ_IDX(w) ((w) & ((1u << KV_PQ_SHIFT) - 1))
-#define KV_PQ_ID(w) ((w) >> KV_PQ_SHIFT)
+#define KV_PQ_SHIFT            28
+#define KV_PQ_IDX(w)           ((w) & ((1u << KV_PQ_SHIFT) - 1))
+#define KV_PQ_ID(w)            ((w) >> KV_PQ_SHIFT)
 #define KV_PQ_KEY(prio, order) (((uint64_t)(prio) << 56) | ((order) & ((1ull << 56) - 1)))
 
 /* Grows the array *v, of *n elements of `each` bytes, to at least `want`
@@ -74,8 +74,8 @@ static inline int kv_pq_top_in(kv_pq *q, unsigned cls) {
  * first (FIFO): what a policy evicted recently, without the blocks. About
  * 9-14 bytes per remembered key; never more than `cap` keys. */
 typedef struct kv_ghost {
-  uint32_t *ring;  /* fingerprints in insertion order */
-  uint32_t *tab;   /* open addressing, 0 = empty */
+  uint32_t *ring; /* fingerprints in insertion order */
+  uint32_t *tab;  /* open addressing, 0 = empty */
   uint32_t cap, head, n, mask, live;
 } kv_ghost;
 
@@ -102,7 +102,7 @@ typedef struct kv_seen {
   uint16_t *gen[2]; /* [0] current, [1] previous; nsets * 8 tags each */
   uint32_t nsets;   /* sets per generation */
   uint32_t adds, per_gen;
-  uint32_t n;       /* what it was sized for */
+  uint32_t n; /* what it was sized for */
 } kv_seen;
 
 /* Sized for victims of a cache of n blocks (forgets everything when n

@@ -80,13 +80,22 @@ static kv_block *reuse_peek(kv_evict *e) {
   kv_block *b = kv_heap_peek(e);
   if (b && b->id == h->newest && h->n > 1) {
     uint32_t i = h->n > 2 && kv_heap_key(e, h, 2) < kv_heap_key(e, h, 1) ? 2 : 1;
-    if (kv_heap_key(e, h, i) >> 56 == b->prio) b = kv_index_at(e->ix, h->v[i]); /* same class only */
+    if (kv_heap_key(e, h, i) >> 56 == b->prio)
+      b = kv_index_at(e->ix, h->v[i]); /* same class only */
   }
   h->offered = b ? b->id : KV_BID_NONE;
   return b;
 }
 
 const kv_evict_ops kv_evict_reuse_ops = {
-    "reuse", "blocks used once go first, then blocks used again (or evicted lately and back), each in LRU order",
-    init_reuse, kv_heap_fini, reuse_add, reuse_remove, kv_heap_touch, reuse_peek, NULL,
+    "reuse",
+    "blocks used once go first, then blocks used again (or evicted lately and back), each in LRU "
+    "order",
+    init_reuse,
+    kv_heap_fini,
+    reuse_add,
+    reuse_remove,
+    kv_heap_touch,
+    reuse_peek,
+    NULL,
 };

@@ -26,7 +26,7 @@
 
 enum { Q_S = 1, Q_M = 2, Q_REMEMBERED = 14 };
 #define S_SHARE_DIV 10 /* S gets 1/10 of the held blocks */
-#define FREQ_MAX 3
+#define FREQ_MAX    3
 
 typedef struct s3 {
   kv_pq s, m;
@@ -147,5 +147,8 @@ static kv_block *s3_peek(kv_evict *e) {
 
 const kv_evict_ops kv_evict_s3fifo_ops = {
     "s3fifo", "S3-FIFO: small, main and ghost FIFO queues (Yang et al.)",
-    s3_init, s3_fini, s3_add, s3_remove, s3_touch, s3_peek, NULL,
+    s3_init,  s3_fini,
+    s3_add,   s3_remove,
+    s3_touch, s3_peek,
+    NULL,
 };

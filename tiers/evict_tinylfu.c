@@ -49,26 +49,26 @@
 #include "tiers/evict_impl.h"
 
 enum { Q_W = 1, Q_P = 2, Q_R = 3, Q_REMEMBERED = 14 };
-#define WINDOW_START 0.01       /* W: 1% of the held blocks at first */
-#define PROTECTED_PER_MILLE 800 /* R: at most 80% of the main cache */
+#define WINDOW_START        0.01 /* W: 1% of the held blocks at first */
+#define PROTECTED_PER_MILLE 800  /* R: at most 80% of the main cache */
 /* Caffeine's hill climber (BoundedLocalCache.climb): after every sample of
  * accesses (the sketch's: 10 per block of capacity) the window moves by
  * `step` (6.25% of the cache at first) in the direction that raised the
  * hit rate, the step shrinking by 2% each time and restarting at 6.25%
  * when the hit rate moves by 5 points or more (the workload changed). */
-#define CLIMB_STEP 0.0625
-#define CLIMB_DECAY 0.98
-#define CLIMB_RESTART 0.05
+#define CLIMB_STEP          0.0625
+#define CLIMB_DECAY         0.98
+#define CLIMB_RESTART       0.05
 
 typedef struct tlfu {
   kv_pq w, p, r;
   kv_sketch f;
-  uint32_t peak, sized; /* most blocks held; the capacity the sketch is sized for */
-  kv_bid cand;          /* the window's block on probation, to duel */
-  kv_bid offered;       /* the last victim peek() offered */
-  double window;        /* W's share of the held blocks, 0..1 */
-  double step;          /* the climber's next move, signed */
-  double last_rate;     /* the previous sample's hit rate */
+  uint32_t peak, sized;  /* most blocks held; the capacity the sketch is sized for */
+  kv_bid cand;           /* the window's block on probation, to duel */
+  kv_bid offered;        /* the last victim peek() offered */
+  double window;         /* W's share of the held blocks, 0..1 */
+  double step;           /* the climber's next move, signed */
+  double last_rate;      /* the previous sample's hit rate */
   uint32_t hits, misses; /* in the current sample */
 } tlfu;
 
@@ -106,9 +106,7 @@ static void tlfu_fini(kv_evict *e) {
 /* The key of a block entering a queue's most recent end now. */
 static inline uint64_t lru_key(const kv_block *b) { return KV_PQ_KEY(b->prio, b->atime); }
 
-static kv_pq *queue(tlfu *t, uint32_t id) {
-  return id == Q_W ? &t->w : id == Q_P ? &t->p : &t->r;
-}
+static kv_pq *queue(tlfu *t, uint32_t id) { return id == Q_W ? &t->w : id == Q_P ? &t->p : &t->r; }
 
 /* Moves b from `from` to `to`; if `to` cannot grow, b stays in `from`.
  * 0 or -ENOMEM. */
@@ -142,7 +140,8 @@ static int tlfu_add(kv_evict *e, kv_block *b) {
   tlfu *t = e->priv;
   if (++e->count > t->peak) {
     t->peak = e->count;
-    if (!e->capacity && t->peak > t->sized && kv_sketch_size(&t->f, t->peak) == 0) t->sized = t->peak;
+    if (!e->capacity && t->peak > t->sized && kv_sketch_size(&t->f, t->peak) == 0)
+      t->sized = t->peak;
   }
   uint32_t w = b->hpos[e->tier];
   kv_pq *q = &t->w;
@@ -182,16 +181,14 @@ static void tlfu_touch(kv_evict *e, kv_block *b) {
     return;
   }
   if (b->id == t->cand) t->cand = KV_BID_NONE; /* used again: admitted */
-  move(e, &t->p, &t->r, b); /* used while on probation: protect it */
+  move(e, &t->p, &t->r, b);                    /* used while on probation: protect it */
   uint64_t main = (uint64_t)t->p.n + t->r.n;
   while ((uint64_t)t->r.n * 1000 > main * PROTECTED_PER_MILLE && t->r.n > 1)
     if (move(e, &t->r, &t->p, kv_index_at(e->ix, kv_pq_top(&t->r)->bid))) break;
 }
 
 /* How often b was used lately, as the sketch estimates it. */
-static unsigned freq(tlfu *t, const kv_block *b) {
-  return kv_sketch_get(&t->f, kv_fingerprint(b));
-}
+static unsigned freq(tlfu *t, const kv_block *b) { return kv_sketch_get(&t->f, kv_fingerprint(b)); }
 
 /* An access to a block valid in the tier that the policy does not hold
  * (an interior block of a chain, or a pinned one): counted all the same. */
@@ -231,6 +228,9 @@ double kv_evict_tinylfu_window(const kv_evict *e) {
 }
 
 const kv_evict_ops kv_evict_tinylfu_ops = {
-    "tinylfu", "W-TinyLFU: 1% LRU window, SLRU main, frequency-sketch admission",
-    tlfu_init, tlfu_fini, tlfu_add, tlfu_remove, tlfu_touch, tlfu_peek, tlfu_seen,
+    "tinylfu",  "W-TinyLFU: 1% LRU window, SLRU main, frequency-sketch admission",
+    tlfu_init,  tlfu_fini,
+    tlfu_add,   tlfu_remove,
+    tlfu_touch, tlfu_peek,
+    tlfu_seen,
 };

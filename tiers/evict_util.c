@@ -121,7 +121,10 @@ int kv_ghost_size(kv_ghost *g, uint32_t cap) {
   while ((uint64_t)t * 3 < (uint64_t)cap * 4) t <<= 1; /* load <= 3/4 */
   g->ring = malloc((size_t)cap * sizeof *g->ring);
   g->tab = calloc(t, sizeof *g->tab);
-  if (!g->ring || !g->tab) { kv_ghost_free(g); return -ENOMEM; }
+  if (!g->ring || !g->tab) {
+    kv_ghost_free(g);
+    return -ENOMEM;
+  }
   g->cap = cap;
   g->mask = t - 1;
   return 0;
@@ -138,7 +141,10 @@ static int ghost_erase(kv_ghost *g, uint32_t fp) {
     j = (j + 1) & g->mask;
     uint32_t x = g->tab[j];
     if (!x) break;
-    if (!kv_probe_stays(hole, j, ghost_home(g, x))) { g->tab[hole] = x; hole = j; }
+    if (!kv_probe_stays(hole, j, ghost_home(g, x))) {
+      g->tab[hole] = x;
+      hole = j;
+    }
   }
   g->tab[hole] = 0;
   g->live--;
@@ -160,9 +166,7 @@ void kv_ghost_add(kv_ghost *g, uint32_t fp) {
   g->tab[i] = fp;
 }
 
-int kv_ghost_take(kv_ghost *g, uint32_t fp) {
-  return g->cap ? ghost_erase(g, fp) : 0;
-}
+int kv_ghost_take(kv_ghost *g, uint32_t fp) { return g->cap ? ghost_erase(g, fp) : 0; }
 
 void kv_ghost_free(kv_ghost *g) {
   free(g->ring);
@@ -194,7 +198,10 @@ int kv_seen_size(kv_seen *s, uint32_t n) {
   uint32_t nsets = (uint32_t)((per + SEEN_WAYS - 1) / SEEN_WAYS);
   for (int g = 0; g < 2; g++) {
     s->gen[g] = kv_meta_calloc((size_t)nsets * SEEN_WAYS, sizeof *s->gen[g]);
-    if (!s->gen[g]) { kv_seen_free(s); return -ENOMEM; }
+    if (!s->gen[g]) {
+      kv_seen_free(s);
+      return -ENOMEM;
+    }
   }
   s->nsets = nsets;
   s->per_gen = (uint32_t)per;
@@ -215,7 +222,10 @@ void kv_seen_add(kv_seen *s, uint32_t fp) {
   uint16_t tag, *set = seen_set(s, 0, fp, &tag);
   for (int i = 0; i < SEEN_WAYS; i++) {
     if (set[i] == tag) return;
-    if (set[i] == 0) { set[i] = tag; return; }
+    if (set[i] == 0) {
+      set[i] = tag;
+      return;
+    }
   }
   set[tag % SEEN_WAYS] = tag; /* full: one tag goes early */
 }
@@ -238,8 +248,8 @@ void kv_seen_free(kv_seen *s) {
 
 /* ---- kv_sketch ------------------------------------------------------------ */
 
-#define SK_COUNTERS_PER_ENTRY 4 /* per row; x 4 rows = Caffeine's 16 */
-#define SK_SAMPLE_PER_ENTRY 10  /* TinyLFU's W = 10 x the cache's size */
+#define SK_COUNTERS_PER_ENTRY   4  /* per row; x 4 rows = Caffeine's 16 */
+#define SK_SAMPLE_PER_ENTRY     10 /* TinyLFU's W = 10 x the cache's size */
 #define SK_DOOR_BITS_PER_ACCESS 8
 
 int kv_sketch_size(kv_sketch *s, uint32_t n) {
@@ -333,7 +343,8 @@ void kv_sketch_add(kv_sketch *s, uint32_t fp) {
     if (m < 15) /* conservative update: only the counters at the minimum grow */
       for (int r = 0; r < 4; r++) {
         uint32_t i = sk_index(s, fp, r);
-        if (sk_get(s, r, i) == m) s->rows[(size_t)r * (s->width / 16) + i / 16] += 1ull << (4 * (i % 16));
+        if (sk_get(s, r, i) == m)
+          s->rows[(size_t)r * (s->width / 16) + i / 16] += 1ull << (4 * (i % 16));
       }
   }
   if (++s->adds >= s->sample) { /* halve every counter, forget the doorkeeper */

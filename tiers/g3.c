@@ -18,9 +18,9 @@
 #include <time.h>
 #include <unistd.h>
 
-#include "base/log.h"
-#include "base/errors.h"
 #include "base/crc32c.h"
+#include "base/errors.h"
+#include "base/log.h"
 #include "tiers/g3_internal.h"
 
 #define QD_MAX KV_G3_QUEUE_DEPTH_MAX
@@ -215,11 +215,9 @@ int kv_g3_write(kv_g3 *g, uint32_t slot, const kv_g3_key *k, uint64_t seq, const
   return 0;
 }
 
-int kv_g3_read(kv_g3 *g, uint32_t slot, const kv_g3_expect *e, void *buf, kv_g3_cb cb,
-               void *arg) {
+int kv_g3_read(kv_g3 *g, uint32_t slot, const kv_g3_expect *e, void *buf, kv_g3_cb cb, void *arg) {
   if (slot >= g->nslots || !e || !key_ok(&e->key) || !buf || (uintptr_t)buf % KV_G3_ALIGN ||
-      e->len == 0 || e->len > g->slot_bytes ||
-      !(e->flags & (KV_G3_EXPECT_SEQ | KV_G3_EXPECT_CRC)))
+      e->len == 0 || e->len > g->slot_bytes || !(e->flags & (KV_G3_EXPECT_SEQ | KV_G3_EXPECT_CRC)))
     return -EINVAL;
   if (g->sstate[slot] == G3S_WRITING) return -EBUSY;
   if (g->sstate[slot] != G3S_STORED) return KV_ENOTFOUND;
@@ -297,9 +295,10 @@ static void set_state(kv_g3 *g, kv_g3_state s, int err, const char *what, const 
   g->state_err = err;
   g->state_what = what;
   g->probe_armed = 0;
-  kv_warn(G3_SUB, "%s of slot %u in %s failed: %s; G3 is now %s: no new blocks are admitted, "
-          "stored blocks stay readable", what, op->fslot, g->files[op->file].path,
-          kv_strerror(err), kv_g3_state_name(s));
+  kv_warn(G3_SUB,
+          "%s of slot %u in %s failed: %s; G3 is now %s: no new blocks are admitted, "
+          "stored blocks stay readable",
+          what, op->fslot, g->files[op->file].path, kv_strerror(err), kv_g3_state_name(s));
 }
 
 static void count_error(kv_g3 *g, int res, const char *what, const g3_op *op) {
@@ -353,8 +352,8 @@ static void done_read(kv_g3 *g, g3_op *op) {
         kv_warn(G3_SUB, "slot %u of %s: %s: block dropped (further reports at debug level)",
                 op->fslot, g->files[op->file].path, op->why ? op->why : "corrupt");
       } else {
-        kv_debug(G3_SUB, "slot %u of %s: %s: block dropped", op->fslot,
-                 g->files[op->file].path, op->why ? op->why : "corrupt");
+        kv_debug(G3_SUB, "slot %u of %s: %s: block dropped", op->fslot, g->files[op->file].path,
+                 op->why ? op->why : "corrupt");
       }
     }
     count_error(g, op->res, "read", op);
@@ -524,16 +523,19 @@ kv_g3_state kv_g3_check(kv_g3 *g) {
   g->state_err = -ENOENT;
   g->state_what = "store file removed";
   g->probe_armed = 0;
-  kv_error(G3_SUB, "%s was removed while in use (its directory deleted?): G3 admits no new "
+  kv_error(G3_SUB,
+           "%s was removed while in use (its directory deleted?): G3 admits no new "
            "blocks; what it holds stays readable until kvcached restarts, which makes a new "
-           "store", gone);
+           "store",
+           gone);
   return g->state;
 }
 
 uint32_t kv_g3_slot_bytes(const kv_g3 *g) { return g->slot_bytes; }
 uint64_t kv_g3_max_seq(const kv_g3 *g) { return g->max_seq; }
 
-int kv_g3_layout_of(uint64_t capacity, uint64_t block_bytes, uint32_t *slots, uint64_t *file_bytes) {
+int kv_g3_layout_of(uint64_t capacity, uint64_t block_bytes, uint32_t *slots,
+                    uint64_t *file_bytes) {
   if (block_bytes == 0 || block_bytes > UINT32_MAX - KV_G3_ALIGN) return -EINVAL;
   g3_sb sb;
   int rc = g3_layout(capacity, round_up((uint32_t)block_bytes), &sb);
@@ -618,7 +620,8 @@ static int set_aside(kv_g3 *g, g3_file *f, const char *dir, unsigned i, const kv
   if (n < 0 || (size_t)n >= sizeof to) return why(info, -ENAMETOOLONG, "setting %s aside", f->path);
   if (rename(f->path, to) < 0)
     return why(info, -errno, "%s: %s; setting it aside as %s", f->path, what, to);
-  kv_error(G3_SUB, "%s: %s: set aside as %s; a fresh file takes its place and the blocks it "
+  kv_error(G3_SUB,
+           "%s: %s: set aside as %s; a fresh file takes its place and the blocks it "
            "held are lost to the cache (remove the set-aside file to reclaim its space)",
            f->path, what, to);
   info->set_aside++;
@@ -653,8 +656,11 @@ static int open_files(kv_g3 *g, const kv_g3_opts *o, kv_g3_open_info *info) {
     if (sbrc[i] == KV_ECORRUPT || (sbrc[i] == 0 && f->sb.file != i)) {
       char what[96];
       if (sbrc[i]) snprintf(what, sizeof what, "superblock damaged");
-      else snprintf(what, sizeof what, "holds file %u of its store, not file %u (directories "
-                    "reordered?)", f->sb.file, i);
+      else
+        snprintf(what, sizeof what,
+                 "holds file %u of its store, not file %u (directories "
+                 "reordered?)",
+                 f->sb.file, i);
       if ((rc = set_aside(g, f, o->dirs[i].path, i, o, what, info))) return rc;
       sbrc[i] = -ENOENT;
     }
@@ -680,8 +686,10 @@ static int open_files(kv_g3 *g, const kv_g3_opts *o, kv_g3_open_info *info) {
     memcpy(g->store_id, g->files[ref].sb.store_id, G3_STORE_ID_LEN);
     g->slot_bytes = g->files[ref].sb.slot_bytes;
     if (want && want != g->slot_bytes) {
-      kv_warn(G3_SUB, "the store in %s has %u-byte slots but %u bytes were asked for: "
-              "reformat to change the slot size", g->files[ref].path, g->slot_bytes, want);
+      kv_warn(G3_SUB,
+              "the store in %s has %u-byte slots but %u bytes were asked for: "
+              "reformat to change the slot size",
+              g->files[ref].path, g->slot_bytes, want);
       return why(info, -EINVAL, "the store in %s has %u-byte slots, not %u", g->files[ref].path,
                  g->slot_bytes, want);
     }
@@ -695,7 +703,8 @@ static int open_files(kv_g3 *g, const kv_g3_opts *o, kv_g3_open_info *info) {
       struct stat st;
       if (fstat(f->fd, &st) < 0) return why(info, -errno, "fstat %s", f->path);
       if ((uint64_t)st.st_size < f->sb.file_bytes) {
-        kv_warn(G3_SUB, "%s is shorter than its layout (%lld of %llu bytes): extending it; "
+        kv_warn(G3_SUB,
+                "%s is shorter than its layout (%lld of %llu bytes): extending it; "
                 "blocks that were beyond the end will fail verification",
                 f->path, (long long)st.st_size, (unsigned long long)f->sb.file_bytes);
         if (fallocate(f->fd, 0, 0, (off_t)f->sb.file_bytes) < 0 &&
@@ -719,9 +728,10 @@ static int open_files(kv_g3 *g, const kv_g3_opts *o, kv_g3_open_info *info) {
       sb.created = (uint64_t)time(NULL);
       if ((rc = g3_file_format(f, &sb))) {
         if (rc == -ENOSPC && f->fs_avail) {
-          kv_warn(G3_SUB, "formatting %s: %llu bytes do not fit, %llu bytes are free on its "
-                  "filesystem", f->path, (unsigned long long)sb.file_bytes,
-                  (unsigned long long)f->fs_avail);
+          kv_warn(G3_SUB,
+                  "formatting %s: %llu bytes do not fit, %llu bytes are free on its "
+                  "filesystem",
+                  f->path, (unsigned long long)sb.file_bytes, (unsigned long long)f->fs_avail);
           return why(info, rc, "preallocating %s (%llu bytes, %llu free on its filesystem)",
                      f->path, (unsigned long long)sb.file_bytes, (unsigned long long)f->fs_avail);
         }
@@ -780,7 +790,7 @@ static int open_index(kv_g3 *g, const kv_g3_opts *o, kv_g3_open_info *info) {
 
 typedef struct load_ctx {
   kv_g3 *g;
-  uint8_t *drop;  /* keys to delete, G3_IKEY_MAX apart */
+  uint8_t *drop; /* keys to delete, G3_IKEY_MAX apart */
   uint8_t *dlen;
   size_t ndrop, capdrop;
   int err;
@@ -896,17 +906,24 @@ int kv_g3_open(kv_g3 **out, const kv_g3_opts *o, kv_g3_open_info *info) {
   g->window_us = o->commit_window_us == 0 ? 50000 : o->commit_window_us;
   pthread_mutex_init(&g->dmu, NULL);
   g->efd = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
-  if (g->efd < 0) { rc = -errno; goto err; }
+  if (g->efd < 0) {
+    rc = -errno;
+    goto err;
+  }
   if ((rc = open_files(g, o, info))) goto err;
   g->sstate = calloc(g->nslots, 1);
   g->snread = calloc(g->nslots, 1);
   g->sflag = calloc(g->nslots, 1);
   g->slen = calloc(g->nslots, sizeof *g->slen);
-  if (!g->sstate || !g->snread || !g->sflag || !g->slen) { rc = -ENOMEM; goto err; }
+  if (!g->sstate || !g->snread || !g->sflag || !g->slen) {
+    rc = -ENOMEM;
+    goto err;
+  }
   if ((rc = open_index(g, o, info))) goto err;
   if ((rc = load_index(g, info))) goto err;
   if ((rc = start_engine(g, o))) {
-    why(info, rc, "starting the %s engine", o->backend == KV_G3_BACKEND_THREADS ? "threads" : "io_uring");
+    why(info, rc, "starting the %s engine",
+        o->backend == KV_G3_BACKEND_THREADS ? "threads" : "io_uring");
     goto err;
   }
   if ((rc = g3_pipe_start(g))) goto err;
@@ -917,10 +934,11 @@ int kv_g3_open(kv_g3 **out, const kv_g3_opts *o, kv_g3_open_info *info) {
   info->backend = g->backend;
   info->direct = g->direct;
   info->fixed_buffers = g->fixed;
-  kv_info(G3_SUB, "open: %u files, %u slots of %u bytes, %llu blocks indexed, backend %s, "
-          "%s I/O%s", g->nfiles, g->nslots, g->slot_bytes, (unsigned long long)info->indexed,
-          g->eng->name, g->direct ? "direct" : "buffered",
-          g->fixed ? ", G2 arena registered" : "");
+  kv_info(G3_SUB,
+          "open: %u files, %u slots of %u bytes, %llu blocks indexed, backend %s, "
+          "%s I/O%s",
+          g->nfiles, g->nslots, g->slot_bytes, (unsigned long long)info->indexed, g->eng->name,
+          g->direct ? "direct" : "buffered", g->fixed ? ", G2 arena registered" : "");
   *out = g;
   return 0;
 err:

@@ -33,10 +33,10 @@
 
 #include "tiers/arena.h"
 
-#define KV_G3_NS_BYTES 32   /* namespace digest */
-#define KV_G3_KEY_MAX 32    /* key bytes, 1..32 */
-#define KV_G3_ALIGN 4096u   /* I/O alignment: buffers, lengths, offsets */
-#define KV_G3_MAX_DIRS 64
+#define KV_G3_NS_BYTES        32    /* namespace digest */
+#define KV_G3_KEY_MAX         32    /* key bytes, 1..32 */
+#define KV_G3_ALIGN           4096u /* I/O alignment: buffers, lengths, offsets */
+#define KV_G3_MAX_DIRS        64
 #define KV_G3_QUEUE_DEPTH_MAX 4096 /* kv_g3_opts.queue_depth */
 
 typedef struct kv_g3 kv_g3;
@@ -85,27 +85,27 @@ typedef struct kv_g3_opts {
   const kv_g3_dir *dirs; /* 1..KV_G3_MAX_DIRS; file i lives in dirs[i]; the
                           * LMDB index lives in dirs[0] */
   unsigned ndirs;
-  uint32_t block_bytes;  /* largest payload, > 0; a slot holds
+  uint32_t block_bytes; /* largest payload, > 0; a slot holds
                           * round_up(block_bytes, 4096) bytes. 0 on reopen:
                           * take the size the files were made with. */
-  uint32_t queue_depth;  /* block I/Os in flight at once; 0: 32 */
+  uint32_t queue_depth; /* block I/Os in flight at once; 0: 32 */
   kv_g3_backend backend;
   kv_g3_sync sync;
   kv_g3_direct direct;
-  int reformat;          /* 1: discard whatever the directories hold */
-  kv_arena *arena;       /* G2 arena to register as io_uring fixed buffers
+  int reformat;         /* 1: discard whatever the directories hold */
+  kv_arena *arena;      /* G2 arena to register as io_uring fixed buffers
                           * (NULL: none; I/O from it is still no-copy, its
                           * pages pinned per I/O). Only memory no other
                           * process can punch holes in: a registration
                           * keeps the pages it pinned, so after a hole is
                           * punched reads land in pages the mapping no
                           * longer shows (kvcached passes NULL). */
-  uint32_t commit_max;   /* most blocks per index transaction; 0: 4096 */
-  int commit_window_us;  /* group commit: a batch waits up to this long
+  uint32_t commit_max;  /* most blocks per index transaction; 0: 4096 */
+  int commit_window_us; /* group commit: a batch waits up to this long
                           * from its first write for more while writes are
                           * still in flight, to share one fdatasync and one
                           * index commit; 0: 50000, < 0: commit at once */
-  int lock_wait_ms;      /* how long open waits for the files' lock held by
+  int lock_wait_ms;     /* how long open waits for the files' lock held by
                           * another opener, or by a killed one's in-flight
                           * io_uring requests; 0: 5000, < 0: do not wait */
   const kv_g3_fault *fault;
@@ -113,17 +113,17 @@ typedef struct kv_g3_opts {
 
 /* What kv_g3_open found and chose. */
 typedef struct kv_g3_open_info {
-  uint64_t indexed;        /* blocks in the index, served from now on */
-  uint64_t dropped;        /* index entries discarded as invalid at open */
-  uint32_t slots;          /* slots in all files */
-  uint32_t slot_bytes;     /* payload bytes per slot */
-  int formatted;           /* files newly created (or reformatted) */
-  int rebuilt;             /* the index was missing or stale and was rebuilt */
-  kv_g3_backend backend;   /* URING or THREADS, as running */
-  int direct;              /* 1 if O_DIRECT is in use */
-  int fixed_buffers;       /* 1 if the arena is registered with io_uring */
-  unsigned set_aside;      /* damaged files renamed <name>.corrupt-<time> */
-  char why[384];           /* kv_g3_open failed: what could not be done,
+  uint64_t indexed;      /* blocks in the index, served from now on */
+  uint64_t dropped;      /* index entries discarded as invalid at open */
+  uint32_t slots;        /* slots in all files */
+  uint32_t slot_bytes;   /* payload bytes per slot */
+  int formatted;         /* files newly created (or reformatted) */
+  int rebuilt;           /* the index was missing or stale and was rebuilt */
+  kv_g3_backend backend; /* URING or THREADS, as running */
+  int direct;            /* 1 if O_DIRECT is in use */
+  int fixed_buffers;     /* 1 if the arena is registered with io_uring */
+  unsigned set_aside;    /* damaged files renamed <name>.corrupt-<time> */
+  char why[384];         /* kv_g3_open failed: what could not be done,
                             * the path and the reason ("" on success) */
 } kv_g3_open_info;
 
@@ -137,17 +137,17 @@ typedef struct kv_g3_key {
 #define KV_G3_EXPECT_SEQ 1u
 #define KV_G3_EXPECT_CRC 2u
 typedef struct kv_g3_expect {
-  kv_g3_key key;   /* always checked */
-  uint32_t len;    /* always checked */
-  uint64_t seq;    /* checked with KV_G3_EXPECT_SEQ */
-  uint32_t crc;    /* checked with KV_G3_EXPECT_CRC */
-  unsigned flags;  /* at least one of the two */
+  kv_g3_key key;  /* always checked */
+  uint32_t len;   /* always checked */
+  uint64_t seq;   /* checked with KV_G3_EXPECT_SEQ */
+  uint32_t crc;   /* checked with KV_G3_EXPECT_CRC */
+  unsigned flags; /* at least one of the two */
 } kv_g3_expect;
 
 /* An indexed block, as kv_g3_foreach() reports it. */
 typedef struct kv_g3_entry {
   kv_g3_key key;
-  uint32_t slot;   /* store-wide slot number, for read/remove */
+  uint32_t slot; /* store-wide slot number, for read/remove */
   uint32_t file;
   uint64_t offset; /* of the payload in the file */
   uint32_t len;
@@ -164,13 +164,13 @@ typedef struct kv_g3_stats {
   uint64_t writes, write_bytes;             /* writes durable and indexed */
   uint64_t read_failed;                     /* reads completed with an error */
   uint64_t write_failed;
-  uint64_t corrupt;        /* reads failing verification (KV_ECORRUPT) */
-  uint64_t short_reads;    /* ... of which: the file ended early */
-  uint64_t io_errors;      /* transfers failing with an errno */
-  uint64_t nospace;        /* writes refused by the filesystem (ENOSPC/EFBIG) */
-  uint64_t dropped;        /* index entries removed after failed reads */
-  uint64_t removed;        /* entries removed by kv_g3_remove */
-  uint64_t index_txns;     /* LMDB transactions committed */
+  uint64_t corrupt;     /* reads failing verification (KV_ECORRUPT) */
+  uint64_t short_reads; /* ... of which: the file ended early */
+  uint64_t io_errors;   /* transfers failing with an errno */
+  uint64_t nospace;     /* writes refused by the filesystem (ENOSPC/EFBIG) */
+  uint64_t dropped;     /* index entries removed after failed reads */
+  uint64_t removed;     /* entries removed by kv_g3_remove */
+  uint64_t index_txns;  /* LMDB transactions committed */
   uint64_t index_puts, index_dels;
   uint64_t syncs;          /* fdatasync calls */
   uint64_t inflight;       /* operations submitted and not yet delivered */
@@ -286,13 +286,12 @@ int kv_g3_write(kv_g3 *g, uint32_t slot, const kv_g3_key *k, uint64_t seq, const
  * slot, alignment or expectation), KV_ENOTFOUND (slot holds no block),
  * -EBUSY (too many reads on the slot), -ENOMEM.
  */
-int kv_g3_read(kv_g3 *g, uint32_t slot, const kv_g3_expect *e, void *buf, kv_g3_cb cb,
-               void *arg);
+int kv_g3_read(kv_g3 *g, uint32_t slot, const kv_g3_expect *e, void *buf, kv_g3_cb cb, void *arg);
 
 /* Blocking forms for tools and tests: submit, then poll until this
  * operation completes (delivering other callbacks too). Return its status. */
-int kv_g3_write_sync(kv_g3 *g, uint32_t slot, const kv_g3_key *k, uint64_t seq,
-                     const void *buf, uint32_t len);
+int kv_g3_write_sync(kv_g3 *g, uint32_t slot, const kv_g3_key *k, uint64_t seq, const void *buf,
+                     uint32_t len);
 int kv_g3_read_sync(kv_g3 *g, uint32_t slot, const kv_g3_expect *e, void *buf);
 
 /* ---- state and statistics ------------------------------------------------- */
@@ -337,11 +336,11 @@ int kv_g3_layout_of(uint64_t capacity, uint64_t block_bytes, uint32_t *slots, ui
 /* ---- recovery -------------------------------------------------------------- */
 
 typedef struct kv_g3_rebuild_info {
-  uint64_t scanned;      /* slots whose header was read */
-  uint64_t records;      /* headers valid for this store */
-  uint64_t indexed;      /* entries written (newest seq per key) */
-  uint64_t superseded;   /* older records of a key indexed elsewhere */
-  uint64_t bad_payload;  /* valid headers whose payload failed its CRC */
+  uint64_t scanned;     /* slots whose header was read */
+  uint64_t records;     /* headers valid for this store */
+  uint64_t indexed;     /* entries written (newest seq per key) */
+  uint64_t superseded;  /* older records of a key indexed elsewhere */
+  uint64_t bad_payload; /* valid headers whose payload failed its CRC */
   uint32_t files;
 } kv_g3_rebuild_info;
 

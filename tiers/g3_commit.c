@@ -14,14 +14,14 @@
  * batch never waits once the engine has no write left: the end of a burst
  * commits at once.
  */
-#include <time.h>
 #include <errno.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 #include <unistd.h>
 
-#include "base/log.h"
 #include "base/errors.h"
+#include "base/log.h"
 #include "tiers/g3_internal.h"
 
 void g3_done_push(kv_g3 *g, g3_op *op) {
@@ -57,7 +57,9 @@ static void cq_push(kv_g3 *g, g3_op *op) {
   g3_q_push(&g->cq, op);
 }
 
-static uint32_t commit_max(const kv_g3 *g) { return g->opts.commit_max ? g->opts.commit_max : 4096; }
+static uint32_t commit_max(const kv_g3 *g) {
+  return g->opts.commit_max ? g->opts.commit_max : 4096;
+}
 
 void g3_commit_push(kv_g3 *g, g3_op *op) {
   pthread_mutex_lock(&g->cmu);
@@ -139,7 +141,8 @@ static void *committer_main(void *arg) {
     g3_op *batch = NULL, *tail = NULL;
     for (uint32_t n = 0; n < max && g->cq.head; n++) {
       g3_op *op = g3_q_pop(&g->cq);
-      if (tail) tail->next = op; else batch = op;
+      if (tail) tail->next = op;
+      else batch = op;
       tail = op;
     }
     pthread_mutex_unlock(&g->cmu);

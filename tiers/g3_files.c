@@ -15,8 +15,8 @@
 #include <time.h>
 #include <unistd.h>
 
-#include "base/log.h"
 #include "base/errors.h"
+#include "base/log.h"
 #include "tiers/g3_internal.h"
 
 static int open_mode(g3_file *f, int flags, kv_g3_direct mode, const kv_g3_fault *fault);
@@ -52,8 +52,10 @@ static int open_mode(g3_file *f, int flags, kv_g3_direct mode, const kv_g3_fault
       e = errno;
     }
     if (e != EINVAL || mode == KV_G3_DIRECT_ON) return -e;
-    kv_warn(G3_SUB, "%s: the filesystem refuses O_DIRECT (%s): using buffered I/O "
-            "through the page cache", f->path, strerror(e));
+    kv_warn(G3_SUB,
+            "%s: the filesystem refuses O_DIRECT (%s): using buffered I/O "
+            "through the page cache",
+            f->path, strerror(e));
   }
   f->fd = open(f->path, flags, 0644);
   return f->fd < 0 ? -errno : 0;

@@ -4,9 +4,9 @@
 #include <errno.h>
 #include <string.h>
 
+#include "base/crc32c.h"
 #include "base/errors.h"
 #include "base/le.h"
-#include "base/crc32c.h"
 
 const uint8_t g3_sb_magic[8] = {'K', 'V', 'G', '3', 'S', 'U', 'P', 'R'};
 
@@ -48,8 +48,8 @@ void g3_sb_encode(const g3_sb *sb, uint8_t *out) {
 }
 
 int g3_sb_decode(g3_sb *sb, const uint8_t *in) {
-  if (memcmp(in, g3_sb_magic, 8) || kv_ld16(in + 8) != G3_VERSION || kv_ld16(in + 10) != G3_SB_LEN ||
-      kv_ld32(in + 124) != kv_crc32c(0, in, 124))
+  if (memcmp(in, g3_sb_magic, 8) || kv_ld16(in + 8) != G3_VERSION ||
+      kv_ld16(in + 10) != G3_SB_LEN || kv_ld32(in + 124) != kv_crc32c(0, in, 124))
     return KV_ECORRUPT;
   memset(sb, 0, sizeof *sb);
   sb->file = kv_ld32(in + 12);
@@ -96,8 +96,8 @@ int g3_rec_decode(g3_rec *r, const uint8_t *in) {
   uint8_t any = 0;
   for (unsigned i = 0; i < G3_REC_LEN; i++) any |= in[i];
   if (!any) return -ENOENT;
-  if (kv_ld32(in) != G3_REC_MAGIC || kv_ld16(in + 4) != G3_VERSION || kv_ld16(in + 6) != G3_REC_LEN ||
-      kv_ld32(in + 124) != kv_crc32c(0, in, 124))
+  if (kv_ld32(in) != G3_REC_MAGIC || kv_ld16(in + 4) != G3_VERSION ||
+      kv_ld16(in + 6) != G3_REC_LEN || kv_ld32(in + 124) != kv_crc32c(0, in, 124))
     return KV_ECORRUPT;
   memset(r, 0, sizeof *r);
   memcpy(r->store_id, in + 8, G3_STORE_ID_LEN);

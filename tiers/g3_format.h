@@ -19,13 +19,13 @@
 
 #include <stdint.h>
 
-#define G3_VERSION 1
-#define G3_SECTOR 4096u          /* superblock and header sector size */
-#define G3_SB_LEN 128u           /* meaningful bytes of the superblock */
-#define G3_REC_LEN 128u          /* meaningful bytes of a record header */
-#define G3_DATA_OFF (1u << 20)   /* the slots start at 1 MiB */
+#define G3_VERSION      1
+#define G3_SECTOR       4096u      /* superblock and header sector size */
+#define G3_SB_LEN       128u       /* meaningful bytes of the superblock */
+#define G3_REC_LEN      128u       /* meaningful bytes of a record header */
+#define G3_DATA_OFF     (1u << 20) /* the slots start at 1 MiB */
 #define G3_STORE_ID_LEN 16
-#define G3_REC_MAGIC 0x3347564Bu /* "KVG3" as little-endian bytes */
+#define G3_REC_MAGIC    0x3347564Bu  /* "KVG3" as little-endian bytes */
 extern const uint8_t g3_sb_magic[8]; /* "KVG3SUPR" */
 
 typedef struct g3_sb {
@@ -35,15 +35,15 @@ typedef struct g3_sb {
   uint32_t nslots;
   uint64_t data_off, stride, file_bytes;
   uint8_t store_id[G3_STORE_ID_LEN];
-  uint64_t created;    /* unix seconds */
+  uint64_t created; /* unix seconds */
 } g3_sb;
 
 typedef struct g3_rec {
   uint8_t store_id[G3_STORE_ID_LEN];
   uint64_t seq;
-  uint32_t len;        /* payload bytes */
-  uint32_t crc;        /* CRC32C of the payload */
-  uint32_t slot;       /* slot within its file */
+  uint32_t len;  /* payload bytes */
+  uint32_t crc;  /* CRC32C of the payload */
+  uint32_t slot; /* slot within its file */
   uint16_t file;
   uint8_t keylen;
   uint8_t ns[32];

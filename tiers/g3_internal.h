@@ -25,19 +25,19 @@
 #include "tiers/g3.h"
 #include "tiers/g3_format.h"
 
-#define G3_SUB "g3" /* log subsystem */
+#define G3_SUB      "g3" /* log subsystem */
 #define G3_PATH_MAX 1024
 
 /* ---- files ----------------------------------------------------------------- */
 typedef struct g3_file {
   int fd;
-  int direct;            /* opened with O_DIRECT */
-  int formatted;         /* made new at this open */
-  int created;           /* the file did not exist before this open */
-  uint64_t fs_avail;     /* g3_file_format's -ENOSPC: bytes it found free */
+  int direct;        /* opened with O_DIRECT */
+  int formatted;     /* made new at this open */
+  int created;       /* the file did not exist before this open */
+  uint64_t fs_avail; /* g3_file_format's -ENOSPC: bytes it found free */
   g3_sb sb;
-  uint32_t base;         /* store-wide number of its slot 0 */
-  uint32_t *freestk;     /* free slots (file-local numbers), caller thread */
+  uint32_t base;     /* store-wide number of its slot 0 */
+  uint32_t *freestk; /* free slots (file-local numbers), caller thread */
   uint32_t nfree;
   char path[G3_PATH_MAX];
 } g3_file;
@@ -47,27 +47,27 @@ enum { G3_OP_WRITE = 1, G3_OP_READ, G3_OP_DEL };
 
 typedef struct g3_op {
   struct g3_op *next;
-  uint8_t kind;          /* G3_OP_* */
-  uint8_t expect;        /* KV_G3_EXPECT_* for reads */
+  uint8_t kind;   /* G3_OP_* */
+  uint8_t expect; /* KV_G3_EXPECT_* for reads */
   uint8_t keylen;
-  uint8_t io_short;      /* a transfer hit the end of the file */
-  uint32_t slot;         /* store-wide */
+  uint8_t io_short; /* a transfer hit the end of the file */
+  uint32_t slot;    /* store-wide */
   uint32_t file, fslot;
-  uint32_t len, iolen;   /* payload bytes; rounded to KV_G3_ALIGN */
+  uint32_t len, iolen; /* payload bytes; rounded to KV_G3_ALIGN */
   uint64_t seq;
   uint32_t crc;
   uint8_t *buf;
   uint8_t ns[KV_G3_NS_BYTES], key[KV_G3_KEY_MAX];
   uint8_t hdr[G3_REC_LEN]; /* write: header to store; read: header found */
-  int io_err;            /* first failed transfer's -errno */
-  int res;               /* final status */
-  const char *why;       /* reason a read failed verification */
+  int io_err;              /* first failed transfer's -errno */
+  int res;                 /* final status */
+  const char *why;         /* reason a read failed verification */
   /* engine-private */
-  uint32_t ebuf;         /* header buffer index */
-  uint32_t edone[2];     /* bytes moved: [0] header (a write: header and
+  uint32_t ebuf;        /* header buffer index */
+  uint32_t edone[2];    /* bytes moved: [0] header (a write: header and
                           * payload, one transfer), [1] payload */
-  struct iovec eiov[2];  /* a vectored transfer in flight */
-  uint8_t epending;      /* transfers not finished */
+  struct iovec eiov[2]; /* a vectored transfer in flight */
+  uint8_t epending;     /* transfers not finished */
   /* caller */
   kv_g3_cb cb;
   void *arg;
@@ -80,7 +80,8 @@ typedef struct g3_queue {
 
 static inline void g3_q_push(g3_queue *q, g3_op *op) {
   op->next = NULL;
-  if (q->tail) q->tail->next = op; else q->head = op;
+  if (q->tail) q->tail->next = op;
+  else q->head = op;
   q->tail = op;
   q->n++;
 }
@@ -113,20 +114,20 @@ extern const g3_engine_ops g3_engine_uring;
 extern const g3_engine_ops g3_engine_threads;
 
 /* ---- the store --------------------------------------------------------------- */
-enum { /* slot states (caller thread) */
-  G3S_FREE = 0,  /* on a free stack */
-  G3S_ALLOC,     /* the caller's, holds no indexed block */
-  G3S_WRITING,   /* a write is in flight */
-  G3S_STORED,    /* holds an indexed block (or one whose entry is committing) */
-  G3S_DEAD,      /* the caller's; its entry was dropped after a failed read */
-  G3S_RETIRING,  /* given back; free once its delete commits and reads end */
+enum {               /* slot states (caller thread) */
+       G3S_FREE = 0, /* on a free stack */
+       G3S_ALLOC,    /* the caller's, holds no indexed block */
+       G3S_WRITING,  /* a write is in flight */
+       G3S_STORED,   /* holds an indexed block (or one whose entry is committing) */
+       G3S_DEAD,     /* the caller's; its entry was dropped after a failed read */
+       G3S_RETIRING, /* given back; free once its delete commits and reads end */
 };
 #define G3F_DELPEND 1 /* an index delete for this slot is not yet committed */
 
 typedef struct g3_idx {
   MDB_env *env;
   MDB_dbi ent, meta;
-  int created;           /* the index files did not exist before this open */
+  int created; /* the index files did not exist before this open */
 } g3_idx;
 
 struct kv_g3 {
@@ -142,15 +143,15 @@ struct kv_g3 {
   /* caller thread */
   uint8_t *sstate, *snread, *sflag;
   uint32_t *slen;
-  unsigned rr;             /* next file to allocate from */
+  unsigned rr; /* next file to allocate from */
   uint64_t nfree;
-  uint64_t nretiring;      /* slots in G3S_RETIRING */
+  uint64_t nretiring; /* slots in G3S_RETIRING */
   kv_g3_state state;
-  int state_err;           /* what moved it from OK */
+  int state_err; /* what moved it from OK */
   const char *state_what;
-  int probe_armed;         /* kv_g3_retry: the next alloc is let through */
-  uint32_t probe_slot;     /* the probe's slot, UINT32_MAX if none */
-  int removed;             /* kv_g3_check found a file unlinked */
+  int probe_armed;     /* kv_g3_retry: the next alloc is let through */
+  uint32_t probe_slot; /* the probe's slot, UINT32_MAX if none */
+  int removed;         /* kv_g3_check found a file unlinked */
   uint64_t max_seq;
   kv_g3_stats st;
   g3_op *op_free;
@@ -169,11 +170,11 @@ struct kv_g3 {
   pthread_mutex_t cmu;
   pthread_cond_t ccv;
   g3_queue cq;
-  struct timespec cq_t0;   /* when the first op of cq arrived (monotonic) */
+  struct timespec cq_t0; /* when the first op of cq arrived (monotonic) */
   int cstop;
   atomic_uint_fast64_t a_txns, a_syncs, a_puts, a_dels;
-  atomic_uint wr_engine;   /* writes submitted and not yet finished by the engine */
-  int window_us;           /* group commit window */
+  atomic_uint wr_engine; /* writes submitted and not yet finished by the engine */
+  int window_us;         /* group commit window */
 
   /* completions */
   pthread_mutex_t dmu;
@@ -201,8 +202,8 @@ void g3_commit_push(kv_g3 *g, g3_op *op); /* any thread */
 /* Engine thread: a write's transfers are over (op->res set): to the
  * committer if they succeeded, else straight to the done list. */
 void g3_write_finished(kv_g3 *g, g3_op *op);
-void g3_done_push(kv_g3 *g, g3_op *op);   /* any thread */
-g3_op *g3_done_take(kv_g3 *g);           /* caller: the whole list, FIFO */
+void g3_done_push(kv_g3 *g, g3_op *op); /* any thread */
+g3_op *g3_done_take(kv_g3 *g);          /* caller: the whole list, FIFO */
 
 /* g3_files.c: the data files. */
 /* Opens the file of dirs[i] (creating it if create), with O_DIRECT as the

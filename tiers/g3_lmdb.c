@@ -12,8 +12,8 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
-#include "base/log.h"
 #include "base/errors.h"
+#include "base/log.h"
 #include "tiers/g3_internal.h"
 
 #define IDX_NAME "kvg3-index.mdb"
@@ -60,8 +60,8 @@ int g3_idx_open(g3_idx *ix, const char *dir, uint64_t nslots, int nosync) {
   if ((rc = mdb_env_create(&ix->env))) goto err;
   if ((rc = mdb_env_set_maxdbs(ix->env, 2))) goto err;
   if ((rc = mdb_env_set_mapsize(ix->env, (size_t)map))) goto err;
-  if ((rc = mdb_env_open(ix->env, path, MDB_NOSUBDIR | MDB_NOTLS | (nosync ? MDB_NOSYNC : 0),
-                         0644)))
+  if ((rc =
+           mdb_env_open(ix->env, path, MDB_NOSUBDIR | MDB_NOTLS | (nosync ? MDB_NOSYNC : 0), 0644)))
     goto err;
   int dead = 0;
   mdb_reader_check(ix->env, &dead); /* readers left by a killed process */
@@ -146,8 +146,8 @@ int g3_idx_scan(g3_idx *ix, int (*fn)(const uint8_t *k, unsigned klen, const g3_
   for (rc = mdb_cursor_get(cur, &k, &v, MDB_FIRST); rc == 0;
        rc = mdb_cursor_get(cur, &k, &v, MDB_NEXT)) {
     g3_ival iv;
-    int bad = g3_ival_decode(&iv, v.mv_data, v.mv_size) != 0 ||
-              k.mv_size <= KV_G3_NS_BYTES || k.mv_size > G3_IKEY_MAX;
+    int bad = g3_ival_decode(&iv, v.mv_data, v.mv_size) != 0 || k.mv_size <= KV_G3_NS_BYTES ||
+              k.mv_size > G3_IKEY_MAX;
     if (bad) iv.file = UINT32_MAX; /* the callback drops it */
     if ((ret = fn(k.mv_data, (unsigned)k.mv_size, &iv, arg))) break;
   }
@@ -167,8 +167,12 @@ int g3_idx_apply(kv_g3 *g, g3_op *ops) {
     MDB_val k = {g3_ikey(kb, op->ns, op->key, op->keylen), kb}, v;
     if (op->kind == G3_OP_WRITE) {
       if (op->res) continue;
-      g3_ival iv = {.file = op->file, .fslot = op->fslot, .len = op->len, .crc = op->crc,
-                    .off = g3_data_pos(&g->files[op->file].sb, op->fslot), .seq = op->seq};
+      g3_ival iv = {.file = op->file,
+                    .fslot = op->fslot,
+                    .len = op->len,
+                    .crc = op->crc,
+                    .off = g3_data_pos(&g->files[op->file].sb, op->fslot),
+                    .seq = op->seq};
       g3_ival_encode(&iv, vb);
       v.mv_size = sizeof vb;
       v.mv_data = vb;

@@ -16,14 +16,14 @@
 #include <string.h>
 #include <unistd.h>
 
-#include "base/log.h"
-#include "base/errors.h"
 #include "base/crc32c.h"
+#include "base/errors.h"
+#include "base/log.h"
 #include "tiers/g3_internal.h"
 
-#define SCAN_CHUNK (1u << 20)
+#define SCAN_CHUNK          (1u << 20)
 #define SCAN_PARTS_PER_FILE 8
-#define SCAN_THREADS 16
+#define SCAN_THREADS        16
 
 typedef struct scan_part {
   const g3_file *f;
@@ -47,8 +47,12 @@ static int cand_push(scan_part *p, const g3_rec *rec) {
   }
   g3_rentry *e = &p->c[p->nc++];
   e->klen = (uint8_t)g3_ikey(e->k, rec->ns, rec->key, rec->keylen);
-  e->v = (g3_ival){.file = p->fi, .fslot = rec->slot, .len = rec->len, .crc = rec->crc,
-                   .off = g3_data_pos(&p->f->sb, rec->slot), .seq = rec->seq};
+  e->v = (g3_ival){.file = p->fi,
+                   .fslot = rec->slot,
+                   .len = rec->len,
+                   .crc = rec->crc,
+                   .off = g3_data_pos(&p->f->sb, rec->slot),
+                   .seq = rec->seq};
   return 0;
 }
 
@@ -76,8 +80,8 @@ static void *scan_range(void *arg) {
       g3_rec rec;
       p->scanned++;
       if (g3_rec_decode(&rec, buf + (size_t)j * stride)) continue;
-      if (memcmp(rec.store_id, p->id, G3_STORE_ID_LEN) || rec.file != p->fi ||
-          rec.slot != s + j || rec.len > sb->slot_bytes)
+      if (memcmp(rec.store_id, p->id, G3_STORE_ID_LEN) || rec.file != p->fi || rec.slot != s + j ||
+          rec.len > sb->slot_bytes)
         continue;
       p->records++;
       if ((p->rc = cand_push(p, &rec))) break;
@@ -101,7 +105,9 @@ static int scan_all(g3_file *files, unsigned nfiles, const uint8_t *id, g3_rentr
     inf->files++;
     uint32_t k = f->sb.nslots < SCAN_PARTS_PER_FILE ? f->sb.nslots : SCAN_PARTS_PER_FILE;
     for (uint32_t j = 0; j < k; j++)
-      parts[np++] = (scan_part){.f = f, .fi = i, .id = id,
+      parts[np++] = (scan_part){.f = f,
+                                .fi = i,
+                                .id = id,
                                 .from = (uint32_t)((uint64_t)f->sb.nslots * j / k),
                                 .to = (uint32_t)((uint64_t)f->sb.nslots * (j + 1) / k)};
   }
@@ -178,7 +184,10 @@ int g3_rebuild_scan(g3_file *files, unsigned nfiles, const uint8_t id[G3_STORE_I
     goto out;
   }
   out = malloc((nc ? nc : 1) * sizeof *out);
-  if (!out) { rc = -ENOMEM; goto out; }
+  if (!out) {
+    rc = -ENOMEM;
+    goto out;
+  }
   for (size_t i = 0; i < nc;) {
     size_t j = i, pick = SIZE_MAX;
     for (; j < nc && same_key(&c[i], &c[j]); j++) {
@@ -214,7 +223,10 @@ int kv_g3_rebuild_index(const kv_g3_opts *o, int verify_payload, kv_g3_rebuild_i
   for (unsigned i = 0; i < o->ndirs; i++) files[i].fd = -1;
   for (unsigned i = 0; i < o->ndirs; i++) {
     g3_file *f = &files[i];
-    if (!o->dirs[i].path) { rc = -EINVAL; goto out; }
+    if (!o->dirs[i].path) {
+      rc = -EINVAL;
+      goto out;
+    }
     rc = g3_file_open(f, o->dirs[i].path, i, 0, o->direct, o->fault);
     if (rc == 0) rc = g3_file_lock(f, o->lock_wait_ms);
     if (rc == 0) rc = g3_file_read_sb(f);

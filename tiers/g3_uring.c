@@ -24,13 +24,13 @@
 #include <sys/eventfd.h>
 #include <unistd.h>
 
-#include "base/log.h"
 #include "base/errors.h"
+#include "base/log.h"
 #include "tiers/g3_internal.h"
 
 #define KICK_TAG UINT64_MAX
-#define CHUNK (1ull << 30)
-#define MIN_REG (64ull << 20)
+#define CHUNK    (1ull << 30)
+#define MIN_REG  (64ull << 20)
 
 typedef struct uring_eng {
   struct io_uring ring;
@@ -43,17 +43,17 @@ typedef struct uring_eng {
   int kickfd;
   uint64_t kickval;
   uint32_t inflight;
-  uint8_t *hbufs;     /* qd sectors */
-  uint32_t *hfree;    /* free header sectors (ring thread) */
+  uint8_t *hbufs;  /* qd sectors */
+  uint32_t *hfree; /* free header sectors (ring thread) */
   uint32_t nhfree;
-  int fixed_hdr;      /* header sectors registered as buffer 0 */
-  uint8_t *abase;     /* registered arena prefix: buffers 1.. */
+  int fixed_hdr;  /* header sectors registered as buffer 0 */
+  uint8_t *abase; /* registered arena prefix: buffers 1.. */
   uint64_t alen;
-  g3_queue fin;       /* transfers done, not yet verified / handed on */
-  int enter_err;      /* an io_uring_enter failure was logged */
-  int fixed_files;    /* the data files are registered: SQEs name their index */
-  unsigned setup;     /* the IORING_SETUP_* flags the ring got */
-  int start_rc;       /* the ring thread's set-up result, 1 while pending */
+  g3_queue fin;    /* transfers done, not yet verified / handed on */
+  int enter_err;   /* an io_uring_enter failure was logged */
+  int fixed_files; /* the data files are registered: SQEs name their index */
+  unsigned setup;  /* the IORING_SETUP_* flags the ring got */
+  int start_rc;    /* the ring thread's set-up result, 1 while pending */
   pthread_cond_t start_cv;
   kv_g3 *g;
 } uring_eng;
@@ -257,7 +257,10 @@ static void register_buffers(uring_eng *u) {
   for (uint64_t len = want;; len = len > MIN_REG ? len / 2 / KV_G3_ALIGN * KV_G3_ALIGN : 0) {
     unsigned n = 1 + (unsigned)((len + CHUNK - 1) / CHUNK);
     struct iovec *iov = calloc(n, sizeof *iov);
-    if (!iov) { err = -ENOMEM; break; }
+    if (!iov) {
+      err = -ENOMEM;
+      break;
+    }
     iov[0].iov_base = u->hbufs;
     iov[0].iov_len = (size_t)g->qd * G3_SECTOR;
     for (unsigned i = 1; i < n; i++) {
@@ -273,7 +276,8 @@ static void register_buffers(uring_eng *u) {
       u->abase = a ? a->base : NULL;
       u->alen = len;
       if (len < want)
-        kv_warn(G3_SUB, "registered only %llu of %llu bytes of the G2 arena with io_uring "
+        kv_warn(G3_SUB,
+                "registered only %llu of %llu bytes of the G2 arena with io_uring "
                 "(%s); the rest moves without fixed buffers (raise RLIMIT_MEMLOCK)",
                 (unsigned long long)len, (unsigned long long)want, strerror(-err));
       g->fixed = a && len == want;
@@ -282,8 +286,10 @@ static void register_buffers(uring_eng *u) {
     err = rc;
     if (len == 0) break;
   }
-  kv_warn(G3_SUB, "io_uring refused fixed buffers (%s): I/O goes without them "
-          "(raise RLIMIT_MEMLOCK for zero-copy)", strerror(-err));
+  kv_warn(G3_SUB,
+          "io_uring refused fixed buffers (%s): I/O goes without them "
+          "(raise RLIMIT_MEMLOCK for zero-copy)",
+          strerror(-err));
 }
 
 /* Ring set-up flags, best first; a kernel without one refuses it with
@@ -356,11 +362,17 @@ static int ur_start(kv_g3 *g) {
   }
   memset(u->hbufs, 0, (size_t)g->qd * G3_SECTOR);
   u->hfree = malloc(g->qd * sizeof *u->hfree);
-  if (!u->hfree) { rc = -ENOMEM; goto err; }
+  if (!u->hfree) {
+    rc = -ENOMEM;
+    goto err;
+  }
   for (uint32_t i = 0; i < g->qd; i++) u->hfree[i] = g->qd - 1 - i;
   u->nhfree = g->qd;
   u->kickfd = eventfd(0, EFD_CLOEXEC);
-  if (u->kickfd < 0) { rc = -errno; goto err; }
+  if (u->kickfd < 0) {
+    rc = -errno;
+    goto err;
+  }
   g->eng_priv = u;
   rc = pthread_create(&u->thr, NULL, ring_main, u);
   if (rc) {

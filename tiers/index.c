@@ -87,19 +87,21 @@ void kv_index_fini(kv_index *ix) {
   ix->free_head = KV_BID_NONE;
 }
 
-static inline int rec_matches(const kv_block *b, uint32_t ns, const uint8_t *key,
-                              unsigned len) {
+static inline int rec_matches(const kv_block *b, uint32_t ns, const uint8_t *key, unsigned len) {
   return b->ns == ns && kv_block_keylen(b) == len && memcmp(b->key, key, len) == 0;
 }
 
 /* Position of (ns,key) in the table, or of the empty slot ending its run. */
-static inline uint32_t probe(const kv_index *ix, uint64_t h, uint32_t ns,
-                             const uint8_t *key, unsigned len, int *found) {
+static inline uint32_t probe(const kv_index *ix, uint64_t h, uint32_t ns, const uint8_t *key,
+                             unsigned len, int *found) {
   uint8_t tag = tag_of(h);
   uint32_t i = home_of(h, ix->size);
   for (;; i = next_slot(i, ix->size)) {
     const kv_index_slot *s = &ix->tab[i];
-    if (s->tag == 0) { *found = 0; return i; }
+    if (s->tag == 0) {
+      *found = 0;
+      return i;
+    }
     if (s->tag == tag && rec_matches(kv_index_at(ix, s->bid), ns, key, len)) {
       *found = 1;
       return i;
@@ -107,8 +109,7 @@ static inline uint32_t probe(const kv_index *ix, uint64_t h, uint32_t ns,
   }
 }
 
-kv_block *kv_index_find(const kv_index *ix, uint32_t ns, const uint8_t *key,
-                        unsigned keylen) {
+kv_block *kv_index_find(const kv_index *ix, uint32_t ns, const uint8_t *key, unsigned keylen) {
   if (keylen == 0 || keylen > KV_KEY_MAX || ns >= KV_NS_MAX || !ix->tab) return NULL;
   int found;
   uint32_t i = probe(ix, key_hash(ns, key, keylen), ns, key, keylen, &found);
@@ -167,8 +168,8 @@ static int record_alloc(kv_index *ix, kv_block **out) {
   return 0;
 }
 
-int kv_index_insert(kv_index *ix, uint32_t ns, const uint8_t *key,
-                    unsigned keylen, kv_block **out) {
+int kv_index_insert(kv_index *ix, uint32_t ns, const uint8_t *key, unsigned keylen,
+                    kv_block **out) {
   if (keylen == 0 || keylen > KV_KEY_MAX || ns >= KV_NS_MAX) return -EINVAL;
   uint64_t h = key_hash(ns, key, keylen);
   int found;
@@ -213,8 +214,7 @@ static void unlink_from_parent(kv_index *ix, kv_block *b) {
 }
 
 int kv_index_link(kv_index *ix, kv_block *b, kv_block *parent) {
-  if (b->parent != KV_BID_NONE || parent == b || parent->ns != b->ns ||
-      parent->state == KV_BS_FREE)
+  if (b->parent != KV_BID_NONE || parent == b || parent->ns != b->ns || parent->state == KV_BS_FREE)
     return -EINVAL;
   /* Refuse a cycle: b must not be an ancestor of parent. */
   for (kv_block *a = parent; a; a = kv_index_at(ix, a->parent))

@@ -37,12 +37,12 @@ typedef struct kv_index {
   uint32_t count;    /* records in use */
   kv_block **chunks; /* KV_INDEX_CHUNK records each */
   uint32_t nchunks, capchunks;
-  uint32_t hiwater;  /* records ever carved from chunks */
-  kv_bid free_head;  /* free records, linked through ->next */
+  uint32_t hiwater; /* records ever carved from chunks */
+  kv_bid free_head; /* free records, linked through ->next */
 } kv_index;
 
 #define KV_INDEX_CHUNK_SHIFT 7
-#define KV_INDEX_CHUNK (1u << KV_INDEX_CHUNK_SHIFT)
+#define KV_INDEX_CHUNK       (1u << KV_INDEX_CHUNK_SHIFT)
 
 /* Prepares an empty index sized for about `hint` records. 0 or -ENOMEM. */
 int kv_index_init(kv_index *ix, uint32_t hint);
@@ -50,8 +50,7 @@ int kv_index_init(kv_index *ix, uint32_t hint);
 void kv_index_fini(kv_index *ix);
 
 /* The record for (ns, key), or NULL. No allocation, no side effect. */
-kv_block *kv_index_find(const kv_index *ix, uint32_t ns, const uint8_t *key,
-                        unsigned keylen);
+kv_block *kv_index_find(const kv_index *ix, uint32_t ns, const uint8_t *key, unsigned keylen);
 
 /*
  * Adds a record for (ns, key) in state KV_BS_WRITING with no slot, no pin and
@@ -60,8 +59,7 @@ kv_block *kv_index_find(const kv_index *ix, uint32_t ns, const uint8_t *key,
  * of length 0 or more than KV_KEY_MAX, -ENOMEM when memory runs out (the
  * index is unchanged).
  */
-int kv_index_insert(kv_index *ix, uint32_t ns, const uint8_t *key,
-                    unsigned keylen, kv_block **out);
+int kv_index_insert(kv_index *ix, uint32_t ns, const uint8_t *key, unsigned keylen, kv_block **out);
 
 /*
  * Removes a record: unlinks it from its parent and orphans its children.

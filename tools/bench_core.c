@@ -17,11 +17,11 @@
 #include <string.h>
 #include <time.h>
 
-#include "base/errors.h"
 #include "base/clock.h"
+#include "base/crc32c.h"
+#include "base/errors.h"
 #include "tiers/core.h"
 #include "tiers/evict.h"
-#include "base/crc32c.h"
 #include "tiers/probe.h"
 #include "tools/kvbench.h"
 #include "tools/trace.h"
@@ -33,7 +33,7 @@ static const double fractions[] = {0.01, 0.02, 0.05, 0.10, 0.20, 0.50};
  * ../shared/data/README.md (prefix block hit rate at each fraction). Shown
  * beside the measured rates when the trace is that one (same counts). */
 static const double belady_mooncake[NFRAC] = {0.1766, 0.2527, 0.3868, 0.5009, 0.6058, 0.6396};
-#define MOONCAKE_REQS 3993
+#define MOONCAKE_REQS   3993
 #define MOONCAKE_UNIQUE 43924
 
 typedef struct replay_result {
@@ -67,8 +67,10 @@ static uint32_t *lru_find(lru_ref *l, uint64_t k) {
   }
 }
 static void lru_unlink(lru_ref *l, uint32_t i) {
-  if (l->prev[i] != NIL) l->next[l->prev[i]] = l->next[i]; else l->head = l->next[i];
-  if (l->next[i] != NIL) l->prev[l->next[i]] = l->prev[i]; else l->tail = l->prev[i];
+  if (l->prev[i] != NIL) l->next[l->prev[i]] = l->next[i];
+  else l->head = l->next[i];
+  if (l->next[i] != NIL) l->prev[l->next[i]] = l->prev[i];
+  else l->tail = l->prev[i];
 }
 static void lru_front(lru_ref *l, uint32_t i) {
   l->prev[i] = NIL;
@@ -86,7 +88,10 @@ static void lru_erase(lru_ref *l, uint64_t k) {
     uint32_t s = l->slot_of[j];
     if (!s) break;
     uint32_t home = (uint32_t)((l->key[s - 1] * 0x9E3779B97F4A7C15ull) >> 32) & l->mask;
-    if (!kv_probe_stays(hole, j, home)) { l->slot_of[hole] = s; hole = j; }
+    if (!kv_probe_stays(hole, j, home)) {
+      l->slot_of[hole] = s;
+      hole = j;
+    }
   }
   l->slot_of[hole] = 0;
 }
@@ -110,12 +115,17 @@ static replay_result replay_lru_ref(const kv_trace *t, uint32_t cap) {
     for (uint32_t i = 0; i < q->n; i++) {
       int hit = *lru_find(&l, q->ids[i]) != 0;
       any += hit;
-      if (run && hit) prefix++; else run = 0;
+      if (run && hit) prefix++;
+      else run = 0;
     }
     account(&r, q, prefix, any);
     for (uint32_t i = 0; i < q->n; i++) {
       uint32_t *s = lru_find(&l, q->ids[i]);
-      if (*s) { lru_unlink(&l, *s - 1); lru_front(&l, *s - 1); continue; }
+      if (*s) {
+        lru_unlink(&l, *s - 1);
+        lru_front(&l, *s - 1);
+        continue;
+      }
       uint32_t node;
       if (l.n < l.cap) {
         node = l.n++;
@@ -130,7 +140,10 @@ static replay_result replay_lru_ref(const kv_trace *t, uint32_t cap) {
       lru_front(&l, node);
     }
   }
-  free(l.key); free(l.prev); free(l.next); free(l.slot_of);
+  free(l.key);
+  free(l.prev);
+  free(l.next);
+  free(l.slot_of);
   return r;
 }
 
@@ -144,15 +157,24 @@ typedef struct core_run {
 } core_run;
 
 static int core_open(core_run *cr, const char *policy, uint32_t cap_blocks, uint32_t hint) {
-  kv_arena_opts ao = {.capacity = (size_t)cap_blocks * SLOT, .page_bytes = SLOT,
-                      .no_lock = 1, .name = "kvbench-g2"};
+  kv_arena_opts ao = {.capacity = (size_t)cap_blocks * SLOT,
+                      .page_bytes = SLOT,
+                      .no_lock = 1,
+                      .name = "kvbench-g2"};
   int rc = kv_arena_init(&cr->arena, &ao);
   if (rc) return rc;
   kv_core_opts co = {.policy = policy, .index_hint = hint};
   rc = kv_core_new(&cr->core, &co);
-  if (rc) { kv_arena_fini(&cr->arena); return rc; }
+  if (rc) {
+    kv_arena_fini(&cr->arena);
+    return rc;
+  }
   cr->ns = kv_core_ns_register(cr->core, &cr->arena, SLOT);
-  if (cr->ns < 0) { rc = cr->ns; kv_core_free(cr->core); kv_arena_fini(&cr->arena); }
+  if (cr->ns < 0) {
+    rc = cr->ns;
+    kv_core_free(cr->core);
+    kv_arena_fini(&cr->arena);
+  }
   return rc;
 }
 
@@ -161,8 +183,8 @@ static void core_close(core_run *cr) {
   kv_arena_fini(&cr->arena);
 }
 
-static int replay_core(const kv_trace *t, const char *policy, uint32_t cap,
-                       replay_result *out, kv_core_stats_t *st) {
+static int replay_core(const kv_trace *t, const char *policy, uint32_t cap, replay_result *out,
+                       kv_core_stats_t *st) {
   core_run cr;
   int rc = core_open(&cr, policy, cap, cap);
   if (rc) return rc;
@@ -174,27 +196,40 @@ static int replay_core(const kv_trace *t, const char *policy, uint32_t cap,
     const kv_trace_req *q = &t->req[qi];
     if (q->n > kcap) {
       kcap = q->n * 2;
-      free(keys); free(tiers);
+      free(keys);
+      free(tiers);
       keys = malloc(kcap * sizeof *keys);
       tiers = malloc(kcap);
-      if (!keys || !tiers) { rc = -ENOMEM; break; }
+      if (!keys || !tiers) {
+        rc = -ENOMEM;
+        break;
+      }
     }
     for (uint32_t i = 0; i < q->n; i++) {
       keys[i].len = 8;
       kv_trace_key(q->ids[i], keys[i].b);
     }
     int prefix = kv_core_lookup(cr.core, (uint32_t)cr.ns, keys, q->n, tiers);
-    if (prefix < 0) { rc = prefix; break; }
+    if (prefix < 0) {
+      rc = prefix;
+      break;
+    }
     uint32_t any = 0;
     for (uint32_t i = 0; i < q->n; i++) any += tiers[i] != KV_TIER_NONE;
     account(&r, q, (uint32_t)prefix, any);
     for (uint32_t i = 0; i < q->n; i++) {
       kv_block *b = kv_core_find(cr.core, (uint32_t)cr.ns, &keys[i]);
-      if (b) { kv_core_touch(cr.core, b); continue; }
+      if (b) {
+        kv_core_touch(cr.core, b);
+        continue;
+      }
       int arc = kv_core_alloc(cr.core, (uint32_t)cr.ns, &keys[i], i ? &keys[i - 1] : NULL,
                               KV_PRIO_DEFAULT, &b);
       if (arc == 0) arc = kv_core_commit(cr.core, b, 0);
-      if (arc) { rc = arc; break; }
+      if (arc) {
+        rc = arc;
+        break;
+      }
     }
   }
   if (st) kv_core_stats(cr.core, st);
@@ -206,10 +241,10 @@ static int replay_core(const kv_trace *t, const char *policy, uint32_t cap,
 }
 
 static json_t *rates_json(const replay_result *r) {
-  return json_pack("{s:f,s:f,s:f}",
-                   "prefix_hit_rate", r->refs ? (double)r->prefix_hits / r->refs : 0.0,
-                   "block_hit_rate", r->refs ? (double)r->block_hits / r->refs : 0.0,
-                   "prefix_token_hit_rate", r->tokens ? (double)r->prefix_tokens / r->tokens : 0.0);
+  return json_pack("{s:f,s:f,s:f}", "prefix_hit_rate",
+                   r->refs ? (double)r->prefix_hits / r->refs : 0.0, "block_hit_rate",
+                   r->refs ? (double)r->block_hits / r->refs : 0.0, "prefix_token_hit_rate",
+                   r->tokens ? (double)r->prefix_tokens / r->tokens : 0.0);
 }
 
 /* ---- G2 + G3: admission policies ---------------------------------------------
@@ -229,19 +264,32 @@ static int replay_g3(const kv_trace *t, const char *dir, const char *policy, kv_
                      uint32_t g2cap, uint32_t g3cap, g3_result *out) {
   static const uint8_t digest[KV_G3_NS_BYTES] = {0x6b, 0x76};
   kv_arena arena;
-  kv_arena_opts ao = {.capacity = (size_t)g2cap * SLOT, .page_bytes = SLOT, .no_lock = 1,
-                      .name = "kvbench-g2"};
+  kv_arena_opts ao = {
+      .capacity = (size_t)g2cap * SLOT, .page_bytes = SLOT, .no_lock = 1, .name = "kvbench-g2"};
   int rc = kv_arena_init(&arena, &ao);
   if (rc) return rc;
   kv_g3_dir d = {dir, (1u << 20) + (uint64_t)g3cap * SLOT + (uint64_t)g3cap * 4096};
-  kv_g3_opts go = {.dirs = &d, .ndirs = 1, .block_bytes = SLOT, .queue_depth = 16,
-                   .backend = KV_G3_BACKEND_AUTO, .sync = KV_G3_SYNC_NONE, .reformat = 1,
-                   .arena = &arena, .commit_window_us = -1};
+  kv_g3_opts go = {.dirs = &d,
+                   .ndirs = 1,
+                   .block_bytes = SLOT,
+                   .queue_depth = 16,
+                   .backend = KV_G3_BACKEND_AUTO,
+                   .sync = KV_G3_SYNC_NONE,
+                   .reformat = 1,
+                   .arena = &arena,
+                   .commit_window_us = -1};
   kv_g3 *g3;
-  if ((rc = kv_g3_open(&g3, &go, NULL))) { kv_arena_fini(&arena); return rc; }
+  if ((rc = kv_g3_open(&g3, &go, NULL))) {
+    kv_arena_fini(&arena);
+    return rc;
+  }
   kv_core *core;
   kv_core_opts co = {.policy = policy, .index_hint = g2cap + g3cap};
-  if ((rc = kv_core_new(&core, &co))) { kv_g3_close(g3); kv_arena_fini(&arena); return rc; }
+  if ((rc = kv_core_new(&core, &co))) {
+    kv_g3_close(g3);
+    kv_arena_fini(&arena);
+    return rc;
+  }
   kv_core_g3_opts ko = {.admit = admit, .min_prio = KV_PRIO_DEFAULT, .low_water = 32};
   kv_core_attach_g3(core, g3, &ko);
   int ns = kv_core_ns_register_digest(core, &arena, SLOT, digest);
@@ -331,15 +379,21 @@ static json_t *g3_json(const g3_result *r, uint32_t g2cap, uint32_t g3cap) {
   json_object_set_new(o, "g3_blocks", json_integer(g3cap));
   json_object_set_new(o, "prefix_hits_from_g3", json_integer((json_int_t)r->hits_g3));
   json_object_set_new(o, "g3_writes", json_integer((json_int_t)r->g3_writes));
-  json_object_set_new(o, "g3_writes_per_block_ref", json_real(r->r.refs ? (double)r->g3_writes / r->r.refs : 0));
+  json_object_set_new(o, "g3_writes_per_block_ref",
+                      json_real(r->r.refs ? (double)r->g3_writes / r->r.refs : 0));
   json_object_set_new(o, "g3_promotions", json_integer((json_int_t)r->promotions));
   json_object_set_new(o, "g3_promote_failed", json_integer((json_int_t)r->promote_failed));
   return o;
 }
 
-static json_t *admission_json(const kv_trace *t, const char *dir, double g2f, double g3f, int human) {
-  static const struct { kv_admit a; const char *name; } pols[] = {
-      {KV_ADMIT_ALWAYS, "always"}, {KV_ADMIT_SECOND_USE, "second-use"}, {KV_ADMIT_MIN_PRIO, "min-prio"}};
+static json_t *admission_json(const kv_trace *t, const char *dir, double g2f, double g3f,
+                              int human) {
+  static const struct {
+    kv_admit a;
+    const char *name;
+  } pols[] = {{KV_ADMIT_ALWAYS, "always"},
+              {KV_ADMIT_SECOND_USE, "second-use"},
+              {KV_ADMIT_MIN_PRIO, "min-prio"}};
   uint32_t g2cap, g3cap;
   g3_caps(t, g2f, g3f, &g2cap, &g3cap);
   json_t *arr = json_array();
@@ -355,7 +409,9 @@ static json_t *admission_json(const kv_trace *t, const char *dir, double g2f, do
     json_object_set_new(o, "admit", json_string(pols[i].name));
     json_array_append_new(arr, o);
     if (human)
-      fprintf(stderr, "admit %-10s G2 %u + G3 %u blocks: prefix hit %6.2f%%  SSD writes %llu (%.3f per block reference)\n",
+      fprintf(stderr,
+              "admit %-10s G2 %u + G3 %u blocks: prefix hit %6.2f%%  SSD writes %llu (%.3f per "
+              "block reference)\n",
               pols[i].name, g2cap, g3cap, 100.0 * r.r.prefix_hits / r.r.refs,
               (unsigned long long)r.g3_writes, r.r.refs ? (double)r.g3_writes / r.r.refs : 0);
   }
@@ -380,9 +436,11 @@ static json_t *g3_policies_json(const kv_trace *t, const char *dir, double g2f, 
     }
     json_object_set_new(o, policies[p], g3_json(&r, g2cap, g3cap));
     if (human)
-      fprintf(stderr, "policy %-7s G2 %u + G3 %u blocks: prefix hit %6.2f%%  (from G3 %llu)  SSD writes %llu\n",
-              policies[p], g2cap, g3cap, 100.0 * r.r.prefix_hits / r.r.refs,
-              (unsigned long long)r.hits_g3, (unsigned long long)r.g3_writes);
+      fprintf(
+          stderr,
+          "policy %-7s G2 %u + G3 %u blocks: prefix hit %6.2f%%  (from G3 %llu)  SSD writes %llu\n",
+          policies[p], g2cap, g3cap, 100.0 * r.r.prefix_hits / r.r.refs,
+          (unsigned long long)r.hits_g3, (unsigned long long)r.g3_writes);
   }
   return o;
 }
@@ -399,14 +457,20 @@ static int measure_lookups(const kv_trace *t, double *per_s, uint64_t *found_out
   int rc = core_open(&cr, NULL, (uint32_t)t->nunique, (uint32_t)t->nunique);
   if (rc) return rc;
   kv_key *keys = malloc(t->nids * sizeof *keys);
-  if (!keys) { core_close(&cr); return -ENOMEM; }
+  if (!keys) {
+    core_close(&cr);
+    return -ENOMEM;
+  }
   for (size_t i = 0; i < t->nids; i++) {
     keys[i].len = 8;
     kv_trace_key(t->ids[i], keys[i].b);
     kv_block *b;
     int a = kv_core_alloc(cr.core, (uint32_t)cr.ns, &keys[i], NULL, KV_PRIO_DEFAULT, &b);
     if (a == 0) kv_core_commit(cr.core, b, 0);
-    else if (a != KV_EEXISTS) { rc = a; break; }
+    else if (a != KV_EEXISTS) {
+      rc = a;
+      break;
+    }
   }
   double rates[9];
   uint64_t found = 0;
@@ -415,7 +479,8 @@ static int measure_lookups(const kv_trace *t, double *per_s, uint64_t *found_out
     double t0 = kv_now_s();
     for (int k = 0; k < reps; k++)
       for (size_t i = 0; i < t->nids; i++)
-        found += kv_index_find(kv_core_index(cr.core), (uint32_t)cr.ns, keys[i].b, keys[i].len) != NULL;
+        found +=
+            kv_index_find(kv_core_index(cr.core), (uint32_t)cr.ns, keys[i].b, keys[i].len) != NULL;
     rates[round] = (double)reps * (double)t->nids / (kv_now_s() - t0);
   }
   if (!rc) {
@@ -427,7 +492,6 @@ static int measure_lookups(const kv_trace *t, double *per_s, uint64_t *found_out
   core_close(&cr);
   return rc;
 }
-
 
 int kvbench_core_replay(int argc, char **argv) {
   static const struct option lo[] = {{"trace", required_argument, 0, 't'},
@@ -447,7 +511,8 @@ int kvbench_core_replay(int argc, char **argv) {
     case 't': trace = optarg; break;
     case 'p':
       if (!strcmp(optarg, "all")) {
-        for (int i = 0; kv_evict_policies[i] && npol < 15; i++) policies[npol++] = kv_evict_policies[i]->name;
+        for (int i = 0; kv_evict_policies[i] && npol < 15; i++)
+          policies[npol++] = kv_evict_policies[i]->name;
       } else if (!kv_evict_lookup(optarg)) {
         fprintf(stderr, "kvbench core-replay: unknown policy '%s'\n", optarg);
         return 2;
@@ -510,11 +575,14 @@ int kvbench_core_replay(int argc, char **argv) {
       json_object_set_new(o, "replay_s", json_real(dt));
       json_array_append_new(arr, o);
       if (!json)
-        fprintf(stderr, "%-7s %4.0f%% (%6u blocks): prefix hit %6.2f%%  (plain LRU %6.2f%%%s%.2f%%)  block hit %6.2f%%\n",
+        fprintf(stderr,
+                "%-7s %4.0f%% (%6u blocks): prefix hit %6.2f%%  (plain LRU %6.2f%%%s%.2f%%)  block "
+                "hit %6.2f%%\n",
                 policies[p], fractions[f] * 100, cap, 100.0 * core_r.prefix_hits / core_r.refs,
                 100.0 * ref_r.prefix_hits / ref_r.refs,
                 t.nreq == MOONCAKE_REQS && t.nunique == MOONCAKE_UNIQUE ? ", Belady " : "",
-                t.nreq == MOONCAKE_REQS && t.nunique == MOONCAKE_UNIQUE ? 100 * belady_mooncake[f] : 0.0,
+                t.nreq == MOONCAKE_REQS && t.nunique == MOONCAKE_UNIQUE ? 100 * belady_mooncake[f]
+                                                                        : 0.0,
                 100.0 * core_r.block_hits / core_r.refs);
     }
     if (p == 0) json_object_set(out, "results", arr);
@@ -552,8 +620,9 @@ int kvbench_core_replay(int argc, char **argv) {
   }
   json_object_set_new(out, "index_lookups_per_s", json_real(lps));
   json_object_set_new(out, "index_lookup_ns", json_real(1e9 / lps));
-  if (!json) fprintf(stderr, "index lookups: %.1f M/s (median of 9 rounds, found %llu)\n", lps / 1e6,
-                     (unsigned long long)found);
+  if (!json)
+    fprintf(stderr, "index lookups: %.1f M/s (median of 9 rounds, found %llu)\n", lps / 1e6,
+            (unsigned long long)found);
   char *s = json_dumps(out, JSON_INDENT(json ? 0 : 2) | JSON_REAL_PRECISION(6));
   printf("%s\n", s);
   free(s);

@@ -49,16 +49,16 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "base/clock.h"
+#include "base/errors.h"
 #include "base/paths.h"
 #include "base/size.h"
 #include "client/kvclient.h"
-#include "base/clock.h"
-#include "base/errors.h"
 #include "tools/kvbench.h"
 
-#define AUTO_SET_BYTES (512ull << 20) /* default working set of load/memcpy */
+#define AUTO_SET_BYTES  (512ull << 20) /* default working set of load/memcpy */
 #define RTT_SAMPLES_MAX (1u << 20)
-#define KEY_BYTES 16
+#define KEY_BYTES       16
 
 typedef enum { B_LOOKUP, B_LOAD, B_STORE, B_MEMCPY, B_SWAPIN } bench_kind;
 static const char *const bench_name[] = {"lookup", "load", "store", "memcpy", "swapin"};
@@ -80,18 +80,16 @@ typedef struct dopts {
 
 /* What one client process reports, in shared memory. */
 typedef struct cres {
-  double elapsed;  /* seconds of the timed part */
-  uint64_t units;  /* keys looked up, blocks copied */
-  uint64_t bytes;  /* block bytes moved */
+  double elapsed; /* seconds of the timed part */
+  uint64_t units; /* keys looked up, blocks copied */
+  uint64_t bytes; /* block bytes moved */
   uint64_t requests;
-  uint64_t bad;    /* blocks whose bytes were not what was stored */
-  int rc;          /* 0, or the error that stopped it */
+  uint64_t bad; /* blocks whose bytes were not what was stored */
+  int rc;       /* 0, or the error that stopped it */
   char err[160];
 } cres;
 
 /* --- shared with the other benchmarks of a running daemon (kvbench.h) ------------ */
-
-
 
 int kvb_cmp_u64(const void *a, const void *b) {
   uint64_t x = *(const uint64_t *)a, y = *(const uint64_t *)b;
@@ -100,10 +98,16 @@ int kvb_cmp_u64(const void *a, const void *b) {
 
 int kvb_open(const char *socket, const char *tenant, uint32_t block_bytes,
              uint32_t tokens_per_block, kvc **out) {
-  kvc_opts ko = {.socket_path = socket, .tenant = tenant,
-                 .layout = {.block_bytes = block_bytes, .tokens_per_block = tokens_per_block,
-                            .layers = 1, .kv_heads = 1, .head_dim = 1, .tp_rank = 0,
-                            .tp_size = 1, .dtype = "u8"},
+  kvc_opts ko = {.socket_path = socket,
+                 .tenant = tenant,
+                 .layout = {.block_bytes = block_bytes,
+                            .tokens_per_block = tokens_per_block,
+                            .layers = 1,
+                            .kv_heads = 1,
+                            .head_dim = 1,
+                            .tp_rank = 0,
+                            .tp_size = 1,
+                            .dtype = "u8"},
                  .timeout_ms = 30000};
   return kvc_open(&ko, out);
 }
@@ -203,7 +207,10 @@ static int populate(const dopts *o, kvc *c, uint32_t n, int chain) {
       m++, at++;
     }
     int got = kvc_alloc(c, KVC_G2, 200, keys, parents, m, out);
-    if (got < 0) { rc = got; break; }
+    if (got < 0) {
+      rc = got;
+      break;
+    }
     uint32_t left = 0, done = 0, why = 0;
     for (uint32_t i = 0; i < m; i++) {
       if (out[i].status == 0) {
@@ -211,7 +218,10 @@ static int populate(const dopts *o, kvc *c, uint32_t n, int chain) {
         crc[i] = kvc_crc32c(0, out[i].ptr, o->block_bytes);
         continue;
       }
-      if (out[i].status != -EAGAIN && out[i].status != KV_EALLPINNED) { rc = out[i].status; why = idx[i]; }
+      if (out[i].status != -EAGAIN && out[i].status != KV_EALLPINNED) {
+        rc = out[i].status;
+        why = idx[i];
+      }
     }
     /* Commit what was allocated (packed to the front), keep the rest. */
     for (uint32_t i = 0; i < m; i++) {
@@ -261,7 +271,12 @@ static int populate(const dopts *o, kvc *c, uint32_t n, int chain) {
       usleep(1000);
     }
   }
-  free(keys); free(parents); free(idx); free(out); free(st); free(crc);
+  free(keys);
+  free(parents);
+  free(idx);
+  free(out);
+  free(st);
+  free(crc);
   return rc;
 }
 
@@ -310,8 +325,10 @@ static int wait_demoted(const dopts *o, kvc *c, uint32_t n) {
       at += m;
     } else if (tiers[i] == KVC_TIER_NONE) {
       rc = -ENOENT;
-      fprintf(stderr, "kvbench %s: block %u left G2 without going to G3 (G3 full, refused by "
-              "g3.admit, or larger than g3.block_bytes)\n", bench_name[o->kind], at + i);
+      fprintf(stderr,
+              "kvbench %s: block %u left G2 without going to G3 (G3 full, refused by "
+              "g3.admit, or larger than g3.block_bytes)\n",
+              bench_name[o->kind], at + i);
     } else if (kv_now_s() > deadline) {
       rc = -ETIMEDOUT;
       fprintf(stderr, "kvbench %s: block %u is still in G2 after 60 s\n", bench_name[o->kind],
@@ -352,10 +369,16 @@ static void fail_res(cres *r, int rc, const char *what) {
  * r's error set. */
 static int next_completions(kvc *c, kvc_completion *cp, int n, cres *r) {
   int k = kvc_poll(c, cp, n);
-  if (k < 0) { fail_res(r, k, "poll"); return -1; }
+  if (k < 0) {
+    fail_res(r, k, "poll");
+    return -1;
+  }
   if (k == 0) {
     struct pollfd pf = {kvc_fd(c), POLLIN, 0};
-    if (poll(&pf, 1, 30000) <= 0) { fail_res(r, -ETIMEDOUT, "waiting for a reply"); return -1; }
+    if (poll(&pf, 1, 30000) <= 0) {
+      fail_res(r, -ETIMEDOUT, "waiting for a reply");
+      return -1;
+    }
   }
   return k;
 }
@@ -408,7 +431,10 @@ static int load_run(runctx *x, kvc *c, lslot *sl, uint32_t *at, uint64_t limit, 
     for (uint32_t i = 0; i < batch; i++) s->keys[i] = mkkey(PARENT_CLIENT, x->base + (*at + i) % n);
     *at = (*at + batch) % n;
     int64_t id = kvc_submit_load(c, KVC_G2, s->keys, batch, s->blk, s);
-    if (id < 0) { fail_res(r, (int)id, "load"); return r->rc; }
+    if (id < 0) {
+      fail_res(r, (int)id, "load");
+      return r->rc;
+    }
     loads++;
     asked += batch;
   }
@@ -420,7 +446,10 @@ static int load_run(runctx *x, kvc *c, lslot *sl, uint32_t *at, uint64_t limit, 
     for (int j = 0; j < k; j++) {
       if (cp[j].op == KVC_OP_RELEASE) {
         releases--;
-        if (cp[j].result != (int)(uintptr_t)cp[j].user) { fail_res(r, cp[j].result, "release"); return r->rc; }
+        if (cp[j].result != (int)(uintptr_t)cp[j].user) {
+          fail_res(r, cp[j].result, "release");
+          return r->rc;
+        }
         continue;
       }
       lslot *s = cp[j].user;
@@ -436,16 +465,23 @@ static int load_run(runctx *x, kvc *c, lslot *sl, uint32_t *at, uint64_t limit, 
                                         fill_of(x->base + (s->first + i) % n));
       st->units += s->m;
       int64_t id = kvc_submit_release(c, s->keys, s->m, NULL, (void *)(uintptr_t)s->m);
-      if (id < 0) { fail_res(r, (int)id, "release"); return r->rc; }
+      if (id < 0) {
+        fail_res(r, (int)id, "release");
+        return r->rc;
+      }
       releases++;
       st->reqs += 2;
       if (!stop) stop = limit ? asked >= limit : kv_now_s() >= deadline;
       if (stop) continue;
       s->first = *at;
-      for (uint32_t i = 0; i < s->m; i++) s->keys[i] = mkkey(PARENT_CLIENT, x->base + (*at + i) % n);
+      for (uint32_t i = 0; i < s->m; i++)
+        s->keys[i] = mkkey(PARENT_CLIENT, x->base + (*at + i) % n);
       *at = (*at + s->m) % n;
       id = kvc_submit_load(c, KVC_G2, s->keys, s->m, s->blk, s);
-      if (id < 0) { fail_res(r, (int)id, "load"); return r->rc; }
+      if (id < 0) {
+        fail_res(r, (int)id, "load");
+        return r->rc;
+      }
       loads++;
       asked += s->m;
     }
@@ -545,7 +581,10 @@ static int store_run(runctx *x, kvc *c, sslot *sl, uint32_t id, uint32_t *next, 
   double refused_since = 0;
   for (uint32_t d = 0; d < o->depth; d++) {
     int64_t rid = ask_alloc(x, c, &sl[d], id, next);
-    if (rid < 0) { fail_res(r, (int)rid, "alloc"); return r->rc; }
+    if (rid < 0) {
+      fail_res(r, (int)rid, "alloc");
+      return r->rc;
+    }
     allocs++;
     asked += o->batch;
   }
@@ -557,13 +596,19 @@ static int store_run(runctx *x, kvc *c, sslot *sl, uint32_t id, uint32_t *next, 
     for (int j = 0; j < k; j++) {
       if (cp[j].op == KVC_OP_COMMIT) {
         commits--;
-        if (cp[j].result < 0) { fail_res(r, cp[j].result, "commit"); return r->rc; }
+        if (cp[j].result < 0) {
+          fail_res(r, cp[j].result, "commit");
+          return r->rc;
+        }
         st->units += (uint64_t)cp[j].result;
         continue;
       }
       sslot *s = cp[j].user;
       allocs--;
-      if (cp[j].result < 0) { fail_res(r, cp[j].result, "alloc"); return r->rc; }
+      if (cp[j].result < 0) {
+        fail_res(r, cp[j].result, "alloc");
+        return r->rc;
+      }
       uint32_t m = 0;
       for (uint32_t i = 0; i < o->batch; i++) {
         if (s->blk[i].status) continue; /* no room even after eviction: counted as not stored */
@@ -574,7 +619,10 @@ static int store_run(runctx *x, kvc *c, sslot *sl, uint32_t id, uint32_t *next, 
       if (m) { /* the keys and CRCs are copied into the request: s is free again */
         refused_since = 0;
         int64_t rid = kvc_submit_commit_crc(c, s->keys, s->crc, m, NULL, NULL);
-        if (rid < 0) { fail_res(r, (int)rid, "commit"); return r->rc; }
+        if (rid < 0) {
+          fail_res(r, (int)rid, "commit");
+          return r->rc;
+        }
         commits++;
         st->reqs++;
       } else {
@@ -589,7 +637,10 @@ static int store_run(runctx *x, kvc *c, sslot *sl, uint32_t id, uint32_t *next, 
       if (!stop) stop = limit ? asked >= limit : kv_now_s() >= deadline;
       if (stop) continue;
       int64_t rid = ask_alloc(x, c, s, id, next);
-      if (rid < 0) { fail_res(r, (int)rid, "alloc"); return r->rc; }
+      if (rid < 0) {
+        fail_res(r, (int)rid, "alloc");
+        return r->rc;
+      }
       allocs++;
       asked += o->batch;
     }
@@ -637,10 +688,18 @@ static void client_lookup(runctx *x, uint32_t id, cres *r) {
   kvc *c = NULL;
   kvc_key *keys = calloc(n, sizeof *keys);
   uint8_t *tiers = malloc(n);
-  if (!keys || !tiers) { fail_res(r, -ENOMEM, "buffers"); barrier(x); return; }
+  if (!keys || !tiers) {
+    fail_res(r, -ENOMEM, "buffers");
+    barrier(x);
+    return;
+  }
   for (uint32_t i = 0; i < n; i++) keys[i] = mkkey(PARENT_CLIENT, i);
   int rc = open_conn(o, &c);
-  if (rc) { fail_res(r, rc, "open"); barrier(x); return; }
+  if (rc) {
+    fail_res(r, rc, "open");
+    barrier(x);
+    return;
+  }
   int hit = kvc_lookup(c, keys, n, tiers); /* untimed, and checked */
   if (hit != (int)x->nblocks) {
     fail_res(r, hit < 0 ? hit : -EIO, "lookup (resident prefix not as stored)");
@@ -651,7 +710,10 @@ static void client_lookup(runctx *x, uint32_t id, cres *r) {
     uint64_t units = 0, reqs = 0;
     do {
       hit = kvc_lookup(c, keys, n, tiers);
-      if (hit < 0) { fail_res(r, hit, "lookup"); break; }
+      if (hit < 0) {
+        fail_res(r, hit, "lookup");
+        break;
+      }
       units += n;
       reqs++;
     } while (kv_now_s() < deadline);
@@ -660,7 +722,8 @@ static void client_lookup(runctx *x, uint32_t id, cres *r) {
     r->requests = reqs;
   }
   kvc_close(c);
-  free(keys); free(tiers);
+  free(keys);
+  free(tiers);
 }
 
 static int client_run(void *arg, uint32_t i, kvb_sync *sync) {
@@ -668,7 +731,9 @@ static int client_run(void *arg, uint32_t i, kvb_sync *sync) {
   cres *r = &x->res[i];
   x->sync = sync;
   switch (x->o->kind) {
-  case B_LOAD: case B_MEMCPY: case B_SWAPIN: client_load(x, i, r, x->o->kind); break;
+  case B_LOAD:
+  case B_MEMCPY:
+  case B_SWAPIN: client_load(x, i, r, x->o->kind); break;
   case B_STORE: client_store(x, i, r); break;
   case B_LOOKUP: client_lookup(x, i, r); break;
   }
@@ -758,14 +823,19 @@ static void usage(FILE *f, bench_kind k) {
 }
 
 static int parse_opts(dopts *o, int argc, char **argv) {
-  static const struct option lo[] = {
-      {"socket-dir", required_argument, 0, 'd'}, {"socket", required_argument, 0, 's'},
-      {"json", no_argument, 0, 'j'},             {"block-bytes", required_argument, 0, 'b'},
-      {"clients", required_argument, 0, 'c'},    {"seconds", required_argument, 0, 't'},
-      {"blocks", required_argument, 0, 'n'},     {"batch", required_argument, 0, 'B'},
-      {"keys", required_argument, 0, 'k'},       {"tenant", required_argument, 0, 'T'},
-      {"depth", required_argument, 0, 'D'},
-      {"help", no_argument, 0, 'h'},             {0, 0, 0, 0}};
+  static const struct option lo[] = {{"socket-dir", required_argument, 0, 'd'},
+                                     {"socket", required_argument, 0, 's'},
+                                     {"json", no_argument, 0, 'j'},
+                                     {"block-bytes", required_argument, 0, 'b'},
+                                     {"clients", required_argument, 0, 'c'},
+                                     {"seconds", required_argument, 0, 't'},
+                                     {"blocks", required_argument, 0, 'n'},
+                                     {"batch", required_argument, 0, 'B'},
+                                     {"keys", required_argument, 0, 'k'},
+                                     {"tenant", required_argument, 0, 'T'},
+                                     {"depth", required_argument, 0, 'D'},
+                                     {"help", no_argument, 0, 'h'},
+                                     {0, 0, 0, 0}};
   o->tenant = "kvbench";
   o->block_bytes = 256u << 10;
   o->clients = 1;
@@ -795,7 +865,12 @@ static int parse_opts(dopts *o, int argc, char **argv) {
         return 2;
       }
       break;
-    case 'b': case 'c': case 'n': case 'B': case 'k': case 'D':
+    case 'b':
+    case 'c':
+    case 'n':
+    case 'B':
+    case 'k':
+    case 'D':
       if (kv_parse_size(optarg, &v) || v == 0 || v > UINT32_MAX ||
           (ch == 'c' && v > KVB_MAX_CLIENTS) || ((ch == 'B' || ch == 'k') && v > KVC_BATCH_MAX) ||
           (ch == 'D' && v > 16)) {
@@ -822,7 +897,8 @@ static int parse_opts(dopts *o, int argc, char **argv) {
 }
 
 static void print_json(json_t *j, int compact) {
-  char *s = j ? json_dumps(j, (compact ? JSON_COMPACT : JSON_INDENT(2)) | JSON_REAL_PRECISION(6)) : NULL;
+  char *s =
+      j ? json_dumps(j, (compact ? JSON_COMPACT : JSON_INDENT(2)) | JSON_REAL_PRECISION(6)) : NULL;
   if (s) puts(s);
   free(s);
   json_decref(j);
@@ -837,7 +913,10 @@ static int bench_main(bench_kind kind, int argc, char **argv) {
   run_nonce = kv_now_ns() ^ ((uint64_t)getpid() << 32);
   cres *res = mmap(NULL, KVB_MAX_CLIENTS * sizeof *res, PROT_READ | PROT_WRITE,
                    MAP_SHARED | MAP_ANONYMOUS, -1, 0);
-  if (res == MAP_FAILED) { perror("kvbench: mmap"); return 1; }
+  if (res == MAP_FAILED) {
+    perror("kvbench: mmap");
+    return 1;
+  }
   memset(res, 0, KVB_MAX_CLIENTS * sizeof *res);
   runctx x = {.o = &o};
   kvc *c = NULL;
@@ -859,8 +938,10 @@ static int bench_main(bench_kind kind, int argc, char **argv) {
     if (!o.blocks && want > fit) want = fit;
     if (want == 0) want = 1;
     if (kind == B_LOAD && want > fit) {
-      fprintf(stderr, "kvbench load: %llu blocks of %u bytes do not fit half of the %llu-byte "
-              "G2 arena\n", (unsigned long long)want, o.block_bytes, (unsigned long long)cap);
+      fprintf(stderr,
+              "kvbench load: %llu blocks of %u bytes do not fit half of the %llu-byte "
+              "G2 arena\n",
+              (unsigned long long)want, o.block_bytes, (unsigned long long)cap);
       goto out;
     }
     x.nblocks = (uint32_t)want;
@@ -877,9 +958,10 @@ static int bench_main(bench_kind kind, int argc, char **argv) {
     if (!o.blocks && want > fit) want = fit;
     if (!o.blocks && want > g3fit) want = g3fit;
     if (want > fit || want > g3fit) {
-      fprintf(stderr, "kvbench swapin: %llu blocks of %u bytes do not fit half of the G2 arena "
-              "(%llu bytes) and half of G3 (%lld bytes)\n", (unsigned long long)want,
-              o.block_bytes, (unsigned long long)cap, (long long)g3cap);
+      fprintf(stderr,
+              "kvbench swapin: %llu blocks of %u bytes do not fit half of the G2 arena "
+              "(%llu bytes) and half of G3 (%lld bytes)\n",
+              (unsigned long long)want, o.block_bytes, (unsigned long long)cap, (long long)g3cap);
       goto out;
     }
     /* Each client's share: whole batches, at least --depth of them. */
@@ -913,7 +995,11 @@ static int bench_main(bench_kind kind, int argc, char **argv) {
   if (kind == B_MEMCPY) {
     size_t bytes = (size_t)x.nblocks * o.block_bytes;
     x.src = mmap(NULL, bytes, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS, -1, 0);
-    if (x.src == MAP_FAILED) { perror("kvbench memcpy: mmap"); x.src = NULL; goto out; }
+    if (x.src == MAP_FAILED) {
+      perror("kvbench memcpy: mmap");
+      x.src = NULL;
+      goto out;
+    }
     for (uint32_t i = 0; i < x.nblocks; i++)
       memset(x.src + (size_t)i * o.block_bytes, fill_of(i), o.block_bytes);
   }
@@ -939,7 +1025,11 @@ static int bench_main(bench_kind kind, int argc, char **argv) {
   if (kind == B_LOOKUP) {
     double p50 = 0, p99 = 0;
     uint64_t samples = 0;
-    if ((rc = open_conn(&o, &c))) { say_open_error(&o, rc); json_decref(j); goto out; }
+    if ((rc = open_conn(&o, &c))) {
+      say_open_error(&o, rc);
+      json_decref(j);
+      goto out;
+    }
     if ((rc = measure_rtt(&o, c, x.nblocks, o.seconds / 2, &p50, &p99, &samples))) {
       fprintf(stderr, "kvbench lookup: single-key lookups: %s\n", kvc_strerror(rc));
       json_decref(j);
@@ -952,9 +1042,10 @@ static int bench_main(bench_kind kind, int argc, char **argv) {
     json_object_set_new(j, "rtt_p50_us", json_real(p50));
     json_object_set_new(j, "rtt_p99_us", json_real(p99));
     json_object_set_new(j, "rtt_samples", json_integer((json_int_t)samples));
-    fprintf(stderr, "lookup: %.3g keys/s in batches of %u (%u clients); single-key round trip "
-            "p50 %.1f us, p99 %.1f us (%llu samples)\n", rate, o.keys, o.clients, p50, p99,
-            (unsigned long long)samples);
+    fprintf(stderr,
+            "lookup: %.3g keys/s in batches of %u (%u clients); single-key round trip "
+            "p50 %.1f us, p99 %.1f us (%llu samples)\n",
+            rate, o.keys, o.clients, p50, p99, (unsigned long long)samples);
   } else {
     double gbps = bytes_rate / 1e9;
     if (kind != B_STORE) json_object_set_new(j, "blocks", json_integer(x.nblocks));
@@ -965,8 +1056,9 @@ static int bench_main(bench_kind kind, int argc, char **argv) {
     if (kind != B_STORE) json_object_set_new(j, "bad_blocks", json_integer((json_int_t)bad));
     if (kind == B_SWAPIN) {
       int64_t reads = status_g3(c, "reads");
-      json_object_set_new(j, "g3_reads", json_integer(reads >= 0 && x.g3_reads >= 0
-                                                          ? (json_int_t)(reads - x.g3_reads) : -1));
+      json_object_set_new(
+          j, "g3_reads",
+          json_integer(reads >= 0 && x.g3_reads >= 0 ? (json_int_t)(reads - x.g3_reads) : -1));
     }
     fprintf(stderr, "%s: %.3f GB/s, %.0f blocks/s of %u bytes (%u clients", bench_name[kind], gbps,
             rate, o.block_bytes, o.clients);

@@ -21,15 +21,14 @@
 #include <time.h>
 #include <unistd.h>
 
-#include "base/errors.h"
 #include "base/clock.h"
-#include "tiers/arena.h"
 #include "base/crc32c.h"
+#include "base/errors.h"
+#include "tiers/arena.h"
 #include "tiers/g3.h"
 #include "tools/kvbench.h"
 
 #define MAX_DIRS 16
-
 
 static int parse_u64(const char *s, uint64_t *out) {
   char *end;
@@ -94,10 +93,12 @@ static int cmd_rebuild(int argc, char **argv) {
     fprintf(stderr, "kvbench g3 rebuild: %s\n", kv_strerror(rc));
     return 1;
   }
-  fprintf(stderr, "rebuilt in %.3f s: %llu slots scanned in %u files, %llu records, %llu indexed, "
-          "%llu superseded, %llu with a bad payload\n", dt, (unsigned long long)ri.scanned,
-          ri.files, (unsigned long long)ri.records, (unsigned long long)ri.indexed,
-          (unsigned long long)ri.superseded, (unsigned long long)ri.bad_payload);
+  fprintf(stderr,
+          "rebuilt in %.3f s: %llu slots scanned in %u files, %llu records, %llu indexed, "
+          "%llu superseded, %llu with a bad payload\n",
+          dt, (unsigned long long)ri.scanned, ri.files, (unsigned long long)ri.records,
+          (unsigned long long)ri.indexed, (unsigned long long)ri.superseded,
+          (unsigned long long)ri.bad_payload);
   print_json(json_pack("{s:s,s:I,s:I,s:I,s:I,s:I,s:i,s:b,s:f}", "bench", "g3-rebuild", "scanned",
                        (json_int_t)ri.scanned, "records", (json_int_t)ri.records, "indexed",
                        (json_int_t)ri.indexed, "superseded", (json_int_t)ri.superseded,
@@ -112,10 +113,10 @@ typedef struct bench {
   kv_g3 *g;
   uint32_t block, nbuf;
   uint64_t count;
-  uint8_t **buf;      /* block i moves through buffer i % nbuf */
-  uint32_t *crc;      /* CRC32C of each buffer's contents */
-  uint8_t *busy;      /* per buffer */
-  uint32_t *slot;     /* per block */
+  uint8_t **buf;  /* block i moves through buffer i % nbuf */
+  uint32_t *crc;  /* CRC32C of each buffer's contents */
+  uint8_t *busy;  /* per buffer */
+  uint32_t *slot; /* per block */
   uint64_t done, errors;
   int first_err;
 } bench;
@@ -165,7 +166,10 @@ static int run_phase(bench *b, int writing, op_ctx *ctx, double *secs) {
           rc = kv_g3_write(b->g, b->slot[next], &k, next + 1, b->buf[bi], b->block, b->crc[bi],
                            op_done, &ctx[bi]);
       } else {
-        kv_g3_expect e = {.key = k, .len = b->block, .seq = next + 1, .crc = b->crc[bi],
+        kv_g3_expect e = {.key = k,
+                          .len = b->block,
+                          .seq = next + 1,
+                          .crc = b->crc[bi],
                           .flags = KV_G3_EXPECT_SEQ | KV_G3_EXPECT_CRC};
         rc = kv_g3_read(b->g, b->slot[next], &e, b->buf[bi], op_done, &ctx[bi]);
       }
@@ -209,14 +213,19 @@ static void usage(FILE *f) {
 
 int kvbench_g3(int argc, char **argv) {
   if (argc > 1 && !strcmp(argv[1], "rebuild")) return cmd_rebuild(argc - 1, argv + 1);
-  static const struct option lo[] = {
-      {"dir", required_argument, 0, 'd'},     {"block-bytes", required_argument, 0, 'b'},
-      {"qd", required_argument, 0, 'q'},      {"count", required_argument, 0, 'n'},
-      {"backend", required_argument, 0, 'B'}, {"sync", required_argument, 0, 's'},
-      {"buffers", required_argument, 0, 'K'}, {"keep", no_argument, 0, 'k'},
-      {"json", no_argument, 0, 'j'},          {"help", no_argument, 0, 'h'},
-      {"commit-window-us", required_argument, 0, 'W'}, {"no-fixed", no_argument, 0, 'F'},
-      {0, 0, 0, 0}};
+  static const struct option lo[] = {{"dir", required_argument, 0, 'd'},
+                                     {"block-bytes", required_argument, 0, 'b'},
+                                     {"qd", required_argument, 0, 'q'},
+                                     {"count", required_argument, 0, 'n'},
+                                     {"backend", required_argument, 0, 'B'},
+                                     {"sync", required_argument, 0, 's'},
+                                     {"buffers", required_argument, 0, 'K'},
+                                     {"keep", no_argument, 0, 'k'},
+                                     {"json", no_argument, 0, 'j'},
+                                     {"help", no_argument, 0, 'h'},
+                                     {"commit-window-us", required_argument, 0, 'W'},
+                                     {"no-fixed", no_argument, 0, 'F'},
+                                     {0, 0, 0, 0}};
   kv_g3_dir dirs[MAX_DIRS];
   unsigned ndirs = 0;
   uint64_t block = 1 << 20, qd = 32, count = 1024, nbuf = 0;
@@ -230,10 +239,18 @@ int kvbench_g3(int argc, char **argv) {
       if (ndirs == MAX_DIRS) return 2;
       dirs[ndirs++] = (kv_g3_dir){optarg, 0};
       break;
-    case 'b': if (parse_u64(optarg, &block) || !block || block > (1u << 30)) return 2; break;
-    case 'q': if (parse_u64(optarg, &qd) || !qd || qd > 4096) return 2; break;
-    case 'n': if (parse_u64(optarg, &count) || !count || count > (1u << 30)) return 2; break;
-    case 'K': if (parse_u64(optarg, &nbuf) || !nbuf || nbuf > 65536) return 2; break;
+    case 'b':
+      if (parse_u64(optarg, &block) || !block || block > (1u << 30)) return 2;
+      break;
+    case 'q':
+      if (parse_u64(optarg, &qd) || !qd || qd > 4096) return 2;
+      break;
+    case 'n':
+      if (parse_u64(optarg, &count) || !count || count > (1u << 30)) return 2;
+      break;
+    case 'K':
+      if (parse_u64(optarg, &nbuf) || !nbuf || nbuf > 65536) return 2;
+      break;
     case 'B':
       if (!strcmp(optarg, "auto")) be = KV_G3_BACKEND_AUTO;
       else if (!strcmp(optarg, "uring")) be = KV_G3_BACKEND_URING;
@@ -279,8 +296,8 @@ int kvbench_g3(int argc, char **argv) {
   bench b = {.block = (uint32_t)block, .nbuf = (uint32_t)nbuf, .count = count};
   kv_arena arena;
   size_t page = slot > (4u << 20) ? slot : (4u << 20) / slot * slot;
-  kv_arena_opts ao = {.capacity = (nbuf * slot + page - 1) / page * page, .page_bytes = page,
-                      .name = "kvbench-g3"};
+  kv_arena_opts ao = {
+      .capacity = (nbuf * slot + page - 1) / page * page, .page_bytes = page, .name = "kvbench-g3"};
   int rc = kv_arena_init(&arena, &ao);
   if (rc) {
     fprintf(stderr, "kvbench g3: G2 arena of %zu bytes: %s\n", ao.capacity, kv_strerror(rc));
@@ -305,8 +322,14 @@ int kvbench_g3(int argc, char **argv) {
     }
     b.crc[i] = kv_crc32c(0, b.buf[i], b.block);
   }
-  kv_g3_opts o = {.dirs = dirs, .ndirs = ndirs, .block_bytes = b.block, .queue_depth = (uint32_t)qd,
-                  .backend = be, .sync = sync, .reformat = 1, .arena = fixed ? &arena : NULL,
+  kv_g3_opts o = {.dirs = dirs,
+                  .ndirs = ndirs,
+                  .block_bytes = b.block,
+                  .queue_depth = (uint32_t)qd,
+                  .backend = be,
+                  .sync = sync,
+                  .reformat = 1,
+                  .arena = fixed ? &arena : NULL,
                   .commit_window_us = window};
   kv_g3_open_info info;
   double t0 = kv_now_s();
@@ -320,20 +343,22 @@ int kvbench_g3(int argc, char **argv) {
   kv_g3_get_stats(b.g, &st);
   double bytes = (double)count * (double)block;
   json_t *out = json_pack(
-      "{s:s,s:I,s:I,s:I,s:I,s:s,s:s,s:b,s:b,s:f,s:f,s:f,s:f,s:f,s:f,s:f,s:I,s:I,s:I}",
-      "bench", "g3", "block_bytes", (json_int_t)block, "qd", (json_int_t)qd, "count",
-      (json_int_t)count, "bytes", (json_int_t)(count * block), "backend",
-      kv_g3_backend_name(info.backend), "sync",
-      sync == KV_G3_SYNC_BATCH ? "batch" : sync == KV_G3_SYNC_DSYNC ? "dsync" : "none", "direct",
-      info.direct, "fixed_buffers", info.fixed_buffers, "open_s", open_s, "write_s", wsec,
+      "{s:s,s:I,s:I,s:I,s:I,s:s,s:s,s:b,s:b,s:f,s:f,s:f,s:f,s:f,s:f,s:f,s:I,s:I,s:I}", "bench",
+      "g3", "block_bytes", (json_int_t)block, "qd", (json_int_t)qd, "count", (json_int_t)count,
+      "bytes", (json_int_t)(count * block), "backend", kv_g3_backend_name(info.backend), "sync",
+      sync == KV_G3_SYNC_BATCH   ? "batch"
+      : sync == KV_G3_SYNC_DSYNC ? "dsync"
+                                 : "none",
+      "direct", info.direct, "fixed_buffers", info.fixed_buffers, "open_s", open_s, "write_s", wsec,
       "read_s", rsec, "write_gbps", bytes / wsec / 1e9, "read_gbps", bytes / rsec / 1e9,
       "write_iops", (double)count / wsec, "read_iops", (double)count / rsec, "index_txns",
       (json_int_t)st.index_txns, "syncs", (json_int_t)st.syncs, "buffers", (json_int_t)nbuf);
-  fprintf(stderr, "g3 %s qd %llu, %llu x %llu B: write %.3f GB/s, read %.3f GB/s "
-          "(%llu index txns, %llu fdatasync)\n", kv_g3_backend_name(info.backend),
-          (unsigned long long)qd, (unsigned long long)count, (unsigned long long)block,
-          bytes / wsec / 1e9, bytes / rsec / 1e9, (unsigned long long)st.index_txns,
-          (unsigned long long)st.syncs);
+  fprintf(stderr,
+          "g3 %s qd %llu, %llu x %llu B: write %.3f GB/s, read %.3f GB/s "
+          "(%llu index txns, %llu fdatasync)\n",
+          kv_g3_backend_name(info.backend), (unsigned long long)qd, (unsigned long long)count,
+          (unsigned long long)block, bytes / wsec / 1e9, bytes / rsec / 1e9,
+          (unsigned long long)st.index_txns, (unsigned long long)st.syncs);
   print_json(out, json);
   ret = 0;
 close:

@@ -42,16 +42,16 @@
 #include <time.h>
 #include <unistd.h>
 
-#include "base/size.h"
-#include "client/kvclient.h"
 #include "base/clock.h"
 #include "base/errors.h"
+#include "base/size.h"
+#include "client/kvclient.h"
 #include "tools/kvbench.h"
 #include "tools/trace.h"
 
 #define TOKENS_PER_BLOCK 512 /* the Mooncake trace's block */
-#define STORE_PRIO 128
-#define NO_SAMPLE UINT64_MAX
+#define STORE_PRIO       128
+#define NO_SAMPLE        UINT64_MAX
 
 typedef struct ropts {
   const char *trace;
@@ -60,9 +60,9 @@ typedef struct ropts {
   const char *tenant;
   uint32_t block_bytes;
   uint32_t clients;
-  double time_scale; /* 0: no waiting */
-  size_t limit;      /* requests replayed, 0: all */
-  int deal_hash;     /* deal requests by hash of the index, not round-robin */
+  double time_scale;      /* 0: no waiting */
+  size_t limit;           /* requests replayed, 0: all */
+  int deal_hash;          /* deal requests by hash of the index, not round-robin */
   uint32_t alloc_wait_ms; /* how long a refused slot is asked for again */
   int json;
 } ropts;
@@ -72,11 +72,11 @@ typedef struct rres {
   uint64_t requests, blocks, hit_blocks, hit_g2, hit_g3;
   uint64_t tokens, hit_tokens;
   uint64_t lookup_keys;
-  uint64_t load_failed;  /* resident at LOOKUP, not served by LOAD */
+  uint64_t load_failed; /* resident at LOOKUP, not served by LOAD */
   uint64_t verify_failures;
   uint64_t allocs, stored, exists, refused, commit_failed, alloc_retries;
   uint64_t bytes_read, bytes_written;
-  double late_s;         /* the most a request started behind its time */
+  double late_s; /* the most a request started behind its time */
   int rc;
   char err[160];
 } rres;
@@ -203,7 +203,10 @@ static int replay_one(client *x, size_t qi, rres *r) {
   uint64_t t = kv_now_ns();
   int h = kvc_lookup(x->c, x->keys, q->n, x->tiers);
   x->lookup_ns[qi] = kv_now_ns() - t;
-  if (h < 0) { fail(r, h, "lookup", qi); return h; }
+  if (h < 0) {
+    fail(r, h, "lookup", qi);
+    return h;
+  }
   r->lookup_keys += q->n;
 
   uint32_t hit = 0;
@@ -211,12 +214,19 @@ static int replay_one(client *x, size_t qi, rres *r) {
     t = kv_now_ns();
     int got = kvc_load(x->c, KVC_G2, x->keys, (uint32_t)h, x->blk);
     x->load_ns[qi] = kv_now_ns() - t;
-    if (got < 0) { fail(r, got, "load", qi); return got; }
+    if (got < 0) {
+      fail(r, got, "load", qi);
+      return got;
+    }
     int run = 1;
     uint32_t pinned = 0;
     for (uint32_t i = 0; i < (uint32_t)h; i++) {
       kvc_block *b = &x->blk[i];
-      if (b->status) { r->load_failed++; run = 0; continue; }
+      if (b->status) {
+        r->load_failed++;
+        run = 0;
+        continue;
+      }
       pinned++;
       if (!run) continue;
       /* A block failing its CRC is reported (its pin goes with the report). */
@@ -234,7 +244,10 @@ static int replay_one(client *x, size_t qi, rres *r) {
     /* Pins of blocks that did not load are refused per key: harmless. */
     if (pinned) {
       int rel = kvc_release(x->c, x->keys, (uint32_t)h, x->st);
-      if (rel < 0) { fail(r, rel, "release", qi); return rel; }
+      if (rel < 0) {
+        fail(r, rel, "release", qi);
+        return rel;
+      }
     }
   }
   r->hit_blocks += hit;
@@ -263,7 +276,8 @@ static int client_main(void *arg, uint32_t uid, kvb_sync *sync) {
   x->ap = calloc(maxn, sizeof *x->ap);
   x->idx = calloc(maxn, sizeof *x->idx);
   x->crc = calloc(maxn, sizeof *x->crc);
-  int rc = x->keys && x->tiers && x->blk && x->st && x->ak && x->ap && x->idx && x->crc ? 0 : -ENOMEM;
+  int rc =
+      x->keys && x->tiers && x->blk && x->st && x->ak && x->ap && x->idx && x->crc ? 0 : -ENOMEM;
   if (rc) fail(r, rc, "buffers", 0);
   else if ((rc = open_conn(o, &x->c))) fail(r, rc, "open", 0);
   kvb_sync_wait(sync);
@@ -274,7 +288,8 @@ static int client_main(void *arg, uint32_t uid, kvb_sync *sync) {
     if (o->time_scale > 0) {
       double due = t0 + (double)(x->t->req[i].ts_ms - ts0) / 1e3 * o->time_scale, now = kv_now_s();
       if (due > now) {
-        struct timespec ts = {(time_t)(due - now), (long)((due - now - (double)(time_t)(due - now)) * 1e9)};
+        struct timespec ts = {(time_t)(due - now),
+                              (long)((due - now - (double)(time_t)(due - now)) * 1e9)};
         while (nanosleep(&ts, &ts) && errno == EINTR) {}
       } else if (now - due > r->late_s) {
         r->late_s = now - due;
@@ -283,8 +298,14 @@ static int client_main(void *arg, uint32_t uid, kvb_sync *sync) {
     rc = replay_one(x, i, r);
   }
   kvc_close(x->c);
-  free(x->keys); free(x->tiers); free(x->blk); free(x->st);
-  free(x->ak); free(x->ap); free(x->idx); free(x->crc);
+  free(x->keys);
+  free(x->tiers);
+  free(x->blk);
+  free(x->st);
+  free(x->ak);
+  free(x->ap);
+  free(x->idx);
+  free(x->crc);
   return rc ? 1 : 0;
 }
 
@@ -321,8 +342,7 @@ static json_t *delta(json_t *before, json_t *after) {
     json_t *b = json_object_get(before, k);
     if (json_is_integer(v))
       json_object_set_new(d, k, json_integer(json_integer_value(v) - json_integer_value(b)));
-    else if (json_is_object(v))
-      json_object_set_new(d, k, delta(b, v));
+    else if (json_is_object(v)) json_object_set_new(d, k, delta(b, v));
   }
   return d;
 }
@@ -334,33 +354,37 @@ static json_int_t dget(json_t *d, const char *a, const char *b) {
 }
 
 static void usage(FILE *f) {
-  fprintf(f,
-          "usage: kvbench replay --trace FILE [--socket-dir DIR | --socket PATH] [--json]\n"
-          "           [--clients N] [--block-bytes B] [--time-scale F | --no-timestamps]\n"
-          "           [--limit N] [--deal rr|hash] [--alloc-wait-ms MS] [--tenant T]\n"
-          "  Replays a Mooncake trace through a running kvcached: per request LOOKUP its\n"
-          "  chained keys, LOAD and verify the resident prefix, store the rest.\n"
-          "  --clients N      worker processes, one connection each (default 1)\n"
-          "  --block-bytes B  bytes of each 512-token block, K/M suffixes (default 64K)\n"
-          "  --time-scale F   request times x F (default 1: real time, 17 minutes for the\n"
-          "                   whole Mooncake trace); 0 or --no-timestamps: no waiting\n"
-          "  --limit N        the first N requests only\n"
-          "  --deal rr|hash   which client takes request i: i mod N (default), or a hash of i\n"
-          "  --alloc-wait-ms MS  ask again for slots refused while G2 victims are written to\n"
-          "                   G3 (-EAGAIN), for up to MS per request (default 0: not stored)\n"
-          "  --tenant T       tenant of the namespace (default \"kvbench\")\n");
+  fprintf(f, "usage: kvbench replay --trace FILE [--socket-dir DIR | --socket PATH] [--json]\n"
+             "           [--clients N] [--block-bytes B] [--time-scale F | --no-timestamps]\n"
+             "           [--limit N] [--deal rr|hash] [--alloc-wait-ms MS] [--tenant T]\n"
+             "  Replays a Mooncake trace through a running kvcached: per request LOOKUP its\n"
+             "  chained keys, LOAD and verify the resident prefix, store the rest.\n"
+             "  --clients N      worker processes, one connection each (default 1)\n"
+             "  --block-bytes B  bytes of each 512-token block, K/M suffixes (default 64K)\n"
+             "  --time-scale F   request times x F (default 1: real time, 17 minutes for the\n"
+             "                   whole Mooncake trace); 0 or --no-timestamps: no waiting\n"
+             "  --limit N        the first N requests only\n"
+             "  --deal rr|hash   which client takes request i: i mod N (default), or a hash of i\n"
+             "  --alloc-wait-ms MS  ask again for slots refused while G2 victims are written to\n"
+             "                   G3 (-EAGAIN), for up to MS per request (default 0: not stored)\n"
+             "  --tenant T       tenant of the namespace (default \"kvbench\")\n");
 }
 
 static int parse_opts(ropts *o, int argc, char **argv) {
-  static const struct option lo[] = {
-      {"trace", required_argument, 0, 'f'},      {"socket-dir", required_argument, 0, 'd'},
-      {"socket", required_argument, 0, 's'},     {"json", no_argument, 0, 'j'},
-      {"clients", required_argument, 0, 'c'},    {"block-bytes", required_argument, 0, 'b'},
-      {"time-scale", required_argument, 0, 'x'}, {"no-timestamps", no_argument, 0, 'X'},
-      {"limit", required_argument, 0, 'l'},      {"deal", required_argument, 0, 'D'},
-      {"tenant", required_argument, 0, 'T'},     {"alloc-wait-ms", required_argument, 0, 'w'},
-      {"help", no_argument, 0, 'h'},
-      {0, 0, 0, 0}};
+  static const struct option lo[] = {{"trace", required_argument, 0, 'f'},
+                                     {"socket-dir", required_argument, 0, 'd'},
+                                     {"socket", required_argument, 0, 's'},
+                                     {"json", no_argument, 0, 'j'},
+                                     {"clients", required_argument, 0, 'c'},
+                                     {"block-bytes", required_argument, 0, 'b'},
+                                     {"time-scale", required_argument, 0, 'x'},
+                                     {"no-timestamps", no_argument, 0, 'X'},
+                                     {"limit", required_argument, 0, 'l'},
+                                     {"deal", required_argument, 0, 'D'},
+                                     {"tenant", required_argument, 0, 'T'},
+                                     {"alloc-wait-ms", required_argument, 0, 'w'},
+                                     {"help", no_argument, 0, 'h'},
+                                     {0, 0, 0, 0}};
   o->tenant = "kvbench";
   o->block_bytes = 64u << 10;
   o->clients = 1;
@@ -402,9 +426,11 @@ static int parse_opts(ropts *o, int argc, char **argv) {
       }
       o->alloc_wait_ms = (uint32_t)v;
       break;
-    case 'c': case 'b': case 'l':
-      if (kv_parse_size(optarg, &v) || v == 0 || v > UINT32_MAX || (ch == 'c' && v > KVB_MAX_CLIENTS) ||
-          (ch == 'b' && (v % 8 || v < 64))) {
+    case 'c':
+    case 'b':
+    case 'l':
+      if (kv_parse_size(optarg, &v) || v == 0 || v > UINT32_MAX ||
+          (ch == 'c' && v > KVB_MAX_CLIENTS) || (ch == 'b' && (v % 8 || v < 64))) {
         fprintf(stderr, "kvbench replay: bad value '%s' for %s%s\n", optarg, argv[optind - 1],
                 ch == 'b' ? " (a multiple of 8, at least 64)" : "");
         return 2;
@@ -453,7 +479,8 @@ int kvbench_replay(int argc, char **argv) {
   kv_trace t;
   size_t bad_line = 0;
   if ((rc = kv_trace_load(&t, o.trace, &bad_line))) {
-    if (rc == -EINVAL) fprintf(stderr, "kvbench replay: %s:%zu: not a Mooncake trace line\n", o.trace, bad_line);
+    if (rc == -EINVAL)
+      fprintf(stderr, "kvbench replay: %s:%zu: not a Mooncake trace line\n", o.trace, bad_line);
     else fprintf(stderr, "kvbench replay: %s: %s\n", o.trace, strerror(-rc));
     return 1;
   }
@@ -467,11 +494,14 @@ int kvbench_replay(int argc, char **argv) {
     }
   size_t shm = KVB_MAX_CLIENTS * sizeof(rres) + 2 * (nreq ? nreq : 1) * sizeof(uint64_t);
   void *mem = mmap(NULL, shm, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS, -1, 0);
-  if (mem == MAP_FAILED) { perror("kvbench replay: mmap"); kv_trace_free(&t); return 1; }
+  if (mem == MAP_FAILED) {
+    perror("kvbench replay: mmap");
+    kv_trace_free(&t);
+    return 1;
+  }
   rres *res = mem;
   memset(res, 0, KVB_MAX_CLIENTS * sizeof *res);
-  client x = {.o = &o, .t = &t, .nreq = nreq,
-              .lookup_ns = (uint64_t *)(res + KVB_MAX_CLIENTS)};
+  client x = {.o = &o, .t = &t, .nreq = nreq, .lookup_ns = (uint64_t *)(res + KVB_MAX_CLIENTS)};
   x.load_ns = x.lookup_ns + nreq;
   for (size_t i = 0; i < 2 * nreq; i++) x.lookup_ns[i] = NO_SAMPLE;
 
@@ -497,14 +527,24 @@ int kvbench_replay(int argc, char **argv) {
   memset(&s, 0, sizeof s);
   for (uint32_t i = 0; i < o.clients; i++) {
     const rres *r = &res[i];
-    s.requests += r->requests; s.blocks += r->blocks; s.hit_blocks += r->hit_blocks;
-    s.hit_g2 += r->hit_g2; s.hit_g3 += r->hit_g3; s.tokens += r->tokens;
-    s.hit_tokens += r->hit_tokens; s.lookup_keys += r->lookup_keys;
-    s.load_failed += r->load_failed; s.verify_failures += r->verify_failures;
-    s.allocs += r->allocs; s.stored += r->stored; s.exists += r->exists;
-    s.refused += r->refused; s.commit_failed += r->commit_failed;
+    s.requests += r->requests;
+    s.blocks += r->blocks;
+    s.hit_blocks += r->hit_blocks;
+    s.hit_g2 += r->hit_g2;
+    s.hit_g3 += r->hit_g3;
+    s.tokens += r->tokens;
+    s.hit_tokens += r->hit_tokens;
+    s.lookup_keys += r->lookup_keys;
+    s.load_failed += r->load_failed;
+    s.verify_failures += r->verify_failures;
+    s.allocs += r->allocs;
+    s.stored += r->stored;
+    s.exists += r->exists;
+    s.refused += r->refused;
+    s.commit_failed += r->commit_failed;
     s.alloc_retries += r->alloc_retries;
-    s.bytes_read += r->bytes_read; s.bytes_written += r->bytes_written;
+    s.bytes_read += r->bytes_read;
+    s.bytes_written += r->bytes_written;
     if (r->late_s > s.late_s) s.late_s = r->late_s;
   }
   json_t *d = delta(before, after);
@@ -518,31 +558,38 @@ int kvbench_replay(int argc, char **argv) {
       o.deal_hash ? "hash" : "rr", "elapsed_s", elapsed, "requests_per_s",
       elapsed > 0 ? (double)s.requests / elapsed : 0.0, "prefix_hit_rate",
       rate(s.hit_tokens, s.tokens), "block_hit_rate", rate(s.hit_blocks, s.blocks));
-  json_object_set_new(j, "hits", json_pack("{s:I,s:I}", "g2", (json_int_t)s.hit_g2, "g3",
-                                           (json_int_t)s.hit_g3));
-  json_object_set_new(j, "blocks", json_pack("{s:I,s:I,s:I,s:I,s:I,s:I,s:I,s:I,s:I}",
-      "referenced", (json_int_t)s.blocks, "hit", (json_int_t)s.hit_blocks,
-      "load_failed", (json_int_t)s.load_failed, "allocated", (json_int_t)s.allocs,
-      "committed", (json_int_t)s.stored, "commit_failed", (json_int_t)s.commit_failed,
-      "exists", (json_int_t)s.exists, "refused", (json_int_t)s.refused,
-      "alloc_retries", (json_int_t)s.alloc_retries));
-  json_object_set_new(j, "tokens", json_pack("{s:I,s:I}", "input", (json_int_t)s.tokens, "hit",
-                                             (json_int_t)s.hit_tokens));
-  json_object_set_new(j, "bytes", json_pack("{s:I,s:I,s:I,s:I}",
-      "client_read", (json_int_t)s.bytes_read, "client_written", (json_int_t)s.bytes_written,
-      "g2_to_g3", g3w < 0 ? (json_int_t)0 : g3w * (json_int_t)o.block_bytes,
-      "g3_to_g2", g3r < 0 ? (json_int_t)0 : g3r * (json_int_t)o.block_bytes));
+  json_object_set_new(
+      j, "hits", json_pack("{s:I,s:I}", "g2", (json_int_t)s.hit_g2, "g3", (json_int_t)s.hit_g3));
+  json_object_set_new(
+      j, "blocks",
+      json_pack("{s:I,s:I,s:I,s:I,s:I,s:I,s:I,s:I,s:I}", "referenced", (json_int_t)s.blocks, "hit",
+                (json_int_t)s.hit_blocks, "load_failed", (json_int_t)s.load_failed, "allocated",
+                (json_int_t)s.allocs, "committed", (json_int_t)s.stored, "commit_failed",
+                (json_int_t)s.commit_failed, "exists", (json_int_t)s.exists, "refused",
+                (json_int_t)s.refused, "alloc_retries", (json_int_t)s.alloc_retries));
+  json_object_set_new(
+      j, "tokens",
+      json_pack("{s:I,s:I}", "input", (json_int_t)s.tokens, "hit", (json_int_t)s.hit_tokens));
+  json_object_set_new(j, "bytes",
+                      json_pack("{s:I,s:I,s:I,s:I}", "client_read", (json_int_t)s.bytes_read,
+                                "client_written", (json_int_t)s.bytes_written, "g2_to_g3",
+                                g3w < 0 ? (json_int_t)0 : g3w * (json_int_t)o.block_bytes,
+                                "g3_to_g2",
+                                g3r < 0 ? (json_int_t)0 : g3r * (json_int_t)o.block_bytes));
   json_object_set_new(j, "lookup_us", percentiles(x.lookup_ns, nreq));
   json_object_set_new(j, "load_us", percentiles(x.load_ns, nreq));
   json_object_set_new(j, "verify_failures", json_integer((json_int_t)s.verify_failures));
   json_object_set_new(j, "late_s_max", json_real(s.late_s));
-  json_object_set_new(j, "cross_check", json_pack("{s:{s:I,s:I},s:{s:I,s:I},s:{s:I,s:I},s:{s:I,s:I}}",
-      "commits", "client", (json_int_t)s.stored, "daemon", dget(d, "core", "commits"),
-      "allocs", "client", (json_int_t)s.allocs, "daemon", dget(d, "core", "allocs"),
-      "lookup_keys", "client", (json_int_t)s.lookup_keys, "daemon", dget(d, "core", "lookups"),
-      "g3_hits_vs_reads", "client", (json_int_t)s.hit_g3, "daemon", g3r));
+  json_object_set_new(
+      j, "cross_check",
+      json_pack("{s:{s:I,s:I},s:{s:I,s:I},s:{s:I,s:I},s:{s:I,s:I}}", "commits", "client",
+                (json_int_t)s.stored, "daemon", dget(d, "core", "commits"), "allocs", "client",
+                (json_int_t)s.allocs, "daemon", dget(d, "core", "allocs"), "lookup_keys", "client",
+                (json_int_t)s.lookup_keys, "daemon", dget(d, "core", "lookups"), "g3_hits_vs_reads",
+                "client", (json_int_t)s.hit_g3, "daemon", g3r));
   json_object_set_new(j, "daemon", d);
-  fprintf(stderr, "replay: %llu requests, %u clients, %.1f req/s; prefix hit rate %.4f, block hit "
+  fprintf(stderr,
+          "replay: %llu requests, %u clients, %.1f req/s; prefix hit rate %.4f, block hit "
           "rate %.4f (g2 %llu, g3 %llu); lookup p50 %.1f us; %llu verify failures\n",
           (unsigned long long)s.requests, o.clients, elapsed > 0 ? (double)s.requests / elapsed : 0,
           rate(s.hit_tokens, s.tokens), rate(s.hit_blocks, s.blocks), (unsigned long long)s.hit_g2,

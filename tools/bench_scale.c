@@ -20,16 +20,16 @@
 #include <string.h>
 #include <time.h>
 
-#include "base/errors.h"
 #include "base/clock.h"
+#include "base/errors.h"
 #include "tiers/evict.h"
 #include "tiers/index.h"
 #include "tools/kvbench.h"
 
 #define TARGET_BYTES 128.0 /* metadata per block, tiers/INDEX.md */
-#define BATCH 32
-#define SAMPLE (1u << 19) /* lookups of each kind per size */
-#define MISS_BASE (1ull << 40)
+#define BATCH        32
+#define SAMPLE       (1u << 19) /* lookups of each kind per size */
+#define MISS_BASE    (1ull << 40)
 
 typedef struct scale_row {
   uint64_t blocks;
@@ -124,8 +124,10 @@ static int measure(uint64_t n, const kv_evict_ops *pol, uint8_t (*ks)[KV_KEY_MAX
   uint64_t false_hits =
       time_lookups(&ix, (const uint8_t(*)[KV_KEY_MAX])ks, ns, &r->miss_p50, &r->miss_p99);
   if (hits != SAMPLE || false_hits != 0) {
-    fprintf(stderr, "kvbench scale: at %llu blocks, %llu of %u present keys found, %llu absent "
-            "keys found\n", (unsigned long long)n, (unsigned long long)hits, SAMPLE,
+    fprintf(stderr,
+            "kvbench scale: at %llu blocks, %llu of %u present keys found, %llu absent "
+            "keys found\n",
+            (unsigned long long)n, (unsigned long long)hits, SAMPLE,
             (unsigned long long)false_hits);
     rc = -EIO;
   }
@@ -174,7 +176,10 @@ int kvbench_scale(int argc, char **argv) {
     default: usage(stderr); return 2;
     }
   }
-  if (optind < argc) { usage(stderr); return 2; }
+  if (optind < argc) {
+    usage(stderr);
+    return 2;
+  }
   const kv_evict_ops *pol = kv_evict_lookup(pname);
   if (!pol) {
     fprintf(stderr, "kvbench scale: no policy '%s'\n", pname);
@@ -183,9 +188,12 @@ int kvbench_scale(int argc, char **argv) {
 
   scale_row rows[12];
   int nrows = 0, rc = 0;
-  uint8_t (*ks)[KV_KEY_MAX] = malloc((size_t)SAMPLE * KV_KEY_MAX);
+  uint8_t(*ks)[KV_KEY_MAX] = malloc((size_t)SAMPLE * KV_KEY_MAX);
   double *ns = malloc((SAMPLE / BATCH) * sizeof *ns);
-  if (!ks || !ns) { rc = -ENOMEM; goto out; }
+  if (!ks || !ns) {
+    rc = -ENOMEM;
+    goto out;
+  }
   for (uint64_t n = 10000; nrows < 12; n *= 10) {
     uint64_t at = n < max ? n : max;
     if ((rc = measure(at, pol, ks, ns, &rows[nrows]))) goto out;
@@ -217,8 +225,8 @@ int kvbench_scale(int argc, char **argv) {
              "\"policy_bytes_per_block\":%.3f,\"inserts_per_s\":%.0f,\"hit_ns_p50\":%.1f,"
              "\"hit_ns_p99\":%.1f,\"miss_ns_p50\":%.1f,\"miss_ns_p99\":%.1f}",
              i ? "," : "", (unsigned long long)r->blocks, r->index_bytes + r->policy_bytes,
-             r->index_bytes, r->policy_bytes, r->inserts_per_s, r->hit_p50, r->hit_p99,
-             r->miss_p50, r->miss_p99);
+             r->index_bytes, r->policy_bytes, r->inserts_per_s, r->hit_p50, r->hit_p99, r->miss_p50,
+             r->miss_p99);
     }
     printf("]}\n");
   }

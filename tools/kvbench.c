@@ -12,7 +12,8 @@ static const struct {
   const char *name, *summary;
   int (*fn)(int, char **);
 } cmds[] = {
-    {"core-replay", "replay a Mooncake trace through the cache core (no daemon)", kvbench_core_replay},
+    {"core-replay", "replay a Mooncake trace through the cache core (no daemon)",
+     kvbench_core_replay},
     {"g3", "G3 SSD tier write/read throughput; `g3 rebuild` rebuilds its index", kvbench_g3},
     {"lookup", "a running daemon: batched LOOKUP keys/s, single-key round trip", kvbench_lookup},
     {"load", "a running daemon: LOAD and copy out resident G2 blocks, GB/s", kvbench_load},
@@ -30,8 +31,14 @@ static void usage(FILE *f) {
 }
 
 int main(int argc, char **argv) {
-  if (argc < 2) { usage(stderr); return 2; }
-  if (!strcmp(argv[1], "-h") || !strcmp(argv[1], "--help")) { usage(stdout); return 0; }
+  if (argc < 2) {
+    usage(stderr);
+    return 2;
+  }
+  if (!strcmp(argv[1], "-h") || !strcmp(argv[1], "--help")) {
+    usage(stdout);
+    return 0;
+  }
   for (size_t i = 0; i < sizeof cmds / sizeof cmds[0]; i++)
     if (!strcmp(argv[1], cmds[i].name)) return cmds[i].fn(argc - 1, argv + 1);
   fprintf(stderr, "kvbench: unknown command '%s'\n", argv[1]);

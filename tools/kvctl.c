@@ -38,89 +38,88 @@
 #include "tools/kvctl.h"
 
 #define DEFAULT_SOCKET KV_SOCKET_PATH
-#define DEFAULT_BLOCK 4096u
+#define DEFAULT_BLOCK  4096u
 
 static void usage(FILE *f) {
-  fprintf(f,
-          "usage: kvctl COMMAND [options] [args]\n"
-          "       kvctl [options] COMMAND [args]   (options may come first, as in git)\n"
-          "\n"
-          "read-only commands (the stats socket, DIR/" KV_STATS_SOCKET_NAME "):\n"
-          "  status [--json]         tiers, hit rate, misses by reason, sessions, latency\n"
-          "                          (--json: the daemon's /stats as it is)\n"
-          "  tiers [--json]          one line per tier: state, capacity, used, blocks,\n"
-          "                          hits, evictions\n"
-          "  top [--interval S] [--count N] [--json]\n"
-          "                          a live view from successive /stats, every S seconds\n"
-          "                          (default 1) until interrupted or for N frames: hit\n"
-          "                          rate, requests/s, bytes/s per direction, occupancy\n"
-          "  config get [NAME] [--json]\n"
-          "                          the effective configuration, or one setting's value\n"
-          "  keys [--limit N] [--tier g2|g3] [--ns HEX] [--json]\n"
-          "                          a sample of the indexed blocks (N: 1 to 1000, default 20)\n"
-          "  health [--live]         exit 0 healthy, 1 degraded or unreachable; --live:\n"
-          "                          exit 0 whenever the daemon answers (a liveness probe)\n"
-          "\n"
-          "state-changing commands (the admin socket, DIR/" KV_ADMIN_SOCKET_NAME ";\n"
-          "root, the daemon's user or a member of admin.group):\n"
-          "  config set NAME VALUE   change a live setting (g2.capacity, g3.capacity,\n"
-          "                          cache.policy, g3.admit, g3.min_prio, log.level)\n"
-          "  evict --tier g2|g3 [--ns HEX] [--count N]\n"
-          "                          evict up to N blocks (default: all that can go)\n"
-          "                          through the policy; G2 victims may go to G3\n"
-          "  flush [--tier g2|g3] [--ns HEX]\n"
-          "                          drop every unpinned block in scope, no demotion\n"
-          "  pin --ns HEX KEY...     pin blocks until unpinned (exit 1 if some are missing)\n"
-          "  unpin --ns HEX KEY...   release them\n"
-          "\n"
-          "worker-protocol commands (DIR/" KV_SOCKET_NAME "):\n"
-          "  status --worker [--json]\n"
-          "                          the worker socket's STATUS: G2 arenas and tenants\n"
-          "  lookup KEY...           resident prefix length of the keys, and each key's tier\n"
-          "  put KEY (--file F | --value STRING) [--parent KEY] [--prio N]\n"
-          "                          store one block (inline path); the data is padded\n"
-          "                          with zeros to the block size\n"
-          "  get KEY [--out F]       fetch one block's bytes (to stdout, or to F)\n"
-          "\n"
-          "offline commands:\n"
-          "  policies                list the eviction policies this build has\n"
-          "  check-config FILE [--no-machine]\n"
-          "                          run kvcached's start-up checks on a configuration\n"
-          "                          file, against this machine too (memory, RLIMIT_MEMLOCK,\n"
-          "                          G3 filesystems, admin.group) unless --no-machine;\n"
-          "                          exit 1 if kvcached would refuse it\n"
-          "  version                 print kvctl's version\n"
-          "\n"
-          "connection:\n"
-          "  -d, --socket-dir DIR    the daemon's socket directory (default: the directory\n"
-          "                          of $KVCACHED_SOCKET, else " KV_SOCKET_DIR ")\n"
-          "  -s, --socket PATH       the worker socket (default: $KVCACHED_SOCKET, else\n"
-          "                          " DEFAULT_SOCKET "); the stats and admin sockets\n"
-          "                          are looked for beside it\n"
-          "      --timeout MS        wait at most MS milliseconds for a reply (default 10000)\n"
-          "\n"
-          "namespace (lookup, put, get): blocks are seen only by the same tenant and layout\n"
-          "  -t, --tenant NAME       tenant (default \"kvctl\")\n"
-          "  -b, --block-bytes N     block size, K/M suffixes allowed (default 4096;\n"
-          "                          put: the data's size when it is larger)\n"
-          "      --dtype NAME        dtype of the layout (default \"u8\")\n"
-          "      --tokens-per-block N, --layers N, --kv-heads N, --head-dim N,\n"
-          "      --tp-rank R, --tp-size S   the rest of the layout (1, 0, 0, 0, 0, 1)\n"
-          "      --salt HEX          namespace salt (0 to 64 bytes, default none)\n"
-          "\n"
-          "keys:\n"
-          "  KEY is a hex digest of 1 to 32 bytes (2 to 64 hex digits, optional 0x);\n"
-          "      --str               take KEYs and --parent as literal strings (1 to 32 bytes)\n"
-          "  --ns HEX is a namespace's digest as `kvctl keys` shows it (8 to 64 hex digits;\n"
-          "  a prefix selects it)\n"
-          "\n"
-          "output:\n"
-          "  -j, --json              JSON output\n"
-          "  -o, --out F             get: write the block to F instead of stdout\n"
-          "  -h, --help              this text\n"
-          "\n"
-          "exit status: 0 success, 1 the operation failed (daemon not running, key not\n"
-          "found, refused, degraded, ...), 2 bad usage\n");
+  fprintf(f, "usage: kvctl COMMAND [options] [args]\n"
+             "       kvctl [options] COMMAND [args]   (options may come first, as in git)\n"
+             "\n"
+             "read-only commands (the stats socket, DIR/" KV_STATS_SOCKET_NAME "):\n"
+             "  status [--json]         tiers, hit rate, misses by reason, sessions, latency\n"
+             "                          (--json: the daemon's /stats as it is)\n"
+             "  tiers [--json]          one line per tier: state, capacity, used, blocks,\n"
+             "                          hits, evictions\n"
+             "  top [--interval S] [--count N] [--json]\n"
+             "                          a live view from successive /stats, every S seconds\n"
+             "                          (default 1) until interrupted or for N frames: hit\n"
+             "                          rate, requests/s, bytes/s per direction, occupancy\n"
+             "  config get [NAME] [--json]\n"
+             "                          the effective configuration, or one setting's value\n"
+             "  keys [--limit N] [--tier g2|g3] [--ns HEX] [--json]\n"
+             "                          a sample of the indexed blocks (N: 1 to 1000, default 20)\n"
+             "  health [--live]         exit 0 healthy, 1 degraded or unreachable; --live:\n"
+             "                          exit 0 whenever the daemon answers (a liveness probe)\n"
+             "\n"
+             "state-changing commands (the admin socket, DIR/" KV_ADMIN_SOCKET_NAME ";\n"
+             "root, the daemon's user or a member of admin.group):\n"
+             "  config set NAME VALUE   change a live setting (g2.capacity, g3.capacity,\n"
+             "                          cache.policy, g3.admit, g3.min_prio, log.level)\n"
+             "  evict --tier g2|g3 [--ns HEX] [--count N]\n"
+             "                          evict up to N blocks (default: all that can go)\n"
+             "                          through the policy; G2 victims may go to G3\n"
+             "  flush [--tier g2|g3] [--ns HEX]\n"
+             "                          drop every unpinned block in scope, no demotion\n"
+             "  pin --ns HEX KEY...     pin blocks until unpinned (exit 1 if some are missing)\n"
+             "  unpin --ns HEX KEY...   release them\n"
+             "\n"
+             "worker-protocol commands (DIR/" KV_SOCKET_NAME "):\n"
+             "  status --worker [--json]\n"
+             "                          the worker socket's STATUS: G2 arenas and tenants\n"
+             "  lookup KEY...           resident prefix length of the keys, and each key's tier\n"
+             "  put KEY (--file F | --value STRING) [--parent KEY] [--prio N]\n"
+             "                          store one block (inline path); the data is padded\n"
+             "                          with zeros to the block size\n"
+             "  get KEY [--out F]       fetch one block's bytes (to stdout, or to F)\n"
+             "\n"
+             "offline commands:\n"
+             "  policies                list the eviction policies this build has\n"
+             "  check-config FILE [--no-machine]\n"
+             "                          run kvcached's start-up checks on a configuration\n"
+             "                          file, against this machine too (memory, RLIMIT_MEMLOCK,\n"
+             "                          G3 filesystems, admin.group) unless --no-machine;\n"
+             "                          exit 1 if kvcached would refuse it\n"
+             "  version                 print kvctl's version\n"
+             "\n"
+             "connection:\n"
+             "  -d, --socket-dir DIR    the daemon's socket directory (default: the directory\n"
+             "                          of $KVCACHED_SOCKET, else " KV_SOCKET_DIR ")\n"
+             "  -s, --socket PATH       the worker socket (default: $KVCACHED_SOCKET, else\n"
+             "                          " DEFAULT_SOCKET "); the stats and admin sockets\n"
+             "                          are looked for beside it\n"
+             "      --timeout MS        wait at most MS milliseconds for a reply (default 10000)\n"
+             "\n"
+             "namespace (lookup, put, get): blocks are seen only by the same tenant and layout\n"
+             "  -t, --tenant NAME       tenant (default \"kvctl\")\n"
+             "  -b, --block-bytes N     block size, K/M suffixes allowed (default 4096;\n"
+             "                          put: the data's size when it is larger)\n"
+             "      --dtype NAME        dtype of the layout (default \"u8\")\n"
+             "      --tokens-per-block N, --layers N, --kv-heads N, --head-dim N,\n"
+             "      --tp-rank R, --tp-size S   the rest of the layout (1, 0, 0, 0, 0, 1)\n"
+             "      --salt HEX          namespace salt (0 to 64 bytes, default none)\n"
+             "\n"
+             "keys:\n"
+             "  KEY is a hex digest of 1 to 32 bytes (2 to 64 hex digits, optional 0x);\n"
+             "      --str               take KEYs and --parent as literal strings (1 to 32 bytes)\n"
+             "  --ns HEX is a namespace's digest as `kvctl keys` shows it (8 to 64 hex digits;\n"
+             "  a prefix selects it)\n"
+             "\n"
+             "output:\n"
+             "  -j, --json              JSON output\n"
+             "  -o, --out F             get: write the block to F instead of stdout\n"
+             "  -h, --help              this text\n"
+             "\n"
+             "exit status: 0 success, 1 the operation failed (daemon not running, key not\n"
+             "found, refused, degraded, ...), 2 bad usage\n");
 }
 
 /* One usage line per command, printed under a usage error. */
@@ -210,7 +209,8 @@ static void key_text(const ctl *c, const kvc_key *k, char *out, size_t cap) {
     return;
   }
   size_t at = 0;
-  for (unsigned i = 0; i < k->len && at + 3 <= cap; i++) at += (size_t)snprintf(out + at, cap - at, "%02x", k->b[i]);
+  for (unsigned i = 0; i < k->len && at + 3 <= cap; i++)
+    at += (size_t)snprintf(out + at, cap - at, "%02x", k->b[i]);
   if (!k->len && cap) out[0] = 0;
 }
 
@@ -218,25 +218,56 @@ static void key_text(const ctl *c, const kvc_key *k, char *out, size_t cap) {
  * command as after it (kvctl --socket-dir DIR status): main() finds the
  * command with these tables, and parse_opts() reads the options wherever
  * they are; each command refuses those it does not take (kvctl_only). */
-enum { L_VALUE = 256, L_STR, L_DTYPE, L_TPB, L_LAYERS, L_HEADS, L_HDIM, L_RANK, L_SIZE, L_SALT,
-       L_PRIO, L_TIMEOUT, L_TIER, L_NSHEX, L_COUNT, L_LIMIT, L_INTERVAL, L_WORKER, L_LIVE };
-static const struct option long_opts[] = {
-    {"socket", required_argument, 0, 's'},       {"socket-dir", required_argument, 0, 'd'},
-    {"timeout", required_argument, 0, L_TIMEOUT}, {"tenant", required_argument, 0, 't'},
-    {"block-bytes", required_argument, 0, 'b'},  {"dtype", required_argument, 0, L_DTYPE},
-    {"tokens-per-block", required_argument, 0, L_TPB},
-    {"layers", required_argument, 0, L_LAYERS},  {"kv-heads", required_argument, 0, L_HEADS},
-    {"head-dim", required_argument, 0, L_HDIM},  {"tp-rank", required_argument, 0, L_RANK},
-    {"tp-size", required_argument, 0, L_SIZE},   {"salt", required_argument, 0, L_SALT},
-    {"str", no_argument, 0, L_STR},              {"json", no_argument, 0, 'j'},
-    {"out", required_argument, 0, 'o'},          {"parent", required_argument, 0, 'p'},
-    {"file", required_argument, 0, 'f'},         {"value", required_argument, 0, L_VALUE},
-    {"prio", required_argument, 0, L_PRIO},      {"help", no_argument, 0, 'h'},
-    {"tier", required_argument, 0, L_TIER},      {"ns", required_argument, 0, L_NSHEX},
-    {"count", required_argument, 0, L_COUNT},    {"limit", required_argument, 0, L_LIMIT},
-    {"interval", required_argument, 0, L_INTERVAL}, {"worker", no_argument, 0, L_WORKER},
-    {"live", no_argument, 0, L_LIVE},
-    {0, 0, 0, 0}};
+enum {
+  L_VALUE = 256,
+  L_STR,
+  L_DTYPE,
+  L_TPB,
+  L_LAYERS,
+  L_HEADS,
+  L_HDIM,
+  L_RANK,
+  L_SIZE,
+  L_SALT,
+  L_PRIO,
+  L_TIMEOUT,
+  L_TIER,
+  L_NSHEX,
+  L_COUNT,
+  L_LIMIT,
+  L_INTERVAL,
+  L_WORKER,
+  L_LIVE
+};
+static const struct option long_opts[] = {{"socket", required_argument, 0, 's'},
+                                          {"socket-dir", required_argument, 0, 'd'},
+                                          {"timeout", required_argument, 0, L_TIMEOUT},
+                                          {"tenant", required_argument, 0, 't'},
+                                          {"block-bytes", required_argument, 0, 'b'},
+                                          {"dtype", required_argument, 0, L_DTYPE},
+                                          {"tokens-per-block", required_argument, 0, L_TPB},
+                                          {"layers", required_argument, 0, L_LAYERS},
+                                          {"kv-heads", required_argument, 0, L_HEADS},
+                                          {"head-dim", required_argument, 0, L_HDIM},
+                                          {"tp-rank", required_argument, 0, L_RANK},
+                                          {"tp-size", required_argument, 0, L_SIZE},
+                                          {"salt", required_argument, 0, L_SALT},
+                                          {"str", no_argument, 0, L_STR},
+                                          {"json", no_argument, 0, 'j'},
+                                          {"out", required_argument, 0, 'o'},
+                                          {"parent", required_argument, 0, 'p'},
+                                          {"file", required_argument, 0, 'f'},
+                                          {"value", required_argument, 0, L_VALUE},
+                                          {"prio", required_argument, 0, L_PRIO},
+                                          {"help", no_argument, 0, 'h'},
+                                          {"tier", required_argument, 0, L_TIER},
+                                          {"ns", required_argument, 0, L_NSHEX},
+                                          {"count", required_argument, 0, L_COUNT},
+                                          {"limit", required_argument, 0, L_LIMIT},
+                                          {"interval", required_argument, 0, L_INTERVAL},
+                                          {"worker", no_argument, 0, L_WORKER},
+                                          {"live", no_argument, 0, L_LIVE},
+                                          {0, 0, 0, 0}};
 #define SHORT_OPTS ":s:d:t:b:jo:p:f:h"
 
 /* Parses the options and operands of a daemon command (argv[0] is the
@@ -259,19 +290,27 @@ static int parse_opts(ctl *c, int argc, char **argv) {
     uint32_t *u = NULL, lo_v = 0, hi_v = UINT32_MAX;
     unsigned bit = O_LAYOUT;
     switch (ch) {
-    case 's': bit = O_SOCKET; snprintf(c->socket, sizeof c->socket, "%s", optarg); break;
+    case 's':
+      bit = O_SOCKET;
+      snprintf(c->socket, sizeof c->socket, "%s", optarg);
+      break;
     case 'd':
       bit = O_SOCKDIR;
       sockdir = optarg;
       snprintf(c->socket, sizeof c->socket, "%s/" KV_SOCKET_NAME, optarg);
       break;
-    case L_TIMEOUT: bit = O_TIMEOUT; {
-      uint32_t v;
-      if (parse_u32(optarg, 1, INT32_MAX, &v)) return bad_usage("bad --timeout '%s'", optarg);
-      c->timeout_ms = (int)v;
+    case L_TIMEOUT:
+      bit = O_TIMEOUT;
+      {
+        uint32_t v;
+        if (parse_u32(optarg, 1, INT32_MAX, &v)) return bad_usage("bad --timeout '%s'", optarg);
+        c->timeout_ms = (int)v;
+        break;
+      }
+    case 't':
+      bit = O_TENANT;
+      c->tenant = optarg;
       break;
-    }
-    case 't': bit = O_TENANT; c->tenant = optarg; break;
     case 'b': {
       bit = O_BLOCK;
       uint64_t v;
@@ -280,13 +319,26 @@ static int parse_opts(ctl *c, int argc, char **argv) {
       c->block_bytes = (uint32_t)v;
       break;
     }
-    case L_DTYPE: bit = O_DTYPE; c->dtype = optarg; break;
-    case L_TPB: u = &c->tokens_per_block; lo_v = 1; break;
+    case L_DTYPE:
+      bit = O_DTYPE;
+      c->dtype = optarg;
+      break;
+    case L_TPB:
+      u = &c->tokens_per_block;
+      lo_v = 1;
+      break;
     case L_LAYERS: u = &c->layers; break;
     case L_HEADS: u = &c->kv_heads; break;
     case L_HDIM: u = &c->head_dim; break;
-    case L_RANK: u = &c->tp_rank; hi_v = UINT16_MAX; break;
-    case L_SIZE: u = &c->tp_size; lo_v = 1; hi_v = UINT16_MAX; break;
+    case L_RANK:
+      u = &c->tp_rank;
+      hi_v = UINT16_MAX;
+      break;
+    case L_SIZE:
+      u = &c->tp_size;
+      lo_v = 1;
+      hi_v = UINT16_MAX;
+      break;
     case L_SALT: {
       bit = O_SALT;
       int n = kvctl_parse_hex(optarg, c->salt, sizeof c->salt);
@@ -294,12 +346,30 @@ static int parse_opts(ctl *c, int argc, char **argv) {
       c->salt_len = (size_t)n;
       break;
     }
-    case L_STR: bit = O_STR; c->str_keys = 1; break;
-    case 'j': bit = O_JSON; c->json = 1; break;
-    case 'o': bit = O_OUT; c->out = optarg; break;
-    case 'p': bit = O_PARENT; c->parent = optarg; break;
-    case 'f': bit = O_FILE; c->file = optarg; break;
-    case L_VALUE: bit = O_VALUE; c->value = optarg; break;
+    case L_STR:
+      bit = O_STR;
+      c->str_keys = 1;
+      break;
+    case 'j':
+      bit = O_JSON;
+      c->json = 1;
+      break;
+    case 'o':
+      bit = O_OUT;
+      c->out = optarg;
+      break;
+    case 'p':
+      bit = O_PARENT;
+      c->parent = optarg;
+      break;
+    case 'f':
+      bit = O_FILE;
+      c->file = optarg;
+      break;
+    case L_VALUE:
+      bit = O_VALUE;
+      c->value = optarg;
+      break;
     case L_PRIO: {
       bit = O_PRIO;
       uint32_t v;
@@ -324,11 +394,13 @@ static int parse_opts(ctl *c, int argc, char **argv) {
     }
     case L_COUNT:
       bit = O_COUNT;
-      if (parse_u32(optarg, 1, UINT32_MAX, &c->count)) return bad_usage("bad --count '%s' (1 or more)", optarg);
+      if (parse_u32(optarg, 1, UINT32_MAX, &c->count))
+        return bad_usage("bad --count '%s' (1 or more)", optarg);
       break;
     case L_LIMIT:
       bit = O_LIMIT;
-      if (parse_u32(optarg, 1, 1000, &c->limit)) return bad_usage("bad --limit '%s' (1 to 1000)", optarg);
+      if (parse_u32(optarg, 1, 1000, &c->limit))
+        return bad_usage("bad --limit '%s' (1 to 1000)", optarg);
       break;
     case L_INTERVAL: {
       bit = O_INTERVAL;
@@ -340,8 +412,14 @@ static int parse_opts(ctl *c, int argc, char **argv) {
       c->interval_s = v;
       break;
     }
-    case L_WORKER: bit = O_WORKER; c->worker = 1; break;
-    case L_LIVE: bit = O_LIVE; c->live = 1; break;
+    case L_WORKER:
+      bit = O_WORKER;
+      c->worker = 1;
+      break;
+    case L_LIVE:
+      bit = O_LIVE;
+      c->live = 1;
+      break;
     case 'h': usage(stdout); exit(0);
     case ':': return bad_usage("option '%s' needs a value", argv[optind - 1]);
     default: return bad_usage("unknown option '%s'", argv[optind - 1]);
@@ -366,14 +444,15 @@ static int parse_opts(ctl *c, int argc, char **argv) {
     else *slash = 0;
   }
   const char *sep = dir[0] && dir[strlen(dir) - 1] == '/' ? "" : "/";
-  if ((size_t)snprintf(c->stats_sock, sizeof c->stats_sock, "%s%s%s", dir, sep, KV_STATS_SOCKET_NAME) >=
-          sizeof c->stats_sock ||
-      (size_t)snprintf(c->admin_sock, sizeof c->admin_sock, "%s%s%s", dir, sep, KV_ADMIN_SOCKET_NAME) >=
-          sizeof c->admin_sock)
+  if ((size_t)snprintf(c->stats_sock, sizeof c->stats_sock, "%s%s%s", dir, sep,
+                       KV_STATS_SOCKET_NAME) >= sizeof c->stats_sock ||
+      (size_t)snprintf(c->admin_sock, sizeof c->admin_sock, "%s%s%s", dir, sep,
+                       KV_ADMIN_SOCKET_NAME) >= sizeof c->admin_sock)
     return bad_usage("socket directory '%s' is too long for the operator sockets' paths", dir);
   if (c->tp_rank >= c->tp_size) return bad_usage("%s", "--tp-rank must be below --tp-size");
   size_t tl = strlen(c->tenant), dl = strlen(c->dtype);
-  if (tl < 1 || tl > KV_TENANT_MAX) return bad_usage("bad --tenant '%s' (1 to 64 bytes)", c->tenant);
+  if (tl < 1 || tl > KV_TENANT_MAX)
+    return bad_usage("bad --tenant '%s' (1 to 64 bytes)", c->tenant);
   if (dl < 1 || dl > KV_DTYPE_MAX) return bad_usage("bad --dtype '%s' (1 to 16 bytes)", c->dtype);
   c->args = argv + optind;
   c->nargs = argc - optind;
@@ -381,11 +460,11 @@ static int parse_opts(ctl *c, int argc, char **argv) {
 }
 
 int kvctl_only(const ctl *c, const char *cmd, unsigned allowed) {
-  static const char *names[] = {"--socket", "--socket-dir", "--timeout", "--tenant",
-                                "--block-bytes", "--dtype", "layout options", "--salt",
-                                "--str", "--json", "--out", "--parent", "--file", "--value",
-                                "--prio", "--tier", "--ns", "--count", "--limit",
-                                "--interval", "--worker", "--live"};
+  static const char *names[] = {
+      "--socket",       "--socket-dir", "--timeout", "--tenant", "--block-bytes", "--dtype",
+      "layout options", "--salt",       "--str",     "--json",   "--out",         "--parent",
+      "--file",         "--value",      "--prio",    "--tier",   "--ns",          "--count",
+      "--limit",        "--interval",   "--worker",  "--live"};
   unsigned extra = c->seen & ~allowed;
   for (unsigned i = 0; extra && i < sizeof names / sizeof names[0]; i++, extra >>= 1) {
     if (!(extra & 1)) continue;
@@ -397,37 +476,45 @@ int kvctl_only(const ctl *c, const char *cmd, unsigned allowed) {
 /* A failed connection or HELLO, said clearly. Returns EXIT_FAIL. */
 static int open_failed(const ctl *c, int rc) {
   if (rc == -ENOENT || rc == -ECONNREFUSED || rc == -ENOTDIR)
-    fprintf(stderr, "kvctl: cannot reach kvcached at %s: %s (is the daemon running?)\n",
-            c->socket, kvc_strerror(rc));
+    fprintf(stderr, "kvctl: cannot reach kvcached at %s: %s (is the daemon running?)\n", c->socket,
+            kvc_strerror(rc));
   else if (rc == -EACCES)
-    fprintf(stderr, "kvctl: cannot connect to %s: %s (the socket's group may connect)\n",
-            c->socket, kvc_strerror(rc));
+    fprintf(stderr, "kvctl: cannot connect to %s: %s (the socket's group may connect)\n", c->socket,
+            kvc_strerror(rc));
   else if (rc == -ENAMETOOLONG)
     fprintf(stderr, "kvctl: cannot connect to %s: socket path too long\n", c->socket);
   else if (rc == -EPERM)
-    fprintf(stderr, "kvctl: %s: tenant '%s' refused: it is not configured, or this user may not "
-                    "act as it (the daemon's [tenant.NAME] sections; its log says which)\n",
+    fprintf(stderr,
+            "kvctl: %s: tenant '%s' refused: it is not configured, or this user may not "
+            "act as it (the daemon's [tenant.NAME] sections; its log says which)\n",
             c->socket, c->tenant);
   else if (rc == -EDQUOT)
-    fprintf(stderr, "kvctl: %s: tenant '%s' has all the namespaces the daemon allows it "
-                    "(limits.namespaces_per_tenant)\n", c->socket, c->tenant);
-  else
-    fprintf(stderr, "kvctl: %s: session refused: %s\n", c->socket, kvc_strerror(rc));
+    fprintf(stderr,
+            "kvctl: %s: tenant '%s' has all the namespaces the daemon allows it "
+            "(limits.namespaces_per_tenant)\n",
+            c->socket, c->tenant);
+  else fprintf(stderr, "kvctl: %s: session refused: %s\n", c->socket, kvc_strerror(rc));
   return EXIT_FAIL;
 }
 
 static int is_connect_error(int rc) {
-  return rc == -ENOENT || rc == -ECONNREFUSED || rc == -ENOTDIR || rc == -EACCES ||
-         rc == -EPERM || rc == -ENAMETOOLONG;
+  return rc == -ENOENT || rc == -ECONNREFUSED || rc == -ENOTDIR || rc == -EACCES || rc == -EPERM ||
+         rc == -ENAMETOOLONG;
 }
 
 /* Opens a session in the command line's namespace with block size bb. */
 static int open_session(const ctl *c, uint32_t bb, kvc **out) {
-  kvc_opts o = {.socket_path = c->socket, .tenant = c->tenant,
-                .salt = c->salt_len ? c->salt : NULL, .salt_len = c->salt_len,
-                .layout = {.block_bytes = bb, .tokens_per_block = c->tokens_per_block,
-                           .layers = c->layers, .kv_heads = c->kv_heads, .head_dim = c->head_dim,
-                           .tp_rank = (uint16_t)c->tp_rank, .tp_size = (uint16_t)c->tp_size,
+  kvc_opts o = {.socket_path = c->socket,
+                .tenant = c->tenant,
+                .salt = c->salt_len ? c->salt : NULL,
+                .salt_len = c->salt_len,
+                .layout = {.block_bytes = bb,
+                           .tokens_per_block = c->tokens_per_block,
+                           .layers = c->layers,
+                           .kv_heads = c->kv_heads,
+                           .head_dim = c->head_dim,
+                           .tp_rank = (uint16_t)c->tp_rank,
+                           .tp_size = (uint16_t)c->tp_size,
                            .dtype = c->dtype},
                 .timeout_ms = c->timeout_ms};
   int rc = kvc_open(&o, out);
@@ -468,7 +555,10 @@ static int raw_status(const ctl *c, char **json) {
     rc = KV_EBADFRAME;
   } else {
     char *s = malloc(r.status_text.len + 1);
-    if (!s) { rc = -ENOMEM; goto out; }
+    if (!s) {
+      rc = -ENOMEM;
+      goto out;
+    }
     memcpy(s, r.status_text.p, r.status_text.len);
     s[r.status_text.len] = 0;
     *json = s;
@@ -517,7 +607,9 @@ static void scalar_text(const char *name, json_t *v, char *out, size_t cap) {
   case JSON_TRUE: snprintf(out, cap, "yes"); break;
   case JSON_FALSE: snprintf(out, cap, "no"); break;
   case JSON_NULL: snprintf(out, cap, "-"); break;
-  default: snprintf(out, cap, "(%zu entries)", json_is_array(v) ? json_array_size(v) : json_object_size(v));
+  default:
+    snprintf(out, cap, "(%zu entries)",
+             json_is_array(v) ? json_array_size(v) : json_object_size(v));
   }
 }
 
@@ -648,7 +740,8 @@ static int cmd_lookup(ctl *c) {
   kvc_key *keys = calloc(n, sizeof *keys);
   uint8_t *tiers = malloc(n);
   if (!keys || !tiers) {
-    free(keys); free(tiers);
+    free(keys);
+    free(tiers);
     fprintf(stderr, "kvctl: out of memory\n");
     return EXIT_FAIL;
   }
@@ -656,7 +749,8 @@ static int cmd_lookup(ctl *c) {
     rc = parse_key(c, c->args[i], &keys[i]);
     if (!rc && keys[i].len != keys[0].len)
       rc = bad_usage("key '%s' differs in length from the first: the keys of one lookup have "
-                     "one length", c->args[i]);
+                     "one length",
+                     c->args[i]);
   }
   kvc *k = NULL;
   if (!rc) rc = open_session(c, c->block_bytes ? c->block_bytes : DEFAULT_BLOCK, &k);
@@ -704,9 +798,15 @@ static int read_file(const char *path, uint8_t **out, size_t *len) {
   int rc = p ? 0 : -ENOMEM;
   while (!rc) {
     if (n == cap) {
-      if (cap > KV_INLINE_MAX) { rc = -EFBIG; break; }
+      if (cap > KV_INLINE_MAX) {
+        rc = -EFBIG;
+        break;
+      }
       uint8_t *q = realloc(p, cap * 2);
-      if (!q) { rc = -ENOMEM; break; }
+      if (!q) {
+        rc = -ENOMEM;
+        break;
+      }
       p = q;
       cap *= 2;
     }
@@ -718,7 +818,10 @@ static int read_file(const char *path, uint8_t **out, size_t *len) {
     }
   }
   if (f != stdin) fclose(f);
-  if (rc) { free(p); return rc; }
+  if (rc) {
+    free(p);
+    return rc;
+  }
   *out = p;
   *len = n;
   return 0;
@@ -728,7 +831,8 @@ static int cmd_put(ctl *c) {
   int rc = kvctl_only(c, "put", O_CONN | O_NS | O_PARENT | O_FILE | O_VALUE | O_PRIO);
   if (rc) return rc;
   if (c->nargs != 1) return bad_usage("%s", "put takes exactly one KEY");
-  if (!!c->file == !!c->value) return bad_usage("%s", "put needs one of --file F or --value STRING");
+  if (!!c->file == !!c->value)
+    return bad_usage("%s", "put needs one of --file F or --value STRING");
   kvc_key key, parent = {0};
   if ((rc = parse_key(c, c->args[0], &key))) return rc;
   if (c->parent && (rc = parse_key(c, c->parent, &parent))) return rc;
@@ -737,7 +841,8 @@ static int cmd_put(ctl *c) {
   if (c->file) {
     int e = read_file(c->file, &data, &len);
     if (e) {
-      fprintf(stderr, "kvctl: %s: %s\n", c->file, e == -EFBIG ? "larger than 64 MiB" : strerror(-e));
+      fprintf(stderr, "kvctl: %s: %s\n", c->file,
+              e == -EFBIG ? "larger than 64 MiB" : strerror(-e));
       return EXIT_FAIL;
     }
   } else {
@@ -766,8 +871,9 @@ static int cmd_put(ctl *c) {
       fprintf(stderr, "kvctl: put %s: %s\n", c->args[0], kvc_strerror(e));
       rc = EXIT_FAIL;
     } else if (!(c->seen & O_BLOCK) && bb != DEFAULT_BLOCK) {
-      fprintf(stderr, "kvctl: stored with block size %u: give --block-bytes %u to lookup or get it\n",
-              bb, bb);
+      fprintf(stderr,
+              "kvctl: stored with block size %u: give --block-bytes %u to lookup or get it\n", bb,
+              bb);
     }
     kvc_close(k);
   }
@@ -847,7 +953,8 @@ static void print_finding(void *arg, kv_cfg_level level, const char *msg) {
   check_ctx *x = arg;
   if (level == KV_CFG_REFUSE) x->errors++;
   else x->warnings++;
-  fprintf(stderr, "kvctl: %s: %s: %s\n", x->file, level == KV_CFG_REFUSE ? "error" : "warning", msg);
+  fprintf(stderr, "kvctl: %s: %s: %s\n", x->file, level == KV_CFG_REFUSE ? "error" : "warning",
+          msg);
 }
 
 /* kvcached's own checks (kv_config_check), against this machine unless
@@ -857,7 +964,8 @@ static int cmd_check_config(int argc, char **argv) {
   unsigned flags = KV_CFG_CHECK_MACHINE;
   for (int i = 1; i < argc; i++) {
     if (!strcmp(argv[i], "--no-machine")) flags &= ~KV_CFG_CHECK_MACHINE;
-    else if (argv[i][0] == '-' && argv[i][1]) return bad_usage("check-config does not take %s", argv[i]);
+    else if (argv[i][0] == '-' && argv[i][1])
+      return bad_usage("check-config does not take %s", argv[i]);
     else if (file) return bad_usage("%s", "check-config takes one FILE");
     else file = argv[i];
   }
@@ -875,7 +983,8 @@ static int cmd_check_config(int argc, char **argv) {
             x.errors, x.errors == 1 ? "" : "s");
     return EXIT_FAIL;
   }
-  if (x.warnings) printf("%s: ok, with %d warning%s\n", file, x.warnings, x.warnings == 1 ? "" : "s");
+  if (x.warnings)
+    printf("%s: ok, with %d warning%s\n", file, x.warnings, x.warnings == 1 ? "" : "s");
   else printf("%s: ok\n", file);
   return 0;
 }
@@ -925,11 +1034,17 @@ int main(int argc, char **argv) {
                      {"config", kvctl_config}, {"evict", kvctl_evict}, {"flush", kvctl_flush},
                      {"pin", kvctl_pin},       {"unpin", kvctl_unpin}, {"keys", kvctl_keys},
                      {"health", kvctl_health}};
-  if (argc < 2) { usage(stderr); return EXIT_USAGE; }
+  if (argc < 2) {
+    usage(stderr);
+    return EXIT_USAGE;
+  }
   int k = command_index(argc, argv);
   if (k == 0) {
     for (int i = 1; i < argc; i++)
-      if (!strcmp(argv[i], "-h") || !strcmp(argv[i], "--help")) { usage(stdout); return 0; }
+      if (!strcmp(argv[i], "-h") || !strcmp(argv[i], "--help")) {
+        usage(stdout);
+        return 0;
+      }
     fprintf(stderr, "kvctl: no command after the options\n");
     usage(stderr);
     return EXIT_USAGE;
@@ -941,8 +1056,14 @@ int main(int argc, char **argv) {
   }
   const char *cmd = argv[1];
   set_usage(cmd);
-  if (!strcmp(cmd, "-h") || !strcmp(cmd, "--help") || !strcmp(cmd, "help")) { usage(stdout); return 0; }
-  if (!strcmp(cmd, "version")) { printf("kvctl %s\n", KV_VERSION); return 0; }
+  if (!strcmp(cmd, "-h") || !strcmp(cmd, "--help") || !strcmp(cmd, "help")) {
+    usage(stdout);
+    return 0;
+  }
+  if (!strcmp(cmd, "version")) {
+    printf("kvctl %s\n", KV_VERSION);
+    return 0;
+  }
   if (!strcmp(cmd, "policies")) {
     for (int i = 0; kv_evict_policies[i]; i++)
       printf("%-8s %s%s\n", kv_evict_policies[i]->name, kv_evict_policies[i]->summary,

@@ -19,26 +19,43 @@
 #include "proto/wire.h"
 
 /* Exit statuses, for scripts (in the manner of LMDB's mdb_stat). */
-#define EXIT_FAIL 1
+#define EXIT_FAIL  1
 #define EXIT_USAGE 2
 
 /* Options; `seen` records which were given, so that an option a command
  * does not take is a usage error, not silently ignored. */
 enum {
-  O_SOCKET = 1 << 0, O_SOCKDIR = 1 << 1, O_TIMEOUT = 1 << 2, O_TENANT = 1 << 3,
-  O_BLOCK = 1 << 4, O_DTYPE = 1 << 5, O_LAYOUT = 1 << 6, O_SALT = 1 << 7, O_STR = 1 << 8,
-  O_JSON = 1 << 9, O_OUT = 1 << 10, O_PARENT = 1 << 11, O_FILE = 1 << 12, O_VALUE = 1 << 13,
-  O_PRIO = 1 << 14, O_TIER = 1 << 15, O_NSHEX = 1 << 16, O_COUNT = 1 << 17, O_LIMIT = 1 << 18,
-  O_INTERVAL = 1 << 19, O_WORKER = 1 << 20, O_LIVE = 1 << 21,
+  O_SOCKET = 1 << 0,
+  O_SOCKDIR = 1 << 1,
+  O_TIMEOUT = 1 << 2,
+  O_TENANT = 1 << 3,
+  O_BLOCK = 1 << 4,
+  O_DTYPE = 1 << 5,
+  O_LAYOUT = 1 << 6,
+  O_SALT = 1 << 7,
+  O_STR = 1 << 8,
+  O_JSON = 1 << 9,
+  O_OUT = 1 << 10,
+  O_PARENT = 1 << 11,
+  O_FILE = 1 << 12,
+  O_VALUE = 1 << 13,
+  O_PRIO = 1 << 14,
+  O_TIER = 1 << 15,
+  O_NSHEX = 1 << 16,
+  O_COUNT = 1 << 17,
+  O_LIMIT = 1 << 18,
+  O_INTERVAL = 1 << 19,
+  O_WORKER = 1 << 20,
+  O_LIVE = 1 << 21,
 };
 #define O_CONN (O_SOCKET | O_SOCKDIR | O_TIMEOUT)
-#define O_NS (O_TENANT | O_BLOCK | O_DTYPE | O_LAYOUT | O_SALT | O_STR)
+#define O_NS   (O_TENANT | O_BLOCK | O_DTYPE | O_LAYOUT | O_SALT | O_STR)
 
 typedef struct ctl {
   unsigned seen;
-  char socket[KV_SOCK_PATH_MAX + 64];      /* the worker socket */
-  char stats_sock[KV_SOCK_PATH_MAX + 64];  /* <socket dir>/kvcached-stats.sock */
-  char admin_sock[KV_SOCK_PATH_MAX + 64];  /* <socket dir>/kvcached-admin.sock */
+  char socket[KV_SOCK_PATH_MAX + 64];     /* the worker socket */
+  char stats_sock[KV_SOCK_PATH_MAX + 64]; /* <socket dir>/kvcached-stats.sock */
+  char admin_sock[KV_SOCK_PATH_MAX + 64]; /* <socket dir>/kvcached-admin.sock */
   int timeout_ms;
   const char *tenant, *dtype;
   uint32_t block_bytes;
@@ -48,11 +65,11 @@ typedef struct ctl {
   size_t salt_len;
   int str_keys, json, prio;
   const char *out, *parent, *file, *value;
-  const char *tier;        /* --tier: "g2" or "g3" (validated) */
-  const char *ns;          /* --ns: 8 to 64 hex digits (validated) */
-  uint32_t count, limit;   /* --count, --limit (0: not given) */
-  double interval_s;       /* --interval (top) */
-  int worker, live;        /* status --worker, health --live */
+  const char *tier;      /* --tier: "g2" or "g3" (validated) */
+  const char *ns;        /* --ns: 8 to 64 hex digits (validated) */
+  uint32_t count, limit; /* --count, --limit (0: not given) */
+  double interval_s;     /* --interval (top) */
+  int worker, live;      /* status --worker, health --live */
   int nargs;
   char **args;
 } ctl;

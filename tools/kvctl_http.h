@@ -16,9 +16,9 @@
 #define KVCTL_HTTP_BODY_MAX (16u << 20)
 
 typedef struct kvctl_http_resp {
-  int status;  /* HTTP status code */
-  char *body;  /* NUL-terminated, malloc()ed; the caller frees */
-  size_t len;  /* body bytes, without the NUL */
+  int status; /* HTTP status code */
+  char *body; /* NUL-terminated, malloc()ed; the caller frees */
+  size_t len; /* body bytes, without the NUL */
 } kvctl_http_resp;
 
 /*

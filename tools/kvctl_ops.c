@@ -22,13 +22,13 @@
 #include <time.h>
 #include <unistd.h>
 
-#include "tools/kvctl.h"
 #include "base/clock.h"
+#include "tools/kvctl.h"
 #include "tools/kvctl_http.h"
 
 static const char *const tier_names[] = {"g1", "g2", "g3"};
-static const char *const miss_reasons[] = {"absent", "evicted", "corrupt", "io_error", "timeout",
-                                           "not_shareable"};
+static const char *const miss_reasons[] = {"absent",   "evicted", "corrupt",
+                                           "io_error", "timeout", "not_shareable"};
 static const char *const directions[] = {"g1_to_g2", "g2_to_g1", "g2_to_g3", "g3_to_g2"};
 #define NELEM(a) (sizeof(a) / sizeof((a)[0]))
 
@@ -66,8 +66,10 @@ static int call(const ctl *c, int admin, const char *method, const char *target,
       fprintf(stderr, "kvctl: cannot reach kvcached at %s: %s (" ADMIN_RULE ")\n", sock,
               strerror(-rc));
     else if (rc == -EACCES || rc == -EPERM)
-      fprintf(stderr, "kvctl: cannot reach kvcached at %s: %s (the socket directory's group may "
-                      "enter it)\n", sock, strerror(-rc));
+      fprintf(stderr,
+              "kvctl: cannot reach kvcached at %s: %s (the socket directory's group may "
+              "enter it)\n",
+              sock, strerror(-rc));
     else if (rc == -ETIMEDOUT)
       fprintf(stderr, "kvctl: %s %s: no answer from %s within %d ms\n", method, target, sock,
               c->timeout_ms);
@@ -76,8 +78,7 @@ static int call(const ctl *c, int admin, const char *method, const char *target,
               target, sock);
     else if (rc == -ENAMETOOLONG)
       fprintf(stderr, "kvctl: cannot reach kvcached at %s: socket path too long\n", sock);
-    else
-      fprintf(stderr, "kvctl: %s %s on %s: %s\n", method, target, sock, strerror(-rc));
+    else fprintf(stderr, "kvctl: %s %s on %s: %s\n", method, target, sock, strerror(-rc));
     return EXIT_FAIL;
   }
   json_error_t jerr;
@@ -115,7 +116,8 @@ static int get_json(const ctl *c, const char *target, json_t **out, char **raw) 
 
 /* Builds "path?k=v&k=v" from pairs (NULL values skipped), URL-encoding
  * the values. 0, or -ENAMETOOLONG. */
-static int build_target(char *out, size_t cap, const char *path, const char *const *kv, int npairs) {
+static int build_target(char *out, size_t cap, const char *path, const char *const *kv,
+                        int npairs) {
   size_t at = (size_t)snprintf(out, cap, "%s", path);
   if (at >= cap) return -ENAMETOOLONG;
   char sepc = '?';
@@ -288,16 +290,12 @@ static void on_signal(int sig) {
 /* Sleeps s seconds, or less when a signal sets `interrupted`. */
 static void nap(double s) {
   struct timespec ts = {(time_t)s, (long)((s - floor(s)) * 1e9)};
-  while (!interrupted && nanosleep(&ts, &ts) && errno == EINTR) {
-  }
+  while (!interrupted && nanosleep(&ts, &ts) && errno == EINTR) {}
 }
-
 
 /* b - a for counters; a counter that went back (a restarted daemon)
  * counts from zero. */
-static double delta(double a, double b) {
-  return b >= a ? b - a : b;
-}
+static double delta(double a, double b) { return b >= a ? b - a : b; }
 
 /* One frame of `top`, from the samples a (earlier) and b, dt seconds
  * apart: a JSON object (the caller decrefs). */
@@ -327,12 +325,14 @@ static json_t *top_frame(json_t *a, json_t *b, double dt) {
   for (size_t i = 0; i < NELEM(directions); i++)
     json_object_set_new(bps, directions[i],
                         json_real(delta(num(json_object_get(xa, directions[i]), "bytes"),
-                                        num(json_object_get(xb, directions[i]), "bytes")) / dt));
+                                        num(json_object_get(xb, directions[i]), "bytes")) /
+                                  dt));
   for (size_t i = 0; i < NELEM(tier_names); i++) {
     json_t *t = json_object_get(tb, tier_names[i]);
     double capb = num(t, "capacity_bytes");
     int on = json_is_object(t) && !json_is_false(json_object_get(t, "enabled")) && capb > 0;
-    json_object_set_new(occ, tier_names[i], on ? json_real(num(t, "used_bytes") / capb) : json_null());
+    json_object_set_new(occ, tier_names[i],
+                        on ? json_real(num(t, "used_bytes") / capb) : json_null());
   }
   json_object_set_new(f, "bytes_per_s", bps);
   json_object_set_new(f, "occupancy", occ);
@@ -350,7 +350,8 @@ static void print_top_frame(const ctl *c, json_t *f, json_t *st, int tty) {
   json_t *hr = json_object_get(f, "hit_rate");
   if (json_is_number(hr)) printf("hit rate %5.1f%%", 100 * json_number_value(hr));
   else printf("hit rate     -");
-  printf("   requests %.1f/s   lookups %.1f/s\n", num(f, "requests_per_s"), num(f, "lookups_per_s"));
+  printf("   requests %.1f/s   lookups %.1f/s\n", num(f, "requests_per_s"),
+         num(f, "lookups_per_s"));
   json_t *bps = json_object_get(f, "bytes_per_s");
   for (size_t i = 0; i < NELEM(directions); i++) {
     char b[32];
@@ -510,8 +511,9 @@ static int post_count(ctl *c, const char *target, const char *member, const char
   int rc = call(c, 1, "POST", target, 0, NULL, &o, &raw);
   if (rc) return rc;
   if (c->json) printf("%s\n", raw);
-  else printf("%s %llu block%s%s%s\n", what, (unsigned long long)unum(o, member),
-              unum(o, member) == 1 ? "" : "s", c->tier ? " from " : "", c->tier ? c->tier : "");
+  else
+    printf("%s %llu block%s%s%s\n", what, (unsigned long long)unum(o, member),
+           unum(o, member) == 1 ? "" : "s", c->tier ? " from " : "", c->tier ? c->tier : "");
   free(raw);
   json_decref(o);
   return 0;
@@ -524,7 +526,8 @@ int kvctl_evict(ctl *c) {
   char count[16], target[256];
   snprintf(count, sizeof count, "%u", c->count);
   const char *kv[] = {"tier", c->tier, "ns", c->ns, "count", c->count ? count : NULL};
-  if (build_target(target, sizeof target, "/evict", kv, 3)) return bad_usage("%s", "evict: arguments too long");
+  if (build_target(target, sizeof target, "/evict", kv, 3))
+    return bad_usage("%s", "evict: arguments too long");
   return post_count(c, target, "evicted", "evicted");
 }
 
@@ -533,7 +536,8 @@ int kvctl_flush(ctl *c) {
   if (rc) return rc;
   char target[256];
   const char *kv[] = {"tier", c->tier, "ns", c->ns};
-  if (build_target(target, sizeof target, "/flush", kv, 2)) return bad_usage("%s", "flush: arguments too long");
+  if (build_target(target, sizeof target, "/flush", kv, 2))
+    return bad_usage("%s", "flush: arguments too long");
   return post_count(c, target, "dropped", "dropped");
 }
 
@@ -548,7 +552,7 @@ static int pin_common(ctl *c, const char *cmd, int pin) {
   if (!c->ns) return bad_usage("%s needs --ns HEX (the namespace, as `kvctl keys` shows it)", cmd);
   if (c->nargs < 1) return bad_usage("%s needs at least one KEY", cmd);
   /* Keys as lower-case hex, validated before anything is sent. */
-  char (*hex)[65] = calloc((size_t)c->nargs, sizeof *hex);
+  char(*hex)[65] = calloc((size_t)c->nargs, sizeof *hex);
   if (!hex) {
     fprintf(stderr, "kvctl: out of memory\n");
     return EXIT_FAIL;
@@ -575,7 +579,8 @@ static int pin_common(ctl *c, const char *cmd, int pin) {
     size_t at = (size_t)snprintf(target, PIN_TARGET_MAX, "%s?ns=%s&keys=", path, c->ns);
     int first = i;
     while (i < c->nargs && at + strlen(hex[i]) + 2 < PIN_TARGET_MAX) {
-      at += (size_t)snprintf(target + at, PIN_TARGET_MAX - at, "%s%s", i > first ? "," : "", hex[i]);
+      at +=
+          (size_t)snprintf(target + at, PIN_TARGET_MAX - at, "%s%s", i > first ? "," : "", hex[i]);
       i++;
     }
     json_t *o;
@@ -588,7 +593,8 @@ static int pin_common(ctl *c, const char *cmd, int pin) {
   if (!rc) {
     if (c->json && json_array_size(answers) == 1) print_json(json_array_get(answers, 0));
     else if (c->json) {
-      json_t *sum = json_pack("{s:I,s:I}", member, (json_int_t)done, "missing", (json_int_t)missing);
+      json_t *sum =
+          json_pack("{s:I,s:I}", member, (json_int_t)done, "missing", (json_int_t)missing);
       print_json(sum);
       json_decref(sum);
     } else {
@@ -607,13 +613,9 @@ static int pin_common(ctl *c, const char *cmd, int pin) {
   return rc;
 }
 
-int kvctl_pin(ctl *c) {
-  return pin_common(c, "pin", 1);
-}
+int kvctl_pin(ctl *c) { return pin_common(c, "pin", 1); }
 
-int kvctl_unpin(ctl *c) {
-  return pin_common(c, "unpin", 0);
-}
+int kvctl_unpin(ctl *c) { return pin_common(c, "unpin", 0); }
 
 /* --- keys --------------------------------------------------------------------------------- */
 
@@ -623,7 +625,8 @@ int kvctl_keys(ctl *c) {
   char limit[16], target[256];
   snprintf(limit, sizeof limit, "%u", c->limit);
   const char *kv[] = {"limit", c->limit ? limit : NULL, "tier", c->tier, "ns", c->ns};
-  if (build_target(target, sizeof target, "/keys", kv, 3)) return bad_usage("%s", "keys: arguments too long");
+  if (build_target(target, sizeof target, "/keys", kv, 3))
+    return bad_usage("%s", "keys: arguments too long");
   json_t *o;
   char *raw = NULL;
   if ((rc = get_json(c, target, &o, &raw))) return rc;
@@ -660,7 +663,8 @@ int kvctl_keys(ctl *c) {
              (unsigned long long)unum(k, "pins"), (unsigned long long)unum(k, "prio"),
              (unsigned long long)unum(k, "hits"));
     }
-    printf("%zu of %llu blocks shown\n", json_array_size(keys), (unsigned long long)unum(o, "total"));
+    printf("%zu of %llu blocks shown\n", json_array_size(keys),
+           (unsigned long long)unum(o, "total"));
   }
   free(raw);
   json_decref(o);
@@ -682,7 +686,8 @@ int kvctl_health(ctl *c) {
     printf("%s:", s ? s : "degraded");
     json_t *reasons = json_object_get(o, "reasons"), *r;
     size_t i;
-    json_array_foreach(reasons, i, r) printf("%s %s", i ? "," : "", json_string_value(r) ? json_string_value(r) : "?");
+    json_array_foreach(reasons, i, r)
+        printf("%s %s", i ? "," : "", json_string_value(r) ? json_string_value(r) : "?");
     printf("\n");
     if (!c->live) rc = EXIT_FAIL;
   }

@@ -25,11 +25,19 @@ static size_t count_unique(const uint64_t *ids, size_t n) {
   uint64_t *set = malloc(cap * sizeof *set);
   uint8_t *used = calloc(cap, 1);
   size_t u = 0;
-  if (!set || !used) { free(set); free(used); return 0; }
+  if (!set || !used) {
+    free(set);
+    free(used);
+    return 0;
+  }
   for (size_t i = 0; i < n; i++) {
     size_t h = XXH3_64bits(&ids[i], 8) & (cap - 1);
     while (used[h] && set[h] != ids[i]) h = (h + 1) & (cap - 1);
-    if (!used[h]) { used[h] = 1; set[h] = ids[i]; u++; }
+    if (!used[h]) {
+      used[h] = 1;
+      set[h] = ids[i];
+      u++;
+    }
   }
   free(set);
   free(used);
@@ -69,10 +77,16 @@ int kv_trace_load(kv_trace *t, const char *path, size_t *bad_line) {
     }
     for (size_t i = 0; i < n; i++) {
       json_t *v = json_array_get(ids, i);
-      if (!json_is_integer(v) || json_integer_value(v) < 0) { rc = -EINVAL; break; }
+      if (!json_is_integer(v) || json_integer_value(v) < 0) {
+        rc = -EINVAL;
+        break;
+      }
       t->ids[t->nids + i] = (uint64_t)json_integer_value(v);
     }
-    if (rc) { json_decref(o); break; }
+    if (rc) {
+      json_decref(o);
+      break;
+    }
     kv_trace_req *r = &t->req[t->nreq];
     r->ts_ms = json_is_integer(ts) ? (uint64_t)json_integer_value(ts) : 0;
     r->input_len = (uint32_t)json_integer_value(in);

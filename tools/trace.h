@@ -12,17 +12,17 @@
 typedef struct kv_trace_req {
   uint64_t ts_ms;
   uint32_t input_len, output_len;
-  uint32_t n;      /* blocks */
-  uint64_t *ids;   /* points into kv_trace.ids */
+  uint32_t n;    /* blocks */
+  uint64_t *ids; /* points into kv_trace.ids */
 } kv_trace_req;
 
 typedef struct kv_trace {
   kv_trace_req *req;
   size_t nreq;
   uint64_t *ids;
-  size_t nids;      /* block references */
-  size_t nunique;   /* distinct block ids */
-  uint64_t tokens;  /* sum of input lengths */
+  size_t nids;     /* block references */
+  size_t nunique;  /* distinct block ids */
+  uint64_t tokens; /* sum of input lengths */
 } kv_trace;
 
 /* Loads a trace. 0, -errno, or -EINVAL with the line number in *bad_line. */

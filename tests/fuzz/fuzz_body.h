@@ -29,15 +29,20 @@ typedef struct kv_fuzz_stats {
 
 static inline void kv_fuzz_count(kv_fuzz_stats *s, int rc) {
   if (!s) return;
-  int i = rc == 0 ? 0 : rc == KV_EBADFRAME ? 1 : rc == KV_EBADVERSION ? 2 : rc == KV_EBADOP ? 3
-        : rc == -EMSGSIZE ? 4 : rc == -E2BIG ? 5 : 6;
+  int i = rc == 0                ? 0
+          : rc == KV_EBADFRAME   ? 1
+          : rc == KV_EBADVERSION ? 2
+          : rc == KV_EBADOP      ? 3
+          : rc == -EMSGSIZE      ? 4
+          : rc == -E2BIG         ? 5
+                                 : 6;
   s->by_err[i]++;
 }
 
 /* Decodes frame[0..n); when accepted, re-encodes and compares. 0, or -1
  * with a message in why on a broken property. */
-static inline int kv_fuzz_frame(const uint8_t *frame, size_t n, kv_buf *scratch,
-                                kv_fuzz_stats *s, char *why, size_t whylen) {
+static inline int kv_fuzz_frame(const uint8_t *frame, size_t n, kv_buf *scratch, kv_fuzz_stats *s,
+                                char *why, size_t whylen) {
   kv_msg m;
   int rc = kv_msg_decode(frame, n, &m);
   kv_fuzz_count(s, rc);

@@ -16,14 +16,14 @@
 typedef void (*kv_sample_fn)(const kv_msg *m, const char *what, void *arg);
 
 static const uint8_t kv_sample_keys[4 * 32] = {
-  0x01, 0x02, 0x03, 0x04, 0x05, 0x06, 0x07, 0x08, 0x09, 0x0a, 0x0b, 0x0c, 0x0d, 0x0e, 0x0f, 0x10,
-  0x11, 0x12, 0x13, 0x14, 0x15, 0x16, 0x17, 0x18, 0x19, 0x1a, 0x1b, 0x1c, 0x1d, 0x1e, 0x1f, 0x20,
-  0xa1, 0xa2, 0xa3, 0xa4, 0xa5, 0xa6, 0xa7, 0xa8, 0xa9, 0xaa, 0xab, 0xac, 0xad, 0xae, 0xaf, 0xb0,
-  0xb1, 0xb2, 0xb3, 0xb4, 0xb5, 0xb6, 0xb7, 0xb8, 0xb9, 0xba, 0xbb, 0xbc, 0xbd, 0xbe, 0xbf, 0xc0,
-  0xff, 0xfe, 0xfd, 0xfc, 0xfb, 0xfa, 0xf9, 0xf8, 0xf7, 0xf6, 0xf5, 0xf4, 0xf3, 0xf2, 0xf1, 0xf0,
-  0x00, 0x00, 0x00, 0x00, 0x00, 0x00, 0x00, 0x00, 0x00, 0x00, 0x00, 0x00, 0x00, 0x00, 0x00, 0x01,
-  0x5a, 0x5a, 0x5a, 0x5a, 0x5a, 0x5a, 0x5a, 0x5a, 0x5a, 0x5a, 0x5a, 0x5a, 0x5a, 0x5a, 0x5a, 0x5a,
-  0x5a, 0x5a, 0x5a, 0x5a, 0x5a, 0x5a, 0x5a, 0x5a, 0x5a, 0x5a, 0x5a, 0x5a, 0x5a, 0x5a, 0x5a, 0x5a,
+    0x01, 0x02, 0x03, 0x04, 0x05, 0x06, 0x07, 0x08, 0x09, 0x0a, 0x0b, 0x0c, 0x0d, 0x0e, 0x0f, 0x10,
+    0x11, 0x12, 0x13, 0x14, 0x15, 0x16, 0x17, 0x18, 0x19, 0x1a, 0x1b, 0x1c, 0x1d, 0x1e, 0x1f, 0x20,
+    0xa1, 0xa2, 0xa3, 0xa4, 0xa5, 0xa6, 0xa7, 0xa8, 0xa9, 0xaa, 0xab, 0xac, 0xad, 0xae, 0xaf, 0xb0,
+    0xb1, 0xb2, 0xb3, 0xb4, 0xb5, 0xb6, 0xb7, 0xb8, 0xb9, 0xba, 0xbb, 0xbc, 0xbd, 0xbe, 0xbf, 0xc0,
+    0xff, 0xfe, 0xfd, 0xfc, 0xfb, 0xfa, 0xf9, 0xf8, 0xf7, 0xf6, 0xf5, 0xf4, 0xf3, 0xf2, 0xf1, 0xf0,
+    0x00, 0x00, 0x00, 0x00, 0x00, 0x00, 0x00, 0x00, 0x00, 0x00, 0x00, 0x00, 0x00, 0x00, 0x00, 0x01,
+    0x5a, 0x5a, 0x5a, 0x5a, 0x5a, 0x5a, 0x5a, 0x5a, 0x5a, 0x5a, 0x5a, 0x5a, 0x5a, 0x5a, 0x5a, 0x5a,
+    0x5a, 0x5a, 0x5a, 0x5a, 0x5a, 0x5a, 0x5a, 0x5a, 0x5a, 0x5a, 0x5a, 0x5a, 0x5a, 0x5a, 0x5a, 0x5a,
 };
 
 static inline kv_msg kv_sample_req(uint16_t op, uint64_t id) {
@@ -42,21 +42,21 @@ static inline kv_msg kv_sample_rep(uint16_t op, uint64_t id) {
 
 /* Calls fn once per sample message. */
 static inline void kv_samples(kv_sample_fn fn, void *arg) {
-  static const uint8_t batch_ops[] = {KV_OP_LOOKUP, KV_OP_LOAD, KV_OP_RELEASE, KV_OP_COMMIT,
-                                      KV_OP_ABORT, KV_OP_PREFETCH, KV_OP_DELETE,
-                                      KV_OP_SET_PRIORITY, KV_OP_LOAD2};
+  static const uint8_t batch_ops[] = {KV_OP_LOOKUP, KV_OP_LOAD,         KV_OP_RELEASE,
+                                      KV_OP_COMMIT, KV_OP_ABORT,        KV_OP_PREFETCH,
+                                      KV_OP_DELETE, KV_OP_SET_PRIORITY, KV_OP_LOAD2};
   static const int32_t st[4] = {0, KV_ENOTFOUND, -5 /* -EIO */, KV_ECORRUPT};
   static const kv_load_ent le[4] = {
-    {0, KV_G2, 4096, 65536, 0},
-    {0, KV_G1, 0, 1, 0},
-    {KV_ENOTFOUND, KV_TIER_NONE, 0, 0, 0},
-    {-110 /* -ETIMEDOUT */, KV_TIER_NONE, 0, 0, 0},
+      {0, KV_G2, 4096, 65536, 0},
+      {0, KV_G1, 0, 1, 0},
+      {KV_ENOTFOUND, KV_TIER_NONE, 0, 0, 0},
+      {-110 /* -ETIMEDOUT */, KV_TIER_NONE, 0, 0, 0},
   };
   static const kv_load_ent le2[4] = {
-    {0, KV_G2, 4096, 65536, 0xE3069283u},
-    {0, KV_G1, 0, 1, 0},
-    {KV_ECORRUPT, KV_TIER_NONE, 0, 0, 0},
-    {0, KV_G2, 1u << 30, 262144, 0xffffffffu},
+      {0, KV_G2, 4096, 65536, 0xE3069283u},
+      {0, KV_G1, 0, 1, 0},
+      {KV_ECORRUPT, KV_TIER_NONE, 0, 0, 0},
+      {0, KV_G2, 1u << 30, 262144, 0xffffffffu},
   };
   static const uint32_t crcs[4] = {0xE3069283u, 0, 0xffffffffu, 0x12345678u};
   static const kv_alloc_ent ae[3] = {{0, 1u << 20}, {KV_EALLPINNED, 0}, {0, 0}};
@@ -72,10 +72,20 @@ static inline void kv_samples(kv_sample_fn fn, void *arg) {
   /* HELLO */
   m = kv_sample_req(KV_OP_HELLO, id++);
   m.hello = (kv_hello_req){
-    .ver_major = KV_PROTO_MAJOR, .ver_minor = KV_PROTO_MINOR, .caps = KV_CAP_G1,
-    .tenant = {"tenant-a", 8}, .group = {"tp-group-7", 10}, .salt = {kv_sample_keys, 20},
-    .layout = {.block_bytes = 2u << 20, .tokens_per_block = 16, .layers = 32, .kv_heads = 8,
-               .head_dim = 128, .tp_rank = 1, .tp_size = 4, .dtype = {"bf16", 4}},
+      .ver_major = KV_PROTO_MAJOR,
+      .ver_minor = KV_PROTO_MINOR,
+      .caps = KV_CAP_G1,
+      .tenant = {"tenant-a", 8},
+      .group = {"tp-group-7", 10},
+      .salt = {kv_sample_keys, 20},
+      .layout = {.block_bytes = 2u << 20,
+                 .tokens_per_block = 16,
+                 .layers = 32,
+                 .kv_heads = 8,
+                 .head_dim = 128,
+                 .tp_rank = 1,
+                 .tp_size = 4,
+                 .dtype = {"bf16", 4}},
   };
   fn(&m, "hello req", arg);
   m.hello.group = (kv_str){NULL, 0};
@@ -88,9 +98,16 @@ static inline void kv_samples(kv_sample_fn fn, void *arg) {
   m = kv_sample_rep(KV_OP_HELLO, 1);
   m.flags |= KV_F_FD;
   m.hello_rep = (kv_hello_rep){
-    .ver_major = 1, .ver_minor = 0, .caps = 0, .session_id = 0x1122334455667788ull,
-    .ns_id = 42, .arena_bytes = 1ull << 34, .slot_align = 4096, .slot_bytes = 2u << 20,
-    .ntierinfo = 2, .tierinfo = ti,
+      .ver_major = 1,
+      .ver_minor = 0,
+      .caps = 0,
+      .session_id = 0x1122334455667788ull,
+      .ns_id = 42,
+      .arena_bytes = 1ull << 34,
+      .slot_align = 4096,
+      .slot_bytes = 2u << 20,
+      .ntierinfo = 2,
+      .tierinfo = ti,
   };
   fn(&m, "hello rep, arena fd, tier info", arg);
   m.flags = KV_F_REPLY;
@@ -164,8 +181,11 @@ static inline void kv_samples(kv_sample_fn fn, void *arg) {
   /* ALLOC */
   m = kv_sample_req(KV_OP_ALLOC, id++);
   m.alloc = (kv_alloc_req){
-    .tier = KV_G2, .prio = 128, .keys = {.p = kv_sample_keys, .n = 4, .klen = 16},
-    .has_parent = has_parent, .parents = {.p = kv_sample_keys + 64, .n = 4, .klen = 16},
+      .tier = KV_G2,
+      .prio = 128,
+      .keys = {.p = kv_sample_keys, .n = 4, .klen = 16},
+      .has_parent = has_parent,
+      .parents = {.p = kv_sample_keys + 64, .n = 4, .klen = 16},
   };
   fn(&m, "alloc req, some parents", arg);
   m.alloc.has_parent = NULL;
@@ -181,7 +201,9 @@ static inline void kv_samples(kv_sample_fn fn, void *arg) {
 
   /* PUT, GET */
   m = kv_sample_req(KV_OP_PUT, id++);
-  m.put = (kv_put_req){.prio = 5, .key = {kv_sample_keys, 32}, .parent = {kv_sample_keys + 32, 32},
+  m.put = (kv_put_req){.prio = 5,
+                       .key = {kv_sample_keys, 32},
+                       .parent = {kv_sample_keys + 32, 32},
                        .data = {blob, sizeof blob}};
   fn(&m, "put req", arg);
   m.put.parent = (kv_bytes){NULL, 0};
@@ -227,8 +249,8 @@ static inline void kv_samples(kv_sample_fn fn, void *arg) {
   m.g1_pool = (kv_tierinfo){.tier = KV_G1, .kind = KV_TI_G1_VMM_FD, .len = sizeof devx, .p = devx};
   fn(&m, "g1_select rep, a pool and its fd", arg);
   m = kv_sample_rep(KV_OP_G1_SELECT, 36);
-  m.g1_pool = (kv_tierinfo){.tier = KV_G1, .kind = KV_TI_G1_NONE, .len = 9,
-                            .p = (const uint8_t *)"no device"};
+  m.g1_pool = (kv_tierinfo){
+      .tier = KV_G1, .kind = KV_TI_G1_NONE, .len = 9, .p = (const uint8_t *)"no device"};
   fn(&m, "g1_select rep, none", arg);
 }
 

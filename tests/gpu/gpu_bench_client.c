@@ -66,14 +66,14 @@ static int runs = 15, sim;
 static cudaStream_t st;
 static uint8_t *ph, *dref, *dstage; /* pinned host, device, device staging */
 
-#define CK(cond, ...)                                                           \
-  do {                                                                          \
-    if (!(cond)) {                                                              \
-      fprintf(stderr, "gpu_bench_client: %s:%d: ", __FILE__, __LINE__);         \
-      fprintf(stderr, __VA_ARGS__);                                             \
-      fputc('\n', stderr);                                                      \
-      return 1;                                                                 \
-    }                                                                           \
+#define CK(cond, ...)                                                   \
+  do {                                                                  \
+    if (!(cond)) {                                                      \
+      fprintf(stderr, "gpu_bench_client: %s:%d: ", __FILE__, __LINE__); \
+      fprintf(stderr, __VA_ARGS__);                                     \
+      fputc('\n', stderr);                                              \
+      return 1;                                                         \
+    }                                                                   \
   } while (0)
 
 /* ---- "device" memory: CUDA's, or host memory with --sim ---------------------- */
@@ -111,13 +111,13 @@ static double ref_copy(int h2d, size_t blk, int nb) {
 /* ---- the table ------------------------------------------------------------------- */
 
 static void header(void) {
-  printf("%-4s %-48s %9s %10s %10s %7s  %s\n", "part", "path", "block", "path GB/s",
-         "ref GB/s", "ratio", "target");
+  printf("%-4s %-48s %9s %10s %10s %7s  %s\n", "part", "path", "block", "path GB/s", "ref GB/s",
+         "ratio", "target");
 }
 
 /* One row: medians of the path's and the reference's times for `bytes`. */
-static void row(const char *part, const char *what, size_t blk, double bytes, double tp,
-                double tr, const char *target) {
+static void row(const char *part, const char *what, size_t blk, double bytes, double tp, double tr,
+                const char *target) {
   char b[24];
   if (blk >= (1u << 20)) snprintf(b, sizeof b, "%zu MiB", blk >> 20);
   else snprintf(b, sizeof b, "%zu KiB", blk >> 10);
@@ -131,9 +131,15 @@ static void row(const char *part, const char *what, size_t blk, double bytes, do
 static kvt_daemon kd;
 
 static kvc *worker(uint32_t block_bytes) {
-  kvc_opts o = {.socket_path = kd.sock, .tenant = "bench",
-                .layout = {.block_bytes = block_bytes, .tokens_per_block = 16, .layers = 16,
-                           .kv_heads = 8, .head_dim = 64, .tp_size = 1, .dtype = "bf16"}};
+  kvc_opts o = {.socket_path = kd.sock,
+                .tenant = "bench",
+                .layout = {.block_bytes = block_bytes,
+                           .tokens_per_block = 16,
+                           .layers = 16,
+                           .kv_heads = 8,
+                           .head_dim = 64,
+                           .tp_size = 1,
+                           .dtype = "bf16"}};
   kvc *c = NULL;
   int rc = kvc_open(&o, &c);
   if (rc) fprintf(stderr, "gpu_bench_client: kvc_open: %s\n", kvc_strerror(rc));
@@ -218,8 +224,7 @@ static int part_ac(size_t blk) {
   double ref = median(tr, runs), bytes = (double)BATCH * (double)blk;
   row("a", "G2->G1: kvc_load(KVC_G1) through kvcached", blk, bytes, median(ta, runs), ref,
       ">= 0.85");
-  row("c", "G2->dev: kvc_memcpy_batch(KVC_MEM_CUDA)", blk, bytes, median(tc, runs), ref,
-      ">= 0.90");
+  row("c", "G2->dev: kvc_memcpy_batch(KVC_MEM_CUDA)", blk, bytes, median(tc, runs), ref, ">= 0.90");
   kvc_close(c);
   CK(gpu_daemon_stop(&kd) == 0, "kvcached did not stop cleanly");
   return 0;
@@ -229,8 +234,8 @@ static int part_ac(size_t blk) {
 static int part_b(const size_t *sizes, int nsizes) {
   char why[KV_DEV_REASON_MAX] = "";
   kv_dev *d = NULL;
-  kv_dev_opts o = {.backend = sim ? KV_DEV_SIM : KV_DEV_CUDA, .reason = why,
-                   .reason_len = sizeof why};
+  kv_dev_opts o = {
+      .backend = sim ? KV_DEV_SIM : KV_DEV_CUDA, .reason = why, .reason_len = sizeof why};
   CK(kv_dev_open(&d, &o) == 0, "kv_dev_open: %s", why);
   size_t maxb = sizes[nsizes - 1] * BATCH;
   kv_dev_pool *p;
@@ -276,8 +281,13 @@ enum { L = 16, T = 16, H = 8, D = 64, E = 2, PAGES = 1024, NB = 256 };
 #define HALFB ((size_t)T * H * D * E)
 
 static int part_c_pages(void) {
-  const kvc_page_layout lo = {.layers = L, .page_tokens = T, .kv_heads = H, .head_dim = D,
-                              .elem_bytes = E, .num_pages = PAGES, .page_stride = HALFB,
+  const kvc_page_layout lo = {.layers = L,
+                              .page_tokens = T,
+                              .kv_heads = H,
+                              .head_dim = D,
+                              .elem_bytes = E,
+                              .num_pages = PAGES,
+                              .page_stride = HALFB,
                               .kv_stride = (uint64_t)PAGES * HALFB};
   const size_t bb = (size_t)kvc_page_block_bytes(&lo);
   const size_t lb = (size_t)kv_kern_layer_bytes((const kv_kern_layout *)&lo);
@@ -350,8 +360,8 @@ static int part_c_pages(void) {
   for (int w = 0; w < NWAYS; w++) m[w] = median(t[w], runs);
   row("c", "G2->engine: kvc_pages_scatter from G2 (zero-copy)", bb, bytes, m[SC_G2], m[REF_H2D],
       "-");
-  row("c", "G2->engine: kvc_memcpy_batch + scatter (staged)", bb, bytes, m[SC_STAGED],
-      m[REF_H2D], "-");
+  row("c", "G2->engine: kvc_memcpy_batch + scatter (staged)", bb, bytes, m[SC_STAGED], m[REF_H2D],
+      "-");
   row("c", "engine->G2: kvc_pages_gather into G2 (zero-copy)", bb, bytes, m[GA_G2], m[REF_D2H],
       "-");
   row("c", "engine->G2: gather + kvc_memcpy_batch (staged)", bb, bytes, m[GA_STAGED], m[REF_D2H],

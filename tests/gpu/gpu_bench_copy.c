@@ -22,9 +22,9 @@
 #include "tests/lib/dev_checks.h"
 #include "tests/lib/gpu.h"
 
-#define BATCH 64
+#define BATCH  64
 #define MAXBLK ((size_t)16 << 20)
-#define POOL ((size_t)BATCH * MAXBLK)
+#define POOL   ((size_t)BATCH * MAXBLK)
 
 static int runs = 15;
 
@@ -49,21 +49,20 @@ static double run_plain(cudaStream_t st, kv_dev_dir dir, uint8_t *dv, uint8_t *h
   double t0 = kv_now_s();
   for (int i = 0; i < BATCH; i++) {
     uint8_t *dp = dv + (size_t)i * blk, *hp = h + (size_t)i * blk;
-    cudaError_t e = dir == KV_DEV_H2D   ? cudaMemcpyAsync(dp, hp, blk, cudaMemcpyHostToDevice, st)
-                    : dir == KV_DEV_D2H ? cudaMemcpyAsync(hp, dp, blk, cudaMemcpyDeviceToHost, st)
-                                        : cudaMemcpyAsync(dp, dp + POOL / 2, blk,
-                                                          cudaMemcpyDeviceToDevice, st);
+    cudaError_t e = dir == KV_DEV_H2D ? cudaMemcpyAsync(dp, hp, blk, cudaMemcpyHostToDevice, st)
+                    : dir == KV_DEV_D2H
+                        ? cudaMemcpyAsync(hp, dp, blk, cudaMemcpyDeviceToHost, st)
+                        : cudaMemcpyAsync(dp, dp + POOL / 2, blk, cudaMemcpyDeviceToDevice, st);
     if (e != cudaSuccess) return -1;
   }
   if (cudaStreamSynchronize(st) != cudaSuccess) return -1;
   return kv_now_s() - t0;
 }
 
-static void row(const char *what, size_t blk, double a, double b, const char *an,
-                const char *bn) {
+static void row(const char *what, size_t blk, double a, double b, const char *an, const char *bn) {
   double bytes = (double)blk * BATCH;
-  printf("%-14s %8zu KiB  %-8s %7.2f GB/s   %-12s %7.2f GB/s   ratio %.3f\n", what,
-         blk >> 10, an, bytes / a / 1e9, bn, bytes / b / 1e9, b / a);
+  printf("%-14s %8zu KiB  %-8s %7.2f GB/s   %-12s %7.2f GB/s   ratio %.3f\n", what, blk >> 10, an,
+         bytes / a / 1e9, bn, bytes / b / 1e9, b / a);
 }
 
 /* The worker: imports the pool, D2D within it through kv_dev_submit, vs

@@ -17,18 +17,22 @@
 
 enum { LAYERS = 32, TOKENS = 16, HEADS = 8, DIM = 128, ELEM = 2, POOL = 4096, NBLK = 256 };
 
-#define CK(call)                                                                         \
-  do {                                                                                   \
-    cudaError_t e_ = (call);                                                             \
-    if (e_ != cudaSuccess) {                                                             \
+#define CK(call)                                                                            \
+  do {                                                                                      \
+    cudaError_t e_ = (call);                                                                \
+    if (e_ != cudaSuccess) {                                                                \
       fprintf(stderr, "%s:%d %s: %s\n", __FILE__, __LINE__, #call, cudaGetErrorString(e_)); \
-      exit(1);                                                                           \
-    }                                                                                    \
+      exit(1);                                                                              \
+    }                                                                                       \
   } while (0)
 
 static cudaStream_t stream;
-static kv_kern_layout lo = {.layers = LAYERS, .page_tokens = TOKENS, .kv_heads = HEADS,
-                            .head_dim = DIM, .elem_bytes = ELEM, .num_pages = POOL};
+static kv_kern_layout lo = {.layers = LAYERS,
+                            .page_tokens = TOKENS,
+                            .kv_heads = HEADS,
+                            .head_dim = DIM,
+                            .elem_bytes = ELEM,
+                            .num_pages = POOL};
 static void *layers[LAYERS], *blocks[NBLK], *blocks_odd[NBLK];
 static uint32_t pages[NBLK];
 static unsigned char *src, *dst;
@@ -48,8 +52,8 @@ static void one(int what) {
     for (int i = 0; i < NBLK; i++)
       for (int l = 0; l < LAYERS; l++)
         CK(cudaMemcpyAsync((unsigned char *)blocks[i] + (size_t)l * page_bytes,
-                           (unsigned char *)layers[l] + (size_t)pages[i] * page_bytes,
-                           page_bytes, cudaMemcpyDeviceToDevice, stream));
+                           (unsigned char *)layers[l] + (size_t)pages[i] * page_bytes, page_bytes,
+                           cudaMemcpyDeviceToDevice, stream));
     break;
   }
   if (rc) {
@@ -128,9 +132,9 @@ int main(int argc, char **argv) {
   CK(cudaDeviceSynchronize());
 
   static const char *names[] = {
-      "cudaMemcpy D2D, contiguous", "gather (16-byte units)", "scatter (16-byte units)",
-      "gather, blocks at +2 bytes", "scatter, blocks at +2 bytes",
-      "gather as cudaMemcpyAsync per page per layer"};
+      "cudaMemcpy D2D, contiguous",  "gather (16-byte units)",
+      "scatter (16-byte units)",     "gather, blocks at +2 bytes",
+      "scatter, blocks at +2 bytes", "gather as cudaMemcpyAsync per page per layer"};
   float ms[6];
   for (int w = 0; w < 6; w++) ms[w] = median_ms(w, w == NAIVE_GATHER ? (runs + 1) / 2 : runs);
   printf("device %s, %d layers x %d tokens x %d heads x %d dim x %d B: block %.2f MiB, "

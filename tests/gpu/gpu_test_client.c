@@ -29,15 +29,20 @@
 #include "tests/lib/gpu.h"
 #include "tests/lib/kernels_ref.h"
 
-#define NBLK 32
+#define NBLK   32
 #define NPAGES 64
 #define LAYERS 4
-#define HALF (16u * 4 * 64 * 2) /* 16 tokens, 4 KV heads of 64, bf16: 8 KiB */
+#define HALF   (16u * 4 * 64 * 2) /* 16 tokens, 4 KV heads of 64, bf16: 8 KiB */
 
 /* 64 KiB blocks; the engine in the vLLM flash-attention layout. */
-static const kvc_page_layout lo = {.layers = LAYERS, .page_tokens = 16, .kv_heads = 4,
-                                   .head_dim = 64, .elem_bytes = 2, .num_pages = NPAGES,
-                                   .page_stride = HALF, .kv_stride = (uint64_t)NPAGES * HALF};
+static const kvc_page_layout lo = {.layers = LAYERS,
+                                   .page_tokens = 16,
+                                   .kv_heads = 4,
+                                   .head_dim = 64,
+                                   .elem_bytes = 2,
+                                   .num_pages = NPAGES,
+                                   .page_stride = HALF,
+                                   .kv_stride = (uint64_t)NPAGES * HALF};
 
 static int sim, mem;
 static cudaStream_t stream;
@@ -73,10 +78,15 @@ static int d_sync(void) {
 
 /* A worker session; no_g1: without the G1 pool (kvc_opts.no_g1). */
 static kvc *worker(int no_g1) {
-  kvc_opts o = {.socket_path = kd.sock, .tenant = "gpu", .no_g1 = no_g1,
+  kvc_opts o = {.socket_path = kd.sock,
+                .tenant = "gpu",
+                .no_g1 = no_g1,
                 .layout = {.block_bytes = (uint32_t)kvc_page_block_bytes(&lo),
-                           .tokens_per_block = lo.page_tokens, .layers = lo.layers,
-                           .kv_heads = lo.kv_heads, .head_dim = lo.head_dim, .tp_size = 1,
+                           .tokens_per_block = lo.page_tokens,
+                           .layers = lo.layers,
+                           .kv_heads = lo.kv_heads,
+                           .head_dim = lo.head_dim,
+                           .tp_size = 1,
                            .dtype = "bf16"}};
   kvc *c = NULL;
   int rc = kvc_open(&o, &c);

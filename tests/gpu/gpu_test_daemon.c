@@ -16,14 +16,14 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
-#include "client/kvclient.h"
 #include "base/clock.h"
+#include "client/kvclient.h"
 #include "cuda/dev.h"
 #include "ipc/sock.h"
 #include "proto/wire.h"
 #include "tests/lib/gpu.h"
 
-#define BLOCK (1u << 20)
+#define BLOCK   (1u << 20)
 #define NBLOCKS 32
 
 static kvt_daemon kd;
@@ -37,9 +37,16 @@ static int start_daemon(const char *backend) {
 }
 
 static kvc *worker(const uint8_t *uuid) {
-  kvc_opts o = {.socket_path = kd.sock, .tenant = "gpu", .g1_uuid = uuid,
-                .layout = {.block_bytes = BLOCK, .tokens_per_block = 16, .layers = 1,
-                           .kv_heads = 8, .head_dim = 128, .tp_size = 1, .dtype = "bf16"}};
+  kvc_opts o = {.socket_path = kd.sock,
+                .tenant = "gpu",
+                .g1_uuid = uuid,
+                .layout = {.block_bytes = BLOCK,
+                           .tokens_per_block = 16,
+                           .layers = 1,
+                           .kv_heads = 8,
+                           .head_dim = 128,
+                           .tp_size = 1,
+                           .dtype = "bf16"}};
   kvc *c = NULL;
   int rc = kvc_open(&o, &c);
   if (rc) fprintf(stderr, "    kvc_open: %s\n", kvc_strerror(rc));
@@ -52,7 +59,9 @@ static kvc_key key(uint64_t v) {
   return k;
 }
 
-static uint8_t pat(uint32_t block, uint32_t i) { return (uint8_t)(block * 131u + i * 7u + (i >> 12)); }
+static uint8_t pat(uint32_t block, uint32_t i) {
+  return (uint8_t)(block * 131u + i * 7u + (i >> 12));
+}
 
 static int run(int sim) {
   kvc *c = worker(NULL);
@@ -68,7 +77,8 @@ static int run(int sim) {
   kvc_key keys[NBLOCKS];
   kvc_block out[NBLOCKS];
   for (uint32_t b = 0; b < NBLOCKS; b++) keys[b] = key(b);
-  REQ(kvc_alloc(c, KVC_G2, 128, keys, NULL, NBLOCKS, out) == NBLOCKS, "alloc of %u blocks", NBLOCKS);
+  REQ(kvc_alloc(c, KVC_G2, 128, keys, NULL, NBLOCKS, out) == NBLOCKS, "alloc of %u blocks",
+      NBLOCKS);
   for (uint32_t b = 0; b < NBLOCKS; b++)
     for (uint32_t i = 0; i < BLOCK; i++) ((uint8_t *)out[b].ptr)[i] = pat(b, i);
   REQ(kvc_commit(c, keys, NBLOCKS, NULL) == NBLOCKS, "commit");
@@ -78,10 +88,11 @@ static int run(int sim) {
   int64_t t1 = kv_now_ms();
   REQ(ok == NBLOCKS, "LOAD to G1: %d of %u", ok, NBLOCKS);
   uint8_t *host = malloc(BLOCK);
-  REQ(host && kv_dev_host_register(g.dev, host, BLOCK) == 0, "host buffer: %s", kv_dev_reason(g.dev));
+  REQ(host && kv_dev_host_register(g.dev, host, BLOCK) == 0, "host buffer: %s",
+      kv_dev_reason(g.dev));
   for (uint32_t b = 0; b < NBLOCKS; b++) {
-    REQ(out[b].status == 0 && out[b].tier == KVC_G1, "block %u: status %d tier %u", b, out[b].status,
-        out[b].tier);
+    REQ(out[b].status == 0 && out[b].tier == KVC_G1, "block %u: status %d tier %u", b,
+        out[b].status, out[b].tier);
     REQ(kv_dev_memcpy_sync(g.dev, KV_DEV_D2H, host, out[b].ptr, BLOCK) == 0, "D2H: %s",
         kv_dev_reason(g.dev));
     for (uint32_t i = 0; i < BLOCK; i++)

@@ -98,14 +98,22 @@ static const struct {
   const char *name;
   const char *(*fn)(void);
 } checks[] = {
-    {"auto_is_cuda", c_auto},        {"export_codec", c_codec},
-    {"vmm_export_kind", c_vmm_kind}, {"vmm_share_fork", c_vmm_share},
-    {"legacy_kind", c_legacy_kind},  {"legacy_share_fork", c_legacy_share},
-    {"import_refusals", c_import},   {"batches", c_batch},
-    {"fifo", c_fifo},                {"directions_at_once", c_conc},
-    {"refusals", c_refuse},          {"injected_failure", c_inject},
-    {"close_inflight", c_close},     {"random_vs_model", c_random},
-    {"batcher", c_batcher},          {"host_range_two_devices", c_shared_host},
+    {"auto_is_cuda", c_auto},
+    {"export_codec", c_codec},
+    {"vmm_export_kind", c_vmm_kind},
+    {"vmm_share_fork", c_vmm_share},
+    {"legacy_kind", c_legacy_kind},
+    {"legacy_share_fork", c_legacy_share},
+    {"import_refusals", c_import},
+    {"batches", c_batch},
+    {"fifo", c_fifo},
+    {"directions_at_once", c_conc},
+    {"refusals", c_refuse},
+    {"injected_failure", c_inject},
+    {"close_inflight", c_close},
+    {"random_vs_model", c_random},
+    {"batcher", c_batcher},
+    {"host_range_two_devices", c_shared_host},
     {"current_uuid", check_current_uuid},
 };
 

@@ -49,14 +49,13 @@ static int d_scatter(const kv_kern_layout *lo, void *const *layers, const uint32
                      void *const *blocks, size_t n, void *ctx) {
   return done(kv_kern_scatter_cuda(lo, layers, pages, blocks, n, stream));
 }
-static const kv_ref_backend dev_be = {d_alloc, d_release, d_put, d_get,
-                                      d_gather, d_scatter, NULL};
+static const kv_ref_backend dev_be = {d_alloc, d_release, d_put, d_get, d_gather, d_scatter, NULL};
 
 /* The refusals of the unit test, through the CUDA entry points: -EINVAL
  * before any launch, the device memory untouched. */
 static int refusals(void) {
-  kv_kern_layout lo = {.layers = 2, .page_tokens = 4, .kv_heads = 2, .head_dim = 3,
-                       .elem_bytes = 2, .num_pages = 4};
+  kv_kern_layout lo = {
+      .layers = 2, .page_tokens = 4, .kv_heads = 2, .head_dim = 3, .elem_bytes = 2, .num_pages = 4};
   size_t bb = (size_t)kv_kern_block_bytes(&lo), lb = (size_t)kv_kern_layer_bytes(&lo);
   size_t total = 2 * lb + 3 * bb;
   unsigned char *d = d_alloc(total, NULL), *want = malloc(total), *got = malloc(total);
@@ -81,12 +80,9 @@ static int refusals(void) {
     void *block2;
     int scatter_only, gather_only;
   } bad[] = {
-      {"element width 3", lo, 0, blocks[2], 0, 0},
-      {"zero layers", lo, 0, blocks[2], 0, 0},
-      {"page id == num_pages", lo, 4, blocks[2], 0, 0},
-      {"a NULL block", lo, 0, NULL, 0, 0},
-      {"overlapping blocks", lo, 0, blocks[0], 0, 1},
-      {"a page twice", lo, 3, blocks[2], 1, 0},
+      {"element width 3", lo, 0, blocks[2], 0, 0},         {"zero layers", lo, 0, blocks[2], 0, 0},
+      {"page id == num_pages", lo, 4, blocks[2], 0, 0},    {"a NULL block", lo, 0, NULL, 0, 0},
+      {"overlapping blocks", lo, 0, blocks[0], 0, 1},      {"a page twice", lo, 3, blocks[2], 1, 0},
       {"strides over each other", lo, 0, blocks[2], 0, 0},
   };
   bad[0].lo.elem_bytes = 3;
@@ -95,8 +91,11 @@ static int refusals(void) {
   for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
     pages[1] = bad[i].page1;
     blocks[2] = bad[i].block2;
-    int g = bad[i].scatter_only ? -EINVAL : kv_kern_gather_cuda(&bad[i].lo, layers, pages, blocks, 3, stream);
-    int sc = bad[i].gather_only ? -EINVAL : kv_kern_scatter_cuda(&bad[i].lo, layers, pages, blocks, 3, stream);
+    int g = bad[i].scatter_only ? -EINVAL
+                                : kv_kern_gather_cuda(&bad[i].lo, layers, pages, blocks, 3, stream);
+    int sc = bad[i].gather_only
+                 ? -EINVAL
+                 : kv_kern_scatter_cuda(&bad[i].lo, layers, pages, blocks, 3, stream);
     if (g != -EINVAL || sc != -EINVAL) {
       fprintf(stderr, "FAIL refusal %s: gather %d scatter %d, want %d\n", bad[i].what, g, sc,
               -EINVAL);
@@ -136,8 +135,8 @@ int main(void) {
         fails++;
         fprintf(stderr,
                 "FAIL %s case %zu (L%u T%u H%u D%u E%u pages %u strides %d n %zu mis %u): %s\n",
-                modes[m], i, c->layers, c->page_tokens, c->kv_heads, c->head_dim,
-                c->elem_bytes, c->num_pages, c->strides, c->n, c->misalign, why);
+                modes[m], i, c->layers, c->page_tokens, c->kv_heads, c->head_dim, c->elem_bytes,
+                c->num_pages, c->strides, c->n, c->misalign, why);
         if (rc != -1 && cudaGetLastError() != cudaSuccess) {
           fprintf(stderr, "the CUDA context is broken: stopping\n");
           goto end;

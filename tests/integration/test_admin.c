@@ -90,7 +90,8 @@ Test(admin, peer_without_credentials_is_refused_on_the_admin_socket) {
   int st;
   waitpid(p, &st, 0);
   cr_assert(WIFEXITED(st), "child died");
-  cr_assert_eq(WEXITSTATUS(st), 0, "child check %d failed (10 setuid, 11 not 403, 12 not closed, 13 stats)",
+  cr_assert_eq(WEXITSTATUS(st), 0,
+               "child check %d failed (10 setuid, 11 not 403, 12 not closed, 13 stats)",
                WEXITSTATUS(st));
 }
 
@@ -107,7 +108,8 @@ Test(admin, disconnect_mid_request_leaves_the_daemon_serving) {
     }
   }
   /* Keep-alive: two requests on one connection, both answered. */
-  const char two[] = "GET /health HTTP/1.1\r\n\r\nGET /health HTTP/1.1\r\nConnection: close\r\n\r\n";
+  const char two[] =
+      "GET /health HTTP/1.1\r\n\r\nGET /health HTTP/1.1\r\nConnection: close\r\n\r\n";
   cr_assert_eq(ops_raw(ops_d.stats, two, sizeof two - 1, resp, sizeof resp), 200);
   char *second = strstr(resp + 12, "HTTP/1.1 200");
   cr_assert_not_null(second, "second pipelined request unanswered: %s", resp);
@@ -116,7 +118,10 @@ Test(admin, disconnect_mid_request_leaves_the_daemon_serving) {
 }
 
 Test(admin, bad_query_values_are_400_with_a_clear_error) {
-  static const struct { const char *method, *target, *sock_admin, *want; int status; } cases[] = {
+  static const struct {
+    const char *method, *target, *sock_admin, *want;
+    int status;
+  } cases[] = {
       {"GET", "/keys?limit=abc", NULL, "limit", 400},
       {"GET", "/keys?limit=5000", NULL, "limit", 400},
       {"GET", "/keys?tier=g9", NULL, "tier", 400},
@@ -142,8 +147,8 @@ Test(admin, bad_query_values_are_400_with_a_clear_error) {
   };
   const char *body;
   for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
-    int st = ops_req(cases[i].sock_admin ? ops_d.admin : ops_d.stats, cases[i].method, cases[i].target,
-                     resp, sizeof resp, &body);
+    int st = ops_req(cases[i].sock_admin ? ops_d.admin : ops_d.stats, cases[i].method,
+                     cases[i].target, resp, sizeof resp, &body);
     cr_expect_eq(st, cases[i].status, "%s %s: %d, wanted %d: %s", cases[i].method, cases[i].target,
                  st, cases[i].status, body);
     cr_expect(strstr(body, "{\"error\":") && strstr(body, cases[i].want), "%s %s: %s",
@@ -192,7 +197,8 @@ Test(admin, policy_switch_keeps_every_block) {
   cr_assert_str_eq(json_string_value(json_object_get(o, "previous")), kv_evict_default);
   json_decref(o);
   o = ops_json(ops_d.stats, "GET", "/stats", 200);
-  cr_assert_str_eq(json_string_value(json_object_get(json_object_get(o, "policy"), "eviction")), other);
+  cr_assert_str_eq(json_string_value(json_object_get(json_object_get(o, "policy"), "eviction")),
+                   other);
   cr_assert_eq(ops_num(o, "tiers.g2.blocks"), 20);
   json_decref(o);
   cr_assert_eq(ops_resident(c, 1, 20), 20);

@@ -17,12 +17,21 @@
 /* 4 layers of 16-token pages, 2 KV heads of 64, bf16: 32 KiB blocks. The
  * engine that gathers holds its pages in the vLLM flash-attention layout
  * ([2][num_pages][...]: K halves first); the one that scatters, dense. */
-static const kvc_page_layout lo_dense = {.layers = 4, .page_tokens = 16, .kv_heads = 2,
-                                         .head_dim = 64, .elem_bytes = 2, .num_pages = 20};
+static const kvc_page_layout lo_dense = {.layers = 4,
+                                         .page_tokens = 16,
+                                         .kv_heads = 2,
+                                         .head_dim = 64,
+                                         .elem_bytes = 2,
+                                         .num_pages = 20};
 #define HALF (16u * 2 * 64 * 2)
-static const kvc_page_layout lo_kfirst = {.layers = 4, .page_tokens = 16, .kv_heads = 2,
-                                          .head_dim = 64, .elem_bytes = 2, .num_pages = 20,
-                                          .page_stride = HALF, .kv_stride = 20ull * HALF};
+static const kvc_page_layout lo_kfirst = {.layers = 4,
+                                          .page_tokens = 16,
+                                          .kv_heads = 2,
+                                          .head_dim = 64,
+                                          .elem_bytes = 2,
+                                          .num_pages = 20,
+                                          .page_stride = HALF,
+                                          .kv_stride = 20ull * HALF};
 
 typedef struct engine {
   void *layers[4];
@@ -59,10 +68,14 @@ static void engine_free(engine *e) {
 }
 
 static kvc *open_lo(const kvc_page_layout *lo) {
-  kvc_opts o = {.socket_path = ops_d.sock, .tenant = "t1",
+  kvc_opts o = {.socket_path = ops_d.sock,
+                .tenant = "t1",
                 .layout = {.block_bytes = (uint32_t)kvc_page_block_bytes(lo),
-                           .tokens_per_block = lo->page_tokens, .layers = lo->layers,
-                           .kv_heads = lo->kv_heads, .head_dim = lo->head_dim, .tp_size = 1,
+                           .tokens_per_block = lo->page_tokens,
+                           .layers = lo->layers,
+                           .kv_heads = lo->kv_heads,
+                           .head_dim = lo->head_dim,
+                           .tp_size = 1,
                            .dtype = "bf16"}};
   kvc *c = NULL;
   int rc = kvc_open(&o, &c);
@@ -243,8 +256,8 @@ Test(engine, gather_store_load_scatter, .timeout = 60) {
   for (int i = 0; i < NB; i++)
     for (int l = 0; l < 4; l++)
       for (int kv = 0; kv < 2; kv++) {
-        const uint8_t *pa = (uint8_t *)a.layers[l] + from[i] * (uint64_t)HALF +
-                            (uint64_t)kv * lo_kfirst.kv_stride;
+        const uint8_t *pa =
+            (uint8_t *)a.layers[l] + from[i] * (uint64_t)HALF + (uint64_t)kv * lo_kfirst.kv_stride;
         const uint8_t *pb = (uint8_t *)b.layers[l] + to[i] * 2ull * HALF + (uint64_t)kv * HALF;
         cr_assert(!memcmp(pa, pb, HALF), "block %d layer %d half %d", i, l, kv);
       }
@@ -431,7 +444,9 @@ Test(engine, memcpy_batch_host, .timeout = 60) {
       {"overlap", {back + bb, back + bb + 100, 200}, KVC_MEM_HOST, -EINVAL},
       {"wraps", {back + bb, (void *)(UINTPTR_MAX - 10), 100}, KVC_MEM_HOST, -EINVAL},
       {"mem 5", {back + bb, got[1].ptr, bb}, 5, -EINVAL},
-      {"across the end of G2", {back + bb, (uint8_t *)g.base + g.bytes - 10, 100}, KVC_MEM_HOST,
+      {"across the end of G2",
+       {back + bb, (uint8_t *)g.base + g.bytes - 10, 100},
+       KVC_MEM_HOST,
        -EFAULT},
       {"across the start of G2", {(uint8_t *)g.base - 10, back + bb, 100}, KVC_MEM_HOST, -EFAULT},
       {"G2 not registered", {back + bb, got[1].ptr, bb}, KVC_MEM_CUDA, -EFAULT},

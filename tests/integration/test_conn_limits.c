@@ -12,8 +12,8 @@
 #include <fcntl.h>
 #include <netinet/in.h>
 
-#include "daemon/accept.h"
 #include "base/errors.h"
+#include "daemon/accept.h"
 #include "proto/wire.h"
 
 static char resp[1 << 20];
@@ -201,8 +201,9 @@ Test(fd_limit, workers_past_the_descriptor_limit_are_refused_and_health_answers)
     rl.rlim_cur = rl.rlim_max < 512 ? rl.rlim_max : 512;
     setrlimit(RLIMIT_NOFILE, &rl);
   }
-  if (rl.rlim_cur < 512) cr_skip_test("this test needs 512 descriptors (hard limit %llu)",
-                                     (unsigned long long)rl.rlim_max);
+  if (rl.rlim_cur < 512)
+    cr_skip_test("this test needs 512 descriptors (hard limit %llu)",
+                 (unsigned long long)rl.rlim_max);
   ops_nofile = 256;
   ops_start(NULL, NULL);
   long long cap = metric("kvcached_connections_limit{socket=\"worker\"}");
@@ -210,8 +211,8 @@ Test(fd_limit, workers_past_the_descriptor_limit_are_refused_and_health_answers)
   enum { N = 300 };
   static int fds[N];
   for (int i = 0; i < N; i++) fds[i] = raw_conn();
-  long long refused = wait_metric("kvcached_connections_refused_total{socket=\"worker\",reason=\"fd_limit\"}",
-                                  N - cap);
+  long long refused = wait_metric(
+      "kvcached_connections_refused_total{socket=\"worker\",reason=\"fd_limit\"}", N - cap);
   cr_assert_eq(refused, N - cap);
   cr_assert_eq(metric("kvcached_sessions"), cap);
   /* Saturated: the daemon idles, and the stats socket answers. */
@@ -225,8 +226,10 @@ Test(fd_limit, workers_past_the_descriptor_limit_are_refused_and_health_answers)
   }
   expect_refused(fds[N - 1], -EAGAIN, "RLIMIT_NOFILE");
   expect_served(fds[0]);
-  kvc_opts o = {.socket_path = ops_d.sock, .tenant = "t",
-                .layout = {.block_bytes = OPS_BLOCK, .tokens_per_block = 16, .tp_size = 1, .dtype = "bf16"}};
+  kvc_opts o = {
+      .socket_path = ops_d.sock,
+      .tenant = "t",
+      .layout = {.block_bytes = OPS_BLOCK, .tokens_per_block = 16, .tp_size = 1, .dtype = "bf16"}};
   kvc *c = NULL;
   cr_assert_eq(kvc_open(&o, &c), -EAGAIN, "a worker got in past the limit");
   for (int i = 0; i < 10; i++) close(fds[i]);
@@ -277,7 +280,8 @@ Test(fd_limit, out_of_descriptors_the_daemon_refuses_and_does_not_spin) {
   cr_assert_lt(used, 0.5, "the daemon used %.2f s of CPU in 1 s out of descriptors", used);
   cr_assert_eq(st, 503, "GET /health out of descriptors: %d", st);
   cr_assert_eq(wait_metric("kvcached_sessions", 0), 0);
-  long long refused = metric("kvcached_connections_refused_total{socket=\"worker\",reason=\"fd_limit\"}");
+  long long refused =
+      metric("kvcached_connections_refused_total{socket=\"worker\",reason=\"fd_limit\"}");
   cr_assert(refused >= 1 && refused < N, "refused at the limit: %lld", refused);
   kvc *c = ops_open("t");
   kvc_close(c);
@@ -293,7 +297,8 @@ Test(conn_caps, per_uid_cap_refuses_with_the_reason) {
   for (int i = 0; i < 5; i++) fds[i] = raw_conn();
   for (int i = 0; i < 3; i++) expect_served(fds[i]);
   for (int i = 3; i < 5; i++) expect_refused(fds[i], -EAGAIN, "limits.connections_per_uid");
-  cr_assert_eq(metric("kvcached_connections_refused_total{socket=\"worker\",reason=\"per_uid\"}"), 2);
+  cr_assert_eq(metric("kvcached_connections_refused_total{socket=\"worker\",reason=\"per_uid\"}"),
+               2);
   close(fds[0]);
   /* Once the daemon has seen the close, the uid may connect again. */
   cr_assert_eq(wait_metric("kvcached_sessions", 2), 2);
@@ -334,7 +339,8 @@ Test(conn_caps, a_connection_without_hello_is_closed_after_the_timeout) {
   }
   expect_refused(chatty, -ETIMEDOUT, "limits.hello_timeout_ms");
   close(chatty);
-  cr_assert_eq(metric("kvcached_connections_closed_total{socket=\"worker\",reason=\"hello_timeout\"}"), 2);
+  cr_assert_eq(
+      metric("kvcached_connections_closed_total{socket=\"worker\",reason=\"hello_timeout\"}"), 2);
   /* The session that said HELLO long before is still served. */
   char *j = NULL;
   cr_assert_eq(kvc_status(w, &j), 0);
@@ -349,7 +355,8 @@ Test(conn_caps, a_connection_without_hello_is_closed_after_the_timeout) {
 static int tcp_connect(int port) {
   int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
   cr_assert_geq(fd, 0);
-  struct sockaddr_in a = {.sin_family = AF_INET, .sin_port = htons((uint16_t)port),
+  struct sockaddr_in a = {.sin_family = AF_INET,
+                          .sin_port = htons((uint16_t)port),
                           .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
   if (connect(fd, (struct sockaddr *)&a, sizeof a)) {
     int e = -errno;
@@ -417,7 +424,8 @@ static void slowloris(int port) {
   }
   static const char req[] = "GET /health HTTP/1.1\r\nHost: x\r\n";
   char cmd[256];
-  snprintf(cmd, sizeof cmd, "%s/kvctl health --live --socket-dir %s >/dev/null 2>&1", KV_BIN_DIR, ops_d.dir);
+  snprintf(cmd, sizeof cmd, "%s/kvctl health --live --socket-dir %s >/dev/null 2>&1", KV_BIN_DIR,
+           ops_d.dir);
   for (int round = 0; round < 25; round++) {
     for (int i = 0; i < SLOW; i++)
       send(fds[i], req + round % (sizeof req - 1), 1, MSG_NOSIGNAL | MSG_DONTWAIT);
@@ -459,7 +467,9 @@ Test(slowloris, over_tcp_does_not_starve_the_unix_socket) {
   const char *extra[] = {"stats.request_timeout_ms=1000", listen, NULL};
   ops_start(NULL, extra);
   slowloris(port);
-  cr_assert_gt(metric("kvcached_connections_closed_total{socket=\"stats_tcp\",reason=\"request_timeout\"}"), 0);
+  cr_assert_gt(
+      metric("kvcached_connections_closed_total{socket=\"stats_tcp\",reason=\"request_timeout\"}"),
+      0);
   cr_assert_eq(metric("kvcached_connections_closed_total{socket=\"stats\",reason=\"evicted\"}"), 0,
                "TCP clients made Unix socket connections go");
   ops_stop();
@@ -495,6 +505,7 @@ Test(slowloris, the_request_deadline_is_absolute) {
   }
   cr_assert_lt(i, sizeof req - 1, "the whole request trickled in: the deadline moved");
   close(fd);
-  cr_assert_eq(metric("kvcached_connections_closed_total{socket=\"stats\",reason=\"request_timeout\"}"), 1);
+  cr_assert_eq(
+      metric("kvcached_connections_closed_total{socket=\"stats\",reason=\"request_timeout\"}"), 1);
   ops_stop();
 }

@@ -11,10 +11,10 @@
 #include <sys/stat.h>
 #include <sys/un.h>
 
+#include "base/errors.h"
 #include "client/g1.h"
 #include "cuda/dev.h"
 #include "ipc/reader.h"
-#include "base/errors.h"
 #include "proto/wire.h"
 #include "tests/lib/dev_checks.h"
 
@@ -135,8 +135,8 @@ static void raw_hello(uint32_t caps, kv_msg *r, kv_frame *f, kv_reader *rd, int 
   m.hello.ver_major = KV_PROTO_MAJOR;
   m.hello.caps = caps;
   m.hello.tenant = (kv_str){"t1", 2};
-  m.hello.layout = (kv_layout){.block_bytes = OPS_BLOCK, .tokens_per_block = 16, .tp_size = 1,
-                               .dtype = {"bf16", 4}};
+  m.hello.layout = (kv_layout){
+      .block_bytes = OPS_BLOCK, .tokens_per_block = 16, .tp_size = 1, .dtype = {"bf16", 4}};
   kv_buf b;
   kv_buf_init(&b);
   cr_assert_eq(kv_msg_encode(&b, &m), 0);
@@ -215,11 +215,12 @@ static void load_g1(kvc *c, uint64_t first, uint32_t n, uint8_t *host) {
   for (uint32_t i = 0; i < n; i++) k[i] = KC(first + i);
   int ok = kvc_load(c, KVC_G1, k, n, out);
   for (uint32_t i = 0; i < n; i++)
-    cr_assert_eq(out[i].status, 0, "load of %llu to G1: %d of %u; this one: %s", (unsigned long long)(first + i),
-                 ok, n, kvc_strerror(out[i].status));
+    cr_assert_eq(out[i].status, 0, "load of %llu to G1: %d of %u; this one: %s",
+                 (unsigned long long)(first + i), ok, n, kvc_strerror(out[i].status));
   cr_assert_eq(ok, (int)n);
   for (uint32_t i = 0; i < n; i++) {
-    cr_assert_eq(out[i].tier, KVC_G1, "block %llu: tier %u", (unsigned long long)(first + i), out[i].tier);
+    cr_assert_eq(out[i].tier, KVC_G1, "block %llu: tier %u", (unsigned long long)(first + i),
+                 out[i].tier);
     cr_assert_eq(out[i].length, OPS_BLOCK);
     read_device(c, out[i].ptr, host, OPS_BLOCK);
     cr_assert(all_bytes(host, OPS_BLOCK, (uint8_t)(first + i)), "block %llu's bytes on the device",
@@ -276,7 +277,8 @@ Test(g1, load_to_g1_and_write_back, .timeout = 60) {
   cr_assert_eq(metric_l("kvcached_g1_submissions_total{dir=\"load\"}"), 3);
   cr_assert_eq(metric_l("kvcached_g1_copies_refused_total{dir=\"load\"}"), 0);
   cr_assert_eq(metric_l("kvcached_g1_copy_failures_total{dir=\"load\"}"), 0);
-  for (uint64_t v = 1; v <= 8; v++) cr_assert_eq(tier_of(c, v), KVC_G2, "block %llu written back", (unsigned long long)v);
+  for (uint64_t v = 1; v <= 8; v++)
+    cr_assert_eq(tier_of(c, v), KVC_G2, "block %llu written back", (unsigned long long)v);
   cr_assert_eq(tier_of(c, 9), KVC_G1);
   kvc_key k = KC(1);
   kvc_block out;
@@ -312,7 +314,8 @@ Test(g1, failed_device_copies_are_answered_from_g2, .timeout = 60) {
   cr_assert_eq(metric_l("kvcached_g1_copies_total{dir=\"load\"}"), 0);
   cr_assert_eq(metric_l("kvcached_g1_submissions_total{dir=\"load\"}"), 1);
   cr_assert_eq(metric_l("kvcached_tier_blocks{tier=\"g1\"}"), 0);
-  cr_assert_eq(metric_l("kvcached_tier_used_bytes{tier=\"g1\"}"), 0, "a failed copy's slot was given back");
+  cr_assert_eq(metric_l("kvcached_tier_used_bytes{tier=\"g1\"}"), 0,
+               "a failed copy's slot was given back");
   cr_assert_eq(tier_of(c, 1), KVC_G2);
   kvc_close(c);
   ops_stop();
@@ -364,15 +367,14 @@ Test(g1, auto_is_on_or_unavailable, .timeout = 60) {
   cr_assert_eq(kvc_g1_info(c, &g), 0);
   if (un == 1) /* the worker learns the daemon's reason in the HELLO reply */
     cr_assert(strstr(g.reason, "no G1 pool: cuda device 0"), "%s", g.reason);
-  else
-    cr_assert(g.available, "%s", g.reason);
+  else cr_assert(g.available, "%s", g.reason);
   kvc_close(c);
   ops_stop();
 }
 
 /* ---- a pool per device (g1.device = 0,2 on the simulation) -------------------- */
 
-static const char *const two_devs[] = {"g1.enable=on", "g1.backend=sim", "g1.capacity=2M",
+static const char *const two_devs[] = {"g1.enable=on",  "g1.backend=sim",   "g1.capacity=2M",
                                        "g1.device=0,2", "cache.policy=lru", NULL};
 
 static void sim_uuid(int ordinal, uint8_t u[16]) {
@@ -391,7 +393,8 @@ static void load_expect(kvc *c, uint64_t first, uint32_t n, uint8_t tier, uint8_
   cr_assert_eq(kvc_load(c, KVC_G1, k, n, out), (int)n);
   for (uint32_t i = 0; i < n; i++) {
     uint64_t v = first + i;
-    cr_assert_eq(out[i].status, 0, "block %llu: %s", (unsigned long long)v, kvc_strerror(out[i].status));
+    cr_assert_eq(out[i].status, 0, "block %llu: %s", (unsigned long long)v,
+                 kvc_strerror(out[i].status));
     cr_assert_eq(out[i].tier, tier, "block %llu in tier %u, wanted %u", (unsigned long long)v,
                  out[i].tier, tier);
     if (tier == KVC_G1) read_device(c, out[i].ptr, host, OPS_BLOCK);

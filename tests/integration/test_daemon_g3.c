@@ -51,8 +51,8 @@ static int start_with_g3(const char *name, void (*prepare)(void), const char *co
   snprintf(g3dir, sizeof g3dir, "%s/%s", g3root, name);
   snprintf(setpath, sizeof setpath, "g3.path=%s", g3dir);
   if (prepare) prepare();
-  const char *extra[16] = {setpath, "g3.block_bytes=64K", "g3.backend=threads",
-                           "g3.retry_ms=100", "g3.capacity=8M"};
+  const char *extra[16] = {setpath, "g3.block_bytes=64K", "g3.backend=threads", "g3.retry_ms=100",
+                           "g3.capacity=8M"};
   int n = 5;
   for (int i = 0; more && more[i] && n < 15; i++) extra[n++] = more[i];
   extra[n] = NULL;
@@ -176,7 +176,8 @@ static void immutable_dir(void) {
  * itself and takes demotions. */
 Test(daemon_g3, immutable_g3_directory_runs_on_g2_alone_until_fixed) {
   int rc = start_with_g3("frozen", immutable_dir, NULL);
-  if (immutable_rc) cr_skip_test("cannot make a directory immutable here: %s", strerror(immutable_rc));
+  if (immutable_rc)
+    cr_skip_test("cannot make a directory immutable here: %s", strerror(immutable_rc));
   cr_assert_eq(rc, 0, "kvcached exited (%d) instead of running on G2 alone", rc);
   char h[4096];
   cr_assert_eq(health(h, sizeof h), 503, "%s", h);
@@ -334,7 +335,8 @@ Test(daemon_g3, holes_punched_in_g2_leave_g3_reads_intact) {
   cr_assert_eq(kvc_g2_info(c, &g2), 0);
   cr_assert_eq(madvise(g2.base, g2.bytes, MADV_REMOVE), 0, "MADV_REMOVE: %s", strerror(errno));
   /* Before the punch, on G3: loaded back intact, one by one, kept by G3. */
-  for (uint64_t v = 1; v <= n; v++) cr_assert_eq(load_ok(c, v), 0, "block %llu", (unsigned long long)v);
+  for (uint64_t v = 1; v <= n; v++)
+    cr_assert_eq(load_ok(c, v), 0, "block %llu", (unsigned long long)v);
   cr_assert_eq(ops_metric("kvcached_g3_corrupt_total"), 0);
   cr_assert_eq(g3_blocks(), (long long)n, "G3 dropped blocks");
   cr_assert_eq(health(h, sizeof h), 200, "%s", h);
@@ -351,7 +353,8 @@ Test(daemon_g3, holes_punched_in_g2_leave_g3_reads_intact) {
       usleep(20000);
     }
     rc = load_ok(c, v);
-    cr_assert(rc != 0 && rc != -2, "block %llu, destroyed in G2: load answered %d", (unsigned long long)v, rc);
+    cr_assert(rc != 0 && rc != -2, "block %llu, destroyed in G2: load answered %d",
+              (unsigned long long)v, rc);
   }
   kvc_close(c);
 }

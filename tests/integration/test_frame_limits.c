@@ -6,8 +6,8 @@
  * reader alone are in tests/unit/test_request_limits.c. */
 #include "tests/lib/fixture.h"
 
-#include "ipc/reader.h"
 #include "base/errors.h"
+#include "ipc/reader.h"
 #include "proto/wire.h"
 
 /* One timeout for every test: Criterion 2.4's runner leaks a timeout record
@@ -38,10 +38,15 @@ static int raw_worker(int hello) {
   setsockopt(fd, SOL_SOCKET, SO_SNDTIMEO, &tv, sizeof tv);
   if (!hello) return fd;
   kv_msg m = {.op = KV_OP_HELLO, .id = 1};
-  m.hello = (kv_hello_req){.ver_major = KV_PROTO_MAJOR, .ver_minor = KV_PROTO_MINOR,
+  m.hello = (kv_hello_req){.ver_major = KV_PROTO_MAJOR,
+                           .ver_minor = KV_PROTO_MINOR,
                            .tenant = {"t", 1},
-                           .layout = {.block_bytes = OPS_BLOCK, .tokens_per_block = 16,
-                                      .layers = 2, .kv_heads = 2, .head_dim = 64, .tp_size = 1,
+                           .layout = {.block_bytes = OPS_BLOCK,
+                                      .tokens_per_block = 16,
+                                      .layers = 2,
+                                      .kv_heads = 2,
+                                      .head_dim = 64,
+                                      .tp_size = 1,
                                       .dtype = {"bf16", 4}}};
   kv_buf b;
   kv_buf_init(&b);
@@ -63,7 +68,7 @@ static int raw_worker(int hello) {
 }
 
 #define NCONN 16
-#define SENT (2u << 20) /* payload bytes each connection tries to send */
+#define SENT  (2u << 20) /* payload bytes each connection tries to send */
 
 Test(frame_limits, unfinished_64mib_puts_cost_no_memory) {
   ops_start(NULL, NULL);
@@ -81,8 +86,11 @@ Test(frame_limits, unfinished_64mib_puts_cost_no_memory) {
   for (int i = 0; i < 2 * NCONN; i++) {
     int hello = i >= NCONN;
     fds[i] = raw_worker(hello);
-    kv_hdr h = {.magic = KV_PROTO_MAGIC, .version = KV_PROTO_MAJOR, .op = KV_OP_PUT,
-                .id = 100 + (uint64_t)i, .len = KV_PUT_OVERHEAD + KV_INLINE_MAX};
+    kv_hdr h = {.magic = KV_PROTO_MAGIC,
+                .version = KV_PROTO_MAJOR,
+                .op = KV_OP_PUT,
+                .id = 100 + (uint64_t)i,
+                .len = KV_PUT_OVERHEAD + KV_INLINE_MAX};
     uint8_t hb[KV_HDR_SIZE];
     kv_hdr_write(hb, &h);
     cr_assert_eq(send(fds[i], hb, sizeof hb, MSG_NOSIGNAL), (ssize_t)sizeof hb);
@@ -149,7 +157,10 @@ Test(frame_limits, limits_follow_the_session_state) {
     int fd = raw_worker(cases[i].hello);
     uint8_t *frame = calloc(1, KV_HDR_SIZE + cases[i].len);
     cr_assert_not_null(frame);
-    kv_hdr h = {.magic = KV_PROTO_MAGIC, .version = KV_PROTO_MAJOR, .op = cases[i].op, .id = 5,
+    kv_hdr h = {.magic = KV_PROTO_MAGIC,
+                .version = KV_PROTO_MAJOR,
+                .op = cases[i].op,
+                .id = 5,
                 .len = cases[i].len};
     kv_hdr_write(frame, &h);
     size_t n = KV_HDR_SIZE + cases[i].len;

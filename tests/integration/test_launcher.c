@@ -15,8 +15,8 @@
 #include "tests/lib/metrics.h"
 #include "tests/lib/tmpdir.h"
 
-static const char *const base_args[] = {"--g2-capacity", "2M", "--set", "g2.lock=no",
-                                        "--g3-path", "", "--log-level", "warn", NULL};
+static const char *const base_args[] = {
+    "--g2-capacity", "2M", "--set", "g2.lock=no", "--g3-path", "", "--log-level", "warn", NULL};
 
 static long long stat_of(const kvt_daemon *d, const char *path) {
   static char resp[1 << 20];

@@ -7,13 +7,23 @@
 #include "base/errors.h"
 
 /* A worker of tenant with salt "s<salt>" (salt < 0: none), TP rank/size, group. */
-static int open_ns(const char *tenant, int salt, uint16_t rank, uint16_t size, const char *group, kvc **out) {
+static int open_ns(const char *tenant, int salt, uint16_t rank, uint16_t size, const char *group,
+                   kvc **out) {
   char s[16];
   int n = salt < 0 ? 0 : snprintf(s, sizeof s, "s%d", salt);
-  kvc_opts o = {.socket_path = ops_d.sock, .tenant = tenant, .no_g1 = 1, .group = group,
-                .salt = (const uint8_t *)s, .salt_len = (size_t)n,
-                .layout = {.block_bytes = OPS_BLOCK, .tokens_per_block = 16, .layers = 2,
-                           .kv_heads = 2, .head_dim = 64, .tp_rank = rank, .tp_size = size,
+  kvc_opts o = {.socket_path = ops_d.sock,
+                .tenant = tenant,
+                .no_g1 = 1,
+                .group = group,
+                .salt = (const uint8_t *)s,
+                .salt_len = (size_t)n,
+                .layout = {.block_bytes = OPS_BLOCK,
+                           .tokens_per_block = 16,
+                           .layers = 2,
+                           .kv_heads = 2,
+                           .head_dim = 64,
+                           .tp_rank = rank,
+                           .tp_size = size,
                            .dtype = "bf16"}};
   *out = NULL;
   return kvc_open(&o, out);
@@ -66,8 +76,9 @@ Test(namespaces, a_tenant_at_its_limit_is_refused_and_does_not_stop_another) {
   json_t *o = ops_json(ops_d.stats, "GET", "/stats", 200);
   cr_assert_eq(ops_num(o, "namespaces.refused.tenant_limit"), 2);
   cr_assert_eq(ops_num(o, "namespaces.live"), 8);
-  cr_assert_eq(json_integer_value(json_object_get(json_array_get(json_object_get(o, "tenants"), 0),
-                                                  "namespaces")), 4);
+  cr_assert_eq(json_integer_value(
+                   json_object_get(json_array_get(json_object_get(o, "tenants"), 0), "namespaces")),
+               4);
   json_decref(o);
   static char resp[1 << 20];
   const char *m;
@@ -123,13 +134,14 @@ Test(namespaces, ssd_blocks_are_found_again_after_namespaces_come_and_go, .timeo
   char g3dir[64] = "/tmp/kvops-g3-XXXXXX", g3path[96];
   cr_assert_not_null(mkdtemp(g3dir));
   snprintf(g3path, sizeof g3path, "g3.path=%s", g3dir);
-  const char *const set[] = {g3path, "g3.capacity=12M", "g3.block_bytes=64K", "g3.backend=threads", NULL};
+  const char *const set[] = {g3path, "g3.capacity=12M", "g3.block_bytes=64K", "g3.backend=threads",
+                             NULL};
   ops_start(NULL, set);
   kvc *a = must_open("t", 0);
   for (uint64_t v = 1; v <= 4; v++) store1(a, v);
   kvc_close(a);
   json_decref(ops_json(ops_d.admin, "POST", "/evict?tier=g2", 200)); /* to the SSD */
-  for (int i = 100; i < 200; i++) { /* come and go */
+  for (int i = 100; i < 200; i++) {                                  /* come and go */
     kvc *c = must_open("t", i);
     kvc_close(c);
   }
@@ -186,8 +198,10 @@ Test(namespaces, a_namespace_belongs_to_one_tp_group) {
   store_chain(r0, 3);
   store_chain(r1, 2);
   cr_assert_eq(hit(r0, 3), 2, "the group's length");
-  cr_assert_eq(open_ns("t", -1, 0, 2, "h", &x), -EINVAL, "rank 0 of 'g' said HELLO as rank 0 of 'h'");
-  cr_assert_eq(open_ns("t", -1, 0, 2, NULL, &x), 0, "naming no group is that namespace, in its group");
+  cr_assert_eq(open_ns("t", -1, 0, 2, "h", &x), -EINVAL,
+               "rank 0 of 'g' said HELLO as rank 0 of 'h'");
+  cr_assert_eq(open_ns("t", -1, 0, 2, NULL, &x), 0,
+               "naming no group is that namespace, in its group");
   cr_assert_eq(hit(x, 3), 2);
   kvc_close(x);
   /* Another tenant name, another salt: groups of their own. */

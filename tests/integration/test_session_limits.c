@@ -21,13 +21,15 @@ Test(limits, one_session_pinning_a_block_65536_times_does_not_fail_others_loads,
     cr_assert_eq(kvc_load(a, KVC_G2, keys, REPEAT, out), (int)REPEAT, "round %d: %s", round,
                  kvc_strerror(out[REPEAT - 1].status));
   kvc_block ob;
-  cr_assert_eq(kvc_load(b, KVC_G2, keys, 1, &ob), 1, "another worker's LOAD: %s", kvc_strerror(ob.status));
+  cr_assert_eq(kvc_load(b, KVC_G2, keys, 1, &ob), 1, "another worker's LOAD: %s",
+               kvc_strerror(ob.status));
   cr_assert_eq(kvc_release(b, keys, 1, NULL), 1);
   /* Every repeat wants its release; the block stays pinned until the last. */
   json_t *o = ops_json(ops_d.stats, "GET", "/stats", 200);
   cr_assert_eq(ops_num(o, "pins"), 1);
   json_decref(o);
-  for (int round = 0; round < 16; round++) cr_assert_eq(kvc_release(a, keys, REPEAT, NULL), (int)REPEAT);
+  for (int round = 0; round < 16; round++)
+    cr_assert_eq(kvc_release(a, keys, REPEAT, NULL), (int)REPEAT);
   int32_t st;
   cr_assert_eq(kvc_release(a, keys, 1, &st), 0);
   cr_assert_eq(st, KV_ENOTOWNER);
@@ -77,7 +79,8 @@ Test(limits, allocations_past_the_session_limit_are_refused_per_key) {
   for (int i = 0; i < 6; i++) keys[i] = KC((uint64_t)i + 1);
   cr_assert_eq(kvc_alloc(a, KVC_G2, 128, keys, NULL, 5, out), 3);
   for (int i = 0; i < 3; i++) cr_assert_eq(out[i].status, 0);
-  for (int i = 3; i < 5; i++) cr_assert_eq(out[i].status, -EDQUOT, "key %d: %s", i, kvc_strerror(out[i].status));
+  for (int i = 3; i < 5; i++)
+    cr_assert_eq(out[i].status, -EDQUOT, "key %d: %s", i, kvc_strerror(out[i].status));
   /* Another connection is not held back; a commit makes room. */
   cr_assert_eq(kvc_alloc(b, KVC_G2, 128, keys + 3, NULL, 1, out + 3), 1);
   cr_assert_eq(kvc_commit(a, keys, 1, NULL), 1);

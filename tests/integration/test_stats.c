@@ -4,8 +4,8 @@
  * in tests/unit/test_stats_unit.c. */
 #include "tests/lib/fixture.h"
 
-#include "daemon/stats.h"
 #include "base/errors.h"
+#include "daemon/stats.h"
 
 static char resp[1 << 20];
 
@@ -27,7 +27,7 @@ Test(stats, miss_reasons_and_request_latency) {
   json_decref(o);
   kvc_key keys[3] = {KC(1), KC(2), KC(99)};
   uint8_t tiers[3];
-  cr_assert_eq(kvc_lookup(c, keys, 3, tiers), 0);   /* 1, 2 evicted; 99 never seen */
+  cr_assert_eq(kvc_lookup(c, keys, 3, tiers), 0); /* 1, 2 evicted; 99 never seen */
   kvc_block out[1];
   kvc_key k3 = KC(3);
   cr_assert_eq(kvc_load(c, KVC_G2, &k3, 1, out), 0); /* a LOAD miss on an evicted key */
@@ -37,14 +37,15 @@ Test(stats, miss_reasons_and_request_latency) {
   cr_assert_eq(kvc_load(c, KVC_G2, &k5, 1, out), 1);
   cr_assert_eq(kvc_release(c, &k5, 1, NULL), 1);
   kvc_delete(c, &k5, 1);
-  cr_assert_eq(kvc_lookup(c, &k5, 1, tiers), 0);    /* deleted: forgotten, absent */
+  cr_assert_eq(kvc_lookup(c, &k5, 1, tiers), 0); /* deleted: forgotten, absent */
   const char *m = scrape();
   cr_assert_eq(kvt_metric_value(m, "kvcached_misses_total{reason=\"evicted\"}"), 3, "%s", m);
   cr_assert_eq(kvt_metric_value(m, "kvcached_misses_total{reason=\"absent\"}"), 2);
   cr_assert_eq(kvt_metric_value(m, "kvcached_misses_total{reason=\"not_shareable\"}"), 0);
   cr_assert_eq(kvt_metric_value(m, "kvcached_request_duration_seconds_count{op=\"lookup\"}"), 2);
   cr_assert_eq(kvt_metric_value(m, "kvcached_request_duration_seconds_count{op=\"load\"}"), 2);
-  cr_assert_eq(kvt_metric_value(m, "kvcached_request_duration_seconds_bucket{op=\"load\",le=\"+Inf\"}"), 2);
+  cr_assert_eq(
+      kvt_metric_value(m, "kvcached_request_duration_seconds_bucket{op=\"load\",le=\"+Inf\"}"), 2);
   cr_assert_eq(kvt_metric_value(m, "kvcached_requests_total{op=\"lookup\"}"), 2);
   cr_assert_eq(kvt_metric_value(m, "kvcached_requests_total{op=\"commit\"}"), 5);
   cr_assert_eq(kvt_metric_value(m, "kvcached_sessions"), 1);
@@ -106,15 +107,30 @@ Test(stats, load_hits_count_as_hits_like_their_misses) {
 }
 
 Test(stats, every_metric_of_the_contract_is_exported) {
-  static const char *const names[] = {
-      "kvcached_build_info", "kvcached_uptime_seconds", "kvcached_tier_capacity_bytes",
-      "kvcached_tier_used_bytes", "kvcached_tier_blocks", "kvcached_hits_total",
-      "kvcached_misses_total", "kvcached_lookups_total", "kvcached_copy_bytes_total",
-      "kvcached_copy_ops_total", "kvcached_copy_duration_seconds", "kvcached_evictions_total",
-      "kvcached_demotions_total", "kvcached_admissions_refused_total", "kvcached_pinned_blocks",
-      "kvcached_uncommitted_allocations", "kvcached_sessions", "kvcached_sessions_opened_total",
-      "kvcached_requests_total", "kvcached_request_duration_seconds", "kvcached_g3_state",
-      "kvcached_g3_io_errors_total", "kvcached_g3_corrupt_total", "kvcached_bad_frames_total"};
+  static const char *const names[] = {"kvcached_build_info",
+                                      "kvcached_uptime_seconds",
+                                      "kvcached_tier_capacity_bytes",
+                                      "kvcached_tier_used_bytes",
+                                      "kvcached_tier_blocks",
+                                      "kvcached_hits_total",
+                                      "kvcached_misses_total",
+                                      "kvcached_lookups_total",
+                                      "kvcached_copy_bytes_total",
+                                      "kvcached_copy_ops_total",
+                                      "kvcached_copy_duration_seconds",
+                                      "kvcached_evictions_total",
+                                      "kvcached_demotions_total",
+                                      "kvcached_admissions_refused_total",
+                                      "kvcached_pinned_blocks",
+                                      "kvcached_uncommitted_allocations",
+                                      "kvcached_sessions",
+                                      "kvcached_sessions_opened_total",
+                                      "kvcached_requests_total",
+                                      "kvcached_request_duration_seconds",
+                                      "kvcached_g3_state",
+                                      "kvcached_g3_io_errors_total",
+                                      "kvcached_g3_corrupt_total",
+                                      "kvcached_bad_frames_total"};
   const char *m = scrape();
   char line[128];
   for (size_t i = 0; i < sizeof names / sizeof names[0]; i++) {
@@ -133,7 +149,8 @@ Test(stats, every_metric_of_the_contract_is_exported) {
     cr_expect(strstr(doc, name), "%s is exported but not in daemon/OPS.md", name);
   }
   for (int d = 0; d < KVD_DIR_COUNT; d++) {
-    snprintf(line, sizeof line, "kvcached_copy_duration_seconds_count{direction=\"%s\"}", kvd_dir_names[d]);
+    snprintf(line, sizeof line, "kvcached_copy_duration_seconds_count{direction=\"%s\"}",
+             kvd_dir_names[d]);
     cr_expect_eq(kvt_metric_value(m, line), 0, "%s", line);
   }
 }

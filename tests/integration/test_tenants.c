@@ -11,13 +11,20 @@
 
 #include "base/errors.h"
 
-#define NOBODY 65534u
+#define NOBODY   65534u
 #define SUPP_GID 4242u /* a supplementary group no user has */
 
 static kvc_opts worker_opts(const char *tenant) {
-  kvc_opts o = {.socket_path = ops_d.sock, .tenant = tenant, .no_g1 = 1,
-                .layout = {.block_bytes = OPS_BLOCK, .tokens_per_block = 16, .layers = 2,
-                           .kv_heads = 2, .head_dim = 64, .tp_rank = 0, .tp_size = 1,
+  kvc_opts o = {.socket_path = ops_d.sock,
+                .tenant = tenant,
+                .no_g1 = 1,
+                .layout = {.block_bytes = OPS_BLOCK,
+                           .tokens_per_block = 16,
+                           .layers = 2,
+                           .kv_heads = 2,
+                           .head_dim = 64,
+                           .tp_rank = 0,
+                           .tp_size = 1,
                            .dtype = "bf16"}};
   return o;
 }
@@ -25,7 +32,9 @@ static kvc_opts worker_opts(const char *tenant) {
 /* What a worker running as uid/gid (with supplementary group `sup`, or
  * none when sup is -1) got: kvc_open's result and, when it opened, how many
  * blocks of keys 1..4 it could load. */
-typedef struct peer_result { int open_rc, loaded; } peer_result;
+typedef struct peer_result {
+  int open_rc, loaded;
+} peer_result;
 
 static peer_result as_peer(const char *tenant, uid_t uid, gid_t gid, int sup) {
   /* The socket is 0660 in a directory only its owner may enter: let the
@@ -70,7 +79,8 @@ Test(tenants, a_peer_not_listed_for_a_tenant_cannot_act_as_it) {
   kvc *a = ops_open("alice");
   ops_store(a, 1, 4);
   peer_result r = as_peer("alice", NOBODY, 0, -1); /* another uid, in the socket's group */
-  cr_assert_eq(r.open_rc, -EPERM, "uid %u opened alice's session: %s", NOBODY, kvc_strerror(r.open_rc));
+  cr_assert_eq(r.open_rc, -EPERM, "uid %u opened alice's session: %s", NOBODY,
+               kvc_strerror(r.open_rc));
   cr_assert_eq(r.loaded, 0);
   cr_assert_eq(ops_stat("hello_refused.not_allowed"), 1);
   /* Alice's own worker goes on. */
@@ -96,7 +106,8 @@ Test(tenants, a_tenant_nobody_configured_gets_no_arena) {
   json_t *ts = json_object_get(o2, "tenants");
   cr_assert_eq(json_array_size(ts), 2, "one arena per configured tenant, none for the squatter");
   cr_assert_str_eq(json_string_value(json_object_get(json_array_get(ts, 0), "name")), "alice");
-  cr_assert_eq(json_integer_value(json_object_get(json_array_get(ts, 0), "g2_capacity_bytes")), 1 << 20);
+  cr_assert_eq(json_integer_value(json_object_get(json_array_get(ts, 0), "g2_capacity_bytes")),
+               1 << 20);
   json_decref(o2);
   static char resp[1 << 20];
   const char *m;
@@ -169,8 +180,9 @@ Test(tenants, shares_size_each_tenants_arena) {
   cr_assert_eq(json_array_size(ts), 3);
   long long want[3] = {512 << 10, 1 << 20, 512 << 10}; /* of 2M; the rest to "rest" */
   for (int i = 0; i < 3; i++)
-    cr_assert_eq(json_integer_value(json_object_get(json_array_get(ts, (size_t)i), "g2_capacity_bytes")),
-                 want[i], "tenant %d", i);
+    cr_assert_eq(
+        json_integer_value(json_object_get(json_array_get(ts, (size_t)i), "g2_capacity_bytes")),
+        want[i], "tenant %d", i);
   json_decref(o);
   kvc *s = ops_open("small");
   kvc_key keys[9];
@@ -206,7 +218,9 @@ static json_t *tenant_stats(size_t i) {
   return t;
 }
 
-static long long jnum(json_t *o, const char *k) { return (long long)json_integer_value(json_object_get(o, k)); }
+static long long jnum(json_t *o, const char *k) {
+  return (long long)json_integer_value(json_object_get(o, k));
+}
 
 /* Used to happen: the SSD tier was one pool for everybody, so one tenant
  * storing more than the SSD holds evicted every other tenant's blocks. */
@@ -214,8 +228,12 @@ Test(tenants, one_tenant_flooding_the_ssd_stays_within_its_share, .timeout = 120
   char g3dir[64] = "/tmp/kvops-g3-XXXXXX", g3path[96];
   cr_assert_not_null(mkdtemp(g3dir));
   snprintf(g3path, sizeof g3path, "g3.path=%s", g3dir);
-  const char *const set[] = {g3path, "g3.capacity=12M", "g3.block_bytes=64K", "g3.backend=threads",
-                             "tenant.alice.g3_share=25%", NULL};
+  const char *const set[] = {g3path,
+                             "g3.capacity=12M",
+                             "g3.block_bytes=64K",
+                             "g3.backend=threads",
+                             "tenant.alice.g3_share=25%",
+                             NULL};
   ops_start("alice,bob", set);
   json_t *ta = tenant_stats(0), *tb = tenant_stats(1);
   long long share_a = jnum(ta, "g3_share_bytes"), share_b = jnum(tb, "g3_share_bytes");
@@ -240,7 +258,8 @@ Test(tenants, one_tenant_flooding_the_ssd_stays_within_its_share, .timeout = 120
     json_decref(ta);
   }
   cr_assert_eq(ops_resident(b, 1, 40), 40, "alice's flood evicted bob's blocks");
-  cr_assert(used_a > 0 && used_a <= share_a, "alice holds %lld bytes of G3, her share is %lld", used_a, share_a);
+  cr_assert(used_a > 0 && used_a <= share_a, "alice holds %lld bytes of G3, her share is %lld",
+            used_a, share_a);
   /* bob's blocks come back from the SSD intact. */
   for (uint64_t v = 1; v <= 40; v++) {
     kvc_key k = KC(v);
@@ -263,25 +282,35 @@ Test(tenants, ssd_blocks_from_before_a_restart_join_their_tenants_share, .timeou
   char g3dir[64] = "/tmp/kvops-g3-XXXXXX", g3path[96];
   cr_assert_not_null(mkdtemp(g3dir));
   snprintf(g3path, sizeof g3path, "g3.path=%s", g3dir);
-  const char *const set[] = {g3path, "g3.capacity=12M", "g3.block_bytes=64K", "g3.backend=threads",
-                             "tenant.alice.g3_share=50%", NULL};
+  const char *const set[] = {g3path,
+                             "g3.capacity=12M",
+                             "g3.block_bytes=64K",
+                             "g3.backend=threads",
+                             "tenant.alice.g3_share=50%",
+                             NULL};
   ops_start("alice,bob", set);
   kvc *a = ops_open("alice");
   store_retry(a, 1, 60);
   kvc_close(a);
   ops_stop();
-  const char *const set2[] = {g3path, "g3.capacity=12M", "g3.block_bytes=64K", "g3.backend=threads",
-                              "tenant.alice.g3_share=10%", NULL};
+  const char *const set2[] = {g3path,
+                              "g3.capacity=12M",
+                              "g3.block_bytes=64K",
+                              "g3.backend=threads",
+                              "tenant.alice.g3_share=10%",
+                              NULL};
   ops_start("alice,bob", set2);
   json_t *t = tenant_stats(0);
   long long share = jnum(t, "g3_share_bytes");
-  cr_assert_eq(jnum(t, "g3_used_bytes"), 0, "blocks from before count once their namespace is back");
+  cr_assert_eq(jnum(t, "g3_used_bytes"), 0,
+               "blocks from before count once their namespace is back");
   json_decref(t);
   a = ops_open("alice");
   t = tenant_stats(0);
   long long used = jnum(t, "g3_used_bytes");
   json_decref(t);
-  cr_assert(used > 0 && used <= share, "alice holds %lld bytes of G3 after HELLO, her share is %lld", used, share);
+  cr_assert(used > 0 && used <= share,
+            "alice holds %lld bytes of G3 after HELLO, her share is %lld", used, share);
   int resident = ops_resident(a, 1, 60);
   cr_assert(resident >= (int)(used / OPS_BLOCK), "%d resident", resident);
   for (uint64_t v = 1; v <= 60; v++) {
@@ -298,7 +327,8 @@ Test(tenants, ssd_blocks_from_before_a_restart_join_their_tenants_share, .timeou
   t = tenant_stats(0);
   used = jnum(t, "g3_used_bytes");
   json_decref(t);
-  cr_assert(used > 0 && used <= share, "alice holds %lld bytes of G3, her share is %lld", used, share);
+  cr_assert(used > 0 && used <= share, "alice holds %lld bytes of G3, her share is %lld", used,
+            share);
   kvc_close(a);
   ops_stop();
   kvt_rmtree(g3dir);

@@ -10,11 +10,11 @@
 #include <linux/falloc.h>
 #include <sys/mman.h>
 
+#include "base/crc32c.h"
 #include "ipc/reader.h"
 #include "proto/wire.h"
 #include "tests/lib/fixture.h"
 #include "tests/lib/tmpdir.h"
-#include "base/crc32c.h"
 
 #define NOCRC (-1ll)
 
@@ -57,10 +57,17 @@ static void raw_open(raw *r, const char *tenant, uint16_t minor) {
   kv_reader_init(&r->rd, 0);
   r->id = 1;
   kv_msg m = {.op = KV_OP_HELLO};
-  m.hello = (kv_hello_req){
-    .ver_major = KV_PROTO_MAJOR, .ver_minor = minor, .tenant = {tenant, (uint32_t)strlen(tenant)},
-    .layout = {.block_bytes = OPS_BLOCK, .tokens_per_block = 16, .layers = 2, .kv_heads = 2,
-               .head_dim = 64, .tp_rank = 0, .tp_size = 1, .dtype = {"bf16", 4}}};
+  m.hello = (kv_hello_req){.ver_major = KV_PROTO_MAJOR,
+                           .ver_minor = minor,
+                           .tenant = {tenant, (uint32_t)strlen(tenant)},
+                           .layout = {.block_bytes = OPS_BLOCK,
+                                      .tokens_per_block = 16,
+                                      .layers = 2,
+                                      .kv_heads = 2,
+                                      .head_dim = 64,
+                                      .tp_rank = 0,
+                                      .tp_size = 1,
+                                      .dtype = {"bf16", 4}}};
   raw_send(r, &m);
   kv_frame f;
   raw_recv(r, &m, &f);
@@ -80,7 +87,9 @@ static void raw_close(raw *r) {
   kv_reader_free(&r->rd);
 }
 
-static kv_keyvec keyvec1(const kvc_key *k) { return (kv_keyvec){.p = k->b, .n = 1, .klen = k->len}; }
+static kv_keyvec keyvec1(const kvc_key *k) {
+  return (kv_keyvec){.p = k->b, .n = 1, .klen = k->len};
+}
 
 /* ALLOC, fill with `fill`, COMMIT with `crc` (NOCRC: a plain COMMIT, the
  * daemon computes). Returns the slot's offset. */
@@ -255,7 +264,7 @@ Test(trust, a_confirmed_block_still_pinned_is_refused_then_dropped) {
   raw_open(&late, "t1", KV_PROTO_MINOR);
   uint64_t off = raw_store(&w, 6, 0x66, fill_crc(0x66));
   cr_assert_eq(raw_load(&holder, 6, KV_OP_LOAD2).status, 0); /* a zero-copy reader's pin */
-  w.map[off + 100] ^= 0x80;                                     /* a worker scribbles */
+  w.map[off + 100] ^= 0x80;                                  /* a worker scribbles */
   kv_load_ent e = raw_load(&rd, 6, KV_OP_LOAD2);
   cr_assert_eq(e.status, 0);
   cr_assert_neq(kv_crc32c(0, rd.map + e.offset, OPS_BLOCK), e.crc);
@@ -287,7 +296,8 @@ static void store_crc(kvc *c, uint64_t v, uint8_t fill) {
   memset(src, fill, sizeof src);
   kvc_key k = KC(v), none = {0};
   kvc_block out;
-  cr_assert_eq(kvc_alloc(c, KVC_G2, 128, &k, &none, 1, &out), 1, "alloc %llu", (unsigned long long)v);
+  cr_assert_eq(kvc_alloc(c, KVC_G2, 128, &k, &none, 1, &out), 1, "alloc %llu",
+               (unsigned long long)v);
   uint32_t crc = kvc_copy_crc(out.ptr, src, OPS_BLOCK);
   cr_assert_eq(crc, fill_crc(fill));
   int32_t st;
@@ -357,7 +367,8 @@ Test(trust, a_hole_punched_in_the_arena_is_never_served_as_zeros) {
   raw attacker;
   raw_open(&attacker, "t1", KV_PROTO_MINOR);
   cr_assert_eq(fallocate(attacker.arena, FALLOC_FL_PUNCH_HOLE | FALLOC_FL_KEEP_SIZE, 0,
-                         (off_t)attacker.arena_bytes), 0, "punch: %s", strerror(errno));
+                         (off_t)attacker.arena_bytes),
+               0, "punch: %s", strerror(errno));
   kvc_block b[N];
   cr_assert_eq(kvc_load(reader, KVC_G2, keys, N, b), N);
   static uint8_t dst[OPS_BLOCK];

@@ -15,9 +15,9 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include "base/errors.h"
 #include "client/kvclient.h"
 #include "ipc/sock.h"
-#include "base/errors.h"
 #include "proto/wire.h"
 #include "tests/lib/daemon.h"
 #include "tests/lib/keys.h"
@@ -38,10 +38,27 @@ static void start_daemon(const char *tenants) {
   int k = 0;
   for (char *n = strtok_r(names, ",", &save); n && k < 2; n = strtok_r(NULL, ",", &save), k++)
     snprintf(t[k], sizeof t[k], "tenant.%s.uids=%u", n, (unsigned)getuid());
-  const char *args[] = {"--g2-capacity", "2M", "--set", "g2.page_size=1M", "--set", "g2.lock=no",
-                        "--set", t[0], "--set", t[1], "--g3-path", g3, "--g3-capacity", "12M",
-                        "--set", "g3.block_bytes=64K", "--set", "g3.backend=threads",
-                        "--log-level", "warn", NULL};
+  const char *args[] = {"--g2-capacity",
+                        "2M",
+                        "--set",
+                        "g2.page_size=1M",
+                        "--set",
+                        "g2.lock=no",
+                        "--set",
+                        t[0],
+                        "--set",
+                        t[1],
+                        "--g3-path",
+                        g3,
+                        "--g3-capacity",
+                        "12M",
+                        "--set",
+                        "g3.block_bytes=64K",
+                        "--set",
+                        "g3.backend=threads",
+                        "--log-level",
+                        "warn",
+                        NULL};
   kvt_daemon_opts o = {.dir = dir, .args = args, .wait_ms = 4000};
   cr_assert_eq(kvt_daemon_start(&kd, &o), 0, "kvcached did not start");
 }
@@ -62,9 +79,16 @@ static void setup(void) { start_daemon(NULL); }
 static void setup2(void) { start_daemon("alice,bob"); }
 
 static kvc *open_as(const char *tenant, uint16_t rank, uint16_t size, const char *group) {
-  kvc_opts o = {.socket_path = kd.sock, .tenant = tenant, .group = group,
-                .layout = {.block_bytes = BLOCK, .tokens_per_block = 16, .layers = 2,
-                           .kv_heads = 2, .head_dim = 64, .tp_rank = rank, .tp_size = size,
+  kvc_opts o = {.socket_path = kd.sock,
+                .tenant = tenant,
+                .group = group,
+                .layout = {.block_bytes = BLOCK,
+                           .tokens_per_block = 16,
+                           .layers = 2,
+                           .kv_heads = 2,
+                           .head_dim = 64,
+                           .tp_rank = rank,
+                           .tp_size = size,
                            .dtype = "bf16"}};
   kvc *c = NULL;
   int rc = kvc_open(&o, &c);
@@ -185,9 +209,15 @@ Test(daemon, a_killed_worker_releases_its_pins) {
 
 Test(daemon, namespaces_differ_by_layout) {
   kvc *a = open_as("t1", 0, 1, NULL);
-  kvc_opts o = {.socket_path = kd.sock, .tenant = "t1",
-                .layout = {.block_bytes = BLOCK, .tokens_per_block = 16, .layers = 2,
-                           .kv_heads = 2, .head_dim = 64, .tp_rank = 0, .tp_size = 1,
+  kvc_opts o = {.socket_path = kd.sock,
+                .tenant = "t1",
+                .layout = {.block_bytes = BLOCK,
+                           .tokens_per_block = 16,
+                           .layers = 2,
+                           .kv_heads = 2,
+                           .head_dim = 64,
+                           .tp_rank = 0,
+                           .tp_size = 1,
                            .dtype = "fp8"}};
   kvc *b;
   cr_assert_eq(kvc_open(&o, &b), 0);
@@ -250,7 +280,9 @@ Test(daemon, status_is_json) {
   kvc *c = open_one();
   char *j = NULL;
   cr_assert_eq(kvc_status(c, &j), 0);
-  cr_assert(strstr(j, "\"g2\"") && strstr(j, "\"sessions\": 1") == NULL && strstr(j, "\"sessions\":1"), "%s", j);
+  cr_assert(strstr(j, "\"g2\"") && strstr(j, "\"sessions\": 1") == NULL &&
+                strstr(j, "\"sessions\":1"),
+            "%s", j);
   free(j);
   kvc_close(c);
 }
@@ -276,8 +308,13 @@ Test(daemon, nonblocking_submissions_complete_out_of_band) {
   }
   cr_assert_eq(got, 2);
   for (int i = 0; i < 2; i++) {
-    if (done[i].id == (uint64_t)a) { cr_assert_eq(done[i].result, 2); cr_assert_eq(done[i].user, (void *)1); }
-    else { cr_assert_eq(done[i].id, (uint64_t)b); cr_assert_eq(done[i].result, 1); }
+    if (done[i].id == (uint64_t)a) {
+      cr_assert_eq(done[i].result, 2);
+      cr_assert_eq(done[i].user, (void *)1);
+    } else {
+      cr_assert_eq(done[i].id, (uint64_t)b);
+      cr_assert_eq(done[i].result, 1);
+    }
   }
   cr_assert_eq(kvc_pending(c), 0);
   kvc_close(c);
@@ -341,8 +378,11 @@ Test(daemon, malformed_frames_get_an_error_never_a_crash) {
   uint16_t versions[2] = {KV_PROTO_MAJOR, 99};
   for (int i = 0; i < 2; i++) {
     fd = raw_connect();
-    kv_hdr big = {.magic = KV_PROTO_MAGIC, .version = versions[i], .op = KV_OP_LOOKUP,
-                  .id = 5, .len = i == 0 ? 0x7fffffff : 0};
+    kv_hdr big = {.magic = KV_PROTO_MAGIC,
+                  .version = versions[i],
+                  .op = KV_OP_LOOKUP,
+                  .id = 5,
+                  .len = i == 0 ? 0x7fffffff : 0};
     kv_hdr_write(hb, &big);
     cr_assert_eq(write(fd, hb, sizeof hb), (ssize_t)sizeof hb);
     ssize_t total = 0, r;
@@ -352,7 +392,8 @@ Test(daemon, malformed_frames_get_an_error_never_a_crash) {
   }
   /* A truncated frame, then the peer vanishes mid-request. */
   fd = raw_connect();
-  kv_hdr part = {.magic = KV_PROTO_MAGIC, .version = KV_PROTO_MAJOR, .op = KV_OP_LOOKUP, .id = 6, .len = 100};
+  kv_hdr part = {
+      .magic = KV_PROTO_MAGIC, .version = KV_PROTO_MAJOR, .op = KV_OP_LOOKUP, .id = 6, .len = 100};
   kv_hdr_write(hb, &part);
   write(fd, hb, sizeof hb);
   write(fd, junk, 10);
@@ -365,13 +406,16 @@ Test(daemon, malformed_frames_get_an_error_never_a_crash) {
   kvc_close(c);
 }
 
-Test(daemon_tenants, tenants_are_isolated_and_limited, .init = setup2, .fini = stop_daemon, .timeout = 60) {
+Test(daemon_tenants, tenants_are_isolated_and_limited, .init = setup2, .fini = stop_daemon,
+     .timeout = 60) {
   kvc *a = open_as("alice", 0, 1, NULL), *b = open_as("bob", 0, 1, NULL);
   kvc_key k = KC(3);
   store_chain(a, &k, 1);
   cr_assert_eq(kvc_lookup(b, &k, 1, NULL), 0, "bob saw alice's block");
-  kvc_opts o = {.socket_path = kd.sock, .tenant = "carol",
-                .layout = {.block_bytes = BLOCK, .tokens_per_block = 16, .tp_size = 1, .dtype = "bf16"}};
+  kvc_opts o = {
+      .socket_path = kd.sock,
+      .tenant = "carol",
+      .layout = {.block_bytes = BLOCK, .tokens_per_block = 16, .tp_size = 1, .dtype = "bf16"}};
   kvc *c;
   cr_assert_eq(kvc_open(&o, &c), -EPERM, "a tenant nobody configured got an arena");
   kvc_close(a);
@@ -379,8 +423,13 @@ Test(daemon_tenants, tenants_are_isolated_and_limited, .init = setup2, .fini = s
 }
 
 Test(daemon, bad_hello_is_refused) {
-  kvc_opts o = {.socket_path = kd.sock, .tenant = "t1",
-                .layout = {.block_bytes = BLOCK, .tokens_per_block = 16, .tp_rank = 2, .tp_size = 2, .dtype = "bf16"}};
+  kvc_opts o = {.socket_path = kd.sock,
+                .tenant = "t1",
+                .layout = {.block_bytes = BLOCK,
+                           .tokens_per_block = 16,
+                           .tp_rank = 2,
+                           .tp_size = 2,
+                           .dtype = "bf16"}};
   kvc *c;
   cr_assert_eq(kvc_open(&o, &c), -EINVAL);
   o.layout.tp_rank = 0;
@@ -516,9 +565,15 @@ Test(daemon, restart_after_kill_9_is_warm) { restart_and_check(SIGKILL); }
 static void key_bytes(uint8_t *p, uint64_t v) { fill_pattern(p, v); }
 
 static int worker(int w) {
-  kvc_opts o = {.socket_path = kd.sock, .tenant = "t1",
-                .layout = {.block_bytes = BLOCK, .tokens_per_block = 16, .layers = 2,
-                           .kv_heads = 2, .head_dim = 64, .tp_rank = 0, .tp_size = 1,
+  kvc_opts o = {.socket_path = kd.sock,
+                .tenant = "t1",
+                .layout = {.block_bytes = BLOCK,
+                           .tokens_per_block = 16,
+                           .layers = 2,
+                           .kv_heads = 2,
+                           .head_dim = 64,
+                           .tp_rank = 0,
+                           .tp_size = 1,
                            .dtype = "bf16"}};
   kvc *c;
   if (kvc_open(&o, &c)) return 10;
@@ -528,29 +583,45 @@ static int worker(int w) {
     /* Chain: 3 shared blocks (same for everyone), then 3 of this worker. */
     kvc_key keys[6];
     for (int i = 0; i < 3; i++) keys[i] = KC(5000 + (uint64_t)(round % 4) * 10 + (uint64_t)i);
-    for (int i = 3; i < 6; i++) keys[i] = KC(6000 + (uint64_t)w * 1000 + (uint64_t)round * 10 + (uint64_t)i);
+    for (int i = 3; i < 6; i++)
+      keys[i] = KC(6000 + (uint64_t)w * 1000 + (uint64_t)round * 10 + (uint64_t)i);
     int hit = kvc_lookup(c, keys, 6, NULL);
-    if (hit < 0) { bad = 11; break; }
+    if (hit < 0) {
+      bad = 11;
+      break;
+    }
     for (int i = hit; i < 6; i++) {
       kvc_block out;
       kvc_key parent = i ? keys[i - 1] : (kvc_key){0};
       int r = kvc_alloc(c, KVC_G2, 128, &keys[i], &parent, 1, &out);
-      if (r < 0) { bad = 12; break; }
+      if (r < 0) {
+        bad = 12;
+        break;
+      }
       if (r == 0) continue; /* exists, or no room: someone else has it */
       uint64_t v = 0;
       for (int k = 0; k < 8; k++) v |= (uint64_t)keys[i].b[k] << (8 * k);
       key_bytes(out.ptr, v);
-      if (kvc_commit(c, &keys[i], 1, NULL) != 1) { bad = 13; break; }
+      if (kvc_commit(c, &keys[i], 1, NULL) != 1) {
+        bad = 13;
+        break;
+      }
     }
     kvc_block b[6];
     int got = kvc_load(c, KVC_G2, keys, 6, b);
-    if (got < 0) { bad = 14; break; }
+    if (got < 0) {
+      bad = 14;
+      break;
+    }
     for (int i = 0; i < 6; i++) {
       if (b[i].status) continue; /* evicted meanwhile, or still being written */
       uint64_t v = 0;
       for (int k = 0; k < 8; k++) v |= (uint64_t)keys[i].b[k] << (8 * k);
       key_bytes(want, v);
-      if (memcmp(b[i].ptr, want, BLOCK)) { bad = 15; break; }
+      if (memcmp(b[i].ptr, want, BLOCK)) {
+        bad = 15;
+        break;
+      }
     }
     kvc_release(c, keys, 6, NULL);
   }

@@ -15,12 +15,13 @@
 #define KVT_ARGS_MAX 96
 
 typedef struct kvt_daemon_opts {
-  const char *dir;           /* socket directory, existing; NULL: a fresh one (removed by kvt_daemon_free) */
-  const char *config;        /* INI text, written to DIR/kvcached.conf and read with --config; may be NULL */
-  const char *const *args;   /* further command-line words, NULL-terminated; may be NULL */
-  const char *const *sets;   /* values each given as --set VALUE, NULL-terminated; may be NULL */
-  rlim_t nofile;             /* nonzero: the daemon's RLIMIT_NOFILE (soft and hard) */
-  int wait_ms;               /* how long it may take to serve; 0: 5000 */
+  const char *dir; /* socket directory, existing; NULL: a fresh one (removed by kvt_daemon_free) */
+  const char
+      *config; /* INI text, written to DIR/kvcached.conf and read with --config; may be NULL */
+  const char *const *args; /* further command-line words, NULL-terminated; may be NULL */
+  const char *const *sets; /* values each given as --set VALUE, NULL-terminated; may be NULL */
+  rlim_t nofile;           /* nonzero: the daemon's RLIMIT_NOFILE (soft and hard) */
+  int wait_ms;             /* how long it may take to serve; 0: 5000 */
 } kvt_daemon_opts;
 
 typedef struct kvt_daemon {

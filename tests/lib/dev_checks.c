@@ -144,8 +144,8 @@ fail:
 ssize_t dc_recv_fd(int sock, void *buf, size_t cap, int *fd) {
   char cbuf[CMSG_SPACE(sizeof(int))];
   struct iovec iov = {buf, cap};
-  struct msghdr mh = {.msg_iov = &iov, .msg_iovlen = 1, .msg_control = cbuf,
-                      .msg_controllen = sizeof cbuf};
+  struct msghdr mh = {
+      .msg_iov = &iov, .msg_iovlen = 1, .msg_control = cbuf, .msg_controllen = sizeof cbuf};
   ssize_t n = recvmsg(sock, &mh, MSG_CMSG_CLOEXEC);
   *fd = -1;
   for (struct cmsghdr *c = CMSG_FIRSTHDR(&mh); c; c = CMSG_NXTHDR(&mh, c))
@@ -183,8 +183,7 @@ static int dc_share_child(int sock, kv_dev_backend be) {
   dc_fill(want, DC_SHARE_BYTES, 1);
   DC_REQ(!memcmp(h, want, DC_SHARE_BYTES), "child: the daemon's bytes differ");
   dc_fill(h + DC_SHARE_BYTES, DC_SHARE_BYTES, 2);
-  DC_OK(dc_copy_wait(d, KV_DEV_H2D, base + DC_SHARE_BYTES, h + DC_SHARE_BYTES,
-                     DC_SHARE_BYTES));
+  DC_OK(dc_copy_wait(d, KV_DEV_H2D, base + DC_SHARE_BYTES, h + DC_SHARE_BYTES, DC_SHARE_BYTES));
   DC_OK(kv_dev_unmap(d, m));
   m = NULL;
   DC_OK(kv_dev_host_unregister(d, h));
@@ -318,7 +317,8 @@ const char *dc_shared_host(kv_dev_backend be) {
   DC_OK(dc_open(&d2, be, NULL));
   DC_OK(kv_dev_pool_create(d2, 1 << 20, &p2));
   DC_OK(kv_dev_host_register(d2, e.h, e.bytes));
-  DC_REQ(kv_dev_host_register(d2, e.h, e.bytes) == -EINVAL, "a second registration with one kv_dev");
+  DC_REQ(kv_dev_host_register(d2, e.h, e.bytes) == -EINVAL,
+         "a second registration with one kv_dev");
   uint8_t *dev2 = kv_dev_pool_base(p2);
   for (int round = 0; round < 2; round++) {
     dc_fill(e.h, 4096, 7u + (uint32_t)round);
@@ -546,8 +546,8 @@ const char *dc_inject(kv_dev_backend be) {
   DC_REQ(dc_reap_n(e.d, done, 2) == 0, "reap");
   for (int i = 0; i < 2; i++) {
     int want = done[i].tag == 1 ? -EIO : 0;
-    DC_REQ(done[i].status == want, "tag %llu status %d, want %d",
-           (unsigned long long)done[i].tag, done[i].status, want);
+    DC_REQ(done[i].status == want, "tag %llu status %d, want %d", (unsigned long long)done[i].tag,
+           done[i].status, want);
   }
   dc_env_close(&e);
   return NULL;
@@ -665,8 +665,7 @@ const char *dc_random(kv_dev_backend be, unsigned rounds, uint32_t seed) {
   DC_REQ(ncopies >= rounds, "only %u copies", ncopies);
   DC_REQ(!memcmp(e.h, mh, R), "host memory differs from the model after %u copies", ncopies);
   DC_OK(dc_copy_wait(e.d, KV_DEV_D2H, e.h, e.dev, R));
-  DC_REQ(!memcmp(e.h, md, R), "device memory differs from the model after %u copies",
-         ncopies);
+  DC_REQ(!memcmp(e.h, md, R), "device memory differs from the model after %u copies", ncopies);
   dc_env_close(&e);
   free(mh);
   free(md);
@@ -731,8 +730,9 @@ const char *dc_batcher(kv_dev_backend be) {
   DC_REQ(kv_dev_batch_reap(&b, done, 1) == 0, "reaped before the flush");
   DC_REQ(kv_dev_batch_flush(&b) == 2, "not one submission per direction");
   DC_REQ(kv_dev_inflight(e.d) == 2, "inflight %u", kv_dev_inflight(e.d));
-  DC_REQ(b.submissions[KV_DEV_H2D] == 1 && b.copies[KV_DEV_H2D] == NH, "H2D: %llu submissions, %llu copies",
-         (unsigned long long)b.submissions[KV_DEV_H2D], (unsigned long long)b.copies[KV_DEV_H2D]);
+  DC_REQ(b.submissions[KV_DEV_H2D] == 1 && b.copies[KV_DEV_H2D] == NH,
+         "H2D: %llu submissions, %llu copies", (unsigned long long)b.submissions[KV_DEV_H2D],
+         (unsigned long long)b.copies[KV_DEV_H2D]);
   DC_REQ(kv_dev_batch_queued(&b) == 0 && kv_dev_batch_flush(&b) == 0, "a second flush submitted");
   DC_REQ(dc_breap_n(&b, done, NH + ND) == 0, "reaping %u tags", NH + ND);
   {
@@ -741,31 +741,37 @@ const char *dc_batcher(kv_dev_backend be) {
     for (unsigned i = 0; i < NH + ND; i++) {
       uint64_t t = done[i].tag;
       DC_REQ(done[i].status == 0, "tag %llu: status %d", (unsigned long long)t, done[i].status);
-      DC_REQ((t >= 1 && t <= NH) || (t >= 1001 && t < 1001 + ND), "stray tag %llu", (unsigned long long)t);
+      DC_REQ((t >= 1 && t <= NH) || (t >= 1001 && t < 1001 + ND), "stray tag %llu",
+             (unsigned long long)t);
       seen[t <= NH ? t - 1 : NH + t - 1001]++;
     }
-    for (unsigned i = 0; i < NH + ND; i++) DC_REQ(seen[i] == 1, "tag #%u reaped %u times", i, seen[i]);
+    for (unsigned i = 0; i < NH + ND; i++)
+      DC_REQ(seen[i] == 1, "tag #%u reaped %u times", i, seen[i]);
   }
   DC_REQ(kv_dev_inflight(e.d) == 0, "inflight after reaping");
   for (unsigned i = 0; i < ND; i++)
-    DC_REQ(!memcmp(e.h + (size_t)(512 + i) * BLK, want + (size_t)(NH + i) * BLK, BLK), "D2H block %u", i);
+    DC_REQ(!memcmp(e.h + (size_t)(512 + i) * BLK, want + (size_t)(NH + i) * BLK, BLK),
+           "D2H block %u", i);
   DC_OK(dc_copy_wait(e.d, KV_DEV_D2H, e.h + (size_t)600 * BLK, e.dev, (size_t)NH * BLK));
   for (unsigned i = 0; i < NH; i++)
-    DC_REQ(!memcmp(e.h + (size_t)(600 + NH - 1 - i) * BLK, want + (size_t)i * BLK, BLK), "H2D block %u", i);
+    DC_REQ(!memcmp(e.h + (size_t)(600 + NH - 1 - i) * BLK, want + (size_t)i * BLK, BLK),
+           "H2D block %u", i);
 
   /* One copy from unregistered memory: the others go on without it. */
   static uint8_t stray[BLK];
-  kv_dev_copy r[3] = {{e.dev, e.h, BLK}, {e.dev + BLK, stray, BLK}, {e.dev + 2 * BLK, e.h + BLK, BLK}};
+  kv_dev_copy r[3] = {
+      {e.dev, e.h, BLK}, {e.dev + BLK, stray, BLK}, {e.dev + 2 * BLK, e.h + BLK, BLK}};
   for (unsigned i = 0; i < 3; i++) DC_OK(kv_dev_batch_add(&b, KV_DEV_H2D, &r[i], 50 + i));
   DC_REQ(kv_dev_batch_flush(&b) == 2, "the good copies were not submitted");
   DC_REQ(b.split[KV_DEV_H2D] == 1 && b.refused[KV_DEV_H2D] == 1, "split %llu refused %llu",
          (unsigned long long)b.split[KV_DEV_H2D], (unsigned long long)b.refused[KV_DEV_H2D]);
   DC_REQ(kv_dev_batch_reap(&b, done, 1) == 1 && done[0].tag == 51 && done[0].status == -EFAULT,
-         "the refused copy is not reaped first with -EFAULT (tag %llu, %d)", (unsigned long long)done[0].tag,
-         done[0].status);
+         "the refused copy is not reaped first with -EFAULT (tag %llu, %d)",
+         (unsigned long long)done[0].tag, done[0].status);
   DC_REQ(dc_breap_n(&b, done, 2) == 0, "the other two");
   for (unsigned i = 0; i < 2; i++)
-    DC_REQ(done[i].tag != 51 && done[i].status == 0, "tag %llu: %d", (unsigned long long)done[i].tag, done[i].status);
+    DC_REQ(done[i].tag != 51 && done[i].status == 0, "tag %llu: %d",
+           (unsigned long long)done[i].tag, done[i].status);
 
   /* An injected failure reaches every copy of its submission. */
   DC_OK(kv_dev_inject_fail_next(e.d, -EIO));
@@ -775,7 +781,8 @@ const char *dc_batcher(kv_dev_backend be) {
   }
   DC_REQ(kv_dev_batch_flush(&b) == 1, "one submission");
   DC_REQ(dc_breap_n(&b, done, 4) == 0, "four tags");
-  for (unsigned i = 0; i < 4; i++) DC_REQ(done[i].status == -EIO, "tag %llu: %d", (unsigned long long)done[i].tag, done[i].status);
+  for (unsigned i = 0; i < 4; i++)
+    DC_REQ(done[i].status == -EIO, "tag %llu: %d", (unsigned long long)done[i].tag, done[i].status);
   kv_dev_batcher_fini(&b);
 
   /* A full direction is submitted at once; a refusal there waits in the
@@ -787,8 +794,8 @@ const char *dc_batcher(kv_dev_backend be) {
   DC_REQ(kv_dev_batch_queued(&b) == 0 && kv_dev_batch_ready(&b) == 1, "queued %u, ready %u",
          kv_dev_batch_queued(&b), kv_dev_batch_ready(&b));
   DC_REQ(dc_breap_n(&b, done, 2) == 0, "the refused copy and the good one");
-  DC_REQ(done[0].tag == 80 && done[0].status == -EFAULT, "tag %llu: %d", (unsigned long long)done[0].tag,
-         done[0].status);
+  DC_REQ(done[0].tag == 80 && done[0].status == -EFAULT, "tag %llu: %d",
+         (unsigned long long)done[0].tag, done[0].status);
   DC_REQ(done[1].tag == 81 && done[1].status == 0, "tag %llu: %d", (unsigned long long)done[1].tag,
          done[1].status);
   DC_REQ(kv_dev_batch_ready(&b) == 0, "ready after reaping");
@@ -798,11 +805,13 @@ const char *dc_batcher(kv_dev_backend be) {
     kv_dev_copy c = {e.dev + (size_t)i * BLK, e.h + (size_t)i * BLK, BLK};
     DC_OK(kv_dev_batch_add(&b, KV_DEV_H2D, &c, 70 + i));
   }
-  DC_REQ(b.submissions[KV_DEV_H2D] == 2 && kv_dev_batch_queued(&b) == 4, "%llu submissions, %u queued",
-         (unsigned long long)b.submissions[KV_DEV_H2D], kv_dev_batch_queued(&b));
+  DC_REQ(b.submissions[KV_DEV_H2D] == 2 && kv_dev_batch_queued(&b) == 4,
+         "%llu submissions, %u queued", (unsigned long long)b.submissions[KV_DEV_H2D],
+         kv_dev_batch_queued(&b));
   DC_REQ(kv_dev_batch_flush(&b) == 1, "the rest");
   DC_REQ(dc_breap_n(&b, done, 20) == 0, "twenty tags");
-  for (unsigned i = 0; i < 20; i++) DC_REQ(done[i].tag == 70 + i, "FIFO: #%u is %llu", i, (unsigned long long)done[i].tag);
+  for (unsigned i = 0; i < 20; i++)
+    DC_REQ(done[i].tag == 70 + i, "FIFO: #%u is %llu", i, (unsigned long long)done[i].tag);
   kv_dev_batcher_fini(&b);
   free(want);
   dc_env_close(&e);

@@ -12,8 +12,8 @@
 
 #include <stddef.h>
 #include <stdint.h>
-#include <sys/types.h>
 #include <string.h>
+#include <sys/types.h>
 
 #include "cuda/dev.h"
 
@@ -24,17 +24,17 @@ const char *dc_fmt(const char *file, int line, const char *fmt, ...)
     __attribute__((format(printf, 3, 4)));
 
 /* Fails the check (after cleanup label-free code: callers free on exit). */
-#define DC_REQ(cond, ...)                                                       \
-  do {                                                                          \
-    if (!(cond)) {                                                              \
-      dc_fmt(__FILE__, __LINE__, __VA_ARGS__);                                  \
-      goto fail;                                                                \
-    }                                                                           \
+#define DC_REQ(cond, ...)                      \
+  do {                                         \
+    if (!(cond)) {                             \
+      dc_fmt(__FILE__, __LINE__, __VA_ARGS__); \
+      goto fail;                               \
+    }                                          \
   } while (0)
-#define DC_OK(call)                                                             \
-  do {                                                                          \
-    int dc_rc_ = (call);                                                        \
-    DC_REQ(dc_rc_ == 0, "%s = %d (%s)", #call, dc_rc_, strerror(-dc_rc_));      \
+#define DC_OK(call)                                                        \
+  do {                                                                     \
+    int dc_rc_ = (call);                                                   \
+    DC_REQ(dc_rc_ == 0, "%s = %d (%s)", #call, dc_rc_, strerror(-dc_rc_)); \
   } while (0)
 
 #define DC_HANG_MS 60000 /* a guard against a hang, not a timing assertion */
@@ -57,9 +57,9 @@ ssize_t dc_recv_fd(int sock, void *buf, size_t cap, int *fd);
 typedef struct dc_env {
   kv_dev *d;
   kv_dev_pool *p;
-  uint8_t *dev;  /* pool base */
-  uint8_t *h;    /* registered host buffer */
-  size_t bytes;  /* of each */
+  uint8_t *dev; /* pool base */
+  uint8_t *h;   /* registered host buffer */
+  size_t bytes; /* of each */
 } dc_env;
 
 /* The export descriptor's codec: round trips, truncations, bad bytes. */

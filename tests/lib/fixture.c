@@ -10,9 +10,9 @@ kvt_daemon ops_d;
 rlim_t ops_nofile;
 
 int ops_try_start(const char *tenants, const char *const *extra) {
-  static const char *const args[] = {"--g2-capacity", "2M", "--set", "g2.page_size=1M",
-                                     "--set", "g2.lock=no", "--g3-path", "",
-                                     "--log-level", "warn", NULL};
+  static const char *const args[] = {"--g2-capacity", "2M",         "--set",     "g2.page_size=1M",
+                                     "--set",         "g2.lock=no", "--g3-path", "",
+                                     "--log-level",   "warn",       NULL};
   const char *sets[32];
   char tset[8][128], names[256];
   int n = 0;
@@ -85,9 +85,17 @@ long long ops_metric(const char *series) {
 }
 
 kvc *ops_open_on(const char *tenant, int no_g1, const uint8_t *g1_uuid) {
-  kvc_opts o = {.socket_path = ops_d.sock, .tenant = tenant, .no_g1 = no_g1, .g1_uuid = g1_uuid,
-                .layout = {.block_bytes = OPS_BLOCK, .tokens_per_block = 16, .layers = 2,
-                           .kv_heads = 2, .head_dim = 64, .tp_rank = 0, .tp_size = 1,
+  kvc_opts o = {.socket_path = ops_d.sock,
+                .tenant = tenant,
+                .no_g1 = no_g1,
+                .g1_uuid = g1_uuid,
+                .layout = {.block_bytes = OPS_BLOCK,
+                           .tokens_per_block = 16,
+                           .layers = 2,
+                           .kv_heads = 2,
+                           .head_dim = 64,
+                           .tp_rank = 0,
+                           .tp_size = 1,
                            .dtype = "bf16"}};
   kvc *c = NULL;
   int rc = kvc_open(&o, &c);
@@ -102,7 +110,8 @@ void ops_store(kvc *c, uint64_t first, uint64_t last) {
   for (uint64_t v = first; v <= last; v++) {
     kvc_key k = KC(v), none = {0};
     kvc_block out;
-    cr_assert_eq(kvc_alloc(c, KVC_G2, 128, &k, &none, 1, &out), 1, "alloc %llu", (unsigned long long)v);
+    cr_assert_eq(kvc_alloc(c, KVC_G2, 128, &k, &none, 1, &out), 1, "alloc %llu",
+                 (unsigned long long)v);
     memset(out.ptr, (int)v, OPS_BLOCK);
     cr_assert_eq(kvc_commit(c, &k, 1, NULL), 1);
   }

@@ -30,7 +30,7 @@
 
 #define OPS_BLOCK 65536u
 
-extern kvt_daemon ops_d; /* the test's daemon: its directory, sockets and pid */
+extern kvt_daemon ops_d;  /* the test's daemon: its directory, sockets and pid */
 extern rlim_t ops_nofile; /* when set before starting, the daemon's RLIMIT_NOFILE */
 
 /* Starts kvcached on a fresh directory with `--set` for each of extra

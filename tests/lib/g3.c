@@ -27,7 +27,10 @@ int t_uring_ok(void) {
     char dir[64];
     t_mkdir(dir, sizeof dir);
     kv_g3_dir d = {dir, 8 << 20};
-    kv_g3_opts o = {.dirs = &d, .ndirs = 1, .block_bytes = 4096, .queue_depth = 2,
+    kv_g3_opts o = {.dirs = &d,
+                    .ndirs = 1,
+                    .block_bytes = 4096,
+                    .queue_depth = 2,
                     .backend = KV_G3_BACKEND_URING};
     kv_g3 *g;
     ok = kv_g3_open(&g, &o, NULL) == 0;
@@ -38,8 +41,8 @@ int t_uring_ok(void) {
 }
 
 void t_arena(kv_arena *a, size_t bytes, uint32_t slot, int *cls) {
-  kv_arena_opts ao = {.capacity = bytes, .page_bytes = slot > (4u << 20) ? slot : (4u << 20),
-                      .no_lock = 1};
+  kv_arena_opts ao = {
+      .capacity = bytes, .page_bytes = slot > (4u << 20) ? slot : (4u << 20), .no_lock = 1};
   if (ao.page_bytes > bytes) ao.page_bytes = bytes;
   cr_assert_eq(kv_arena_init(a, &ao), 0);
   *cls = kv_arena_class_for(a, slot);

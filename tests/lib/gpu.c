@@ -3,8 +3,8 @@
 
 #include <stdlib.h>
 int gpu_daemon_start(kvt_daemon *d, const char *g2, const char *const *sets) {
-  const char *args[] = {"--g2-capacity", g2, "--set", "g2.lock=no", "--g3-path", "",
-                        "--log-level", "warn", NULL};
+  const char *args[] = {"--g2-capacity", g2,     "--set", "g2.lock=no", "--g3-path", "",
+                        "--log-level",   "warn", NULL};
   kvt_daemon_opts o = {.args = args, .sets = sets, .wait_ms = 30000};
   int rc = kvt_daemon_start(d, &o);
   if (rc > 0) fprintf(stderr, "    kvcached exited (status %d) before serving\n", rc);

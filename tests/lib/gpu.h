@@ -13,14 +13,14 @@
 #include "base/clock.h"
 #include "tests/lib/daemon.h"
 
-#define REQ(cond, ...)                                                          \
-  do {                                                                          \
-    if (!(cond)) {                                                              \
-      fprintf(stderr, "    %s:%d: ", __FILE__, __LINE__);                       \
-      fprintf(stderr, __VA_ARGS__);                                             \
-      fputc('\n', stderr);                                                      \
-      return 1;                                                                 \
-    }                                                                           \
+#define REQ(cond, ...)                                    \
+  do {                                                    \
+    if (!(cond)) {                                        \
+      fprintf(stderr, "    %s:%d: ", __FILE__, __LINE__); \
+      fprintf(stderr, __VA_ARGS__);                       \
+      fputc('\n', stderr);                                \
+      return 1;                                           \
+    }                                                     \
   } while (0)
 
 /* Starts kvcached on a fresh directory: --g2-capacity g2, G2 unlocked, G3

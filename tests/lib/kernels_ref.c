@@ -14,9 +14,8 @@ static void kv_ref_strides(const kv_kern_layout *lo, uint64_t *p, uint64_t *k) {
 }
 
 /* Reference copy: scatter 0 moves engine -> blocks, 1 blocks -> engine. */
-void kv_ref_copy(const kv_kern_layout *lo, void *const *layers,
-                               const uint32_t *page_ids, void *const *blocks, size_t n,
-                               int scatter) {
+void kv_ref_copy(const kv_kern_layout *lo, void *const *layers, const uint32_t *page_ids,
+                 void *const *blocks, size_t n, int scatter) {
   const uint64_t T = lo->page_tokens, H = lo->kv_heads, D = lo->head_dim, E = lo->elem_bytes;
   uint64_t P, K;
   kv_ref_strides(lo, &P, &K);
@@ -26,15 +25,13 @@ void kv_ref_copy(const kv_kern_layout *lo, void *const *layers,
         for (uint64_t t = 0; t < T; t++)
           for (uint64_t h = 0; h < H; h++)
             for (uint64_t d = 0; d < D; d++) {
-              unsigned char *e = (unsigned char *)layers[l] + page_ids[i] * P + kv * K +
-                                 ((t * H + h) * D + d) * E;
-              unsigned char *b = (unsigned char *)blocks[i] +
-                                 ((((l * 2 + kv) * T + t) * H + h) * D + d) * E;
+              unsigned char *e =
+                  (unsigned char *)layers[l] + page_ids[i] * P + kv * K + ((t * H + h) * D + d) * E;
+              unsigned char *b =
+                  (unsigned char *)blocks[i] + ((((l * 2 + kv) * T + t) * H + h) * D + d) * E;
               for (uint64_t x = 0; x < E; x++) {
-                if (scatter)
-                  e[x] = b[x];
-                else
-                  b[x] = e[x];
+                if (scatter) e[x] = b[x];
+                else b[x] = e[x];
               }
             }
 }
@@ -65,7 +62,7 @@ static void kv_ref_layout(const kv_ref_case *c, kv_kern_layout *lo) {
 
 /* First differing byte of two buffers, as a message; 0 if equal. */
 static int kv_ref_diff(const unsigned char *want, const unsigned char *got, size_t n,
-                              const char *what, size_t idx, char *why, size_t whylen) {
+                       const char *what, size_t idx, char *why, size_t whylen) {
   for (size_t i = 0; i < n; i++)
     if (want[i] != got[i]) {
       snprintf(why, whylen, "%s %zu: byte %zu is %#x, reference %#x", what, idx, i, got[i],
@@ -78,8 +75,7 @@ static int kv_ref_diff(const unsigned char *want, const unsigned char *got, size
 /* Runs one case in one mode: 0 when the implementation matched the
  * reference byte for byte, -1 on a mismatch, -errno when the setup or the
  * implementation failed; why says which. */
-int kv_ref_run(const kv_ref_case *c, int mode, const kv_ref_backend *be,
-                             char *why, size_t whylen) {
+int kv_ref_run(const kv_ref_case *c, int mode, const kv_ref_backend *be, char *why, size_t whylen) {
   kv_kern_layout lo;
   kv_ref_layout(c, &lo);
   uint64_t seed = c->seed | 1;
@@ -103,8 +99,8 @@ int kv_ref_run(const kv_ref_case *c, int mode, const kv_ref_backend *be,
   size_t *slot = calloc(n, sizeof *slot);
   unsigned char *hb = malloc(bsz), *got = malloc(lsz > bsz ? lsz : bsz);
   unsigned char *db = be->alloc(bsz, be->ctx), *db2 = NULL;
-  if (!dl || !hl || !dlp || !hlp || !dbp || !hbp || !dbp2 || !pages || !perm || !slot ||
-      !hb || !got || !db)
+  if (!dl || !hl || !dlp || !hlp || !dbp || !hbp || !dbp2 || !pages || !perm || !slot || !hb ||
+      !got || !db)
     goto out;
   if (mode == KV_REF_ROUNDTRIP && !(db2 = be->alloc(bsz, be->ctx))) goto out;
   for (size_t l = 0; l < L; l++) {
@@ -124,9 +120,8 @@ int kv_ref_run(const kv_ref_case *c, int mode, const kv_ref_backend *be,
     perm[p - 1] = perm[j], perm[j] = t;
   }
   for (size_t i = 0; i < n; i++) {
-    pages[i] = c->repeat && mode == KV_REF_GATHER
-                   ? (uint32_t)(kv_ref_rand(&seed) % c->num_pages)
-                   : perm[i % c->num_pages];
+    pages[i] = c->repeat && mode == KV_REF_GATHER ? (uint32_t)(kv_ref_rand(&seed) % c->num_pages)
+                                                  : perm[i % c->num_pages];
     slot[i] = i;
   }
   for (size_t i = n; i > 1; i--) {
@@ -138,10 +133,8 @@ int kv_ref_run(const kv_ref_case *c, int mode, const kv_ref_backend *be,
     if (db2) dbp2[i] = db2 + mis + slot[i] * bstep;
   }
   /* Run it, then the reference on the host copies. */
-  if (mode == KV_REF_GATHER)
-    rc = be->gather(&lo, dlp, pages, dbp, n, be->ctx);
-  else
-    rc = be->scatter(&lo, dlp, pages, dbp, n, be->ctx);
+  if (mode == KV_REF_GATHER) rc = be->gather(&lo, dlp, pages, dbp, n, be->ctx);
+  else rc = be->scatter(&lo, dlp, pages, dbp, n, be->ctx);
   if (rc == 0 && mode == KV_REF_ROUNDTRIP) rc = be->gather(&lo, dlp, pages, dbp2, n, be->ctx);
   if (rc) {
     snprintf(why, whylen, "%s returned %d", mode == KV_REF_GATHER ? "gather" : "scatter", rc);
@@ -179,7 +172,7 @@ out:
 size_t kv_ref_cases(kv_ref_case *out, size_t max) {
   static const uint32_t geo[][5] = {
       /* layers, page_tokens, kv_heads, head_dim, num_pages */
-      {1, 1, 1, 1, 1},    {1, 1, 1, 3, 7},   {3, 5, 2, 3, 11}, {2, 16, 8, 1, 9},
+      {1, 1, 1, 1, 1},     {1, 1, 1, 3, 7},  {3, 5, 2, 3, 11},    {2, 16, 8, 1, 9},
       {4, 16, 2, 128, 40}, {5, 3, 3, 7, 64}, {32, 16, 8, 128, 6},
   };
   static const unsigned mis[] = {0, 1, 2, 4, 8};

@@ -26,9 +26,8 @@
 #include "cuda/kernels.h"
 
 /* Reference copy: scatter 0 moves engine -> blocks, 1 blocks -> engine. */
-void kv_ref_copy(const kv_kern_layout *lo, void *const *layers,
-                               const uint32_t *page_ids, void *const *blocks, size_t n,
-                               int scatter);
+void kv_ref_copy(const kv_kern_layout *lo, void *const *layers, const uint32_t *page_ids,
+                 void *const *blocks, size_t n, int scatter);
 
 /* Where the implementation under test runs. alloc/release/put/get move
  * whole buffers; gather/scatter are the entry points (returning 0 or
@@ -66,8 +65,7 @@ void kv_ref_fill(unsigned char *p, size_t n, uint64_t *s);
 /* Runs one case in one mode: 0 when the implementation matched the
  * reference byte for byte, -1 on a mismatch, -errno when the setup or the
  * implementation failed; why says which. */
-int kv_ref_run(const kv_ref_case *c, int mode, const kv_ref_backend *be,
-                             char *why, size_t whylen);
+int kv_ref_run(const kv_ref_case *c, int mode, const kv_ref_backend *be, char *why, size_t whylen);
 
 /* The cases both test programs run: every element width, odd and
  * realistic geometries, one block and many, every stride kind, aligned

@@ -251,8 +251,7 @@ Test(arena, manages_memory_it_does_not_own_without_touching_it) {
   cr_assert_neq(mem, MAP_FAILED);
   reg_calls = 0;
   kv_arena a;
-  kv_arena_opts o = {.capacity = cap, .page_bytes = 1u << 20, .memory = mem,
-                     .register_fn = reg_ok};
+  kv_arena_opts o = {.capacity = cap, .page_bytes = 1u << 20, .memory = mem, .register_fn = reg_ok};
   cr_assert_eq(kv_arena_init(&a, &o), 0);
   cr_assert_eq(a.fd, -1, "no memfd of its own");
   cr_assert_eq(a.base, mem);

@@ -10,7 +10,7 @@
 
 /* Computed with Python: hashlib.blake2b(digest_size=32, key=salt) over the
  * bytes kvclient.h specifies. */
-#define REF_ROOT "9a87acc7824c39c35ee076cec3c296eadbb343da71e313c8810d032d09b1b850"
+#define REF_ROOT  "9a87acc7824c39c35ee076cec3c296eadbb343da71e313c8810d032d09b1b850"
 #define REF_CHILD "2b5f2bf6a16782f92e90fae96fa6efcfb475641c41fb0047f1cca74d3b6e3ef0"
 
 static void hex(const uint8_t *d, char *out) {
@@ -73,7 +73,8 @@ Test(chain_hash, chain_keys_equals_block_by_block) {
     cr_assert_eq(n, 6, "103 tokens: 6 full blocks of 16");
     for (int i = 0; i < n; i++) {
       cr_assert_eq(kvc_chain_hash(want, i ? prev : par, toks + 16 * i, 16, "lora:1", 6, salts[s],
-                                  salt_lens[s]), 0);
+                                  salt_lens[s]),
+                   0);
       cr_assert_eq(memcmp(keys[i], want, 32), 0, "salt %d block %d", s, i);
       memcpy(prev, want, 32);
     }

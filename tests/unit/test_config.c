@@ -14,12 +14,18 @@
 
 Test(config, sizes) {
   uint64_t v;
-  cr_assert_eq(kv_parse_size("4096", &v), 0); cr_assert_eq(v, 4096);
-  cr_assert_eq(kv_parse_size("64K", &v), 0); cr_assert_eq(v, 65536);
-  cr_assert_eq(kv_parse_size("512m", &v), 0); cr_assert_eq(v, 512ull << 20);
-  cr_assert_eq(kv_parse_size("2GiB", &v), 0); cr_assert_eq(v, 2ull << 30);
-  cr_assert_eq(kv_parse_size("1TB", &v), 0); cr_assert_eq(v, 1ull << 40);
-  const char *bad[] = {"", "G", "-1", "1X", "12 34", "1.5G", "99999999999999999999", "16777216T", NULL};
+  cr_assert_eq(kv_parse_size("4096", &v), 0);
+  cr_assert_eq(v, 4096);
+  cr_assert_eq(kv_parse_size("64K", &v), 0);
+  cr_assert_eq(v, 65536);
+  cr_assert_eq(kv_parse_size("512m", &v), 0);
+  cr_assert_eq(v, 512ull << 20);
+  cr_assert_eq(kv_parse_size("2GiB", &v), 0);
+  cr_assert_eq(v, 2ull << 30);
+  cr_assert_eq(kv_parse_size("1TB", &v), 0);
+  cr_assert_eq(v, 1ull << 40);
+  const char *bad[] = {"",          "G", "-1", "1X", "12 34", "1.5G", "99999999999999999999",
+                       "16777216T", NULL};
   for (int i = 0; bad[i]; i++) cr_assert_eq(kv_parse_size(bad[i], &v), -EINVAL, "'%s'", bad[i]);
   cr_assert_eq(kv_parse_size(NULL, &v), -EINVAL);
 }
@@ -111,8 +117,19 @@ Test(config, validation_catches_bad_combinations) {
   cr_assert_eq(ord[0], 2);
   cr_assert_eq(ord[1], 0);
   cr_assert_eq(ord[7], 6);
-  static const char *const bad[] = {"", " ", "0,", ",0", "0,,1", "1,1", "256", "99999999999",
-                                    "-1", "0x1", "a", "0 1", "0,1,2,3,4,5,6,7,8"};
+  static const char *const bad[] = {"",
+                                    " ",
+                                    "0,",
+                                    ",0",
+                                    "0,,1",
+                                    "1,1",
+                                    "256",
+                                    "99999999999",
+                                    "-1",
+                                    "0x1",
+                                    "a",
+                                    "0 1",
+                                    "0,1,2,3,4,5,6,7,8"};
   for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
     cr_assert_eq(kv_config_set(&c, "g1.device", bad[i], err, sizeof err), 0);
     cr_assert_eq(kv_config_validate(&c, err, sizeof err), -EINVAL, "g1.device = '%s'", bad[i]);
@@ -133,7 +150,8 @@ Test(config, shipped_default_file_matches_the_defaults) {
   char err[256];
   kv_config_defaults(&def);
   kv_config_defaults(&file);
-  cr_assert_eq(kv_config_load(&file, KV_SOURCE_DIR "/deploy/kvcached.conf", err, sizeof err), 0, "%s", err);
+  cr_assert_eq(kv_config_load(&file, KV_SOURCE_DIR "/deploy/kvcached.conf", err, sizeof err), 0,
+               "%s", err);
   cr_assert_eq(memcmp(&def, &file, sizeof def), 0);
   /* Every option the table knows appears in the file. */
   char *buf = NULL;
@@ -208,9 +226,11 @@ Test(config, tenant_mistakes_are_errors_that_name_the_option) {
   kv_config c;
   char err[256];
   kv_config_defaults(&c);
-  cr_assert_eq(kv_config_set(&c, "tenant.alice.uids", "no-such-user-kvcached", err, sizeof err), -EINVAL);
+  cr_assert_eq(kv_config_set(&c, "tenant.alice.uids", "no-such-user-kvcached", err, sizeof err),
+               -EINVAL);
   cr_assert(strstr(err, "tenant.alice.uids") && strstr(err, "no-such-user-kvcached"), "%s", err);
-  cr_assert_eq(kv_config_set(&c, "tenant.alice.gids", "no-such-group-kvcached", err, sizeof err), -EINVAL);
+  cr_assert_eq(kv_config_set(&c, "tenant.alice.gids", "no-such-group-kvcached", err, sizeof err),
+               -EINVAL);
   cr_assert(strstr(err, "gid or group name"), "%s", err);
   cr_assert_eq(kv_config_set(&c, "tenant.alice.colour", "blue", err, sizeof err), -ENOENT);
   cr_assert_eq(kv_config_set(&c, "tenant.a lice.uids", "1", err, sizeof err), -EINVAL);
@@ -256,7 +276,9 @@ static void collect(void *arg, kv_cfg_level level, const char *msg) {
  * check-config`) although kvcached refused them, or failed on them after
  * building part of its state. */
 Test(config, the_daemons_start_up_checks_are_configuration_checks) {
-  static const struct { const char *opt, *val, *says; } bad[] = {
+  static const struct {
+    const char *opt, *val, *says;
+  } bad[] = {
       {"g3.queue_depth", "1000000", "g3.queue_depth"},
       {"g3.queue_depth", "0", "g3.queue_depth"},
       {"g3.block_bytes", "0", "g3.block_bytes"},
@@ -264,7 +286,8 @@ Test(config, the_daemons_start_up_checks_are_configuration_checks) {
       {"g3.block_bytes", "4000K", "holds no slot"}, /* 1M + 4K + 4000K > 4M */
       {"g3.path", "/a,/b,/a", "names /a twice"},
       {"g3.path", " , ", "names no directory"},
-      {"daemon.socket_dir", "/tmp/0123456789012345678901234567890123456789012345678901234567890123456789012345678901234",
+      {"daemon.socket_dir",
+       "/tmp/0123456789012345678901234567890123456789012345678901234567890123456789012345678901234",
        "daemon.socket_dir"},
   };
   char err[256];
@@ -273,7 +296,8 @@ Test(config, the_daemons_start_up_checks_are_configuration_checks) {
     kv_config_defaults(&c);
     cr_assert_eq(kv_config_set(&c, "g3.capacity", "4M", err, sizeof err), 0);
     cr_assert_eq(kv_config_set(&c, bad[i].opt, bad[i].val, err, sizeof err), 0, "%s", err);
-    cr_assert_eq(kv_config_validate(&c, err, sizeof err), -EINVAL, "%s = %s", bad[i].opt, bad[i].val);
+    cr_assert_eq(kv_config_validate(&c, err, sizeof err), -EINVAL, "%s = %s", bad[i].opt,
+                 bad[i].val);
     cr_assert(strstr(err, bad[i].says), "%s = %s: %s", bad[i].opt, bad[i].val, err);
     findings f = {0};
     cr_assert_eq(kv_config_check(&c, 0, collect, &f), -EINVAL);
@@ -286,7 +310,8 @@ Test(config, the_daemons_start_up_checks_are_configuration_checks) {
   cr_assert_eq(kv_config_set(&c, "g3.path", "", err, sizeof err), 0);
   cr_assert_eq(kv_config_validate(&c, err, sizeof err), 0, "%s", err);
   char many[256] = "";
-  for (int i = 0; i < 65; i++) snprintf(many + strlen(many), sizeof many - strlen(many), "%sd%d", i ? "," : "", i);
+  for (int i = 0; i < 65; i++)
+    snprintf(many + strlen(many), sizeof many - strlen(many), "%sd%d", i ? "," : "", i);
   cr_assert_eq(kv_config_set(&c, "g3.path", many, err, sizeof err), 0, "%s", err);
   cr_assert_eq(kv_config_validate(&c, err, sizeof err), -EINVAL);
   cr_assert(strstr(err, "more than 64"), "%s", err);
@@ -347,16 +372,31 @@ Test(config, enum_options_take_their_names_and_list_them_when_refused) {
     int values[6];
     const char *list;
   } enums[] = {
-      {"g1.enable", offsetof(kv_config, g1_enable), {"auto", "on", "off"},
-       {KV_CFG_G1_AUTO, KV_CFG_G1_ON, KV_CFG_G1_OFF}, "auto, on, off"},
-      {"g1.backend", offsetof(kv_config, g1_backend), {"auto", "cuda", "sim"},
-       {KV_DEV_AUTO, KV_DEV_CUDA, KV_DEV_SIM}, "auto, cuda, sim"},
-      {"g3.backend", offsetof(kv_config, g3_backend), {"auto", "uring", "threads"},
-       {KV_G3_BACKEND_AUTO, KV_G3_BACKEND_URING, KV_G3_BACKEND_THREADS}, "auto, uring, threads"},
-      {"g3.admit", offsetof(kv_config, g3_admit), {"always", "second-use", "min-prio"},
-       {KV_ADMIT_ALWAYS, KV_ADMIT_SECOND_USE, KV_ADMIT_MIN_PRIO}, "always, second-use, min-prio"},
-      {"log.level", offsetof(kv_config, log_level), {"debug", "info", "warn", "warning", "error"},
-       {KV_LOG_DEBUG, KV_LOG_INFO, KV_LOG_WARN, KV_LOG_WARN, KV_LOG_ERROR}, "debug, info, warn, error"},
+      {"g1.enable",
+       offsetof(kv_config, g1_enable),
+       {"auto", "on", "off"},
+       {KV_CFG_G1_AUTO, KV_CFG_G1_ON, KV_CFG_G1_OFF},
+       "auto, on, off"},
+      {"g1.backend",
+       offsetof(kv_config, g1_backend),
+       {"auto", "cuda", "sim"},
+       {KV_DEV_AUTO, KV_DEV_CUDA, KV_DEV_SIM},
+       "auto, cuda, sim"},
+      {"g3.backend",
+       offsetof(kv_config, g3_backend),
+       {"auto", "uring", "threads"},
+       {KV_G3_BACKEND_AUTO, KV_G3_BACKEND_URING, KV_G3_BACKEND_THREADS},
+       "auto, uring, threads"},
+      {"g3.admit",
+       offsetof(kv_config, g3_admit),
+       {"always", "second-use", "min-prio"},
+       {KV_ADMIT_ALWAYS, KV_ADMIT_SECOND_USE, KV_ADMIT_MIN_PRIO},
+       "always, second-use, min-prio"},
+      {"log.level",
+       offsetof(kv_config, log_level),
+       {"debug", "info", "warn", "warning", "error"},
+       {KV_LOG_DEBUG, KV_LOG_INFO, KV_LOG_WARN, KV_LOG_WARN, KV_LOG_ERROR},
+       "debug, info, warn, error"},
   };
   char err[256];
   for (size_t i = 0; i < sizeof enums / sizeof enums[0]; i++) {
@@ -373,7 +413,8 @@ Test(config, enum_options_take_their_names_and_list_them_when_refused) {
       cr_assert_not_null(back);
       cr_assert(!strcmp(back, name) || !strcmp(name, "warning"), "%s = %s reads back as %s",
                 enums[i].opt, name, back);
-      cr_assert_eq(kv_config_validate(&c, err, sizeof err), 0, "%s = %s: %s", enums[i].opt, name, err);
+      cr_assert_eq(kv_config_validate(&c, err, sizeof err), 0, "%s = %s: %s", enums[i].opt, name,
+                   err);
     }
     static const char *const bad[] = {"bogus", "", "AUTO", "on ", "2"};
     for (size_t b = 0; b < sizeof bad / sizeof bad[0]; b++) {
@@ -382,14 +423,16 @@ Test(config, enum_options_take_their_names_and_list_them_when_refused) {
       cr_assert_eq(kv_config_set(&c, enums[i].opt, bad[b], err, sizeof err), -EINVAL, "%s = '%s'",
                    enums[i].opt, bad[b]);
       char want[160];
-      snprintf(want, sizeof want, "%s: '%s': expected one of: %s", enums[i].opt, bad[b], enums[i].list);
+      snprintf(want, sizeof want, "%s: '%s': expected one of: %s", enums[i].opt, bad[b],
+               enums[i].list);
       cr_assert_str_eq(err, want);
       cr_assert_eq(memcmp(&before, &c, sizeof c), 0, "a refused value changes nothing");
     }
     /* In a file, the same refusal names the line. */
     char text[96];
-    snprintf(text, sizeof text, "[%.*s]\n\n%s = bogus\n", (int)(strchr(enums[i].opt, '.') - enums[i].opt),
-             enums[i].opt, strchr(enums[i].opt, '.') + 1);
+    snprintf(text, sizeof text, "[%.*s]\n\n%s = bogus\n",
+             (int)(strchr(enums[i].opt, '.') - enums[i].opt), enums[i].opt,
+             strchr(enums[i].opt, '.') + 1);
     char *p = write_tmp(text);
     kv_config_defaults(&c);
     cr_assert_eq(kv_config_load(&c, p, err, sizeof err), -EINVAL);
@@ -426,9 +469,15 @@ static int parse(kv_config *c, const char *const *args, char *err, size_t errlen
  * the same fields as a file and kv_config_set (--set) do. */
 Test(config, long_options_set_the_same_fields_as_the_file_and_set) {
   static const char *const set[][2] = {
-      {"daemon.socket_dir", "/tmp/kvsock"}, {"g2.capacity", "256M"}, {"g2.lock", "no"},
-      {"g3.queue_depth", "8"}, {"g3.admit", "min-prio"}, {"g1.backend", "sim"},
-      {"log.level", "warning"}, {"cache.policy", "lru2"}, {"stats.listen", "127.0.0.1:9464"},
+      {"daemon.socket_dir", "/tmp/kvsock"},
+      {"g2.capacity", "256M"},
+      {"g2.lock", "no"},
+      {"g3.queue_depth", "8"},
+      {"g3.admit", "min-prio"},
+      {"g1.backend", "sim"},
+      {"log.level", "warning"},
+      {"cache.policy", "lru2"},
+      {"stats.listen", "127.0.0.1:9464"},
   };
   enum { N = sizeof set / sizeof set[0] };
   kv_config want, file, eq, sep, old;
@@ -454,9 +503,19 @@ Test(config, long_options_set_the_same_fields_as_the_file_and_set) {
   unlink(p);
   cr_assert_eq(parse(&eq, eqv, err, sizeof err), 0, "%s", err);
   cr_assert_eq(parse(&sep, sepv, err, sizeof err), 0, "%s", err);
-  static const char *const olds[] = {"--socket-dir", "/tmp/kvsock", "--g2-capacity=256M", "--g2.lock", "no",
-                                     "--g3.queue_depth=8", "--g3.admit", "min-prio", "--g1.backend=sim",
-                                     "--log-level=warning", "--policy", "lru2", "--stats.listen=127.0.0.1:9464",
+  static const char *const olds[] = {"--socket-dir",
+                                     "/tmp/kvsock",
+                                     "--g2-capacity=256M",
+                                     "--g2.lock",
+                                     "no",
+                                     "--g3.queue_depth=8",
+                                     "--g3.admit",
+                                     "min-prio",
+                                     "--g1.backend=sim",
+                                     "--log-level=warning",
+                                     "--policy",
+                                     "lru2",
+                                     "--stats.listen=127.0.0.1:9464",
                                      NULL};
   cr_assert_eq(parse(&old, olds, err, sizeof err), 0, "%s", err);
   cr_assert_eq(memcmp(&want, &file, sizeof want), 0, "the file");
@@ -466,7 +525,8 @@ Test(config, long_options_set_the_same_fields_as_the_file_and_set) {
   /* A bad value through a flag: the same message as from --set. */
   char err2[256];
   kv_config c;
-  cr_assert_eq(parse(&c, (const char *const[]){"--g3.admit=often", NULL}, err, sizeof err), -EINVAL);
+  cr_assert_eq(parse(&c, (const char *const[]){"--g3.admit=often", NULL}, err, sizeof err),
+               -EINVAL);
   cr_assert_eq(kv_config_set(&c, "g3.admit", "often", err2, sizeof err2), -EINVAL);
   cr_assert_str_eq(err, err2);
   /* Each of the table's options has its flag. */
@@ -477,7 +537,10 @@ Test(config, long_options_set_the_same_fields_as_the_file_and_set) {
   cr_assert_eq(kv_config_getopt(lo, 3, 0), -ENOSPC);
 }
 
-typedef struct help_ctx { const char *text; int n; } help_ctx;
+typedef struct help_ctx {
+  const char *text;
+  int n;
+} help_ctx;
 static void in_help(void *arg, const char *section, const char *name, const char *value) {
   help_ctx *h = arg;
   char flag[96];
@@ -500,7 +563,8 @@ Test(config, help_lists_every_table_option) {
   cr_assert_gt(h.n, 30);
   cr_assert(strstr(buf, "  --g3.admit=always|second-use|min-prio\n"), "%s", buf);
   cr_assert(strstr(buf, "  --log.level=debug|info|warn|error, --log-level\n"), "%s", buf);
-  cr_assert(strstr(buf, "  --g2.capacity=SIZE, --g2-capacity\n      bytes of pinned host memory"), "%s", buf);
+  cr_assert(strstr(buf, "  --g2.capacity=SIZE, --g2-capacity\n      bytes of pinned host memory"),
+            "%s", buf);
   cr_assert(strstr(buf, "(default: always)\n"), "%s", buf);
   free(buf);
 }

@@ -8,8 +8,8 @@
 #include <string.h>
 
 #include "base/errors.h"
-#include "tiers/core_int.h"
 #include "tests/lib/keys.h"
+#include "tiers/core_int.h"
 
 #define SLOT 4096u
 
@@ -74,7 +74,8 @@ Test(core, a_block_is_invisible_until_committed) {
   cr_assert_eq(kv_core_lookup(f.core, (uint32_t)f.ns, &k, 1, &tier), 0);
   cr_assert_eq(tier, KV_TIER_NONE);
   /* A second writer of the same key is told it exists. */
-  cr_assert_eq(kv_core_alloc(f.core, (uint32_t)f.ns, &k, NULL, KV_PRIO_DEFAULT, &again), KV_EEXISTS);
+  cr_assert_eq(kv_core_alloc(f.core, (uint32_t)f.ns, &k, NULL, KV_PRIO_DEFAULT, &again),
+               KV_EEXISTS);
   cr_assert_eq(again, b);
   cr_assert_eq(kv_core_commit(f.core, b, 77), 0);
   cr_assert_eq(kv_core_commit(f.core, b, 77), KV_EBADSTATE, "double commit");
@@ -305,7 +306,10 @@ Test(core, delete_refuses_pinned_blocks) {
 
 /* Random stores, touches, pins and deletes: after every step the policy
  * holds exactly the evictable blocks, and the arena exactly the slots. */
-typedef struct inv { fixture *f; uint32_t evictable, slots; } inv;
+typedef struct inv {
+  fixture *f;
+  uint32_t evictable, slots;
+} inv;
 static int count_cb(kv_block *b, void *arg) {
   inv *v = arg;
   if (b->inpol & KV_TIER_BIT(KV_G2)) {

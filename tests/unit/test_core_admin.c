@@ -10,11 +10,11 @@
 #include <string.h>
 #include <unistd.h>
 
-#include "base/errors.h"
-#include "tiers/core_int.h"
 #include "base/crc32c.h"
+#include "base/errors.h"
 #include "tests/lib/keys.h"
 #include "tests/lib/tmpdir.h"
+#include "tiers/core_int.h"
 
 #define SLOT 4096u
 
@@ -63,7 +63,8 @@ Test(core_admin, policy_switch_keeps_every_block_and_they_stay_evictable) {
   const char *names[] = {"lru2", "lfuda", "lru"};
   fixture f;
   setup(&f, 16, "lru");
-  for (uint64_t v = 1; v <= 12; v++) store(&f, v, v > 6 ? v - 1 : 0); /* 1..6 alone, 7..12 a chain */
+  for (uint64_t v = 1; v <= 12; v++)
+    store(&f, v, v > 6 ? v - 1 : 0); /* 1..6 alone, 7..12 a chain */
   cr_assert_eq(kv_core_pin(f.core, store(&f, 13, 0)), 0);
   for (int i = 0; i < 3; i++) {
     cr_assert_eq(kv_core_set_policy(f.core, names[i]), 0);
@@ -201,8 +202,13 @@ Test(core_admin, g3_evict_limit_flush_and_the_copy_observer) {
   kv_arena_opts ao = {.capacity = 8 * SLOT, .page_bytes = SLOT, .no_lock = 1};
   cr_assert_eq(kv_arena_init(&a, &ao), 0);
   kv_g3_dir d = {dir, (1u << 20) + 16 * SLOT};
-  kv_g3_opts o = {.dirs = &d, .ndirs = 1, .block_bytes = SLOT, .queue_depth = 4,
-                  .backend = KV_G3_BACKEND_THREADS, .arena = &a, .commit_window_us = -1};
+  kv_g3_opts o = {.dirs = &d,
+                  .ndirs = 1,
+                  .block_bytes = SLOT,
+                  .queue_depth = 4,
+                  .backend = KV_G3_BACKEND_THREADS,
+                  .arena = &a,
+                  .commit_window_us = -1};
   kv_g3_open_info info;
   kv_g3 *g3;
   cr_assert_eq(kv_g3_open(&g3, &o, &info), 0);

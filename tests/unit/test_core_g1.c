@@ -9,8 +9,8 @@
 #include <string.h>
 
 #include "base/errors.h"
-#include "tiers/core_int.h"
 #include "tests/lib/keys.h"
+#include "tiers/core_int.h"
 
 #define BLK 8192u
 
@@ -96,7 +96,9 @@ static uint8_t tier_of(fx *f, uint64_t v) {
   return t;
 }
 
-typedef struct done { int called, status; } done;
+typedef struct done {
+  int called, status;
+} done;
 static void on_done(kv_core *c, kv_block *b, int status, void *arg) {
   done *d = arg;
   d->called++;
@@ -106,7 +108,8 @@ static void on_done(kv_core *c, kv_block *b, int status, void *arg) {
 /* Loads v into G1 and runs the copies; asserts it got there. */
 static void load_to(fx *f, uint64_t v, unsigned pool) {
   done d = {0, 0};
-  cr_assert_eq(kv_core_promote_g1(f->core, find(f, v), pool, on_done, &d), 0, "load %llu", (unsigned long long)v);
+  cr_assert_eq(kv_core_promote_g1(f->core, find(f, v), pool, on_done, &d), 0, "load %llu",
+               (unsigned long long)v);
   run_copies(f);
   cr_assert_eq(d.called, 1);
   cr_assert_eq(d.status, 0);
@@ -284,7 +287,8 @@ Test(core_g1, one_pool_per_device) {
   cr_assert(p3 >= mem2 && p3 < mem2 + 2 * BLK, "block 3 is not in the second pool's memory");
   cr_assert(all_bytes(p3, 3));
   cr_assert(all_bytes(kv_core_g1_ptr(f.core, find(&f, 1)), 1));
-  cr_assert_eq(kv_core_g1_offset(find(&f, 4)) + (uint64_t)mem2, (uint64_t)kv_core_g1_ptr(f.core, find(&f, 4)));
+  cr_assert_eq(kv_core_g1_offset(find(&f, 4)) + (uint64_t)mem2,
+               (uint64_t)kv_core_g1_ptr(f.core, find(&f, 4)));
   cr_assert_eq(kv_core_promote_g1(f.core, find(&f, 1), 1, on_done, &d), -EXDEV);
   cr_assert_eq(kv_core_promote_g1(f.core, find(&f, 3), 1, on_done, &d), 1, "already there");
   /* Pool 1 is full: its victim is 3, its least recent; pool 0 keeps 1 and 2. */

@@ -12,9 +12,9 @@
 #include <unistd.h>
 
 #include "base/errors.h"
-#include "tiers/core_int.h"
 #include "tests/lib/keys.h"
 #include "tests/lib/tmpdir.h"
+#include "tiers/core_int.h"
 
 #define BLK 16384u
 
@@ -31,8 +31,13 @@ static const uint8_t DIGEST[KV_G3_NS_BYTES] = {1, 2, 3, 4, 5, 6, 7, 8};
 static void open_g3(fx *f, uint32_t g3_slots, kv_admit admit) {
   /* The data area starts at 1 MiB (headers before it): exactly g3_slots. */
   kv_g3_dir d = {f->dir, (1u << 20) + (uint64_t)g3_slots * BLK};
-  kv_g3_opts o = {.dirs = &d, .ndirs = 1, .block_bytes = BLK, .queue_depth = 4,
-                  .backend = KV_G3_BACKEND_THREADS, .arena = &f->arena, .commit_window_us = -1};
+  kv_g3_opts o = {.dirs = &d,
+                  .ndirs = 1,
+                  .block_bytes = BLK,
+                  .queue_depth = 4,
+                  .backend = KV_G3_BACKEND_THREADS,
+                  .arena = &f->arena,
+                  .commit_window_us = -1};
   kv_g3_open_info info;
   int rc = kv_g3_open(&f->g3, &o, &info);
   cr_assert_eq(rc, 0, "kv_g3_open: %s", kv_strerror(rc));
@@ -77,8 +82,8 @@ static void store_under(fx *f, uint64_t v, uint64_t parent) {
   kv_key k = K(v), pk = K(parent);
   kv_block *b;
   int rc;
-  while ((rc = kv_core_alloc(f->core, (uint32_t)f->ns, &k, parent ? &pk : NULL,
-                             KV_PRIO_DEFAULT, &b)) == -EAGAIN)
+  while ((rc = kv_core_alloc(f->core, (uint32_t)f->ns, &k, parent ? &pk : NULL, KV_PRIO_DEFAULT,
+                             &b)) == -EAGAIN)
     kv_g3_drain(f->g3);
   cr_assert_eq(rc, 0, "alloc %llu: %s", (unsigned long long)v, kv_strerror(rc));
   fill(kv_core_g2_ptr(f->core, b), v);
@@ -95,7 +100,9 @@ static uint8_t tier_of(fx *f, uint64_t v) {
   return t;
 }
 
-typedef struct pdone { int called, status; } pdone;
+typedef struct pdone {
+  int called, status;
+} pdone;
 static void on_promoted(kv_core *c, kv_block *b, int status, void *arg) {
   pdone *p = arg;
   p->called++;
@@ -128,7 +135,8 @@ Test(core_g3, victims_are_demoted_and_promoted_back_verified) {
   setup(&f, 4, 32, KV_ADMIT_ALWAYS);
   for (uint64_t v = 1; v <= 8; v++) store(&f, v);
   kv_g3_drain(f.g3);
-  cr_assert_eq(f.core->st.g3_admitted, 4, "admitted %llu", (unsigned long long)f.core->st.g3_admitted);
+  cr_assert_eq(f.core->st.g3_admitted, 4, "admitted %llu",
+               (unsigned long long)f.core->st.g3_admitted);
   cr_assert_eq(tier_of(&f, 1), KV_G3);
   cr_assert_eq(tier_of(&f, 8), KV_G2);
   kv_block *b;
@@ -145,10 +153,18 @@ Test(core_g3, victims_are_demoted_and_promoted_back_verified) {
 }
 
 /* Where a G3 slot's bytes are on disk (kv_g3_foreach's callback). */
-typedef struct { uint32_t slot; uint64_t off; uint32_t file; } g3_loc;
+typedef struct {
+  uint32_t slot;
+  uint64_t off;
+  uint32_t file;
+} g3_loc;
 static int find_slot(const kv_g3_entry *e, void *arg) {
   g3_loc *x = arg;
-  if (e->slot == x->slot) { x->off = e->offset; x->file = e->file; return 1; }
+  if (e->slot == x->slot) {
+    x->off = e->offset;
+    x->file = e->file;
+    return 1;
+  }
   return 0;
 }
 

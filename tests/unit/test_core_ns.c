@@ -10,9 +10,9 @@
 #include <unistd.h>
 
 #include "base/errors.h"
-#include "tiers/core_int.h"
 #include "tests/lib/keys.h"
 #include "tests/lib/tmpdir.h"
+#include "tiers/core_int.h"
 
 #define BLK 16384u
 
@@ -68,8 +68,12 @@ Test(core_ns, namespaces_learned_from_g3_go_with_their_last_block) {
   kv_arena_opts ao = {.capacity = 4 * BLK, .page_bytes = BLK, .no_lock = 1};
   cr_assert_eq(kv_arena_init(&a, &ao), 0);
   kv_g3_dir d = {dir, (1u << 20) + 16 * BLK};
-  kv_g3_opts o = {.dirs = &d, .ndirs = 1, .block_bytes = BLK, .queue_depth = 4,
-                  .backend = KV_G3_BACKEND_THREADS, .commit_window_us = -1};
+  kv_g3_opts o = {.dirs = &d,
+                  .ndirs = 1,
+                  .block_bytes = BLK,
+                  .queue_depth = 4,
+                  .backend = KV_G3_BACKEND_THREADS,
+                  .commit_window_us = -1};
   kv_g3 *g3;
   kv_g3_open_info info;
   cr_assert_eq(kv_g3_open(&g3, &o, &info), 0);

@@ -21,15 +21,15 @@ static uint64_t rnd(void) {
 }
 
 #define MAXLEN (3 * 8192 * 4 + 3 * 256 * 2 + 64)
-#define GUARD 16
+#define GUARD  16
 
 static void check_copy(copy_fn f, const char *name) {
   uint8_t *src = malloc(MAXLEN + 64), *dst = malloc(MAXLEN + 64 + 2 * GUARD);
   cr_assert(src && dst);
   for (size_t i = 0; i < MAXLEN + 64; i++) src[i] = (uint8_t)rnd();
   /* the lengths around the stream sizes, then random ones */
-  size_t fixed[] = {0, 1, 7, 8, 9, 15, 16, 17, 767, 768, 769, 24575, 24576, 24577, 49152,
-                    49152 + 768, MAXLEN};
+  size_t fixed[] = {0,   1,   7,     8,     9,     15,    16,          17,    767,
+                    768, 769, 24575, 24576, 24577, 49152, 49152 + 768, MAXLEN};
   for (int k = 0; k < 400; k++) {
     size_t len = k < (int)(sizeof fixed / sizeof fixed[0]) ? fixed[k] : (size_t)(rnd() % MAXLEN);
     size_t sa = (size_t)(rnd() % 64), da = (size_t)(rnd() % 64);
@@ -40,7 +40,8 @@ static void check_copy(copy_fn f, const char *name) {
     cr_assert_eq(got, kv_crc32c_sw(start, src + sa, len), "%s: len %zu, src +%zu, dst +%zu", name,
                  len, sa, da);
     cr_assert(len == 0 || !memcmp(d, src + sa, len), "%s: dst differs (len %zu)", name, len);
-    for (size_t g = 0; g < GUARD + da; g++) cr_assert_eq(dst[g], 0xcc, "%s: wrote before dst", name);
+    for (size_t g = 0; g < GUARD + da; g++)
+      cr_assert_eq(dst[g], 0xcc, "%s: wrote before dst", name);
     for (size_t g = 0; g < GUARD; g++) cr_assert_eq(d[len + g], 0xcc, "%s: wrote past dst", name);
   }
   /* chaining: two copies of halves give the CRC of the whole */

@@ -4,8 +4,8 @@
  * and ALLOC waiting in the daemon: test_get_g3.c. */
 #include <criterion/criterion.h>
 
-#include "daemon/defer.h"
 #include "base/log.h"
+#include "daemon/defer.h"
 
 /* --- the queue alone ------------------------------------------------------------ */
 

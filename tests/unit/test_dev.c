@@ -11,10 +11,10 @@
 
 #include "tests/lib/dev_checks.h"
 
-#define CHECK(expr)                                                             \
-  do {                                                                          \
-    const char *m_ = (expr);                                                    \
-    cr_assert(m_ == NULL, "%s", m_ ? m_ : "");                                  \
+#define CHECK(expr)                            \
+  do {                                         \
+    const char *m_ = (expr);                   \
+    cr_assert(m_ == NULL, "%s", m_ ? m_ : ""); \
   } while (0)
 
 static void no_env(void) { unsetenv("KV_DEV_BACKEND"); }
@@ -146,8 +146,9 @@ Test(dev, reap_while_submitting) {
       /* H2D into the first half of the pool, D2H out of the second: the
        * directions never touch the same bytes (the reuse rule). */
       size_t off = (sent % 128) * 4096;
-      kv_dev_copy c = sent % 2 ? (kv_dev_copy){e.h + (512 << 10) + off, e.dev + (512 << 10) + off, 4096}
-                               : (kv_dev_copy){e.dev + off, e.h + off, 4096};
+      kv_dev_copy c = sent % 2
+                          ? (kv_dev_copy){e.h + (512 << 10) + off, e.dev + (512 << 10) + off, 4096}
+                          : (kv_dev_copy){e.dev + off, e.h + off, 4096};
       cr_assert_eq(kv_dev_submit(e.d, (kv_dev_dir)(sent % 2), &c, 1, sent), 0);
       sent++;
     } else {

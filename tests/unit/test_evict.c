@@ -201,7 +201,8 @@ static int hot_left_after_scan(const char *policy) { return hot_left_after_scan_
 Test(evict, a_one_pass_scan_does_not_flush_a_frequently_used_set) {
   static const char *const resistant[] = {"arc", "s3fifo", "reuse"};
   for (size_t i = 0; i < sizeof resistant / sizeof resistant[0]; i++)
-    cr_assert_eq(hot_left_after_scan(resistant[i]), 10, "%s lost hot blocks to a scan", resistant[i]);
+    cr_assert_eq(hot_left_after_scan(resistant[i]), 10, "%s lost hot blocks to a scan",
+                 resistant[i]);
   cr_assert_eq(hot_left_after_scan("lru"), 0, "the control: LRU is flushed by the scan");
 }
 
@@ -452,8 +453,10 @@ static void auto_follows_the_better_expert(int recency, const char *better, cons
   char following[16];
   double b = hit_rate_on(better, recency, NULL, 0), w = hit_rate_on(worse, recency, NULL, 0);
   double a = hit_rate_on("auto", recency, following, sizeof following);
-  cr_assert_gt(b, w + 5, "the stream must separate the experts: %s %.2f, %s %.2f", better, b, worse, w);
-  cr_assert_str_eq(following, better, "auto follows %s (%s %.2f, %s %.2f)", following, better, b, worse, w);
+  cr_assert_gt(b, w + 5, "the stream must separate the experts: %s %.2f, %s %.2f", better, b, worse,
+               w);
+  cr_assert_str_eq(following, better, "auto follows %s (%s %.2f, %s %.2f)", following, better, b,
+                   worse, w);
   cr_assert_geq(a, b - 2, "auto %.2f%%, %s %.2f%%, %s %.2f%%", a, better, b, worse, w);
 }
 

@@ -123,8 +123,8 @@ static int fake_daemon(int lfd, int minor, int mode) {
   kv_dev_pool *pool;
   kv_dev_export x;
   uint8_t enc[KV_DEVX_ENCODED_MAX];
-  if (kv_dev_open(&d, &(kv_dev_opts){.backend = KV_DEV_SIM}) || kv_dev_pool_create(d, 1 << 20, &pool) ||
-      kv_dev_pool_export(pool, &x))
+  if (kv_dev_open(&d, &(kv_dev_opts){.backend = KV_DEV_SIM}) ||
+      kv_dev_pool_create(d, 1 << 20, &pool) || kv_dev_pool_export(pool, &x))
     return 22;
   int n = kv_dev_export_encode(&x, enc, sizeof enc);
   int arena = memfd_create("fake-arena", MFD_CLOEXEC);
@@ -135,9 +135,15 @@ static int fake_daemon(int lfd, int minor, int mode) {
   r.op = KV_OP_HELLO;
   r.flags = KV_F_REPLY | KV_F_FD | KV_F_FD2;
   r.id = m.id;
-  r.hello_rep = (kv_hello_rep){.ver_major = 1, .ver_minor = (uint16_t)minor, .caps = KV_CAP_G1,
-                               .session_id = 1, .arena_bytes = 1 << 20, .slot_align = 4096,
-                               .slot_bytes = BLOCK, .ntierinfo = 1, .tierinfo = &ti};
+  r.hello_rep = (kv_hello_rep){.ver_major = 1,
+                               .ver_minor = (uint16_t)minor,
+                               .caps = KV_CAP_G1,
+                               .session_id = 1,
+                               .arena_bytes = 1 << 20,
+                               .slot_align = 4096,
+                               .slot_bytes = BLOCK,
+                               .ntierinfo = 1,
+                               .tierinfo = &ti};
   kv_buf b;
   kv_buf_init(&b);
   if (kv_msg_encode(&b, &r)) return 24;
@@ -174,9 +180,12 @@ static int against_fake(int minor, int mode, char *reason, size_t cap) {
   close(lfd);
   uint8_t u3[16];
   sim_uuid(3, u3);
-  kvc_opts o = {.socket_path = path, .tenant = "t1", .g1_uuid = u3, .timeout_ms = 5000,
-                .layout = {.block_bytes = BLOCK, .tokens_per_block = 16, .tp_size = 1,
-                           .dtype = "bf16"}};
+  kvc_opts o = {
+      .socket_path = path,
+      .tenant = "t1",
+      .g1_uuid = u3,
+      .timeout_ms = 5000,
+      .layout = {.block_bytes = BLOCK, .tokens_per_block = 16, .tp_size = 1, .dtype = "bf16"}};
   kvc *c = NULL;
   int rc = kvc_open(&o, &c);
   reason[0] = 0;

@@ -9,10 +9,10 @@
 
 #include "tests/lib/g3.h"
 
-#define BLOCK 65536u
-#define INFLIGHT 16
+#define BLOCK      65536u
+#define INFLIGHT   16
 #define KILL_AFTER 150
-#define SEED 0xC0FFEE
+#define SEED       0xC0FFEE
 
 typedef struct ack {
   uint32_t i, slot;
@@ -43,8 +43,13 @@ static void child(const char *dir, kv_g3_backend be, kv_g3_sync sync, uint32_t f
   if (kv_arena_init(&arena, &ao)) _exit(2);
   cls = kv_arena_class_for(&arena, BLOCK);
   kv_g3_dir d = {dir, 256u << 20};
-  kv_g3_opts o = {.dirs = &d, .ndirs = 1, .block_bytes = BLOCK, .queue_depth = 8,
-                  .backend = be, .sync = sync, .arena = &arena};
+  kv_g3_opts o = {.dirs = &d,
+                  .ndirs = 1,
+                  .block_bytes = BLOCK,
+                  .queue_depth = 8,
+                  .backend = be,
+                  .sync = sync,
+                  .arena = &arena};
   kv_g3 *g;
   if (kv_g3_open(&g, &o, NULL)) _exit(2);
   wctx w[INFLIGHT];
@@ -73,7 +78,7 @@ static void child(const char *dir, kv_g3_backend be, kv_g3_sync sync, uint32_t f
 }
 
 typedef struct verify_ctx {
-  uint8_t *acked;     /* 1 if acknowledged, by block number */
+  uint8_t *acked; /* 1 if acknowledged, by block number */
   uint8_t *present;
   uint32_t max;
   uint32_t *slot;

@@ -33,8 +33,13 @@ typedef struct fx {
 
 static void fx_open(fx *f) {
   kv_g3_dir d = {f->dir, f->cap};
-  kv_g3_opts o = {.dirs = &d, .ndirs = 1, .block_bytes = f->block, .queue_depth = 4,
-                  .backend = f->be, .arena = &f->arena, .fault = f->fault};
+  kv_g3_opts o = {.dirs = &d,
+                  .ndirs = 1,
+                  .block_bytes = f->block,
+                  .queue_depth = 4,
+                  .backend = f->be,
+                  .arena = &f->arena,
+                  .fault = f->fault};
   int rc = kv_g3_open(&f->g, &o, &f->info);
   cr_assert_eq(rc, 0, "open: %s", kv_strerror(rc));
 }
@@ -273,13 +278,13 @@ Test(g3_faults, truncated_while_closed) {
 }
 
 /* ---- disk full ------------------------------------------------------------- */
-#define CHECK(c)                                                               \
-  do {                                                                         \
-    if (!(c)) {                                                                \
-      fprintf(stderr, "child check failed at line %d: %s\n", __LINE__, #c);    \
-      fflush(NULL);                                                            \
-      _exit(1);                                                                \
-    }                                                                          \
+#define CHECK(c)                                                            \
+  do {                                                                      \
+    if (!(c)) {                                                             \
+      fprintf(stderr, "child check failed at line %d: %s\n", __LINE__, #c); \
+      fflush(NULL);                                                         \
+      _exit(1);                                                             \
+    }                                                                       \
   } while (0)
 
 static int wait_child(pid_t pid) {
@@ -516,8 +521,8 @@ Test(g3_faults, odirect_refused_injected) {
   char dir[64];
   t_mkdir(dir, sizeof dir);
   kv_g3_dir d = {dir, 4u << 20};
-  kv_g3_opts o = {.dirs = &d, .ndirs = 1, .block_bytes = 4096, .direct = KV_G3_DIRECT_ON,
-                  .fault = &fault};
+  kv_g3_opts o = {
+      .dirs = &d, .ndirs = 1, .block_bytes = 4096, .direct = KV_G3_DIRECT_ON, .fault = &fault};
   kv_g3 *g;
   cr_assert_eq(kv_g3_open(&g, &o, NULL), -EINVAL);
   t_rmdir(dir);

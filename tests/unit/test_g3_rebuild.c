@@ -20,8 +20,8 @@ typedef struct rb {
 
 static void rb_open(rb *r) {
   kv_g3_dir d = {r->dir, 4u << 20};
-  kv_g3_opts o = {.dirs = &d, .ndirs = 1, .block_bytes = 8192, .backend = r->be,
-                  .arena = &r->arena};
+  kv_g3_opts o = {
+      .dirs = &d, .ndirs = 1, .block_bytes = 8192, .backend = r->be, .arena = &r->arena};
   int rc = kv_g3_open(&r->g, &o, &r->info);
   cr_assert_eq(rc, 0, "open: %s", kv_strerror(rc));
 }
@@ -302,8 +302,8 @@ Test(g3_rebuild, large_slots_two_files) {
   t_arena(&arena, 8u << 20, blk, &cls);
   void *b = t_buf(&arena, cls);
   kv_g3_dir d[2] = {{d0, 6u << 20}, {d1, 6u << 20}};
-  kv_g3_opts o = {.dirs = d, .ndirs = 2, .block_bytes = blk, .backend = KV_G3_BACKEND_THREADS,
-                  .arena = &arena};
+  kv_g3_opts o = {
+      .dirs = d, .ndirs = 2, .block_bytes = blk, .backend = KV_G3_BACKEND_THREADS, .arena = &arena};
   kv_g3 *g;
   cr_assert_eq(kv_g3_open(&g, &o, NULL), 0);
   uint32_t s[16];

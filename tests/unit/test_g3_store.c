@@ -26,8 +26,7 @@ static void s_open_opts(store_t *s, kv_g3_opts *o) {
   o->dirs = NULL;
 }
 
-static void s_init(store_t *s, uint32_t block, size_t arena_bytes, kv_g3_backend be,
-                   uint64_t cap) {
+static void s_init(store_t *s, uint32_t block, size_t arena_bytes, kv_g3_backend be, uint64_t cap) {
   if (be == KV_G3_BACKEND_URING && !t_uring_ok()) cr_skip_test("io_uring unavailable");
   t_mkdir(s->dir, sizeof s->dir);
   t_arena(&s->arena, arena_bytes, block, &s->cls);
@@ -61,8 +60,9 @@ static void round_trip(kv_g3_backend be, uint32_t block, uint32_t len, unsigned 
     t_fill(wb[i], len, block, i);
     cr_assert_eq(kv_g3_alloc(s.g, &slot[i]), 0);
     kv_g3_key k = t_key(i);
-    cr_assert_eq(kv_g3_write(s.g, slot[i], &k, 100 + i, wb[i], len, kv_g3_write_crc_none,
-                             t_count_cb, &wc), 0);
+    cr_assert_eq(
+        kv_g3_write(s.g, slot[i], &k, 100 + i, wb[i], len, kv_g3_write_crc_none, t_count_cb, &wc),
+        0);
   }
   kv_g3_drain(s.g);
   cr_assert_eq(wc.n, (int)n);
@@ -262,8 +262,8 @@ Test(g3_store, sync_policies) {
       t_mkdir(s.dir, sizeof s.dir);
       t_arena(&s.arena, 4u << 20, 16384, &s.cls);
       kv_g3_dir d = {s.dir, 4u << 20};
-      kv_g3_opts o = {.dirs = &d, .ndirs = 1, .block_bytes = 16384, .backend = t_backends[b],
-                      .sync = pol[p]};
+      kv_g3_opts o = {
+          .dirs = &d, .ndirs = 1, .block_bytes = 16384, .backend = t_backends[b], .sync = pol[p]};
       s_open_opts(&s, &o);
       void *buf = t_buf(&s.arena, s.cls);
       uint32_t sl[8];
@@ -552,8 +552,12 @@ Test(g3_store, queue_depth_bounds_concurrency) {
   t_mkdir(s.dir, sizeof s.dir);
   t_arena(&s.arena, 4u << 20, 4096, &s.cls);
   kv_g3_dir d = {s.dir, 4u << 20};
-  kv_g3_opts o = {.dirs = &d, .ndirs = 1, .block_bytes = 4096, .queue_depth = 3,
-                  .backend = KV_G3_BACKEND_THREADS, .fault = &f};
+  kv_g3_opts o = {.dirs = &d,
+                  .ndirs = 1,
+                  .block_bytes = 4096,
+                  .queue_depth = 3,
+                  .backend = KV_G3_BACKEND_THREADS,
+                  .fault = &f};
   s_open_opts(&s, &o);
   void *b = t_buf(&s.arena, s.cls);
   t_count c = {0};

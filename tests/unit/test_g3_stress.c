@@ -31,11 +31,11 @@
   } while (0)
 
 #define BLOCK 16384u
-#define NBUF 48
+#define NBUF  48
 #define NKEYS 400
 
 typedef struct inject {
-  atomic_uint n;          /* transfers seen */
+  atomic_uint n; /* transfers seen */
   atomic_int armed;
 } inject;
 
@@ -55,13 +55,13 @@ typedef struct stress {
   kv_arena arena;
   int cls;
   uint8_t *buf[NBUF];
-  int bufkey[NBUF];      /* key using the buffer, -1 free */
+  int bufkey[NBUF]; /* key using the buffer, -1 free */
   int kstate[NKEYS];
   uint32_t kslot[NKEYS];
   uint64_t kseq[NKEYS];
   uint8_t kremoved[NKEYS]; /* removed while a read was in flight */
   uint64_t seq;
-  int fail;              /* first failed check (line) */
+  int fail; /* first failed check (line) */
   uint64_t rd_ok, rd_err, wr_ok, wr_err, removes;
 } stress;
 
@@ -139,8 +139,14 @@ static int free_buf(stress *s) {
 
 static int open_store(stress *s, const char *dir, kv_g3_backend be, const kv_g3_fault *f) {
   kv_g3_dir d = {dir, 16u << 20};
-  kv_g3_opts o = {.dirs = &d, .ndirs = 1, .block_bytes = BLOCK, .queue_depth = 8,
-                  .backend = be, .arena = &s->arena, .fault = f, .commit_window_us = 500};
+  kv_g3_opts o = {.dirs = &d,
+                  .ndirs = 1,
+                  .block_bytes = BLOCK,
+                  .queue_depth = 8,
+                  .backend = be,
+                  .arena = &s->arena,
+                  .fault = f,
+                  .commit_window_us = 500};
   return kv_g3_open(&s->g, &o, NULL);
 }
 
@@ -214,8 +220,8 @@ static int run(kv_g3_backend be, unsigned rounds) {
         s.bufkey[b] = key;
       }
     } else if (b >= 0 && s.kstate[key] == K_STORED && op < 9) {
-      kv_g3_expect e = {.key = mkkey(key), .len = BLOCK, .seq = s.kseq[key],
-                        .flags = KV_G3_EXPECT_SEQ};
+      kv_g3_expect e = {
+          .key = mkkey(key), .len = BLOCK, .seq = s.kseq[key], .flags = KV_G3_EXPECT_SEQ};
       ctxs[b] = (opctx){&s, key, b};
       CHECK(kv_g3_read(s.g, s.kslot[key], &e, s.buf[b], on_read, &ctxs[b]) == 0);
       s.kstate[key] = K_READING;
@@ -242,10 +248,12 @@ static int run(kv_g3_backend be, unsigned rounds) {
   for (int k = 0; k < NKEYS; k++) stored += s.kstate[k] == K_STORED;
   CHECK(st.slots_stored == (uint64_t)stored);
   CHECK(st.read_failed == s.rd_err - rd_err0 && st.reads == s.rd_ok - rd_ok0);
-  fprintf(stderr, "stress %s: %llu writes ok, %llu failed; %llu reads ok, %llu failed; "
-          "%llu removes; %d stored\n", kv_g3_backend_name(be), (unsigned long long)s.wr_ok,
-          (unsigned long long)s.wr_err, (unsigned long long)s.rd_ok,
-          (unsigned long long)s.rd_err, (unsigned long long)s.removes, stored);
+  fprintf(stderr,
+          "stress %s: %llu writes ok, %llu failed; %llu reads ok, %llu failed; "
+          "%llu removes; %d stored\n",
+          kv_g3_backend_name(be), (unsigned long long)s.wr_ok, (unsigned long long)s.wr_err,
+          (unsigned long long)s.rd_ok, (unsigned long long)s.rd_err, (unsigned long long)s.removes,
+          stored);
   CHECK(s.rd_ok > 0 && s.wr_ok > 0 && s.rd_err + s.wr_err > 0);
   kv_g3_close(s.g);
   kv_arena_fini(&s.arena);

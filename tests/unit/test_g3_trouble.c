@@ -29,8 +29,13 @@ typedef struct fx {
 
 static int fx_try_open(fx *f) {
   kv_g3_dir d[2] = {{f->dir, f->cap}, {f->dir2, f->cap}};
-  kv_g3_opts o = {.dirs = d, .ndirs = f->ndirs, .block_bytes = BLK, .queue_depth = 4,
-                  .backend = KV_G3_BACKEND_THREADS, .fault = f->fault, .commit_window_us = -1};
+  kv_g3_opts o = {.dirs = d,
+                  .ndirs = f->ndirs,
+                  .block_bytes = BLK,
+                  .queue_depth = 4,
+                  .backend = KV_G3_BACKEND_THREADS,
+                  .fault = f->fault,
+                  .commit_window_us = -1};
   return kv_g3_open(&f->g, &o, &f->info);
 }
 
@@ -178,13 +183,13 @@ Test(g3_trouble, damaged_second_file_is_set_aside_the_first_keeps_its_blocks) {
 
 /* ---- a failed create ------------------------------------------------------------ */
 
-#define CHECK(c)                                                               \
-  do {                                                                         \
-    if (!(c)) {                                                                \
-      fprintf(stderr, "child check failed at line %d: %s\n", __LINE__, #c);    \
-      fflush(NULL);                                                            \
-      _exit(1);                                                                \
-    }                                                                          \
+#define CHECK(c)                                                            \
+  do {                                                                      \
+    if (!(c)) {                                                             \
+      fprintf(stderr, "child check failed at line %d: %s\n", __LINE__, #c); \
+      fflush(NULL);                                                         \
+      _exit(1);                                                             \
+    }                                                                       \
   } while (0)
 
 /* Preallocation refused (EFBIG: a file size limit, as a filesystem too

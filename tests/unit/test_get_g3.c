@@ -13,12 +13,12 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "daemon/kvd.h"
-#include "base/log.h"
-#include "ipc/sock.h"
 #include "base/errors.h"
-#include "tiers/g3_internal.h"
+#include "base/log.h"
+#include "daemon/kvd.h"
+#include "ipc/sock.h"
 #include "tests/lib/tmpdir.h"
+#include "tiers/g3_internal.h"
 
 #define BLOCK 4096u
 
@@ -91,9 +91,10 @@ static void setup(void) {
   kv_buf_init(&ts->got);
   kvd_session_init(&sess, 1);
   kv_msg m = {.op = KV_OP_HELLO, .id = 1}, r;
-  m.hello = (kv_hello_req){.ver_major = KV_PROTO_MAJOR, .tenant = {"t", 1},
-                           .layout = {.block_bytes = BLOCK, .tokens_per_block = 1, .tp_size = 1,
-                                      .dtype = {"u8", 2}}};
+  m.hello = (kv_hello_req){
+      .ver_major = KV_PROTO_MAJOR,
+      .tenant = {"t", 1},
+      .layout = {.block_bytes = BLOCK, .tokens_per_block = 1, .tp_size = 1, .dtype = {"u8", 2}}};
   handle(&m, 0, &r);
   cr_assert_eq(r.op, KV_OP_HELLO, "HELLO refused: %d", r.status);
 }
@@ -109,12 +110,12 @@ static void teardown(void) {
 }
 
 /* Delivers G3 completions until `done` holds (each wait at most 100 ms). */
-#define POLL_UNTIL(done)                                                \
-  for (int i_ = 0; !(done); i_++) {                                     \
-    cr_assert_lt(i_, 300, "waited too long for: %s", #done);            \
-    struct pollfd p_ = {.fd = kv_g3_fd(d.g3), .events = POLLIN};        \
-    poll(&p_, 1, 100);                                                  \
-    kvd_g3_poll(&d);                                                    \
+#define POLL_UNTIL(done)                                         \
+  for (int i_ = 0; !(done); i_++) {                              \
+    cr_assert_lt(i_, 300, "waited too long for: %s", #done);     \
+    struct pollfd p_ = {.fd = kv_g3_fd(d.g3), .events = POLLIN}; \
+    poll(&p_, 1, 100);                                           \
+    kvd_g3_poll(&d);                                             \
   }
 
 static kv_block *block(uint8_t k) {
@@ -232,8 +233,8 @@ static void fill_g2(uint32_t from) {
 static void alloc_new(void) {
   uint32_t k = NEW_KEY;
   kv_msg m = {.op = KV_OP_ALLOC, .id = 5};
-  m.alloc = (kv_alloc_req){.tier = KV_G2, .prio = 1,
-                           .keys = {.p = (const uint8_t *)&k, .n = 1, .klen = sizeof k}};
+  m.alloc = (kv_alloc_req){
+      .tier = KV_G2, .prio = 1, .keys = {.p = (const uint8_t *)&k, .n = 1, .klen = sizeof k}};
   kv_buf_reset(&ts->got);
   handle(&m, 1, NULL);
 }

@@ -109,7 +109,10 @@ Test(index, random_operations_match_a_model) {
     key_of((uint64_t)v * 2654435761u, k);
     kv_block *b = kv_index_find(&ix, 3, k, 8);
     cr_assert_eq(b, model[v]);
-    if (b) { live++; cr_assert_eq(b->size, (uint32_t)v); }
+    if (b) {
+      live++;
+      cr_assert_eq(b->size, (uint32_t)v);
+    }
   }
   cr_assert_eq(live, ix.count);
   free(model);
@@ -161,10 +164,14 @@ Test(index, links_refuse_cycles_and_foreign_namespaces) {
   kv_index_init(&ix, 8);
   uint8_t k[8];
   kv_block *a, *b, *c, *x;
-  key_of(1, k); kv_index_insert(&ix, 0, k, 8, &a);
-  key_of(2, k); kv_index_insert(&ix, 0, k, 8, &b);
-  key_of(3, k); kv_index_insert(&ix, 0, k, 8, &c);
-  key_of(4, k); kv_index_insert(&ix, 1, k, 8, &x);
+  key_of(1, k);
+  kv_index_insert(&ix, 0, k, 8, &a);
+  key_of(2, k);
+  kv_index_insert(&ix, 0, k, 8, &b);
+  key_of(3, k);
+  kv_index_insert(&ix, 0, k, 8, &c);
+  key_of(4, k);
+  kv_index_insert(&ix, 1, k, 8, &x);
   cr_assert_eq(kv_index_link(&ix, b, a), 0);
   cr_assert_eq(kv_index_link(&ix, c, b), 0);
   cr_assert_eq(kv_index_link(&ix, c, a), -EINVAL, "a second parent");
@@ -181,10 +188,14 @@ Test(index, removing_a_parent_orphans_its_children) {
   kv_index_init(&ix, 8);
   uint8_t k[8];
   kv_block *p, *c1, *c2, *c3;
-  key_of(1, k); kv_index_insert(&ix, 0, k, 8, &p);
-  key_of(2, k); kv_index_insert(&ix, 0, k, 8, &c1);
-  key_of(3, k); kv_index_insert(&ix, 0, k, 8, &c2);
-  key_of(4, k); kv_index_insert(&ix, 0, k, 8, &c3);
+  key_of(1, k);
+  kv_index_insert(&ix, 0, k, 8, &p);
+  key_of(2, k);
+  kv_index_insert(&ix, 0, k, 8, &c1);
+  key_of(3, k);
+  kv_index_insert(&ix, 0, k, 8, &c2);
+  key_of(4, k);
+  kv_index_insert(&ix, 0, k, 8, &c3);
   kv_index_link(&ix, c1, p);
   kv_index_link(&ix, c2, p);
   kv_index_link(&ix, c3, p);

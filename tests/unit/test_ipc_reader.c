@@ -23,8 +23,8 @@
 
 #include "../fuzz/samples.h"
 #include "base/clock.h"
-#include "ipc/sock.h"
 #include "base/le.h"
+#include "ipc/sock.h"
 
 /* ---- helpers ---------------------------------------------------------------- */
 
@@ -47,8 +47,12 @@ static void expect_memfd(int fd, const char *text) {
 static void hello_rep(kv_buf *b, uint64_t id) {
   kv_msg m = kv_sample_rep(KV_OP_HELLO, id);
   m.flags |= KV_F_FD;
-  m.hello_rep = (kv_hello_rep){.ver_major = 1, .session_id = id, .ns_id = 1,
-                               .arena_bytes = 1 << 20, .slot_align = 64, .slot_bytes = 4096};
+  m.hello_rep = (kv_hello_rep){.ver_major = 1,
+                               .session_id = id,
+                               .ns_id = 1,
+                               .arena_bytes = 1 << 20,
+                               .slot_align = 64,
+                               .slot_bytes = 4096};
   cr_assert_eq(kv_msg_encode(b, &m), 0);
 }
 
@@ -72,7 +76,9 @@ static void send_fds(int sock, const void *p, size_t len, const int *fds, int n)
   } cm;
   memset(&cm, 0, sizeof cm);
   struct iovec iov = {(void *)p, len};
-  struct msghdr mh = {.msg_iov = &iov, .msg_iovlen = 1, .msg_control = cm.buf,
+  struct msghdr mh = {.msg_iov = &iov,
+                      .msg_iovlen = 1,
+                      .msg_control = cm.buf,
                       .msg_controllen = CMSG_SPACE(sizeof(int) * (size_t)n)};
   struct cmsghdr *c = CMSG_FIRSTHDR(&mh);
   c->cmsg_level = SOL_SOCKET;
@@ -136,8 +142,11 @@ Test(reader_bad, wrong_version_as_soon_as_it_arrives) {
 }
 
 Test(reader_bad, oversized_length_rejected_before_buffering) {
-  kv_hdr h = {.magic = KV_PROTO_MAGIC, .version = KV_PROTO_MAJOR, .op = KV_OP_LOOKUP,
-              .len = 60u << 20, .id = 1};
+  kv_hdr h = {.magic = KV_PROTO_MAGIC,
+              .version = KV_PROTO_MAJOR,
+              .op = KV_OP_LOOKUP,
+              .len = 60u << 20,
+              .id = 1};
   uint8_t g[KV_HDR_SIZE];
   kv_hdr_write(g, &h);
   cr_assert_eq(write(pair[1], g, sizeof g), (ssize_t)sizeof g);
@@ -254,8 +263,12 @@ Test(reader_bad, two_fds_in_one_message) {
 static void hello_rep2(kv_buf *b, uint64_t id) {
   kv_msg m = kv_sample_rep(KV_OP_HELLO, id);
   m.flags |= KV_F_FD | KV_F_FD2;
-  m.hello_rep = (kv_hello_rep){.ver_major = 1, .session_id = id, .ns_id = 1,
-                               .arena_bytes = 1 << 20, .slot_align = 64, .slot_bytes = 4096};
+  m.hello_rep = (kv_hello_rep){.ver_major = 1,
+                               .session_id = id,
+                               .ns_id = 1,
+                               .arena_bytes = 1 << 20,
+                               .slot_align = 64,
+                               .slot_bytes = 4096};
   cr_assert_eq(kv_msg_encode(b, &m), 0);
 }
 

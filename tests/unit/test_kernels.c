@@ -26,7 +26,7 @@ static int h_scatter(const kv_kern_layout *lo, void *const *layers, const uint32
                      void *const *blocks, size_t n, void *ctx) {
   return kv_kern_scatter_host(lo, layers, pages, blocks, n);
 }
-static const kv_ref_backend host_be = {h_alloc, h_release, h_copy, h_copy,
+static const kv_ref_backend host_be = {h_alloc,  h_release, h_copy, h_copy,
                                        h_gather, h_scatter, NULL};
 
 static void run_all(int mode) {
@@ -37,9 +37,9 @@ static void run_all(int mode) {
     char why[200];
     const kv_ref_case *c = &cases[i];
     int rc = kv_ref_run(c, mode, &host_be, why, sizeof why);
-    cr_assert_eq(rc, 0, "case %zu (L%u T%u H%u D%u E%u pages %u strides %d n %zu mis %u): %s",
-                 i, c->layers, c->page_tokens, c->kv_heads, c->head_dim, c->elem_bytes,
-                 c->num_pages, c->strides, c->n, c->misalign, why);
+    cr_assert_eq(rc, 0, "case %zu (L%u T%u H%u D%u E%u pages %u strides %d n %zu mis %u): %s", i,
+                 c->layers, c->page_tokens, c->kv_heads, c->head_dim, c->elem_bytes, c->num_pages,
+                 c->strides, c->n, c->misalign, why);
   }
 }
 
@@ -52,8 +52,8 @@ Test(kernels, scatter_then_gather_gives_the_blocks_back) { run_all(KV_REF_ROUNDT
 Test(kernels, block_format_by_hand) {
   unsigned char l0[8] = {0, 1, 2, 3, 4, 5, 6, 7}, l1[8] = {10, 11, 12, 13, 14, 15, 16, 17};
   void *layers[2] = {l0, l1};
-  kv_kern_layout lo = {.layers = 2, .page_tokens = 1, .kv_heads = 1, .head_dim = 2,
-                       .elem_bytes = 1, .num_pages = 2};
+  kv_kern_layout lo = {
+      .layers = 2, .page_tokens = 1, .kv_heads = 1, .head_dim = 2, .elem_bytes = 1, .num_pages = 2};
   unsigned char b0[8], b1[8];
   void *blocks[2] = {b0, b1};
   uint32_t pages[2] = {1, 0};
@@ -76,8 +76,14 @@ Test(kernels, k_first_layout_by_hand) {
   /* 1 layer, 3 pages, half = 2 bytes: K of pages 0..2, then V of 0..2 */
   unsigned char l0[12] = {0, 1, 2, 3, 4, 5, 100, 101, 102, 103, 104, 105};
   void *layers[1] = {l0};
-  kv_kern_layout lo = {.layers = 1, .page_tokens = 1, .kv_heads = 1, .head_dim = 1,
-                       .elem_bytes = 2, .num_pages = 3, .page_stride = 2, .kv_stride = 6};
+  kv_kern_layout lo = {.layers = 1,
+                       .page_tokens = 1,
+                       .kv_heads = 1,
+                       .head_dim = 1,
+                       .elem_bytes = 2,
+                       .num_pages = 3,
+                       .page_stride = 2,
+                       .kv_stride = 6};
   unsigned char b[4];
   void *blocks[1] = {b};
   uint32_t page = 2;
@@ -88,8 +94,12 @@ Test(kernels, k_first_layout_by_hand) {
 }
 
 Test(kernels, block_bytes_match_hello) {
-  kv_kern_layout lo = {.layers = 32, .page_tokens = 16, .kv_heads = 8, .head_dim = 128,
-                       .elem_bytes = 2, .num_pages = 4096};
+  kv_kern_layout lo = {.layers = 32,
+                       .page_tokens = 16,
+                       .kv_heads = 8,
+                       .head_dim = 128,
+                       .elem_bytes = 2,
+                       .num_pages = 4096};
   cr_assert_eq(kv_kern_block_bytes(&lo), 32ull * 2 * 16 * 8 * 128 * 2);
   cr_assert_eq(kv_kern_layer_bytes(&lo), 4096ull * 2 * 16 * 8 * 128 * 2);
   lo.elem_bytes = 1;
@@ -101,8 +111,12 @@ Test(kernels, block_bytes_match_hello) {
 
 Test(kernels, copy_width) {
   _Alignas(16) unsigned char buf[4096];
-  kv_kern_layout lo = {.layers = 1, .page_tokens = 16, .kv_heads = 1, .head_dim = 8,
-                       .elem_bytes = 2, .num_pages = 4};
+  kv_kern_layout lo = {.layers = 1,
+                       .page_tokens = 16,
+                       .kv_heads = 1,
+                       .head_dim = 8,
+                       .elem_bytes = 2,
+                       .num_pages = 4};
   void *layers[1] = {buf}, *blocks[2] = {buf + 1024, buf + 2048};
   cr_assert_eq(kv_kern_copy_width(&lo, layers, blocks, 2), 16);
   blocks[1] = buf + 2048 + 8;
@@ -116,8 +130,8 @@ Test(kernels, copy_width) {
 }
 
 Test(kernels, nothing_to_do) {
-  kv_kern_layout lo = {.layers = 1, .page_tokens = 1, .kv_heads = 1, .head_dim = 1,
-                       .elem_bytes = 1, .num_pages = 1};
+  kv_kern_layout lo = {
+      .layers = 1, .page_tokens = 1, .kv_heads = 1, .head_dim = 1, .elem_bytes = 1, .num_pages = 1};
   cr_assert_eq(kv_kern_gather_host(&lo, NULL, NULL, NULL, 0), 0);
   cr_assert_eq(kv_kern_scatter_host(&lo, NULL, NULL, NULL, 0), 0);
   lo.elem_bytes = 3; /* the geometry is still checked */
@@ -141,15 +155,14 @@ static void setup(void) {
   layers[0] = eng[0], layers[1] = eng[1];
   blocks[0] = blk[0], blocks[1] = blk[1], blocks[2] = blk[2];
   pages[0] = 3, pages[1] = 0, pages[2] = 1;
-  lo = (kv_kern_layout){.layers = 2, .page_tokens = 4, .kv_heads = 2, .head_dim = 3,
-                        .elem_bytes = 2, .num_pages = 4};
+  lo = (kv_kern_layout){
+      .layers = 2, .page_tokens = 4, .kv_heads = 2, .head_dim = 3, .elem_bytes = 2, .num_pages = 4};
   cr_assert_eq(kv_kern_block_bytes(&lo), BB);
 }
 
 static void refused(const char *what) {
   cr_assert_eq(kv_kern_gather_host(&lo, layers, pages, blocks, 3), -EINVAL, "gather: %s", what);
-  cr_assert_eq(kv_kern_scatter_host(&lo, layers, pages, blocks, 3), -EINVAL, "scatter: %s",
-               what);
+  cr_assert_eq(kv_kern_scatter_host(&lo, layers, pages, blocks, 3), -EINVAL, "scatter: %s", what);
   cr_assert_eq(memcmp(eng, eng0, sizeof eng), 0, "%s: engine memory written", what);
   cr_assert_eq(memcmp(blk, blk0, sizeof blk), 0, "%s: blocks written", what);
 }
@@ -163,8 +176,8 @@ Test(kernels_bad, the_fixture_itself_is_accepted) {
 
 Test(kernels_bad, geometry) {
   kv_kern_layout good = lo;
-  uint32_t *fields[] = {&lo.layers, &lo.page_tokens, &lo.kv_heads, &lo.head_dim,
-                        &lo.elem_bytes, &lo.num_pages};
+  uint32_t *fields[] = {&lo.layers,   &lo.page_tokens, &lo.kv_heads,
+                        &lo.head_dim, &lo.elem_bytes,  &lo.num_pages};
   for (size_t f = 0; f < sizeof fields / sizeof fields[0]; f++) {
     lo = good;
     *fields[f] = 0;

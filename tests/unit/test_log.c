@@ -39,8 +39,9 @@ Test(log, lines_have_time_level_subsystem_and_message) {
   /* 2026-11-21T04:14:46.945Z warn g3: disk nvme0 is 97% full */
   int y, mo, d, h, mi, s, ms;
   char lvl[16], sub[16];
-  cr_assert_eq(sscanf(line, "%d-%d-%dT%d:%d:%d.%dZ %15s %15[^:]:", &y, &mo, &d, &h, &mi, &s, &ms,
-                      lvl, sub), 9, "unexpected shape: %s", line);
+  cr_assert_eq(
+      sscanf(line, "%d-%d-%dT%d:%d:%d.%dZ %15s %15[^:]:", &y, &mo, &d, &h, &mi, &s, &ms, lvl, sub),
+      9, "unexpected shape: %s", line);
   cr_assert_str_eq(lvl, "warn");
   cr_assert_str_eq(sub, "g3");
   cr_assert_eq(kv_log_to_journal(), 0);

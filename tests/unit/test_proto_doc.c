@@ -60,9 +60,9 @@ static long long row_value(const char *name) {
 Test(protocol_md, documents_every_error_code) {
   load_doc();
   char v[32], n[64];
-#define CHECK_ERR(name, off, msg)                                                  \
-  snprintf(v, sizeof v, "%d", KV_E##name);                                         \
-  snprintf(n, sizeof n, "`KV_E%s`", #name);                                        \
+#define CHECK_ERR(name, off, msg)           \
+  snprintf(v, sizeof v, "%d", KV_E##name);  \
+  snprintf(n, sizeof n, "`KV_E%s`", #name); \
   cr_assert(has_row(v, n), "PROTOCOL.md lacks the row | %s | %s |", v, n);
   KV_ERRNO_MAP(CHECK_ERR)
 #undef CHECK_ERR
@@ -84,21 +84,21 @@ Test(protocol_md, documents_every_limit) {
     const char *name;
     long long value;
   } lim[] = {
-    {"`KV_HDR_SIZE`", KV_HDR_SIZE},
-    {"`KV_BATCH_MAX`", KV_BATCH_MAX},
-    {"`KV_KEY_MAX`", KV_KEY_MAX},
-    {"`KV_TENANT_MAX`", KV_TENANT_MAX},
-    {"`KV_GROUP_MAX`", KV_GROUP_MAX},
-    {"`KV_SALT_MAX`", KV_SALT_MAX},
-    {"`KV_DTYPE_MAX`", KV_DTYPE_MAX},
-    {"`KV_TIERINFO_MAX`", KV_TIERINFO_MAX},
-    {"`KV_TIERINFO_BYTES_MAX`", KV_TIERINFO_BYTES_MAX},
-    {"`KV_ERRMSG_MAX`", KV_ERRMSG_MAX},
-    {"`KV_INLINE_MAX`", KV_INLINE_MAX},
-    {"`KV_PAYLOAD_MAX_CTRL`", KV_PAYLOAD_MAX_CTRL},
-    {"`KV_PAYLOAD_MAX_DATA`", KV_PAYLOAD_MAX_DATA},
-    {"`KV_STATUS_TEXT_MAX`", KV_STATUS_TEXT_MAX},
-    {"`KV_PUT_OVERHEAD`", KV_PUT_OVERHEAD},
+      {"`KV_HDR_SIZE`", KV_HDR_SIZE},
+      {"`KV_BATCH_MAX`", KV_BATCH_MAX},
+      {"`KV_KEY_MAX`", KV_KEY_MAX},
+      {"`KV_TENANT_MAX`", KV_TENANT_MAX},
+      {"`KV_GROUP_MAX`", KV_GROUP_MAX},
+      {"`KV_SALT_MAX`", KV_SALT_MAX},
+      {"`KV_DTYPE_MAX`", KV_DTYPE_MAX},
+      {"`KV_TIERINFO_MAX`", KV_TIERINFO_MAX},
+      {"`KV_TIERINFO_BYTES_MAX`", KV_TIERINFO_BYTES_MAX},
+      {"`KV_ERRMSG_MAX`", KV_ERRMSG_MAX},
+      {"`KV_INLINE_MAX`", KV_INLINE_MAX},
+      {"`KV_PAYLOAD_MAX_CTRL`", KV_PAYLOAD_MAX_CTRL},
+      {"`KV_PAYLOAD_MAX_DATA`", KV_PAYLOAD_MAX_DATA},
+      {"`KV_STATUS_TEXT_MAX`", KV_STATUS_TEXT_MAX},
+      {"`KV_PUT_OVERHEAD`", KV_PUT_OVERHEAD},
   };
   for (size_t i = 0; i < sizeof lim / sizeof lim[0]; i++)
     cr_assert_eq(row_value(lim[i].name), lim[i].value, "PROTOCOL.md: %s should be %lld",
@@ -111,7 +111,8 @@ Test(protocol_md, documents_the_batch_flags) {
   static const struct {
     const char *name;
     unsigned value;
-  } fl[] = {{"`KV_DEL_ALL`", KV_DEL_ALL}, {"`KV_COMMIT_CRC`", KV_COMMIT_CRC},
+  } fl[] = {{"`KV_DEL_ALL`", KV_DEL_ALL},
+            {"`KV_COMMIT_CRC`", KV_COMMIT_CRC},
             {"`KV_REL_CORRUPT`", KV_REL_CORRUPT}};
   for (size_t i = 0; i < sizeof fl / sizeof fl[0]; i++) {
     char v[16];

@@ -13,8 +13,8 @@
 #include "../fuzz/fuzz_body.h"
 #include "../fuzz/samples.h"
 #include "base/clock.h"
-#include "ipc/sock.h"
 #include "base/le.h"
+#include "ipc/sock.h"
 
 #define SEEDS_MAX 128
 #define INPUT_MAX 4096
@@ -46,9 +46,28 @@ static uint64_t next_rand(void) { /* xorshift64* */
 static size_t below(size_t n) { return n ? (size_t)(next_rand() % n) : 0; }
 
 static const uint32_t interesting[] = {
-  0, 1, 2, 0x7f, 0x80, 0xff, 0x100, 0x7fff, 0x8000, 0xffff, 32, 33, 64, 65, KV_BATCH_MAX,
-  KV_BATCH_MAX + 1, KV_PAYLOAD_MAX_CTRL, KV_PAYLOAD_MAX_CTRL + 1, KV_INLINE_MAX,
-  0x7fffffff, 0x80000000, 0xffffffff,
+    0,
+    1,
+    2,
+    0x7f,
+    0x80,
+    0xff,
+    0x100,
+    0x7fff,
+    0x8000,
+    0xffff,
+    32,
+    33,
+    64,
+    65,
+    KV_BATCH_MAX,
+    KV_BATCH_MAX + 1,
+    KV_PAYLOAD_MAX_CTRL,
+    KV_PAYLOAD_MAX_CTRL + 1,
+    KV_INLINE_MAX,
+    0x7fffffff,
+    0x80000000,
+    0xffffffff,
 };
 #define NINTERESTING (sizeof interesting / sizeof interesting[0])
 
@@ -92,9 +111,7 @@ static void mutate(uint8_t *buf, size_t *len, const pool *p) {
         *len = n - k;
       }
       break;
-    case 5: /* truncate */
-      *len = below(n + 1);
-      break;
+    case 5: /* truncate */ *len = below(n + 1); break;
     case 6: { /* splice: the tail of another seed */
       size_t s = below(p->n), from = below(p->len[s] + 1), at = below(n + 1);
       size_t k = p->len[s] - from;
@@ -105,10 +122,8 @@ static void mutate(uint8_t *buf, size_t *len, const pool *p) {
     }
     case 7: /* change the opcode or the reply flag, keep the body */
       if (n >= KV_HDR_SIZE) {
-        if (below(2))
-          kv_st16(buf + 6, (uint16_t)below(KV_OP_COUNT + 2));
-        else
-          buf[8] ^= KV_F_REPLY;
+        if (below(2)) kv_st16(buf + 6, (uint16_t)below(KV_OP_COUNT + 2));
+        else buf[8] ^= KV_F_REPLY;
       }
       break;
     default: /* duplicate a run inside the frame */
@@ -166,8 +181,8 @@ Test(proto_fuzz, short_run, .timeout = 120) {
     if (kv_fuzz_one(buf, len, &st, why, sizeof why)) {
       char hex[3 * 64 + 1] = {0};
       for (size_t k = 0; k < len && k < 64; k++) snprintf(hex + 3 * k, 4, "%02x ", buf[k]);
-      cr_assert_fail("input %lu (seed 0x%llx): %s; first bytes: %s", i,
-                     (unsigned long long)seed, why, hex);
+      cr_assert_fail("input %lu (seed 0x%llx): %s; first bytes: %s", i, (unsigned long long)seed,
+                     why, hex);
     }
   }
   int64_t ms = kv_now_ms() - t0;

@@ -83,7 +83,8 @@ static int msg_eq(const kv_msg *a, const kv_msg *b) {
         kv_load_ent s, t;
         kv_loadvec_get(&a->load_rep, i, &s);
         kv_loadvec_get(&b->load_rep, i, &t);
-        if (s.status != t.status || s.tier != t.tier || s.offset != t.offset || s.length != t.length)
+        if (s.status != t.status || s.tier != t.tier || s.offset != t.offset ||
+            s.length != t.length)
           return 0;
         if (a->op == KV_OP_LOAD2 && s.crc != t.crc) return 0;
       }
@@ -183,17 +184,36 @@ static void corpus_load(corpus *c) {
 /* A frame built by hand: payload bytes first, then the header in front. */
 static kv_buf P;
 static void pb8(uint8_t v) { cr_assert_eq(kv_buf_append(&P, &v, 1), 0); }
-static void pb16(uint16_t v) { uint8_t b[2]; kv_st16(b, v); cr_assert_eq(kv_buf_append(&P, b, 2), 0); }
-static void pb32(uint32_t v) { uint8_t b[4]; kv_st32(b, v); cr_assert_eq(kv_buf_append(&P, b, 4), 0); }
-static void pb64(uint64_t v) { uint8_t b[8]; kv_st64(b, v); cr_assert_eq(kv_buf_append(&P, b, 8), 0); }
+static void pb16(uint16_t v) {
+  uint8_t b[2];
+  kv_st16(b, v);
+  cr_assert_eq(kv_buf_append(&P, b, 2), 0);
+}
+static void pb32(uint32_t v) {
+  uint8_t b[4];
+  kv_st32(b, v);
+  cr_assert_eq(kv_buf_append(&P, b, 4), 0);
+}
+static void pb64(uint64_t v) {
+  uint8_t b[8];
+  kv_st64(b, v);
+  cr_assert_eq(kv_buf_append(&P, b, 8), 0);
+}
 static void pbmem(const void *p, size_t n) { cr_assert_eq(kv_buf_append(&P, p, n), 0); }
-static void pbfill(uint8_t v, size_t n) { for (size_t i = 0; i < n; i++) pb8(v); }
+static void pbfill(uint8_t v, size_t n) {
+  for (size_t i = 0; i < n; i++) pb8(v);
+}
 
 static kv_msg M;
 /* Decodes header(op, flags, id, status) + P and empties P. */
 static int pdecode(uint16_t op, uint16_t flags, int32_t status) {
-  kv_hdr h = {.magic = KV_PROTO_MAGIC, .version = KV_PROTO_MAJOR, .op = op, .flags = flags,
-              .len = (uint32_t)P.len, .id = 99, .status = status};
+  kv_hdr h = {.magic = KV_PROTO_MAGIC,
+              .version = KV_PROTO_MAJOR,
+              .op = op,
+              .flags = flags,
+              .len = (uint32_t)P.len,
+              .id = 99,
+              .status = status};
   uint8_t *f = malloc(KV_HDR_SIZE + P.len);
   cr_assert(f);
   kv_hdr_write(f, &h);
@@ -285,7 +305,8 @@ Test(wire_bad, every_bit_flip_is_rejected_or_canonical) {
       if (kv_msg_decode(g, n, &m) != 0) continue;
       accepted++;
       kv_buf_reset(&b);
-      cr_assert_eq(kv_msg_encode(&b, &m), 0, "%s bit %zu: decoded but not encodable", c.what[s], bit);
+      cr_assert_eq(kv_msg_encode(&b, &m), 0, "%s bit %zu: decoded but not encodable", c.what[s],
+                   bit);
       cr_assert(b.len == n && memcmp(b.p, g, n) == 0, "%s bit %zu: not canonical", c.what[s], bit);
     }
     free(g);
@@ -436,9 +457,9 @@ Test(wire_bad, hello_request_fields) {
   kv_buf b;
   kv_buf_init(&b);
   kv_msg m = kv_sample_req(KV_OP_HELLO, 1);
-  m.hello = (kv_hello_req){.tenant = {"x", 1},
-                           .layout = {.block_bytes = 1, .tokens_per_block = 1, .tp_size = 1,
-                                      .dtype = {"f32", 3}}};
+  m.hello = (kv_hello_req){
+      .tenant = {"x", 1},
+      .layout = {.block_bytes = 1, .tokens_per_block = 1, .tp_size = 1, .dtype = {"f32", 3}}};
   cr_assert_eq(kv_msg_encode(&b, &m), 0);
   char big[KV_TENANT_MAX + 1];
   memset(big, 'a', sizeof big);
@@ -450,7 +471,8 @@ Test(wire_bad, hello_request_fields) {
   kv_buf_free(&b);
 }
 
-static void hello_rep_body(uint64_t arena, uint32_t align, uint8_t nti, uint16_t tilen, uint8_t tier) {
+static void hello_rep_body(uint64_t arena, uint32_t align, uint8_t nti, uint16_t tilen,
+                           uint8_t tier) {
   pb16(1), pb16(0), pb32(0), pb64(1), pb32(1), pb64(arena), pb32(align), pb32(4096);
   pb8(nti);
   for (unsigned i = 0; i < nti; i++) pb8(tier), pb8(1), pb16(tilen), pbfill(0xab, tilen);
@@ -471,9 +493,11 @@ Test(wire_bad, hello_reply_fields) {
   hello_rep_body(1 << 20, 4096, 1, 16, KV_G1);
   cr_assert_eq(pdecode(KV_OP_HELLO, KV_F_REPLY | KV_F_FD | KV_F_FD2, 0), 0, "arena and G1 fds");
   hello_rep_body(0, 0, 1, 16, KV_G1);
-  cr_assert_eq(pdecode(KV_OP_HELLO, KV_F_REPLY | KV_F_FD2, 0), KV_EBADFRAME, "second fd without a first");
+  cr_assert_eq(pdecode(KV_OP_HELLO, KV_F_REPLY | KV_F_FD2, 0), KV_EBADFRAME,
+               "second fd without a first");
   pb32(0);
-  cr_assert_eq(pdecode(KV_OP_STATUS, KV_F_REPLY | KV_F_FD | KV_F_FD2, 0), KV_EBADFRAME, "fds on STATUS");
+  cr_assert_eq(pdecode(KV_OP_STATUS, KV_F_REPLY | KV_F_FD | KV_F_FD2, 0), KV_EBADFRAME,
+               "fds on STATUS");
   hello_rep_body(0, 0, KV_TIERINFO_MAX + 1, 0, 0);
   cr_assert_eq(REP(KV_OP_HELLO), KV_EBADFRAME, "9 tier-info entries");
   hello_rep_body(0, 0, 1, KV_TIERINFO_BYTES_MAX + 1, 0);
@@ -510,7 +534,8 @@ Test(wire_bad, g1_select) {
   cr_assert_eq(REP(KV_OP_G1_SELECT), KV_EBADFRAME, "an entry of another tier");
   pb8(KV_G1), pb8(KV_TI_G1_SIM_FD), pb16(4), pbfill(0xab, 3);
   cr_assert_eq(REP(KV_OP_G1_SELECT), KV_EBADFRAME, "value runs past the frame");
-  pb8(KV_G1), pb8(KV_TI_G1_SIM_FD), pb16(KV_TIERINFO_BYTES_MAX + 1), pbfill(0, KV_TIERINFO_BYTES_MAX + 1);
+  pb8(KV_G1), pb8(KV_TI_G1_SIM_FD), pb16(KV_TIERINFO_BYTES_MAX + 1),
+      pbfill(0, KV_TIERINFO_BYTES_MAX + 1);
   cr_assert_eq(REP(KV_OP_G1_SELECT), KV_EBADFRAME, "value over the limit");
 
   kv_buf b;
@@ -540,8 +565,8 @@ static void batch_body(uint8_t tier, uint8_t prio, uint8_t flags, uint32_t n, ui
 }
 
 Test(wire_bad, batch_requests) {
-  static const uint16_t ops[] = {KV_OP_LOOKUP, KV_OP_RELEASE, KV_OP_COMMIT, KV_OP_ABORT,
-                                 KV_OP_LOAD, KV_OP_PREFETCH, KV_OP_DELETE, KV_OP_SET_PRIORITY};
+  static const uint16_t ops[] = {KV_OP_LOOKUP, KV_OP_RELEASE,  KV_OP_COMMIT, KV_OP_ABORT,
+                                 KV_OP_LOAD,   KV_OP_PREFETCH, KV_OP_DELETE, KV_OP_SET_PRIORITY};
   for (size_t i = 0; i < sizeof ops / sizeof ops[0]; i++) {
     uint16_t op = ops[i];
     uint8_t tier = (op == KV_OP_LOAD || op == KV_OP_PREFETCH) ? KV_G2 : 0;
@@ -627,8 +652,8 @@ Test(wire_bad, alloc_request) {
   kv_buf_init(&b);
   kv_msg m = kv_sample_req(KV_OP_ALLOC, 1);
   static const uint8_t hp[2] = {1, 1};
-  m.alloc = (kv_alloc_req){.tier = KV_G2, .keys = {.p = kv_sample_keys, .n = 2, .klen = 8},
-                           .has_parent = hp};
+  m.alloc = (kv_alloc_req){
+      .tier = KV_G2, .keys = {.p = kv_sample_keys, .n = 2, .klen = 8}, .has_parent = hp};
   cr_assert_eq(kv_msg_encode(&b, &m), -EINVAL, "parents flagged but none given");
   m.alloc.parents = (kv_keyvec){.p = kv_sample_keys, .n = 2, .klen = 4};
   cr_assert_eq(kv_msg_encode(&b, &m), -EINVAL, "parents of another length");
@@ -750,8 +775,11 @@ Test(wire_bad, inline_data) {
 }
 
 Test(wire_bad, payload_length_limits) {
-  kv_hdr h = {.magic = KV_PROTO_MAGIC, .version = KV_PROTO_MAJOR, .op = KV_OP_LOOKUP,
-              .len = KV_PAYLOAD_MAX_CTRL + 1, .id = 77};
+  kv_hdr h = {.magic = KV_PROTO_MAGIC,
+              .version = KV_PROTO_MAJOR,
+              .op = KV_OP_LOOKUP,
+              .len = KV_PAYLOAD_MAX_CTRL + 1,
+              .id = 77};
   uint8_t g[KV_HDR_SIZE];
   kv_hdr r;
   kv_msg m;
@@ -873,19 +901,19 @@ Test(wire_ok, header_layout_is_documented_one) {
   kv_buf_init(&b);
   cr_assert_eq(kv_msg_encode(&b, &m), 0);
   static const uint8_t want[] = {
-    'K', 'V', 'C', 'D',                             /* magic */
-    0x01, 0x00,                                     /* version 1 */
-    0x02, 0x00,                                     /* opcode LOOKUP */
-    0x00, 0x00,                                     /* flags */
-    0x00, 0x00,                                     /* reserved */
-    0x0a, 0x00, 0x00, 0x00,                         /* payload length 10 */
-    0x08, 0x07, 0x06, 0x05, 0x04, 0x03, 0x02, 0x01, /* request id */
-    0x00, 0x00, 0x00, 0x00,                         /* status */
-    0x00, 0x00, 0x00, 0x00,                         /* reserved */
-    0x00, 0x00, 0x00,                               /* tier, prio, flags */
-    0x02, 0x00, 0x00, 0x00,                         /* 2 keys */
-    0x01,                                           /* of 1 byte */
-    0xaa, 0xbb,
+      'K',  'V',  'C',  'D',                          /* magic */
+      0x01, 0x00,                                     /* version 1 */
+      0x02, 0x00,                                     /* opcode LOOKUP */
+      0x00, 0x00,                                     /* flags */
+      0x00, 0x00,                                     /* reserved */
+      0x0a, 0x00, 0x00, 0x00,                         /* payload length 10 */
+      0x08, 0x07, 0x06, 0x05, 0x04, 0x03, 0x02, 0x01, /* request id */
+      0x00, 0x00, 0x00, 0x00,                         /* status */
+      0x00, 0x00, 0x00, 0x00,                         /* reserved */
+      0x00, 0x00, 0x00,                               /* tier, prio, flags */
+      0x02, 0x00, 0x00, 0x00,                         /* 2 keys */
+      0x01,                                           /* of 1 byte */
+      0xaa, 0xbb,
   };
   cr_assert_eq(b.len, sizeof want);
   cr_assert_eq(memcmp(b.p, want, sizeof want), 0);
@@ -895,11 +923,9 @@ Test(wire_ok, header_layout_is_documented_one) {
   kv_buf_init(&b);
   cr_assert_eq(kv_msg_encode_error(&b, 0, 0x3333, KV_EBADVERSION, "speak 1"), 0);
   static const uint8_t werr[] = {
-    'K', 'V', 'C', 'D', 0x01, 0x00, 0x0e, 0x00, 0x01, 0x00, 0x00, 0x00, 0x0b, 0x00, 0x00, 0x00,
-    0, 0, 0, 0, 0, 0, 0, 0,
-    0xe7, 0xd8, 0xff, 0xff, /* -10009 */
-    0, 0, 0, 0,
-    0x33, 0x33, 0x07, 0x00, 's', 'p', 'e', 'a', 'k', ' ', '1',
+      'K',  'V', 'C', 'D', 0x01, 0x00, 0x0e, 0x00, 0x01, 0x00, 0x00, 0x00, 0x0b, 0x00, 0x00,
+      0x00, 0,   0,   0,   0,    0,    0,    0,    0,    0xe7, 0xd8, 0xff, 0xff, /* -10009 */
+      0,    0,   0,   0,   0x33, 0x33, 0x07, 0x00, 's',  'p',  'e',  'a',  'k',  ' ',  '1',
   };
   cr_assert_eq(b.len, sizeof werr);
   cr_assert_eq(memcmp(b.p, werr, sizeof werr), 0);
@@ -1022,11 +1048,11 @@ Test(wire_ok, v1_2_commit_crc_and_load2_layout) {
   kv_buf_init(&b);
   cr_assert_eq(kv_msg_encode(&b, &m), 0);
   static const uint8_t body[] = {
-    0x00, 0x00, 0x02,       /* tier, prio, flags KV_COMMIT_CRC */
-    0x02, 0x00, 0x00, 0x00, /* 2 keys */
-    0x01, 0xaa, 0xbb,       /* of 1 byte */
-    0x83, 0x92, 0x06, 0xe3, /* crc of key 0 */
-    0x04, 0x03, 0x02, 0x01, /* crc of key 1 */
+      0x00, 0x00, 0x02,       /* tier, prio, flags KV_COMMIT_CRC */
+      0x02, 0x00, 0x00, 0x00, /* 2 keys */
+      0x01, 0xaa, 0xbb,       /* of 1 byte */
+      0x83, 0x92, 0x06, 0xe3, /* crc of key 0 */
+      0x04, 0x03, 0x02, 0x01, /* crc of key 1 */
   };
   cr_assert_eq(b.len, KV_HDR_SIZE + sizeof body);
   cr_assert_eq(memcmp(b.p + KV_HDR_SIZE, body, sizeof body), 0);
@@ -1044,13 +1070,14 @@ Test(wire_ok, v1_2_commit_crc_and_load2_layout) {
   kv_buf_init(&b);
   cr_assert_eq(kv_msg_encode(&b, &m), 0);
   static const uint8_t rep[] = {
-    0x02, 0x00, 0x00, 0x00,                         /* 2 entries */
-    0x00, 0x00, 0x00, 0x00, 0x01,                   /* status 0, tier G2 */
-    0x00, 0x10, 0x00, 0x00, 0x00, 0x00, 0x00, 0x00, /* offset */
-    0x00, 0x00, 0x04, 0x00,                         /* length */
-    0xd4, 0xc3, 0xb2, 0xa1,                         /* crc */
-    0xe9, 0xd8, 0xff, 0xff, 0xff,                   /* KV_ECORRUPT (-10007), no tier */
-    0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, /* offset, length, crc: 0 */
+      0x02, 0x00, 0x00, 0x00,                         /* 2 entries */
+      0x00, 0x00, 0x00, 0x00, 0x01,                   /* status 0, tier G2 */
+      0x00, 0x10, 0x00, 0x00, 0x00, 0x00, 0x00, 0x00, /* offset */
+      0x00, 0x00, 0x04, 0x00,                         /* length */
+      0xd4, 0xc3, 0xb2, 0xa1,                         /* crc */
+      0xe9, 0xd8, 0xff, 0xff, 0xff,                   /* KV_ECORRUPT (-10007), no tier */
+      0,    0,    0,    0,    0,    0,    0,    0,
+      0,    0,    0,    0,    0,    0,    0,    0, /* offset, length, crc: 0 */
   };
   cr_assert_eq(b.len, KV_HDR_SIZE + sizeof rep);
   cr_assert_eq(memcmp(b.p + KV_HDR_SIZE, rep, sizeof rep), 0);
@@ -1078,7 +1105,8 @@ Test(wire_bad, v1_2_fields) {
                                         KV_OP_SET_PRIORITY};
   for (size_t i = 0; i < sizeof not_commit / sizeof not_commit[0]; i++) {
     batch_body(0, 0, KV_COMMIT_CRC, 1, 8), pb32(1);
-    cr_assert_eq(REQ(not_commit[i]), KV_EBADFRAME, "KV_COMMIT_CRC on %s", kv_op_name(not_commit[i]));
+    cr_assert_eq(REQ(not_commit[i]), KV_EBADFRAME, "KV_COMMIT_CRC on %s",
+                 kv_op_name(not_commit[i]));
   }
   /* the corrupt report is RELEASE's flag only */
   batch_body(0, 0, KV_REL_CORRUPT, 1, 8);

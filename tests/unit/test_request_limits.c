@@ -30,13 +30,17 @@ Test(frame_limits, request_limits_are_the_largest_messages) {
   memset(s64, 'a', sizeof s64);
   kv_keyvec kv = {.p = keys, .n = KV_BATCH_MAX, .klen = KV_KEY_MAX};
   kv_msg m = {.op = KV_OP_HELLO, .id = 1};
-  m.hello = (kv_hello_req){.ver_major = 1, .tenant = {s64, KV_TENANT_MAX}, .group = {s64, KV_GROUP_MAX},
-                           .salt = {(const uint8_t *)s64, KV_SALT_MAX},
-                           .layout = {.block_bytes = 1, .tokens_per_block = 1, .tp_size = 1,
-                                      .dtype = {s64, KV_DTYPE_MAX}}};
+  m.hello = (kv_hello_req){
+      .ver_major = 1,
+      .tenant = {s64, KV_TENANT_MAX},
+      .group = {s64, KV_GROUP_MAX},
+      .salt = {(const uint8_t *)s64, KV_SALT_MAX},
+      .layout = {
+          .block_bytes = 1, .tokens_per_block = 1, .tp_size = 1, .dtype = {s64, KV_DTYPE_MAX}}};
   cr_assert_eq(payload_len(&m), kv_req_payload_max(KV_OP_HELLO));
-  uint16_t batch_ops[] = {KV_OP_LOOKUP, KV_OP_LOAD, KV_OP_LOAD2, KV_OP_RELEASE, KV_OP_COMMIT,
-                          KV_OP_ABORT, KV_OP_PREFETCH, KV_OP_DELETE, KV_OP_SET_PRIORITY};
+  uint16_t batch_ops[] = {KV_OP_LOOKUP,   KV_OP_LOAD,   KV_OP_LOAD2,
+                          KV_OP_RELEASE,  KV_OP_COMMIT, KV_OP_ABORT,
+                          KV_OP_PREFETCH, KV_OP_DELETE, KV_OP_SET_PRIORITY};
   static uint32_t crcs[KV_BATCH_MAX];
   for (size_t i = 0; i < sizeof batch_ops / sizeof batch_ops[0]; i++) {
     m = (kv_msg){.op = batch_ops[i], .id = 1};
@@ -53,7 +57,8 @@ Test(frame_limits, request_limits_are_the_largest_messages) {
   cr_assert_eq(payload_len(&m), kv_req_payload_max(KV_OP_ALLOC));
   m = (kv_msg){.op = KV_OP_PUT, .id = 1};
   static uint8_t block[1];
-  m.put = (kv_put_req){.key = {keys, KV_KEY_MAX}, .parent = {keys, KV_KEY_MAX},
+  m.put = (kv_put_req){.key = {keys, KV_KEY_MAX},
+                       .parent = {keys, KV_KEY_MAX},
                        .data = {block, KV_INLINE_MAX}}; /* the tail is never read */
   cr_assert_eq(payload_len(&m), kv_req_payload_max(KV_OP_PUT));
   cr_assert_eq(kv_req_payload_max(KV_OP_PUT), KV_PUT_OVERHEAD + KV_INLINE_MAX);
@@ -78,7 +83,10 @@ static int refuse_over_100(void *arg, const kv_hdr *h) {
 }
 
 Test(frame_limits, the_reader_checks_a_header_before_making_room) {
-  kv_hdr h = {.magic = KV_PROTO_MAGIC, .version = KV_PROTO_MAJOR, .op = KV_OP_PUT, .id = 9,
+  kv_hdr h = {.magic = KV_PROTO_MAGIC,
+              .version = KV_PROTO_MAJOR,
+              .op = KV_OP_PUT,
+              .id = 9,
               .len = 64u << 20};
   uint8_t hb[KV_HDR_SIZE];
   kv_hdr_write(hb, &h);

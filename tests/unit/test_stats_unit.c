@@ -10,11 +10,11 @@
 
 Test(stats_unit, histogram_buckets_are_log2_microseconds) {
   kvd_hist h = {0};
-  kvd_hist_add(&h, 0);          /* <= 1 us */
-  kvd_hist_add(&h, 1000);       /* 1 us */
-  kvd_hist_add(&h, 1001);       /* 2 us bucket */
-  kvd_hist_add(&h, 3000);       /* <= 4 us */
-  kvd_hist_add(&h, 1000000);    /* 1 ms: <= 1024 us, bucket 10 */
+  kvd_hist_add(&h, 0);                   /* <= 1 us */
+  kvd_hist_add(&h, 1000);                /* 1 us */
+  kvd_hist_add(&h, 1001);                /* 2 us bucket */
+  kvd_hist_add(&h, 3000);                /* <= 4 us */
+  kvd_hist_add(&h, 1000000);             /* 1 ms: <= 1024 us, bucket 10 */
   kvd_hist_add(&h, 100ull * 1000000000); /* 100 s: +Inf */
   cr_assert_eq(h.b[0], 2);
   cr_assert_eq(h.b[1], 1);
@@ -43,7 +43,8 @@ Test(stats_unit, ghost_remembers_forgets_and_stays_bounded) {
   /* 100x its size in keys: the table keeps about the last `slots`. */
   for (uint64_t v = 0; v < 102400; v++) kvd_ghost_add(&g, kvd_ghost_fp(0, (uint8_t *)&v, 8));
   uint32_t old = 0, recent = 0;
-  for (uint64_t v = 0; v < 256; v++) old += (uint32_t)kvd_ghost_has(&g, kvd_ghost_fp(0, (uint8_t *)&v, 8));
+  for (uint64_t v = 0; v < 256; v++)
+    old += (uint32_t)kvd_ghost_has(&g, kvd_ghost_fp(0, (uint8_t *)&v, 8));
   for (uint64_t v = 102400 - 256; v < 102400; v++)
     recent += (uint32_t)kvd_ghost_has(&g, kvd_ghost_fp(0, (uint8_t *)&v, 8));
   cr_assert_lt(old, 16, "old keys should be gone (%u of 256 left)", old);
