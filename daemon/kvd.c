@@ -92,6 +92,16 @@ int kvd_g3_open(kvd *d, int lock_wait_ms, char *why, size_t whylen) {
   return 0;
 }
 
+/* The per-request scratch arrays kvd_init allocates. */
+static void scratch_free(kvd *d) {
+  free(d->keys);
+  free(d->tiers);
+  free(d->status);
+  free(d->loads);
+  free(d->allocs);
+  d->keys = NULL;
+}
+
 int kvd_init(kvd *d) {
   int rc;
   d->start_ms = (uint64_t)kv_now_ms();
@@ -159,12 +169,7 @@ fail_g1:
 fail_core:
   kv_core_free(d->core);
 fail_scratch:
-  free(d->keys);
-  free(d->tiers);
-  free(d->status);
-  free(d->loads);
-  free(d->allocs);
-  d->keys = NULL;
+  scratch_free(d);
   return rc;
 }
 
@@ -184,12 +189,7 @@ void kvd_fini(kvd *d) {
   kv_core_free(d->core);
   kvd_registry_fini(&d->reg); /* unregisters the arenas from the device */
   kvd_g1s_close(&d->g1);
-  free(d->keys);
-  free(d->tiers);
-  free(d->status);
-  free(d->loads);
-  free(d->allocs);
-  d->keys = NULL;
+  scratch_free(d);
 }
 
 /* --- completions -------------------------------------------------------------- */
