@@ -134,14 +134,18 @@ def test_load_failure_reports_every_failed_block_and_output_stays_exact(daemon, 
     p = prompt(2)
     eng.add(vllm_shim.Request("b", p, NEW))
     out, kv = eng.step()
-    table = eng.tables["b"]
+    table = list(eng.tables["b"])
     assert kv.finished_recving == {"b"}
-    assert kv.invalid_block_ids == set(table[2:PREFIX // T])  # blocks 2..5, none left out
+    invalid = kv.invalid_block_ids
     out, kv = eng.step()
-    assert out.scheduled_new_reqs[0].num_computed_tokens == 2 * T  # recompute from block 2
+    computed = out.scheduled_new_reqs[0].num_computed_tokens
     eng.run()
+    # the output first: a failed block left out is garbage served
     assert rel(eng.first_logits["b"], recompute(p)[0]) < 1e-5
     assert eng.requests["b"].output_token_ids == recompute(p)[1]
+    assert invalid == set(table[2:PREFIX // T])  # blocks 2..5, none left out
+    assert computed == 2 * T  # vLLM recomputed from block 2
+    assert daemon.metric('kvcached_corrupt_reported_total{verdict="confirmed"}') == 1
     assert daemon.metric("kvcached_pinned_blocks") == 0
 
 
