@@ -213,3 +213,79 @@ def test_finished_hint_lowers_the_priority_of_the_tail(daemon, work):
         keys = c2.chain_keys(prompt(2))
     assert calls == [([keys[6]], 7)]  # block 6 is b's own; 0..5 came from a
     assert all(s == 0 for s in real(keys[6:7], 7))
+
+
+def test_synchronous_load(daemon, work):
+    """load_async false: the load runs in the step that schedules the
+    request (start_load_kv before its forward)."""
+    engine_proc(work, daemon, [["a", prompt(1), None]])
+    eng = engine(daemon, load_async=False)
+    p = prompt(2)
+    eng.add(vllm_shim.Request("b", p, NEW))
+    out, kv = eng.step()
+    assert out.scheduled_new_reqs[0].num_computed_tokens == PREFIX
+    (load,) = out.kv_connector_metadata.loads
+    assert not load.is_async and kv.finished_recving is None
+    eng.run()
+    assert rel(eng.first_logits["b"], recompute(p)[0]) < 1e-5
+    assert eng.requests["b"].output_token_ids == recompute(p)[1]
+
+
+def test_blocks_evicted_between_lookup_and_load_are_reported(daemon, work):
+    """The scheduler's LOOKUP saw 6 blocks; before the worker's LOAD the
+    operator evicts some: the LOAD answers them missing, and every engine
+    block from the first missing one is reported; output exact."""
+    from conftest import http_post
+    engine_proc(work, daemon, [["a", prompt(1), None]])
+    eng = engine(daemon)
+    p = prompt(2)
+    eng.add(vllm_shim.Request("b", p, NEW))
+    out = eng.schedule()
+    assert out.kv_connector_metadata.loads[0].end == PREFIX // T
+    code, body = http_post(daemon.admin, "/evict?tier=g2&count=3")
+    assert code == 200 and json.loads(body)["evicted"] == 3, body
+    sampled, kv = eng.execute(out)
+    eng.update(out, sampled, kv)
+    table = list(eng.tables["b"])
+    k = min(table.index(b) for b in kv.invalid_block_ids)
+    assert 0 < k < PREFIX // T and kv.invalid_block_ids == set(table[k:PREFIX // T])
+    eng.run()
+    assert rel(eng.first_logits["b"], recompute(p)[0]) < 1e-5
+    assert eng.requests["b"].output_token_ids == recompute(p)[1]
+    assert daemon.metric("kvcached_pinned_blocks") == 0
+
+
+def test_tp_ranks_and_scheduler_share_one_hit_length(tmp_root):
+    """Two TP ranks store different lengths of one prompt; the scheduler
+    (rank 0 of the group at HELLO) answers the group's hit: the shorter."""
+    from conftest import Daemon
+    d = Daemon(tmp_root, tenants=("t",)).start()
+    try:
+        cls = connector_cls()
+        vc = vllm_shim.VllmConfig(
+            vllm_shim.ModelConfig(CFG, torch.float32), vllm_shim.CacheConfig(T),
+            vllm_shim.ParallelConfig(tensor_parallel_size=2),
+            vllm_shim.KVTransferConfig(kv_connector_extra_config={
+                "socket": d.socket, "tenant": "t", "tp_group": "g"}))
+        p = prompt(1)
+        heads = CFG.num_kv_heads // 2
+        for rank, nblocks in ((0, 7), (1, 3)):
+            vllm_shim.TP_RANK[0] = rank
+            w = cls(vc, vllm_shim.KVConnectorRole.WORKER, None)
+            caches = {f"l{i}": torch.randn(2, 10, T, heads, CFG.head_dim)
+                      for i in range(CFG.num_layers)}
+            w.register_kv_caches(caches)
+            meta = importlib.import_module("kvclient.vllm").KvcachedConnectorMetadata()
+            meta.saves.append(importlib.import_module("kvclient.vllm").SaveSpec(
+                "r", p[:nblocks * T], list(range(nblocks)), b""))
+            w.bind_connector_metadata(meta)
+            w.wait_for_save()
+            assert w.stats["saved_blocks"] == nblocks
+            w.clear_connector_metadata()
+            w.shutdown()
+        s = cls(vc, vllm_shim.KVConnectorRole.SCHEDULER, None)
+        assert s.get_num_new_matched_tokens(vllm_shim.Request("r", p, NEW), 0) == (3 * T, True)
+        s.shutdown()
+    finally:
+        vllm_shim.TP_RANK[0] = 0
+        d.stop()
