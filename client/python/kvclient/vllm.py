@@ -189,16 +189,22 @@ class KvcachedConnector(KVConnectorBase_V1):
         layers = int(mc.get_num_layers(pc))
         heads = int(mc.get_num_kv_heads(pc))
         dim = int(mc.get_head_size())
-        cd = getattr(vc.cache_config, "cache_dtype", "auto")
-        if cd in (None, "auto"):
-            import torch
-            tdt = mc.dtype
-            dname, elem = dtype_name(tdt), torch.tensor([], dtype=tdt).element_size()
-        else:
-            dname, elem = _CACHE_DTYPES.get(cd, cd), 1
+        dname, elem = self._cache_dtype()
         return Layout(block_bytes=2 * layers * self.block_tokens * heads * dim * elem,
                       tokens_per_block=self.block_tokens, layers=layers, kv_heads=heads,
                       head_dim=dim, dtype=dname, tp_rank=0, tp_size=self.tp_size)
+
+    def _cache_dtype(self) -> tuple:
+        """(HELLO's dtype name, bytes per element) of the KV cache: the
+        model's dtype, or cache_dtype's (vLLM keeps fp8 caches in uint8
+        tensors, so the worker declares this name, not its tensors')."""
+        vc = self._vllm_config
+        cd = getattr(vc.cache_config, "cache_dtype", "auto")
+        if cd in (None, "auto"):
+            import torch
+            tdt = vc.model_config.dtype
+            return dtype_name(tdt), torch.tensor([], dtype=tdt).element_size()
+        return _CACHE_DTYPES.get(cd, cd), 1
 
     def _sched_client(self) -> Client:
         if self._client is None:
@@ -313,8 +319,15 @@ class KvcachedConnector(KVConnectorBase_V1):
         if self.tp_size > 1:
             from vllm.distributed.parallel_state import get_tensor_model_parallel_rank
             rank = int(get_tensor_model_parallel_rank())
+        layout.dtype = self._cache_dtype()[0]
+        mine = layout.client_layout(self.ppb, rank, self.tp_size)
+        want = self._scheduler_layout()
+        if (mine.block_bytes, mine.layers, mine.kv_heads, mine.head_dim) != \
+                (want.block_bytes, want.layers, want.kv_heads, want.head_dim):
+            raise ValueError(f"kvclient.vllm: the KV caches give {mine}, the scheduler computes "
+                             f"{want} from the model config: its lookups would never hit")
         self._client = Client(self.socket, tenant=self.tenant, salt=self.salt, group=self.group,
-                              layout=layout.client_layout(self.ppb, rank, self.tp_size))
+                              layout=mine)
         self._pk = PagedKV(self._client, layout, pages_per_block=self.ppb, g2_path=self.g2_path,
                            verify=self.verify)
 

@@ -289,3 +289,16 @@ def test_tp_ranks_and_scheduler_share_one_hit_length(tmp_root):
     finally:
         vllm_shim.TP_RANK[0] = 0
         d.stop()
+
+
+def test_caches_that_disagree_with_the_model_config_are_refused():
+    """The scheduler computes the layout from the model config; a worker
+    whose caches differ would never be hit, so it refuses to start."""
+    cls = connector_cls()
+    vc = vllm_shim.VllmConfig(vllm_shim.ModelConfig(CFG, torch.float32), vllm_shim.CacheConfig(T),
+                              vllm_shim.ParallelConfig(), vllm_shim.KVTransferConfig())
+    w = cls(vc, vllm_shim.KVConnectorRole.WORKER, None)
+    caches = {f"l{i}": torch.zeros(2, 4, T, CFG.num_kv_heads, CFG.head_dim // 2)
+              for i in range(CFG.num_layers)}
+    with pytest.raises(ValueError, match="never hit"):
+        w.register_kv_caches(caches)

@@ -406,7 +406,8 @@ class Engine:
                     w.save_kv_layer(name, kv, None)
                 sampled[rid] = logits
         finally:
-            w.wait_for_save()
+            if out.total_num_scheduled_tokens:  # kv_connector_no_forward does not wait
+                w.wait_for_save()
             sending, recving = w.get_finished(out.finished_req_ids)
             kv_out = KVConnectorOutput(sending, recving, w.get_block_ids_with_load_errors())
             w.clear_connector_metadata()
