@@ -52,9 +52,10 @@ of them has the keys kvclient.paged gives the same tokens). No hash seed:
 two engines, or two nodes, agree on the keys.
 
 TP: every rank opens its session with Layout(tp_rank, tp_size) and one TP
-group name ("tp_group", default "vllm-<engine_id>"); the scheduler declares
-rank 0 of that group, so the LOOKUP it answers from is the group's hit
-length: one every rank can load.
+group name ("tp_group", default "vllm-<engine_id>"), which puts the ranks'
+namespaces in one group (daemon/OPS.md, "TP groups"); the scheduler opens
+rank 0's namespace (naming the group too), so the LOOKUP it answers from is
+the group's hit length: one every rank can load.
 
 Options ("kv_connector_extra_config"): socket, tenant, salt (hex),
 tokens_per_block (a multiple of vLLM's block_size; default equal),

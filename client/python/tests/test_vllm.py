@@ -98,6 +98,16 @@ def test_prefix_moves_between_two_engine_processes(daemon, work):
     assert_exact(c["c"], prompt(2))
 
 
+def test_two_vllm_blocks_per_kvcached_block(daemon, work):
+    """tokens_per_block 2 x block_size: a kvcached block holds two vLLM
+    blocks; the shared prefix is 3 kvcached blocks."""
+    a = engine_proc(work, daemon, [["a", prompt(1), None]], tokens_per_block=2 * T)
+    assert a["stats"]["saved_blocks"] == 3
+    b = engine_proc(work, daemon, [["b", prompt(2), None]], tokens_per_block=2 * T)
+    assert b["stats"]["loaded_blocks"] == 3 and b["invalid"] == []
+    assert_exact(b["b"], prompt(2))
+
+
 def test_call_sequence_scheduler_then_worker(daemon, work):
     """Step by step: the hit is whole blocks and the load is asynchronous
     (the request waits a step), then the request runs from the loaded
@@ -256,8 +266,9 @@ def test_blocks_evicted_between_lookup_and_load_are_reported(daemon, work):
 
 
 def test_tp_ranks_and_scheduler_share_one_hit_length(tmp_root):
-    """Two TP ranks store different lengths of one prompt; the scheduler
-    (rank 0 of the group at HELLO) answers the group's hit: the shorter."""
+    """Two TP ranks store different lengths of one prompt; the ranks name
+    one group at HELLO, so the scheduler (on rank 0's namespace) answers the
+    group's hit: the shorter. (Without the group it answers rank 0's 7.)"""
     from conftest import Daemon
     d = Daemon(tmp_root, tenants=("t",)).start()
     try:
