@@ -72,8 +72,7 @@ from typing import Any
 
 try:
     from vllm.distributed.kv_transfer.kv_connector.v1.base import (KVConnectorBase_V1,
-                                                                   KVConnectorMetadata,
-                                                                   KVConnectorRole)
+                                                                   KVConnectorMetadata)
 except ImportError as e:  # kvclient itself never needs vLLM; this module is its connector
     raise ImportError(f"kvclient.vllm is a KV connector for vLLM and needs vLLM installed "
                       f"(vllm.distributed.kv_transfer.kv_connector.v1.base): {e}") from e
@@ -430,4 +429,4 @@ class KvcachedConnector(KVConnectorBase_V1):
 
 
 __all__ = ["KvcachedConnector", "KvcachedConnectorMetadata", "LoadSpec", "SaveSpec",
-           "request_extra", "KVConnectorRole"]
+           "request_extra"]

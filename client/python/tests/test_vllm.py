@@ -313,3 +313,23 @@ def test_caches_that_disagree_with_the_model_config_are_refused():
               for i in range(CFG.num_layers)}
     with pytest.raises(ValueError, match="never hit"):
         w.register_kv_caches(caches)
+
+
+def test_request_extras_separate_keys():
+    """cache_salt, the LoRA (by name: ids are per instance) and multimodal
+    identifiers each change the keys; a plain request's keys are
+    kvclient.paged's."""
+    from types import SimpleNamespace as NS
+    connector_cls()
+    request_extra = importlib.import_module("kvclient.vllm").request_extra
+    p = prompt(1)
+    plain = vllm_shim.Request("a", p, NEW)
+    assert request_extra(plain) == b""
+    variants = [vllm_shim.Request("b", p, NEW, cache_salt="s1"),
+                vllm_shim.Request("c", p, NEW, cache_salt="s2"),
+                vllm_shim.Request("d", p, NEW, lora_request=NS(lora_name="sql", lora_int_id=3)),
+                vllm_shim.Request("e", p, NEW, lora_request=NS(lora_name="sql", lora_int_id=9)),
+                vllm_shim.Request("f", p, NEW, mm_features=[NS(identifier="img-1")])]
+    extras = [request_extra(r) for r in variants]
+    assert extras[2] == extras[3]  # one LoRA, two instances' ids: one key
+    assert len({b""} | set(extras)) == 5
