@@ -26,8 +26,9 @@ Scheduler side (one Client per scheduler, opened lazily):
       request saves the full blocks its tokens complete in this step.
   request_finished            the hint to the daemon (SET_PRIORITY of the
       blocks this request stored itself to "finished_priority"), and True
-      (blocks freed later) when a save of the request was planned, so that
-      its pages outlive the save; the worker answers it in get_finished.
+      (blocks freed later) when a load or a save of the request was handed
+      to the workers, so that its pages outlive them; the workers name it
+      in get_finished.
 Worker side (one Client per worker, opened at register_kv_caches):
   register_kv_caches  the per-layer caches ([2, blocks, block_size, heads,
       dim], or [blocks, 2, ...]) as a kvclient.paged.PagedLayout.
@@ -38,7 +39,7 @@ Worker side (one Client per worker, opened at register_kv_caches):
   save_kv_layer       nothing: a block holds every layer, so
   wait_for_save       stores the step's blocks once the forward wrote them:
       ALLOC, gather, COMMIT; a block another worker stored is counted.
-  get_finished        (requests whose saves are done, among the finished;
+  get_finished        (finished requests whose loads and saves are done;
       requests whose asynchronous loads are done).
   get_block_ids_with_load_errors  every engine block a load was to fill and
       did not: a failed or missing block ends the usable prefix, so the
@@ -122,7 +123,7 @@ class _Tracker:
     hit: int = 0           # blocks kvcached had at the last lookup
     local: int = 0         # tokens vLLM had computed itself at that lookup
     saved: int = 0         # full blocks handed to the workers to save
-    had_save: bool = False
+    touched: bool = False  # a load or a save of it was handed to the workers
 
 
 def request_extra(request) -> bytes:
@@ -175,7 +176,7 @@ class KvcachedConnector(KVConnectorBase_V1):
         # worker side
         self._pk: PagedKV | None = None
         self._recving: set = set()
-        self._saved_reqs: set = set()
+        self._touched: set = set()      # requests whose blocks a load or save used
         self._load_errors: set = set()
         self.stats = {"lookups": 0, "hit_blocks": 0, "loaded_blocks": 0, "failed_blocks": 0,
                       "saved_blocks": 0, "existed_blocks": 0, "save_failures": 0}
@@ -228,6 +229,7 @@ class KvcachedConnector(KVConnectorBase_V1):
                         request.request_id)
             return 0, False
         self.stats["lookups"] += 1
+        self.stats["hit_blocks"] += hit
         tr = self._trackers.setdefault(request.request_id, _Tracker(request))
         tr.hit, tr.local = hit, num_computed_tokens
         ext = max(hit * self.block_tokens - num_computed_tokens, 0)
@@ -247,7 +249,7 @@ class KvcachedConnector(KVConnectorBase_V1):
     def build_connector_meta(self, scheduler_output) -> KvcachedConnectorMetadata:
         meta = KvcachedConnectorMetadata()
         sched = scheduler_output.num_scheduled_tokens
-        running = []  # (tracker, num computed tokens before this step, scheduled tokens)
+        running = []  # (req id, tracker, tokens computed before this step, scheduled tokens)
         for nr in scheduler_output.scheduled_new_reqs:
             tr = self._trackers.setdefault(nr.req_id, _Tracker(None))
             tr.block_ids = list(nr.block_ids[0])
@@ -274,6 +276,7 @@ class KvcachedConnector(KVConnectorBase_V1):
             extra = request_extra(tr.request)
             toks = list(tr.request.all_token_ids)[:end * self.block_tokens]
             meta.loads.append(LoadSpec(rid, toks, list(ids), start, end, extra, is_async))
+            tr.touched = True
             del self._pending_loads[rid]
         for rid, tr, computed, n in running:
             if tr.request is None:
@@ -284,7 +287,7 @@ class KvcachedConnector(KVConnectorBase_V1):
                 meta.saves.append(SaveSpec(rid, toks, list(tr.block_ids),
                                            request_extra(tr.request)))
                 tr.saved = full
-                tr.had_save = True
+                tr.touched = True
         return meta
 
     def request_finished(self, request, block_ids):
@@ -294,7 +297,10 @@ class KvcachedConnector(KVConnectorBase_V1):
             return False, None
         if self.finished_prio >= 0 and tr.saved > tr.hit:
             self._hint_finished(request, tr)
-        return tr.had_save, None
+        # the workers may still be loading into or saving from its blocks
+        # (an abort between a step's scheduling and its execution): they
+        # are freed when every worker has named it in get_finished
+        return tr.touched, None
 
     def _hint_finished(self, request, tr: _Tracker):
         """The blocks this request stored itself (past the prefix it found)
@@ -334,6 +340,7 @@ class KvcachedConnector(KVConnectorBase_V1):
     def start_load_kv(self, forward_context, **kwargs) -> None:
         meta = self._get_connector_metadata()
         for spec in meta.loads:
+            self._touched.add(spec.req_id)
             got = self._load(spec)
             self.stats["loaded_blocks"] += got - spec.start
             if got < spec.end:
@@ -401,7 +408,7 @@ class KvcachedConnector(KVConnectorBase_V1):
     def wait_for_save(self):
         meta = self._get_connector_metadata()
         for spec in meta.saves:
-            self._saved_reqs.add(spec.req_id)
+            self._touched.add(spec.req_id)
             try:
                 r = self._pk.save(spec.token_ids, spec.block_ids, spec.extra)
             except KvError as e:  # a store that fails is a later miss, not an error
@@ -413,8 +420,10 @@ class KvcachedConnector(KVConnectorBase_V1):
             self.stats["save_failures"] += len(r.failed)
 
     def get_finished(self, finished_req_ids: set):
-        sending = {r for r in finished_req_ids if r in self._saved_reqs}
-        self._saved_reqs -= sending
+        # every step before this one has run here: what they loaded or saved
+        # for a finished request is done, and its blocks may go
+        sending = {r for r in finished_req_ids if r in self._touched}
+        self._touched -= sending
         recving, self._recving = self._recving, set()
         return (sending or None), (recving or None)
 

@@ -333,3 +333,22 @@ def test_request_extras_separate_keys():
     extras = [request_extra(r) for r in variants]
     assert extras[2] == extras[3]  # one LoRA, two instances' ids: one key
     assert len({b""} | set(extras)) == 5
+
+
+def test_request_aborted_while_its_load_is_in_flight_keeps_its_pages(daemon, work):
+    """Aborted after the step that loads it was scheduled: the worker still
+    writes into its blocks, so they stay until the worker names it."""
+    engine_proc(work, daemon, [["a", prompt(1), None]])
+    eng = engine(daemon)
+    eng.add(vllm_shim.Request("b", prompt(2), NEW))
+    out = eng.schedule()
+    assert out.kv_connector_metadata.loads
+    pages = list(eng.tables["b"])
+    eng.abort("b")
+    assert "b" in eng.held and eng.tables["b"] == pages
+    sampled, kv = eng.execute(out)
+    eng.update(out, sampled, kv)
+    out, kv = eng.step()
+    assert kv.finished_sending == {"b"} and "b" not in eng.tables
+    assert len(eng.cache._free) == eng.cache.num_pages
+    assert daemon.metric("kvcached_pinned_blocks") == 0
