@@ -56,7 +56,7 @@ def assert_exact(res, p):
 _model = None
 
 
-def engine(daemon, num_pages=24, **extra):
+def engine(daemon, num_pages=24, chunk=None, **extra):
     """An engine in this process (for tests that step it by hand)."""
     global _model
     if _model is None:
@@ -64,7 +64,7 @@ def engine(daemon, num_pages=24, **extra):
     cache = PagedKVCache(CFG, num_pages=num_pages, page_tokens=T, dtype=torch.float32,
                          device="cpu")
     return vllm_shim.Engine(_model, cache, {"socket": daemon.socket, "tenant": "t", **extra},
-                            connector_cls())
+                            connector_cls(), chunk=chunk)
 
 
 @pytest.fixture
@@ -352,3 +352,23 @@ def test_request_aborted_while_its_load_is_in_flight_keeps_its_pages(daemon, wor
     assert kv.finished_sending == {"b"} and "b" not in eng.tables
     assert len(eng.cache._free) == eng.cache.num_pages
     assert daemon.metric("kvcached_pinned_blocks") == 0
+
+
+def test_chunked_prefill_saves_blocks_as_they_complete(daemon, work):
+    """A prompt prefilled 40 tokens a step: each step saves the full blocks
+    its chunk completed; another engine process loads them."""
+    eng = engine(daemon, chunk=40)
+    p = prompt(1)
+    eng.add(vllm_shim.Request("a", p, NEW))
+    saved = []
+    for _ in range(3):
+        out, _ = eng.step()
+        saved.append([len(s.token_ids) for s in out.kv_connector_metadata.saves])
+    assert saved == [[2 * T], [5 * T], [7 * T]]
+    eng.run()
+    assert rel(eng.first_logits["a"], recompute(p)[0]) < 1e-5
+    assert eng.requests["a"].output_token_ids == recompute(p)[1]
+    assert eng.worker_conn.stats["saved_blocks"] == 7
+    b = engine_proc(work, daemon, [["b", prompt(2), None]])
+    assert b["stats"]["loaded_blocks"] == PREFIX // T
+    assert_exact(b["b"], prompt(2))

@@ -23,8 +23,8 @@ Simplified: one forward per request per step (the reference engine runs
 one sequence at a time, and calls all layers' wait_for_layer_load before
 the forward and all save_kv_layer after it, not interleaved with the
 layers), no local prefix cache (vLLM's num_computed_tokens from its own
-cache is 0), no chunked prefill, greedy sampling, asynchronous loading
-only.
+cache is 0), chunked prefill as a fixed number of tokens per request per
+step, greedy sampling.
 """
 from __future__ import annotations
 
@@ -269,8 +269,9 @@ class Engine:
     reference model: one process holding the scheduler-side and the
     worker-side connector, as vLLM's uniprocess executor does."""
 
-    def __init__(self, model, cache, extra_config, connector_cls):
+    def __init__(self, model, cache, extra_config, connector_cls, chunk=None):
         import torch
+        self.chunk = chunk  # long_prefill_token_threshold: tokens per request per step
         self.model, self.cache = model, cache
         self.bs = cache.page_tokens
         vc = VllmConfig(ModelConfig(model.cfg, cache.kv[0].dtype), CacheConfig(self.bs),
@@ -336,7 +337,7 @@ class Engine:
     def schedule(self) -> SchedulerOutput:
         new, cached, nsched = [], CachedRequestData(), {}
         for req in self.running:
-            n = req.num_tokens - req.num_computed_tokens
+            n = self._budget(req.num_tokens - req.num_computed_tokens)
             newb = self._alloc(req.request_id, req.num_computed_tokens + n)
             cached.req_ids.append(req.request_id)
             cached.new_token_ids.append([])
@@ -366,7 +367,7 @@ class Engine:
                 skipped.append(req)
                 continue
             computed = req.num_computed_tokens + ext
-            n = req.num_tokens - computed
+            n = self._budget(req.num_tokens - computed)
             self._alloc(rid, computed + n)
             self.sched_conn.update_state_after_alloc(req, KVCacheBlocks(self.tables[rid]), ext)
             req.num_computed_tokens = computed
@@ -388,6 +389,9 @@ class Engine:
         self.finished_req_ids.clear()
         out.kv_connector_metadata = self.sched_conn.build_connector_meta(out)
         return out
+
+    def _budget(self, n):
+        return n if self.chunk is None else min(n, self.chunk)
 
     def execute(self, out: SchedulerOutput):
         w = self.worker_conn
