@@ -372,3 +372,32 @@ def test_chunked_prefill_saves_blocks_as_they_complete(daemon, work):
     b = engine_proc(work, daemon, [["b", prompt(2), None]])
     assert b["stats"]["loaded_blocks"] == PREFIX // T
     assert_exact(b["b"], prompt(2))
+
+
+def test_load_after_vllms_own_prefix_hit_leaves_its_blocks_alone(daemon, work):
+    """vLLM had the first 2 blocks in its own prefix cache: the connector
+    answers the 4 after them, and the load writes those 4 blocks only."""
+    engine_proc(work, daemon, [["a", prompt(1), None]])
+    eng = engine(daemon)
+    p = prompt(2)
+    req = vllm_shim.Request("b", p, NEW)
+    s, w = eng.sched_conn, eng.worker_conn
+    assert s.get_num_new_matched_tokens(req, 2 * T) == (PREFIX - 2 * T, True)
+    table = eng._alloc("b", PREFIX)
+    for kv in eng.cache.kv:
+        kv[:, table[:2]] = 7.0  # vLLM's own (here: a marker)
+    s.update_state_after_alloc(req, vllm_shim.KVCacheBlocks(table), PREFIX - 2 * T)
+    out = vllm_shim.SchedulerOutput([], vllm_shim.CachedRequestData(), {}, 0, set())
+    meta = s.build_connector_meta(out)
+    (load,) = meta.loads
+    assert (load.start, load.end) == (2, PREFIX // T)
+    w.bind_connector_metadata(meta)
+    w.start_load_kv(vllm_shim.ForwardContext())
+    assert w.get_finished(set()) == (None, {"b"}) and not w.get_block_ids_with_load_errors()
+    w.clear_connector_metadata()
+    ref = PagedKVCache(CFG, num_pages=8, page_tokens=T, dtype=torch.float32, device="cpu")
+    Llama(CFG, seed=0).prefill(ref, list(range(8)), p)
+    for kv, rkv in zip(eng.cache.kv, ref.kv):
+        assert bool((kv[:, table[:2]] == 7.0).all())
+        assert torch.allclose(kv[:, table[2:PREFIX // T]], rkv[:, 2:PREFIX // T], rtol=1e-5,
+                              atol=1e-6)
