@@ -1,0 +1,441 @@
+"""kvclient.vllm: kvcached as vLLM's KV connector (KV connector v1).
+
+    vllm serve MODEL --kv-transfer-config '{"kv_connector": "KvcachedConnector",
+        "kv_connector_module_path": "kvclient.vllm", "kv_role": "kv_both",
+        "kv_connector_extra_config": {"socket": "/run/kvcached/kvcached.sock", "tenant": "llama"}}'
+
+Interface followed: vLLM's KVConnectorBase_V1 as in vllm-project/vllm main
+(commit 003df29, late 2025; the v1 connector API of vLLM 0.11-0.12):
+vllm/distributed/kv_transfer/kv_connector/v1/base.py, with the call
+sequence and metadata flow of example_connector.py (the former
+shared_storage_connector.py) beside it, vllm/v1/core/sched/scheduler.py
+(the scheduler's calls) and
+vllm/v1/worker/kv_connector_model_runner_mixin.py (the worker's). vLLM is not
+installed where this was written: the module was driven through that call
+sequence by tests/test_vllm.py against a stand-in of the base class
+(tests/vllm_shim.py), never inside a running vLLM.
+
+Scheduler side (one Client per scheduler, opened lazily):
+  get_num_new_matched_tokens  one LOOKUP of the request's chain keys (all
+      its tokens but the last, which vLLM always computes); the hit is
+      whole kvcached blocks; loads are asynchronous by default
+      ("load_async": the request waits in WAITING_FOR_REMOTE_KVS, the
+      worker reports it in get_finished's second set).
+  update_state_after_alloc    remembers the request and the load to plan.
+  build_connector_meta        the step's loads and saves: every scheduled
+      request saves the full blocks its tokens complete in this step.
+  request_finished            the hint to the daemon (SET_PRIORITY of the
+      blocks this request stored itself to "finished_priority"), and True
+      (blocks freed later) when a load or a save of the request was handed
+      to the workers, so that its pages outlive them; the workers name it
+      in get_finished.
+Worker side (one Client per worker, opened at register_kv_caches):
+  register_kv_caches  the per-layer caches ([2, blocks, block_size, heads,
+      dim], or [blocks, 2, ...]) as a kvclient.paged.PagedLayout.
+  start_load_kv       LOAD (into G1 when "load_tier" is "g1" and this
+      process has the pool, else G2), verify, scatter, RELEASE: every
+      layer at once (a kvcached block holds all layers of its pages), so
+      wait_for_layer_load has nothing left to wait for.
+  save_kv_layer       nothing: a block holds every layer, so
+  wait_for_save       stores the step's blocks once the forward wrote them:
+      ALLOC, gather, COMMIT; a block another worker stored is counted.
+  get_finished        (finished requests whose loads and saves are done;
+      requests whose asynchronous loads are done).
+  get_block_ids_with_load_errors  every engine block a load was to fill and
+      did not: a failed or missing block ends the usable prefix, so the
+      blocks after it are reported too (vLLM's kv_load_failure_policy then
+      recomputes them; nothing is served from garbage).
+
+Keys: kvc_chain_hash over the token ids (kvclient.chain_keys), keyed by the
+namespace salt ("salt"), with the request's cache_salt, LoRA name and
+multimodal identifiers as extra bytes of every block (a request with none
+of them has the keys kvclient.paged gives the same tokens). No hash seed:
+two engines, or two nodes, agree on the keys.
+
+TP: every rank opens its session with Layout(tp_rank, tp_size) and one TP
+group name ("tp_group", default "vllm-<engine_id>"), which puts the ranks'
+namespaces in one group (daemon/OPS.md, "TP groups"); the scheduler opens
+rank 0's namespace (naming the group too), so the LOOKUP it answers from is
+the group's hit length: one every rank can load.
+
+Options ("kv_connector_extra_config"): socket, tenant, salt (hex),
+tokens_per_block (a multiple of vLLM's block_size; default equal),
+load_tier ("g2" or "g1"), load_async (default true), verify (default true:
+each loaded block is checked against its committed CRC on the CPU),
+finished_priority (0..255, default 64; -1: no hint), tp_group, g2_path
+("direct" or "stage", for CUDA caches).
+"""
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass, field
+from typing import Any
+
+try:
+    from vllm.distributed.kv_transfer.kv_connector.v1.base import (KVConnectorBase_V1,
+                                                                   KVConnectorMetadata)
+except ImportError as e:  # kvclient itself never needs vLLM; this module is its connector
+    raise ImportError(f"kvclient.vllm is a KV connector for vLLM and needs vLLM installed "
+                      f"(vllm.distributed.kv_transfer.kv_connector.v1.base): {e}") from e
+
+from . import _lib
+from .client import G1, G2, Client, Layout, _blocks
+from .errors import KvError
+from .paged import LoadResult, PagedKV, PagedLayout, dtype_name
+
+log = logging.getLogger("kvclient.vllm")
+
+_CACHE_DTYPES = {"fp8": "fp8e4m3", "fp8_e4m3": "fp8e4m3", "fp8_e5m2": "fp8e5m2"}
+
+
+@dataclass
+class LoadSpec:
+    """Blocks [start, end) of a request's chain keys into its engine blocks."""
+    req_id: str
+    token_ids: list        # the request's tokens up to block `end`
+    block_ids: list        # the request's engine blocks, from token 0
+    start: int             # first kvcached block to load
+    end: int               # one past the last
+    extra: bytes
+    is_async: bool
+
+
+@dataclass
+class SaveSpec:
+    """Full blocks of token_ids (their KV in block_ids) to store."""
+    req_id: str
+    token_ids: list
+    block_ids: list
+    extra: bytes
+
+
+@dataclass
+class KvcachedConnectorMetadata(KVConnectorMetadata):
+    loads: list = field(default_factory=list)   # [LoadSpec]
+    saves: list = field(default_factory=list)   # [SaveSpec]
+
+
+@dataclass
+class _Tracker:
+    """The scheduler's view of one request."""
+    request: Any
+    block_ids: list = field(default_factory=list)
+    hit: int = 0           # blocks kvcached had at the last lookup
+    local: int = 0         # tokens vLLM had computed itself at that lookup
+    saved: int = 0         # full blocks handed to the workers to save
+    touched: bool = False  # a load or a save of it was handed to the workers
+
+
+def request_extra(request) -> bytes:
+    """The extra bytes of a request's keys: its cache_salt, LoRA name and
+    multimodal identifiers (b"" when it has none)."""
+    parts = []
+    salt = getattr(request, "cache_salt", None)
+    if salt:
+        parts.append(b"salt=" + str(salt).encode())
+    lora = getattr(request, "lora_request", None)
+    if lora is not None:
+        parts.append(b"lora=" + str(getattr(lora, "lora_name", None) or lora.lora_int_id).encode())
+    mm = [str(f.identifier) for f in (getattr(request, "mm_features", None) or [])]
+    if mm:
+        parts.append(b"mm=" + ",".join(mm).encode())
+    return b"\0".join(parts)
+
+
+class KvcachedConnector(KVConnectorBase_V1):
+    """kvcached as vLLM's KV connector (see the module's docstring)."""
+
+    def __init__(self, vllm_config, role, kv_cache_config=None):
+        super().__init__(vllm_config=vllm_config, role=role, kv_cache_config=kv_cache_config)
+        cfg = self._kv_transfer_config
+        get = cfg.get_from_extra_config
+        self.block_size = int(vllm_config.cache_config.block_size)
+        self.block_tokens = int(get("tokens_per_block", self.block_size))
+        if self.block_tokens % self.block_size:
+            raise ValueError(f"tokens_per_block {self.block_tokens} is not a multiple of vLLM's "
+                             f"block_size {self.block_size}")
+        self.ppb = self.block_tokens // self.block_size
+        self.socket = get("socket", None)
+        self.tenant = get("tenant", "default")
+        self.salt = bytes.fromhex(get("salt", ""))
+        tier = str(get("load_tier", "g2")).lower()
+        if tier not in ("g1", "g2"):
+            raise ValueError(f"load_tier {tier!r}: 'g1' or 'g2'")
+        self.load_tier = G1 if tier == "g1" else G2
+        self.load_async = bool(get("load_async", True))
+        self.verify = bool(get("verify", True))
+        self.finished_prio = int(get("finished_priority", 64))
+        self.g2_path = get("g2_path", "direct")
+        self.tp_size = int(getattr(vllm_config.parallel_config, "tensor_parallel_size", 1))
+        self.group = get("tp_group", None) or (
+            f"vllm-{getattr(cfg, 'engine_id', None) or 'engine'}" if self.tp_size > 1 else None)
+        self._client: Client | None = None
+        # scheduler side
+        self._trackers: dict[str, _Tracker] = {}
+        self._pending_loads: dict[str, tuple] = {}   # req_id -> (start, end, block_ids, async)
+        # worker side
+        self._pk: PagedKV | None = None
+        self._recving: set = set()
+        self._touched: set = set()      # requests whose blocks a load or save used
+        self._load_errors: set = set()
+        self.stats = {"lookups": 0, "hit_blocks": 0, "loaded_blocks": 0, "failed_blocks": 0,
+                      "saved_blocks": 0, "existed_blocks": 0, "save_failures": 0}
+
+    # ============================== scheduler side ==============================
+    def _scheduler_layout(self) -> Layout:
+        """What the workers declare at HELLO, computed from the config (the
+        scheduler has no KV cache of its own): rank 0 of the TP group."""
+        vc = self._vllm_config
+        mc, pc = vc.model_config, vc.parallel_config
+        layers = int(mc.get_num_layers(pc))
+        heads = int(mc.get_num_kv_heads(pc))
+        dim = int(mc.get_head_size())
+        dname, elem = self._cache_dtype()
+        return Layout(block_bytes=2 * layers * self.block_tokens * heads * dim * elem,
+                      tokens_per_block=self.block_tokens, layers=layers, kv_heads=heads,
+                      head_dim=dim, dtype=dname, tp_rank=0, tp_size=self.tp_size)
+
+    def _cache_dtype(self) -> tuple:
+        """(HELLO's dtype name, bytes per element) of the KV cache: the
+        model's dtype, or cache_dtype's (vLLM keeps fp8 caches in uint8
+        tensors, so the worker declares this name, not its tensors')."""
+        vc = self._vllm_config
+        cd = getattr(vc.cache_config, "cache_dtype", "auto")
+        if cd in (None, "auto"):
+            import torch
+            tdt = vc.model_config.dtype
+            return dtype_name(tdt), torch.tensor([], dtype=tdt).element_size()
+        return _CACHE_DTYPES.get(cd, cd), 1
+
+    def _sched_client(self) -> Client:
+        if self._client is None:
+            self._client = Client(self.socket, tenant=self.tenant, layout=self._scheduler_layout(),
+                                  salt=self.salt, group=self.group, g1=False)
+        return self._client
+
+    def _keys(self, client: Client, tokens, extra: bytes) -> list:
+        keys = client.chain_keys(list(tokens), extra)
+        return keys[:_lib.BATCH_MAX]
+
+    def get_num_new_matched_tokens(self, request, num_computed_tokens: int):
+        tokens = list(request.all_token_ids)[:max(request.num_tokens - 1, 0)]
+        if num_computed_tokens % self.block_tokens or len(tokens) < self.block_tokens:
+            return 0, False  # a load must start on a kvcached block boundary
+        try:
+            c = self._sched_client()
+            hit, _ = c.lookup(self._keys(c, tokens, request_extra(request)))
+        except KvError as e:  # no daemon: no hit, never an error for the engine
+            log.warning("kvcached lookup failed (%s): computing request %s", e,
+                        request.request_id)
+            return 0, False
+        self.stats["lookups"] += 1
+        self.stats["hit_blocks"] += hit
+        tr = self._trackers.setdefault(request.request_id, _Tracker(request))
+        tr.hit, tr.local = hit, num_computed_tokens
+        ext = max(hit * self.block_tokens - num_computed_tokens, 0)
+        return ext, ext > 0 and self.load_async
+
+    def update_state_after_alloc(self, request, blocks, num_external_tokens: int):
+        tr = self._trackers.setdefault(request.request_id, _Tracker(request))
+        tr.request = request
+        if num_external_tokens <= 0:
+            return
+        start = tr.local // self.block_tokens
+        end = start + num_external_tokens // self.block_tokens
+        is_async = self.load_async
+        ids = list(blocks.get_block_ids()[0]) if is_async else None
+        self._pending_loads[request.request_id] = (start, end, ids, is_async)
+
+    def build_connector_meta(self, scheduler_output) -> KvcachedConnectorMetadata:
+        meta = KvcachedConnectorMetadata()
+        sched = scheduler_output.num_scheduled_tokens
+        running = []  # (req id, tracker, tokens computed before this step, scheduled tokens)
+        for nr in scheduler_output.scheduled_new_reqs:
+            tr = self._trackers.setdefault(nr.req_id, _Tracker(None))
+            tr.block_ids = list(nr.block_ids[0])
+            running.append((nr.req_id, tr, nr.num_computed_tokens, sched.get(nr.req_id, 0)))
+        cr = scheduler_output.scheduled_cached_reqs
+        resumed = getattr(cr, "resumed_req_ids", set()) or set()
+        for i, rid in enumerate(cr.req_ids):
+            tr = self._trackers.setdefault(rid, _Tracker(None))
+            new = cr.new_block_ids[i]
+            if rid in resumed:
+                tr.block_ids = list(new[0]) if new is not None else []
+            elif new is not None:
+                tr.block_ids += list(new[0])
+            running.append((rid, tr, cr.num_computed_tokens[i], sched.get(rid, 0)))
+        scheduled = {rid for rid, *_ in running}
+        for rid, (start, end, ids, is_async) in list(self._pending_loads.items()):
+            tr = self._trackers.get(rid)
+            if tr is None or tr.request is None:
+                continue
+            if not is_async:
+                if rid not in scheduled:
+                    continue  # loads with the step that schedules it
+                ids = tr.block_ids
+            extra = request_extra(tr.request)
+            toks = list(tr.request.all_token_ids)[:end * self.block_tokens]
+            meta.loads.append(LoadSpec(rid, toks, list(ids), start, end, extra, is_async))
+            tr.touched = True
+            del self._pending_loads[rid]
+        for rid, tr, computed, n in running:
+            if tr.request is None:
+                continue
+            full = min((computed + n) // self.block_tokens, _lib.BATCH_MAX)
+            if full > tr.saved:
+                toks = list(tr.request.all_token_ids)[:full * self.block_tokens]
+                meta.saves.append(SaveSpec(rid, toks, list(tr.block_ids),
+                                           request_extra(tr.request)))
+                tr.saved = full
+                tr.touched = True
+        return meta
+
+    def request_finished(self, request, block_ids):
+        tr = self._trackers.pop(request.request_id, None)
+        self._pending_loads.pop(request.request_id, None)
+        if tr is None:
+            return False, None
+        if self.finished_prio >= 0 and tr.saved > tr.hit:
+            self._hint_finished(request, tr)
+        # the workers may still be loading into or saving from its blocks
+        # (an abort between a step's scheduling and its execution): they
+        # are freed when every worker has named it in get_finished
+        return tr.touched, None
+
+    def _hint_finished(self, request, tr: _Tracker):
+        """The blocks this request stored itself (past the prefix it found)
+        are the first to go: SET_PRIORITY (best effort: a block not yet
+        committed, or evicted, is skipped by the daemon)."""
+        try:
+            c = self._sched_client()
+            toks = list(request.all_token_ids)[:tr.saved * self.block_tokens]
+            keys = self._keys(c, toks, request_extra(request))[tr.hit:tr.saved]
+            if keys:
+                c.set_priority(keys, self.finished_prio)
+        except KvError as e:
+            log.debug("finished hint for %s: %s", request.request_id, e)
+
+    # ============================== worker side ==============================
+    def register_kv_caches(self, kv_caches: dict):
+        caches = list(kv_caches.values())
+        t = caches[0]
+        layout = (PagedLayout.vllm(caches) if t.dim() == 5 and t.shape[0] == 2
+                  else PagedLayout.page_major(caches))
+        rank = 0
+        if self.tp_size > 1:
+            from vllm.distributed.parallel_state import get_tensor_model_parallel_rank
+            rank = int(get_tensor_model_parallel_rank())
+        layout.dtype = self._cache_dtype()[0]
+        mine = layout.client_layout(self.ppb, rank, self.tp_size)
+        want = self._scheduler_layout()
+        if (mine.block_bytes, mine.layers, mine.kv_heads, mine.head_dim) != \
+                (want.block_bytes, want.layers, want.kv_heads, want.head_dim):
+            raise ValueError(f"kvclient.vllm: the KV caches give {mine}, the scheduler computes "
+                             f"{want} from the model config: its lookups would never hit")
+        self._client = Client(self.socket, tenant=self.tenant, salt=self.salt, group=self.group,
+                              layout=mine)
+        self._pk = PagedKV(self._client, layout, pages_per_block=self.ppb, g2_path=self.g2_path,
+                           verify=self.verify)
+
+    def start_load_kv(self, forward_context, **kwargs) -> None:
+        meta = self._get_connector_metadata()
+        for spec in meta.loads:
+            self._touched.add(spec.req_id)
+            got = self._load(spec)
+            self.stats["loaded_blocks"] += got - spec.start
+            if got < spec.end:
+                bad = spec.block_ids[got * self.ppb:spec.end * self.ppb]
+                self._load_errors.update(int(b) for b in bad)
+                self.stats["failed_blocks"] += spec.end - got
+                log.warning("kvcached: request %s loaded %d of %d blocks; %d engine blocks "
+                            "reported for recompute", spec.req_id, got - spec.start,
+                            spec.end - spec.start, len(bad))
+            if spec.is_async:
+                self._recving.add(spec.req_id)
+
+    def _load(self, spec: LoadSpec) -> int:
+        """Loads blocks [start, end) of spec into its engine blocks; returns
+        the end of the usable prefix (== spec.end when every block came)."""
+        pk = self._pk
+        tier = self.load_tier
+        if tier == G1 and not (pk._cuda() and pk.client.g1.available):
+            tier = G2
+        page_ids = [int(b) for b in spec.block_ids]
+        try:
+            keys = pk.keys(spec.token_ids, spec.extra)
+            end = min(spec.end, len(keys), len(page_ids) // self.ppb)
+            res = LoadResult()
+            lo = spec.start
+            while lo < end:
+                hi = min(lo + _lib.BATCH_MAX, end)
+                n = self._load_batch(keys, lo, hi, page_ids, tier, res)
+                lo += n
+                if lo < hi:
+                    break
+            return lo
+        except KvError as e:  # the whole request failed: nothing was loaded
+            log.warning("kvcached load of %s failed: %s", spec.req_id, e)
+            return spec.start
+
+    def _load_batch(self, keys, lo: int, hi: int, page_ids, tier: int, res: LoadResult) -> int:
+        """One LOAD of keys [lo, hi): verify, scatter, release; how many
+        leading blocks are in the pages."""
+        pk, c = self._pk, self._pk.client
+        ka = _lib.keys_array(keys[lo:hi])
+        out = c._load_raw(ka, hi - lo, tier)
+        got = _blocks(out, hi - lo)
+        n = next((j for j, g in enumerate(got) if g[0] != 0), len(got))
+        try:
+            if pk.verify:
+                n = pk._verify(ka, out, got, n, lo, keys, page_ids, res)
+            if n:
+                pk._into_pages([(g[1], g[2]) for g in got[:n]], page_ids, lo)
+                pk._sync()
+        finally:  # every pin this LOAD took, used or not (a corrupt report took its own)
+            pinned = [keys[lo + j] for j in range(hi - lo) if out[j].status == 0]
+            if len(pinned) == hi - lo:
+                c._release_raw(ka, hi - lo)
+            elif pinned:
+                c.release(pinned)
+        return n
+
+    def wait_for_layer_load(self, layer_name: str) -> None:
+        return  # start_load_kv brought every layer of every block
+
+    def save_kv_layer(self, layer_name: str, kv_layer, attn_metadata, **kwargs) -> None:
+        return  # a kvcached block holds all layers: wait_for_save stores it whole
+
+    def wait_for_save(self):
+        meta = self._get_connector_metadata()
+        for spec in meta.saves:
+            self._touched.add(spec.req_id)
+            try:
+                r = self._pk.save(spec.token_ids, spec.block_ids, spec.extra)
+            except KvError as e:  # a store that fails is a later miss, not an error
+                log.warning("kvcached save of %s failed: %s", spec.req_id, e)
+                self.stats["save_failures"] += 1
+                continue
+            self.stats["saved_blocks"] += r.stored
+            self.stats["existed_blocks"] += r.existed
+            self.stats["save_failures"] += len(r.failed)
+
+    def get_finished(self, finished_req_ids: set):
+        # every step before this one has run here: what they loaded or saved
+        # for a finished request is done, and its blocks may go
+        sending = {r for r in finished_req_ids if r in self._touched}
+        self._touched -= sending
+        recving, self._recving = self._recving, set()
+        return (sending or None), (recving or None)
+
+    def get_block_ids_with_load_errors(self) -> set:
+        bad, self._load_errors = self._load_errors, set()
+        return bad
+
+    def shutdown(self):
+        if self._client is not None:
+            self._client.close()
+            self._client = None
+
+
+__all__ = ["KvcachedConnector", "KvcachedConnectorMetadata", "LoadSpec", "SaveSpec",
+           "request_extra"]
