@@ -81,9 +81,9 @@ except ImportError as e:  # noqa: F841 - named in the message
                       f"could not be imported: {e}); `import kvclient` works without it") from e
 
 from . import _lib
-from .client import G2, Client, _blocks
+from .client import G2, Client, Layout, _blocks
 from .errors import CODES, KvError
-from .paged import PagedKV, PagedLayout
+from .paged import PagedKV, PagedLayout, dtype_name
 
 KV_EEXISTS = CODES["KV_EEXISTS"]
 KV_ECORRUPT = CODES["KV_ECORRUPT"]
@@ -151,16 +151,31 @@ class KvcachedStorage(HiCacheStorage):
         buf = pool.kv_buffer
         mla = buf.dim() == {"layer_first": 4, "page_first_direct": 5}.get(pool.layout, -1)
         self.mla = mla
-        self.page_tokens = int(pool.page_size)
-        layout = PagedLayout.sglang_host(buf, pool.layout, self.page_tokens, mla=mla)
-        client = Client(self.socket, tenant=self.tenant,
-                        layout=layout.client_layout(1, self.tp[0], self.tp[1]), salt=self.salt,
+        if pool.layout == "page_first":  # [2, tokens, L, H, D]; MLA [tokens, L, 1, D]
+            mla = buf.dim() == 4
+        self.mla = mla
+        self.page_tokens = P = int(pool.page_size)
+        if pool.layout == "page_first":
+            # one layer's page is not contiguous here: no kernel description
+            # (kvclient.paged), so pages are copied by torch, slot to page
+            layout = None
+            L = int(buf.shape[1] if mla else buf.shape[2])
+            H, D = (1, int(buf.shape[-1])) if mla else (int(buf.shape[3]), int(buf.shape[4]))
+            E = buf.element_size()
+            cl = Layout(block_bytes=(1 if mla else 2) * L * P * H * D * E, tokens_per_block=P,
+                        layers=L, kv_heads=H, head_dim=D, dtype=dtype_name(buf.dtype),
+                        tp_rank=self.tp[0], tp_size=self.tp[1])
+        else:
+            layout = PagedLayout.sglang_host(buf, pool.layout, P, mla=mla)
+            cl = layout.client_layout(1, self.tp[0], self.tp[1])
+        client = Client(self.socket, tenant=self.tenant, layout=cl, salt=self.salt,
                         group=self.group, timeout_ms=self.timeout_ms, g1=False)
         with self._lock:
             if self.client is not None:
                 self.client.close()
-            self.client, self.layout = client, layout
-            self.pk = PagedKV(client, layout, pages_per_block=1, verify=self.verify)
+            self.client, self.layout, self.block_bytes = client, layout, cl.block_bytes
+            self.pk = (PagedKV(client, layout, pages_per_block=1, verify=self.verify)
+                       if layout is not None else None)
 
     def close(self) -> None:
         """Closes the session (SGLang calls it when the backend is detached)."""
@@ -240,7 +255,7 @@ class KvcachedStorage(HiCacheStorage):
             self.stats["get_failed"] += m
             return
         got = _blocks(out, m)  # [(status, tier, ptr, length)]
-        bb = self.pk.block_bytes
+        bb = self.block_bytes
         L = _lib.lib()
         ok = []
         try:
@@ -260,7 +275,12 @@ class KvcachedStorage(HiCacheStorage):
                 ok.append(j)
             if ok:
                 try:
-                    self.pk._into_pages([(G2, got[j][2]) for j in ok], [pages[j] for j in ok], 0)
+                    if self.pk is None:
+                        for j in ok:
+                            self._page_view(pages[j]).copy_(self._slot(got[j][2]))
+                    else:
+                        self.pk._into_pages([(G2, got[j][2]) for j in ok],
+                                            [pages[j] for j in ok], 0)
                 except KvError:
                     self.stats["get_failed"] += len(ok)
                     ok = []
@@ -315,8 +335,12 @@ class KvcachedStorage(HiCacheStorage):
             if not got:
                 return
             try:
-                self.pk._from_pages([b for _, b in got], [pages[j] for j, _ in got],
-                                    range(len(got)))
+                if self.pk is None:
+                    for j, b in got:
+                        self._slot(b.ptr).copy_(self._page_view(pages[j]))
+                else:
+                    self.pk._from_pages([b for _, b in got], [pages[j] for j, _ in got],
+                                        range(len(got)))
             except KvError:
                 self.stats["set_failed"] += len(got)
                 a.abort()
@@ -328,6 +352,21 @@ class KvcachedStorage(HiCacheStorage):
                     self.stats["set_stored" if s == 0 else "set_existed"] += 1
                 else:
                     self.stats["set_failed"] += 1
+
+    def _page_view(self, hp: int):
+        """Host page hp of a page_first pool, in the block's order (a view)."""
+        buf, P = self.mem_pool_host.kv_buffer, self.page_tokens
+        if self.mla:
+            return buf[hp * P:(hp + 1) * P].transpose(0, 1)      # [L, P, 1, D]
+        return buf[:, hp * P:(hp + 1) * P].permute(2, 0, 1, 3, 4)  # [L, 2, P, H, D]
+
+    def _slot(self, ptr: int):
+        """A G2 slot as a tensor of the page's block shape (no copy)."""
+        torch = _torch()
+        buf = self.mem_pool_host.kv_buffer
+        raw = (ctypes.c_uint8 * self.block_bytes).from_address(ptr)
+        t = torch.frombuffer(raw, dtype=torch.uint8).view(buf.dtype)
+        return t.view(tuple(self._page_view(0).shape))
 
     # --- the generic interface (flat page copies) --------------------------------
     def _block_view(self, flat):
@@ -425,7 +464,7 @@ class KvcachedStorage(HiCacheStorage):
                         self.stats["get_corrupt" if e.code == KV_ECORRUPT else "get_failed"] += 1
                         continue
                     view = self._block_view(dst)
-                    src = torch.frombuffer(bytearray(data[:self.pk.block_bytes]),
+                    src = torch.frombuffer(bytearray(data[:self.block_bytes]),
                                            dtype=torch.uint8)
                     view.copy_(src.view(view.dtype).view(tuple(view.shape)))
                     out.append(dst)

@@ -154,11 +154,12 @@ def scale_block(c: Client, key: bytes):
 
 
 # --- the backend's calls, one by one ------------------------------------------------
-def test_batch_get_v1_reports_every_failed_page(daemon):
+@pytest.mark.parametrize("layout", ["layer_first", "page_first", "page_first_direct"])
+def test_batch_get_v1_reports_every_failed_page(daemon, layout):
     """Six pages stored; page 2 deleted, page 4 changed after COMMIT: both are
     False and their host pages untouched, every other page True with its
     bytes. SGLang's prefetch takes the two pages before the first False."""
-    backend, pool = backend_for(daemon)
+    backend, pool = backend_for(daemon, layout=layout)
     keys = keys_of(6)
     src = pool.alloc(6 * T)
     data = fill(pool, src, 1)
