@@ -7,7 +7,7 @@ its L3, built and driven as SGLang's HiCacheController does.
 
 SPEC: socket, prompt (token ids), layout (the host pool's
 --hicache-mem-layout), interface_v1 (1: batch_get_v1/batch_set_v1; 0: the
-flat-page get/set), load (prefetch the stored prefix first), save (back up
+flat-page get/set), verify (the backend's CRC check, default true), load (prefetch the stored prefix first), save (back up
 the prompt's full pages after prefill), new_tokens, page_tokens.
 OUT (torch.save): {"hit": pages batch_exists found, "loaded": tokens
 loaded, "stored": tokens backed up, "get_results": batch_get_v1's answers,
@@ -43,7 +43,8 @@ def main(spec_path: str, out_path: str) -> int:
                                 page_size=T, layout=s.get("layout", "layer_first"))
     host.alloc((3 + s.get("host_skip", 0)) * T)  # nor are its host pages
     conf = sglang_shim.storage_config(
-        sglang_shim.extra_config(s["socket"], interface_v1=s.get("interface_v1", 1)),
+        sglang_shim.extra_config(s["socket"], interface_v1=s.get("interface_v1", 1),
+                                 verify=s.get("verify", True)),
         layout=host.layout)
     backend, zero_copy = sglang_shim.create_dynamic_backend(conf, host)
     ctl = sglang_shim.Controller(backend, host, zero_copy)

@@ -133,6 +133,10 @@ def test_a_corrupted_block_is_recomputed_and_output_stays_exact(daemon, work):
     backend, _ = backend_for(daemon)
     key = page_key(sglang_shim.get_hash_str(prompt(1), None, T)[2])
     scale_block(backend.client, key)
+    # the judge sees it: loaded unchecked, the changed page changes the output
+    u = sg_worker(work, daemon, prompt=prompt(2), load=True, verify=False)
+    assert u["loaded"] == PREFIX and rel(u["logits"], recompute(prompt(2))[0]) > 1e-3
+    # checked (the default): False for that page, and SGLang recomputes from it
     b = sg_worker(work, daemon, prompt=prompt(2), load=True)
     assert b["hit"] == 6 and b["loaded"] == 2 * T
     assert b["get_results"] == [[True, True, False, True, True, True]]
