@@ -69,6 +69,7 @@ from __future__ import annotations
 
 import ctypes
 import hashlib
+import logging
 import threading
 import time
 from typing import Any, List, Optional
@@ -87,6 +88,8 @@ from .paged import PagedKV, PagedLayout, dtype_name
 
 KV_EEXISTS = CODES["KV_EEXISTS"]
 KV_ECORRUPT = CODES["KV_ECORRUPT"]
+
+logger = logging.getLogger(__name__)
 
 __all__ = ["KvcachedStorage", "HiCacheStorageConfig", "HiCacheStorageExtraInfo", "page_key"]
 
@@ -141,6 +144,9 @@ class KvcachedStorage(HiCacheStorage):
                       "get_pages": 0, "get_ok": 0, "get_missing": 0, "get_corrupt": 0,
                       "get_failed": 0, "set_pages": 0, "set_stored": 0, "set_existed": 0,
                       "set_failed": 0, "get_seconds": 0.0, "set_seconds": 0.0}
+        # SGLang's StorageMetrics samples since the last get_stats()
+        self._samples = {"prefetch_pgs": [], "backup_pgs": [], "prefetch_bandwidth": [],
+                         "backup_bandwidth": []}
 
     # --- life ------------------------------------------------------------------
     def register_mem_pool_host(self, mem_pool_host) -> None:
@@ -212,11 +218,14 @@ class KvcachedStorage(HiCacheStorage):
         hit = 0
         with self._lock:
             c = self._need()
-            for lo in range(0, len(kk), _lib.BATCH_MAX):
-                h, _ = c.lookup(kk[lo:lo + _lib.BATCH_MAX])
-                hit += h
-                if h < min(_lib.BATCH_MAX, len(kk) - lo):
-                    break
+            try:
+                for lo in range(0, len(kk), _lib.BATCH_MAX):
+                    h, _ = c.lookup(kk[lo:lo + _lib.BATCH_MAX])
+                    hit += h
+                    if h < min(_lib.BATCH_MAX, len(kk) - lo):
+                        break
+            except KvError as e:  # an exception would end SGLang's prefetch thread
+                logger.warning("kvcached lookup failed, answering %d pages: %s", hit, e)
         self.stats["exists_calls"] += 1
         self.stats["exists_pages"] += len(kk)
         self.stats["exists_hits"] += hit
@@ -243,7 +252,7 @@ class KvcachedStorage(HiCacheStorage):
                 self._get_batch(c, kk[lo:hi], pages[lo:hi], res, lo)
         self.stats["get_pages"] += n
         self.stats["get_ok"] += sum(res)
-        self.stats["get_seconds"] += time.perf_counter() - t0
+        self._sample("prefetch", sum(res), time.perf_counter() - t0)
         return res
 
     def _get_batch(self, c: Client, kk, pages, res, lo: int) -> None:
@@ -251,7 +260,8 @@ class KvcachedStorage(HiCacheStorage):
         ka = _lib.keys_array(kk)
         try:
             out = c._load_raw(ka, m, G2)
-        except KvError:
+        except KvError as e:
+            logger.warning("kvcached load of %d pages failed: %s", m, e)
             self.stats["get_failed"] += m
             return
         got = _blocks(out, m)  # [(status, tier, ptr, length)]
@@ -289,7 +299,10 @@ class KvcachedStorage(HiCacheStorage):
         finally:  # every pin this LOAD took (a CRC report took its own)
             pinned = [kk[j] for j in range(m) if out[j].status == 0]
             if pinned:
-                c.release(pinned)
+                try:
+                    c.release(pinned)
+                except KvError as e:  # the session's end drops them anyway
+                    logger.warning("kvcached release failed: %s", e)
 
     def batch_set_v1(self, keys: List[str], host_indices,
                      extra_info: Optional[HiCacheStorageExtraInfo] = None) -> List[bool]:
@@ -313,13 +326,14 @@ class KvcachedStorage(HiCacheStorage):
                 parents = [kk[i - 1] if i else parent for i in range(lo, hi)]
                 self._set_batch(c, kk[lo:hi], parents, pages[lo:hi], res, lo)
         self.stats["set_pages"] += n
-        self.stats["set_seconds"] += time.perf_counter() - t0
+        self._sample("backup", sum(res), time.perf_counter() - t0)
         return res
 
     def _set_batch(self, c: Client, kk, parents, pages, res, lo: int) -> None:
         try:
             a = c.alloc(kk, parents=parents, prio=self.prio)
-        except KvError:
+        except KvError as e:
+            logger.warning("kvcached alloc of %d pages failed: %s", len(kk), e)
             self.stats["set_failed"] += len(kk)
             return
         with a:
@@ -345,7 +359,12 @@ class KvcachedStorage(HiCacheStorage):
                 self.stats["set_failed"] += len(got)
                 a.abort()
                 return
-            st = a.commit([j for j, _ in got])
+            try:
+                st = a.commit([j for j, _ in got])
+            except KvError as e:
+                logger.warning("kvcached commit of %d pages failed: %s", len(got), e)
+                self.stats["set_failed"] += len(got)
+                return
             for (j, _), s in zip(got, st):
                 if s == 0 or s == KV_EEXISTS:
                     res[lo + j] = True
@@ -484,10 +503,34 @@ class KvcachedStorage(HiCacheStorage):
         with self._lock:
             self._need().delete()
 
-    def get_stats(self) -> dict:
+    def _sample(self, what: str, pages: int, seconds: float) -> None:
+        self.stats[("get" if what == "prefetch" else "set") + "_seconds"] += seconds
+        if self.config.enable_storage_metrics:
+            self._samples[what + "_pgs"].append(pages)
+            self._samples[what + "_bandwidth"].append(
+                pages * self.block_bytes / max(seconds, 1e-9) / 1e9)
+
+    def counters(self) -> dict:
         """Counters since start: pages asked, found, loaded, missing, corrupt,
         stored, already stored, failed, and seconds spent in get/set."""
         return dict(self.stats)
+
+    def get_stats(self):
+        """With --enable-hicache-storage-metrics: SGLang's StorageMetrics (pages
+        and GB/s of each batch_get_v1 / batch_set_v1 since the last call),
+        which its metrics collector requires. Otherwise counters()."""
+        if self.config.enable_storage_metrics:
+            try:
+                from sglang.srt.metrics.collector import StorageMetrics
+            except ImportError:
+                StorageMetrics = None
+            if StorageMetrics is not None:
+                m = StorageMetrics()
+                for k, v in self._samples.items():
+                    getattr(m, k).extend(v)
+                    v.clear()
+                return m
+        return self.counters()
 
 
 def _torch():

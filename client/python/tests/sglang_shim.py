@@ -15,6 +15,8 @@ sgl-project/sglang at commit 001067fffe33427bee0ed2f007fb7551a1d76b44:
     dynamic backend only with extra_config "interface_v1"),
     _storage_hit_query, _page_transfer/_page_get_zero_copy,
     _page_backup/_page_set_zero_copy and the generic (flat page) variants;
+  - python/sglang/srt/metrics/collector.py StorageMetrics (the four lists
+    StorageMetricsCollector.log_storage_metrics reads);
   - python/sglang/srt/mem_cache/utils.py get_hash_str (page hashes,
     chained SHA-256 over 4-byte little-endian token ids);
   - python/sglang/srt/mem_cache/pool_host/mha.py MHATokenToKVPoolHost:
@@ -31,7 +33,7 @@ import importlib
 import sys
 import types
 from abc import ABC, abstractmethod
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, List, Optional
 
 import torch
@@ -62,6 +64,14 @@ class HiCacheStorageConfig:
 class HiCacheStorageExtraInfo:
     prefix_keys: Optional[List[str]] = None
     extra_info: Optional[dict] = None
+
+
+@dataclass
+class StorageMetrics:
+    prefetch_pgs: List[int] = field(default_factory=list)
+    backup_pgs: List[int] = field(default_factory=list)
+    prefetch_bandwidth: List[float] = field(default_factory=list)
+    backup_bandwidth: List[float] = field(default_factory=list)
 
 
 class HiCacheStorage(ABC):
@@ -109,7 +119,7 @@ class HiCacheStorage(ABC):
 
 def install():
     """Registers the stand-in as sglang.srt.mem_cache.hicache_storage."""
-    names = ["sglang", "sglang.srt", "sglang.srt.mem_cache"]
+    names = ["sglang", "sglang.srt", "sglang.srt.mem_cache", "sglang.srt.metrics"]
     for n in names:
         if n not in sys.modules:
             m = types.ModuleType(n)
@@ -120,15 +130,19 @@ def install():
                  "STORAGE_BATCH_SIZE"):
         setattr(mod, name, globals()[name])
     sys.modules[mod.__name__] = mod
+    col = types.ModuleType("sglang.srt.metrics.collector")
+    col.StorageMetrics = StorageMetrics
+    sys.modules[col.__name__] = col
     return mod
 
 
 def storage_config(extra_config: dict, tp_rank=0, tp_size=1, model_name="tiny",
-                   is_mla_model=False, layout="layer_first") -> HiCacheStorageConfig:
+                   is_mla_model=False, layout="layer_first",
+                   metrics=False) -> HiCacheStorageConfig:
     """What HiCacheController._generate_storage_config builds (no PP, CP, DP)."""
     return HiCacheStorageConfig(tp_rank=tp_rank, tp_size=tp_size, pp_rank=0, pp_size=1,
                                 attn_cp_rank=0, attn_cp_size=1, is_mla_model=is_mla_model,
-                                enable_storage_metrics=False,
+                                enable_storage_metrics=metrics,
                                 is_page_first_layout=layout == "page_first",
                                 model_name=model_name, extra_config=dict(extra_config))
 

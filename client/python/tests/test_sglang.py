@@ -61,11 +61,12 @@ def work(tmp_root):
     return d
 
 
-def backend_for(daemon, layout="layer_first", size_pages=32, **more):
+def backend_for(daemon, layout="layer_first", size_pages=32, tp=(0, 1), metrics=False, **more):
     pool = sglang_shim.HostPool(CFG_L, CFG_H, CFG_D, size=size_pages * T, page_size=T,
                                 layout=layout)
     conf = sglang_shim.storage_config(sglang_shim.extra_config(daemon.socket, **more),
-                                      layout=layout)
+                                      layout=layout, tp_rank=tp[0], tp_size=tp[1],
+                                      metrics=metrics)
     backend, zero_copy = sglang_shim.create_dynamic_backend(conf, pool)
     assert isinstance(backend, KvcachedStorage) and zero_copy == bool(more.get("interface_v1", 1))
     return backend, pool
@@ -245,4 +246,42 @@ def test_set_priority_is_the_hint_an_engine_can_give(daemon):
     fill(pool, src, 4)
     backend.batch_set_v1(keys, src)
     assert backend.set_priority(keys, 10) == [0, 0]
+    backend.close()
+
+
+def test_tp_ranks_get_one_hit_length(daemon):
+    """Two TP ranks (each its own KV heads, its own namespace) of one group:
+    batch_exists answers the group's minimum on both."""
+    r0, p0 = backend_for(daemon, tp=(0, 2))
+    r1, p1 = backend_for(daemon, tp=(1, 2))
+    assert r0.group == r1.group
+    keys = keys_of(4)
+    s0, s1 = p0.alloc(4 * T), p1.alloc(4 * T)
+    fill(p0, s0, 5)
+    fill(p1, s1, 6)
+    assert r0.batch_set_v1(keys, s0) == [True] * 4
+    assert r1.batch_set_v1(keys[:2], s1[:2 * T]) == [True] * 2
+    assert r0.batch_exists(keys) == 2 and r1.batch_exists(keys) == 2
+    # a backend outside the TP group (TP 1) has another namespace: nothing
+    solo, _ = backend_for(daemon)
+    assert solo.batch_exists(keys) == 0
+    for b in (r0, r1, solo):
+        b.close()
+
+
+def test_get_stats_gives_sglang_storage_metrics(daemon):
+    """--enable-hicache-storage-metrics: get_stats() is SGLang's StorageMetrics
+    (pages and GB/s per call since the last get_stats), counters() the totals."""
+    backend, pool = backend_for(daemon, metrics=True)
+    keys = keys_of(3)
+    src = pool.alloc(3 * T)
+    fill(pool, src, 8)
+    backend.batch_set_v1(keys, src)
+    backend.batch_get_v1(keys, pool.alloc(3 * T))
+    m = backend.get_stats()
+    assert isinstance(m, sglang_shim.StorageMetrics)
+    assert (m.backup_pgs, m.prefetch_pgs) == ([3], [3])
+    assert m.prefetch_bandwidth[0] > 0 and m.backup_bandwidth[0] > 0
+    assert backend.get_stats().prefetch_pgs == []
+    assert backend.counters()["get_ok"] == 3
     backend.close()
