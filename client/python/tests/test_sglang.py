@@ -285,3 +285,55 @@ def test_get_stats_gives_sglang_storage_metrics(daemon):
     assert backend.get_stats().prefetch_pgs == []
     assert backend.counters()["get_ok"] == 3
     backend.close()
+
+
+class MLAPool:
+    """MLATokenToKVPoolHost's kv_buffer (pool_host/mla.py init_kv_buffer):
+    layer_first [layers, tokens, 1, dim], page_first [tokens, layers, 1, dim],
+    page_first_direct [pages, layers, page_size, 1, dim]."""
+
+    def __init__(self, layout, pages=16, layers=3, dim=24):
+        self.layout, self.page_size, self.dtype = layout, T, torch.float32
+        self.L = layers
+        shape = {"layer_first": (layers, pages * T, 1, dim), "page_first": (pages * T, layers, 1, dim),
+                 "page_first_direct": (pages, layers, T, 1, dim)}[layout]
+        self.kv_buffer = torch.zeros(shape)
+
+    def page(self, l, hp):
+        if self.layout == "layer_first":
+            return self.kv_buffer[l, hp * T:(hp + 1) * T]
+        if self.layout == "page_first":
+            return self.kv_buffer[hp * T:(hp + 1) * T, l]
+        return self.kv_buffer[hp, l]
+
+
+@pytest.mark.parametrize("src_layout,dst_layout", [("layer_first", "page_first_direct"),
+                                                   ("page_first_direct", "page_first"),
+                                                   ("page_first", "layer_first")])
+def test_mla_pages_are_shared_by_every_tp_rank(daemon, src_layout, dst_layout):
+    """MLA (is_mla_model: the latent cache is the same on every rank): rank 0
+    stores, rank 1 loads what rank 0 stored, whatever the host layouts."""
+    def mla_backend(layout, rank):
+        pool = MLAPool(layout)
+        conf = sglang_shim.storage_config(sglang_shim.extra_config(daemon.socket),
+                                          tp_rank=rank, tp_size=2, is_mla_model=True,
+                                          layout=layout)
+        return sglang_shim.create_dynamic_backend(conf, pool)[0], pool
+    b0, p0 = mla_backend(src_layout, 0)
+    b1, p1 = mla_backend(dst_layout, 1)
+    keys = keys_of(3, seed=21)
+    g = torch.Generator().manual_seed(9)
+    for hp in (2, 3, 4):
+        for l in range(p0.L):
+            v = p0.page(l, hp)
+            v.copy_(torch.randn(v.shape, generator=g))
+    src = torch.arange(2 * T, 5 * T)
+    assert b0.batch_set_v1(keys, src) == [True] * 3
+    assert b1.batch_exists(keys) == 3
+    dst = torch.arange(7 * T, 10 * T)
+    assert b1.batch_get_v1(keys, dst) == [True] * 3
+    for i in range(3):
+        for l in range(p0.L):
+            assert torch.equal(p1.page(l, 7 + i), p0.page(l, 2 + i))
+    b0.close()
+    b1.close()
