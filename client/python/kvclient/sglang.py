@@ -226,9 +226,9 @@ class KvcachedStorage(HiCacheStorage):
                         break
             except KvError as e:  # an exception would end SGLang's prefetch thread
                 logger.warning("kvcached lookup failed, answering %d pages: %s", hit, e)
-        self.stats["exists_calls"] += 1
-        self.stats["exists_pages"] += len(kk)
-        self.stats["exists_hits"] += hit
+            self.stats["exists_calls"] += 1
+            self.stats["exists_pages"] += len(kk)
+            self.stats["exists_hits"] += hit
         return hit
 
     def exists(self, key: str) -> bool:
@@ -250,9 +250,9 @@ class KvcachedStorage(HiCacheStorage):
             for lo in range(0, n, _lib.BATCH_MAX):
                 hi = min(lo + _lib.BATCH_MAX, n)
                 self._get_batch(c, kk[lo:hi], pages[lo:hi], res, lo)
-        self.stats["get_pages"] += n
-        self.stats["get_ok"] += sum(res)
-        self._sample("prefetch", sum(res), time.perf_counter() - t0)
+            self.stats["get_pages"] += n
+            self.stats["get_ok"] += sum(res)
+            self._sample("prefetch", sum(res), time.perf_counter() - t0)
         return res
 
     def _get_batch(self, c: Client, kk, pages, res, lo: int) -> None:
@@ -325,8 +325,8 @@ class KvcachedStorage(HiCacheStorage):
                 hi = min(lo + _lib.BATCH_MAX, n)
                 parents = [kk[i - 1] if i else parent for i in range(lo, hi)]
                 self._set_batch(c, kk[lo:hi], parents, pages[lo:hi], res, lo)
-        self.stats["set_pages"] += n
-        self._sample("backup", sum(res), time.perf_counter() - t0)
+            self.stats["set_pages"] += n
+            self._sample("backup", sum(res), time.perf_counter() - t0)
         return res
 
     def _set_batch(self, c: Client, kk, parents, pages, res, lo: int) -> None:
@@ -426,31 +426,33 @@ class KvcachedStorage(HiCacheStorage):
     def batch_set(self, keys: List[str], values: Optional[Any] = None,
                   target_locations: Optional[Any] = None,
                   target_sizes: Optional[Any] = None) -> bool:
-        """Stores flat pages; True when every page is stored."""
+        """Stores flat pages; True when every page is stored (now or before)."""
         torch = _torch()
         kk = [page_key(k) for k in keys]
-        ok = True
+        stored = 0
         with self._lock:
             c = self._need()
-            parents = [kk[i - 1] if i else None for i in range(len(kk))]
-            with c.alloc(kk, parents=parents, prio=self.prio) as a:
-                todo = []
-                for j, b in enumerate(a.blocks):
-                    if b.status == KV_EEXISTS:
-                        self.stats["set_existed"] += 1
-                    elif not b.ok:
-                        ok = False
-                        self.stats["set_failed"] += 1
-                    else:
-                        blk = self._block_view(values[j]).contiguous().view(torch.uint8)
-                        b.write(blk.numpy().tobytes())
-                        todo.append(j)
-                for s in (a.commit(todo) if todo else []):
-                    ok = ok and s in (0, KV_EEXISTS)
-                    self.stats["set_stored" if s == 0 else
-                               "set_existed" if s == KV_EEXISTS else "set_failed"] += 1
-        self.stats["set_pages"] += len(kk)
-        return ok
+            self.stats["set_pages"] += len(kk)
+            try:
+                with c.alloc(kk, parents=[kk[i - 1] if i else None for i in range(len(kk))],
+                             prio=self.prio) as a:
+                    todo = []
+                    for j, b in enumerate(a.blocks):
+                        if b.status == KV_EEXISTS:
+                            self.stats["set_existed"] += 1
+                            stored += 1
+                        elif b.ok:
+                            blk = self._block_view(values[j]).contiguous().view(torch.uint8)
+                            b.write(blk.numpy().tobytes())
+                            todo.append(j)
+                    for s in (a.commit(todo) if todo else []):
+                        if s in (0, KV_EEXISTS):
+                            stored += 1
+                            self.stats["set_stored" if s == 0 else "set_existed"] += 1
+            except KvError as e:
+                logger.warning("kvcached store of %d pages failed: %s", len(kk), e)
+            self.stats["set_failed"] += len(kk) - stored
+        return stored == len(kk)
 
     def get(self, key: str, target_location: Optional[Any] = None,
             target_sizes: Optional[Any] = None):
@@ -464,31 +466,34 @@ class KvcachedStorage(HiCacheStorage):
         """Flat pages into target_locations (or new ones); None for each page
         that is missing or failed its check."""
         torch = _torch()
-        out = []
+        out = [None] * len(keys)
         with self._lock:
             c = self._need()
-            with c.load([page_key(k) for k in keys]) as got:
+            self.stats["get_pages"] += len(keys)
+            try:
+                got = c.load([page_key(k) for k in keys])
+            except KvError as e:
+                logger.warning("kvcached load of %d pages failed: %s", len(keys), e)
+                self.stats["get_failed"] += len(keys)
+                return out
+            with got:
                 for j, b in enumerate(got.blocks):
-                    dst = (target_locations[j] if target_locations is not None
-                           else self.mem_pool_host.get_dummy_flat_data_page())
                     if not b.ok:
-                        out.append(None)
                         self.stats["get_missing" if b.status == CODES["KV_ENOTFOUND"]
                                    else "get_failed"] += 1
                         continue
                     try:
                         data = b.read()  # a verified copy
                     except KvError as e:
-                        out.append(None)
                         self.stats["get_corrupt" if e.code == KV_ECORRUPT else "get_failed"] += 1
                         continue
+                    dst = (target_locations[j] if target_locations is not None
+                           else self.mem_pool_host.get_dummy_flat_data_page())
                     view = self._block_view(dst)
-                    src = torch.frombuffer(bytearray(data[:self.block_bytes]),
-                                           dtype=torch.uint8)
+                    src = torch.frombuffer(bytearray(data[:self.block_bytes]), dtype=torch.uint8)
                     view.copy_(src.view(view.dtype).view(tuple(view.shape)))
-                    out.append(dst)
+                    out[j] = dst
                     self.stats["get_ok"] += 1
-        self.stats["get_pages"] += len(keys)
         return out
 
     # --- the rest -------------------------------------------------------------------
@@ -513,7 +518,8 @@ class KvcachedStorage(HiCacheStorage):
     def counters(self) -> dict:
         """Counters since start: pages asked, found, loaded, missing, corrupt,
         stored, already stored, failed, and seconds spent in get/set."""
-        return dict(self.stats)
+        with self._lock:
+            return dict(self.stats)
 
     def get_stats(self):
         """With --enable-hicache-storage-metrics: SGLang's StorageMetrics (pages
@@ -526,9 +532,10 @@ class KvcachedStorage(HiCacheStorage):
                 StorageMetrics = None
             if StorageMetrics is not None:
                 m = StorageMetrics()
-                for k, v in self._samples.items():
-                    getattr(m, k).extend(v)
-                    v.clear()
+                with self._lock:
+                    for k, v in self._samples.items():
+                        getattr(m, k).extend(v)
+                        v.clear()
                 return m
         return self.counters()
 
