@@ -151,14 +151,14 @@ class KvcachedStorage(HiCacheStorage):
     # --- life ------------------------------------------------------------------
     def register_mem_pool_host(self, mem_pool_host) -> None:
         """Opens the session for SGLang's host pool (MHATokenToKVPoolHost or
-        MLATokenToKVPoolHost, layer_first or page_first_direct)."""
+        MLATokenToKVPoolHost; layer_first, page_first or page_first_direct)."""
         super().register_mem_pool_host(mem_pool_host)
         pool = mem_pool_host
         buf = pool.kv_buffer
-        mla = buf.dim() == {"layer_first": 4, "page_first_direct": 5}.get(pool.layout, -1)
-        self.mla = mla
-        if pool.layout == "page_first":  # [2, tokens, L, H, D]; MLA [tokens, L, 1, D]
-            mla = buf.dim() == 4
+        # MLA pools have no K/V axis: layer_first [L, tokens, 1, D],
+        # page_first [tokens, L, 1, D], page_first_direct [pages, L, P, 1, D]
+        mla = buf.dim() == {"layer_first": 4, "page_first": 4,
+                            "page_first_direct": 5}.get(pool.layout, -1)
         self.mla = mla
         self.page_tokens = P = int(pool.page_size)
         if pool.layout == "page_first":
