@@ -337,3 +337,22 @@ def test_mla_pages_are_shared_by_every_tp_rank(daemon, src_layout, dst_layout):
             assert torch.equal(p1.page(l, 7 + i), p0.page(l, 2 + i))
     b0.close()
     b1.close()
+
+
+def test_a_stopped_daemon_answers_failed_pages_not_exceptions(daemon):
+    """SGLang never restarts its prefetch and backup threads: a daemon gone
+    must be answered as misses and failed pages, not raised."""
+    backend, pool = backend_for(daemon)
+    keys = keys_of(3)
+    src = pool.alloc(3 * T)
+    fill(pool, src, 12)
+    assert backend.batch_set_v1(keys, src) == [True] * 3
+    daemon.stop()
+    assert backend.batch_exists(keys) == 0
+    assert backend.batch_get_v1(keys, pool.alloc(3 * T)) == [False] * 3
+    assert backend.batch_set_v1(keys, src) == [False] * 3
+    assert backend.batch_get(keys, [pool.get_dummy_flat_data_page() for _ in keys]) == [None] * 3
+    assert not backend.batch_set(keys, [pool.get_data_page(int(src[0]))] * 3)
+    st = backend.counters()
+    assert st["get_failed"] == 6 and st["set_failed"] == 6
+    backend.close()
