@@ -356,3 +356,28 @@ def test_a_stopped_daemon_answers_failed_pages_not_exceptions(daemon):
     st = backend.counters()
     assert st["get_failed"] == 6 and st["set_failed"] == 6
     backend.close()
+
+
+def test_many_pages_in_sglang_batches_of_128(daemon):
+    """300 pages: the controller's backup, hit query and prefetch go 128 pages
+    a call, with prefix_keys growing; a page deleted in the third batch ends
+    the hit there, and the prefetch loads exactly the pages before it."""
+    n = 300
+    backend, pool = backend_for(daemon, size_pages=2 * n + 8)
+    ctl = sglang_shim.Controller(backend, pool, True)
+    g = torch.Generator().manual_seed(5)
+    tokens = torch.randint(0, 500, (n * T + 3,), generator=g).tolist()
+    hashes = sglang_shim.get_hash_str(tokens, None, T)
+    src = pool.alloc(n * T)
+    data = fill(pool, src, 13)
+    assert ctl.page_backup(hashes, src, prefix_keys=["x"]) == n * T
+    assert len(ctl.hit_query(tokens)) == n
+    backend.client.delete([page_key(hashes[260])])
+    hit = ctl.hit_query(tokens)
+    assert len(hit) == 260
+    dst = pool.alloc(n * T)
+    assert ctl.page_transfer(hit, dst) == 260
+    assert [len(r) for r in ctl.get_results] == [128, 128, 4]
+    for i in (0, 127, 128, 259):
+        assert same(page_data(pool, int(dst[i * T]) // T), data[i])
+    backend.close()
