@@ -52,7 +52,9 @@ Extra config keys: socket (default $KVCACHED_SOCKET, else
 /run/kvcached/kvcached.sock), tenant ("default"), salt (a string), group
 (the TP group's name; default one per model, DP rank and PP rank when
 tp_size > 1), prio (0..255, the stored blocks' priority, default 128),
-verify (default true), timeout_ms.
+verify (default true), timeout_ms, reconnect_s (default 1: after the daemon
+went away, how often a call tries to open the session again; meanwhile
+every page is answered as failed).
 
 Engine hints: SGLang's HiCacheStorage interface does not tell a backend
 when a request or session ends (no callback; the controller's
@@ -68,6 +70,7 @@ time, so the calls are serialised on a lock.
 from __future__ import annotations
 
 import ctypes
+import errno
 import hashlib
 import logging
 import threading
@@ -88,6 +91,9 @@ from .paged import PagedKV, PagedLayout, dtype_name
 
 KV_EEXISTS = CODES["KV_EEXISTS"]
 KV_ECORRUPT = CODES["KV_ECORRUPT"]
+# a session the daemon is gone from (stopped, restarted)
+_LOST = {-errno.EPIPE, -errno.ECONNRESET, -errno.ENOTCONN, -errno.ECONNREFUSED, -errno.ENOENT,
+         -errno.EBADF}
 
 logger = logging.getLogger(__name__)
 
@@ -122,6 +128,8 @@ class KvcachedStorage(HiCacheStorage):
         self.prio = int(x.get("prio", 128))
         self.verify = bool(x.get("verify", True))
         self.timeout_ms = int(x.get("timeout_ms", 0))
+        self.reconnect_s = float(x.get("reconnect_s", 1.0))
+        self._lost, self._tried = False, 0.0
         c = storage_config
         salt = [str(x.get("salt", "")), c.model_name or ""]
         if c.pp_size > 1:
@@ -143,7 +151,7 @@ class KvcachedStorage(HiCacheStorage):
         self.stats = {"exists_calls": 0, "exists_pages": 0, "exists_hits": 0,
                       "get_pages": 0, "get_ok": 0, "get_missing": 0, "get_corrupt": 0,
                       "get_failed": 0, "set_pages": 0, "set_stored": 0, "set_existed": 0,
-                      "set_failed": 0, "get_seconds": 0.0, "set_seconds": 0.0}
+                      "set_failed": 0, "get_seconds": 0.0, "set_seconds": 0.0, "reconnects": 0}
         # SGLang's StorageMetrics samples since the last get_stats()
         self._samples = {"prefetch_pgs": [], "backup_pgs": [], "prefetch_bandwidth": [],
                          "backup_bandwidth": []}
@@ -174,14 +182,19 @@ class KvcachedStorage(HiCacheStorage):
         else:
             layout = PagedLayout.sglang_host(buf, pool.layout, P, mla=mla)
             cl = layout.client_layout(1, self.tp[0], self.tp[1])
-        client = Client(self.socket, tenant=self.tenant, layout=cl, salt=self.salt,
-                        group=self.group, timeout_ms=self.timeout_ms, g1=False)
         with self._lock:
-            if self.client is not None:
-                self.client.close()
-            self.client, self.layout, self.block_bytes = client, layout, cl.block_bytes
-            self.pk = (PagedKV(client, layout, pages_per_block=1, verify=self.verify)
-                       if layout is not None else None)
+            self.layout, self.client_layout, self.block_bytes = layout, cl, cl.block_bytes
+            self._open()
+
+    def _open(self) -> None:
+        """(Re)opens the session (under the lock)."""
+        client = Client(self.socket, tenant=self.tenant, layout=self.client_layout,
+                        salt=self.salt, group=self.group, timeout_ms=self.timeout_ms, g1=False)
+        if self.client is not None:
+            self.client.close()
+        self.client = client
+        self.pk = (PagedKV(client, self.layout, pages_per_block=1, verify=self.verify)
+                   if self.layout is not None else None)
 
     def close(self) -> None:
         """Closes the session (SGLang calls it when the backend is detached)."""
@@ -191,10 +204,27 @@ class KvcachedStorage(HiCacheStorage):
             self.client = self.pk = None
 
     def _need(self) -> Client:
+        """The session (under the lock); a lost one is opened again first, at
+        most once per reconnect_s (a failed attempt leaves the dead session,
+        whose calls fail and are answered as failed pages)."""
         if self.client is None:
             raise RuntimeError("KvcachedStorage: no host pool registered "
                                "(register_mem_pool_host opens the session)")
+        if self._lost and time.monotonic() - self._tried >= self.reconnect_s:
+            self._tried = time.monotonic()
+            try:
+                self._open()
+                self._lost = False
+                self.stats["reconnects"] += 1
+                logger.warning("kvcached session opened again")
+            except KvError as e:
+                logger.warning("kvcached still unreachable: %s", e)
         return self.client
+
+    def _note(self, e: KvError) -> None:
+        """Marks the session lost when e says the daemon went away."""
+        if e.code in _LOST:
+            self._lost = True
 
     def _pages(self, host_indices, n: int) -> list[int]:
         """Host pool page ids of the n pages whose token slots are host_indices."""
@@ -225,6 +255,7 @@ class KvcachedStorage(HiCacheStorage):
                     if h < min(_lib.BATCH_MAX, len(kk) - lo):
                         break
             except KvError as e:  # an exception would end SGLang's prefetch thread
+                self._note(e)
                 logger.warning("kvcached lookup failed, answering %d pages: %s", hit, e)
             self.stats["exists_calls"] += 1
             self.stats["exists_pages"] += len(kk)
@@ -262,6 +293,7 @@ class KvcachedStorage(HiCacheStorage):
             out = c._load_raw(ka, m, G2)
         except KvError as e:
             logger.warning("kvcached load of %d pages failed: %s", m, e)
+            self._note(e)
             self.stats["get_failed"] += m
             return
         got = _blocks(out, m)  # [(status, tier, ptr, length)]
@@ -302,6 +334,7 @@ class KvcachedStorage(HiCacheStorage):
                 try:
                     c.release(pinned)
                 except KvError as e:  # the session's end drops them anyway
+                    self._note(e)
                     logger.warning("kvcached release failed: %s", e)
 
     def batch_set_v1(self, keys: List[str], host_indices,
@@ -334,6 +367,7 @@ class KvcachedStorage(HiCacheStorage):
             a = c.alloc(kk, parents=parents, prio=self.prio)
         except KvError as e:
             logger.warning("kvcached alloc of %d pages failed: %s", len(kk), e)
+            self._note(e)
             self.stats["set_failed"] += len(kk)
             return
         with a:
@@ -363,6 +397,7 @@ class KvcachedStorage(HiCacheStorage):
                 st = a.commit([j for j, _ in got])
             except KvError as e:
                 logger.warning("kvcached commit of %d pages failed: %s", len(got), e)
+                self._note(e)
                 self.stats["set_failed"] += len(got)
                 return
             for (j, _), s in zip(got, st):
@@ -451,6 +486,7 @@ class KvcachedStorage(HiCacheStorage):
                             self.stats["set_stored" if s == 0 else "set_existed"] += 1
             except KvError as e:
                 logger.warning("kvcached store of %d pages failed: %s", len(kk), e)
+                self._note(e)
             self.stats["set_failed"] += len(kk) - stored
         return stored == len(kk)
 
@@ -474,6 +510,7 @@ class KvcachedStorage(HiCacheStorage):
                 got = c.load([page_key(k) for k in keys])
             except KvError as e:
                 logger.warning("kvcached load of %d pages failed: %s", len(keys), e)
+                self._note(e)
                 self.stats["get_failed"] += len(keys)
                 return out
             with got:

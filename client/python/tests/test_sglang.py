@@ -381,3 +381,22 @@ def test_many_pages_in_sglang_batches_of_128(daemon):
     for i in (0, 127, 128, 259):
         assert same(page_data(pool, int(dst[i * T]) // T), data[i])
     backend.close()
+
+
+def test_the_session_comes_back_after_a_daemon_restart(daemon):
+    """After a restart the first call finds the session lost (a miss); the
+    next opens it again and the backend stores and loads as before."""
+    backend, pool = backend_for(daemon, reconnect_s=0)
+    keys = keys_of(2)
+    src = pool.alloc(2 * T)
+    data = fill(pool, src, 14)
+    assert backend.batch_set_v1(keys, src) == [True] * 2
+    daemon.restart()
+    assert backend.batch_exists(keys) == 0
+    assert backend.batch_set_v1(keys, src) == [True] * 2
+    assert backend.batch_exists(keys) == 2
+    dst = pool.alloc(2 * T)
+    assert backend.batch_get_v1(keys, dst) == [True] * 2
+    assert same(page_data(pool, int(dst[T]) // T), data[1])
+    assert backend.counters()["reconnects"] == 1
+    backend.close()
