@@ -1,0 +1,582 @@
+"""kvclient.sglang: kvcached as SGLang's HiCache storage backend (its L3).
+
+    python -m sglang.launch_server --model-path M --enable-hierarchical-cache \\
+        --hicache-mem-layout page_first_direct \\
+        --hicache-storage-backend dynamic \\
+        --hicache-storage-backend-extra-config '{"backend_name": "kvcached",
+            "module_path": "kvclient.sglang", "class_name": "KvcachedStorage",
+            "interface_v1": 1, "socket": "/run/kvcached/kvcached.sock", "tenant": "t"}'
+
+"interface_v1": 1 is what makes SGLang call the zero-copy batch_get_v1 /
+batch_set_v1 of a dynamic backend (without it SGLang uses the deprecated
+get/batch_get/batch_set on flat page copies, which work too).
+
+Interface followed (read, not run: SGLang cannot be installed here),
+sgl-project/sglang at commit 001067fffe33427bee0ed2f007fb7551a1d76b44:
+  - python/sglang/srt/mem_cache/hicache_storage.py: HiCacheStorage,
+    HiCacheStorageConfig, HiCacheStorageExtraInfo;
+  - python/sglang/srt/mem_cache/storage/backend_factory.py: the dynamic
+    backend is built as class(storage_config, kwargs), then
+    register_mem_pool_host(host_pool) is called;
+  - python/sglang/srt/managers/cache_controller.py: batch_exists over
+    batches of STORAGE_BATCH_SIZE (128) page keys, batch_get_v1 /
+    batch_set_v1 with host_indices = the token slots of those pages in the
+    host pool (len(keys) * page_size, page-aligned), prefix_keys in
+    extra_info, and close() on detach;
+  - the host pools (MHATokenToKVPoolHost, MLATokenToKVPoolHost;
+    memory_pool_host.py, now pool_host.py): kv_buffer, layout, page_size,
+    get_data_page / get_dummy_flat_data_page / set_from_flat_data_page.
+
+One SGLang page is one kvcached block, in the block format of
+kvclient.paged ([layers][K, V][page_tokens][heads][dim]; MLA: the latent
+vectors), so a block stored through batch_set_v1 from a layer_first host
+pool loads into a page_first_direct one, and into any engine using
+kvclient.paged with the same geometry. The key of a page is SGLang's page
+hash (a SHA-256 hex digest chained over the pages' token ids: 32 bytes),
+the parent of each page the page before it, so kvcached's LOOKUP answers
+batch_exists (consecutive hits from the start) and evicts chains from the
+end. Namespaces: HELLO's layout (geometry, dtype, TP rank and size: MLA
+pools, replicated on every rank, declare TP 1 so every rank reads rank
+0's blocks), the tenant, and a salt made of extra_config "salt", the
+model name and, when used, the PP and attention-CP rank.
+
+Fail closed: batch_get_v1 answers True for a page only when its block was
+found, passed its committed CRC (checked on the CPU in place before the
+copy, kvc_verify) and was copied into the host page; every other page is
+False, so SGLang's prefetch stops at it and recomputes. A block that fails
+its CRC is reported to the daemon (which checks its copy and drops it).
+batch_set_v1 answers True for a page stored now or already stored by
+another worker, False for one that could not be stored.
+
+Extra config keys: socket (default $KVCACHED_SOCKET, else
+/run/kvcached/kvcached.sock), tenant ("default"), salt (a string), group
+(the TP group's name; default one per model, DP rank and PP rank when
+tp_size > 1), prio (0..255, the stored blocks' priority, default 128),
+verify (default true), timeout_ms, reconnect_s (default 1: after the daemon
+went away, how often a call tries to open the session again; meanwhile
+every page is answered as failed).
+
+Engine hints: SGLang's HiCacheStorage interface does not tell a backend
+when a request or session ends (no callback; the controller's
+terminate_prefetch and the radix tree's frees stay inside SGLang), so no
+end-of-request hint reaches the daemon from here. set_priority(keys, prio)
+is there for an engine that does: it lowers (or raises) stored pages'
+priority through SET_PRIORITY.
+
+Threads: SGLang calls the backend from its prefetch, prefetch-IO and
+backup threads at once; one libkvclient handle is used by one thread at a
+time, so the calls are serialised on a lock.
+"""
+from __future__ import annotations
+
+import ctypes
+import errno
+import hashlib
+import logging
+import threading
+import time
+from typing import Any, List, Optional
+
+try:
+    from sglang.srt.mem_cache.hicache_storage import (HiCacheStorage, HiCacheStorageConfig,
+                                                      HiCacheStorageExtraInfo)
+except ImportError as e:  # noqa: F841 - named in the message
+    raise ImportError("kvclient.sglang needs SGLang (sglang.srt.mem_cache.hicache_storage "
+                      f"could not be imported: {e}); `import kvclient` works without it") from e
+
+from . import _lib
+from .client import G2, Client, Layout, _blocks
+from .errors import CODES, KvError
+from .paged import PagedKV, PagedLayout, dtype_name
+
+KV_EEXISTS = CODES["KV_EEXISTS"]
+KV_ECORRUPT = CODES["KV_ECORRUPT"]
+# a session the daemon is gone from (stopped, restarted)
+_LOST = {-errno.EPIPE, -errno.ECONNRESET, -errno.ENOTCONN, -errno.ECONNREFUSED, -errno.ENOENT,
+         -errno.EBADF}
+
+logger = logging.getLogger(__name__)
+
+__all__ = ["KvcachedStorage", "HiCacheStorageConfig", "HiCacheStorageExtraInfo", "page_key"]
+
+
+def page_key(key: str) -> bytes:
+    """The kvcached key of an SGLang page key: its SHA-256 digest's 32 bytes
+    (SGLang's get_hash_str), or the SHA-256 of any other string."""
+    if len(key) == 64:
+        try:
+            return bytes.fromhex(key)
+        except ValueError:
+            pass
+    return hashlib.sha256(key.encode()).digest()
+
+
+class KvcachedStorage(HiCacheStorage):
+    """SGLang's L3 in kvcached (see the module's docstring).
+
+    storage_config: SGLang's HiCacheStorageConfig (extra_config holds the
+    options); kwargs: what the factory passes (unused). The session opens
+    when SGLang registers its host pool (register_mem_pool_host), whose
+    layout decides the blocks' geometry.
+    """
+
+    def __init__(self, storage_config: HiCacheStorageConfig, kwargs: Optional[dict] = None):
+        self.config = storage_config
+        x = dict(storage_config.extra_config or {})
+        self.socket = x.get("socket")
+        self.tenant = str(x.get("tenant", "default"))
+        self.prio = int(x.get("prio", 128))
+        self.verify = bool(x.get("verify", True))
+        self.timeout_ms = int(x.get("timeout_ms", 0))
+        self.reconnect_s = float(x.get("reconnect_s", 1.0))
+        self._lost, self._tried = False, 0.0
+        c = storage_config
+        salt = [str(x.get("salt", "")), c.model_name or ""]
+        if c.pp_size > 1:
+            salt.append(f"pp{c.pp_rank}/{c.pp_size}")
+        if getattr(c, "attn_cp_size", 1) > 1:
+            salt.append(f"cp{c.attn_cp_rank}/{c.attn_cp_size}")
+        self.salt = "\0".join(salt).encode() if any(salt) else b""
+        self.replicated = bool(c.is_mla_model)
+        self.tp = (0, 1) if self.replicated else (c.tp_rank, c.tp_size)
+        group = x.get("group")
+        if group is None and self.tp[1] > 1:
+            group = f"sglang:{c.model_name or ''}:dp{getattr(c, 'dp_rank', 0)}:pp{c.pp_rank}"
+        self.group = group
+        self.client: Client | None = None
+        self.layout: PagedLayout | None = None
+        self.pk: PagedKV | None = None
+        self.mem_pool_host = None
+        self._lock = threading.Lock()
+        self.stats = {"exists_calls": 0, "exists_pages": 0, "exists_hits": 0,
+                      "get_pages": 0, "get_ok": 0, "get_missing": 0, "get_corrupt": 0,
+                      "get_failed": 0, "set_pages": 0, "set_stored": 0, "set_existed": 0,
+                      "set_failed": 0, "get_seconds": 0.0, "set_seconds": 0.0, "reconnects": 0}
+        # SGLang's StorageMetrics samples since the last get_stats()
+        self._samples = {"prefetch_pgs": [], "backup_pgs": [], "prefetch_bandwidth": [],
+                         "backup_bandwidth": []}
+
+    # --- life ------------------------------------------------------------------
+    def register_mem_pool_host(self, mem_pool_host) -> None:
+        """Opens the session for SGLang's host pool (MHATokenToKVPoolHost or
+        MLATokenToKVPoolHost; layer_first, page_first or page_first_direct)."""
+        super().register_mem_pool_host(mem_pool_host)
+        pool = mem_pool_host
+        buf = pool.kv_buffer
+        # MLA pools have no K/V axis: layer_first [L, tokens, 1, D],
+        # page_first [tokens, L, 1, D], page_first_direct [pages, L, P, 1, D]
+        mla = buf.dim() == {"layer_first": 4, "page_first": 4,
+                            "page_first_direct": 5}.get(pool.layout, -1)
+        self.mla = mla
+        self.page_tokens = P = int(pool.page_size)
+        if pool.layout == "page_first":
+            # one layer's page is not contiguous here: no kernel description
+            # (kvclient.paged), so pages are copied by torch, slot to page
+            layout = None
+            L = int(buf.shape[1] if mla else buf.shape[2])
+            H, D = (1, int(buf.shape[-1])) if mla else (int(buf.shape[3]), int(buf.shape[4]))
+            E = buf.element_size()
+            cl = Layout(block_bytes=(1 if mla else 2) * L * P * H * D * E, tokens_per_block=P,
+                        layers=L, kv_heads=H, head_dim=D, dtype=dtype_name(buf.dtype),
+                        tp_rank=self.tp[0], tp_size=self.tp[1])
+        else:
+            layout = PagedLayout.sglang_host(buf, pool.layout, P, mla=mla)
+            cl = layout.client_layout(1, self.tp[0], self.tp[1])
+        with self._lock:
+            self.layout, self.client_layout, self.block_bytes = layout, cl, cl.block_bytes
+            self._open()
+
+    def _open(self) -> None:
+        """(Re)opens the session (under the lock)."""
+        client = Client(self.socket, tenant=self.tenant, layout=self.client_layout,
+                        salt=self.salt, group=self.group, timeout_ms=self.timeout_ms, g1=False)
+        if self.client is not None:
+            self.client.close()
+        self.client = client
+        self.pk = (PagedKV(client, self.layout, pages_per_block=1, verify=self.verify)
+                   if self.layout is not None else None)
+
+    def close(self) -> None:
+        """Closes the session (SGLang calls it when the backend is detached)."""
+        with self._lock:
+            if self.client is not None:
+                self.client.close()
+            self.client = self.pk = None
+
+    def _need(self) -> Client:
+        """The session (under the lock); a lost one is opened again first, at
+        most once per reconnect_s (a failed attempt leaves the dead session,
+        whose calls fail and are answered as failed pages)."""
+        if self.client is None:
+            raise RuntimeError("KvcachedStorage: no host pool registered "
+                               "(register_mem_pool_host opens the session)")
+        if self._lost and time.monotonic() - self._tried >= self.reconnect_s:
+            self._tried = time.monotonic()
+            try:
+                self._open()
+                self._lost = False
+                self.stats["reconnects"] += 1
+                logger.warning("kvcached session opened again")
+            except KvError as e:
+                logger.warning("kvcached still unreachable: %s", e)
+        return self.client
+
+    def _note(self, e: KvError) -> None:
+        """Marks the session lost when e says the daemon went away."""
+        if e.code in _LOST:
+            self._lost = True
+
+    def _pages(self, host_indices, n: int) -> list[int]:
+        """Host pool page ids of the n pages whose token slots are host_indices."""
+        P = self.page_tokens
+        idx = host_indices.tolist() if hasattr(host_indices, "tolist") else list(host_indices)
+        if len(idx) < n * P:
+            raise ValueError(f"{len(idx)} host indices for {n} pages of {P} tokens")
+        pages = []
+        for i in range(n):
+            first = int(idx[i * P])
+            if first % P:
+                raise ValueError(f"host index {first} of page {i} is not page-aligned")
+            pages.append(first // P)
+        return pages
+
+    # --- the zero-copy interface -------------------------------------------------
+    def batch_exists(self, keys: List[str],
+                     extra_info: Optional[HiCacheStorageExtraInfo] = None) -> int:
+        """How many of keys, from the first, are stored (one LOOKUP per 4096)."""
+        kk = [page_key(k) for k in keys]
+        hit = 0
+        with self._lock:
+            c = self._need()
+            try:
+                for lo in range(0, len(kk), _lib.BATCH_MAX):
+                    h, _ = c.lookup(kk[lo:lo + _lib.BATCH_MAX])
+                    hit += h
+                    if h < min(_lib.BATCH_MAX, len(kk) - lo):
+                        break
+            except KvError as e:  # an exception would end SGLang's prefetch thread
+                self._note(e)
+                logger.warning("kvcached lookup failed, answering %d pages: %s", hit, e)
+            self.stats["exists_calls"] += 1
+            self.stats["exists_pages"] += len(kk)
+            self.stats["exists_hits"] += hit
+        return hit
+
+    def exists(self, key: str) -> bool:
+        return self.batch_exists([key]) == 1
+
+    def batch_get_v1(self, keys: List[str], host_indices,
+                     extra_info: Optional[HiCacheStorageExtraInfo] = None) -> List[bool]:
+        """Loads each page's block into its host page: LOAD, check, copy,
+        RELEASE. One boolean per page: True only for a page now in the pool."""
+        n = len(keys)
+        res = [False] * n
+        if n == 0:
+            return res
+        t0 = time.perf_counter()
+        pages = self._pages(host_indices, n)
+        kk = [page_key(k) for k in keys]
+        with self._lock:
+            c = self._need()
+            for lo in range(0, n, _lib.BATCH_MAX):
+                hi = min(lo + _lib.BATCH_MAX, n)
+                self._get_batch(c, kk[lo:hi], pages[lo:hi], res, lo)
+            self.stats["get_pages"] += n
+            self.stats["get_ok"] += sum(res)
+            self._sample("prefetch", sum(res), time.perf_counter() - t0)
+        return res
+
+    def _get_batch(self, c: Client, kk, pages, res, lo: int) -> None:
+        m = len(kk)
+        ka = _lib.keys_array(kk)
+        try:
+            out = c._load_raw(ka, m, G2)
+        except KvError as e:
+            logger.warning("kvcached load of %d pages failed: %s", m, e)
+            self._note(e)
+            self.stats["get_failed"] += m
+            return
+        got = _blocks(out, m)  # [(status, tier, ptr, length)]
+        bb = self.block_bytes
+        L = _lib.lib()
+        ok = []
+        try:
+            for j, (st, _, ptr, ln) in enumerate(got):
+                if st != 0:
+                    self.stats["get_missing" if st == CODES["KV_ENOTFOUND"] else "get_failed"] += 1
+                    continue
+                if ln < bb:
+                    self.stats["get_failed"] += 1
+                    continue
+                if self.verify:
+                    rc = L.kvc_verify(c._handle(), ctypes.byref(ka[j]),
+                                      ctypes.byref(out[j]))
+                    if rc != 0:
+                        self.stats["get_corrupt" if rc == KV_ECORRUPT else "get_failed"] += 1
+                        continue
+                ok.append(j)
+            if ok:
+                try:
+                    if self.pk is None:
+                        for j in ok:
+                            self._page_view(pages[j]).copy_(self._slot(got[j][2]))
+                    else:
+                        self.pk._into_pages([(G2, got[j][2]) for j in ok],
+                                            [pages[j] for j in ok], 0)
+                except KvError:
+                    self.stats["get_failed"] += len(ok)
+                    ok = []
+            for j in ok:
+                res[lo + j] = True
+        finally:  # every pin this LOAD took (a CRC report took its own)
+            pinned = [kk[j] for j in range(m) if out[j].status == 0]
+            if pinned:
+                try:
+                    c.release(pinned)
+                except KvError as e:  # the session's end drops them anyway
+                    self._note(e)
+                    logger.warning("kvcached release failed: %s", e)
+
+    def batch_set_v1(self, keys: List[str], host_indices,
+                     extra_info: Optional[HiCacheStorageExtraInfo] = None) -> List[bool]:
+        """Stores each host page as a block: ALLOC (parent: the page before;
+        for the first, the last of extra_info.prefix_keys), copy, COMMIT.
+        One boolean per page: True when the page is stored (by this call or
+        already by another worker)."""
+        n = len(keys)
+        res = [False] * n
+        if n == 0:
+            return res
+        t0 = time.perf_counter()
+        pages = self._pages(host_indices, n)
+        kk = [page_key(k) for k in keys]
+        prefix = extra_info.prefix_keys if extra_info is not None else None
+        parent = page_key(prefix[-1]) if prefix else None
+        with self._lock:
+            c = self._need()
+            for lo in range(0, n, _lib.BATCH_MAX):
+                hi = min(lo + _lib.BATCH_MAX, n)
+                parents = [kk[i - 1] if i else parent for i in range(lo, hi)]
+                self._set_batch(c, kk[lo:hi], parents, pages[lo:hi], res, lo)
+            self.stats["set_pages"] += n
+            self._sample("backup", sum(res), time.perf_counter() - t0)
+        return res
+
+    def _set_batch(self, c: Client, kk, parents, pages, res, lo: int) -> None:
+        try:
+            a = c.alloc(kk, parents=parents, prio=self.prio)
+        except KvError as e:
+            logger.warning("kvcached alloc of %d pages failed: %s", len(kk), e)
+            self._note(e)
+            self.stats["set_failed"] += len(kk)
+            return
+        with a:
+            got = []
+            for j, b in enumerate(a.blocks):
+                if b.status == KV_EEXISTS:
+                    res[lo + j] = True
+                    self.stats["set_existed"] += 1
+                elif b.ok:
+                    got.append((j, b))
+                else:
+                    self.stats["set_failed"] += 1
+            if not got:
+                return
+            try:
+                if self.pk is None:
+                    for j, b in got:
+                        self._slot(b.ptr).copy_(self._page_view(pages[j]))
+                else:
+                    self.pk._from_pages([b for _, b in got], [pages[j] for j, _ in got],
+                                        range(len(got)))
+            except KvError:
+                self.stats["set_failed"] += len(got)
+                a.abort()
+                return
+            try:
+                st = a.commit([j for j, _ in got])
+            except KvError as e:
+                logger.warning("kvcached commit of %d pages failed: %s", len(got), e)
+                self._note(e)
+                self.stats["set_failed"] += len(got)
+                return
+            for (j, _), s in zip(got, st):
+                if s == 0 or s == KV_EEXISTS:
+                    res[lo + j] = True
+                    self.stats["set_stored" if s == 0 else "set_existed"] += 1
+                else:
+                    self.stats["set_failed"] += 1
+
+    def _page_view(self, hp: int):
+        """Host page hp of a page_first pool, in the block's order (a view)."""
+        buf, P = self.mem_pool_host.kv_buffer, self.page_tokens
+        if self.mla:
+            return buf[hp * P:(hp + 1) * P].transpose(0, 1)      # [L, P, 1, D]
+        return buf[:, hp * P:(hp + 1) * P].permute(2, 0, 1, 3, 4)  # [L, 2, P, H, D]
+
+    def _slot(self, ptr: int):
+        """A G2 slot as a tensor of the page's block shape (no copy)."""
+        torch = _torch()
+        buf = self.mem_pool_host.kv_buffer
+        raw = (ctypes.c_uint8 * self.block_bytes).from_address(ptr)
+        t = torch.frombuffer(raw, dtype=torch.uint8).view(buf.dtype)
+        return t.view(tuple(self._page_view(0).shape))
+
+    # --- the generic interface (flat page copies) --------------------------------
+    def _block_view(self, flat):
+        """A view of one flat page (get_data_page / get_dummy_flat_data_page of
+        the registered host pool) in the block's order: MHA [layers, 2,
+        page_tokens, heads, dim], MLA [layers, page_tokens, 1, dim]."""
+        torch = _torch()
+        pool = self.mem_pool_host
+        buf = pool.kv_buffer
+        t = flat.contiguous() if not flat.is_contiguous() else flat
+        if t.dtype != buf.dtype:
+            t = t.view(torch.uint8).view(buf.dtype)
+        P = self.page_tokens
+        if self.mla:  # [L, tokens, 1, D] (layer_first), [tokens, L, 1, D] (page_first),
+            if pool.layout == "page_first_direct":  # [pages, L, P, 1, D]
+                L, rest = int(buf.shape[1]), tuple(buf.shape[3:])
+            elif pool.layout == "page_first":
+                L, rest = int(buf.shape[1]), tuple(buf.shape[2:])
+            else:
+                L, rest = int(buf.shape[0]), tuple(buf.shape[2:])
+            if pool.layout == "page_first":
+                return t.view(P, L, *rest).permute(1, 0, *range(2, 2 + len(rest)))
+            return t.view(L, P, *rest)
+        if pool.layout == "page_first_direct":  # [2, pages, L, P, H, D]
+            L, rest = int(buf.shape[2]), tuple(buf.shape[4:])
+            return t.view(2, L, P, *rest).transpose(0, 1)
+        if pool.layout == "page_first":         # [2, tokens, L, H, D]
+            L, rest = int(buf.shape[2]), tuple(buf.shape[3:])
+            return t.view(2, P, L, *rest).permute(2, 0, 1, 3, 4)
+        L, rest = int(buf.shape[1]), tuple(buf.shape[3:])  # layer_first [2, L, tokens, H, D]
+        return t.view(2, L, P, *rest).transpose(0, 1)
+
+    def set(self, key: str, value: Optional[Any] = None, target_location: Optional[Any] = None,
+            target_sizes: Optional[Any] = None) -> bool:
+        """Stores one flat page (the host pool's get_data_page)."""
+        return self.batch_set([key], [value])
+
+    def batch_set(self, keys: List[str], values: Optional[Any] = None,
+                  target_locations: Optional[Any] = None,
+                  target_sizes: Optional[Any] = None) -> bool:
+        """Stores flat pages; True when every page is stored (now or before)."""
+        torch = _torch()
+        kk = [page_key(k) for k in keys]
+        stored = 0
+        with self._lock:
+            c = self._need()
+            self.stats["set_pages"] += len(kk)
+            try:
+                with c.alloc(kk, parents=[kk[i - 1] if i else None for i in range(len(kk))],
+                             prio=self.prio) as a:
+                    todo = []
+                    for j, b in enumerate(a.blocks):
+                        if b.status == KV_EEXISTS:
+                            self.stats["set_existed"] += 1
+                            stored += 1
+                        elif b.ok:
+                            blk = self._block_view(values[j]).contiguous().view(torch.uint8)
+                            b.write(blk.numpy().tobytes())
+                            todo.append(j)
+                    for s in (a.commit(todo) if todo else []):
+                        if s in (0, KV_EEXISTS):
+                            stored += 1
+                            self.stats["set_stored" if s == 0 else "set_existed"] += 1
+            except KvError as e:
+                logger.warning("kvcached store of %d pages failed: %s", len(kk), e)
+                self._note(e)
+            self.stats["set_failed"] += len(kk) - stored
+        return stored == len(kk)
+
+    def get(self, key: str, target_location: Optional[Any] = None,
+            target_sizes: Optional[Any] = None):
+        """One page into target_location (a flat page of the host pool, as
+        get_dummy_flat_data_page makes); None when it is not stored or fails
+        its CRC."""
+        return self.batch_get([key], [target_location])[0]
+
+    def batch_get(self, keys: List[str], target_locations: Optional[Any] = None,
+                  target_sizes: Optional[Any] = None):
+        """Flat pages into target_locations (or new ones); None for each page
+        that is missing or failed its check."""
+        torch = _torch()
+        out = [None] * len(keys)
+        with self._lock:
+            c = self._need()
+            self.stats["get_pages"] += len(keys)
+            try:
+                got = c.load([page_key(k) for k in keys])
+            except KvError as e:
+                logger.warning("kvcached load of %d pages failed: %s", len(keys), e)
+                self._note(e)
+                self.stats["get_failed"] += len(keys)
+                return out
+            with got:
+                for j, b in enumerate(got.blocks):
+                    if not b.ok:
+                        self.stats["get_missing" if b.status == CODES["KV_ENOTFOUND"]
+                                   else "get_failed"] += 1
+                        continue
+                    try:
+                        data = b.read()  # a verified copy
+                    except KvError as e:
+                        self.stats["get_corrupt" if e.code == KV_ECORRUPT else "get_failed"] += 1
+                        continue
+                    dst = (target_locations[j] if target_locations is not None
+                           else self.mem_pool_host.get_dummy_flat_data_page())
+                    view = self._block_view(dst)
+                    src = torch.frombuffer(bytearray(data[:self.block_bytes]), dtype=torch.uint8)
+                    view.copy_(src.view(view.dtype).view(tuple(view.shape)))
+                    out[j] = dst
+                    self.stats["get_ok"] += 1
+        return out
+
+    # --- the rest -------------------------------------------------------------------
+    def set_priority(self, keys: List[str], prio: int) -> List[int]:
+        """Stored pages' eviction priority (0..255, lower goes first): the
+        hint an engine gives when a request or session ends. Per-key statuses."""
+        with self._lock:
+            return self._need().set_priority([page_key(k) for k in keys], prio)
+
+    def clear(self) -> None:
+        """Deletes every block of this backend's namespace (pinned blocks stay)."""
+        with self._lock:
+            self._need().delete()
+
+    def _sample(self, what: str, pages: int, seconds: float) -> None:
+        self.stats[("get" if what == "prefetch" else "set") + "_seconds"] += seconds
+        if self.config.enable_storage_metrics:
+            self._samples[what + "_pgs"].append(pages)
+            self._samples[what + "_bandwidth"].append(
+                pages * self.block_bytes / max(seconds, 1e-9) / 1e9)
+
+    def counters(self) -> dict:
+        """Counters since start: pages asked, found, loaded, missing, corrupt,
+        stored, already stored, failed, and seconds spent in get/set."""
+        with self._lock:
+            return dict(self.stats)
+
+    def get_stats(self):
+        """With --enable-hicache-storage-metrics: SGLang's StorageMetrics (pages
+        and GB/s of each batch_get_v1 / batch_set_v1 since the last call),
+        which its metrics collector requires. Otherwise counters()."""
+        if self.config.enable_storage_metrics:
+            try:
+                from sglang.srt.metrics.collector import StorageMetrics
+            except ImportError:
+                StorageMetrics = None
+            if StorageMetrics is not None:
+                m = StorageMetrics()
+                with self._lock:
+                    for k, v in self._samples.items():
+                        getattr(m, k).extend(v)
+                        v.clear()
+                return m
+        return self.counters()
+
+
+def _torch():
+    import torch
+    return torch
