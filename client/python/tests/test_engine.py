@@ -52,17 +52,23 @@ def cache_pages(n):
     return -(-n // T)
 
 
-def worker(tmp, daemon, **spec):
-    """Runs engine_worker.py in a process of its own; its result dict."""
-    spec = {"socket": daemon.socket, "preset": "tiny", "page_tokens": T, "new_tokens": NEW, **spec}
+def run_worker(tmp, script, spec, timeout=120):
+    """Runs tests/SCRIPT SPEC.json OUT.pt in a process of its own (the
+    engine workers of this file, test_vllm and test_sglang); its result."""
     n = len(os.listdir(tmp))
     sp, out = os.path.join(tmp, f"spec{n}.json"), os.path.join(tmp, f"out{n}.pt")
     with open(sp, "w") as f:
         json.dump(spec, f)
-    r = subprocess.run([sys.executable, os.path.join(HERE, "engine_worker.py"), sp, out],
-                       capture_output=True, text=True, timeout=120)
+    r = subprocess.run([sys.executable, os.path.join(HERE, script), sp, out],
+                       capture_output=True, text=True, timeout=timeout)
     assert r.returncode == 0, r.stdout + r.stderr
     return torch.load(out)
+
+
+def worker(tmp, daemon, **spec):
+    """Runs engine_worker.py in a process of its own; its result dict."""
+    spec = {"socket": daemon.socket, "preset": "tiny", "page_tokens": T, "new_tokens": NEW, **spec}
+    return run_worker(tmp, "engine_worker.py", spec)
 
 
 def rel(a, b):

@@ -13,7 +13,6 @@ hashes; batch_get_v1 / batch_set_v1 with the host pool's token indices
 get/batch_get/batch_set when "interface_v1" is off. What was not run: the
 backend inside a real SGLang server.
 """
-import json
 import os
 import subprocess
 import sys
@@ -23,7 +22,7 @@ import pytest
 torch = pytest.importorskip("torch")
 
 from conftest import HERE  # noqa: E402
-from test_engine import NEW, PREFIX, T, prompt, recompute, rel  # noqa: E402
+from test_engine import NEW, PREFIX, T, assert_exact, prompt, recompute, rel, run_worker  # noqa: E402
 
 import sglang_shim  # noqa: E402
 
@@ -38,20 +37,7 @@ CFG_L, CFG_H, CFG_D = 2, 2, 32   # the tiny preset's layers, KV heads, head dim
 def sg_worker(tmp, daemon, **spec):
     """Runs sglang_worker.py in a process of its own; its result dict."""
     spec = {"socket": daemon.socket, "page_tokens": T, "new_tokens": NEW, **spec}
-    n = len(os.listdir(tmp))
-    sp, out = os.path.join(tmp, f"spec{n}.json"), os.path.join(tmp, f"out{n}.pt")
-    with open(sp, "w") as f:
-        json.dump(spec, f)
-    r = subprocess.run([sys.executable, os.path.join(HERE, "sglang_worker.py"), sp, out],
-                       capture_output=True, text=True, timeout=120)
-    assert r.returncode == 0, r.stdout + r.stderr
-    return torch.load(out)
-
-
-def assert_exact(res, p):
-    ref_logits, ref_tokens = recompute(p)
-    assert rel(res["logits"], ref_logits) < 1e-5
-    assert res["tokens"] == ref_tokens
+    return run_worker(tmp, "sglang_worker.py", spec)
 
 
 @pytest.fixture
