@@ -401,3 +401,110 @@ def test_load_after_vllms_own_prefix_hit_leaves_its_blocks_alone(daemon, work):
         assert bool((kv[:, table[:2]] == 7.0).all())
         assert torch.allclose(kv[:, table[2:PREFIX // T]], rkv[:, 2:PREFIX // T], rtol=1e-5,
                               atol=1e-6)
+
+
+def _nan_layers(eng, table, lo, hi):
+    """Per layer: whether its pages table[lo:hi] still hold the shim's NaN poison
+    (None: partly)."""
+    out = []
+    for kv in eng.cache.kv:
+        nan = torch.isnan(kv[:, table[lo:hi]])
+        out.append(True if bool(nan.all()) else False if not bool(nan.any()) else None)
+    return out
+
+
+def _finish_step(eng, out):
+    """The rest of vLLM's step after the worker connector's loads: the
+    forward (every layer already copied), wait_for_save, get_finished,
+    get_block_ids_with_load_errors, update."""
+    w = eng.worker_conn
+    sampled = {}
+    for rid, n in out.num_scheduled_tokens.items():
+        req = eng.requests[rid]
+        start = req.num_computed_tokens
+        for l in range(len(eng.layer_names)):
+            eng._check_layer(l, eng.tables[rid], start)
+        sampled[rid] = eng.model.prefill(eng.cache, eng.tables[rid],
+                                         req.all_token_ids[:start + n], start=start)
+    w.wait_for_save()
+    sending, recving = w.get_finished(out.finished_req_ids)
+    kv = vllm_shim.KVConnectorOutput(sending, recving, w.get_block_ids_with_load_errors())
+    w.clear_connector_metadata()
+    eng.update(out, sampled, kv)
+    return kv
+
+
+@pytest.mark.parametrize("ppb", [1, 2])
+def test_layers_are_copied_one_at_a_time_and_pins_go_after_the_last(daemon, work, ppb):
+    """load_async false, the worker's calls made by hand in vLLM's order:
+    start_load_kv verifies and pins the blocks and copies nothing;
+    wait_for_layer_load(layer l) fills layer l's pages of every loaded
+    block and no other layer's; the pins are released right after the last
+    layer (before wait_for_save); the output is exact."""
+    tpb = ppb * T
+    engine_proc(work, daemon, [["a", prompt(1), None]], tokens_per_block=tpb)
+    eng = engine(daemon, load_async=False, tokens_per_block=tpb)
+    p = prompt(2)
+    eng.add(vllm_shim.Request("b", p, NEW))
+    out = eng.schedule()
+    (load,) = out.kv_connector_metadata.loads
+    nblk = PREFIX // tpb
+    assert not load.is_async and (load.start, load.end) == (0, nblk)
+    table = list(eng.tables["b"])
+    w = eng.worker_conn
+    w.bind_connector_metadata(out.kv_connector_metadata)
+    w.start_load_kv(vllm_shim.ForwardContext())
+    L = len(eng.layer_names)
+    assert _nan_layers(eng, table, 0, nblk * ppb) == [True] * L  # nothing copied yet
+    assert daemon.metric("kvcached_pinned_blocks") == nblk
+    assert w.stats["layerwise_blocks"] == nblk
+    for l, name in enumerate(eng.layer_names):
+        w.wait_for_layer_load(name)
+        assert _nan_layers(eng, table, 0, nblk * ppb) == [False] * (l + 1) + [True] * (L - l - 1)
+        w.wait_for_layer_load(name)  # a second forward of the step: nothing more
+        assert daemon.metric("kvcached_pinned_blocks") == (0 if l == L - 1 else nblk)
+    kv = _finish_step(eng, out)
+    assert not kv.invalid_block_ids
+    eng.run()
+    assert rel(eng.first_logits["b"], recompute(p)[0]) < 1e-5
+    assert eng.requests["b"].output_token_ids == recompute(p)[1]
+    assert daemon.metric("kvcached_pinned_blocks") == 0
+
+
+def test_forward_calls_each_layer_in_order_between_load_and_save(daemon, work):
+    """Through the shim's forward: per layer wait_for_layer_load, then
+    save_kv_layer, in layer order (vLLM's maybe_transfer_kv_layer), and
+    each layer found its prefix in its pages (the shim checks it)."""
+    engine_proc(work, daemon, [["a", prompt(1), None]])
+    eng = engine(daemon, load_async=False)
+    eng.add(vllm_shim.Request("b", prompt(2), NEW))
+    eng.step()
+    want = [(k, n) for n in eng.layer_names for k in ("load", "save")]
+    assert eng.layer_calls == want
+    assert eng.worker_conn.stats["layerwise_blocks"] == PREFIX // T
+    assert daemon.metric("kvcached_pinned_blocks") == 0
+
+
+def test_a_failed_block_is_never_partly_copied(daemon, work):
+    """Block 2 fails its CRC in start_load_kv: blocks 0 and 1 are copied
+    layer by layer, block 2 and after never (their pages keep the poison in
+    every layer) and every one of them is reported; no pin is left."""
+    engine_proc(work, daemon, [["a", prompt(1), None]])
+    scale_block_2(daemon)
+    eng = engine(daemon, load_async=False)
+    p = prompt(2)
+    eng.add(vllm_shim.Request("b", p, NEW))
+    out = eng.schedule()
+    table = list(eng.tables["b"])
+    w = eng.worker_conn
+    w.bind_connector_metadata(out.kv_connector_metadata)
+    w.start_load_kv(vllm_shim.ForwardContext())
+    assert daemon.metric("kvcached_pinned_blocks") == 2
+    for name in eng.layer_names:
+        w.wait_for_layer_load(name)
+    L = len(eng.layer_names)
+    assert _nan_layers(eng, table, 0, 2) == [False] * L
+    assert _nan_layers(eng, table, 2, PREFIX // T) == [True] * L
+    assert daemon.metric("kvcached_pinned_blocks") == 0
+    assert w.get_block_ids_with_load_errors() == set(table[2:PREFIX // T])
+    w.clear_connector_metadata()
