@@ -33,9 +33,22 @@ Worker side (one Client per worker, opened at register_kv_caches):
   register_kv_caches  the per-layer caches ([2, blocks, block_size, heads,
       dim], or [blocks, 2, ...]) as a kvclient.paged.PagedLayout.
   start_load_kv       LOAD (into G1 when "load_tier" is "g1" and this
-      process has the pool, else G2), verify, scatter, RELEASE: every
-      layer at once (a kvcached block holds all layers of its pages), so
-      wait_for_layer_load has nothing left to wait for.
+      process has the pool, else G2) and verify (the CRC covers the whole
+      block: checked before anything is copied); the verified blocks stay
+      pinned, nothing is copied yet. Where the layers cannot be copied one
+      at a time (CUDA caches with g2_path "stage") it scatters whole blocks
+      and RELEASEs them, as a connector without layer-wise loading would.
+  wait_for_layer_load layer_name's part of every pinned block into that
+      layer's cache (kvclient.paged.PagedKV.layer_into_pages: a block is,
+      per page, [layers][2][tokens][heads][dim], so one layer's part is a
+      contiguous range); vLLM calls it as each attention layer starts
+      (vllm/attention/utils/kv_transfer_utils.py, maybe_transfer_kv_layer),
+      so the copy of a layer overlaps the layers computed before it. The
+      layer's index is its place in register_kv_caches' dict. After the
+      last layer: RELEASE. Layers not reached by a forward (or a step with
+      none: an asynchronous load alone) are copied by wait_for_save, or
+      get_finished, before the load is reported done. A block that failed
+      is never copied, not even one layer of it.
   save_kv_layer       nothing: a block holds every layer, so
   wait_for_save       stores the step's blocks once the forward wrote them:
       ALLOC, gather, COMMIT; a block another worker stored is counted.
