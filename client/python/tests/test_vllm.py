@@ -6,7 +6,9 @@ vLLM cannot be installed here. These tests follow vllm-project/vllm main
 (commit 003df29; the connector API of vLLM 0.11-0.12):
 vllm/distributed/kv_transfer/kv_connector/v1/base.py (the base class,
 stood in for by vllm_shim.install()), vllm/v1/core/sched/scheduler.py and
-vllm/v1/worker/kv_connector_model_runner_mixin.py (the call sequence:
+vllm/v1/worker/kv_connector_model_runner_mixin.py and
+vllm/attention/utils/kv_transfer_utils.py (the call sequence, down to
+wait_for_layer_load and save_kv_layer around each attention layer:
 vllm_shim.Engine). What they do not cover: a run inside the real vLLM (its
 attention backends, CUDA graphs, several workers of one TP group).
 """
