@@ -557,3 +557,35 @@ def test_layer_into_pages_is_the_whole_block_copy_layer_by_layer(daemon, kind, p
                 assert changed == [i == l for i in range(len(tensors))]
     for a, b in zip(whole, tensors):
         assert torch.equal(a.view(torch.uint8), b.view(torch.uint8))
+
+
+def test_async_load_is_copied_during_another_requests_forward(daemon, work):
+    """An asynchronous load in a step that runs another request: its
+    layers are copied as that request's forward reaches them, its pins go
+    after the last layer (before wait_for_save), it is reported in
+    get_finished's second set, and both outputs are exact."""
+    engine_proc(work, daemon, [["a", prompt(1), None]])
+    eng = engine(daemon, num_pages=32)
+    other = list(reversed(prompt(3)))  # shares no block with prompt(1)
+    eng.add(vllm_shim.Request("c", other, NEW))
+    eng.add(vllm_shim.Request("b", prompt(2), NEW))
+    w = eng.worker_conn
+    seen = []
+    orig = w.wait_for_save
+
+    def wait_for_save():
+        seen.append(daemon.metric("kvcached_pinned_blocks"))
+        return orig()
+    w.wait_for_save = wait_for_save
+    out, kv = eng.step()
+    assert set(out.num_scheduled_tokens) == {"c"}
+    assert [ld.req_id for ld in out.kv_connector_metadata.loads] == ["b"]
+    assert kv.finished_recving == {"b"} and not kv.invalid_block_ids
+    assert w.stats["layerwise_blocks"] == PREFIX // T
+    assert seen == [0]  # released when c's forward passed the last layer
+    assert [k for k, _ in eng.layer_calls] == ["load", "save"] * len(eng.layer_names)
+    eng.run()
+    for rid, p in (("b", prompt(2)), ("c", other)):
+        assert rel(eng.first_logits[rid], recompute(p)[0]) < 1e-5
+        assert eng.requests[rid].output_token_ids == recompute(p)[1]
+    assert daemon.metric("kvcached_pinned_blocks") == 0
