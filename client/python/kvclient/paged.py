@@ -126,6 +126,26 @@ class PagedLayout:
             raise ValueError(f"layout rejected by libkvclient (kvc_page_block_bytes = {got}, "
                              f"expected {self.page_block_bytes}): strides or sizes are off")
 
+    def layer_kernel(self, layer: int):
+        """(kernel layout, kernel bases, byte offset in a page block) of model
+        layer `layer` alone: its part of each page of a block is one
+        contiguous range (cuda/kernels.h's page block is [layers][2][...]),
+        so one layer can be copied by itself (PagedKV.layer_into_pages)."""
+        if not 0 <= layer < self.model_layers:
+            raise ValueError(f"layer {layer} outside 0..{self.model_layers - 1}")
+        cache = self.__dict__.setdefault("_layer_c", {})
+        if layer not in cache:
+            k = len(self.bases) // self.model_layers  # kernel layers per model layer (1, or 2: K, V apart)
+            c = self.c
+            lc = _lib.KvcPageLayout(k, c.page_tokens, c.kv_heads, c.head_dim, c.elem_bytes,
+                                    c.num_pages, c.page_stride, c.kv_stride)
+            bases = (ctypes.c_void_p * k)(*self.bases[layer * k:(layer + 1) * k])
+            got = int(_lib.lib().kvc_page_block_bytes(ctypes.byref(lc)))
+            if got != 2 * self.half_bytes:
+                raise ValueError(f"layer {layer}: kernel layout of {got} B, want {2 * self.half_bytes}")
+            cache[layer] = (lc, bases, layer * 2 * self.half_bytes)
+        return cache[layer]
+
     @property
     def mem(self) -> int:
         return MEM_CUDA if self.device.type == "cuda" else MEM_HOST
@@ -399,7 +419,7 @@ class PagedKV:
                 ptrs.append(bp + q * pb)
         return pids, ptrs
 
-    def _kern(self, scatter: bool, pids: list[int], ptrs: list[int], mem: int):
+    def _kern(self, scatter: bool, pids: list[int], ptrs: list[int], mem: int, kl=None):
         n = len(pids)
         if n == 0:
             return
@@ -407,8 +427,8 @@ class PagedKV:
         ba = (ctypes.c_void_p * n)(*ptrs)
         fn = self._L.kvc_pages_scatter if scatter else self._L.kvc_pages_gather
         stream = self._stream() if mem == MEM_CUDA else None
-        rc = fn(self.client._handle(), ctypes.byref(self.layout.c), self.layout._bases_c, pa, ba, n,
-                mem, stream)
+        lc, bases = kl if kl is not None else (self.layout.c, self.layout._bases_c)
+        rc = fn(self.client._handle(), ctypes.byref(lc), bases, pa, ba, n, mem, stream)
         if rc < 0:
             detail = self._L.kvc_cuda_error().decode("utf-8", "replace") if mem == MEM_CUDA else ""
             raise KvError(rc, "scatter" if scatter else "gather", detail)
@@ -446,6 +466,28 @@ class PagedKV:
         # reaches in place through the registered mapping
         pids, ptrs = self._page_ptrs([p for _, p in blocks], page_ids, idx)
         self._kern(True, pids, ptrs, MEM_CUDA)
+
+    def can_copy_layers(self, blocks) -> bool:
+        """Whether blocks [(tier, ptr)] can go into the pages one layer at a
+        time (layer_into_pages): on the host, or on CUDA where the kernel
+        reads them in place (G1, or G2 with g2_path "direct"); a G2 block
+        staged through the device buffer is copied whole."""
+        return not self._cuda() or self.g2_path == "direct" or all(t == G1 for t, _ in blocks)
+
+    def layer_into_pages(self, blocks, page_ids, first: int, layer: int):
+        """Scatter model layer `layer` of blocks [(tier, ptr)] (consecutive
+        from sequence block `first`, block i into pages page_ids[i*ppb ..
+        (i+1)*ppb)) into that layer's pages; the other layers are left
+        alone. Asynchronous on CUDA (the current stream, as the attention
+        that reads the layer): the blocks must stay pinned until _sync()."""
+        if not self.can_copy_layers(blocks):
+            raise ValueError("blocks staged through the device buffer are copied whole")
+        if not self._cuda() and any(t != G2 for t, _ in blocks):
+            raise KvError(-errno.EINVAL, "load", "a G1 block for an engine on the CPU")
+        lc, bases, off = self.layout.layer_kernel(layer)
+        idx = range(first, first + len(blocks))
+        pids, ptrs = self._page_ptrs([p for _, p in blocks], page_ids, idx)
+        self._kern(True, pids, [p + off for p in ptrs], self.layout.mem, (lc, bases))
 
     def _from_pages(self, blocks, page_ids, idx):
         """Gather pages into the allocated blocks (block j is sequence block idx[j])."""

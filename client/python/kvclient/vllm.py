@@ -33,9 +33,22 @@ Worker side (one Client per worker, opened at register_kv_caches):
   register_kv_caches  the per-layer caches ([2, blocks, block_size, heads,
       dim], or [blocks, 2, ...]) as a kvclient.paged.PagedLayout.
   start_load_kv       LOAD (into G1 when "load_tier" is "g1" and this
-      process has the pool, else G2), verify, scatter, RELEASE: every
-      layer at once (a kvcached block holds all layers of its pages), so
-      wait_for_layer_load has nothing left to wait for.
+      process has the pool, else G2) and verify (the CRC covers the whole
+      block: checked before anything is copied); the verified blocks stay
+      pinned, nothing is copied yet. Where the layers cannot be copied one
+      at a time (CUDA caches with g2_path "stage") it scatters whole blocks
+      and RELEASEs them, as a connector without layer-wise loading would.
+  wait_for_layer_load layer_name's part of every pinned block into that
+      layer's cache (kvclient.paged.PagedKV.layer_into_pages: a block is,
+      per page, [layers][2][tokens][heads][dim], so one layer's part is a
+      contiguous range); vLLM calls it as each attention layer starts
+      (vllm/attention/utils/kv_transfer_utils.py, maybe_transfer_kv_layer),
+      so the copy of a layer overlaps the layers computed before it. The
+      layer's index is its place in register_kv_caches' dict. After the
+      last layer: RELEASE. Layers not reached by a forward (or a step with
+      none: an asynchronous load alone) are copied by wait_for_save, or
+      get_finished, before the load is reported done. A block that failed
+      is never copied, not even one layer of it.
   save_kv_layer       nothing: a block holds every layer, so
   wait_for_save       stores the step's blocks once the forward wrote them:
       ALLOC, gather, COMMIT; a block another worker stored is counted.
@@ -116,6 +129,16 @@ class KvcachedConnectorMetadata(KVConnectorMetadata):
 
 
 @dataclass
+class _PendingCopy:
+    """Verified blocks of one LOAD, pinned, waiting for their layers."""
+    req_id: str
+    blocks: list           # [(tier, ptr)], sequence blocks first, first+1, ...
+    page_ids: list         # the request's engine blocks, from token 0
+    first: int
+    keys: list             # the pins to release once every layer is in
+
+
+@dataclass
 class _Tracker:
     """The scheduler's view of one request."""
     request: Any
@@ -178,8 +201,13 @@ class KvcachedConnector(KVConnectorBase_V1):
         self._recving: set = set()
         self._touched: set = set()      # requests whose blocks a load or save used
         self._load_errors: set = set()
+        self._layer_idx: dict = {}      # layer name -> layer index (kv_caches' order)
+        self._pending: list = []        # [_PendingCopy] of this step's loads
+        self._copied: set = set()       # layers of them already in the pages
+        self._cur_req = ""
         self.stats = {"lookups": 0, "hit_blocks": 0, "loaded_blocks": 0, "failed_blocks": 0,
-                      "saved_blocks": 0, "existed_blocks": 0, "save_failures": 0}
+                      "saved_blocks": 0, "existed_blocks": 0, "save_failures": 0,
+                      "layerwise_blocks": 0}
 
     # ============================== scheduler side ==============================
     def _scheduler_layout(self) -> Layout:
@@ -317,6 +345,9 @@ class KvcachedConnector(KVConnectorBase_V1):
 
     # ============================== worker side ==============================
     def register_kv_caches(self, kv_caches: dict):
+        # vLLM's dict is in layer order (the model runner builds it from the
+        # attention layers); wait_for_layer_load names a layer by its key
+        self._layer_idx = {name: i for i, name in enumerate(kv_caches)}
         caches = list(kv_caches.values())
         t = caches[0]
         layout = (PagedLayout.vllm(caches) if t.dim() == 5 and t.shape[0] == 2
@@ -338,9 +369,11 @@ class KvcachedConnector(KVConnectorBase_V1):
                            verify=self.verify)
 
     def start_load_kv(self, forward_context, **kwargs) -> None:
+        self._finish_loads()  # nothing is left from the last step; if it were, it goes now
         meta = self._get_connector_metadata()
         for spec in meta.loads:
             self._touched.add(spec.req_id)
+            self._cur_req = spec.req_id
             got = self._load(spec)
             self.stats["loaded_blocks"] += got - spec.start
             if got < spec.end:
@@ -375,6 +408,7 @@ class KvcachedConnector(KVConnectorBase_V1):
             return lo
         except KvError as e:  # the whole request failed: nothing was loaded
             log.warning("kvcached load of %s failed: %s", spec.req_id, e)
+            self._drop_pending(spec.req_id)
             return spec.start
 
     def _load_batch(self, keys, lo: int, hi: int, page_ids, tier: int, res: LoadResult) -> int:
@@ -385,27 +419,94 @@ class KvcachedConnector(KVConnectorBase_V1):
         out = c._load_raw(ka, hi - lo, tier)
         got = _blocks(out, hi - lo)
         n = next((j for j, g in enumerate(got) if g[0] != 0), len(got))
+        keep = 0  # leading pins kept for wait_for_layer_load
         try:
-            if pk.verify:
+            if pk.verify:  # the CRC covers the whole block: checked before any layer is copied
                 n = pk._verify(ka, out, got, n, lo, keys, page_ids, res)
-            if n:
-                pk._into_pages([(g[1], g[2]) for g in got[:n]], page_ids, lo)
+            blocks = [(g[1], g[2]) for g in got[:n]]
+            if n and self._layer_idx and pk.can_copy_layers(blocks):
+                self._pending.append(_PendingCopy(self._cur_req, blocks, page_ids, lo,
+                                                  keys[lo:lo + n]))
+                self.stats["layerwise_blocks"] += n
+                keep = n
+            elif n:
+                pk._into_pages(blocks, page_ids, lo)
                 pk._sync()
-        finally:  # every pin this LOAD took, used or not (a corrupt report took its own)
-            pinned = [keys[lo + j] for j in range(hi - lo) if out[j].status == 0]
-            if len(pinned) == hi - lo:
+        finally:  # every other pin this LOAD took, used or not (a corrupt report took its own)
+            pinned = [keys[lo + j] for j in range(keep, hi - lo) if out[j].status == 0]
+            if not keep and len(pinned) == hi - lo:
                 c._release_raw(ka, hi - lo)
             elif pinned:
                 c.release(pinned)
         return n
 
+    def _copy_layer(self, layer: int) -> None:
+        """Layer `layer` of every pending block into its pages; a copy that
+        fails reports its request's pending blocks (and drops them)."""
+        for pc in list(self._pending):
+            try:
+                self._pk.layer_into_pages(pc.blocks, pc.page_ids, pc.first, layer)
+            except KvError as e:
+                log.warning("kvcached: layer %d of request %s not copied: %s", layer,
+                            pc.req_id, e)
+                self._fail_pending(pc)
+        self._copied.add(layer)
+
+    def _fail_pending(self, pc: _PendingCopy, count: bool = True) -> None:
+        bad = pc.page_ids[pc.first * self.ppb:(pc.first + len(pc.blocks)) * self.ppb]
+        self._load_errors.update(int(b) for b in bad)
+        if count:
+            self.stats["failed_blocks"] += len(pc.blocks)
+            self.stats["loaded_blocks"] -= len(pc.blocks)
+        self._pending.remove(pc)
+        self._release([pc])
+
+    def _release(self, pcs) -> None:
+        keys = [k for pc in pcs for k in pc.keys]
+        if not keys:
+            return
+        self._pk._sync()  # the copies read the pinned blocks
+        try:
+            self._pk.client.release(keys)
+        except KvError as e:  # the session is gone: so are its pins
+            log.warning("kvcached release of %d blocks: %s", len(keys), e)
+
+    def _drop_pending(self, req_id: str) -> None:
+        """A request whose LOAD failed part way: its blocks already pending
+        are not used either (nothing of them was copied yet)."""
+        for pc in [pc for pc in self._pending if pc.req_id == req_id]:
+            self._fail_pending(pc, count=False)  # start_load_kv counts them
+
+    def _finish_loads(self) -> None:
+        """Every layer not yet copied, then the pins go: the step's forward
+        skipped some layers, or there was no forward (an asynchronous load
+        alone), before get_finished reports the load done."""
+        if self._pending:
+            for layer in range(len(self._layer_idx)):
+                if layer not in self._copied:
+                    self._copy_layer(layer)
+            pcs, self._pending = self._pending, []
+            self._release(pcs)
+        self._copied = set()
+
     def wait_for_layer_load(self, layer_name: str) -> None:
-        return  # start_load_kv brought every layer of every block
+        """Copies this layer of every block this step loads into the
+        layer's cache (vLLM calls it as each attention layer starts, before
+        it reads the cache); after the last layer the blocks' pins go."""
+        layer = self._layer_idx.get(layer_name)
+        if not self._pending or layer is None or layer in self._copied:
+            return
+        self._copy_layer(layer)
+        if len(self._copied) == len(self._layer_idx):
+            pcs, self._pending = self._pending, []
+            self._release(pcs)
+            self._copied = set()
 
     def save_kv_layer(self, layer_name: str, kv_layer, attn_metadata, **kwargs) -> None:
         return  # a kvcached block holds all layers: wait_for_save stores it whole
 
     def wait_for_save(self):
+        self._finish_loads()
         meta = self._get_connector_metadata()
         for spec in meta.saves:
             self._touched.add(spec.req_id)
@@ -420,6 +521,7 @@ class KvcachedConnector(KVConnectorBase_V1):
             self.stats["save_failures"] += len(r.failed)
 
     def get_finished(self, finished_req_ids: set):
+        self._finish_loads()  # a load is done when its last layer is in its pages
         # every step before this one has run here: what they loaded or saved
         # for a finished request is done, and its blocks may go
         sending = {r for r in finished_req_ids if r in self._touched}
@@ -428,10 +530,13 @@ class KvcachedConnector(KVConnectorBase_V1):
         return (sending or None), (recving or None)
 
     def get_block_ids_with_load_errors(self) -> set:
+        self._finish_loads()
         bad, self._load_errors = self._load_errors, set()
         return bad
 
     def shutdown(self):
+        if self._pending:
+            self._finish_loads()
         if self._client is not None:
             self._client.close()
             self._client = None

@@ -6,7 +6,9 @@ vLLM cannot be installed here. These tests follow vllm-project/vllm main
 (commit 003df29; the connector API of vLLM 0.11-0.12):
 vllm/distributed/kv_transfer/kv_connector/v1/base.py (the base class,
 stood in for by vllm_shim.install()), vllm/v1/core/sched/scheduler.py and
-vllm/v1/worker/kv_connector_model_runner_mixin.py (the call sequence:
+vllm/v1/worker/kv_connector_model_runner_mixin.py and
+vllm/attention/utils/kv_transfer_utils.py (the call sequence, down to
+wait_for_layer_load and save_kv_layer around each attention layer:
 vllm_shim.Engine). What they do not cover: a run inside the real vLLM (its
 attention backends, CUDA graphs, several workers of one TP group).
 """
@@ -23,7 +25,8 @@ torch = pytest.importorskip("torch")
 from conftest import HERE  # noqa: E402
 import vllm_shim  # noqa: E402
 from test_engine import CFG, NEW, PREFIX, T, prompt, recompute, rel, scale_block_2  # noqa: E402
-from kvclient import Client  # noqa: E402
+from kvclient import G2, Client  # noqa: E402
+from kvclient.paged import PagedKV, PagedLayout  # noqa: E402
 from kvclient.examples.llama import Llama, PagedKVCache  # noqa: E402
 
 
@@ -401,3 +404,188 @@ def test_load_after_vllms_own_prefix_hit_leaves_its_blocks_alone(daemon, work):
         assert bool((kv[:, table[:2]] == 7.0).all())
         assert torch.allclose(kv[:, table[2:PREFIX // T]], rkv[:, 2:PREFIX // T], rtol=1e-5,
                               atol=1e-6)
+
+
+def _nan_layers(eng, table, lo, hi):
+    """Per layer: whether its pages table[lo:hi] still hold the shim's NaN poison
+    (None: partly)."""
+    out = []
+    for kv in eng.cache.kv:
+        nan = torch.isnan(kv[:, table[lo:hi]])
+        out.append(True if bool(nan.all()) else False if not bool(nan.any()) else None)
+    return out
+
+
+def _finish_step(eng, out):
+    """The rest of vLLM's step after the worker connector's loads: the
+    forward (every layer already copied), wait_for_save, get_finished,
+    get_block_ids_with_load_errors, update."""
+    w = eng.worker_conn
+    sampled = {}
+    for rid, n in out.num_scheduled_tokens.items():
+        req = eng.requests[rid]
+        start = req.num_computed_tokens
+        for l in range(len(eng.layer_names)):
+            eng._check_layer(l, eng.tables[rid], start)
+        sampled[rid] = eng.model.prefill(eng.cache, eng.tables[rid],
+                                         req.all_token_ids[:start + n], start=start)
+    w.wait_for_save()
+    sending, recving = w.get_finished(out.finished_req_ids)
+    kv = vllm_shim.KVConnectorOutput(sending, recving, w.get_block_ids_with_load_errors())
+    w.clear_connector_metadata()
+    eng.update(out, sampled, kv)
+    return kv
+
+
+@pytest.mark.parametrize("ppb", [1, 2])
+def test_layers_are_copied_one_at_a_time_and_pins_go_after_the_last(daemon, work, ppb):
+    """load_async false, the worker's calls made by hand in vLLM's order:
+    start_load_kv verifies and pins the blocks and copies nothing;
+    wait_for_layer_load(layer l) fills layer l's pages of every loaded
+    block and no other layer's; the pins are released right after the last
+    layer (before wait_for_save); the output is exact."""
+    tpb = ppb * T
+    engine_proc(work, daemon, [["a", prompt(1), None]], tokens_per_block=tpb)
+    eng = engine(daemon, load_async=False, tokens_per_block=tpb)
+    p = prompt(2)
+    eng.add(vllm_shim.Request("b", p, NEW))
+    out = eng.schedule()
+    (load,) = out.kv_connector_metadata.loads
+    nblk = PREFIX // tpb
+    assert not load.is_async and (load.start, load.end) == (0, nblk)
+    table = list(eng.tables["b"])
+    w = eng.worker_conn
+    w.bind_connector_metadata(out.kv_connector_metadata)
+    w.start_load_kv(vllm_shim.ForwardContext())
+    L = len(eng.layer_names)
+    assert _nan_layers(eng, table, 0, nblk * ppb) == [True] * L  # nothing copied yet
+    assert daemon.metric("kvcached_pinned_blocks") == nblk
+    assert w.stats["layerwise_blocks"] == nblk
+    for l, name in enumerate(eng.layer_names):
+        w.wait_for_layer_load(name)
+        assert _nan_layers(eng, table, 0, nblk * ppb) == [False] * (l + 1) + [True] * (L - l - 1)
+        w.wait_for_layer_load(name)  # a second forward of the step: nothing more
+        assert daemon.metric("kvcached_pinned_blocks") == (0 if l == L - 1 else nblk)
+    kv = _finish_step(eng, out)
+    assert not kv.invalid_block_ids
+    eng.run()
+    assert rel(eng.first_logits["b"], recompute(p)[0]) < 1e-5
+    assert eng.requests["b"].output_token_ids == recompute(p)[1]
+    assert daemon.metric("kvcached_pinned_blocks") == 0
+
+
+def test_forward_calls_each_layer_in_order_between_load_and_save(daemon, work):
+    """Through the shim's forward: per layer wait_for_layer_load, then
+    save_kv_layer, in layer order (vLLM's maybe_transfer_kv_layer), and
+    each layer found its prefix in its pages (the shim checks it)."""
+    engine_proc(work, daemon, [["a", prompt(1), None]])
+    eng = engine(daemon, load_async=False)
+    eng.add(vllm_shim.Request("b", prompt(2), NEW))
+    eng.step()
+    want = [(k, n) for n in eng.layer_names for k in ("load", "save")]
+    assert eng.layer_calls == want
+    assert eng.worker_conn.stats["layerwise_blocks"] == PREFIX // T
+    assert daemon.metric("kvcached_pinned_blocks") == 0
+
+
+def test_a_failed_block_is_never_partly_copied(daemon, work):
+    """Block 2 fails its CRC in start_load_kv: blocks 0 and 1 are copied
+    layer by layer, block 2 and after never (their pages keep the poison in
+    every layer) and every one of them is reported; no pin is left."""
+    engine_proc(work, daemon, [["a", prompt(1), None]])
+    scale_block_2(daemon)
+    eng = engine(daemon, load_async=False)
+    p = prompt(2)
+    eng.add(vllm_shim.Request("b", p, NEW))
+    out = eng.schedule()
+    table = list(eng.tables["b"])
+    w = eng.worker_conn
+    w.bind_connector_metadata(out.kv_connector_metadata)
+    w.start_load_kv(vllm_shim.ForwardContext())
+    assert daemon.metric("kvcached_pinned_blocks") == 2
+    for name in eng.layer_names:
+        w.wait_for_layer_load(name)
+    L = len(eng.layer_names)
+    assert _nan_layers(eng, table, 0, 2) == [False] * L
+    assert _nan_layers(eng, table, 2, PREFIX // T) == [True] * L
+    assert daemon.metric("kvcached_pinned_blocks") == 0
+    assert w.get_block_ids_with_load_errors() == set(table[2:PREFIX // T])
+    w.clear_connector_metadata()
+
+
+def _layouts(NP=8, H=2, D=8, L=3):
+    g = torch.Generator().manual_seed(5)
+    vl = [torch.randn(2, NP, T, H, D, generator=g) for _ in range(L)]
+    pm = [torch.randn(NP, 2, T, H, D, generator=g) for _ in range(L)]
+    big = torch.randn(4 * L, NP, T, H, D, generator=g)  # K to V: 1 region in even layers, 2 in odd
+    ml = [torch.randn(NP, T, 24, generator=g) for _ in range(L)]
+    split = PagedLayout.from_pages([big[3 * l] for l in range(L)],
+                                   [big[3 * l + 1 + l % 2] for l in range(L)])
+    assert len(split.bases) == 2 * L
+    return {"vllm": (PagedLayout.vllm(vl), vl), "page_major": (PagedLayout.page_major(pm), pm),
+            "split": (split, [big]), "mla": (PagedLayout.mla(ml), ml)}
+
+
+@pytest.mark.parametrize("ppb", [1, 2])
+@pytest.mark.parametrize("kind", ["vllm", "page_major", "split", "mla"])
+def test_layer_into_pages_is_the_whole_block_copy_layer_by_layer(daemon, kind, ppb):
+    """kvclient.paged's per-layer copy (what wait_for_layer_load uses): for
+    every layout the connector may get, layer l of a block lands in layer
+    l's pages and nowhere else, and all layers together give the bytes of
+    the whole-block copy."""
+    lay, tensors = _layouts()[kind]
+    nblk = 3
+    g = torch.Generator().manual_seed(7)
+    # floats, not random bytes (a NaN would not equal itself)
+    blocks = torch.randn(nblk, lay.page_block_bytes * ppb // 4, generator=g).view(torch.uint8)
+    bl = [(G2, int(blocks[i].data_ptr())) for i in range(nblk)]
+    pages = [5, 1, 7, 0, 3, 6, 2, 4][:(nblk + 1) * ppb]
+    with Client(daemon.socket, tenant="t", layout=lay.client_layout(ppb)) as c:
+        pk = PagedKV(c, lay, pages_per_block=ppb)
+        assert pk.can_copy_layers(bl)
+        for t in tensors:
+            t.zero_()
+        pk._into_pages(bl, pages, 1)  # blocks 1..3 of the sequence
+        whole = [t.clone() for t in tensors]
+        for t in tensors:
+            t.zero_()
+        for l in range(lay.model_layers):
+            before = [t.clone() for t in tensors]
+            pk.layer_into_pages(bl, pages, 1, l)
+            changed = [not torch.equal(a, b) for a, b in zip(before, tensors)]
+            if kind not in ("split",):  # one tensor per layer: only layer l's moved
+                assert changed == [i == l for i in range(len(tensors))]
+    for a, b in zip(whole, tensors):
+        assert torch.equal(a.view(torch.uint8), b.view(torch.uint8))
+
+
+def test_async_load_is_copied_during_another_requests_forward(daemon, work):
+    """An asynchronous load in a step that runs another request: its
+    layers are copied as that request's forward reaches them, its pins go
+    after the last layer (before wait_for_save), it is reported in
+    get_finished's second set, and both outputs are exact."""
+    engine_proc(work, daemon, [["a", prompt(1), None]])
+    eng = engine(daemon, num_pages=32)
+    other = list(reversed(prompt(3)))  # shares no block with prompt(1)
+    eng.add(vllm_shim.Request("c", other, NEW))
+    eng.add(vllm_shim.Request("b", prompt(2), NEW))
+    w = eng.worker_conn
+    seen = []
+    orig = w.wait_for_save
+
+    def wait_for_save():
+        seen.append(daemon.metric("kvcached_pinned_blocks"))
+        return orig()
+    w.wait_for_save = wait_for_save
+    out, kv = eng.step()
+    assert set(out.num_scheduled_tokens) == {"c"}
+    assert [ld.req_id for ld in out.kv_connector_metadata.loads] == ["b"]
+    assert kv.finished_recving == {"b"} and not kv.invalid_block_ids
+    assert w.stats["layerwise_blocks"] == PREFIX // T
+    assert seen == [0]  # released when c's forward passed the last layer
+    assert [k for k, _ in eng.layer_calls] == ["load", "save"] * len(eng.layer_names)
+    eng.run()
+    for rid, p in (("b", prompt(2)), ("c", other)):
+        assert rel(eng.first_logits[rid], recompute(p)[0]) < 1e-5
+        assert eng.requests[rid].output_token_ids == recompute(p)[1]
+    assert daemon.metric("kvcached_pinned_blocks") == 0

@@ -16,15 +16,25 @@ of vLLM 0.11-0.12):
     vllm/v1/core/sched/output.py (SchedulerOutput, NewRequestData,
     CachedRequestData): Engine.schedule() and update();
   - vllm/v1/worker/kv_connector_model_runner_mixin.py: Engine.execute()
-    (bind_connector_metadata, start_load_kv, per layer wait_for_layer_load
-    and save_kv_layer, wait_for_save, get_finished(finished_req_ids),
-    get_block_ids_with_load_errors, clear_connector_metadata).
+    (bind_connector_metadata, start_load_kv, the forward, wait_for_save
+    (not when no token is scheduled: kv_connector_no_forward),
+    get_finished(finished_req_ids), get_block_ids_with_load_errors,
+    clear_connector_metadata);
+  - vllm/attention/utils/kv_transfer_utils.py (maybe_transfer_kv_layer,
+    around each attention layer's op in vllm/attention/layer.py):
+    wait_for_layer_load(layer_name) as a layer's attention starts, before
+    it reads its cache, and save_kv_layer(layer_name, kv_cache,
+    attn_metadata) as it ends; _LayerHooks makes those calls from inside
+    the reference engine's forward, layer by layer, in layer order.
+Checks vLLM does not make: newly allocated pages are filled with NaN
+(poison), and as each layer starts the shim asserts that the layer's
+pages of the prefix the forward reads ([0, num_computed_tokens)) hold no
+NaN, so a layer read before the connector copied it fails the step.
 Simplified: one forward per request per step (the reference engine runs
-one sequence at a time, and calls all layers' wait_for_layer_load before
-the forward and all save_kv_layer after it, not interleaved with the
-layers), no local prefix cache (vLLM's num_computed_tokens from its own
-cache is 0), chunked prefill as a fixed number of tokens per request per
-step, greedy sampling.
+one sequence at a time: the second forward of a step finds its layers
+already copied), no local prefix cache (vLLM's num_computed_tokens from
+its own cache is 0), chunked prefill as a fixed number of tokens per
+request per step, greedy sampling.
 """
 from __future__ import annotations
 
@@ -264,13 +274,43 @@ class ForwardContext:
 
 
 # ---- the engine ---------------------------------------------------------------
+class _LayerHooks:
+    """The reference engine's cache as its forward sees it, with vLLM's
+    per-layer connector calls: the forward iterates .kv once, layer by
+    layer; before a layer is handed out, the previous layer ends
+    (after(l - 1)) and this one starts (before(l)). The last layer's end
+    is called by the engine when the forward returns (end())."""
+
+    def __init__(self, cache, before, after):
+        self._cache, self._before, self._after = cache, before, after
+        self.page_tokens = cache.page_tokens
+        self._open = None
+
+    def pages_for(self, ntok):
+        return self._cache.pages_for(ntok)
+
+    @property
+    def kv(self):
+        for l, t in enumerate(self._cache.kv):
+            self.end()
+            self._before(l)
+            self._open = l
+            yield t
+
+    def end(self):
+        if self._open is not None:
+            l, self._open = self._open, None
+            self._after(l)
+
+
 class Engine:
     """vLLM's scheduler, model runner and connector calls around the
     reference model: one process holding the scheduler-side and the
     worker-side connector, as vLLM's uniprocess executor does."""
 
-    def __init__(self, model, cache, extra_config, connector_cls, chunk=None):
+    def __init__(self, model, cache, extra_config, connector_cls, chunk=None, poison=True):
         import torch
+        self.poison = poison  # NaN in new pages, checked as each layer starts
         self.chunk = chunk  # long_prefill_token_threshold: tokens per request per step
         self.model, self.cache = model, cache
         self.bs = cache.page_tokens
@@ -292,6 +332,7 @@ class Engine:
         self.first_logits: dict = {}
         self.invalid_seen: set = set()
         self.log: list = []                       # (step, event)
+        self.layer_calls: list = []               # ("load" | "save", layer name) of the last step
 
     # -- requests --
     def add(self, req: Request):
@@ -302,6 +343,9 @@ class Engine:
         table = self.tables.setdefault(rid, [])
         need = self.cache.pages_for(ntok) - len(table)
         new = self.cache.alloc(need) if need > 0 else []
+        if new and self.poison:
+            for t in self.cache.kv:
+                t[:, new] = float("nan")
         table += new
         return new
 
@@ -398,16 +442,28 @@ class Engine:
         w.bind_connector_metadata(out.kv_connector_metadata)
         w.start_load_kv(ForwardContext())
         sampled = {}
+        self.layer_calls = []
         try:
             for rid, n in out.num_scheduled_tokens.items():
                 req = self.requests[rid]
                 start = req.num_computed_tokens
-                for name in self.layer_names:
+                table = self.tables[rid]
+
+                def before(l, table=table, start=start):
+                    name = self.layer_names[l]
                     w.wait_for_layer_load(name)
-                logits = self.model.prefill(self.cache, self.tables[rid],
-                                            req.all_token_ids[:start + n], start=start)
-                for name, kv in zip(self.layer_names, self.cache.kv):
-                    w.save_kv_layer(name, kv, None)
+                    self.layer_calls.append(("load", name))
+                    self._check_layer(l, table, start)
+
+                def after(l):
+                    name = self.layer_names[l]
+                    w.save_kv_layer(name, self.cache.kv[l], None)
+                    self.layer_calls.append(("save", name))
+
+                hooks = _LayerHooks(self.cache, before, after)
+                logits = self.model.prefill(hooks, table, req.all_token_ids[:start + n],
+                                            start=start)
+                hooks.end()
                 sampled[rid] = logits
         finally:
             if out.total_num_scheduled_tokens:  # kv_connector_no_forward does not wait
@@ -416,6 +472,18 @@ class Engine:
             kv_out = KVConnectorOutput(sending, recving, w.get_block_ids_with_load_errors())
             w.clear_connector_metadata()
         return sampled, kv_out
+
+    def _check_layer(self, l, table, start):
+        """The layer's pages of tokens [0, start), which its attention is
+        about to read, were filled (computed, or copied by the connector)."""
+        if not self.poison or start == 0:
+            return
+        kv = self.cache.kv[l]
+        pages = table[:self.cache.pages_for(start)]
+        got = kv[:, pages].reshape(2, -1, *kv.shape[3:])[:, :start]
+        if bool(self.torch.isnan(got).any()):
+            raise AssertionError(f"layer {self.layer_names[l]} read before its KV was in its "
+                                 f"pages (tokens [0, {start}))")
 
     def update(self, out: SchedulerOutput, sampled, kv_out: KVConnectorOutput):
         self.sched_conn.update_connector_output(kv_out)
