@@ -24,7 +24,8 @@ torch = pytest.importorskip("torch")
 
 from conftest import HERE  # noqa: E402
 import vllm_shim  # noqa: E402
-from test_engine import CFG, NEW, PREFIX, T, prompt, recompute, rel, scale_block_2  # noqa: E402
+from test_engine import (CFG, NEW, PREFIX, T, assert_exact, prompt, recompute, rel,  # noqa: E402
+                         run_worker, scale_block_2)
 from kvclient import G2, Client  # noqa: E402
 from kvclient.paged import PagedKV, PagedLayout  # noqa: E402
 from kvclient.examples.llama import Llama, PagedKVCache  # noqa: E402
@@ -40,20 +41,7 @@ def engine_proc(tmp, daemon, requests, **extra):
     spec = {"socket": daemon.socket, "page_tokens": T, "new_tokens": NEW,
             "extra": {"tenant": "t", **extra},
             "requests": requests}
-    n = len(os.listdir(tmp))
-    sp, out = os.path.join(tmp, f"vspec{n}.json"), os.path.join(tmp, f"vout{n}.pt")
-    with open(sp, "w") as f:
-        json.dump(spec, f)
-    r = subprocess.run([sys.executable, os.path.join(HERE, "vllm_engine_worker.py"), sp, out],
-                       capture_output=True, text=True, timeout=180)
-    assert r.returncode == 0, r.stdout + r.stderr
-    return torch.load(out)
-
-
-def assert_exact(res, p):
-    ref_logits, ref_tokens = recompute(p)
-    assert rel(res["logits"], ref_logits) < 1e-5
-    assert res["tokens"] == ref_tokens
+    return run_worker(tmp, "vllm_engine_worker.py", spec, timeout=180)
 
 
 _model = None
