@@ -337,6 +337,38 @@ int kv_core_delete(kv_core *c, kv_block *b);
 /* Changes a block's priority class (0..255, lower is evicted first). */
 void kv_core_set_priority(kv_core *c, kv_block *b, uint8_t prio);
 
+/* --- engine hints (base/hint.h) -------------------------------------------
+ *
+ * Advice for eviction, scoped by namespace: a hint names a session of
+ * namespace ns and reaches only that namespace's blocks. Wrong, missing or
+ * hostile hints never make eviction worse than without hints by more than
+ * the policy's own margin (tiers/EVICTION.md), and never let one namespace
+ * keep blocks at another's expense (retention is capped and bounded per
+ * namespace). The session table is bounded: the least recently hinted
+ * sessions are forgotten first.
+ */
+
+/* The clock hints are measured on, in milliseconds: the daemon sets the
+ * wall clock once per loop turn, a replay sets the trace's timestamps.
+ * Never goes back (a smaller value is ignored). */
+void kv_core_set_now(kv_core *c, uint64_t now_ms);
+
+/* b (of namespace ns) belongs to session `session` (non-zero); the latest
+ * session to name a block owns it. retain_s > 0 asks that the session's
+ * blocks be kept that long after its last request (capped). 0, or -EINVAL
+ * (session 0, b not of ns). */
+int kv_core_hint_session(kv_core *c, uint32_t ns, uint64_t session, kv_block *b, uint32_t retain_s);
+
+/* A request of session `session` of namespace ns finished with stop reason
+ * `stop` (kv_stop) at the core's clock. 0, -EINVAL (session 0, stop out of
+ * range, unknown namespace) or -ENOMEM. */
+int kv_core_hint_finished(kv_core *c, uint32_t ns, uint64_t session, unsigned stop,
+                          uint32_t retain_s);
+
+/* Session `session` of namespace ns is over. 0 (also when the session is
+ * not known), or -EINVAL. */
+int kv_core_hint_end(kv_core *c, uint32_t ns, uint64_t session);
+
 /* Ends an asynchronous demotion from `from`: if ok, the copy there is
  * dropped unless the block was pinned meanwhile. */
 void kv_core_demote_done(kv_core *c, kv_block *b, kv_tier from, int ok);
