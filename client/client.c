@@ -229,6 +229,7 @@ static int apply_reply(kvc *c, pending *p, const kv_msg *m) {
   case KV_OP_COMMIT:
   case KV_OP_ABORT:
   case KV_OP_SET_PRIORITY:
+  case KV_OP_HINT:
     if (m->statuses.n != p->n) return KV_EBADFRAME;
     return count_ok_status(&m->statuses, p->status, p->n);
   case KV_OP_PREFETCH: return (int)m->prefetch_queued;
@@ -405,6 +406,33 @@ int64_t kvc_submit_commit_crc(kvc *c, const kvc_key *keys, const uint32_t *crcs,
   return submit(c, &m, p);
 }
 
+_Static_assert(KVC_STOP_OTHER == KV_STOP_OTHER && KVC_STOP_TOOL_USE == KV_STOP_TOOL_USE &&
+                   KVC_STOP_END_TURN == KV_STOP_END_TURN && KVC_STOP_ABORTED == KV_STOP_ABORTED,
+               "kvclient.h's stop reasons are base/hint.h's");
+_Static_assert(KVC_OP_HINT == KV_OP_HINT, "kvclient.h's HINT opcode");
+
+uint64_t kvc_hint_session_id(const void *name, size_t len) { return kv_session_id(name, len); }
+int kvc_stop_parse(const char *name) { return (int)kv_stop_parse(name); }
+
+int64_t kvc_submit_hint(kvc *c, int kind, uint64_t session, int stop, uint32_t retain_s,
+                        const kvc_key *keys, uint32_t n, int32_t *status, void *user) {
+  if (c->minor < 3) return -EOPNOTSUPP; /* the daemon predates 1.3 */
+  if (kind != KV_HINT_FINISHED && stop != 0) return -EINVAL;
+  if (stop < 0 || stop >= KV_STOP_COUNT || kind < KV_HINT_SESSION || kind >= KV_HINT_KIND_COUNT)
+    return -EINVAL;
+  kv_msg m;
+  memset(&m, 0, sizeof m);
+  m.op = KV_OP_HINT;
+  m.hint = (kv_hint_req){
+      .kind = (uint8_t)kind, .stop = (uint8_t)stop, .retain_s = retain_s, .session = session};
+  int rc = keyvec(&m.hint.keys, keys, n);
+  if (rc) return rc;
+  pending *p = add_pending(c, KV_OP_HINT, n, user);
+  if (!p) return -ENOMEM;
+  p->status = status;
+  return submit(c, &m, p);
+}
+
 int64_t kvc_submit_alloc(kvc *c, uint8_t tier, uint8_t prio, const kvc_key *keys,
                          const kvc_key *parents, uint32_t n, kvc_block *out, void *user) {
   if (!out) return -EINVAL;
@@ -544,6 +572,17 @@ int kvc_abort(kvc *c, const kvc_key *keys, uint32_t n, int32_t *status) {
 }
 int kvc_set_priority(kvc *c, uint8_t prio, const kvc_key *keys, uint32_t n, int32_t *status) {
   BLOCK_ON(submit_status_op(c, KV_OP_SET_PRIORITY, prio, keys, n, status, NULL));
+}
+int kvc_hint_session(kvc *c, uint64_t session, const kvc_key *keys, uint32_t n, uint32_t retain_s,
+                     int32_t *status) {
+  BLOCK_ON(kvc_submit_hint(c, KV_HINT_SESSION, session, 0, retain_s, keys, n, status, NULL));
+}
+int kvc_hint_finished(kvc *c, uint64_t session, int stop, const kvc_key *keys, uint32_t n,
+                      uint32_t retain_s, int32_t *status) {
+  BLOCK_ON(kvc_submit_hint(c, KV_HINT_FINISHED, session, stop, retain_s, keys, n, status, NULL));
+}
+int kvc_hint_end(kvc *c, uint64_t session) {
+  BLOCK_ON(kvc_submit_hint(c, KV_HINT_END, session, 0, 0, NULL, 0, NULL, NULL));
 }
 int kvc_prefetch(kvc *c, uint8_t tier, const kvc_key *keys, uint32_t n) {
   pending *p;

@@ -237,6 +237,46 @@ int kvc_delete(kvc *c, const kvc_key *keys, uint32_t n);
 /* Sets blocks' priority (0..255, lower evicted first). */
 int kvc_set_priority(kvc *c, uint8_t prio, const kvc_key *keys, uint32_t n, int32_t *status);
 
+/* --- engine hints (protocol 1.3): advice for eviction -------------------------
+ *
+ * A session is what the engine's API layer groups requests by: a
+ * conversation, an agent run (OpenAI's prompt_cache_key, a chat id). Tell
+ * the daemon which session stored or loaded blocks (kvc_hint_session,
+ * after their COMMIT or LOAD), that a request finished and why
+ * (kvc_hint_finished, from wherever the engine learns it; no keys needed),
+ * and that a session is over (kvc_hint_end). The daemon uses them to keep
+ * the blocks of sessions likely to come back and let go first those of
+ * sessions likely done (tiers/EVICTION.md); wrong or missing hints cost a
+ * little hit rate at most, never bytes or correctness. retain_s asks that
+ * the session's blocks be kept that long after its last request (0: no
+ * ask); the daemon caps it. Hints reach only the handle's namespace.
+ * Each returns how many of the keys were committed blocks (0 when n is 0),
+ * or an error: -EOPNOTSUPP when the daemon predates protocol 1.3, -EINVAL
+ * for session 0 or a stop reason out of range. status (may be NULL): per
+ * key, 0 or KV_ENOTFOUND.
+ */
+#define KVC_STOP_UNKNOWN       0
+#define KVC_STOP_END_TURN      1 /* the user speaks next */
+#define KVC_STOP_TOOL_USE      2 /* a tool result follows soon */
+#define KVC_STOP_MAX_TOKENS    3
+#define KVC_STOP_STOP_SEQUENCE 4
+#define KVC_STOP_ABORTED       5
+#define KVC_STOP_OTHER         6
+
+/* A hint session's id from its name: FNV-1a 64 (0 becomes 1), the same in
+ * the Python package, so engines that name a session alike agree on its id.
+ * (Not kvc_session_id: that is the daemon's id of this connection.) */
+uint64_t kvc_hint_session_id(const void *name, size_t len);
+/* KVC_STOP_* for a stop reason's name: "end_turn"/"stop", "tool_use"/
+ * "tool_calls", "max_tokens"/"length", "stop_sequence", "aborted"/"abort";
+ * another name is KVC_STOP_OTHER, NULL or "" KVC_STOP_UNKNOWN. */
+int kvc_stop_parse(const char *name);
+int kvc_hint_session(kvc *c, uint64_t session, const kvc_key *keys, uint32_t n, uint32_t retain_s,
+                     int32_t *status);
+int kvc_hint_finished(kvc *c, uint64_t session, int stop, const kvc_key *keys, uint32_t n,
+                      uint32_t retain_s, int32_t *status);
+int kvc_hint_end(kvc *c, uint64_t session);
+
 /* The slow inline path (tools, tests): the bytes travel in the frame.
  * len must be the namespace's block_bytes. get copies at most cap bytes
  * into buf and returns the block's length. */
@@ -283,6 +323,11 @@ int64_t kvc_submit_alloc(kvc *c, uint8_t tier, uint8_t prio, const kvc_key *keys
 int64_t kvc_submit_commit(kvc *c, const kvc_key *keys, uint32_t n, int32_t *status, void *user);
 int64_t kvc_submit_commit_crc(kvc *c, const kvc_key *keys, const uint32_t *crcs, uint32_t n,
                               int32_t *status, void *user);
+/* A hint without waiting (kind: 1 session, 2 finished, 3 end; the
+ * arguments as the blocking calls'); its completion says KVC_OP_HINT. */
+#define KVC_OP_HINT 17
+int64_t kvc_submit_hint(kvc *c, int kind, uint64_t session, int stop, uint32_t retain_s,
+                        const kvc_key *keys, uint32_t n, int32_t *status, void *user);
 
 /* Reads what has arrived without blocking and returns up to max finished
  * requests (0 if none yet), or an error (the connection is then dead). */

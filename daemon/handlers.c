@@ -282,6 +282,28 @@ static int op_set_priority(kvd *d, kvd_sink *sink, const kv_msg *req, kv_buf *ou
   return statuses(req, out, d->status, req->batch.keys.n);
 }
 
+/* --- HINT (1.3): advice for eviction, scoped by the session's namespace ------ */
+static int op_hint(kvd *d, kvd_sink *sink, const kv_msg *req, kv_buf *out, int fd_out[2]) {
+  const kv_hint_req *h = &req->hint;
+  uint32_t ns = (uint32_t)session_ns(d, sink->sess)->core_ns;
+  int rc = kvd_load_keys(d, &h->keys);
+  if (rc) return kvd_fail(out, req, rc, NULL);
+  for (uint32_t i = 0; i < h->keys.n; i++) {
+    kv_block *b = kv_core_find(d->core, ns, &d->keys[i]);
+    d->status[i] = b ? kv_core_hint_session(d->core, ns, h->session, b, h->retain_s) : KV_ENOTFOUND;
+    d->st.hints_unmatched += b == NULL;
+  }
+  if (h->kind == KV_HINT_FINISHED) {
+    rc = kv_core_hint_finished(d->core, ns, h->session, h->stop, h->retain_s);
+    d->st.hint_stops[h->stop]++;
+  } else if (h->kind == KV_HINT_END) {
+    rc = kv_core_hint_end(d->core, ns, h->session);
+  }
+  if (rc) return kvd_fail(out, req, rc, "the hint could not be kept");
+  d->st.hints[h->kind]++;
+  return statuses(req, out, d->status, h->keys.n);
+}
+
 /* --- PUT (GET: load.c): the inline slow path ---------------------------------------- */
 static int op_put(kvd *d, kvd_sink *sink, const kv_msg *req, kv_buf *out, int fd_out[2]) {
   kvd_session *s = sink->sess;
@@ -340,6 +362,7 @@ static const struct {
     [KV_OP_PUT] = {op_put, 1},
     [KV_OP_GET] = {kvd_op_get, 1},
     [KV_OP_G1_SELECT] = {op_g1_select, 1},
+    [KV_OP_HINT] = {op_hint, 1},
 };
 
 int kvd_handle(kvd *d, kvd_sink *sink, const kv_msg *req, kv_buf *out, int fd_out[2]) {
@@ -348,6 +371,7 @@ int kvd_handle(kvd *d, kvd_sink *sink, const kv_msg *req, kv_buf *out, int fd_ou
     return kvd_fail(out, req, KV_EBADFRAME, "a reply sent to the daemon");
   kvd_op_fn *fn = req->op < KV_OP_COUNT ? ops[req->op].fn : NULL;
   if (req->op < KV_OP_COUNT) d->st.ops[req->op]++;
+  kv_core_set_now(d->core, (uint64_t)kv_now_ms()); /* the clock hints are measured on */
   if ((!fn || ops[req->op].session) && sink->sess->ns < 0)
     return kvd_fail(out, req, KV_ENOSESSION, NULL);
   if (!fn) return kvd_fail(out, req, KV_EBADOP, NULL);

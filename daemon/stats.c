@@ -399,6 +399,16 @@ int kvd_render_metrics(kvd *d, kv_buf *out) {
   for (uint16_t op = 1; op < KV_OP_COUNT; op++)
     if (op_label(op, low, sizeof low))
       P("kvcached_requests_total{op=\"%s\"} %llu\n", low, U(d->st.ops[op]));
+  static const char *const hint_kinds[KV_HINT_KIND_COUNT] = {NULL, "session", "finished", "end"};
+  H("kvcached_hints_total", "counter", "Engine hints taken (HINT requests), by kind.");
+  for (int k = KV_HINT_SESSION; k < KV_HINT_KIND_COUNT; k++)
+    P("kvcached_hints_total{kind=\"%s\"} %llu\n", hint_kinds[k], U(d->st.hints[k]));
+  H("kvcached_hint_finished_total", "counter", "Requests the engines said finished, by stop reason.");
+  for (unsigned k = 0; k < KV_STOP_COUNT; k++)
+    P("kvcached_hint_finished_total{stop=\"%s\"} %llu\n", kv_stop_name(k), U(d->st.hint_stops[k]));
+  H("kvcached_hint_keys_unmatched_total", "counter",
+    "Keys named by hints that had no committed block in the namespace.");
+  P("kvcached_hint_keys_unmatched_total %llu\n", U(d->st.hints_unmatched));
   H("kvcached_request_duration_seconds", "histogram",
     "Time from a decoded request to its reply (LOOKUP; LOAD, waits on the SSD included).");
   if (histogram(out, "kvcached_request_duration_seconds", "op", "lookup",
@@ -601,6 +611,15 @@ static json_t *stats_json(kvd *d, const snapshot *s) {
     if (op_label(op, low, sizeof low))
       json_object_set_new(rq, low, json_integer((json_int_t)d->st.ops[op]));
   json_object_set_new(o, "requests", rq);
+  json_t *hj = json_object(), *stops = json_object();
+  json_object_set_new(hj, "session", json_integer((json_int_t)d->st.hints[KV_HINT_SESSION]));
+  json_object_set_new(hj, "finished", json_integer((json_int_t)d->st.hints[KV_HINT_FINISHED]));
+  json_object_set_new(hj, "end", json_integer((json_int_t)d->st.hints[KV_HINT_END]));
+  json_object_set_new(hj, "keys_unmatched", json_integer((json_int_t)d->st.hints_unmatched));
+  for (unsigned k = 0; k < KV_STOP_COUNT; k++)
+    json_object_set_new(stops, kv_stop_name(k), json_integer((json_int_t)d->st.hint_stops[k]));
+  json_object_set_new(hj, "finished_by_stop", stops);
+  json_object_set_new(o, "hints", hj);
   json_object_set_new(o, "latency_us",
                       json_pack("{s:o,s:o,s:o,s:o}", "lookup", lat_json(&d->m.req[KVD_REQ_LOOKUP]),
                                 "load", lat_json(&d->m.req[KVD_REQ_LOAD]), "g2_to_g3",

@@ -31,6 +31,7 @@ static const struct {
     [KV_OP_ERROR] = {"ERROR", KV_PAYLOAD_MAX_CTRL, KV_PAYLOAD_MAX_CTRL},
     [KV_OP_G1_SELECT] = {"G1_SELECT", KV_PAYLOAD_MAX_CTRL, KV_PAYLOAD_MAX_CTRL},
     [KV_OP_LOAD2] = {"LOAD2", KV_PAYLOAD_MAX_CTRL, KV_PAYLOAD_MAX_CTRL},
+    [KV_OP_HINT] = {"HINT", KV_PAYLOAD_MAX_CTRL, KV_PAYLOAD_MAX_CTRL},
 };
 
 const char *kv_op_name(uint16_t op) { return op < KV_OP_COUNT ? kv_ops[op].name : NULL; }
@@ -60,6 +61,7 @@ uint32_t kv_req_payload_max(uint16_t op) {
   case KV_OP_GET: return 1u + KV_KEY_MAX;
   case KV_OP_STATUS: return 1u;
   case KV_OP_G1_SELECT: return KV_UUID_BYTES;
+  case KV_OP_HINT: return 16u + keys;
   default: return 0;
   }
 }

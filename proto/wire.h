@@ -31,15 +31,16 @@
 
 #include "base/buf.h"
 #include "base/errors.h"
+#include "base/hint.h"
 #include "base/key.h"
 
 /* ---- versions and limits -------------------------------------------------- */
 
 #define KV_PROTO_MAGIC 0x4443564Bu /* bytes "KVCD" */
 #define KV_PROTO_MAJOR 1           /* in every header; a change breaks peers */
-#define KV_PROTO_MINOR \
-  2 /* negotiated by HELLO; additions only (1: G1_SELECT;
-                                    * 2: COMMIT with CRCs, corrupt reports, LOAD2) */
+/* negotiated by HELLO; additions only (1: G1_SELECT; 2: COMMIT with CRCs,
+ * corrupt reports, LOAD2; 3: HINT) */
+#define KV_PROTO_MINOR 3
 
 #define KV_HDR_SIZE 32
 
@@ -82,6 +83,7 @@ typedef enum kv_op {
   KV_OP_ERROR = 14,     /* reply only: the request failed as a whole */
   KV_OP_G1_SELECT = 15, /* since 1.1: the G1 pool of the worker's device */
   KV_OP_LOAD2 = 16,     /* since 1.2: LOAD whose reply carries each block's committed CRC */
+  KV_OP_HINT = 17,      /* since 1.3: engine hints (base/hint.h) */
   KV_OP_COUNT           /* one past the last opcode; not an opcode */
 } kv_op;
 
@@ -334,6 +336,23 @@ typedef struct kv_alloc_req {
 /* Entry i's parent key bytes (keys.klen of them), or NULL if it has none. */
 const uint8_t *kv_alloc_parent(const kv_alloc_req *a, uint32_t i);
 
+/* HINT (1.3): advice about session `session` (non-zero) of the caller's
+ * namespace; base/hint.h says what each kind means.
+ *   kind      KV_HINT_SESSION, KV_HINT_FINISHED or KV_HINT_END
+ *   stop      FINISHED: the request's stop reason (kv_stop); otherwise 0
+ *   retain_s  SESSION, FINISHED: seconds to keep the session's blocks after
+ *             its last request (0: none); END: 0
+ *   keys      SESSION: the blocks (1..); FINISHED: the request's blocks
+ *             (0..); END: none
+ * The reply is STATUSES, one per key (KV_ENOTFOUND: not resident). */
+typedef struct kv_hint_req {
+  uint8_t kind;
+  uint8_t stop;
+  uint32_t retain_s;
+  uint64_t session;
+  kv_keyvec keys;
+} kv_hint_req;
+
 typedef struct kv_lookup_rep {
   uint32_t hit_len; /* resident prefix length (TP-group consistent), <= n */
   uint32_t n;
@@ -378,6 +397,7 @@ typedef struct kv_error_rep {
  *   GET            req get_key        rep get_rep
  *   STATUS         req status_flags   rep status_text (UTF-8 JSON)
  *   G1_SELECT      req g1_select      rep g1_pool (tier KV_G1)
+ *   HINT           req hint           rep statuses
  *   ERROR          -                  rep error, with status < 0
  */
 typedef struct kv_msg {
@@ -393,6 +413,7 @@ typedef struct kv_msg {
     kv_bytes get_key;     /* 1..KV_KEY_MAX */
     uint8_t status_flags; /* 0 */
     kv_g1_select_req g1_select;
+    kv_hint_req hint;
     kv_hello_rep hello_rep;
     kv_lookup_rep lookup_rep;
     kv_loadvec load_rep;

@@ -175,6 +175,18 @@ static int dec_batch(rcur *c, uint16_t op, kv_batch_req *b) {
   return kv__batch_ok(op, b) ? 0 : KV_EBADFRAME;
 }
 
+/* HINT: u8 kind | u8 stop | u16 0 | u32 retain_s | u64 session | KEYS. */
+static int dec_hint(rcur *c, kv_hint_req *h) {
+  h->kind = r8(c);
+  h->stop = r8(c);
+  uint16_t rsv = r16(c);
+  h->retain_s = r32(c);
+  h->session = r64(c);
+  int rc = rkeys(c, &h->keys);
+  if (rc) return rc;
+  return rsv == 0 && kv__hint_ok(h) ? 0 : KV_EBADFRAME;
+}
+
 /* ALLOC: u8 tier | u8 prio | KEYS | n * u8 has_parent | n * klen parents. */
 static int dec_alloc(rcur *c, kv_alloc_req *a) {
   a->tier = r8(c);
@@ -335,6 +347,7 @@ static int dec_payload(rcur *c, kv_msg *m) {
     memcpy(m->g1_select.uuid, u, KV_UUID_BYTES);
     return 0;
   }
+  case KV_OP_HINT: return reply ? rstatuses(c, &m->statuses) : dec_hint(c, &m->hint);
   case KV_OP_COUNT: break;
   }
   return KV_EBADOP;

@@ -179,6 +179,19 @@ static int enc_batch(wcur *c, uint16_t op, const kv_batch_req *b) {
   return rc;
 }
 
+/* HINT: u8 kind | u8 stop | u16 0 | u32 retain_s | u64 session | KEYS. */
+static int enc_hint(wcur *c, const kv_hint_req *h) {
+  int rc = keyvec_ok(&h->keys);
+  if (rc) return rc;
+  if (!kv__hint_ok(h)) return -EINVAL;
+  w8(c, h->kind);
+  w8(c, h->stop);
+  w16(c, 0);
+  w32(c, h->retain_s);
+  w64(c, h->session);
+  return wkeys(c, &h->keys);
+}
+
 /* ALLOC: u8 tier | u8 prio | KEYS | n * u8 has_parent | n * klen parents. */
 static int enc_alloc(wcur *c, const kv_alloc_req *a) {
   const kv_keyvec *k = &a->keys;
@@ -337,6 +350,7 @@ static int enc_payload(wcur *c, const kv_msg *m) {
     }
     if (m->g1_pool.tier != KV_G1) return -EINVAL;
     return wtierinfo(c, &m->g1_pool);
+  case KV_OP_HINT: return reply ? wstatuses(c, &m->statuses) : enc_hint(c, &m->hint);
   case KV_OP_COUNT: break;
   }
   return KV_EBADOP;

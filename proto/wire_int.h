@@ -74,6 +74,17 @@ static inline int kv__alloc_ent_ok(const kv_alloc_ent *e) {
   return e->status == 0 || (e->status < 0 && e->offset == 0);
 }
 
+/* HINT request fields (the keys are checked as every batch's). */
+static inline int kv__hint_ok(const kv_hint_req *h) {
+  if (h->session == 0) return 0;
+  switch (h->kind) {
+  case KV_HINT_SESSION: return h->stop == 0 && h->keys.n > 0;
+  case KV_HINT_FINISHED: return h->stop < KV_STOP_COUNT;
+  case KV_HINT_END: return h->stop == 0 && h->retain_s == 0 && h->keys.n == 0;
+  default: return 0;
+  }
+}
+
 static inline int kv__is_pow2_or_0(uint32_t v) { return (v & (v - 1)) == 0; }
 
 /* HELLO request fields (lengths and the layout's consistency). */

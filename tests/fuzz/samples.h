@@ -252,6 +252,24 @@ static inline void kv_samples(kv_sample_fn fn, void *arg) {
   m.g1_pool = (kv_tierinfo){
       .tier = KV_G1, .kind = KV_TI_G1_NONE, .len = 9, .p = (const uint8_t *)"no device"};
   fn(&m, "g1_select rep, none", arg);
+
+  /* HINT (1.3) */
+  m = kv_sample_req(KV_OP_HINT, id++);
+  m.hint = (kv_hint_req){.kind = KV_HINT_SESSION,
+                         .retain_s = 300,
+                         .session = 0x8877665544332211ull,
+                         .keys = {.p = kv_sample_keys, .n = 4, .klen = 32}};
+  fn(&m, "hint req, session with four keys and a retention", arg);
+  m.hint = (kv_hint_req){.kind = KV_HINT_FINISHED, .stop = KV_STOP_TOOL_USE, .session = 1};
+  fn(&m, "hint req, finished without keys", arg);
+  m.hint.keys = (kv_keyvec){.p = kv_sample_keys, .n = 1, .klen = 1};
+  m.hint.stop = KV_STOP_OTHER;
+  fn(&m, "hint req, finished with a key", arg);
+  m.hint = (kv_hint_req){.kind = KV_HINT_END, .session = UINT64_MAX};
+  fn(&m, "hint req, end", arg);
+  m = kv_sample_rep(KV_OP_HINT, 37);
+  m.statuses = (kv_statvec){.n = 4, .v = st};
+  fn(&m, "hint rep", arg);
 }
 
 #endif

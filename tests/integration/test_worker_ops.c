@@ -21,6 +21,7 @@
 #include "proto/wire.h"
 #include "tests/lib/daemon.h"
 #include "tests/lib/keys.h"
+#include "tests/lib/metrics.h"
 #include "tests/lib/tmpdir.h"
 
 #define BLOCK 65536u
@@ -273,6 +274,52 @@ Test(daemon, delete_and_priority) {
   cr_assert_eq(kvc_delete(c, &keys[2], 1), 1);
   cr_assert_eq(kvc_delete(c, NULL, 0), 2, "the whole namespace");
   cr_assert_eq(kvc_lookup(c, keys, 3, NULL), 0);
+  kvc_close(c);
+}
+
+/* Protocol 1.3: hints reach committed blocks of the caller's namespace
+ * only, are checked field by field, and show in STATUS and /metrics. */
+Test(daemon, hints_are_scoped_checked_and_counted) {
+  kvc *c = open_one(), *other = open_as("t2", 0, 1, NULL); /* another namespace */
+  kvc_key keys[3] = {KC(1), KC(2), KC(3)}, absent = KC(9);
+  store_chain(c, keys, 2);
+  uint64_t s = kvc_hint_session_id("chat-42", 7);
+  cr_assert_eq(s, kvc_hint_session_id("chat-42", 7));
+  cr_assert_neq(s, kvc_hint_session_id("chat-43", 7));
+  int32_t st[3] = {1, 1, 1};
+  cr_assert_eq(kvc_hint_session(c, s, keys, 3, 300, st), 2, "two of three keys are committed");
+  cr_assert_eq(st[0], 0);
+  cr_assert_eq(st[1], 0);
+  cr_assert_eq(st[2], KV_ENOTFOUND);
+  cr_assert_eq(kvc_hint_session(other, s, keys, 2, 0, st), 0, "another namespace's blocks");
+  cr_assert_eq(st[0], KV_ENOTFOUND);
+  cr_assert_eq(kvc_hint_finished(c, s, KVC_STOP_TOOL_USE, NULL, 0, 0, NULL), 0);
+  cr_assert_eq(kvc_hint_finished(c, s, kvc_stop_parse("end_turn"), &absent, 1, 60, st), 0);
+  cr_assert_eq(st[0], KV_ENOTFOUND);
+  cr_assert_eq(kvc_hint_end(c, s), 0);
+  cr_assert_eq(kvc_hint_end(c, kvc_hint_session_id("never-seen", 10)), 0, "an unknown session");
+  /* refused before they leave: session 0, a stop reason out of range */
+  cr_assert_eq(kvc_hint_end(c, 0), -EINVAL);
+  cr_assert_eq(kvc_hint_finished(c, s, 99, NULL, 0, 0, NULL), -EINVAL);
+  cr_assert_eq(kvc_hint_session(c, s, NULL, 0, 0, NULL), -EINVAL, "SESSION names blocks");
+  /* the blocks are untouched by all this */
+  cr_assert_eq(kvc_lookup(c, keys, 2, NULL), 2);
+  static char resp[1 << 18];
+  const char *body = NULL;
+  cr_assert_eq(kvt_http(kd.stats, "GET", "/stats", resp, sizeof resp, &body), 200);
+  json_t *o = json_loads(body, 0, NULL);
+  cr_assert_not_null(o, "%s", body);
+  long long v = -1;
+  cr_assert(kvt_json_num(o, "hints.finished_by_stop.tool_use", &v) == 0 && v == 1, "%s", body);
+  cr_assert(kvt_json_num(o, "hints.finished_by_stop.end_turn", &v) == 0 && v == 1);
+  cr_assert(kvt_json_num(o, "hints.end", &v) == 0 && v == 2);
+  cr_assert(kvt_json_num(o, "hints.keys_unmatched", &v) == 0 && v == 4);
+  json_decref(o);
+  cr_assert_eq(kvt_http(kd.stats, "GET", "/metrics", resp, sizeof resp, &body), 200);
+  cr_assert_eq(kvt_metric_value(body, "kvcached_hints_total{kind=\"session\"}"), 2, "%s", body);
+  cr_assert_eq(kvt_metric_value(body, "kvcached_hint_finished_total{stop=\"tool_use\"}"), 1);
+  cr_assert_eq(kvt_metric_value(body, "kvcached_hint_keys_unmatched_total"), 4);
+  kvc_close(other);
   kvc_close(c);
 }
 

@@ -109,6 +109,11 @@ static int msg_eq(const kv_msg *a, const kv_msg *b) {
       if (kv_u32vec_get(&a->batch.crcs, i) != kv_u32vec_get(&b->batch.crcs, i)) return 0;
     return a->batch.tier == b->batch.tier && a->batch.prio == b->batch.prio &&
            a->batch.flags == b->batch.flags && keys_eq(&a->batch.keys, &b->batch.keys);
+  case KV_OP_HINT:
+    if (rep) return stat_eq(&a->statuses, &b->statuses);
+    return a->hint.kind == b->hint.kind && a->hint.stop == b->hint.stop &&
+           a->hint.retain_s == b->hint.retain_s && a->hint.session == b->hint.session &&
+           keys_eq(&a->hint.keys, &b->hint.keys);
   case KV_OP_ALLOC:
     if (rep) {
       if (a->alloc_rep.n != b->alloc_rep.n) return 0;
@@ -1154,4 +1159,101 @@ Test(wire_bad, v1_2_fields) {
   m.op = KV_OP_LOAD; /* LOAD has no crc on the wire: ignored */
   cr_assert_eq(kv_msg_encode(&b, &m), 0);
   kv_buf_free(&b);
+}
+
+/* ---- 1.3: HINT ---------------------------------------------------------------------- */
+
+static void hint_body(uint8_t kind, uint8_t stop, uint16_t rsv, uint32_t retain, uint64_t session,
+                      uint32_t n, uint8_t klen) {
+  pb8(kind), pb8(stop), pb16(rsv), pb32(retain), pb64(session), pb32(n), pb8(klen);
+  pbfill(0x55, (size_t)n * klen);
+}
+
+Test(wire_ok, v1_3_hint_layout) {
+  kv_msg m = kv_sample_req(KV_OP_HINT, 5);
+  m.hint = (kv_hint_req){.kind = KV_HINT_FINISHED,
+                         .stop = KV_STOP_END_TURN,
+                         .retain_s = 0x0102,
+                         .session = 0x1122334455667788ull,
+                         .keys = {.p = (const uint8_t *)"\xaa\xbb", .n = 2, .klen = 1}};
+  kv_buf b;
+  kv_buf_init(&b);
+  cr_assert_eq(kv_msg_encode(&b, &m), 0);
+  static const uint8_t body[] = {
+      0x02, 0x01, 0x00, 0x00,                         /* FINISHED, end_turn, reserved */
+      0x02, 0x01, 0x00, 0x00,                         /* retain_s */
+      0x88, 0x77, 0x66, 0x55, 0x44, 0x33, 0x22, 0x11, /* session */
+      0x02, 0x00, 0x00, 0x00, 0x01, 0xaa, 0xbb,       /* 2 keys of 1 byte */
+  };
+  cr_assert_eq(b.len, KV_HDR_SIZE + sizeof body);
+  cr_assert_eq(memcmp(b.p + KV_HDR_SIZE, body, sizeof body), 0);
+  kv_msg d;
+  cr_assert_eq(kv_msg_decode(b.p, b.len, &d), 0);
+  cr_assert_eq(d.hint.session, 0x1122334455667788ull);
+  cr_assert_eq(d.hint.stop, KV_STOP_END_TURN);
+  cr_assert_eq(d.hint.keys.n, 2);
+  kv_buf_free(&b);
+  cr_assert_eq(kv_req_payload_max(KV_OP_HINT), 16u + 5u + KV_BATCH_MAX * KV_KEY_MAX);
+  cr_assert_str_eq(kv_op_name(KV_OP_HINT), "HINT");
+}
+
+Test(wire_bad, v1_3_hint_fields) {
+  hint_body(KV_HINT_SESSION, 0, 0, 60, 7, 2, 8);
+  cr_assert_eq(REQ(KV_OP_HINT), 0);
+  hint_body(KV_HINT_SESSION, 0, 0, 60, 7, 0, 0);
+  cr_assert_eq(REQ(KV_OP_HINT), KV_EBADFRAME, "SESSION without keys");
+  hint_body(KV_HINT_SESSION, KV_STOP_END_TURN, 0, 0, 7, 1, 8);
+  cr_assert_eq(REQ(KV_OP_HINT), KV_EBADFRAME, "a stop reason on SESSION");
+  hint_body(KV_HINT_SESSION, 0, 0, 0, 0, 1, 8);
+  cr_assert_eq(REQ(KV_OP_HINT), KV_EBADFRAME, "session 0");
+  hint_body(KV_HINT_SESSION, 0, 1, 0, 7, 1, 8);
+  cr_assert_eq(REQ(KV_OP_HINT), KV_EBADFRAME, "reserved field");
+  hint_body(KV_HINT_FINISHED, KV_STOP_OTHER, 0, 0, 7, 0, 0);
+  cr_assert_eq(REQ(KV_OP_HINT), 0);
+  hint_body(KV_HINT_FINISHED, KV_STOP_COUNT, 0, 0, 7, 0, 0);
+  cr_assert_eq(REQ(KV_OP_HINT), KV_EBADFRAME, "stop reason out of range");
+  hint_body(KV_HINT_END, 0, 0, 0, 7, 0, 0);
+  cr_assert_eq(REQ(KV_OP_HINT), 0);
+  hint_body(KV_HINT_END, 0, 0, 5, 7, 0, 0);
+  cr_assert_eq(REQ(KV_OP_HINT), KV_EBADFRAME, "retention on END");
+  hint_body(KV_HINT_END, 0, 0, 0, 7, 1, 8);
+  cr_assert_eq(REQ(KV_OP_HINT), KV_EBADFRAME, "keys on END");
+  hint_body(0, 0, 0, 0, 7, 1, 8);
+  cr_assert_eq(REQ(KV_OP_HINT), KV_EBADFRAME, "kind 0");
+  hint_body(KV_HINT_KIND_COUNT, 0, 0, 0, 7, 1, 8);
+  cr_assert_eq(REQ(KV_OP_HINT), KV_EBADFRAME, "kind past the last");
+  hint_body(KV_HINT_SESSION, 0, 0, 0, 7, KV_BATCH_MAX + 1, 1);
+  cr_assert_eq(REQ(KV_OP_HINT), -E2BIG, "KV_BATCH_MAX + 1 keys");
+  hint_body(KV_HINT_SESSION, 0, 0, 0, 7, 2, 8);
+  P.len--;
+  cr_assert_eq(REQ(KV_OP_HINT), KV_EBADFRAME, "keys short by one byte");
+
+  /* the encoder refuses the same */
+  kv_buf b;
+  kv_buf_init(&b);
+  kv_msg m = kv_sample_req(KV_OP_HINT, 1);
+  m.hint = (kv_hint_req){.kind = KV_HINT_END, .session = 0};
+  cr_assert_eq(kv_msg_encode(&b, &m), -EINVAL, "session 0");
+  m.hint = (kv_hint_req){.kind = KV_HINT_SESSION, .session = 3};
+  cr_assert_eq(kv_msg_encode(&b, &m), -EINVAL, "SESSION without keys");
+  m.hint = (kv_hint_req){.kind = KV_HINT_FINISHED, .stop = 200, .session = 3};
+  cr_assert_eq(kv_msg_encode(&b, &m), -EINVAL, "stop out of range");
+  cr_assert_eq(b.len, 0, "a failed encode leaves the buffer alone");
+  kv_buf_free(&b);
+}
+
+Test(hint_vocabulary, stop_names_and_session_ids) {
+  for (unsigned s = 0; s < KV_STOP_COUNT; s++)
+    cr_assert_eq(kv_stop_parse(kv_stop_name(s)), (kv_stop)s, "%s", kv_stop_name(s));
+  cr_assert_null(kv_stop_name(KV_STOP_COUNT));
+  cr_assert_eq(kv_stop_parse("stop"), KV_STOP_END_TURN);
+  cr_assert_eq(kv_stop_parse("length"), KV_STOP_MAX_TOKENS);
+  cr_assert_eq(kv_stop_parse("tool_calls"), KV_STOP_TOOL_USE);
+  cr_assert_eq(kv_stop_parse("refusal"), KV_STOP_OTHER);
+  cr_assert_eq(kv_stop_parse(""), KV_STOP_UNKNOWN);
+  cr_assert_eq(kv_stop_parse(NULL), KV_STOP_UNKNOWN);
+  /* FNV-1a 64's published values; the Python package's test checks the same */
+  cr_assert_eq(kv_session_id("", 0), 0xcbf29ce484222325ull);
+  cr_assert_eq(kv_session_id("a", 1), 0xaf63dc4c8601ec8cull);
+  cr_assert_eq(kv_session_id("foobar", 6), 0x85944171f73967e8ull);
 }
