@@ -14,7 +14,8 @@ kvclient.errors (KvError), kvclient.examples.llama (a reference engine).
 """
 from ._lib import lib as _load_lib, path as library_path
 from .client import (G1, G1_CUDA, G1_SIM, G2, G3, TIER_NAMES, TIER_NONE, Allocation, Block,
-                     Client, G1Info, G2Info, Layout, Loaded, chain_hash, chain_keys)
+                     Client, G1Info, G2Info, Layout, Loaded, chain_hash, chain_keys, session_id,
+                     stop_code)
 from .errors import KvError
 
 __version__ = "0.1.0"
@@ -27,4 +28,4 @@ def library_version() -> str:
 
 __all__ = ["Client", "Layout", "Block", "Loaded", "Allocation", "G1Info", "G2Info", "KvError",
            "chain_hash", "chain_keys", "G1", "G2", "G3", "TIER_NONE", "TIER_NAMES", "G1_CUDA",
-           "G1_SIM", "library_path", "library_version", "__version__"]
+           "G1_SIM", "library_path", "library_version", "session_id", "stop_code", "__version__"]

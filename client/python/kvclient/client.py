@@ -152,6 +152,43 @@ def chain_keys(tokens: Sequence[int], tokens_per_block: int, extra: bytes = b"",
     return [raw[i * 32:(i + 1) * 32] for i in range(got)]
 
 
+# Stop reasons of a finished request (base/hint.h; PROTOCOL.md, HINT).
+STOP_UNKNOWN, STOP_END_TURN, STOP_TOOL_USE, STOP_MAX_TOKENS = 0, 1, 2, 3
+STOP_STOP_SEQUENCE, STOP_ABORTED, STOP_OTHER = 4, 5, 6
+_STOP_NAMES = {"unknown": 0, "end_turn": 1, "stop": 1, "tool_use": 2, "tool_calls": 2,
+               "function_call": 2, "max_tokens": 3, "length": 3, "stop_sequence": 4,
+               "aborted": 5, "abort": 5}
+
+
+def stop_code(stop) -> int:
+    """The STOP_* number of a stop reason: a number 0..6 as it is, a name
+    as libkvclient's kvc_stop_parse reads it (an unknown name is
+    STOP_OTHER; None or "" STOP_UNKNOWN)."""
+    if stop is None or stop == "":
+        return STOP_UNKNOWN
+    if isinstance(stop, int):
+        if not 0 <= stop <= STOP_OTHER:
+            raise ValueError(f"stop reason {stop} out of range 0..{STOP_OTHER}")
+        return stop
+    return _STOP_NAMES.get(str(stop), STOP_OTHER)
+
+
+def session_id(session) -> int:
+    """A hint session's 64-bit id: an int (non-zero) as it is; a str
+    (UTF-8) or bytes through FNV-1a 64, 0 becoming 1 (libkvclient's
+    kvc_hint_session_id), so engines that name a session alike agree."""
+    if isinstance(session, int):
+        if not 0 < session < 1 << 64:
+            raise ValueError("a session id is a non-zero 64-bit number")
+        return session
+    if isinstance(session, str):
+        session = session.encode()
+    h = 0xcbf29ce484222325
+    for b in bytes(session):
+        h = ((h ^ b) * 0x100000001b3) & 0xffffffffffffffff
+    return h or 1
+
+
 class _CudaArray:
     """__cuda_array_interface__ over device memory, so torch/cupy can view a
     G1 block without a copy."""
@@ -709,6 +746,38 @@ class Client:
         check(self._L.kvc_set_priority(self._handle(), prio, _lib.keys_array(keys), len(keys), st),
               "set_priority")
         return list(st[:len(keys)])
+
+    # --- engine hints (protocol 1.3): advice for eviction -----------------
+    def hint_session(self, session, keys, retain_s: int = 0) -> list[int]:
+        """These blocks belong to `session` (a name or an id: session_id());
+        say it after committing or loading them. retain_s asks that the
+        session's blocks be kept that long after its last request (the
+        daemon caps it). Per-key statuses: 0, or KV_ENOTFOUND (not a
+        committed block of this namespace). Raises KvError(-EOPNOTSUPP)
+        with a daemon before protocol 1.3."""
+        keys = self._keys(keys)
+        st = (ctypes.c_int32 * max(len(keys), 1))()
+        check(self._L.kvc_hint_session(self._handle(), session_id(session),
+                                       _lib.keys_array(keys), len(keys), retain_s, st),
+              "hint_session")
+        return list(st[:len(keys)])
+
+    def hint_finished(self, session, stop="unknown", keys=(), retain_s: int = 0) -> list[int]:
+        """A request of `session` finished with stop reason `stop` (a name,
+        "end_turn", "tool_use", ... or OpenAI's "stop", "tool_calls",
+        "length"; or a STOP_* number); keys, if any, are that request's
+        blocks. Per-key statuses as hint_session's."""
+        keys = self._keys(keys)
+        st = (ctypes.c_int32 * max(len(keys), 1))()
+        check(self._L.kvc_hint_finished(self._handle(), session_id(session), stop_code(stop),
+                                        _lib.keys_array(keys) if keys else None, len(keys),
+                                        retain_s, st),
+              "hint_finished")
+        return list(st[:len(keys)])
+
+    def hint_end(self, session) -> None:
+        """`session` is over: its blocks may go first."""
+        check(self._L.kvc_hint_end(self._handle(), session_id(session)), "hint_end")
 
     def prefetch(self, keys, tier: int = G2) -> int:
         """A hint to bring blocks up to `tier`; how many were queued."""

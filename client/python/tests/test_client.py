@@ -22,7 +22,7 @@ from kvclient import _lib
 from kvclient.aio import AsyncClient
 from kvclient.errors import CODES
 
-from conftest import REPO, Daemon
+from conftest import REPO, Daemon, http_get
 
 LAYOUT = Layout(block_bytes=4096, tokens_per_block=16, layers=2, kv_heads=2, head_dim=64,
                 dtype="fp16")
@@ -317,6 +317,42 @@ def test_delete_priority_prefetch_status_put_get(daemon):
         assert e.value.name == "KV_ENOTFOUND"
         assert c.delete() == 4  # the whole namespace
         assert c.lookup(keys)[0] == 0
+
+
+def test_session_ids_and_stop_codes_match_libkvclient():
+    # FNV-1a 64's published values, and the C library's function on the same names
+    assert kvclient.session_id(b"a") == 0xaf63dc4c8601ec8c
+    assert kvclient.session_id("foobar") == 0x85944171f73967e8
+    assert kvclient.session_id(7) == 7
+    L = _lib.lib()
+    for name in [b"", b"chat-1", "sesión".encode(), bytes(range(256))]:
+        assert kvclient.session_id(name) == L.kvc_hint_session_id(name, len(name))
+    with pytest.raises(ValueError):
+        kvclient.session_id(0)
+    for name, code in [("end_turn", 1), ("stop", 1), ("tool_calls", 2), ("length", 3),
+                       ("refusal", 6), ("", 0), (None, 0), (5, 5)]:
+        assert kvclient.stop_code(name) == code
+    with pytest.raises(ValueError):
+        kvclient.stop_code(7)
+
+
+def test_hints_reach_committed_blocks_and_are_counted(daemon):
+    with connect(daemon) as c:
+        keys = c.chain_keys(list(range(64)))
+        store(c, keys[:3])
+        nf = CODES["KV_ENOTFOUND"]
+        assert c.hint_session("conv-1", keys, retain_s=300) == [0, 0, 0, nf]
+        assert c.hint_finished("conv-1", "tool_use") == []
+        assert c.hint_finished("conv-1", "end_turn", keys[3:]) == [nf]
+        c.hint_end("conv-1")
+        with pytest.raises(KvError):
+            c.hint_session("conv-1", [])  # SESSION names blocks
+        assert c.lookup(keys)[0] == 3  # advice only: nothing moved
+    code, text = http_get(daemon.stats, "/metrics")
+    assert code == 200
+    assert 'kvcached_hints_total{kind="session"} 1' in text
+    assert 'kvcached_hints_total{kind="finished"} 2' in text
+    assert 'kvcached_hint_finished_total{stop="tool_use"} 1' in text
 
 
 def test_batch_limits_and_bad_keys(daemon):
