@@ -67,12 +67,15 @@ from __future__ import annotations
 
 import ctypes
 import errno
+import logging
 import time
 from dataclasses import dataclass, field
 
 from . import _lib
 from .client import G1, G2, Client, Layout, _blocks
 from .errors import CODES, KvError
+
+log = logging.getLogger("kvclient.paged")
 
 KV_EEXISTS = CODES["KV_EEXISTS"]
 KV_ECORRUPT = CODES["KV_ECORRUPT"]
@@ -327,6 +330,7 @@ class SaveResult:
     existed: int = 0       # another worker had stored or was storing them (KV_EEXISTS)
     failed: list = field(default_factory=list)  # [(block index, KvError)]
     timings: dict = field(default_factory=dict)
+    keys: list = field(default_factory=list)    # the full blocks' keys
 
 
 @dataclass
@@ -372,6 +376,7 @@ class PagedKV:
         self.client = client
         self.layout = layout
         self.ppb = pages_per_block
+        self._hint_warned = False
         self.block_tokens = layout.page_tokens * pages_per_block
         self.block_bytes = want.block_bytes
         self.batch = max(1, min(batch, _lib.BATCH_MAX))
@@ -511,12 +516,15 @@ class PagedKV:
                 raise ValueError(f"page id {p} outside 0..{self.layout.num_pages - 1}")
 
     # --- the two operations ------------------------------------------------------
-    def save(self, token_ids, page_ids, extra: bytes = b"", prio: int = 128) -> SaveResult:
+    def save(self, token_ids, page_ids, extra: bytes = b"", prio: int = 128, session=None,
+             retain_s: int = 0) -> SaveResult:
         """Stores the full blocks of token_ids (their KV in pages page_ids)
-        that kvcached does not hold yet: ALLOC, gather, COMMIT."""
+        that kvcached does not hold yet: ALLOC, gather, COMMIT. With a
+        session (a name or id: kvclient.session_id), every full block of
+        the sequence is then hinted as the session's (hint())."""
         tokens, page_ids = _tolist(token_ids), _tolist(page_ids)
         keys = self.keys(tokens, extra)
-        res = SaveResult(blocks=len(keys))
+        res = SaveResult(blocks=len(keys), keys=keys)
         if not keys:
             return res
         self._check_pages(len(keys) * self.block_tokens, page_ids)
@@ -549,16 +557,36 @@ class PagedKV:
                         res.existed += 1
                     else:
                         res.failed.append((lo + j, KvError(s, "commit", b.key.hex())))
+        self.hint(session, keys, retain_s)
         res.timings = {"total": time.perf_counter() - t0, "copy": t_copy}
         return res
 
+    def hint(self, session, keys, retain_s: int = 0) -> bool:
+        """Tells the daemon that these blocks belong to `session` (engine
+        hints, protocol 1.3: advice for eviction). Best effort: nothing for
+        session None or no keys; False when the daemon could not take it
+        (one before 1.3, a closed connection), which never fails a store or
+        a load."""
+        if session is None or not keys:
+            return False
+        try:
+            for lo in range(0, len(keys), _lib.BATCH_MAX):
+                self.client.hint_session(session, keys[lo:lo + _lib.BATCH_MAX], retain_s)
+            return True
+        except KvError as e:
+            if not self._hint_warned:
+                self._hint_warned = True
+                log.info("kvcached hints not taken (%s); stores and loads go on without them", e)
+            return False
+
     def load(self, token_ids, page_ids, extra: bytes = b"", tier: int = G2,
-             max_tokens: int | None = None) -> LoadResult:
+             max_tokens: int | None = None, session=None, retain_s: int = 0) -> LoadResult:
         """Loads the longest stored prefix of token_ids into pages page_ids:
         LOOKUP, LOAD, scatter, RELEASE. At most max_tokens tokens (default:
         all but the last token, which the engine computes for its logits).
         Returns how many leading tokens are now valid; a failed block ends
-        the prefix and is reported with its pages."""
+        the prefix and is reported with its pages. With a session, the
+        loaded blocks are then hinted as the session's (hint())."""
         tokens, page_ids = _tolist(token_ids), _tolist(page_ids)
         if max_tokens is None:
             max_tokens = max(len(tokens) - 1, 0)
@@ -613,6 +641,7 @@ class PagedKV:
             if n < hi - lo:
                 break
         res.tokens = res.blocks * self.block_tokens
+        self.hint(session, keys[:res.blocks], retain_s)
         res.timings["total"] = time.perf_counter() - t0
         return res
 

@@ -24,8 +24,7 @@ Scheduler side (one Client per scheduler, opened lazily):
   update_state_after_alloc    remembers the request and the load to plan.
   build_connector_meta        the step's loads and saves: every scheduled
       request saves the full blocks its tokens complete in this step.
-  request_finished            the hint to the daemon (SET_PRIORITY of the
-      blocks this request stored itself to "finished_priority"), and True
+  request_finished            the hints to the daemon (below), and True
       (blocks freed later) when a load or a save of the request was handed
       to the workers, so that its pages outlive them; the workers name it
       in get_finished.
@@ -59,6 +58,24 @@ Worker side (one Client per worker, opened at register_kv_caches):
       blocks after it are reported too (vLLM's kv_load_failure_policy then
       recomputes them; nothing is served from garbage).
 
+Hints (protocol 1.3; tiers/EVICTION.md says what the daemon does with
+them): a request's session is what vLLM's API layer passes in the request's
+kv_transfer_params (vLLM's Request.kv_transfer_params, from the API
+request's "kv_transfer_params"): {"session": "<conversation, agent run or
+chat id>", "retain_s": seconds, "session_end": true on a session's last
+request}. The key names are options ("session_param"). A request without a
+session sends no hint. With one: each worker, after it stores or loads a
+request's blocks, tells the daemon they are the session's (SESSION, with
+the keys: sent after their COMMIT, so no hint names a block not yet
+there); request_finished tells it the request finished and why (FINISHED,
+without keys: the daemon keeps it per session, so it holds for blocks the
+workers commit after it), then END if the request said session_end. The
+stop reason is what the scheduler knows: FINISHED_LENGTH_CAPPED is
+max_tokens; FINISHED_ABORTED, _IGNORED and _ERROR are aborted;
+FINISHED_STOPPED is stop_sequence when a stop string ended it, tool_use when
+its stop token is one of "tool_stop_token_ids" (a model whose tool calls
+end on a token of their own, e.g. Llama 3.1's <|eom_id|>), else end_turn.
+
 Keys: kvc_chain_hash over the token ids (kvclient.chain_keys), keyed by the
 namespace salt ("salt"), with the request's cache_salt, LoRA name and
 multimodal identifiers as extra bytes of every block (a request with none
@@ -75,8 +92,10 @@ Options ("kv_connector_extra_config"): socket, tenant, salt (hex),
 tokens_per_block (a multiple of vLLM's block_size; default equal),
 load_tier ("g2" or "g1"), load_async (default true), verify (default true:
 each loaded block is checked against its committed CRC on the CPU),
-finished_priority (0..255, default 64; -1: no hint), tp_group, g2_path
-("direct" or "stage", for CUDA caches).
+tp_group, g2_path ("direct" or "stage", for CUDA caches), session_param
+(default "session"), retain_s (default 0: the retention asked for a
+session's blocks when its request does not say), tool_stop_token_ids
+(default none), hints (default true).
 """
 from __future__ import annotations
 
@@ -92,7 +111,8 @@ except ImportError as e:  # kvclient itself never needs vLLM; this module is its
                       f"(vllm.distributed.kv_transfer.kv_connector.v1.base): {e}") from e
 
 from . import _lib
-from .client import G1, G2, Client, Layout, _blocks
+from .client import (G1, G2, STOP_ABORTED, STOP_END_TURN, STOP_MAX_TOKENS, STOP_STOP_SEQUENCE,
+                     STOP_TOOL_USE, STOP_UNKNOWN, Client, Layout, _blocks)
 from .errors import KvError
 from .paged import LoadResult, PagedKV, PagedLayout, dtype_name
 
@@ -111,6 +131,8 @@ class LoadSpec:
     end: int               # one past the last
     extra: bytes
     is_async: bool
+    session: Any = None    # the request's hint session (None: no hints)
+    retain_s: int = 0
 
 
 @dataclass
@@ -120,6 +142,8 @@ class SaveSpec:
     token_ids: list
     block_ids: list
     extra: bytes
+    session: Any = None
+    retain_s: int = 0
 
 
 @dataclass
@@ -165,6 +189,39 @@ def request_extra(request) -> bytes:
     return b"\0".join(parts)
 
 
+def request_session(request, param: str = "session", retain_s: int = 0) -> tuple:
+    """(session, retain_s, session_end) of a request, from its
+    kv_transfer_params: session None when it names none."""
+    p = getattr(request, "kv_transfer_params", None) or {}
+    if not isinstance(p, dict) or p.get(param) in (None, ""):
+        return None, 0, False
+    return p[param], int(p.get("retain_s", retain_s) or 0), bool(p.get("session_end", False))
+
+
+_ABORTED = ("FINISHED_ABORTED", "FINISHED_IGNORED", "FINISHED_ERROR")
+
+
+def request_stop(request, tool_stop_token_ids=()) -> int:
+    """The stop reason (kvclient STOP_*) of a finished request, from what
+    vLLM's scheduler knows: its status and stop_reason."""
+    st = getattr(request.status, "name", str(request.status))
+    if st == "FINISHED_LENGTH_CAPPED":
+        return STOP_MAX_TOKENS
+    if st in _ABORTED:
+        return STOP_ABORTED
+    if st != "FINISHED_STOPPED":
+        return STOP_UNKNOWN
+    why = getattr(request, "stop_reason", None)
+    if isinstance(why, str):
+        return STOP_STOP_SEQUENCE
+    if why is not None and why in tool_stop_token_ids:
+        return STOP_TOOL_USE
+    out = getattr(request, "output_token_ids", None) or ()
+    if why is None and out and out[-1] in tool_stop_token_ids:
+        return STOP_TOOL_USE
+    return STOP_END_TURN
+
+
 class KvcachedConnector(KVConnectorBase_V1):
     """kvcached as vLLM's KV connector (see the module's docstring)."""
 
@@ -187,7 +244,10 @@ class KvcachedConnector(KVConnectorBase_V1):
         self.load_tier = G1 if tier == "g1" else G2
         self.load_async = bool(get("load_async", True))
         self.verify = bool(get("verify", True))
-        self.finished_prio = int(get("finished_priority", 64))
+        self.hints = bool(get("hints", True))
+        self.session_param = str(get("session_param", "session"))
+        self.retain_s = int(get("retain_s", 0))
+        self.tool_stop_ids = {int(t) for t in (get("tool_stop_token_ids", None) or ())}
         self.g2_path = get("g2_path", "direct")
         self.tp_size = int(getattr(vllm_config.parallel_config, "tensor_parallel_size", 1))
         self.group = get("tp_group", None) or (
@@ -207,7 +267,7 @@ class KvcachedConnector(KVConnectorBase_V1):
         self._cur_req = ""
         self.stats = {"lookups": 0, "hit_blocks": 0, "loaded_blocks": 0, "failed_blocks": 0,
                       "saved_blocks": 0, "existed_blocks": 0, "save_failures": 0,
-                      "layerwise_blocks": 0}
+                      "layerwise_blocks": 0, "hints": 0}
 
     # ============================== scheduler side ==============================
     def _scheduler_layout(self) -> Layout:
@@ -303,7 +363,8 @@ class KvcachedConnector(KVConnectorBase_V1):
                 ids = tr.block_ids
             extra = request_extra(tr.request)
             toks = list(tr.request.all_token_ids)[:end * self.block_tokens]
-            meta.loads.append(LoadSpec(rid, toks, list(ids), start, end, extra, is_async))
+            meta.loads.append(LoadSpec(rid, toks, list(ids), start, end, extra, is_async,
+                                       *self._session(tr.request)[:2]))
             tr.touched = True
             del self._pending_loads[rid]
         for rid, tr, computed, n in running:
@@ -313,33 +374,42 @@ class KvcachedConnector(KVConnectorBase_V1):
             if full > tr.saved:
                 toks = list(tr.request.all_token_ids)[:full * self.block_tokens]
                 meta.saves.append(SaveSpec(rid, toks, list(tr.block_ids),
-                                           request_extra(tr.request)))
+                                           request_extra(tr.request),
+                                           *self._session(tr.request)[:2]))
                 tr.saved = full
                 tr.touched = True
         return meta
 
+    def _session(self, request) -> tuple:
+        if not self.hints:
+            return None, 0, False
+        return request_session(request, self.session_param, self.retain_s)
+
     def request_finished(self, request, block_ids):
         tr = self._trackers.pop(request.request_id, None)
         self._pending_loads.pop(request.request_id, None)
+        self._hint_finished(request)
         if tr is None:
             return False, None
-        if self.finished_prio >= 0 and tr.saved > tr.hit:
-            self._hint_finished(request, tr)
         # the workers may still be loading into or saving from its blocks
         # (an abort between a step's scheduling and its execution): they
         # are freed when every worker has named it in get_finished
         return tr.touched, None
 
-    def _hint_finished(self, request, tr: _Tracker):
-        """The blocks this request stored itself (past the prefix it found)
-        are the first to go: SET_PRIORITY (best effort: a block not yet
-        committed, or evicted, is skipped by the daemon)."""
+    def _hint_finished(self, request) -> None:
+        """FINISHED with the stop reason, then END on a session's last
+        request; the workers name the blocks (SESSION) as they store them,
+        so nothing here depends on their COMMITs having come first. Best
+        effort: a daemon that cannot take hints costs nothing else."""
+        session, retain, end = self._session(request)
+        if session is None:
+            return
         try:
             c = self._sched_client()
-            toks = list(request.all_token_ids)[:tr.saved * self.block_tokens]
-            keys = self._keys(c, toks, request_extra(request))[tr.hit:tr.saved]
-            if keys:
-                c.set_priority(keys, self.finished_prio)
+            c.hint_finished(session, request_stop(request, self.tool_stop_ids), retain_s=retain)
+            if end:
+                c.hint_end(session)
+            self.stats["hints"] += 1 + end
         except KvError as e:
             log.debug("finished hint for %s: %s", request.request_id, e)
 
@@ -383,6 +453,10 @@ class KvcachedConnector(KVConnectorBase_V1):
                 log.warning("kvcached: request %s loaded %d of %d blocks; %d engine blocks "
                             "reported for recompute", spec.req_id, got - spec.start,
                             spec.end - spec.start, len(bad))
+            if got > spec.start and spec.session is not None:
+                keys = self._pk.keys(spec.token_ids[:got * self.block_tokens], spec.extra)
+                self.stats["hints"] += self._pk.hint(spec.session, keys[spec.start:got],
+                                                     spec.retain_s)
             if spec.is_async:
                 self._recving.add(spec.req_id)
 
@@ -511,7 +585,8 @@ class KvcachedConnector(KVConnectorBase_V1):
         for spec in meta.saves:
             self._touched.add(spec.req_id)
             try:
-                r = self._pk.save(spec.token_ids, spec.block_ids, spec.extra)
+                r = self._pk.save(spec.token_ids, spec.block_ids, spec.extra,
+                                  session=spec.session, retain_s=spec.retain_s)
             except KvError as e:  # a store that fails is a later miss, not an error
                 log.warning("kvcached save of %s failed: %s", spec.req_id, e)
                 self.stats["save_failures"] += 1
@@ -543,4 +618,4 @@ class KvcachedConnector(KVConnectorBase_V1):
 
 
 __all__ = ["KvcachedConnector", "KvcachedConnectorMetadata", "LoadSpec", "SaveSpec",
-           "request_extra"]
+           "request_extra", "request_session", "request_stop"]

@@ -199,21 +199,58 @@ def test_request_finished_before_its_save_keeps_its_pages(daemon, work):
     assert_exact(b["b"], prompt(2))
 
 
-def test_finished_hint_lowers_the_priority_of_the_tail(daemon, work):
-    """request_finished sets the priority of the blocks the request stored
-    itself (not the prefix it found) through SET_PRIORITY."""
-    engine_proc(work, daemon, [["a", prompt(1), None]])
-    eng = engine(daemon, finished_priority=7)
-    calls = []
-    c = eng.sched_conn._sched_client()
-    real = c.set_priority
-    c.set_priority = lambda keys, prio: calls.append((list(keys), prio)) or real(keys, prio)
-    eng.add(vllm_shim.Request("b", prompt(2), NEW))
+def test_hints_name_the_session_after_each_commit_and_the_stop_reason_at_finish(daemon, work):
+    """A request with a session in its kv_transfer_params: the worker names
+    its blocks as the session's after storing (or loading) them, never
+    before their COMMIT (no hinted key is missing); request_finished sends
+    FINISHED with the stop reason vLLM knows, and END on session_end. A
+    request without a session sends no hint."""
+    engine_proc(work, daemon, [["a", prompt(1), None]])  # no session: no hint
+    assert daemon.metric('kvcached_hints_total{kind="session"}') == 0
+    eng = engine(daemon, tool_stop_token_ids=[])
+    eng.add(vllm_shim.Request("b", prompt(2), NEW, kv_transfer_params={"session": "chat-9"}))
     eng.run()
-    with Client(daemon.socket, tenant="t", layout=c.layout) as c2:
-        keys = c2.chain_keys(prompt(2))
-    assert calls == [([keys[6]], 7)]  # block 6 is b's own; 0..5 came from a
-    assert all(s == 0 for s in real(keys[6:7], 7))
+    # b loaded blocks 0..5 (one SESSION hint) and stored its block 6 (one more)
+    assert daemon.metric('kvcached_hints_total{kind="session"}') == 2
+    assert daemon.metric('kvcached_hint_finished_total{stop="max_tokens"}') == 1
+    assert daemon.metric("kvcached_hint_keys_unmatched_total") == 0
+    assert daemon.metric('kvcached_hints_total{kind="end"}') == 0
+    # its last request: finished by its stop token (the shim's model picks
+    # the first sampled token), then the session ends
+    tok = eng.requests["b"].output_token_ids[0]
+    eng.add(vllm_shim.Request("c", prompt(2), NEW, stop_token_ids=[tok],
+                              kv_transfer_params={"session": "chat-9", "session_end": True}))
+    eng.run()
+    assert eng.requests["c"].status == vllm_shim.FINISHED_STOPPED
+    assert daemon.metric('kvcached_hint_finished_total{stop="end_turn"}') == 1
+    assert daemon.metric('kvcached_hints_total{kind="end"}') == 1
+    # the same stop token named as a tool call's
+    eng2 = engine(daemon, tool_stop_token_ids=[tok])
+    eng2.add(vllm_shim.Request("d", prompt(2), NEW, stop_token_ids=[tok],
+                               kv_transfer_params={"session": "agent-1"}))
+    eng2.run()
+    assert daemon.metric('kvcached_hint_finished_total{stop="tool_use"}') == 1
+    eng2.add(vllm_shim.Request("e", prompt(3), NEW, kv_transfer_params={"session": "agent-1"}))
+    eng2.schedule()
+    eng2.abort("e")
+    assert daemon.metric('kvcached_hint_finished_total{stop="aborted"}') == 1
+
+
+def test_request_stop_follows_vllms_finished_statuses():
+    connector_cls()
+    m = importlib.import_module("kvclient.vllm")
+    r = vllm_shim.Request("r", [1, 2], 1)
+    for status, why, want in [("FINISHED_LENGTH_CAPPED", None, 3), ("FINISHED_ABORTED", None, 5),
+                              ("FINISHED_IGNORED", None, 5), ("FINISHED_STOPPED", "###", 4),
+                              ("FINISHED_STOPPED", 7, 2), ("FINISHED_STOPPED", 8, 1),
+                              ("RUNNING", None, 0)]:
+        r.status, r.stop_reason = status, why
+        assert m.request_stop(r, {7}) == want, (status, why)
+    assert m.request_session(r) == (None, 0, False)
+    r.kv_transfer_params = {"session": "s", "retain_s": 300}
+    assert m.request_session(r) == ("s", 300, False)
+    r.kv_transfer_params = {"conv": "s2", "session_end": True}
+    assert m.request_session(r, "conv", 60) == ("s2", 60, True)
 
 
 def test_synchronous_load(daemon, work):

@@ -194,13 +194,17 @@ class VllmConfig:
 
 
 # ---- vllm/v1/request.py, vllm/v1/core/sched/output.py, vllm/v1/outputs.py ---------
-WAITING, WAITING_FOR_REMOTE_KVS, RUNNING, PREEMPTED, FINISHED = \
-    "WAITING", "WAITING_FOR_REMOTE_KVS", "RUNNING", "PREEMPTED", "FINISHED"
+WAITING, WAITING_FOR_REMOTE_KVS, RUNNING, PREEMPTED = \
+    "WAITING", "WAITING_FOR_REMOTE_KVS", "RUNNING", "PREEMPTED"
+# vLLM's RequestStatus.FINISHED_* (the connector reads their names)
+FINISHED_STOPPED, FINISHED_LENGTH_CAPPED, FINISHED_ABORTED = \
+    "FINISHED_STOPPED", "FINISHED_LENGTH_CAPPED", "FINISHED_ABORTED"
+FINISHED = (FINISHED_STOPPED, FINISHED_LENGTH_CAPPED, FINISHED_ABORTED)
 
 
 class Request:
     def __init__(self, request_id, prompt_token_ids, max_tokens, cache_salt=None,
-                 lora_request=None, mm_features=()):
+                 lora_request=None, mm_features=(), kv_transfer_params=None, stop_token_ids=()):
         self.request_id = request_id
         self.prompt_token_ids = list(prompt_token_ids)
         self._all_token_ids = list(prompt_token_ids)
@@ -212,6 +216,9 @@ class Request:
         self.num_computed_tokens = 0
         self.num_preemptions = 0
         self.status = WAITING
+        self.kv_transfer_params = kv_transfer_params  # vllm/v1/request.py: from the API request
+        self.stop_token_ids = set(stop_token_ids)      # SamplingParams.stop_token_ids
+        self.stop_reason = None
 
     @property
     def all_token_ids(self):
@@ -361,8 +368,8 @@ class Engine:
         req.num_preemptions += 1
         self.waiting.appendleft(req)
 
-    def _finish(self, req):
-        req.status = FINISHED
+    def _finish(self, req, status=FINISHED_ABORTED):
+        req.status = status
         if req in self.running:
             self.running.remove(req)
         if req in self.waiting:
@@ -501,12 +508,15 @@ class Engine:
                 tok = int(self.torch.argmax(logits))
                 req.output_token_ids.append(tok)
                 req._all_token_ids.append(tok)
-                if len(req.output_token_ids) >= req.max_tokens:
-                    self._finish(req)
+                if tok in req.stop_token_ids:  # vllm/v1/core/sched/utils.py check_stop
+                    req.stop_reason = tok
+                    self._finish(req, FINISHED_STOPPED)
+                elif len(req.output_token_ids) >= req.max_tokens:
+                    self._finish(req, FINISHED_LENGTH_CAPPED)
         for rid in kv_out.finished_recving or ():
             self.finished_recving.add(rid)
         for rid in kv_out.finished_sending or ():
-            assert self.requests[rid].status == FINISHED and rid in self.held, rid
+            assert self.requests[rid].status in FINISHED and rid in self.held, rid
             self.held.discard(rid)
             self._free(rid)
 
