@@ -56,12 +56,18 @@ verify (default true), timeout_ms, reconnect_s (default 1: after the daemon
 went away, how often a call tries to open the session again; meanwhile
 every page is answered as failed).
 
-Engine hints: SGLang's HiCacheStorage interface does not tell a backend
-when a request or session ends (no callback; the controller's
-terminate_prefetch and the radix tree's frees stay inside SGLang), so no
-end-of-request hint reaches the daemon from here. set_priority(keys, prio)
-is there for an engine that does: it lowers (or raises) stored pages'
-priority through SET_PRIORITY.
+Engine hints (protocol 1.3; tiers/EVICTION.md): SGLang's HiCacheStorage
+interface does not tell a backend which request or session a page is for,
+nor when a request or session ends (no callback; the controller's
+terminate_prefetch and the radix tree's frees stay inside SGLang), so with
+SGLang as it is (commit 001067ff) no hint reaches the daemon and eviction
+runs on what the daemon sees alone. Where the caller's
+HiCacheStorageExtraInfo.extra_info carries {"session": name or id,
+"retain_s": seconds}, the pages batch_set_v1 stored and batch_get_v1 loaded
+are named the session's (SESSION, after their COMMIT or LOAD).
+hint_finished(session, stop) and hint_end(session) are there for an engine
+that learns when a request or a session ends; set_priority(keys, prio)
+lowers (or raises) stored pages' priority through SET_PRIORITY.
 
 Threads: SGLang calls the backend from its prefetch, prefetch-IO and
 backup threads at once; one libkvclient handle is used by one thread at a
@@ -151,7 +157,8 @@ class KvcachedStorage(HiCacheStorage):
         self.stats = {"exists_calls": 0, "exists_pages": 0, "exists_hits": 0,
                       "get_pages": 0, "get_ok": 0, "get_missing": 0, "get_corrupt": 0,
                       "get_failed": 0, "set_pages": 0, "set_stored": 0, "set_existed": 0,
-                      "set_failed": 0, "get_seconds": 0.0, "set_seconds": 0.0, "reconnects": 0}
+                      "set_failed": 0, "get_seconds": 0.0, "set_seconds": 0.0, "reconnects": 0,
+                      "hints": 0}
         # SGLang's StorageMetrics samples since the last get_stats()
         self._samples = {"prefetch_pgs": [], "backup_pgs": [], "prefetch_bandwidth": [],
                          "backup_bandwidth": []}
@@ -226,6 +233,25 @@ class KvcachedStorage(HiCacheStorage):
         if e.code in _LOST:
             self._lost = True
 
+    def _hint(self, c: Client, extra_info, kk, res) -> None:
+        """SESSION for the pages that came through, when the caller named a
+        session in extra_info.extra_info. Best effort (a daemon before 1.3
+        takes none)."""
+        info = getattr(extra_info, "extra_info", None)
+        if not isinstance(info, dict) or info.get("session") in (None, ""):
+            return
+        done = [k for k, ok in zip(kk, res) if ok]
+        if not done:
+            return
+        try:
+            for lo in range(0, len(done), _lib.BATCH_MAX):
+                c.hint_session(info["session"], done[lo:lo + _lib.BATCH_MAX],
+                               int(info.get("retain_s", 0) or 0))
+            self.stats["hints"] += 1
+        except KvError as e:
+            self._note(e)
+            logger.debug("kvcached session hint: %s", e)
+
     def _pages(self, host_indices, n: int) -> list[int]:
         """Host pool page ids of the n pages whose token slots are host_indices."""
         P = self.page_tokens
@@ -281,6 +307,7 @@ class KvcachedStorage(HiCacheStorage):
             for lo in range(0, n, _lib.BATCH_MAX):
                 hi = min(lo + _lib.BATCH_MAX, n)
                 self._get_batch(c, kk[lo:hi], pages[lo:hi], res, lo)
+            self._hint(c, extra_info, kk, res)
             self.stats["get_pages"] += n
             self.stats["get_ok"] += sum(res)
             self._sample("prefetch", sum(res), time.perf_counter() - t0)
@@ -358,6 +385,7 @@ class KvcachedStorage(HiCacheStorage):
                 hi = min(lo + _lib.BATCH_MAX, n)
                 parents = [kk[i - 1] if i else parent for i in range(lo, hi)]
                 self._set_batch(c, kk[lo:hi], parents, pages[lo:hi], res, lo)
+            self._hint(c, extra_info, kk, res)
             self.stats["set_pages"] += n
             self._sample("backup", sum(res), time.perf_counter() - t0)
         return res
@@ -539,6 +567,17 @@ class KvcachedStorage(HiCacheStorage):
         hint an engine gives when a request or session ends. Per-key statuses."""
         with self._lock:
             return self._need().set_priority([page_key(k) for k in keys], prio)
+
+    def hint_finished(self, session, stop="unknown", retain_s: int = 0) -> None:
+        """A request of `session` finished with stop reason `stop`
+        ("end_turn", "tool_use", OpenAI's "stop", "tool_calls", ...)."""
+        with self._lock:
+            self._need().hint_finished(session, stop, retain_s=retain_s)
+
+    def hint_end(self, session) -> None:
+        """`session` is over: its pages may go first."""
+        with self._lock:
+            self._need().hint_end(session)
 
     def clear(self) -> None:
         """Deletes every block of this backend's namespace (pinned blocks stay)."""

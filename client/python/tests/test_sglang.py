@@ -235,6 +235,34 @@ def test_set_priority_is_the_hint_an_engine_can_give(daemon):
     backend.close()
 
 
+def test_session_hints_follow_extra_info_and_name_only_pages_that_came_through(daemon):
+    """With a session in HiCacheStorageExtraInfo.extra_info, the pages
+    batch_set_v1 stored and batch_get_v1 loaded are named the session's,
+    after their COMMIT (no hinted key missing) and never a failed page;
+    without one, no hint is sent."""
+    backend, pool = backend_for(daemon)
+    keys = keys_of(4, seed=5)
+    src = pool.alloc(4 * T)
+    fill(pool, src, 6)
+    assert backend.batch_set_v1(keys[:2], src[:2 * T]) == [True] * 2
+    assert daemon.metric('kvcached_hints_total{kind="session"}') == 0
+    info = sglang_shim.HiCacheStorageExtraInfo(prefix_keys=keys[:2],
+                                               extra_info={"session": "conv-7", "retain_s": 60})
+    assert backend.batch_set_v1(keys[2:], src[2 * T:], info) == [True] * 2
+    assert daemon.metric('kvcached_hints_total{kind="session"}') == 1
+    backend.client.delete([page_key(keys[3])])
+    res = backend.batch_get_v1(keys, pool.alloc(4 * T), info)
+    assert res == [True, True, True, False]
+    assert daemon.metric('kvcached_hints_total{kind="session"}') == 2
+    assert daemon.metric("kvcached_hint_keys_unmatched_total") == 0
+    backend.hint_finished("conv-7", "tool_calls")
+    backend.hint_end("conv-7")
+    assert daemon.metric('kvcached_hint_finished_total{stop="tool_use"}') == 1
+    assert daemon.metric('kvcached_hints_total{kind="end"}') == 1
+    assert backend.get_stats()["hints"] == 2
+    backend.close()
+
+
 def test_tp_ranks_get_one_hit_length(daemon):
     """Two TP ranks (each its own KV heads, its own namespace) of one group:
     batch_exists answers the group's minimum on both."""
