@@ -293,11 +293,21 @@ static int op_hint(kvd *d, kvd_sink *sink, const kv_msg *req, kv_buf *out, int f
     d->status[i] = b ? kv_core_hint_session(d->core, ns, h->session, b, h->retain_s) : KV_ENOTFOUND;
     d->st.hints_unmatched += b == NULL;
   }
-  if (h->kind == KV_HINT_FINISHED) {
-    rc = kv_core_hint_finished(d->core, ns, h->session, h->stop, h->retain_s);
-    d->st.hint_stops[h->stop]++;
-  } else if (h->kind == KV_HINT_END) {
-    rc = kv_core_hint_end(d->core, ns, h->session);
+  if (h->kind != KV_HINT_SESSION) {
+    /* The session's news reaches every rank of the caller's TP group: an
+     * engine's scheduler says it once, for rank 0, while each rank stores
+     * its own blocks (the ranks' namespaces are one tenant's). */
+    kvd_ns *me = session_ns(d, sink->sess);
+    kvd_group *g = me->group;
+    for (unsigned r = 0; !rc && r < (g ? g->tp_size : 1u); r++) {
+      int32_t ri = g ? g->ns_of_rank[r] : -1;
+      if (g && (ri < 0 || (uint32_t)ri >= d->reg.nns || d->reg.ns[ri].core_ns < 0)) continue;
+      uint32_t cns = g ? (uint32_t)d->reg.ns[ri].core_ns : ns;
+      rc = h->kind == KV_HINT_FINISHED
+               ? kv_core_hint_finished(d->core, cns, h->session, h->stop, h->retain_s)
+               : kv_core_hint_end(d->core, cns, h->session);
+    }
+    if (h->kind == KV_HINT_FINISHED) d->st.hint_stops[h->stop]++;
   }
   if (rc) return kvd_fail(out, req, rc, "the hint could not be kept");
   d->st.hints[h->kind]++;
