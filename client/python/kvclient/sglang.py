@@ -45,8 +45,9 @@ found, passed its committed CRC (checked on the CPU in place before the
 copy, kvc_verify) and was copied into the host page; every other page is
 False, so SGLang's prefetch stops at it and recomputes. A block that fails
 its CRC is reported to the daemon (which checks its copy and drops it).
-batch_set_v1 answers True for a page stored now or already stored by
-another worker, False for one that could not be stored.
+batch_set_v1 answers True for a page stored now or already stored (and
+committed) by another worker, False for one that could not be stored or
+that another worker is still writing (it may abort: one LOOKUP tells).
 
 Extra config keys: socket (default $KVCACHED_SOCKET, else
 /run/kvcached/kvcached.sock), tenant ("default"), salt (a string), group
@@ -91,7 +92,7 @@ except ImportError as e:  # noqa: F841 - named in the message
                       f"could not be imported: {e}); `import kvclient` works without it") from e
 
 from . import _lib
-from .client import G2, Client, Layout, _blocks
+from .client import G2, TIER_NONE, Client, Layout, _blocks
 from .errors import CODES, KvError
 from .paged import PagedKV, PagedLayout, dtype_name
 
@@ -158,7 +159,7 @@ class KvcachedStorage(HiCacheStorage):
                       "get_pages": 0, "get_ok": 0, "get_missing": 0, "get_corrupt": 0,
                       "get_failed": 0, "set_pages": 0, "set_stored": 0, "set_existed": 0,
                       "set_failed": 0, "get_seconds": 0.0, "set_seconds": 0.0, "reconnects": 0,
-                      "hints": 0}
+                      "hints": 0, "set_inflight": 0}
         # SGLang's StorageMetrics samples since the last get_stats()
         self._samples = {"prefetch_pgs": [], "backup_pgs": [], "prefetch_bandwidth": [],
                          "backup_bandwidth": []}
@@ -399,15 +400,16 @@ class KvcachedStorage(HiCacheStorage):
             self.stats["set_failed"] += len(kk)
             return
         with a:
-            got = []
+            got, exist = [], []
             for j, b in enumerate(a.blocks):
                 if b.status == KV_EEXISTS:
-                    res[lo + j] = True
-                    self.stats["set_existed"] += 1
+                    exist.append(j)
                 elif b.ok:
                     got.append((j, b))
                 else:
                     self.stats["set_failed"] += 1
+            if exist:
+                self._existing(c, kk, exist, res, lo)
             if not got:
                 return
             try:
@@ -434,6 +436,23 @@ class KvcachedStorage(HiCacheStorage):
                     self.stats["set_stored" if s == 0 else "set_existed"] += 1
                 else:
                     self.stats["set_failed"] += 1
+
+    def _existing(self, c: Client, kk, exist, res, lo: int) -> None:
+        """Pages whose ALLOC found the key (KV_EEXISTS): stored already, or
+        being written by another worker, which may still abort. One LOOKUP
+        tells them apart; only a committed block answers True (fail closed:
+        SGLang backs the other pages up again later)."""
+        try:
+            _, tiers = c.lookup([kk[j] for j in exist])
+        except KvError as e:
+            self._note(e)
+            tiers = [TIER_NONE] * len(exist)
+        for j, t in zip(exist, tiers):
+            if t != TIER_NONE:
+                res[lo + j] = True
+                self.stats["set_existed"] += 1
+            else:
+                self.stats["set_inflight"] += 1
 
     def _page_view(self, hp: int):
         """Host page hp of a page_first pool, in the block's order (a view)."""

@@ -225,6 +225,26 @@ def test_flat_pages_and_host_pages_are_one_block_format(daemon, layout):
     other.close()
 
 
+def test_a_page_another_worker_is_still_writing_is_not_reported_stored(daemon):
+    """ALLOC answers KV_EEXISTS both for a stored key and for one another
+    worker is writing (which may still abort): only the stored one is True."""
+    backend, pool = backend_for(daemon)
+    keys = keys_of(3, seed=21)
+    src = pool.alloc(3 * T)
+    fill(pool, src, 8)
+    assert backend.batch_set_v1(keys[:1], src[:T]) == [True]
+    other = backend_for(daemon)[0]
+    a = other.client.alloc([page_key(keys[1])], parents=[page_key(keys[0])])  # held, uncommitted
+    assert backend.batch_set_v1(keys, src) == [True, False, True]
+    st = backend.get_stats()
+    assert (st["set_existed"], st["set_inflight"], st["set_stored"]) == (1, 1, 2)
+    a.abort()
+    assert backend.batch_set_v1(keys[1:2], src[T:2 * T],
+                                sglang_shim.HiCacheStorageExtraInfo(prefix_keys=keys[:1])) == [True]
+    backend.close()
+    other.close()
+
+
 def test_set_priority_is_the_hint_an_engine_can_give(daemon):
     backend, pool = backend_for(daemon)
     keys = keys_of(2)
