@@ -344,6 +344,16 @@ class LoadResult:
     timings: dict = field(default_factory=dict)  # seconds: lookup, load, verify, copy, release
 
 
+@dataclass
+class Pinned:
+    """The leading blocks of one LOAD that came and passed their check,
+    still pinned for this connection (PagedKV.load_pinned): copy them
+    (into_pages, whole or a layer at a time), then release them."""
+    keys: list             # their keys
+    blocks: list           # [(tier, ptr)]
+    first: int             # the sequence index of the first
+
+
 class PagedKV:
     """Saves and loads one engine layout's pages through a Client.
 
@@ -395,6 +405,11 @@ class PagedKV:
 
     def _cuda(self) -> bool:
         return self.layout.mem == MEM_CUDA
+
+    @property
+    def on_cuda(self) -> bool:
+        """Whether the engine's pages are CUDA memory."""
+        return self._cuda()
 
     def _stream(self):
         torch = _torch()
@@ -606,45 +621,90 @@ class PagedKV:
         res.timings = {"lookup": t1 - t0, "load": 0.0, "verify": 0.0, "copy": 0.0, "release": 0.0}
         for lo in range(0, hit, self.load_batch):
             hi = min(lo + self.load_batch, hit)
-            ta = time.perf_counter()
-            ka = _lib.keys_array(keys[lo:hi])
-            out = self.client._load_raw(ka, hi - lo, tier)
-            got = _blocks(out, hi - lo)  # [(status, tier, ptr, length)]
-            tb = time.perf_counter()
-            n = next((j for j, g in enumerate(got) if g[0] != 0), len(got))
-            tc = tv = tb
+            p = self.load_pinned(keys, lo, hi, page_ids, tier, res)
+            tc = time.perf_counter()
             try:
-                if self.verify:
-                    n = self._verify(ka, out, got, n, lo, keys, page_ids, res)
-                    tv = time.perf_counter()
-                for j in range(n, len(got)):
-                    if got[j][0] != 0:
-                        res.failed.append((lo + j, KvError(got[j][0], "block", keys[lo + j].hex())))
-                        res.failed_pages += page_ids[(lo + j) * self.ppb:(lo + j + 1) * self.ppb]
-                if n:
-                    self._into_pages([(g[1], g[2]) for g in got[:n]], page_ids, lo)
-                    self._sync()  # the pins must outlive the copies
-                res.tiers += [g[1] for g in got[:n]]
-                res.blocks += n
-                tc = time.perf_counter()
-            finally:  # drop every pin this LOAD took, used or not (a report took its own)
-                pinned = [keys[lo + j] for j in range(hi - lo) if out[j].status == 0]
-                if len(pinned) == hi - lo:
-                    self.client._release_raw(ka, hi - lo)
-                elif pinned:
-                    self.client.release(pinned)
-            td = time.perf_counter()
-            res.timings["load"] += tb - ta
-            res.timings["verify"] += tv - tb
-            res.timings["copy"] += tc - tv
-            res.timings["release"] += td - tc
-            if n < hi - lo:
+                if p.blocks:
+                    self.into_pages(p, page_ids)
+                    self.sync()  # the pins must outlive the copies
+            finally:
+                td = time.perf_counter()
+                self.release(p)
+            res.timings["copy"] += td - tc
+            res.timings["release"] += time.perf_counter() - td
+            res.tiers += [t for t, _ in p.blocks]
+            res.blocks += len(p.blocks)
+            if len(p.blocks) < hi - lo:
                 break
         res.tokens = res.blocks * self.block_tokens
         self.hint(session, keys[:res.blocks], retain_s)
         res.timings["total"] = time.perf_counter() - t0
         return res
 
+
+    def load_pinned(self, keys, lo: int, hi: int, page_ids, tier: int = G2,
+                    res: LoadResult | None = None) -> Pinned:
+        """One LOAD of keys[lo:hi] (sequence blocks lo..hi-1, into pages
+        page_ids), each block checked against its committed CRC (verify)
+        before anything is copied. The leading blocks that came and passed
+        stay pinned and are returned; every other pin this LOAD took is
+        released, and the blocks that failed are listed in res (failed,
+        failed_pages). Raises KvError when the LOAD fails as a whole
+        (nothing is pinned then)."""
+        res = res if res is not None else LoadResult()
+        res.timings.setdefault("load", 0.0)
+        res.timings.setdefault("verify", 0.0)
+        ta = time.perf_counter()
+        ka = _lib.keys_array(keys[lo:hi])
+        out = self.client._load_raw(ka, hi - lo, tier)
+        got = _blocks(out, hi - lo)  # [(status, tier, ptr, length)]
+        tb = time.perf_counter()
+        n = next((j for j, g in enumerate(got) if g[0] != 0), len(got))
+        keep = 0
+        tv = tb
+        try:
+            if self.verify:
+                n = self._verify(ka, out, got, n, lo, keys, page_ids, res)
+                tv = time.perf_counter()
+            for j in range(n, len(got)):
+                if got[j][0] != 0:
+                    res.failed.append((lo + j, KvError(got[j][0], "block", keys[lo + j].hex())))
+                    res.failed_pages += page_ids[(lo + j) * self.ppb:(lo + j + 1) * self.ppb]
+            keep = n
+        finally:  # every pin not handed back (a CRC report took its own)
+            rest = [keys[lo + j] for j in range(keep, hi - lo) if out[j].status == 0]
+            if rest:
+                self.client.release(rest)
+            res.timings["load"] += tb - ta
+            res.timings["verify"] += tv - tb
+        return Pinned(list(keys[lo:lo + n]), [(g[1], g[2]) for g in got[:n]], lo)
+
+    def into_pages(self, p: Pinned, page_ids, layer: int | None = None) -> None:
+        """Copies the pinned blocks into their pages (block i of the
+        sequence into pages page_ids[i*ppb .. (i+1)*ppb)): whole, or only
+        model layer `layer` (can_copy_layers must hold). Asynchronous on
+        CUDA (the current stream): release() waits for it."""
+        if layer is None:
+            self._into_pages(p.blocks, page_ids, p.first)
+        else:
+            self.layer_into_pages(p.blocks, page_ids, p.first, layer)
+
+    def release(self, p: Pinned) -> None:
+        """Drops the pins of p once the copies that read the blocks are
+        done (on CUDA: waits for the current stream). A connection already
+        gone took its pins with it: logged, not raised."""
+        if not p.keys:
+            return
+        self.sync()
+        try:
+            self.client.release(p.keys)
+        except KvError as e:
+            log.warning("kvcached release of %d blocks: %s", len(p.keys), e)
+
+    def sync(self) -> None:
+        """Waits for this layout's copies in flight (CUDA: the current
+        stream; nothing on the host)."""
+        self._sync()
 
     def _verify(self, ka, out, got, n: int, lo: int, keys, page_ids, res: LoadResult) -> int:
         """Checks blocks [0, n) of a LOAD (kvc_verify: each against its

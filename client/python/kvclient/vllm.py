@@ -112,9 +112,9 @@ except ImportError as e:  # kvclient itself never needs vLLM; this module is its
 
 from . import _lib
 from .client import (G1, G2, STOP_ABORTED, STOP_END_TURN, STOP_MAX_TOKENS, STOP_STOP_SEQUENCE,
-                     STOP_TOOL_USE, STOP_UNKNOWN, Client, Layout, _blocks)
+                     STOP_TOOL_USE, STOP_UNKNOWN, Client, Layout)
 from .errors import KvError
-from .paged import LoadResult, PagedKV, PagedLayout, dtype_name
+from .paged import LoadResult, PagedKV, PagedLayout, Pinned, dtype_name
 
 log = logging.getLogger("kvclient.vllm")
 
@@ -156,10 +156,8 @@ class KvcachedConnectorMetadata(KVConnectorMetadata):
 class _PendingCopy:
     """Verified blocks of one LOAD, pinned, waiting for their layers."""
     req_id: str
-    blocks: list           # [(tier, ptr)], sequence blocks first, first+1, ...
+    pinned: Pinned         # from PagedKV.load_pinned
     page_ids: list         # the request's engine blocks, from token 0
-    first: int
-    keys: list             # the pins to release once every layer is in
 
 
 @dataclass
@@ -465,7 +463,7 @@ class KvcachedConnector(KVConnectorBase_V1):
         the end of the usable prefix (== spec.end when every block came)."""
         pk = self._pk
         tier = self.load_tier
-        if tier == G1 and not (pk._cuda() and pk.client.g1.available):
+        if tier == G1 and not (pk.on_cuda and pk.client.g1.available):
             tier = G2
         page_ids = [int(b) for b in spec.block_ids]
         try:
@@ -486,32 +484,21 @@ class KvcachedConnector(KVConnectorBase_V1):
             return spec.start
 
     def _load_batch(self, keys, lo: int, hi: int, page_ids, tier: int, res: LoadResult) -> int:
-        """One LOAD of keys [lo, hi): verify, scatter, release; how many
-        leading blocks are in the pages."""
-        pk, c = self._pk, self._pk.client
-        ka = _lib.keys_array(keys[lo:hi])
-        out = c._load_raw(ka, hi - lo, tier)
-        got = _blocks(out, hi - lo)
-        n = next((j for j, g in enumerate(got) if g[0] != 0), len(got))
-        keep = 0  # leading pins kept for wait_for_layer_load
-        try:
-            if pk.verify:  # the CRC covers the whole block: checked before any layer is copied
-                n = pk._verify(ka, out, got, n, lo, keys, page_ids, res)
-            blocks = [(g[1], g[2]) for g in got[:n]]
-            if n and self._layer_idx and pk.can_copy_layers(blocks):
-                self._pending.append(_PendingCopy(self._cur_req, blocks, page_ids, lo,
-                                                  keys[lo:lo + n]))
-                self.stats["layerwise_blocks"] += n
-                keep = n
-            elif n:
-                pk._into_pages(blocks, page_ids, lo)
-                pk._sync()
-        finally:  # every other pin this LOAD took, used or not (a corrupt report took its own)
-            pinned = [keys[lo + j] for j in range(keep, hi - lo) if out[j].status == 0]
-            if not keep and len(pinned) == hi - lo:
-                c._release_raw(ka, hi - lo)
-            elif pinned:
-                c.release(pinned)
+        """One LOAD of keys [lo, hi), verified; the usable blocks wait,
+        pinned, for wait_for_layer_load, or (where layers cannot be copied
+        one at a time) go into the pages whole now. How many leading blocks
+        are usable."""
+        pk = self._pk
+        p = pk.load_pinned(keys, lo, hi, page_ids, tier, res)
+        n = len(p.blocks)
+        if n and self._layer_idx and pk.can_copy_layers(p.blocks):
+            self._pending.append(_PendingCopy(self._cur_req, p, page_ids))
+            self.stats["layerwise_blocks"] += n
+        elif n:
+            try:
+                pk.into_pages(p, page_ids)
+            finally:
+                pk.release(p)
         return n
 
     def _copy_layer(self, layer: int) -> None:
@@ -519,7 +506,7 @@ class KvcachedConnector(KVConnectorBase_V1):
         fails reports its request's pending blocks (and drops them)."""
         for pc in list(self._pending):
             try:
-                self._pk.layer_into_pages(pc.blocks, pc.page_ids, pc.first, layer)
+                self._pk.into_pages(pc.pinned, pc.page_ids, layer=layer)
             except KvError as e:
                 log.warning("kvcached: layer %d of request %s not copied: %s", layer,
                             pc.req_id, e)
@@ -527,23 +514,18 @@ class KvcachedConnector(KVConnectorBase_V1):
         self._copied.add(layer)
 
     def _fail_pending(self, pc: _PendingCopy, count: bool = True) -> None:
-        bad = pc.page_ids[pc.first * self.ppb:(pc.first + len(pc.blocks)) * self.ppb]
+        p = pc.pinned
+        bad = pc.page_ids[p.first * self.ppb:(p.first + len(p.blocks)) * self.ppb]
         self._load_errors.update(int(b) for b in bad)
         if count:
-            self.stats["failed_blocks"] += len(pc.blocks)
-            self.stats["loaded_blocks"] -= len(pc.blocks)
+            self.stats["failed_blocks"] += len(p.blocks)
+            self.stats["loaded_blocks"] -= len(p.blocks)
         self._pending.remove(pc)
         self._release([pc])
 
     def _release(self, pcs) -> None:
-        keys = [k for pc in pcs for k in pc.keys]
-        if not keys:
-            return
-        self._pk._sync()  # the copies read the pinned blocks
-        try:
-            self._pk.client.release(keys)
-        except KvError as e:  # the session is gone: so are its pins
-            log.warning("kvcached release of %d blocks: %s", len(keys), e)
+        for pc in pcs:  # PagedKV.release waits for the copies that read them first
+            self._pk.release(pc.pinned)
 
     def _drop_pending(self, req_id: str) -> None:
         """A request whose LOAD failed part way: its blocks already pending
