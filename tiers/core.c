@@ -26,6 +26,9 @@ int kv_core_new(kv_core **out, const kv_core_opts *o) {
     free(c);
     return rc;
   }
+  kv_sessions_init(&c->sess, o ? o->sessions_max : 0,
+                   o && o->retain_max_s ? o->retain_max_s : KV_RETAIN_MAX_S_DEFAULT);
+  c->ix.sessions = &c->sess;
   *out = c;
   return 0;
 }
@@ -54,6 +57,7 @@ void kv_core_free(kv_core *c) {
   free(c->g2a);
   free(c->ns);
   kv_index_fini(&c->ix);
+  kv_sessions_fini(&c->sess);
   free(c);
 }
 
@@ -274,7 +278,10 @@ void kv_core__reap(kv_core *c, kv_block *b) {
   for (int t = 0; t < KV_NTIERS; t++) held |= b->slot[t] != KV_SLOT_NONE;
   if (held) return;
   uint32_t ns = b->ns;
-  if (kv_index_remove(&c->ix, b) || --c->ns[ns].nblocks) return;
+  kv_bid id = b->id;
+  if (kv_index_remove(&c->ix, b)) return;
+  kv_sessions_forget_block(&c->sess, id); /* the id may name another block next */
+  if (--c->ns[ns].nblocks) return;
   c->ns_emptied++;
   /* A namespace learned from G3 that nobody registered: nothing is left of it. */
   if (!c->ns[ns].arena) ns_release(c, ns);

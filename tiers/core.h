@@ -58,6 +58,12 @@ typedef struct kv_core_opts {
   uint32_t index_hint; /* expected number of blocks */
   kv_demote_fn demote; /* NULL: victims are dropped */
   void *demote_arg;
+  /* Engine hints ("engine hints" below): the retention a session may be
+   * granted at most, in seconds (0: KV_RETAIN_MAX_S_DEFAULT, 3600; set 0
+   * itself with kv_core_set_retain_max), and the sessions remembered at
+   * most (0: KV_SESSIONS_MAX_DEFAULT, 65536). */
+  uint32_t retain_max_s;
+  uint32_t sessions_max;
 } kv_core_opts;
 
 /* Which G2 victims deserve the SSD (each write wears it). */
@@ -368,6 +374,19 @@ int kv_core_hint_finished(kv_core *c, uint32_t ns, uint64_t session, unsigned st
 /* Session `session` of namespace ns is over. 0 (also when the session is
  * not known), or -EINVAL. */
 int kv_core_hint_end(kv_core *c, uint32_t ns, uint64_t session);
+
+/* Sets the retention granted at most (seconds; 0: none is granted), for
+ * every session from now on, those that asked before included. */
+void kv_core_set_retain_max(kv_core *c, uint32_t retain_max_s);
+
+/* What the core knows from hints, for statistics and tests. */
+typedef struct kv_core_hint_stats {
+  uint64_t hints;     /* hints taken */
+  uint32_t sessions;  /* sessions remembered now */
+  uint64_t forgotten; /* sessions forgotten to make room */
+  uint64_t now_ms;    /* the hints' clock */
+} kv_core_hint_stats;
+void kv_core_hint_stats_get(const kv_core *c, kv_core_hint_stats *out);
 
 /* Ends an asynchronous demotion from `from`: if ok, the copy there is
  * dropped unless the block was pinned meanwhile. */

@@ -12,6 +12,7 @@
 
 #include "tiers/core.h"
 #include "tiers/evict.h"
+#include "tiers/sessions.h"
 
 /* Operator state (core_admin.c): soft limits and the copy observer. */
 typedef struct kv_core_admin {
@@ -100,6 +101,7 @@ struct kv_core {
   void *g1_arg[KV_G1_POOLS_MAX]; /* the mover's arg for each */
   kv_g1_copy_fn g1_copy;
   uint32_t g1_writing; /* G1 -> G2 write-backs in flight */
+  kv_sessions sess;    /* engine hints (core_hint.c); ix.sessions points here */
 };
 
 /* A namespace that can take G2 blocks (registered, not dormant), or NULL. */

@@ -39,6 +39,10 @@ typedef struct kv_index {
   uint32_t nchunks, capchunks;
   uint32_t hiwater; /* records ever carved from chunks */
   kv_bid free_head; /* free records, linked through ->next */
+  /* Engine hints about the records' sessions (tiers/sessions.h), set by the
+   * index's owner (the core); NULL: none. Eviction policies read it through
+   * their kv_evict.ix. */
+  struct kv_sessions *sessions;
 } kv_index;
 
 #define KV_INDEX_CHUNK_SHIFT 7

@@ -1,0 +1,271 @@
+/* sessions.c - the session table of engine hints (see sessions.h). */
+#include "tiers/sessions.h"
+
+#include <errno.h>
+#include <math.h>
+#include <string.h>
+
+#include "tiers/index.h"
+
+#define SLOT_MASK ((1u << KV_SESS_SLOT_BITS) - 1)
+#define GEN_MASK  ((1u << KV_SESS_GEN_BITS) - 1)
+#define SLOTS_MAX (SLOT_MASK - 1) /* slot + 1 must fit the reference */
+
+void kv_sessions_init(kv_sessions *s, uint32_t max, uint32_t retain_max_s) {
+  memset(s, 0, sizeof *s);
+  s->max = max ? max : KV_SESSIONS_MAX_DEFAULT;
+  if (s->max > SLOTS_MAX) s->max = SLOTS_MAX;
+  s->retain_max_s = retain_max_s;
+}
+
+void kv_sessions_fini(kv_sessions *s) {
+  kv_meta_free(s->v);
+  kv_meta_free(s->heads);
+  kv_meta_free(s->owner);
+  for (uint32_t i = 0; i < s->nnss; i++) kv_meta_free(s->nss[i]);
+  kv_meta_free(s->nss);
+  memset(s, 0, sizeof *s);
+}
+
+void kv_sessions_set_now(kv_sessions *s, uint64_t now_ms) {
+  if (now_ms > s->now_ms) s->now_ms = now_ms;
+}
+
+unsigned kv_gap_bucket(uint64_t ms) {
+  if (ms < 2) return 0;
+  /* half octaves: 2 log2(ms), from the top bit and the next one */
+  unsigned hi = 63u - (unsigned)__builtin_clzll(ms);
+  unsigned half = hi ? (unsigned)(ms >> (hi - 1)) & 1u : 0;
+  unsigned k = 2 * hi + half - 1;
+  return k < KV_GAP_BUCKETS ? k : KV_GAP_BUCKETS - 1;
+}
+
+uint64_t kv_gap_bucket_lo(unsigned k) {
+  if (k == 0) return 0;
+  unsigned hi = (k + 1) / 2, half = (k + 1) % 2;
+  return (1ull << hi) | (half ? 1ull << (hi - 1) : 0);
+}
+
+static inline uint32_t hash_of(uint32_t ns, uint64_t id) {
+  uint64_t z = (id ^ ((uint64_t)ns << 48)) * 0x9E3779B97F4A7C15ull;
+  z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
+  z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
+  return (uint32_t)((z ^ (z >> 31)) >> 32);
+}
+
+static uint32_t find_slot(const kv_sessions *s, uint32_t ns, uint64_t id) {
+  if (!s->nheads) return UINT32_MAX;
+  for (uint32_t i = s->heads[hash_of(ns, id) & (s->nheads - 1)]; i; i = s->v[i - 1].hnext)
+    if (s->v[i - 1].id == id && s->v[i - 1].ns == ns) return i - 1;
+  return UINT32_MAX;
+}
+
+const kv_session *kv_sessions_find(const kv_sessions *s, uint32_t ns, uint64_t id) {
+  uint32_t i = find_slot(s, ns, id);
+  return i == UINT32_MAX ? NULL : &s->v[i];
+}
+
+/* ---- the recency list ---------------------------------------------------- */
+
+static void list_unlink(kv_sessions *s, uint32_t i) {
+  kv_session *x = &s->v[i];
+  if (x->lprev) s->v[x->lprev - 1].lnext = x->lnext;
+  else s->lru = x->lnext;
+  if (x->lnext) s->v[x->lnext - 1].lprev = x->lprev;
+  else s->mru = x->lprev;
+  x->lprev = x->lnext = 0;
+}
+
+static void list_push_mru(kv_sessions *s, uint32_t i) {
+  kv_session *x = &s->v[i];
+  x->lnext = 0;
+  x->lprev = s->mru;
+  if (s->mru) s->v[s->mru - 1].lnext = i + 1;
+  else s->lru = i + 1;
+  s->mru = i + 1;
+}
+
+static void hash_unlink(kv_sessions *s, uint32_t i) {
+  kv_session *x = &s->v[i];
+  uint32_t *p = &s->heads[hash_of(x->ns, x->id) & (s->nheads - 1)];
+  while (*p && *p != i + 1) p = &s->v[*p - 1].hnext;
+  if (*p) *p = x->hnext;
+  x->hnext = 0;
+}
+
+static void hash_link(kv_sessions *s, uint32_t i) {
+  kv_session *x = &s->v[i];
+  uint32_t *h = &s->heads[hash_of(x->ns, x->id) & (s->nheads - 1)];
+  x->hnext = *h;
+  *h = i + 1;
+}
+
+/* Room for slot n: slots grow by half (at least 256) up to max, the hash
+ * buckets stay at least as many as the slots. 0 or -ENOMEM. */
+static int reserve(kv_sessions *s) {
+  if (s->n < s->cap) return 0;
+  uint64_t want = (uint64_t)s->cap + (s->cap / 2 > 256 ? s->cap / 2 : 256);
+  if (want > s->max) want = s->max;
+  kv_session *v = kv_meta_realloc(s->v, (size_t)want * sizeof *v);
+  if (!v) return -ENOMEM;
+  s->v = v;
+  s->cap = (uint32_t)want;
+  if (s->nheads >= s->cap) return 0;
+  uint32_t nh = 64;
+  while (nh < s->cap) nh <<= 1;
+  uint32_t *h = kv_meta_calloc(nh, sizeof *h);
+  if (!h) return s->heads ? 0 : -ENOMEM; /* the old buckets still work, with longer chains */
+  kv_meta_free(s->heads);
+  s->heads = h;
+  s->nheads = nh;
+  for (uint32_t i = 0; i < s->n; i++)
+    if (s->v[i].id) hash_link(s, i);
+  return 0;
+}
+
+/* The namespace's statistics, made if needed; NULL when out of memory. */
+static kv_sess_ns *ns_stats(kv_sessions *s, uint32_t ns) {
+  if (ns >= s->nnss) {
+    uint32_t n = s->nnss ? s->nnss : 4;
+    while (n <= ns) n *= 2;
+    kv_sess_ns **v = kv_meta_realloc(s->nss, (size_t)n * sizeof *v);
+    if (!v) return NULL;
+    memset(v + s->nnss, 0, (size_t)(n - s->nnss) * sizeof *v);
+    s->nss = v;
+    s->nnss = n;
+  }
+  if (!s->nss[ns]) s->nss[ns] = kv_meta_calloc(1, sizeof *s->nss[ns]);
+  return s->nss[ns];
+}
+
+/* Session (ns, id)'s slot, made (in a new slot or the least recently
+ * hinted one's) if it is not known; moved to the recent end. UINT32_MAX
+ * when out of memory. */
+static uint32_t get_slot(kv_sessions *s, uint32_t ns, uint64_t id) {
+  uint32_t i = find_slot(s, ns, id);
+  if (i == UINT32_MAX) {
+    if (!ns_stats(s, ns)) return UINT32_MAX;
+    if (s->n < s->max && reserve(s) == 0) {
+      i = s->n++;
+      s->v[i].gen = 0;
+    } else if (s->lru) { /* full: forget the least recently hinted */
+      i = s->lru - 1;
+      list_unlink(s, i);
+      hash_unlink(s, i);
+      s->live--;
+      s->forgotten++;
+    } else {
+      return UINT32_MAX;
+    }
+    uint16_t gen = (uint16_t)((s->v[i].gen + 1) & GEN_MASK);
+    memset(&s->v[i], 0, sizeof s->v[i]);
+    s->v[i].id = id;
+    s->v[i].ns = (uint16_t)ns;
+    s->v[i].gen = gen;
+    hash_link(s, i);
+    list_push_mru(s, i);
+    s->live++;
+  } else if (s->mru != i + 1) {
+    list_unlink(s, i);
+    list_push_mru(s, i);
+  }
+  s->v[i].last_ms = s->now_ms;
+  s->hints++;
+  s->epoch++;
+  return i;
+}
+
+static inline uint32_t ref_of(const kv_sessions *s, uint32_t i) {
+  return ((uint32_t)(s->v[i].gen & GEN_MASK) << KV_SESS_SLOT_BITS) | (i + 1);
+}
+
+static void set_retain(kv_session *x, uint32_t retain_s) {
+  if (retain_s) x->retain_s = retain_s;
+}
+
+/* A request of x starts now: the gap since its last FINISHED is filed. */
+static void start_request(kv_sessions *s, kv_session *x) {
+  x->flags = (uint8_t)((x->flags | KV_SESS_ACTIVE) & ~KV_SESS_ENDED);
+  x->start_ms = s->now_ms;
+  x->nreq++;
+  if (!x->fin_ms) return;
+  uint64_t gap = s->now_ms - x->fin_ms;
+  kv_sess_ns *st = s->nss[x->ns];
+  unsigned k = kv_gap_bucket(gap);
+  if (++st->total[x->stop] >= KV_GAP_HALVE) {
+    st->total[x->stop] = 0;
+    for (unsigned j = 0; j < KV_GAP_BUCKETS; j++) {
+      st->hist[x->stop][j] /= 2;
+      st->total[x->stop] += st->hist[x->stop][j];
+    }
+  }
+  st->hist[x->stop][k]++;
+  /* the session's own: log2 of the gap, x 256, averaged with weight 1/2 */
+  double l = gap > 1 ? log2((double)gap) * 256.0 : 0.0;
+  if (l > 65535.0) l = 65535.0;
+  x->lgap = x->ngaps ? (uint16_t)((x->lgap + (uint32_t)l + 1) / 2) : (uint16_t)l;
+  x->ngaps++;
+}
+
+/* The owner array covers block id: grown by a quarter (at least 1024),
+ * new entries without owner. 0 or -ENOMEM. */
+static int owner_cover(kv_sessions *s, kv_bid id) {
+  if (id < s->nowner) return 0;
+  uint64_t to = (uint64_t)s->nowner + (s->nowner / 4 > 1024 ? s->nowner / 4 : 1024);
+  if (to <= id) to = (uint64_t)id + 1;
+  if (to > UINT32_MAX) return -ENOMEM;
+  uint32_t *v = kv_meta_realloc(s->owner, (size_t)to * sizeof *v);
+  if (!v) return -ENOMEM;
+  memset(v + s->nowner, 0, (size_t)(to - s->nowner) * sizeof *v);
+  s->owner = v;
+  s->nowner = (uint32_t)to;
+  return 0;
+}
+
+int kv_sessions_hint_block(kv_sessions *s, uint32_t ns, uint64_t id, kv_block *b,
+                           uint32_t retain_s) {
+  if (owner_cover(s, b->id)) return -ENOMEM;
+  uint32_t i = get_slot(s, ns, id);
+  if (i == UINT32_MAX) return -ENOMEM;
+  kv_session *x = &s->v[i];
+  if (!(x->flags & KV_SESS_ACTIVE)) start_request(s, x);
+  set_retain(x, retain_s);
+  s->owner[b->id] = ref_of(s, i);
+  return 0;
+}
+
+int kv_sessions_finished(kv_sessions *s, uint32_t ns, uint64_t id, unsigned stop,
+                         uint32_t retain_s) {
+  uint32_t i = get_slot(s, ns, id);
+  if (i == UINT32_MAX) return -ENOMEM;
+  kv_session *x = &s->v[i];
+  if (!x->nreq) x->nreq = 1; /* known only from its end: a request there was */
+  x->flags = (uint8_t)(x->flags & ~(KV_SESS_ACTIVE | KV_SESS_ENDED));
+  x->stop = (uint8_t)stop;
+  x->fin_ms = s->now_ms ? s->now_ms : 1; /* 0 means "none yet" */
+  set_retain(x, retain_s);
+  return 0;
+}
+
+void kv_sessions_end(kv_sessions *s, uint32_t ns, uint64_t id) {
+  uint32_t i = find_slot(s, ns, id);
+  if (i == UINT32_MAX) return;
+  kv_session *x = &s->v[i];
+  x->flags = (uint8_t)((x->flags & ~KV_SESS_ACTIVE) | KV_SESS_ENDED);
+  x->last_ms = s->now_ms;
+  s->hints++;
+  s->epoch++;
+}
+
+uint32_t kv_sessions_owner_slot(const kv_sessions *s, kv_bid id) {
+  if (id >= s->nowner || s->owner[id] == KV_SESS_NONE) return UINT32_MAX;
+  uint32_t r = s->owner[id], i = (r & SLOT_MASK) - 1;
+  if (i >= s->n || !s->v[i].id || (s->v[i].gen & GEN_MASK) != r >> KV_SESS_SLOT_BITS)
+    return UINT32_MAX;
+  return i;
+}
+
+const kv_session *kv_sessions_owner(const kv_sessions *s, kv_bid id) {
+  uint32_t i = kv_sessions_owner_slot(s, id);
+  return i == UINT32_MAX ? NULL : &s->v[i];
+}
