@@ -124,6 +124,11 @@ static const opt opts[] = {
     {"cache", "policy", OPT_STR, O(policy), sizeof(((kv_config *)0)->policy),
      NULL /* kv_evict_default */,
      "eviction policy: reuse, lru, lru2, lfuda, arc, s3fifo, tinylfu or auto", NULL, "policy"},
+    {"cache", "retain_max_s", OPT_U32, O(retain_max_s), 0, "3600",
+     "engine hints: the most seconds of retention a session's blocks are granted after its "
+     "last request, whatever a client asks (0: none granted)"},
+    {"cache", "hint_sessions", OPT_U32, O(hint_sessions), 0, "65536",
+     "engine hints: sessions remembered at most (the least recently hinted are forgotten)"},
     {"log", "level", OPT_ENUM, O(log_level), 0, "info",
      "least severe level logged: debug, info, warn, error", log_level_names, "log-level"},
     {"stats", "listen", OPT_STR, O(stats_listen), sizeof(((kv_config *)0)->stats_listen), "",

@@ -74,6 +74,8 @@ typedef struct kv_config {
   uint32_t g3_min_prio;        /* [g3] min_prio */
   uint32_t g3_retry_ms;        /* [g3] retry_ms: probe a full G3, reopen an unavailable one */
   char policy[32];             /* [cache] policy */
+  uint32_t retain_max_s;       /* [cache] retain_max_s: hint retention granted at most */
+  uint32_t hint_sessions;      /* [cache] hint_sessions: sessions remembered at most */
   kv_log_level log_level;      /* [log] level: debug, info, warn (or warning), error */
   uint32_t load_timeout_ms;    /* [daemon] load_timeout_ms */
   char stats_listen[64];       /* [stats] listen: host:port for the TCP stats listener; "" = off */

@@ -117,12 +117,15 @@ int kvd_init(kvd *d) {
     rc = -ENOMEM;
     goto fail_scratch;
   }
-  kv_core_opts co = {.policy = d->cfg.policy};
+  kv_core_opts co = {.policy = d->cfg.policy,
+                     .retain_max_s = d->cfg.retain_max_s,
+                     .sessions_max = d->cfg.hint_sessions};
   rc = kv_core_new(&d->core, &co);
   if (rc) {
     kv_error("core", "cannot start the cache core: %s", kv_strerror(rc));
     goto fail_scratch;
   }
+  if (d->cfg.retain_max_s == 0) kv_core_set_retain_max(d->core, 0); /* 0 in opts: the default */
   if ((rc = kvd_g1s_open(&d->g1, &d->cfg))) goto fail_core;
   for (unsigned i = 0; i < d->g1.n; i++) {
     kvd_g1 *g = &d->g1.g[i];

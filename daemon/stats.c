@@ -406,6 +406,13 @@ int kvd_render_metrics(kvd *d, kv_buf *out) {
   H("kvcached_hint_finished_total", "counter", "Requests the engines said finished, by stop reason.");
   for (unsigned k = 0; k < KV_STOP_COUNT; k++)
     P("kvcached_hint_finished_total{stop=\"%s\"} %llu\n", kv_stop_name(k), U(d->st.hint_stops[k]));
+  kv_core_hint_stats hs;
+  kv_core_hint_stats_get(d->core, &hs);
+  H("kvcached_hint_sessions", "gauge", "Sessions the daemon remembers from engine hints.");
+  P("kvcached_hint_sessions %llu\n", U(hs.sessions));
+  H("kvcached_hint_sessions_forgotten_total", "counter",
+    "Sessions forgotten to make room (cache.hint_sessions).");
+  P("kvcached_hint_sessions_forgotten_total %llu\n", U(hs.forgotten));
   H("kvcached_hint_keys_unmatched_total", "counter",
     "Keys named by hints that had no committed block in the namespace.");
   P("kvcached_hint_keys_unmatched_total %llu\n", U(d->st.hints_unmatched));
@@ -619,6 +626,10 @@ static json_t *stats_json(kvd *d, const snapshot *s) {
   for (unsigned k = 0; k < KV_STOP_COUNT; k++)
     json_object_set_new(stops, kv_stop_name(k), json_integer((json_int_t)d->st.hint_stops[k]));
   json_object_set_new(hj, "finished_by_stop", stops);
+  kv_core_hint_stats hst;
+  kv_core_hint_stats_get(d->core, &hst);
+  json_object_set_new(hj, "sessions", json_integer((json_int_t)hst.sessions));
+  json_object_set_new(hj, "sessions_forgotten", json_integer((json_int_t)hst.forgotten));
   json_object_set_new(o, "hints", hj);
   json_object_set_new(o, "latency_us",
                       json_pack("{s:o,s:o,s:o,s:o}", "lookup", lat_json(&d->m.req[KVD_REQ_LOOKUP]),

@@ -314,6 +314,7 @@ Test(daemon, hints_are_scoped_checked_and_counted) {
   cr_assert(kvt_json_num(o, "hints.finished_by_stop.end_turn", &v) == 0 && v == 1);
   cr_assert(kvt_json_num(o, "hints.end", &v) == 0 && v == 2);
   cr_assert(kvt_json_num(o, "hints.keys_unmatched", &v) == 0 && v == 4);
+  cr_assert(kvt_json_num(o, "hints.sessions", &v) == 0 && v == 1, "one session, in one namespace");
   json_decref(o);
   cr_assert_eq(kvt_http(kd.stats, "GET", "/metrics", resp, sizeof resp, &body), 200);
   cr_assert_eq(kvt_metric_value(body, "kvcached_hints_total{kind=\"session\"}"), 2, "%s", body);
