@@ -119,6 +119,8 @@ _SIGS = {
     "kvc_submit_commit": (c_int64, [c_void_p, _P(KvcKey), c_uint32, _P(c_int32), c_void_p]),
     "kvc_submit_commit_crc": (c_int64, [c_void_p, _P(KvcKey), _P(c_uint32), c_uint32,
                                         _P(c_int32), c_void_p]),
+    "kvc_submit_hint": (c_int64, [c_void_p, c_int, c_uint64, c_int, c_uint32, _P(KvcKey),
+                                  c_uint32, _P(c_int32), c_void_p]),
     "kvc_poll": (c_int, [c_void_p, _P(KvcCompletion), c_int]),
     "kvc_pending": (c_int, [c_void_p]),
     "kvc_strerror": (c_char_p, [c_int]),

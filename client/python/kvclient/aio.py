@@ -26,7 +26,8 @@ import errno
 import ctypes
 
 from . import _lib
-from .client import G2, Allocation, Client, Loaded, _new_blocks, _parents_array
+from .client import (G2, Allocation, Client, Loaded, _new_blocks, _parents_array, session_id,
+                     stop_code)
 from .errors import KvError
 
 _OP_LOOKUP, _OP_LOAD, _OP_RELEASE, _OP_ALLOC, _OP_COMMIT = 2, 3, 4, 5, 6
@@ -170,3 +171,20 @@ class AsyncClient:
         chk = self._result("commit")
         return await self._submit(rid, "commit", lambda r: (chk(r), list(st[:len(keys)]))[1],
                                   (ka, ca, st))
+
+    async def hint(self, kind: str, session, keys=(), stop="unknown", retain_s: int = 0) -> list[int]:
+        """An engine hint without blocking the loop (Client.hint_session,
+        hint_finished, hint_end): kind "session", "finished" or "end".
+        Per-key statuses."""
+        kinds = {"session": 1, "finished": 2, "end": 3}
+        if kind not in kinds:
+            raise ValueError(f"hint kind {kind!r}: session, finished or end")
+        keys = Client._keys(keys)
+        ka = _lib.keys_array(keys) if keys else None
+        st = (ctypes.c_int32 * max(len(keys), 1))()
+        rid = self._L.kvc_submit_hint(self.client._handle(), kinds[kind], session_id(session),
+                                      stop_code(stop) if kind == "finished" else 0, retain_s,
+                                      ka, len(keys), st, None)
+        chk = self._result("hint")
+        return await self._submit(rid, "hint", lambda r: (chk(r), list(st[:len(keys)]))[1],
+                                  (ka, st))

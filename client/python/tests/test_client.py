@@ -566,6 +566,25 @@ def test_asyncio_many_requests_in_flight(daemon):
     asyncio.run(main())
 
 
+def test_asyncio_hints(daemon):
+    async def main(c):
+        ac = AsyncClient(c)
+        keys = c.chain_keys(list(range(32)))
+        store(c, keys)
+        nf = CODES["KV_ENOTFOUND"]
+        got = await asyncio.gather(ac.hint("session", "s1", keys + [b"\x07" * 32]),
+                                   ac.hint("finished", "s1", stop="length"),
+                                   ac.hint("end", "s1"))
+        assert got == [[0, 0, nf], [], []]
+        with pytest.raises(ValueError):
+            await ac.hint("bogus", "s1")
+        ac.close()
+    with connect(daemon) as c:
+        asyncio.run(main(c))
+    assert daemon.metric('kvcached_hint_finished_total{stop="max_tokens"}') == 1
+    assert daemon.metric('kvcached_hints_total{kind="end"}') == 1
+
+
 def test_asyncio_fails_pending_requests_when_the_daemon_dies(daemon):
     async def main():
         with connect(daemon) as c:
