@@ -29,12 +29,17 @@
 static const double fractions[] = {0.01, 0.02, 0.05, 0.10, 0.20, 0.50};
 #define NFRAC (sizeof fractions / sizeof fractions[0])
 
-/* Belady's offline MIN on the Mooncake synthetic trace, same replay, from
- * ../shared/data/README.md (prefix block hit rate at each fraction). Shown
- * beside the measured rates when the trace is that one (same counts). */
+/* Belady's offline MIN, same replay, from ../shared/data/README.md: on the
+ * Mooncake synthetic trace the prefix block and token hit rates, on the
+ * agentic sessions the prefix token hit rate, at each fraction. Shown
+ * beside the measured rates when the trace is one of those (same counts). */
 static const double belady_mooncake[NFRAC] = {0.1766, 0.2527, 0.3868, 0.5009, 0.6058, 0.6396};
+static const double belady_tok_mooncake[NFRAC] = {0.1799, 0.2574, 0.3940, 0.5101, 0.6168, 0.6512};
+static const double belady_tok_agentic[NFRAC] = {0.4634, 0.6281, 0.8248, 0.9143, 0.9538, 0.9613};
 #define MOONCAKE_REQS   3993
 #define MOONCAKE_UNIQUE 43924
+#define AGENTIC_REQS    24015
+#define AGENTIC_UNIQUE  236771
 
 typedef struct replay_result {
   uint64_t refs, prefix_hits, block_hits, tokens, prefix_tokens;
@@ -183,8 +188,67 @@ static void core_close(core_run *cr) {
   kv_arena_fini(&cr->arena);
 }
 
-static int replay_core(const kv_trace *t, const char *policy, uint32_t cap, replay_result *out,
-                       kv_core_stats_t *st) {
+/* ---- hints from the trace ----------------------------------------------------
+ * What an API server knows, request by request (no look-ahead): the
+ * session (and sub-agent) id on the request's lookups and stores, and its
+ * stop reason once the request is done - after its stores. A session that
+ * does not come back is never told "ended": only the future knows that.
+ * Wrong hints for measuring what they cost: the stop reasons shuffled
+ * across requests, or each request's session taken from a random request. */
+typedef enum { HINTS_OFF = 0, HINTS_ON, HINTS_WRONG_STOPS, HINTS_WRONG_SESSIONS } hints_mode;
+
+typedef struct hint_plan {
+  uint64_t *session; /* per request; 0: none */
+  uint8_t *stop;
+} hint_plan;
+
+static uint64_t xorshift(uint64_t *x) {
+  *x ^= *x << 13, *x ^= *x >> 7, *x ^= *x << 17;
+  return *x;
+}
+
+static int hint_plan_make(hint_plan *hp, const kv_trace *t, hints_mode mode, int by_agent) {
+  hp->session = malloc(t->nreq * sizeof *hp->session);
+  hp->stop = malloc(t->nreq);
+  if (!hp->session || !hp->stop) {
+    free(hp->session);
+    free(hp->stop);
+    return -ENOMEM;
+  }
+  for (size_t i = 0; i < t->nreq; i++) {
+    const kv_trace_req *q = &t->req[i];
+    hp->session[i] = by_agent && q->agent ? q->agent : q->session;
+    hp->stop[i] = q->stop;
+  }
+  uint64_t x = 88172645463325252ull; /* fixed: the same wrong hints every run */
+  for (size_t i = t->nreq; i > 1 && mode == HINTS_WRONG_STOPS; i--) {
+    size_t j = xorshift(&x) % i;
+    uint8_t s = hp->stop[i - 1];
+    hp->stop[i - 1] = hp->stop[j], hp->stop[j] = s;
+  }
+  if (mode == HINTS_WRONG_SESSIONS) {
+    uint64_t *orig = malloc(t->nreq * sizeof *orig);
+    if (!orig) {
+      free(hp->session);
+      free(hp->stop);
+      return -ENOMEM;
+    }
+    memcpy(orig, hp->session, t->nreq * sizeof *orig);
+    for (size_t i = 0; i < t->nreq; i++) hp->session[i] = orig[xorshift(&x) % t->nreq];
+    free(orig);
+  }
+  return 0;
+}
+
+static void hint_plan_free(hint_plan *hp) {
+  free(hp->session);
+  free(hp->stop);
+}
+
+/* The replay on the trace's clock (kv_core_set_now per request); hp: the
+ * hints to give (NULL: none). */
+static int replay_core(const kv_trace *t, const char *policy, uint32_t cap, const hint_plan *hp,
+                       replay_result *out, kv_core_stats_t *st) {
   core_run cr;
   int rc = core_open(&cr, policy, cap, cap);
   if (rc) return rc;
@@ -209,28 +273,36 @@ static int replay_core(const kv_trace *t, const char *policy, uint32_t cap, repl
       keys[i].len = 8;
       kv_trace_key(q->ids[i], keys[i].b);
     }
-    int prefix = kv_core_lookup(cr.core, (uint32_t)cr.ns, keys, q->n, tiers);
+    uint32_t ns = (uint32_t)cr.ns;
+    uint64_t sid = hp ? hp->session[qi] : 0;
+    kv_core_set_now(cr.core, q->ts_ms);
+    int prefix = kv_core_lookup(cr.core, ns, keys, q->n, tiers);
     if (prefix < 0) {
       rc = prefix;
       break;
     }
     uint32_t any = 0;
-    for (uint32_t i = 0; i < q->n; i++) any += tiers[i] != KV_TIER_NONE;
+    for (uint32_t i = 0; i < q->n; i++) {
+      if (tiers[i] == KV_TIER_NONE) continue;
+      any++;
+      if (sid) kv_core_hint_session(cr.core, ns, sid, kv_core_find(cr.core, ns, &keys[i]), 0);
+    }
     account(&r, q, (uint32_t)prefix, any);
     for (uint32_t i = 0; i < q->n; i++) {
-      kv_block *b = kv_core_find(cr.core, (uint32_t)cr.ns, &keys[i]);
+      kv_block *b = kv_core_find(cr.core, ns, &keys[i]);
       if (b) {
         kv_core_touch(cr.core, b);
         continue;
       }
-      int arc = kv_core_alloc(cr.core, (uint32_t)cr.ns, &keys[i], i ? &keys[i - 1] : NULL,
-                              KV_PRIO_DEFAULT, &b);
+      int arc = kv_core_alloc(cr.core, ns, &keys[i], i ? &keys[i - 1] : NULL, KV_PRIO_DEFAULT, &b);
       if (arc == 0) arc = kv_core_commit(cr.core, b, 0);
+      if (arc == 0 && sid) arc = kv_core_hint_session(cr.core, ns, sid, b, 0);
       if (arc) {
         rc = arc;
         break;
       }
     }
+    if (sid && !rc) rc = kv_core_hint_finished(cr.core, ns, sid, hp->stop[qi], 0);
   }
   if (st) kv_core_stats(cr.core, st);
   free(keys);
@@ -239,6 +311,16 @@ static int replay_core(const kv_trace *t, const char *policy, uint32_t cap, repl
   *out = r;
   return rc;
 }
+
+static double pct(uint64_t a, uint64_t b) { return b ? 100.0 * (double)a / (double)b : 0.0; }
+
+/* The capacity, in blocks, of fraction f of the trace's unique blocks. */
+static uint32_t frac_cap(const kv_trace *t, size_t f) {
+  uint32_t cap = (uint32_t)(fractions[f] * (double)t->nunique + 0.5);
+  return cap ? cap : 1;
+}
+
+static const char *const hints_name[] = {"", "hints", "wrong_stops", "wrong_sessions"};
 
 static json_t *rates_json(const replay_result *r) {
   return json_pack("{s:f,s:f,s:f}", "prefix_hit_rate",
@@ -500,13 +582,17 @@ int kvbench_core_replay(int argc, char **argv) {
                                      {"g3-dir", required_argument, 0, 'g'},
                                      {"g2-fraction", required_argument, 0, '2'},
                                      {"g3-fraction", required_argument, 0, '3'},
+                                     {"hints", no_argument, 0, 'H'},
+                                     {"hints-wrong", required_argument, 0, 'W'},
+                                     {"hints-by", required_argument, 0, 'B'},
                                      {"help", no_argument, 0, 'h'},
                                      {0, 0, 0, 0}};
   const char *trace = NULL, *policies[16] = {0}, *g3dir = NULL;
   double g2f = 0.01, g3f = 0.10;
-  int npol = 0, json = 0, ch;
+  int npol = 0, json = 0, ch, by_agent = 1;
+  hints_mode hints = HINTS_OFF;
   optind = 1;
-  while ((ch = getopt_long(argc, argv, "t:p:jhg:2:3:", lo, NULL)) != -1) {
+  while ((ch = getopt_long(argc, argv, "t:p:jhg:2:3:HW:B:", lo, NULL)) != -1) {
     switch (ch) {
     case 't': trace = optarg; break;
     case 'p':
@@ -524,9 +610,36 @@ int kvbench_core_replay(int argc, char **argv) {
     case 'g': g3dir = optarg; break;
     case '2': g2f = strtod(optarg, NULL); break;
     case '3': g3f = strtod(optarg, NULL); break;
+    case 'H':
+      if (hints == HINTS_OFF) hints = HINTS_ON;
+      break;
+    case 'W':
+      if (!strcmp(optarg, "stops")) hints = HINTS_WRONG_STOPS;
+      else if (!strcmp(optarg, "sessions")) hints = HINTS_WRONG_SESSIONS;
+      else {
+        fprintf(stderr, "kvbench core-replay: --hints-wrong stops|sessions\n");
+        return 2;
+      }
+      break;
+    case 'B':
+      if (!strcmp(optarg, "agent") || !strcmp(optarg, "session"))
+        by_agent = !strcmp(optarg, "agent");
+      else {
+        fprintf(stderr, "kvbench core-replay: --hints-by session|agent\n");
+        return 2;
+      }
+      break;
     case 'h':
       printf("usage: kvbench core-replay --trace FILE [--policy NAME|all]... [--json]\n"
              "         [--g3-dir DIR [--g2-fraction F] [--g3-fraction F]]\n"
+             "         [--hints [--hints-wrong stops|sessions] [--hints-by agent|session]]\n"
+             "  --hints: also replay with the hints an API server has (the trace's session\n"
+             "           and sub-agent on lookups and stores, its stop reason once each\n"
+             "           request is done), reported beside the replay without them;\n"
+             "           --hints-wrong: with wrong hints instead (stop reasons shuffled across\n"
+             "           requests, or each request's session taken from a random request);\n"
+             "           --hints-by: a sub-agent is a session of its own (agent, the default)\n"
+             "           or part of its parent's (session)\n"
              "  --g3-dir: also replay with a real SSD tier in DIR under a small G2\n"
              "            (default 1%% and 10%% of the unique blocks), once per admission\n"
              "            policy, reporting hit rate and SSD writes; with more than one\n"
@@ -554,40 +667,56 @@ int kvbench_core_replay(int argc, char **argv) {
                           "block_refs", (json_int_t)t.nids, "unique_blocks", (json_int_t)t.nunique,
                           "policy", policies[0]);
   json_t *by_policy = json_object();
+  const double *belady = NULL, *belady_tok = NULL;
+  if (t.nreq == MOONCAKE_REQS && t.nunique == MOONCAKE_UNIQUE)
+    belady = belady_mooncake, belady_tok = belady_tok_mooncake;
+  if (t.nreq == AGENTIC_REQS && t.nunique == AGENTIC_UNIQUE) belady_tok = belady_tok_agentic;
+  hint_plan hp = {0};
+  if (hints && (rc = hint_plan_make(&hp, &t, hints, by_agent)))
+    fprintf(stderr, "kvbench core-replay: %s\n", kv_strerror(rc));
+  replay_result refs[NFRAC];
+  for (size_t f = 0; f < NFRAC; f++) refs[f] = replay_lru_ref(&t, frac_cap(&t, f));
   for (int p = 0; p < npol && !rc; p++) {
     json_t *arr = json_array();
     for (size_t f = 0; f < NFRAC && !rc; f++) {
-      uint32_t cap = (uint32_t)(fractions[f] * (double)t.nunique + 0.5);
-      if (cap == 0) cap = 1;
-      replay_result core_r, ref_r = replay_lru_ref(&t, cap);
+      uint32_t cap = frac_cap(&t, f);
+      replay_result core_r, hint_r, ref_r = refs[f];
       kv_core_stats_t st;
       double t0 = kv_now_s();
-      rc = replay_core(&t, policies[p], cap, &core_r, &st);
+      rc = replay_core(&t, policies[p], cap, NULL, &core_r, &st);
       double dt = kv_now_s() - t0;
+      if (!rc && hints) rc = replay_core(&t, policies[p], cap, &hp, &hint_r, NULL);
       if (rc) break;
       json_t *o = rates_json(&core_r);
       json_object_set_new(o, "capacity_fraction", json_real(fractions[f]));
       json_object_set_new(o, "capacity_blocks", json_integer(cap));
       json_object_set_new(o, "reference_lru", rates_json(&ref_r));
-      if (t.nreq == MOONCAKE_REQS && t.nunique == MOONCAKE_UNIQUE)
-        json_object_set_new(o, "belady_prefix_hit_rate", json_real(belady_mooncake[f]));
+      if (belady) json_object_set_new(o, "belady_prefix_hit_rate", json_real(belady[f]));
+      if (belady_tok)
+        json_object_set_new(o, "belady_prefix_token_hit_rate", json_real(belady_tok[f]));
+      if (hints) json_object_set_new(o, hints_name[hints], rates_json(&hint_r));
       json_object_set_new(o, "evictions", json_integer((json_int_t)st.evictions[KV_G2]));
       json_object_set_new(o, "replay_s", json_real(dt));
       json_array_append_new(arr, o);
-      if (!json)
-        fprintf(stderr,
-                "%-7s %4.0f%% (%6u blocks): prefix hit %6.2f%%  (plain LRU %6.2f%%%s%.2f%%)  block "
-                "hit %6.2f%%\n",
-                policies[p], fractions[f] * 100, cap, 100.0 * core_r.prefix_hits / core_r.refs,
-                100.0 * ref_r.prefix_hits / ref_r.refs,
-                t.nreq == MOONCAKE_REQS && t.nunique == MOONCAKE_UNIQUE ? ", Belady " : "",
-                t.nreq == MOONCAKE_REQS && t.nunique == MOONCAKE_UNIQUE ? 100 * belady_mooncake[f]
-                                                                        : 0.0,
-                100.0 * core_r.block_hits / core_r.refs);
+      if (json) continue;
+      fprintf(stderr,
+              "%-7s %4.0f%% (%6u blocks): prefix hit %6.2f%%  tokens %6.2f%%  (plain LRU %6.2f%%, "
+              "tokens %6.2f%%",
+              policies[p], fractions[f] * 100, cap, pct(core_r.prefix_hits, core_r.refs),
+              pct(core_r.prefix_tokens, core_r.tokens), pct(ref_r.prefix_hits, ref_r.refs),
+              pct(ref_r.prefix_tokens, ref_r.tokens));
+      if (belady) fprintf(stderr, "; Belady %.2f%%", 100 * belady[f]);
+      if (belady_tok) fprintf(stderr, "; Belady tokens %.2f%%", 100 * belady_tok[f]);
+      fprintf(stderr, ")  block hit %6.2f%%", pct(core_r.block_hits, core_r.refs));
+      if (hints)
+        fprintf(stderr, "  %s: prefix hit %6.2f%%  tokens %6.2f%%", hints_name[hints],
+                pct(hint_r.prefix_hits, hint_r.refs), pct(hint_r.prefix_tokens, hint_r.tokens));
+      fprintf(stderr, "\n");
     }
     if (p == 0) json_object_set(out, "results", arr);
     json_object_set_new(by_policy, policies[p], arr);
   }
+  if (hints) hint_plan_free(&hp);
   if (npol > 1) json_object_set(out, "by_policy", by_policy);
   json_decref(by_policy);
 

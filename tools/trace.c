@@ -8,6 +8,8 @@
 #include <string.h>
 #include <xxhash.h>
 
+#include "base/hint.h"
+
 static int grow(void **p, size_t *cap, size_t need, size_t elem) {
   if (need <= *cap) return 0;
   size_t c = *cap ? *cap : 1024;
@@ -42,6 +44,28 @@ static size_t count_unique(const uint64_t *ids, size_t n) {
   free(set);
   free(used);
   return u;
+}
+
+/* What an API server knows of the request: its session (and sub-agent)
+ * and its stop reason. A session given as a number is named by its
+ * decimal text, so "7" and 7 are the same session. */
+static void hint_fields(kv_trace_req *r, json_t *o) {
+  json_t *sess = json_object_get(o, "session"), *agent = json_object_get(o, "agent");
+  json_t *stop = json_object_get(o, "stop");
+  char name[512];
+  int n = -1;
+  if (json_is_integer(sess))
+    n = snprintf(name, sizeof name, "%lld", (long long)json_integer_value(sess));
+  else if (json_is_string(sess) && json_string_length(sess))
+    n = snprintf(name, sizeof name, "%s", json_string_value(sess));
+  if (n > 0 && (size_t)n < sizeof name) {
+    r->session = kv_session_id(name, (size_t)n);
+    if (json_is_string(agent) && json_string_length(agent)) {
+      int m = snprintf(name + n, sizeof name - (size_t)n, "/%s", json_string_value(agent));
+      if (m > 0 && (size_t)(n + m) < sizeof name) r->agent = kv_session_id(name, (size_t)(n + m));
+    }
+  }
+  r->stop = (uint8_t)kv_stop_parse(json_is_string(stop) ? json_string_value(stop) : NULL);
 }
 
 int kv_trace_load(kv_trace *t, const char *path, size_t *bad_line) {
@@ -92,6 +116,9 @@ int kv_trace_load(kv_trace *t, const char *path, size_t *bad_line) {
     r->input_len = (uint32_t)json_integer_value(in);
     r->output_len = json_is_integer(out) ? (uint32_t)json_integer_value(out) : 0;
     r->n = (uint32_t)n;
+    r->session = r->agent = 0;
+    hint_fields(r, o);
+    t->nsession += r->session != 0;
     offs[t->nreq] = t->nids;
     t->nids += n;
     t->tokens += r->input_len;

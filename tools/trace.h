@@ -1,7 +1,10 @@
 /*
  * trace.h - Mooncake-format request traces (one JSON object per line:
  * {"timestamp": ms, "input_length": tokens, "output_length": tokens,
- *  "hash_ids": [block ids of the prompt, in order]}).
+ *  "hash_ids": [block ids of the prompt, in order]}), with what an API
+ * server knows of a request when the trace has it: "session" (a number or
+ * a string), "agent" (a sub-agent's id; "" for the main agent) and "stop"
+ * (its response's stop reason, known once the response ends).
  */
 #ifndef KV_TOOLS_TRACE_H
 #define KV_TOOLS_TRACE_H
@@ -12,8 +15,11 @@
 typedef struct kv_trace_req {
   uint64_t ts_ms;
   uint32_t input_len, output_len;
-  uint32_t n;    /* blocks */
-  uint64_t *ids; /* points into kv_trace.ids */
+  uint32_t n;       /* blocks */
+  uint64_t *ids;    /* points into kv_trace.ids */
+  uint64_t session; /* kv_session_id of "session" (a number as its decimal text); 0: none */
+  uint64_t agent;   /* kv_session_id of "session/agent" when "agent" is not empty; 0: none */
+  uint8_t stop;     /* kv_stop_parse of "stop" (base/hint.h) */
 } kv_trace_req;
 
 typedef struct kv_trace {
@@ -23,6 +29,7 @@ typedef struct kv_trace {
   size_t nids;     /* block references */
   size_t nunique;  /* distinct block ids */
   uint64_t tokens; /* sum of input lengths */
+  size_t nsession; /* requests with a session */
 } kv_trace;
 
 /* Loads a trace. 0, -errno, or -EINVAL with the line number in *bad_line. */
