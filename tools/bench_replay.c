@@ -26,6 +26,12 @@
  *            written to G3, KV_EALLPINNED) as `refused`: not stored, unless
  *            --alloc-wait-ms asks for it again for a while
  *
+ *   hints    with --hints, for a request of a session (the trace's
+ *            "session", or its sub-agent's own id where "agent" is set):
+ *            HINT SESSION of its keys after the store, then HINT FINISHED
+ *            with its stop reason (which an API server knows once the
+ *            response ends: nothing from a later request is used)
+ *
  * The parent takes the daemon's STATUS before and after the run and
  * reports the difference of its counters beside the clients' own counts
  * (commits, allocations, lookups, G3 reads and writes), so one can check
@@ -63,6 +69,8 @@ typedef struct ropts {
   double time_scale;      /* 0: no waiting */
   size_t limit;           /* requests replayed, 0: all */
   int deal_hash;          /* deal requests by hash of the index, not round-robin */
+  int deal_session;       /* deal requests by session: a session's requests keep their order */
+  int hints;              /* --hints: session and finished hints from the trace */
   uint32_t alloc_wait_ms; /* how long a refused slot is asked for again */
   int json;
 } ropts;
@@ -75,6 +83,7 @@ typedef struct rres {
   uint64_t load_failed; /* resident at LOOKUP, not served by LOAD */
   uint64_t verify_failures;
   uint64_t allocs, stored, exists, refused, commit_failed, alloc_retries;
+  uint64_t hints, hint_keys_unmatched;
   uint64_t bytes_read, bytes_written;
   double late_s; /* the most a request started behind its time */
   int rc;
@@ -112,7 +121,12 @@ static void fail(rres *r, int rc, const char *what, size_t req) {
   snprintf(r->err, sizeof r->err, "request %zu: %s: %s", req, what, kvc_strerror(r->rc));
 }
 
-static int owner_of(const ropts *o, size_t i) {
+/* The session a request's hints name: its sub-agent's id where it has one
+ * (a sub-agent's context is its own), else its session's; 0: none. */
+static uint64_t hint_session(const kv_trace_req *q) { return q->agent ? q->agent : q->session; }
+
+static int owner_of(const ropts *o, const kv_trace *t, size_t i) {
+  if (o->deal_session && t->req[i].session) return (int)(mix64(t->req[i].session) % o->clients);
   if (!o->deal_hash) return (int)(i % o->clients);
   return (int)(mix64(i) % o->clients);
 }
@@ -254,8 +268,24 @@ static int replay_one(client *x, size_t qi, rres *r) {
   uint64_t ht = (uint64_t)hit * TOKENS_PER_BLOCK;
   r->hit_tokens += ht < q->input_len ? ht : q->input_len;
   int rc = store_tail(x, q, hit, r);
-  if (rc) fail(r, rc, "store", qi);
-  return rc;
+  if (rc) {
+    fail(r, rc, "store", qi);
+    return rc;
+  }
+  uint64_t sid = hint_session(q);
+  if (o->hints && sid) {
+    int n = kvc_hint_session(x->c, sid, x->keys, q->n, 0, NULL);
+    if (n >= 0) {
+      r->hint_keys_unmatched += q->n - (uint32_t)n;
+      n = kvc_hint_finished(x->c, sid, q->stop, NULL, 0, 0, NULL);
+    }
+    if (n < 0) {
+      fail(r, n, "hint", qi);
+      return n;
+    }
+    r->hints += 2;
+  }
+  return 0;
 }
 
 /* Client `id`: sets up, passes the start barrier, replays its requests.
@@ -284,7 +314,7 @@ static int client_main(void *arg, uint32_t uid, kvb_sync *sync) {
   double t0 = kv_now_s();
   uint64_t ts0 = x->nreq ? x->t->req[0].ts_ms : 0;
   for (size_t i = 0; i < x->nreq && !rc; i++) {
-    if (owner_of(o, i) != id) continue;
+    if (owner_of(o, x->t, i) != id) continue;
     if (o->time_scale > 0) {
       double due = t0 + (double)(x->t->req[i].ts_ms - ts0) / 1e3 * o->time_scale, now = kv_now_s();
       if (due > now) {
@@ -356,7 +386,8 @@ static json_int_t dget(json_t *d, const char *a, const char *b) {
 static void usage(FILE *f) {
   fprintf(f, "usage: kvbench replay --trace FILE [--socket-dir DIR | --socket PATH] [--json]\n"
              "           [--clients N] [--block-bytes B] [--time-scale F | --no-timestamps]\n"
-             "           [--limit N] [--deal rr|hash] [--alloc-wait-ms MS] [--tenant T]\n"
+             "           [--limit N] [--deal rr|hash|session] [--alloc-wait-ms MS] [--tenant T]\n"
+             "           [--hints]\n"
              "  Replays a Mooncake trace through a running kvcached: per request LOOKUP its\n"
              "  chained keys, LOAD and verify the resident prefix, store the rest.\n"
              "  --clients N      worker processes, one connection each (default 1)\n"
@@ -364,7 +395,9 @@ static void usage(FILE *f) {
              "  --time-scale F   request times x F (default 1: real time, 17 minutes for the\n"
              "                   whole Mooncake trace); 0 or --no-timestamps: no waiting\n"
              "  --limit N        the first N requests only\n"
-             "  --deal rr|hash   which client takes request i: i mod N (default), or a hash of i\n"
+             "  --deal rr|hash|session  which client takes request i: i mod N (default), a hash\n"
+             "                   of i, or a hash of its session (a session's requests in order)\n"
+             "  --hints          send the trace's sessions and stop reasons as engine hints\n"
              "  --alloc-wait-ms MS  ask again for slots refused while G2 victims are written to\n"
              "                   G3 (-EAGAIN), for up to MS per request (default 0: not stored)\n"
              "  --tenant T       tenant of the namespace (default \"kvbench\")\n");
@@ -383,6 +416,7 @@ static int parse_opts(ropts *o, int argc, char **argv) {
                                      {"deal", required_argument, 0, 'D'},
                                      {"tenant", required_argument, 0, 'T'},
                                      {"alloc-wait-ms", required_argument, 0, 'w'},
+                                     {"hints", no_argument, 0, 'H'},
                                      {"help", no_argument, 0, 'h'},
                                      {0, 0, 0, 0}};
   o->tenant = "kvbench";
@@ -391,7 +425,7 @@ static int parse_opts(ropts *o, int argc, char **argv) {
   o->time_scale = 1;
   optind = 1;
   int ch;
-  while ((ch = getopt_long(argc, argv, "f:d:s:jc:b:x:Xl:D:T:w:h", lo, NULL)) != -1) {
+  while ((ch = getopt_long(argc, argv, "f:d:s:jc:b:x:Xl:D:T:w:Hh", lo, NULL)) != -1) {
     uint64_t v = 0;
     char *end;
     switch (ch) {
@@ -413,12 +447,14 @@ static int parse_opts(ropts *o, int argc, char **argv) {
       }
       break;
     case 'D':
-      if (strcmp(optarg, "rr") && strcmp(optarg, "hash")) {
-        fprintf(stderr, "kvbench replay: bad --deal '%s' (rr or hash)\n", optarg);
+      if (strcmp(optarg, "rr") && strcmp(optarg, "hash") && strcmp(optarg, "session")) {
+        fprintf(stderr, "kvbench replay: bad --deal '%s' (rr, hash or session)\n", optarg);
         return 2;
       }
       o->deal_hash = !strcmp(optarg, "hash");
+      o->deal_session = !strcmp(optarg, "session");
       break;
+    case 'H': o->hints = 1; break;
     case 'w':
       if (kv_parse_size(optarg, &v) || v > 60000) {
         fprintf(stderr, "kvbench replay: bad --alloc-wait-ms '%s' (0 to 60000)\n", optarg);
@@ -543,6 +579,8 @@ int kvbench_replay(int argc, char **argv) {
     s.refused += r->refused;
     s.commit_failed += r->commit_failed;
     s.alloc_retries += r->alloc_retries;
+    s.hints += r->hints;
+    s.hint_keys_unmatched += r->hint_keys_unmatched;
     s.bytes_read += r->bytes_read;
     s.bytes_written += r->bytes_written;
     if (r->late_s > s.late_s) s.late_s = r->late_s;
@@ -555,7 +593,7 @@ int kvbench_replay(int argc, char **argv) {
       "{s:s,s:s,s:I,s:i,s:i,s:i,s:f,s:s,s:f,s:f,s:f,s:f}", "bench", "replay", "trace", o.trace,
       "requests", (json_int_t)s.requests, "clients", (int)o.clients, "block_bytes",
       (int)o.block_bytes, "tokens_per_block", TOKENS_PER_BLOCK, "time_scale", o.time_scale, "deal",
-      o.deal_hash ? "hash" : "rr", "elapsed_s", elapsed, "requests_per_s",
+      o.deal_session ? "session" : o.deal_hash ? "hash" : "rr", "elapsed_s", elapsed, "requests_per_s",
       elapsed > 0 ? (double)s.requests / elapsed : 0.0, "prefix_hit_rate",
       rate(s.hit_tokens, s.tokens), "block_hit_rate", rate(s.hit_blocks, s.blocks));
   json_object_set_new(
@@ -578,6 +616,10 @@ int kvbench_replay(int argc, char **argv) {
                                 g3r < 0 ? (json_int_t)0 : g3r * (json_int_t)o.block_bytes));
   json_object_set_new(j, "lookup_us", percentiles(x.lookup_ns, nreq));
   json_object_set_new(j, "load_us", percentiles(x.load_ns, nreq));
+  json_object_set_new(j, "hints",
+                      json_pack("{s:b,s:I,s:I,s:I}", "on", o.hints, "sent", (json_int_t)s.hints,
+                                "keys_unmatched", (json_int_t)s.hint_keys_unmatched,
+                                "trace_requests_with_session", (json_int_t)t.nsession));
   json_object_set_new(j, "verify_failures", json_integer((json_int_t)s.verify_failures));
   json_object_set_new(j, "late_s_max", json_real(s.late_s));
   json_object_set_new(

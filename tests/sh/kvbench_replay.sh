@@ -6,7 +6,8 @@
 # (commits, allocations, keys looked up), a second replay of the
 # same requests hits what the first stored, a block stored under a trace
 # key with the wrong bytes is caught as a verify failure, and usage errors
-# and a missing daemon are reported. Performance is printed, never asserted.
+# and a missing daemon are reported; --hints sends a session trace's hints
+# (counted by the daemon). Performance is printed, never asserted.
 source "$(dirname "$0")/lib.bash"
 
 KVB=$BIN/kvbench
@@ -18,6 +19,7 @@ expect_exit 2 "replay without --trace" "$KVB" replay --socket-dir "$RUN"
 expect_exit 2 "bad --time-scale" "$KVB" replay --trace "$TRACE" --time-scale fast
 expect_exit 2 "bad --block-bytes (not a multiple of 8)" "$KVB" replay --trace "$TRACE" --block-bytes 1001
 expect_exit 2 "bad --deal" "$KVB" replay --trace "$TRACE" --deal random
+expect_exit 2 "--hints takes no value" "$KVB" replay --trace "$TRACE" --hints=yes
 expect_exit 0 "replay --help" "$KVB" replay --help
 expect_exit 1 "replay without a daemon fails" "$KVB" replay --trace "$TRACE" --socket-dir "$RUN" --limit 5 --time-scale 0
 grep -q "is kvcached running?" "$T/err" && ok "and says so" || bad "no-daemon message: $(cat "$T/err")"
@@ -57,6 +59,37 @@ expect_exit 0 "the same 200 requests again" replay --limit 200 --clients 2 --dea
 check "the second run hits blocks the first stored" num '.blocks.hit > 0 and .block_hit_rate > 0'
 check "and verifies them" num '.verify_failures == 0 and .bytes.client_read == .blocks.hit * .block_bytes'
 echo "# second: $(jq -c '{prefix_hit_rate, block_hit_rate, hits}' "$T/out")"
+
+# Engine hints from a trace with sessions (the agentic format: session,
+# agent, stop): every request of a session sends SESSION and FINISHED, the
+# daemon counts them by stop reason, and a request without a session sends
+# none.
+cat >"$T/sessions.jsonl" <<'TRACE'
+{"timestamp": 0, "input_length": 1500, "output_length": 5, "hash_ids": [1, 2, 3], "session": 1, "agent": "", "stop": "tool_use"}
+{"timestamp": 5, "input_length": 1000, "output_length": 5, "hash_ids": [50, 51], "session": 2, "agent": "", "stop": "end_turn"}
+{"timestamp": 9, "input_length": 2000, "output_length": 5, "hash_ids": [1, 2, 3, 4], "session": 1, "agent": "", "stop": "end_turn"}
+{"timestamp": 12, "input_length": 1000, "output_length": 5, "hash_ids": [1, 2, 90], "session": 1, "agent": "sub-1", "stop": "tool_use"}
+{"timestamp": 15, "input_length": 1000, "output_length": 5, "hash_ids": [70, 71]}
+TRACE
+expect_exit 0 "replay of a session trace with --hints, dealt by session" \
+  "$KVB" replay --trace "$T/sessions.jsonl" --socket-dir "$RUN" --json --time-scale 0 --clients 2 \
+  --deal session --hints
+check "two hints per request of a session, none for the one without" \
+  num '.hints.on and .hints.sent == 8 and .hints.trace_requests_with_session == 4 and .deal == "session"'
+check "every hinted key was there" num '.hints.keys_unmatched == 0'
+if command -v curl >/dev/null; then
+  curl -sf --unix-socket "$RUN/kvcached-stats.sock" http://localhost/metrics >"$T/metrics"
+  grep -q '^kvcached_hint_finished_total{stop="tool_use"} 2$' "$T/metrics" &&
+    grep -q '^kvcached_hint_finished_total{stop="end_turn"} 2$' "$T/metrics" &&
+    grep -q '^kvcached_hints_total{kind="session"} 4$' "$T/metrics" &&
+    ok "the daemon counted them by kind and stop reason" ||
+    bad "hint counters: $(grep hint "$T/metrics")"
+else
+  echo "# curl not found: the daemon's hint counters are not read"
+fi
+expect_exit 0 "the same trace without --hints" \
+  "$KVB" replay --trace "$T/sessions.jsonl" --socket-dir "$RUN" --json --time-scale 0
+check "sends none" num '(.hints.on | not) and .hints.sent == 0'
 
 # A wrong block under the key of a trace block (the first block of
 # request 0, stored with zeros through the inline path): served, but not
