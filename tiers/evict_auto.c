@@ -332,5 +332,6 @@ const kv_evict_ops kv_evict_auto_ops = {
     auto_init,  auto_fini,
     auto_add,   auto_remove,
     auto_touch, auto_peek,
-    auto_seen,
+    auto_seen,  NULL,
+    NULL,
 };
