@@ -123,7 +123,7 @@ static const opt opts[] = {
      "(doubling up to 5 min); 0: never"},
     {"cache", "policy", OPT_STR, O(policy), sizeof(((kv_config *)0)->policy),
      NULL /* kv_evict_default */,
-     "eviction policy: reuse, lru, lru2, lfuda, arc, s3fifo, tinylfu or auto", NULL, "policy"},
+     "eviction policy: adapt, reuse, lru, lru2, lfuda, arc, s3fifo, tinylfu or auto", NULL, "policy"},
     {"log", "level", OPT_ENUM, O(log_level), 0, "info",
      "least severe level logged: debug, info, warn, error", log_level_names, "log-level"},
     {"stats", "listen", OPT_STR, O(stats_listen), sizeof(((kv_config *)0)->stats_listen), "",
