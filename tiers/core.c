@@ -278,10 +278,7 @@ void kv_core__reap(kv_core *c, kv_block *b) {
   for (int t = 0; t < KV_NTIERS; t++) held |= b->slot[t] != KV_SLOT_NONE;
   if (held) return;
   uint32_t ns = b->ns;
-  kv_bid id = b->id;
-  if (kv_index_remove(&c->ix, b)) return;
-  kv_sessions_forget_block(&c->sess, id); /* the id may name another block next */
-  if (--c->ns[ns].nblocks) return;
+  if (kv_index_remove(&c->ix, b) || --c->ns[ns].nblocks) return;
   c->ns_emptied++;
   /* A namespace learned from G3 that nobody registered: nothing is left of it. */
   if (!c->ns[ns].arena) ns_release(c, ns);

@@ -39,8 +39,7 @@ static int in_policy(const kv_block *b, const void *arg) {
   return (b->inpol & KV_TIER_BIT(*(const kv_tier *)arg)) != 0;
 }
 
-/* The distinct policy instances of tier t (one per class in use). */
-static uint32_t tier_policies(kv_core *c, kv_tier t, kv_evict **out, uint32_t max) {
+uint32_t kv_core__tier_policies(kv_core *c, kv_tier t, kv_evict **out, uint32_t max) {
   if (t == KV_G3) return kv_core__g3_policies(c, out, max); /* owners' too, empty or not */
   uint32_t n = 0;
   if (t == KV_G2) { /* every class's, whether a namespace uses it now or not */
@@ -94,7 +93,7 @@ int kv_core_set_policy(kv_core *c, const char *name) {
   int64_t nv[KV_NTIERS] = {0};
   for (int t = 0; t < KV_NTIERS; t++) {
     kv_tier tt = (kv_tier)t;
-    npol[t] = tier_policies(c, tt, pol[t], MAXPOL);
+    npol[t] = kv_core__tier_policies(c, tt, pol[t], MAXPOL);
     nv[t] = collect(c, in_policy, &tt, &v[t]);
     if (nv[t] < 0) {
       for (int u = 0; u < t; u++) free(v[u]);

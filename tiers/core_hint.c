@@ -1,7 +1,8 @@
 /*
- * core_hint.c - engine hints (core.h, "engine hints"): the checks, and the
+ * core_hint.c - engine hints (core.h, "engine hints"): the checks, the
  * session table (sessions.h) that the eviction policies read through the
- * index (kv_index.sessions).
+ * index (kv_index.sessions, .owner), and telling the policies what changed
+ * (kv_evict_ops.hinted, .session).
  *
  * Scope: every hint names a namespace; a block is given only to a session
  * of its own namespace, and sessions are found by (namespace, id), so one
@@ -17,22 +18,47 @@ void kv_core_set_now(kv_core *c, uint64_t now_ms) { kv_sessions_set_now(&c->sess
 /* A namespace hints may name: registered, not dormant. */
 static int ns_ok(kv_core *c, uint32_t ns) { return kv_core__ns_get(c, ns) != NULL; }
 
+/* Every policy instance that ranks by sessions hears that the session in
+ * `slot` changed. */
+static void tell_session(kv_core *c, uint32_t slot) {
+  enum { MAXPOL = KV_ARENA_MAX_CLASSES * 64 };
+  static kv_evict *pol[MAXPOL]; /* the loop's thread only */
+  for (int t = 0; t < KV_NTIERS; t++) {
+    uint32_t n = kv_core__tier_policies(c, (kv_tier)t, pol, MAXPOL);
+    for (uint32_t i = 0; i < n; i++)
+      if (pol[i]->ops->session) pol[i]->ops->session(pol[i], slot);
+  }
+}
+
 int kv_core_hint_session(kv_core *c, uint32_t ns, uint64_t session, kv_block *b,
                          uint32_t retain_s) {
   if (!session || !b || b->ns != ns || !ns_ok(c, ns)) return -EINVAL;
   if (b->state != KV_BS_READY && b->state != KV_BS_WRITING) return -EINVAL;
-  return kv_sessions_hint_block(&c->sess, ns, session, b, retain_s);
+  uint32_t old = b->id < c->ix.nowner ? c->ix.owner[b->id] : KV_SESS_NONE, slot;
+  int rc = kv_sessions_hint_block(&c->sess, &c->ix, ns, session, b, retain_s, &slot);
+  if (rc < 0) return rc;
+  if (rc) tell_session(c, slot);
+  for (int t = 0; t < KV_NTIERS; t++) { /* the policies holding b regroup it */
+    if (!(b->inpol & KV_TIER_BIT(t))) continue;
+    kv_evict *e = kv_core__policy_of(c, b, (kv_tier)t);
+    if (e && e->ops->hinted) e->ops->hinted(e, b, old);
+  }
+  return 0;
 }
 
 int kv_core_hint_finished(kv_core *c, uint32_t ns, uint64_t session, unsigned stop,
                           uint32_t retain_s) {
   if (!session || stop >= KV_STOP_COUNT || !ns_ok(c, ns)) return -EINVAL;
-  return kv_sessions_finished(&c->sess, ns, session, stop, retain_s);
+  int64_t slot = kv_sessions_finished(&c->sess, ns, session, stop, retain_s);
+  if (slot < 0) return (int)slot;
+  tell_session(c, (uint32_t)slot);
+  return 0;
 }
 
 int kv_core_hint_end(kv_core *c, uint32_t ns, uint64_t session) {
   if (!session) return -EINVAL;
-  kv_sessions_end(&c->sess, ns, session);
+  uint32_t slot = kv_sessions_end(&c->sess, ns, session);
+  if (slot != UINT32_MAX) tell_session(c, slot);
   return 0;
 }
 

@@ -46,6 +46,9 @@ int kv_core__alloc_g2_slot(kv_core *c, kv_core_ns *n, uint32_t *slot);
 /* Clears b's validity in tier t (its parent's count of resident children
  * and its place in t's policy follow). */
 void kv_core__clear_valid(kv_core *c, kv_block *b, kv_tier t);
+/* The distinct policy instances of tier t (core_admin.c; one per class in
+ * use, G3's owners' too); returns how many, at most max. */
+uint32_t kv_core__tier_policies(kv_core *c, kv_tier t, kv_evict **out, uint32_t max);
 /* Adds a namespace like proto; returns its id, or -ENOSPC / -ENOMEM. */
 int kv_core__ns_add(kv_core *c, kv_core_ns *proto);
 

@@ -11,15 +11,19 @@ extern const kv_evict_ops kv_evict_s3fifo_ops;
 extern const kv_evict_ops kv_evict_tinylfu_ops;
 extern const kv_evict_ops kv_evict_auto_ops;
 extern const kv_evict_ops kv_evict_reuse_ops;
+extern const kv_evict_ops kv_evict_adapt_ops;
 
 const kv_evict_ops *const kv_evict_policies[] = {
-    &kv_evict_lru_ops,  &kv_evict_lru2_ops,   &kv_evict_lfuda_ops,
-    &kv_evict_arc_ops,  &kv_evict_s3fifo_ops, &kv_evict_tinylfu_ops,
-    &kv_evict_auto_ops, &kv_evict_reuse_ops,  NULL,
+    &kv_evict_lru_ops,    &kv_evict_lru2_ops,
+    &kv_evict_lfuda_ops,  &kv_evict_arc_ops,
+    &kv_evict_s3fifo_ops, &kv_evict_tinylfu_ops,
+    &kv_evict_auto_ops,   &kv_evict_reuse_ops,
+    &kv_evict_adapt_ops,  NULL,
 };
 
-/* Chosen by `kvbench core-replay` (see README.md, "Choosing the policy"). */
-const char kv_evict_default[] = "reuse";
+/* Chosen by `kvbench core-replay` on both traces of ../shared/data
+ * (tiers/EVICTION.md, "The default: adapt"). */
+const char kv_evict_default[] = "adapt";
 
 const kv_evict_ops *kv_evict_lookup(const char *name) {
   for (int i = 0; kv_evict_policies[i]; i++)

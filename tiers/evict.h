@@ -47,6 +47,13 @@ typedef struct kv_evict_ops {
   /* Optional (NULL: not told): b, valid in the tier but not evictable (an
    * interior block of a chain, pinned, or being copied), was accessed. */
   void (*seen)(kv_evict *e, kv_block *b);
+  /* Optional (NULL: not told): engine hints (tiers/sessions.h, the table in
+   * e->ix->sessions). hinted: evictable b was named by a hint; its owner
+   * reference in e->ix->owner was old_ref before (KV_SESS_NONE: none).
+   * session: the state of the session in slot `slot` changed (a request
+   * started or finished, it ended, it asked for retention). */
+  void (*hinted)(kv_evict *e, kv_block *b, uint32_t old_ref);
+  void (*session)(kv_evict *e, uint32_t slot);
 } kv_evict_ops;
 
 struct kv_evict {

@@ -145,5 +145,6 @@ const kv_evict_ops kv_evict_arc_ops = {
     arc_init,  arc_fini,
     arc_add,   arc_remove,
     arc_touch, arc_peek,
+    NULL,      NULL,
     NULL,
 };

@@ -200,6 +200,7 @@ const kv_evict_ops kv_evict_lru_ops = {
     init_lru,      kv_heap_fini,
     kv_heap_add,   kv_heap_remove,
     kv_heap_touch, kv_heap_peek,
+    NULL,          NULL,
     NULL,
 };
 
@@ -208,7 +209,8 @@ const kv_evict_ops kv_evict_lru2_ops = {
     init_lru2,  kv_heap_fini,
     lru2_add,   kv_heap_remove,
     lru2_touch, kv_heap_peek,
-    lru2_seen,
+    lru2_seen,  NULL,
+    NULL,
 };
 
 const kv_evict_ops kv_evict_lfuda_ops = {
@@ -216,5 +218,6 @@ const kv_evict_ops kv_evict_lfuda_ops = {
     init_lfuda,    kv_heap_fini,
     kv_heap_add,   kv_heap_remove,
     kv_heap_touch, kv_heap_peek,
+    NULL,          NULL,
     NULL,
 };

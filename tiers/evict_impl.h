@@ -23,6 +23,11 @@ double kv_evict_tinylfu_window(const kv_evict *e);
  * *switches if not NULL, how often it has changed; e must be an "auto"
  * policy. For tests and statistics. */
 const char *kv_evict_auto_following(const kv_evict *e, uint64_t *switches);
+/* The order an "adapt" policy follows now: "hints" while it follows engine
+ * hints, else "adapt" (its order without them); in *switches if not NULL,
+ * how often the judge has changed it since the first hint. e must be an
+ * "adapt" policy. For tests and statistics. */
+const char *kv_evict_adapt_following(const kv_evict *e, uint64_t *switches);
 
 /* ---- for policy implementations (evict_util.c) ---------------------------
  *

@@ -98,4 +98,6 @@ const kv_evict_ops kv_evict_reuse_ops = {
     kv_heap_touch,
     reuse_peek,
     NULL,
+    NULL,
+    NULL,
 };

@@ -150,5 +150,6 @@ const kv_evict_ops kv_evict_s3fifo_ops = {
     s3_init,  s3_fini,
     s3_add,   s3_remove,
     s3_touch, s3_peek,
+    NULL,     NULL,
     NULL,
 };

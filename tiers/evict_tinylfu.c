@@ -232,5 +232,6 @@ const kv_evict_ops kv_evict_tinylfu_ops = {
     tlfu_init,  tlfu_fini,
     tlfu_add,   tlfu_remove,
     tlfu_touch, tlfu_peek,
-    tlfu_seen,
+    tlfu_seen,  NULL,
+    NULL,
 };

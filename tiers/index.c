@@ -83,6 +83,7 @@ void kv_index_fini(kv_index *ix) {
   for (uint32_t i = 0; i < ix->nchunks; i++) kv_meta_free(ix->chunks[i]);
   kv_meta_free(ix->chunks);
   kv_meta_free(ix->tab);
+  kv_meta_free(ix->owner);
   memset(ix, 0, sizeof *ix);
   ix->free_head = KV_BID_NONE;
 }
@@ -258,6 +259,7 @@ int kv_index_remove(kv_index *ix, kv_block *b) {
   ix->tab[hole].tag = 0;
   ix->tab[hole].bid = KV_BID_NONE;
 
+  if (b->id < ix->nowner) ix->owner[b->id] = 0; /* the id may name another block next */
   b->state = KV_BS_FREE;
   b->next = ix->free_head;
   ix->free_head = b->id;

@@ -39,10 +39,14 @@ typedef struct kv_index {
   uint32_t nchunks, capchunks;
   uint32_t hiwater; /* records ever carved from chunks */
   kv_bid free_head; /* free records, linked through ->next */
-  /* Engine hints about the records' sessions (tiers/sessions.h), set by the
-   * index's owner (the core); NULL: none. Eviction policies read it through
-   * their kv_evict.ix. */
+  /* Engine hints (tiers/sessions.h): the session table, set by the index's
+   * owner (the core; NULL: none), and by record id the reference of the
+   * session that owns the record, allocated at the first hint (4 bytes per
+   * id up to the highest hinted; NULL before) and cleared as a record goes.
+   * Eviction policies read both through their kv_evict.ix. */
   struct kv_sessions *sessions;
+  uint32_t *owner;
+  uint32_t nowner;
 } kv_index;
 
 #define KV_INDEX_CHUNK_SHIFT 7

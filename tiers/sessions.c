@@ -5,8 +5,6 @@
 #include <math.h>
 #include <string.h>
 
-#include "tiers/index.h"
-
 #define SLOT_MASK ((1u << KV_SESS_SLOT_BITS) - 1)
 #define GEN_MASK  ((1u << KV_SESS_GEN_BITS) - 1)
 #define SLOTS_MAX (SLOT_MASK - 1) /* slot + 1 must fit the reference */
@@ -21,7 +19,6 @@ void kv_sessions_init(kv_sessions *s, uint32_t max, uint32_t retain_max_s) {
 void kv_sessions_fini(kv_sessions *s) {
   kv_meta_free(s->v);
   kv_meta_free(s->heads);
-  kv_meta_free(s->owner);
   for (uint32_t i = 0; i < s->nnss; i++) kv_meta_free(s->nss[i]);
   kv_meta_free(s->nss);
   memset(s, 0, sizeof *s);
@@ -171,12 +168,11 @@ static uint32_t get_slot(kv_sessions *s, uint32_t ns, uint64_t id) {
   }
   s->v[i].last_ms = s->now_ms;
   s->hints++;
-  s->epoch++;
   return i;
 }
 
 static inline uint32_t ref_of(const kv_sessions *s, uint32_t i) {
-  return ((uint32_t)(s->v[i].gen & GEN_MASK) << KV_SESS_SLOT_BITS) | (i + 1);
+  return ((uint32_t)s->v[i].gen << KV_SESS_SLOT_BITS) | (i + 1);
 }
 
 static void set_retain(kv_session *x, uint32_t retain_s) {
@@ -200,6 +196,16 @@ static void start_request(kv_sessions *s, kv_session *x) {
     }
   }
   st->hist[x->stop][k]++;
+  st->stale[x->stop] = 1;
+  if (++st->total[KV_STOP_ANY] >= KV_GAP_HALVE) {
+    st->total[KV_STOP_ANY] = 0;
+    for (unsigned j = 0; j < KV_GAP_BUCKETS; j++) {
+      st->hist[KV_STOP_ANY][j] /= 2;
+      st->total[KV_STOP_ANY] += st->hist[KV_STOP_ANY][j];
+    }
+  }
+  st->hist[KV_STOP_ANY][k]++;
+  st->stale[KV_STOP_ANY] = 1;
   /* the session's own: log2 of the gap, x 256, averaged with weight 1/2 */
   double l = gap > 1 ? log2((double)gap) * 256.0 : 0.0;
   if (l > 65535.0) l = 65535.0;
@@ -207,65 +213,100 @@ static void start_request(kv_sessions *s, kv_session *x) {
   x->ngaps++;
 }
 
-/* The owner array covers block id: grown by a quarter (at least 1024),
+/* ix's owner array covers record id: grown by a quarter (at least 1024),
  * new entries without owner. 0 or -ENOMEM. */
-static int owner_cover(kv_sessions *s, kv_bid id) {
-  if (id < s->nowner) return 0;
-  uint64_t to = (uint64_t)s->nowner + (s->nowner / 4 > 1024 ? s->nowner / 4 : 1024);
+static int owner_cover(kv_index *ix, kv_bid id) {
+  if (id < ix->nowner) return 0;
+  uint64_t to = (uint64_t)ix->nowner + (ix->nowner / 4 > 1024 ? ix->nowner / 4 : 1024);
   if (to <= id) to = (uint64_t)id + 1;
   if (to > UINT32_MAX) return -ENOMEM;
-  uint32_t *v = kv_meta_realloc(s->owner, (size_t)to * sizeof *v);
+  uint32_t *v = kv_meta_realloc(ix->owner, (size_t)to * sizeof *v);
   if (!v) return -ENOMEM;
-  memset(v + s->nowner, 0, (size_t)(to - s->nowner) * sizeof *v);
-  s->owner = v;
-  s->nowner = (uint32_t)to;
+  memset(v + ix->nowner, 0, (size_t)(to - ix->nowner) * sizeof *v);
+  ix->owner = v;
+  ix->nowner = (uint32_t)to;
   return 0;
 }
 
-int kv_sessions_hint_block(kv_sessions *s, uint32_t ns, uint64_t id, kv_block *b,
-                           uint32_t retain_s) {
-  if (owner_cover(s, b->id)) return -ENOMEM;
+int kv_sessions_set_owner(kv_index *ix, kv_bid id, uint32_t ref) {
+  if (ref == KV_SESS_NONE && id >= ix->nowner) return 0;
+  if (owner_cover(ix, id)) return -ENOMEM;
+  ix->owner[id] = ref;
+  return 0;
+}
+
+int kv_sessions_hint_block(kv_sessions *s, kv_index *ix, uint32_t ns, uint64_t id, kv_block *b,
+                           uint32_t retain_s, uint32_t *slot) {
+  if (owner_cover(ix, b->id)) return -ENOMEM;
   uint32_t i = get_slot(s, ns, id);
   if (i == UINT32_MAX) return -ENOMEM;
   kv_session *x = &s->v[i];
+  int changed = !(x->flags & KV_SESS_ACTIVE) || (retain_s && retain_s != x->retain_s);
   if (!(x->flags & KV_SESS_ACTIVE)) start_request(s, x);
   set_retain(x, retain_s);
-  s->owner[b->id] = ref_of(s, i);
-  return 0;
+  ix->owner[b->id] = ref_of(s, i);
+  *slot = i;
+  return changed;
 }
 
-int kv_sessions_finished(kv_sessions *s, uint32_t ns, uint64_t id, unsigned stop,
-                         uint32_t retain_s) {
+int64_t kv_sessions_finished(kv_sessions *s, uint32_t ns, uint64_t id, unsigned stop,
+                             uint32_t retain_s) {
   uint32_t i = get_slot(s, ns, id);
   if (i == UINT32_MAX) return -ENOMEM;
   kv_session *x = &s->v[i];
   if (!x->nreq) x->nreq = 1; /* known only from its end: a request there was */
-  x->flags = (uint8_t)(x->flags & ~(KV_SESS_ACTIVE | KV_SESS_ENDED));
+  x->flags = (uint8_t)(x->flags & ~KV_SESS_ACTIVE); /* an ended session stays ended */
   x->stop = (uint8_t)stop;
   x->fin_ms = s->now_ms ? s->now_ms : 1; /* 0 means "none yet" */
   set_retain(x, retain_s);
-  return 0;
+  return i;
 }
 
-void kv_sessions_end(kv_sessions *s, uint32_t ns, uint64_t id) {
+uint32_t kv_sessions_end(kv_sessions *s, uint32_t ns, uint64_t id) {
   uint32_t i = find_slot(s, ns, id);
-  if (i == UINT32_MAX) return;
+  if (i == UINT32_MAX) return i;
   kv_session *x = &s->v[i];
   x->flags = (uint8_t)((x->flags & ~KV_SESS_ACTIVE) | KV_SESS_ENDED);
   x->last_ms = s->now_ms;
   s->hints++;
-  s->epoch++;
-}
-
-uint32_t kv_sessions_owner_slot(const kv_sessions *s, kv_bid id) {
-  if (id >= s->nowner || s->owner[id] == KV_SESS_NONE) return UINT32_MAX;
-  uint32_t r = s->owner[id], i = (r & SLOT_MASK) - 1;
-  if (i >= s->n || !s->v[i].id || (s->v[i].gen & GEN_MASK) != r >> KV_SESS_SLOT_BITS)
-    return UINT32_MAX;
   return i;
 }
 
-const kv_session *kv_sessions_owner(const kv_sessions *s, kv_bid id) {
-  uint32_t i = kv_sessions_owner_slot(s, id);
-  return i == UINT32_MAX ? NULL : &s->v[i];
+/* Row r's table of medians: med[k], the median of the gaps of at least
+ * kv_gap_bucket_lo(k) ms, read from the histogram with the gaps spread
+ * evenly within a bucket; KV_PREDICT_NEVER where no gap is that long. */
+static void make_medians(kv_sess_ns *st, unsigned r) {
+  const uint32_t *h = st->hist[r];
+  uint64_t tail = 0;
+  for (int k = KV_GAP_BUCKETS - 1; k >= 0; k--) {
+    tail += h[k];
+    if (!tail) {
+      st->med[r][k] = KV_PREDICT_NEVER;
+      continue;
+    }
+    uint64_t half2 = tail, acc2 = 0; /* in halves: the median at acc = tail / 2 */
+    unsigned j = (unsigned)k;
+    while (acc2 + 2ull * h[j] < half2) acc2 += 2ull * h[j++];
+    uint64_t lo = kv_gap_bucket_lo(j);
+    uint64_t hi = j + 1 < KV_GAP_BUCKETS ? kv_gap_bucket_lo(j + 1) : lo + lo / 2;
+    st->med[r][k] = lo + (hi - lo) * (half2 - acc2) / (2ull * h[j]);
+  }
+  st->stale[r] = 0;
+}
+
+uint64_t kv_sessions_predict(kv_sessions *s, const kv_session *x, uint64_t *until) {
+  uint64_t now = s->now_ms;
+  *until = UINT64_MAX;
+  if (x->flags & KV_SESS_ENDED) return KV_PREDICT_NEVER;
+  kv_sess_ns *st = x->ns < s->nnss ? s->nss[x->ns] : NULL;
+  unsigned r = x->stop < KV_STOP_COUNT && st && st->total[x->stop] ? x->stop : KV_STOP_ANY;
+  int running = (x->flags & KV_SESS_ACTIVE) || !x->fin_ms || !st || !st->total[r];
+  uint64_t from = running ? x->last_ms : x->fin_ms;
+  uint64_t e = now > from ? now - from : 0;
+  unsigned k = kv_gap_bucket(e);
+  if (k + 1 < KV_GAP_BUCKETS) *until = from + kv_gap_bucket_lo(k + 1);
+  if (running) return from + 2 * kv_gap_bucket_lo(k);
+  if (st->stale[r]) make_medians(st, r);
+  uint64_t m = st->med[r][k];
+  return m == KV_PREDICT_NEVER ? m : from + m;
 }

@@ -8,13 +8,12 @@
  * Bounded: at most `max` sessions (kv_sessions_init); a new session takes
  * the slot of the least recently hinted one, which is forgotten.
  *
- * Owners: a block's owner is a reference (slot and generation) in a side
- * array indexed by block id (4 bytes per record id up to the highest one
- * hinted), allocated at the first hint, so kv_block stays as it is. A
- * forgotten session's blocks lose their owner without a walk: its slot's
- * generation moves on. The core clears a block's reference when its record
- * goes (kv_sessions_forget_block), so a record id used again starts with
- * no owner.
+ * Owners: a block's owner is a reference (slot and generation) in its
+ * index's side array by record id (kv_index.owner: 4 bytes per record id up
+ * to the highest one hinted, allocated at the first hint), so kv_block
+ * stays as it is. A forgotten session's blocks lose their owner without a
+ * walk: its slot's generation moves on. The index clears a record's
+ * reference when the record goes, so an id used again starts with none.
  *
  * Scope: a session is found by (namespace, id); a block is given only to a
  * session of its own namespace; the gap statistics predictions are made
@@ -39,6 +38,7 @@
 
 #include "base/hint.h"
 #include "tiers/block.h"
+#include "tiers/index.h"
 
 #define KV_SESSIONS_MAX_DEFAULT 65536u /* sessions remembered */
 #define KV_RETAIN_MAX_S_DEFAULT 3600u  /* retention granted at most (seconds) */
@@ -72,9 +72,14 @@ typedef struct kv_session {
  * stop reason's total reaches KV_GAP_HALVE, so the histogram follows the
  * workload. */
 #define KV_GAP_HALVE 4096u
+#define KV_STOP_ANY  KV_STOP_COUNT /* the row of every stop reason together */
 typedef struct kv_sess_ns {
-  uint32_t hist[KV_STOP_COUNT][KV_GAP_BUCKETS];
-  uint32_t total[KV_STOP_COUNT];
+  uint32_t hist[KV_STOP_COUNT + 1][KV_GAP_BUCKETS];
+  uint32_t total[KV_STOP_COUNT + 1];
+  /* kv_sessions_predict's table, made again after the row changes: the
+   * median gap (ms) of the gaps at least kv_gap_bucket_lo(k) long */
+  uint64_t med[KV_STOP_COUNT + 1][KV_GAP_BUCKETS];
+  uint8_t stale[KV_STOP_COUNT + 1];
 } kv_sess_ns;
 
 typedef struct kv_sessions {
@@ -85,15 +90,12 @@ typedef struct kv_sessions {
   uint32_t nheads;   /* a power of two */
   uint32_t lru, mru; /* recency list ends: slot + 1 */
   uint32_t live;     /* sessions known now */
-  uint32_t *owner;   /* by block id: reference of its session (KV_SESS_NONE: none) */
-  uint32_t nowner;
-  kv_sess_ns **nss; /* by namespace, NULL until hinted */
+  kv_sess_ns **nss;  /* by namespace, NULL until hinted */
   uint32_t nnss;
   uint64_t now_ms;
   uint32_t retain_max_s;
   uint64_t hints;     /* hints taken (any kind): 0 until the first */
   uint64_t forgotten; /* sessions forgotten to make room */
-  uint64_t epoch;     /* moves on every change a policy should re-read */
 } kv_sessions;
 
 /* An empty table for at most max sessions (0: the default; at most 2^22 - 1)
@@ -104,20 +106,24 @@ void kv_sessions_fini(kv_sessions *s);
 /* Sets the clock; a smaller value is ignored. */
 void kv_sessions_set_now(kv_sessions *s, uint64_t now_ms);
 
-/* Block b (of namespace ns: the caller checks) belongs to session id from
- * now on; a request of that session starts if none is active. retain_s
- * (0: none) asks that its blocks be kept that long past its last request,
- * capped at retain_max_s. 0 or -ENOMEM (nothing changed). */
-int kv_sessions_hint_block(kv_sessions *s, uint32_t ns, uint64_t id, kv_block *b,
-                           uint32_t retain_s);
+/* Block b of index ix (of namespace ns: the caller checks) belongs to
+ * session id from now on; a request of that session starts if none is
+ * active. retain_s (0: none) asks that its blocks be kept that long past
+ * its last request (kv_sessions_retain_until caps it). The session's slot
+ * goes to *slot. 1 when the session's state changed beyond its last hint's
+ * time (a request started, another retention), 0 when not, or -ENOMEM
+ * (nothing changed). */
+int kv_sessions_hint_block(kv_sessions *s, kv_index *ix, uint32_t ns, uint64_t id, kv_block *b,
+                           uint32_t retain_s, uint32_t *slot);
 
 /* A request of session id finished with stop reason stop (< KV_STOP_COUNT).
- * A session not known yet is made. 0 or -ENOMEM. */
-int kv_sessions_finished(kv_sessions *s, uint32_t ns, uint64_t id, unsigned stop,
-                         uint32_t retain_s);
+ * A session not known yet is made. Its slot, or -ENOMEM. */
+int64_t kv_sessions_finished(kv_sessions *s, uint32_t ns, uint64_t id, unsigned stop,
+                             uint32_t retain_s);
 
-/* Session id is over (its retention ends); nothing if it is not known. */
-void kv_sessions_end(kv_sessions *s, uint32_t ns, uint64_t id);
+/* Session id is over (its retention ends). Its slot, or UINT32_MAX when it
+ * is not known. */
+uint32_t kv_sessions_end(kv_sessions *s, uint32_t ns, uint64_t id);
 
 /* Until when (ms) x's blocks are to be kept: its last hint plus the
  * retention it asked for, capped at s->retain_max_s now; 0 when it asked
@@ -127,16 +133,27 @@ static inline uint64_t kv_sessions_retain_until(const kv_sessions *s, const kv_s
   return r && !(x->flags & KV_SESS_ENDED) ? x->last_ms + (uint64_t)r * 1000u : 0;
 }
 
-/* The session owning block id, or NULL (no hint, or a forgotten session). */
-const kv_session *kv_sessions_owner(const kv_sessions *s, kv_bid id);
-/* The slot index of that session (for a policy's per-session state), or
- * UINT32_MAX. */
-uint32_t kv_sessions_owner_slot(const kv_sessions *s, kv_bid id);
-
-/* The record id is free again: it has no owner. */
-static inline void kv_sessions_forget_block(kv_sessions *s, kv_bid id) {
-  if (id < s->nowner) s->owner[id] = KV_SESS_NONE;
+/* The slot of the session owning record id of index ix (a policy keeps
+ * per-session state by slot), or UINT32_MAX (no hint, or a forgotten
+ * session). */
+static inline uint32_t kv_sessions_owner_slot(const kv_sessions *s, const kv_index *ix, kv_bid id) {
+  if (id >= ix->nowner || ix->owner[id] == KV_SESS_NONE) return UINT32_MAX;
+  uint32_t r = ix->owner[id], i = (r & ((1u << KV_SESS_SLOT_BITS) - 1)) - 1;
+  if (i >= s->n || !s->v[i].id || s->v[i].gen != r >> KV_SESS_SLOT_BITS) return UINT32_MAX;
+  return i;
 }
+
+/* The session owning record id of index ix, or NULL. */
+static inline const kv_session *kv_sessions_owner(const kv_sessions *s, const kv_index *ix,
+                                                  kv_bid id) {
+  uint32_t i = kv_sessions_owner_slot(s, ix, id);
+  return i == UINT32_MAX ? (const kv_session *)0 : &s->v[i];
+}
+
+/* Makes record id of index ix owned by the session whose reference is ref
+ * (a miniature simulation copying the owner of a real block). 0 or
+ * -ENOMEM. */
+int kv_sessions_set_owner(kv_index *ix, kv_bid id, uint32_t ref);
 
 /* The session (ns, id), or NULL. */
 const kv_session *kv_sessions_find(const kv_sessions *s, uint32_t ns, uint64_t id);
@@ -145,6 +162,33 @@ const kv_session *kv_sessions_find(const kv_sessions *s, uint32_t ns, uint64_t i
 static inline const kv_sess_ns *kv_sessions_ns(const kv_sessions *s, uint32_t ns) {
   return ns < s->nnss ? s->nss[ns] : (const kv_sess_ns *)0;
 }
+
+/* kv_sessions_predict's answer for a session not coming back. */
+#define KV_PREDICT_NEVER UINT64_MAX
+
+/*
+ * When (ms, on the table's clock) session x is expected to use its blocks
+ * next, from what hints said, and in *until the time this prediction holds
+ * to (it is made again after; UINT64_MAX: for good). A prediction is made
+ * from the elapsed time's half-octave bucket, so it moves only as that
+ * bucket does:
+ *   ended              KV_PREDICT_NEVER;
+ *   a request running  its last hint plus twice the time since (a request
+ *                      that has run for t is expected to run about t more:
+ *                      the median remaining life of a heavy tail, with no
+ *                      constant to fit), so a request that never finishes
+ *                      loses its hold over time;
+ *   idle               the median of the namespace's gaps after the stop
+ *                      reason x's last request ended with, among the gaps
+ *                      at least as long as the time since it ended (the
+ *                      median remaining time given the time waited so far),
+ *                      added to that end: a session overdue for its usual
+ *                      pace is expected later and later. No gap that long
+ *                      seen yet: KV_PREDICT_NEVER. A stop reason with no gap
+ *                      yet: every stop reason's gaps together; none at all:
+ *                      as a running request, from its end.
+ */
+uint64_t kv_sessions_predict(kv_sessions *s, const kv_session *x, uint64_t *until);
 
 /* The bucket of a gap of ms milliseconds: half octaves, [0] below 2 ms,
  * the last one from 2^31.5 ms (25 days) up. */

@@ -43,6 +43,7 @@ static const double belady_tok_agentic[NFRAC] = {0.4634, 0.6281, 0.8248, 0.9143,
 
 typedef struct replay_result {
   uint64_t refs, prefix_hits, block_hits, tokens, prefix_tokens;
+  uint64_t meta_bytes; /* the core's metadata at the end (kv_meta_bytes: index, policies, hints) */
 } replay_result;
 
 static void account(replay_result *r, const kv_trace_req *q, uint32_t prefix, uint32_t any) {
@@ -249,6 +250,7 @@ static void hint_plan_free(hint_plan *hp) {
  * hints to give (NULL: none). */
 static int replay_core(const kv_trace *t, const char *policy, uint32_t cap, const hint_plan *hp,
                        replay_result *out, kv_core_stats_t *st) {
+  size_t meta0 = kv_meta_bytes();
   core_run cr;
   int rc = core_open(&cr, policy, cap, cap);
   if (rc) return rc;
@@ -305,6 +307,7 @@ static int replay_core(const kv_trace *t, const char *policy, uint32_t cap, cons
     if (sid && !rc) rc = kv_core_hint_finished(cr.core, ns, sid, hp->stop[qi], 0);
   }
   if (st) kv_core_stats(cr.core, st);
+  r.meta_bytes = kv_meta_bytes() - meta0;
   free(keys);
   free(tiers);
   core_close(&cr);
@@ -323,10 +326,13 @@ static uint32_t frac_cap(const kv_trace *t, size_t f) {
 static const char *const hints_name[] = {"", "hints", "wrong_stops", "wrong_sessions"};
 
 static json_t *rates_json(const replay_result *r) {
-  return json_pack("{s:f,s:f,s:f}", "prefix_hit_rate",
-                   r->refs ? (double)r->prefix_hits / r->refs : 0.0, "block_hit_rate",
-                   r->refs ? (double)r->block_hits / r->refs : 0.0, "prefix_token_hit_rate",
-                   r->tokens ? (double)r->prefix_tokens / r->tokens : 0.0);
+  json_t *o = json_pack("{s:f,s:f,s:f}", "prefix_hit_rate",
+                        r->refs ? (double)r->prefix_hits / r->refs : 0.0, "block_hit_rate",
+                        r->refs ? (double)r->block_hits / r->refs : 0.0, "prefix_token_hit_rate",
+                        r->tokens ? (double)r->prefix_tokens / r->tokens : 0.0);
+  if (r->meta_bytes)
+    json_object_set_new(o, "metadata_bytes", json_integer((json_int_t)r->meta_bytes));
+  return o;
 }
 
 /* ---- G2 + G3: admission policies ---------------------------------------------

@@ -257,12 +257,12 @@ check "top stops on ctrl-c with exit 0" test $? = 0
 
 # config
 expect_exit 0 "config get" "$KVCTL" config get "${R[@]}"
-grep -q "^cache.policy = reuse$" "$T/out" && ok "config get lists the settings" || bad "config get: $(head -c 300 "$T/out")"
+grep -q "^cache.policy = adapt$" "$T/out" && ok "config get lists the settings" || bad "config get: $(head -c 300 "$T/out")"
 check "config get lists them sorted" cmp -s "$T/out" <(sort "$T/out")
 expect_exit 0 "config get NAME" "$KVCTL" config get cache.policy "${R[@]}"
-check "config get NAME prints the value" test "$(cat "$T/out")" = reuse
+check "config get NAME prints the value" test "$(cat "$T/out")" = adapt
 expect_exit 0 "config set" "$KVCTL" config set cache.policy lfuda "${R[@]}"
-grep -q "^cache.policy: reuse -> lfuda$" "$T/out" && ok "config set says what changed" || bad "config set: $(cat "$T/out")"
+grep -q "^cache.policy: adapt -> lfuda$" "$T/out" && ok "config set says what changed" || bad "config set: $(cat "$T/out")"
 check "the change is live" test "$("$KVCTL" config get cache.policy "${R[@]}")" = lfuda
 check "and status shows it" test "$("$KVCTL" status --json "${R[@]}" | jq -r '.policy.eviction')" = lfuda
 expect_exit 0 "config get --json NAME" "$KVCTL" config get --json log.level "${R[@]}"

@@ -47,7 +47,7 @@ static kv_block *store_in(fixture *f, int ns, uint64_t v, uint64_t p) {
 static kv_block *store(fixture *f, uint64_t v, uint64_t p) { return store_in(f, f->ns, v, p); }
 
 static const kv_session *owner(fixture *f, const kv_block *b) {
-  return kv_sessions_owner(&f->core->sess, b->id);
+  return kv_sessions_owner(&f->core->sess, &f->core->ix, b->id);
 }
 
 Test(core_hint, bad_hints_are_refused) {
@@ -219,5 +219,63 @@ Test(core_hint, the_latest_session_owns_a_block) {
   cr_assert_eq(kv_core_hint_session(f.core, (uint32_t)f.ns, 9, a, 0), 0);
   cr_assert_eq(kv_core_hint_session(f.core, (uint32_t)f.ns, 10, a, 0), 0);
   cr_assert_eq(owner(&f, a)->id, 10);
+  teardown(&f);
+}
+
+/* Predictions: an idle session is expected back after the median of its
+ * namespace's gaps after the same stop reason, among those at least as
+ * long as it has waited; one that has waited past every gap seen, or that
+ * ended, is not expected back; a running request holds on for about as
+ * long again as it has run. */
+Test(core_hint, predictions_follow_the_gaps_seen) {
+  fixture f;
+  setup(&f, 64);
+  uint32_t ns = (uint32_t)f.ns;
+  kv_sessions *s = &f.core->sess;
+  kv_block *b = store(&f, 1, 0);
+  /* Session 1 teaches the namespace: gaps of 10 s after tool_use (9 of
+   * them) and one of 1000 s. */
+  uint64_t t = 1000;
+  for (int i = 0; i < 11; i++) {
+    kv_core_set_now(f.core, t);
+    cr_assert_eq(kv_core_hint_session(f.core, ns, 1, b, 0), 0);
+    cr_assert_eq(kv_core_hint_finished(f.core, ns, 1, KV_STOP_TOOL_USE, 0), 0);
+    t += i == 9 ? 1000000 : 10000;
+  }
+  const kv_sess_ns *st = kv_sessions_ns(s, ns);
+  cr_assert_eq(st->total[KV_STOP_TOOL_USE], 10);
+  kv_block *c = store(&f, 2, 0);
+  kv_core_set_now(f.core, t);
+  cr_assert_eq(kv_core_hint_session(f.core, ns, 2, c, 0), 0);
+  const kv_session *x = kv_sessions_owner(s, &f.core->ix, c->id);
+  uint64_t until, p = kv_sessions_predict(s, x, &until);
+  cr_assert_eq(p, t, "a request that has just started holds on now");
+  cr_assert_eq(until, t + kv_gap_bucket_lo(1));
+  kv_core_set_now(f.core, t + 4000);
+  p = kv_sessions_predict(s, x, &until);
+  cr_assert_eq(p, t + 2 * kv_gap_bucket_lo(kv_gap_bucket(4000)),
+               "running for 4 s: about as long again");
+  cr_assert_eq(kv_core_hint_finished(f.core, ns, 2, KV_STOP_TOOL_USE, 0), 0);
+  uint64_t fin = t + 4000;
+  p = kv_sessions_predict(s, x, &until);
+  cr_assert_geq(p, fin + 8000, "the median gap after tool_use: about 10 s");
+  cr_assert_leq(p, fin + 12000);
+  /* Waited 20 s: only the 1000 s gap was that long. */
+  kv_core_set_now(f.core, fin + 20000);
+  p = kv_sessions_predict(s, x, &until);
+  cr_assert_geq(p, fin + 700000, "overdue: expected with the long gap");
+  cr_assert_leq(p, fin + 1300000);
+  cr_assert_eq(until, fin + kv_gap_bucket_lo(kv_gap_bucket(20000) + 1));
+  kv_core_set_now(f.core, fin + 3000000);
+  cr_assert_eq(kv_sessions_predict(s, x, &until), KV_PREDICT_NEVER, "past every gap seen");
+  /* A stop reason with no gap yet borrows every reason's gaps. */
+  cr_assert_eq(kv_core_hint_session(f.core, ns, 2, c, 0), 0);
+  kv_core_set_now(f.core, fin + 3000001);
+  cr_assert_eq(kv_core_hint_finished(f.core, ns, 2, KV_STOP_END_TURN, 0), 0);
+  p = kv_sessions_predict(s, x, &until);
+  cr_assert_neq(p, KV_PREDICT_NEVER);
+  cr_assert_eq(kv_core_hint_end(f.core, ns, 2), 0);
+  cr_assert_eq(kv_sessions_predict(s, x, &until), KV_PREDICT_NEVER, "ended");
+  cr_assert_eq(until, UINT64_MAX);
   teardown(&f);
 }

@@ -1,0 +1,312 @@
+/*
+ * evict_adapt.c - the default policy, "adapt": blocks used once and blocks
+ * used again, each in LRU order, a block used again ranked as if its last
+ * use were H accesses later (reuse's order with its protection aging out);
+ * and, once engine hints come, the hints' order within the namespace that
+ * order names, for as long as chain-aware miniature simulations do not
+ * find the order without hints better.
+ *
+ *   blocks   two heaps by (priority class, last access): blocks used once,
+ *            and blocks used again (hits >= 2, or evicted lately and back:
+ *            reuse's kv_seen history of its last 2C..4C victims, 8 bytes
+ *            per block of capacity C). Each block is in one of them
+ *            (b->hpos[tier]: the heap in bit 31, the position below), 4
+ *            bytes per held block.
+ *   order    the older of the two heads, the used-again head's last access
+ *            taken H = 4C accesses later: the reach of the history that
+ *            recognises a block's second life (a victim takes at least one
+ *            access, so 4C accesses are within the 2C..4C victims it
+ *            remembers). A block used again outranks one used once for as
+ *            long as its second use could have been told from a first;
+ *            past that, recency decides. reuse (evict_reuse.c) is this with
+ *            H infinite, lru with H = 0: reuse keeps blocks used again
+ *            forever, which on sessions that grow turn by turn keeps dead
+ *            sessions' prefixes over live sessions' newest blocks.
+ *   newest   reuse's rule: the block added last (the leaf a chain being
+ *            stored grows from) goes only when no other block of its
+ *            class is held.
+ *   hints    at the first hint (kv_evict_ops.hinted), a ranking by the
+ *            hints (evict_hint.h: within the namespace lru's victim names,
+ *            the block of the session expected back last) and miniature
+ *            simulations (evict_mini.h) of two experts: this order without
+ *            hints ("adapt" alone), and the hints' ("hints"). The hints are
+ *            followed from then on, until the order without them leads by
+ *            the clustered McNemar test; then that one, until the hints
+ *            lead again. Wrong hints cost what the simulations take to see
+ *            it; no hints cost nothing (no ranking, no simulation).
+ *
+ * Cost: without hints, reuse's (4-5 bytes per held block, 8 per block of
+ * capacity: INDEX.md). With hints: the owner array (4 bytes per record id,
+ * kv_index.owner), the ranking's two links per record id and its
+ * per-session state, and the miniatures (a fixed ~1.5 MB: up to 8192
+ * sampled blocks each).
+ */
+#include <errno.h>
+#include <stdlib.h>
+
+#include "tiers/evict_hint.h"
+#include "tiers/evict_impl.h"
+#include "tiers/evict_mini.h"
+
+extern const kv_evict_ops kv_evict_hints_ops;
+static const kv_evict_ops kv_evict_aged_ops;
+
+enum { X_AGED = 0, X_HINTS = 1, NX = 2 };
+static const kv_evict_ops *const experts[NX] = {&kv_evict_aged_ops, &kv_evict_hints_ops};
+
+#define QBIT      (1u << 31) /* hpos: in the used-again heap */
+#define TIME_MASK ((1ull << 55) - 1)
+#define AGE_CAPS  4 /* H in capacities: the history's reach, 2C..4C victims */
+/* Blocks a hints' miniature holds at most: as fixed-size SHARDS keeps 8K
+ * samples (Waldspurger et al., FAST'15). The judge weighs trees, not
+ * blocks, so it needs many sampled trees: with 1024 (auto's) the agentic
+ * trace's few hundred sessions gave it a dozen, too few to tell. */
+#define MINI_CAP  8192
+
+typedef struct aheap {
+  kv_bid *v;
+  uint32_t n, cap;
+} aheap;
+
+typedef struct adapt {
+  aheap q[2];   /* [0] used once, [1] used again; by (class, last access) */
+  kv_seen seen; /* the last 2C..4C victims */
+  kv_bid offered, newest;
+  kv_minis mm;  /* the judge, from the first hint */
+  kv_hrank *hr; /* the hints' order; NULL until the first hint */
+} adapt;
+
+/* ---- the two heaps ------------------------------------------------------------ */
+
+static inline uint64_t lru_key(const kv_block *b) {
+  return ((uint64_t)b->prio << 56) | (b->atime & TIME_MASK);
+}
+
+static inline void hput(kv_evict *e, adapt *a, int qi, uint32_t i, kv_bid id) {
+  a->q[qi].v[i] = id;
+  kv_index_at(e->ix, id)->hpos[e->tier] = (qi ? QBIT : 0) | i;
+}
+
+static void hfix(kv_evict *e, adapt *a, int qi, uint32_t i) {
+  aheap *q = &a->q[qi];
+  kv_bid x = q->v[i];
+  uint64_t k = lru_key(kv_index_at(e->ix, x));
+  while (i > 0) {
+    uint32_t p = (i - 1) / 2;
+    if (lru_key(kv_index_at(e->ix, q->v[p])) <= k) break;
+    hput(e, a, qi, i, q->v[p]);
+    i = p;
+  }
+  for (;;) {
+    uint32_t l = 2 * i + 1, m = i;
+    uint64_t mk = k;
+    if (l < q->n) {
+      uint64_t lk = lru_key(kv_index_at(e->ix, q->v[l]));
+      if (lk < mk) m = l, mk = lk;
+    }
+    if (l + 1 < q->n && lru_key(kv_index_at(e->ix, q->v[l + 1])) < mk) m = l + 1;
+    if (m == i) break;
+    hput(e, a, qi, i, q->v[m]);
+    i = m;
+  }
+  hput(e, a, qi, i, x);
+}
+
+static int hpush(kv_evict *e, adapt *a, int qi, kv_block *b) {
+  aheap *q = &a->q[qi];
+  if (kv_meta_grow((void **)&q->v, &q->cap, (uint64_t)q->n + 1, sizeof *q->v)) return -ENOMEM;
+  hput(e, a, qi, q->n++, b->id);
+  hfix(e, a, qi, q->n - 1);
+  return 0;
+}
+
+/* Takes b out of its heap; its hpos keeps a value other than KV_SLOT_NONE,
+ * so a block that comes back is known not to be new. */
+static void hdel(kv_evict *e, adapt *a, kv_block *b) {
+  int qi = (b->hpos[e->tier] & QBIT) != 0;
+  uint32_t i = b->hpos[e->tier] & ~QBIT;
+  aheap *q = &a->q[qi];
+  if (--q->n != i) {
+    hput(e, a, qi, i, q->v[q->n]);
+    hfix(e, a, qi, i);
+  }
+}
+
+/* ---- the orders ---------------------------------------------------------------- */
+
+/* H, in accesses: AGE_CAPS capacities, or while the capacity is unknown,
+ * what the history is sized for. */
+static inline uint64_t age_bonus(const kv_evict *e, const adapt *a) {
+  return (uint64_t)AGE_CAPS * (e->capacity ? e->capacity : a->seen.n);
+}
+
+/* b's key in the order: a block used again (heap 1) H accesses younger;
+ * lru (the hints' base) with H = 0. */
+static inline uint64_t order_key(const kv_block *b, int qi, uint64_t h) {
+  return lru_key(b) + (qi ? h : 0);
+}
+
+/* The first block in the order with bonus h, but not the newest while
+ * another block of its class is held: the smallest of the heads, or, when
+ * that is the newest, of the other head and the newest's two children. */
+static kv_block *first_in(kv_evict *e, adapt *a, uint64_t h) {
+  kv_block *best = NULL, *alt = NULL;
+  uint64_t bk = UINT64_MAX, ak = UINT64_MAX;
+  for (int qi = 0; qi < 2; qi++) {
+    aheap *q = &a->q[qi];
+    for (uint32_t i = 0; i < q->n && i < 3; i++) {
+      kv_block *b = kv_index_at(e->ix, q->v[i]);
+      uint64_t k = order_key(b, qi, h);
+      if (i == 0 && k < bk) bk = k, best = b;
+      if (b->id != a->newest && (i == 0 || q->v[0] == a->newest) && k < ak) ak = k, alt = b;
+    }
+  }
+  if (best && best->id == a->newest && alt && alt->prio == best->prio) return alt;
+  return best;
+}
+
+/* ---- the policy ------------------------------------------------------------------ */
+
+/* The history is sized by the tier's capacity, or while that is unknown by
+ * the most blocks held (as reuse's). */
+static void size_history(kv_evict *e, adapt *a) {
+  uint32_t want = e->capacity;
+  if (!want) {
+    if (e->count <= a->seen.n * 2 && a->seen.n) return;
+    want = e->count > 1024 ? e->count : 1024;
+  }
+  if (want != a->seen.n) (void)kv_seen_size(&a->seen, want);
+}
+
+static int adapt_init(kv_evict *e) {
+  adapt *a = kv_meta_calloc(1, sizeof *a);
+  if (!a) return -ENOMEM;
+  a->offered = a->newest = KV_BID_NONE;
+  e->priv = a;
+  return 0;
+}
+
+static void adapt_fini(kv_evict *e) {
+  adapt *a = e->priv;
+  if (!a) return;
+  kv_minis_fini(&a->mm);
+  kv_hrank_free(a->hr);
+  kv_seen_free(&a->seen);
+  kv_meta_free(a->q[0].v);
+  kv_meta_free(a->q[1].v);
+  kv_meta_free(a);
+  e->priv = NULL;
+}
+
+static int adapt_add(kv_evict *e, kv_block *b) {
+  adapt *a = e->priv;
+  int fresh = b->hpos[e->tier] == KV_SLOT_NONE;
+  size_history(e, a);
+  if (b->hits < 2 && kv_seen_has(&a->seen, kv_fingerprint(b)))
+    b->hits = 2; /* evicted lately, and back: this is its second use */
+  if (hpush(e, a, b->hits >= 2, b)) return -ENOMEM;
+  e->count++;
+  a->newest = b->id;
+  if (a->hr) (void)kv_hrank_add(a->hr, b); /* out of memory: ranked without its session */
+  if (fresh && a->hr) kv_minis_observe(&a->mm, e->ix, b);
+  return 0;
+}
+
+static void adapt_remove(kv_evict *e, kv_block *b) {
+  adapt *a = e->priv;
+  if (b->id == a->offered) { /* the victim peek offered: remember its key */
+    kv_seen_add(&a->seen, kv_fingerprint(b));
+    a->offered = KV_BID_NONE;
+  }
+  if (a->hr) kv_hrank_remove(a->hr, b);
+  hdel(e, a, b);
+  e->count--;
+}
+
+static void adapt_touch(kv_evict *e, kv_block *b) {
+  adapt *a = e->priv;
+  if (!(b->hpos[e->tier] & QBIT) && b->hits >= 2) { /* used again: to the other heap */
+    hdel(e, a, b);
+    if (hpush(e, a, 1, b)) (void)hpush(e, a, 0, b); /* no room there: stays where it was */
+  } else {
+    hfix(e, a, (b->hpos[e->tier] & QBIT) != 0, b->hpos[e->tier] & ~QBIT);
+  }
+  if (!a->hr) return;
+  kv_hrank_touch(a->hr, b);
+  kv_minis_observe(&a->mm, e->ix, b);
+}
+
+static void adapt_seen(kv_evict *e, kv_block *b) {
+  adapt *a = e->priv;
+  if (a->hr) kv_minis_observe(&a->mm, e->ix, b);
+}
+
+static kv_block *adapt_peek(kv_evict *e) {
+  adapt *a = e->priv;
+  kv_block *v;
+  if (a->hr && a->mm.cur == X_HINTS) v = kv_hrank_pick(a->hr, first_in(e, a, 0), a->newest);
+  else v = first_in(e, a, age_bonus(e, a));
+  a->offered = v ? v->id : KV_BID_NONE;
+  return v;
+}
+
+/* The first hint: the hints' ranking and the judge start, and the hints
+ * are followed (out of memory: they are not, and the order goes on
+ * without them). */
+static void start_hints(kv_evict *e, adapt *a) {
+  a->hr = kv_hrank_new(e);
+  if (!a->hr) return;
+  if (kv_minis_init(&a->mm, experts, NX, e->capacity, MINI_CAP, (1u << NX) - 1, e->ix) ||
+      kv_minis_cluster(&a->mm)) {
+    kv_minis_fini(&a->mm);
+    kv_hrank_free(a->hr);
+    a->hr = NULL;
+    return;
+  }
+  kv_minis_follow(&a->mm, X_HINTS);
+}
+
+static void adapt_hinted(kv_evict *e, kv_block *b, uint32_t old_ref) {
+  adapt *a = e->priv;
+  if (!a->hr) start_hints(e, a);
+  if (!a->hr) return;
+  kv_hrank_hinted(a->hr, b, old_ref);
+  kv_minis_hinted(&a->mm, e->ix, b);
+}
+
+static void adapt_session(kv_evict *e, uint32_t slot) {
+  adapt *a = e->priv;
+  if (!a->hr) return;
+  kv_hrank_session(a->hr, slot);
+  kv_minis_session(&a->mm, slot);
+}
+
+const char *kv_evict_adapt_following(const kv_evict *e, uint64_t *switches) {
+  const adapt *a = e->priv;
+  if (switches) *switches = a ? a->mm.switches : 0;
+  return a && a->hr ? experts[a->mm.cur]->name : "adapt";
+}
+
+const kv_evict_ops kv_evict_adapt_ops = {
+    "adapt",
+    "blocks used once before blocks used again, that protection aging out after 4 capacities of "
+    "accesses; with engine hints, the block of the session expected back last, while miniature "
+    "simulations do not find that worse",
+    adapt_init,
+    adapt_fini,
+    adapt_add,
+    adapt_remove,
+    adapt_touch,
+    adapt_peek,
+    adapt_seen,
+    adapt_hinted,
+    adapt_session,
+};
+
+/* The order without hints, as the judge's expert: adapt that ignores hints
+ * (so a miniature of it starts no miniatures of its own). */
+static const kv_evict_ops kv_evict_aged_ops = {
+    "adapt",      "adapt without hints", adapt_init, adapt_fini, adapt_add,
+    adapt_remove, adapt_touch,           adapt_peek, adapt_seen, NULL,
+    NULL,
+};
