@@ -338,9 +338,24 @@ typedef struct g3_result {
   replay_result r;
   uint64_t hits_g3, g3_writes, g3_bytes;
   uint64_t promotions, promote_failed; /* G3 -> G2 reads that verified, and not */
+  uint64_t g3_slots;                   /* the store's slots */
 } g3_result;
 
 static void wait_promoted(kv_core *c, kv_block *b, int status, void *arg) { *(int *)arg = status; }
+
+/* The smallest G3 directory size whose store has `slots` slots of SLOT
+ * bytes (one more slot takes a payload and a header sector), so that a
+ * replay's G3 holds exactly what it was given. */
+static uint64_t g3_dir_bytes(uint32_t slots) {
+  uint64_t lo = 0, hi = (1u << 20) + (uint64_t)slots * (SLOT + 8192);
+  while (lo + 4096 < hi) {
+    uint64_t mid = (lo + hi) / 2 / 4096 * 4096;
+    uint32_t n = 0;
+    if (kv_g3_layout_of(mid, SLOT, &n, NULL) == 0 && n >= slots) hi = mid;
+    else lo = mid;
+  }
+  return hi;
+}
 
 static int replay_g3(const kv_trace *t, const char *dir, const char *policy, kv_admit admit,
                      uint32_t g2cap, uint32_t g3cap, g3_result *out) {
@@ -350,7 +365,7 @@ static int replay_g3(const kv_trace *t, const char *dir, const char *policy, kv_
       .capacity = (size_t)g2cap * SLOT, .page_bytes = SLOT, .no_lock = 1, .name = "kvbench-g2"};
   int rc = kv_arena_init(&arena, &ao);
   if (rc) return rc;
-  kv_g3_dir d = {dir, (1u << 20) + (uint64_t)g3cap * SLOT + (uint64_t)g3cap * 4096};
+  kv_g3_dir d = {dir, g3_dir_bytes(g3cap)};
   kv_g3_opts go = {.dirs = &d,
                    .ndirs = 1,
                    .block_bytes = SLOT,
@@ -385,6 +400,7 @@ static int replay_g3(const kv_trace *t, const char *dir, const char *policy, kv_
       keys[i].len = 8;
       kv_trace_key(q->ids[i], keys[i].b);
     }
+    kv_core_set_now(core, q->ts_ms); /* the trace's clock, as the single-tier replay */
     int prefix = kv_core_lookup(core, (uint32_t)ns, keys, n, tiers);
     uint32_t any = 0;
     for (uint32_t i = 0; i < n; i++) {
@@ -433,6 +449,7 @@ static int replay_g3(const kv_trace *t, const char *dir, const char *policy, kv_
   kv_g3_get_stats(g3, &gs);
   out->g3_writes = gs.writes;
   out->g3_bytes = gs.write_bytes;
+  out->g3_slots = gs.slots;
   kv_core_stats_t cs;
   kv_core_stats(core, &cs);
   out->promotions = cs.promotions;
@@ -465,6 +482,7 @@ static json_t *g3_json(const g3_result *r, uint32_t g2cap, uint32_t g3cap) {
                       json_real(r->r.refs ? (double)r->g3_writes / r->r.refs : 0));
   json_object_set_new(o, "g3_promotions", json_integer((json_int_t)r->promotions));
   json_object_set_new(o, "g3_promote_failed", json_integer((json_int_t)r->promote_failed));
+  json_object_set_new(o, "g3_slots", json_integer((json_int_t)r->g3_slots));
   return o;
 }
 
@@ -527,6 +545,49 @@ static json_t *g3_policies_json(const kv_trace *t, const char *dir, double g2f, 
   return o;
 }
 
+/* G2 + G3 against a single tier of the same total: for each capacity X of
+ * the single-tier table (`single`, that replay's results for `policy`), the
+ * G2 + G3 replay with X split 1:ratio between G2 and G3 (G2 gets
+ * round(X / (1 + ratio)) blocks, G3 the rest). Both figures side by side,
+ * with their difference in points of prefix hit rate. */
+static json_t *tiers_json(const kv_trace *t, const char *dir, const char *policy, double ratio,
+                          json_t *single, int human) {
+  json_t *arr = json_array();
+  for (size_t f = 0; f < json_array_size(single); f++) {
+    json_t *one = json_array_get(single, f);
+    uint32_t total = (uint32_t)json_integer_value(json_object_get(one, "capacity_blocks"));
+    uint32_t g2cap = (uint32_t)((double)total / (1 + ratio) + 0.5);
+    if (g2cap < 1) g2cap = 1;
+    uint32_t g3cap = total > g2cap ? total - g2cap : 0;
+    if (g3cap < 64) {
+      fprintf(stderr, "kvbench: %u blocks is too few for G2 + G3 (G3 needs at least 64)\n", total);
+      continue;
+    }
+    g3_result r;
+    int rc = replay_g3(t, dir, policy, KV_ADMIT_ALWAYS, g2cap, g3cap, &r);
+    if (rc) {
+      fprintf(stderr, "kvbench: G3 replay (policy %s): %s\n", policy, kv_strerror(rc));
+      json_decref(arr);
+      return NULL;
+    }
+    double one_tier = json_real_value(json_object_get(one, "prefix_hit_rate"));
+    double two = r.r.refs ? (double)r.r.prefix_hits / r.r.refs : 0;
+    json_t *o = json_pack("{s:O,s:I,s:f,s:O,s:o,s:f}", "capacity_fraction",
+                          json_object_get(one, "capacity_fraction"), "capacity_blocks",
+                          (json_int_t)total, "g3_ratio", ratio, "single_tier", one, "g2_g3",
+                          g3_json(&r, g2cap, g3cap), "difference_points", 100.0 * (two - one_tier));
+    json_array_append_new(arr, o);
+    if (human)
+      fprintf(stderr,
+              "%-7s %4.0f%% (%6u blocks): one tier %6.2f%%  G2 %u + G3 %u: %6.2f%% (%+.2f)  "
+              "from G3 %llu  SSD writes %llu\n",
+              policy, 100 * json_real_value(json_object_get(one, "capacity_fraction")), total,
+              100 * one_tier, g2cap, g3cap, 100 * two, 100.0 * (two - one_tier),
+              (unsigned long long)r.hits_g3, (unsigned long long)r.g3_writes);
+  }
+  return arr;
+}
+
 /* Index lookups per second: every block reference of the trace, looked up
  * in a full index, repeated; median of several rounds. */
 static int cmp_double(const void *a, const void *b) {
@@ -585,14 +646,16 @@ int kvbench_core_replay(int argc, char **argv) {
                                      {"hints", no_argument, 0, 'H'},
                                      {"hints-wrong", required_argument, 0, 'W'},
                                      {"hints-by", required_argument, 0, 'B'},
+                                     {"g3-ratio", required_argument, 0, 'r'},
+                                     {"tiers-only", no_argument, 0, 'T'},
                                      {"help", no_argument, 0, 'h'},
                                      {0, 0, 0, 0}};
   const char *trace = NULL, *policies[16] = {0}, *g3dir = NULL;
-  double g2f = 0.01, g3f = 0.10;
-  int npol = 0, json = 0, ch, by_agent = 1;
+  double g2f = 0.01, g3f = 0.10, g3ratio = 10;
+  int npol = 0, json = 0, ch, by_agent = 1, tiers_only = 0;
   hints_mode hints = HINTS_OFF;
   optind = 1;
-  while ((ch = getopt_long(argc, argv, "t:p:jhg:2:3:HW:B:", lo, NULL)) != -1) {
+  while ((ch = getopt_long(argc, argv, "t:p:jhg:2:3:HW:B:r:T", lo, NULL)) != -1) {
     switch (ch) {
     case 't': trace = optarg; break;
     case 'p':
@@ -629,9 +692,18 @@ int kvbench_core_replay(int argc, char **argv) {
         return 2;
       }
       break;
+    case 'r':
+      g3ratio = strtod(optarg, NULL);
+      if (!(g3ratio > 0 && g3ratio < 1e6)) {
+        fprintf(stderr, "kvbench core-replay: --g3-ratio wants a number above 0\n");
+        return 2;
+      }
+      break;
+    case 'T': tiers_only = 1; break;
     case 'h':
       printf("usage: kvbench core-replay --trace FILE [--policy NAME|all]... [--json]\n"
-             "         [--g3-dir DIR [--g2-fraction F] [--g3-fraction F]]\n"
+             "         [--g3-dir DIR [--g2-fraction F] [--g3-fraction F] [--g3-ratio R]\n"
+             "          [--tiers-only]]\n"
              "         [--hints [--hints-wrong stops|sessions] [--hints-by agent|session]]\n"
              "  --hints: also replay with the hints an API server has (the trace's session\n"
              "           and sub-agent on lookups and stores, its stop reason once each\n"
@@ -640,10 +712,13 @@ int kvbench_core_replay(int argc, char **argv) {
              "           requests, or each request's session taken from a random request);\n"
              "           --hints-by: a sub-agent is a session of its own (agent, the default)\n"
              "           or part of its parent's (session)\n"
-             "  --g3-dir: also replay with a real SSD tier in DIR under a small G2\n"
+             "  --g3-dir: also replay with a real SSD tier in DIR: for each policy and\n"
+             "            capacity X, G2 + G3 holding X together (split 1:R, default\n"
+             "            1:10) beside the single tier of X (tiers); and under a small G2\n"
              "            (default 1%% and 10%% of the unique blocks), once per admission\n"
              "            policy, reporting hit rate and SSD writes; with more than one\n"
-             "            --policy (or all), also once per eviction policy (g3_by_policy)\n");
+             "            --policy (or all), also once per eviction policy (g3_by_policy)\n"
+             "  --tiers-only: with --g3-dir, only the side-by-side table (tiers)\n");
       return 0;
     default: return 2;
     }
@@ -730,6 +805,26 @@ int kvbench_core_replay(int argc, char **argv) {
     return 1;
   }
   if (g3dir) {
+    json_t *tiers = json_object();
+    for (int p = 0; p < npol && tiers; p++) {
+      json_t *single = npol > 1 ? json_object_get(json_object_get(out, "by_policy"), policies[p])
+                                : json_object_get(out, "results");
+      json_t *arr = tiers_json(&t, g3dir, policies[p], g3ratio, single, !json);
+      if (!arr) {
+        json_decref(tiers);
+        tiers = NULL;
+      } else {
+        json_object_set_new(tiers, policies[p], arr);
+      }
+    }
+    if (!tiers) {
+      json_decref(out);
+      kv_trace_free(&t);
+      return 1;
+    }
+    json_object_set_new(out, "tiers", tiers);
+  }
+  if (g3dir && !tiers_only) {
     json_t *adm = admission_json(&t, g3dir, g2f, g3f, !json);
     if (!adm) {
       json_decref(out);
