@@ -357,6 +357,26 @@ static uint64_t g3_dir_bytes(uint32_t slots) {
   return hi;
 }
 
+/* Promotions of one request in flight: a LOAD reads its SSD blocks
+ * together. Each is pinned until settle(), which waits for the SSD, checks
+ * that what came up is the block that went down, and releases them. */
+typedef struct g3_loading {
+  kv_block *b;
+  uint32_t i; /* its place in the request */
+  int st;     /* the promotion's status (1: not called back yet) */
+} g3_loading;
+
+static int settle(kv_core *core, kv_g3 *g3, g3_loading *l, uint32_t *nl, const kv_key *keys) {
+  kv_g3_drain(g3);
+  int rc = 0;
+  for (uint32_t k = 0; k < *nl; k++) {
+    if (l[k].st == 0 && memcmp(kv_core_g2_ptr(core, l[k].b), keys[l[k].i].b, 8)) rc = -EIO;
+    kv_core_unpin(core, l[k].b);
+  }
+  *nl = 0;
+  return rc;
+}
+
 static int replay_g3(const kv_trace *t, const char *dir, const char *policy, kv_admit admit,
                      uint32_t g2cap, uint32_t g3cap, g3_result *out) {
   static const uint8_t digest[KV_G3_NS_BYTES] = {0x6b, 0x76};
@@ -393,6 +413,11 @@ static int replay_g3(const kv_trace *t, const char *dir, const char *policy, kv_
   kv_key *keys = malloc(4096 * sizeof *keys);
   uint8_t *tiers = malloc(4096);
   memset(out, 0, sizeof *out);
+  /* Reads in flight at once: the store's queue depth, and no more pinned
+   * than a quarter of G2, which must keep room for the request's stores. */
+  g3_loading loading[16];
+  uint32_t nl = 0, maxl = g2cap / 4 < 16 ? g2cap / 4 : 16;
+  if (maxl < 1) maxl = 1;
   for (size_t qi = 0; qi < t->nreq && !rc; qi++) {
     const kv_trace_req *q = &t->req[qi];
     uint32_t n = q->n < 4096 ? q->n : 4096;
@@ -413,22 +438,31 @@ static int replay_g3(const kv_trace *t, const char *dir, const char *policy, kv_
       if (b) {
         kv_core_touch(core, b);
         if (!(b->tiers & KV_TIER_BIT(KV_G2))) {
-          /* A LOAD of a block on the SSD: pin, promote, wait, release. */
-          int st = 1, prc;
+          /* A LOAD of a block on the SSD: pin, promote; settled with the
+           * request's other reads. */
+          if (nl == maxl) rc = settle(core, g3, loading, &nl, keys);
+          g3_loading *l = &loading[nl];
+          *l = (g3_loading){b, i, 1};
           kv_core_pin(core, b);
-          while ((prc = kv_core_promote(core, b, wait_promoted, &st)) == -EAGAIN || prc == -EBUSY)
-            kv_g3_drain(g3);
-          if (prc == 0) kv_g3_drain(g3);
-          /* What came up from the SSD is the block that went down. */
-          if (prc == 0 && st == 0 && memcmp(kv_core_g2_ptr(core, b), keys[i].b, 8)) rc = -EIO;
-          kv_core_unpin(core, b);
+          int prc;
+          while ((prc = kv_core_promote(core, b, wait_promoted, &l->st)) == -EAGAIN ||
+                 prc == -EBUSY) {
+            int src = settle(core, g3, loading, &nl, keys); /* room comes from the SSD */
+            if (src) rc = src;
+            l = &loading[0];
+            *l = (g3_loading){b, i, 1};
+          }
+          if (prc == 0) nl++;
+          else kv_core_unpin(core, b);
         }
         continue;
       }
       int arc;
       while ((arc = kv_core_alloc(core, (uint32_t)ns, &keys[i], i ? &keys[i - 1] : NULL,
-                                  KV_PRIO_DEFAULT, &b)) == -EAGAIN)
-        kv_g3_drain(g3);
+                                  KV_PRIO_DEFAULT, &b)) == -EAGAIN) {
+        int src = settle(core, g3, loading, &nl, keys);
+        if (src) rc = src;
+      }
       if (arc == 0) {
         /* A payload that names the block, with its real checksum: G3
          * verifies it when the block comes back. */
@@ -442,7 +476,8 @@ static int replay_g3(const kv_trace *t, const char *dir, const char *policy, kv_
      * the daemon's loop does while the next request is on its way; without
      * it a write completes only when an allocation waits for one, and its
      * block holds a G2 slot and a G3 slot while readable in G2 alone. */
-    kv_g3_drain(g3);
+    int src = settle(core, g3, loading, &nl, keys);
+    if (src && !rc) rc = src;
   }
   kv_g3_drain(g3);
   kv_g3_stats gs;
