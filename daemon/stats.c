@@ -156,6 +156,7 @@ int kvd_ns_by_hex(kvd *d, const char *hex, uint32_t *core_ns) {
 typedef struct tier_view {
   int enabled;
   const char *state;
+  uint64_t configured; /* bytes the configuration asks for (g1/g2/g3.capacity) */
   uint64_t capacity, used, blocks, hits, evictions;
 } tier_view;
 
@@ -173,18 +174,28 @@ static void add_arena(tier_view *v, const kv_arena *a, uint64_t limit) {
   for (uint32_t k = 0; k < a->nclasses; k++) v->blocks += a->cls[k].used;
 }
 
+/* G3 directories configured (g3.path). */
+static uint64_t g3_dirs(const kv_config *c) {
+  char buf[sizeof c->g3_path];
+  const char *dirs[KV_G3_MAX_DIRS];
+  int n = kv_config_g3_dirs(c, buf, dirs, KV_G3_MAX_DIRS);
+  return n > 0 ? (uint64_t)n : 0;
+}
+
 static void take(kvd *d, snapshot *s) {
   memset(s, 0, sizeof *s);
   s->t[KV_G1].state = "off";
   if (kv_core_g1_pools(d->core)) {
     tier_view *g1 = &s->t[KV_G1];
     g1->enabled = 1;
+    g1->configured = d->cfg.g1_capacity * kv_core_g1_pools(d->core);
     for (uint32_t p = 0; p < kv_core_g1_pools(d->core); p++)
       add_arena(g1, kv_core_g1_arena(d->core, p), 0);
     g1->state = g1->used >= g1->capacity ? "full" : "ok";
   }
   tier_view *g2 = &s->t[KV_G2];
   g2->enabled = 1;
+  g2->configured = d->cfg.g2_capacity;
   for (uint32_t i = 0; i < d->reg.ntenants; i++)
     add_arena(g2, &d->reg.tenants[i].arena, kv_core_limit(d->core, KV_G2));
   g2->state = g2->capacity && g2->used >= g2->capacity ? "full" : "ok";
@@ -196,6 +207,7 @@ static void take(kvd *d, snapshot *s) {
     g3->enabled = 1;
     s->g3_state = (int)s->gs.state;
     g3->state = kv_g3_state_name(s->gs.state);
+    g3->configured = d->cfg.g3_capacity * g3_dirs(&d->cfg);
     g3->capacity = s->gs.capacity_bytes;
     if (kv_core_limit(d->core, KV_G3) && kv_core_limit(d->core, KV_G3) < g3->capacity)
       g3->capacity = kv_core_limit(d->core, KV_G3);
@@ -282,7 +294,12 @@ int kvd_render_metrics(kvd *d, kv_buf *out) {
     const char *name, *help;
     size_t off;
   } tg[] = {
-      {"kvcached_tier_capacity_bytes", "Bytes the tier may hold (a soft limit when one is set).",
+      {"kvcached_tier_configured_bytes",
+       "Bytes the configuration gives the tier (g1.capacity per device, g2.capacity, g3.capacity "
+       "per directory; 0 when off).",
+       offsetof(tier_view, configured)},
+      {"kvcached_tier_capacity_bytes",
+       "Bytes the tier may hold: what its memory or files hold (a soft limit when one is set).",
        offsetof(tier_view, capacity)},
       {"kvcached_tier_used_bytes", "Bytes of blocks the tier holds.", offsetof(tier_view, used)},
       {"kvcached_tier_blocks", "Blocks the tier holds.", offsetof(tier_view, blocks)},
@@ -522,9 +539,10 @@ int kvd_render_metrics(kvd *d, kv_buf *out) {
 /* --- JSON routes ------------------------------------------------------------------ */
 
 static json_t *tier_json(const tier_view *t) {
-  return json_pack("{s:b,s:s,s:I,s:I,s:I,s:I,s:I}", "enabled", t->enabled, "state", t->state,
-                   "capacity_bytes", (json_int_t)t->capacity, "used_bytes", (json_int_t)t->used,
-                   "blocks", (json_int_t)t->blocks, "hits", (json_int_t)t->hits, "evictions",
+  return json_pack("{s:b,s:s,s:I,s:I,s:I,s:I,s:I,s:I}", "enabled", t->enabled, "state", t->state,
+                   "configured_bytes", (json_int_t)t->configured, "capacity_bytes",
+                   (json_int_t)t->capacity, "used_bytes", (json_int_t)t->used, "blocks",
+                   (json_int_t)t->blocks, "hits", (json_int_t)t->hits, "evictions",
                    (json_int_t)t->evictions);
 }
 
@@ -540,9 +558,10 @@ static json_t *tenants_json(kvd *d) {
   for (uint32_t i = 0; i < d->reg.ntenants; i++) {
     const kvd_tenant *t = &d->reg.tenants[i];
     json_t *o =
-        json_pack("{s:s,s:b,s:I,s:I,s:I}", "name", t->cfg.name, "configured", t->configured,
-                  "g2_capacity_bytes", (json_int_t)t->arena.capacity, "g2_used_bytes",
-                  (json_int_t)t->arena.used_bytes, "namespaces", (json_int_t)d->reg.tenant_nns[i]);
+        json_pack("{s:s,s:b,s:I,s:I,s:I,s:I}", "name", t->cfg.name, "configured", t->configured,
+                  "g2_configured_bytes", (json_int_t)t->arena.configured, "g2_capacity_bytes",
+                  (json_int_t)t->arena.capacity, "g2_used_bytes", (json_int_t)t->arena.used_bytes,
+                  "namespaces", (json_int_t)d->reg.tenant_nns[i]);
     uint64_t share, held;
     if (d->g3 && kv_core_g3_share_get(d->core, i, &share, &held) == 0) {
       uint64_t sb = kv_g3_slot_bytes(d->g3);
@@ -649,8 +668,9 @@ static json_t *status_json(kvd *d, const snapshot *s) {
     cap += a->capacity;
     used += a->used_bytes;
     json_array_append_new(tenants,
-                          json_pack("{s:s,s:I,s:I,s:b}", "tenant", d->reg.tenants[i].cfg.name,
-                                    "capacity_bytes", (json_int_t)a->capacity, "used_bytes",
+                          json_pack("{s:s,s:I,s:I,s:I,s:b}", "tenant", d->reg.tenants[i].cfg.name,
+                                    "configured_bytes", (json_int_t)a->configured, "capacity_bytes",
+                                    (json_int_t)a->capacity, "used_bytes",
                                     (json_int_t)a->used_bytes, "locked", a->locked));
   }
   kv_core_stats_t cs;
@@ -659,11 +679,12 @@ static json_t *status_json(kvd *d, const snapshot *s) {
   uint64_t misses = 0; /* every reason, as kvcached_misses_total counts them */
   for (int i = 0; i < KVD_MISS_COUNT; i++) misses += d->m.misses[i];
   json_t *o = json_pack(
-      "{s:s,s:I,s:I,s:{s:I,s:I,s:I,s:o},s:{s:I,s:I,s:I,s:I,s:I,s:I,s:I,s:I,s:I},s:s,s:I}",
+      "{s:s,s:I,s:I,s:{s:I,s:I,s:I,s:I,s:o},s:{s:I,s:I,s:I,s:I,s:I,s:I,s:I,s:I,s:I},s:s,s:I}",
       "version", KV_VERSION, "uptime_s", (json_int_t)uptime_s(d), "sessions",
-      (json_int_t)d->nsessions, "g2", "capacity_bytes", (json_int_t)cap, "used_bytes",
-      (json_int_t)used, "blocks", (json_int_t)kv_core_index(d->core)->count, "tenants", tenants,
-      "core", "lookups", (json_int_t)c->lookups, "hits_g1", (json_int_t)c->hits[KV_G1], "hits_g2",
+      (json_int_t)d->nsessions, "g2", "configured_bytes", (json_int_t)s->t[KV_G2].configured,
+      "capacity_bytes", (json_int_t)cap, "used_bytes", (json_int_t)used, "blocks",
+      (json_int_t)kv_core_index(d->core)->count, "tenants", tenants, "core", "lookups",
+      (json_int_t)c->lookups, "hits_g1", (json_int_t)c->hits[KV_G1], "hits_g2",
       (json_int_t)c->hits[KV_G2], "hits_g3", (json_int_t)c->hits[KV_G3], "misses",
       (json_int_t)misses, "evictions_g2", (json_int_t)c->evictions[KV_G2], "allocs",
       (json_int_t)c->allocs, "commits", (json_int_t)c->commits, "aborts", (json_int_t)c->aborts,

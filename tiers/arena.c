@@ -37,17 +37,19 @@ static int make_memory(kv_arena *a) {
 int kv_arena_init(kv_arena *a, const kv_arena_opts *o) {
   memset(a, 0, sizeof *a);
   a->fd = -1;
-  if (!o || o->capacity == 0) return -EINVAL;
+  if (!o) return -EINVAL;
   size_t page = o->page_bytes ? o->page_bytes : KV_ARENA_DEFAULT_PAGE;
-  if (page % KV_ARENA_ALIGN) return -EINVAL;
-  if (page > o->capacity) page = o->capacity - o->capacity % KV_ARENA_ALIGN;
-  if (page == 0) return -EINVAL;
-  uint64_t npages = o->capacity / page;
-  if (npages >= NOPAGE || (npages * page) / KV_ARENA_ALIGN >= UINT32_MAX) return -E2BIG;
+  size_t bytes = o->capacity - o->capacity % KV_ARENA_ALIGN; /* what slots can use */
+  if (page % KV_ARENA_ALIGN || bytes == 0) return -EINVAL;
+  if (page > bytes) page = bytes;
+  uint64_t npages = (bytes + page - 1) / page; /* the last one may be short */
+  if (npages >= NOPAGE || bytes / KV_ARENA_ALIGN >= UINT32_MAX) return -E2BIG;
   a->opts = *o;
   a->page_bytes = page;
   a->npages = (uint32_t)npages;
-  a->capacity = npages * page;
+  a->capacity = bytes;
+  a->configured = o->capacity;
+  a->last_page_bytes = bytes - (size_t)(npages - 1) * page;
 
   int rc;
   if (o->memory) a->base = o->memory;
@@ -149,6 +151,11 @@ static inline uint32_t slot_page(const kv_arena *a, uint32_t slot) {
   return (uint32_t)(kv_arena_offset(slot) / a->page_bytes);
 }
 
+/* Slots of class k that page pg holds: fewer (maybe none) in a short last page. */
+static inline uint32_t page_slots(const kv_arena *a, const kv_arena_class *k, uint32_t pg) {
+  return pg + 1 < a->npages ? k->slots_per_page : (uint32_t)(a->last_page_bytes / k->slot_bytes);
+}
+
 /* Drops stack entries whose page has left the class since they were pushed. */
 static void compact(kv_arena *a, int cls) {
   kv_arena_class *k = &a->cls[cls];
@@ -166,18 +173,22 @@ static void compact(kv_arena *a, int cls) {
  * another class. 0, -ENOSPC (none to be had) or -ENOMEM. */
 static int grow_class(kv_arena *a, int cls) {
   kv_arena_class *k = &a->cls[cls];
+  /* Unassigned pages go in order, so the short last page, if it is too
+   * small for this class, is the only one left there. */
   uint32_t pg = a->free_head;
   int from = -1;
-  if (pg == NOPAGE) {
-    for (uint32_t c = 0; c < a->nclasses; c++) {
-      if ((int)c != cls && a->cls[c].empty_head != NOPAGE) {
-        from = (int)c;
-        pg = a->cls[c].empty_head;
-        break;
-      }
+  if (pg != NOPAGE && !page_slots(a, k, pg)) pg = NOPAGE;
+  for (uint32_t c = 0; pg == NOPAGE && c < a->nclasses; c++) {
+    if ((int)c == cls) continue;
+    /* An empty page of another class; the short one only if a slot fits. */
+    for (uint32_t p = a->cls[c].empty_head; p != NOPAGE; p = a->page_link[p]) {
+      if (!page_slots(a, k, p)) continue;
+      from = (int)c;
+      pg = p;
+      break;
     }
-    if (pg == NOPAGE) return -ENOSPC;
   }
+  if (pg == NOPAGE) return -ENOSPC;
   if (k->nstale > k->pages * k->slots_per_page) compact(a, cls);
   /* Room for every slot of every page held, plus the stale entries: frees
    * then never need to grow the stack. */
@@ -197,13 +208,13 @@ static int grow_class(kv_arena *a, int cls) {
     kv_arena_class *o = &a->cls[from];
     empty_unlink(a, o, pg);
     o->pages--;
-    o->nstale += o->slots_per_page; /* its free slots now name a foreign page */
+    o->nstale += page_slots(a, o, pg); /* its free slots now name a foreign page */
   }
   a->page_cls[pg] = (uint8_t)cls;
   uint32_t gen = ++a->page_gen[pg];
   uint32_t first = (uint32_t)(((uint64_t)pg * a->page_bytes) / KV_ARENA_ALIGN);
   uint32_t step = k->slot_bytes / KV_ARENA_ALIGN;
-  for (uint32_t i = k->slots_per_page; i-- > 0;)
+  for (uint32_t i = page_slots(a, k, pg); i-- > 0;)
     k->free[k->nfree++] = ((uint64_t)gen << 32) | (first + i * step);
   k->pages++;
   a->page_used[pg] = 0;
@@ -238,7 +249,10 @@ uint64_t kv_arena_room(const kv_arena *a, int cls) {
   if (cls < 0 || (uint32_t)cls >= a->nclasses) return 0;
   const kv_arena_class *k = &a->cls[cls];
   uint64_t own = k->nfree > k->nstale ? k->nfree - k->nstale : 0;
-  return own + (uint64_t)a->nfree_pages * k->slots_per_page;
+  if (!a->nfree_pages) return own;
+  /* Unassigned pages go in order: the last page is among them. */
+  uint32_t last = a->npages - 1;
+  return own + (uint64_t)(a->nfree_pages - 1) * k->slots_per_page + page_slots(a, k, last);
 }
 
 int kv_arena_slot_class(const kv_arena *a, uint32_t slot) {
@@ -247,7 +261,7 @@ int kv_arena_slot_class(const kv_arena *a, uint32_t slot) {
   if (a->page_cls[pg] == NOCLS) return -EINVAL;
   const kv_arena_class *k = &a->cls[a->page_cls[pg]];
   uint64_t in_page = kv_arena_offset(slot) - (uint64_t)pg * a->page_bytes;
-  if (in_page % k->slot_bytes || in_page / k->slot_bytes >= k->slots_per_page) return -EINVAL;
+  if (in_page % k->slot_bytes || in_page / k->slot_bytes >= page_slots(a, k, pg)) return -EINVAL;
   return a->page_cls[pg];
 }
 

@@ -7,12 +7,16 @@
  * Where locking is refused (RLIMIT_MEMLOCK), the arena says so once per
  * process and runs unlocked.
  *
- * The arena is cut into pages of `page_bytes`. A page belongs to at most one
- * size class at a time and is carved into slots of that class's size (a
- * multiple of KV_ARENA_ALIGN, so slots suit O_DIRECT and registered I/O
- * buffers). Alloc and free are O(1): each class keeps a stack of free slots.
- * A page whose slots are all free can move to another class that has run
- * out, so memory follows the block sizes in use.
+ * The arena holds the capacity it was given, to KV_ARENA_ALIGN (a
+ * slot's unit): it is cut into pages of `page_bytes`, the last of which is
+ * smaller when the capacity is not a whole number of pages (a 97 MiB
+ * arena of 64 MiB pages is a page of 64 MiB and one of 33 MiB). A page
+ * belongs to at most one size class at a time and is carved into slots of
+ * that class's size (a multiple of KV_ARENA_ALIGN, so slots suit O_DIRECT
+ * and registered I/O buffers); the short page holds as many as fit, and
+ * none of a class larger than it. Alloc and free are O(1): each class keeps
+ * a stack of free slots. A page whose slots are all free can move to
+ * another class that has run out, so memory follows the block sizes in use.
  *
  * A slot is named by its offset / KV_ARENA_ALIGN (a uint32: arenas up to
  * 16 TiB). Metadata lives outside the shared mapping: a worker that scribbles
@@ -29,7 +33,7 @@
 #define KV_ARENA_DEFAULT_PAGE (64u << 20)
 
 typedef struct kv_arena_opts {
-  size_t capacity;   /* bytes; rounded down to whole pages; > 0 */
+  size_t capacity;   /* bytes; rounded down to KV_ARENA_ALIGN; >= KV_ARENA_ALIGN */
   size_t page_bytes; /* 0: KV_ARENA_DEFAULT_PAGE, clamped to capacity */
   const char *name;  /* memfd name, for /proc/<pid>/fd; NULL: "kvcached-g2" */
   int no_lock;       /* 1: do not mlock (tests, tiny arenas) */
@@ -59,8 +63,10 @@ typedef struct kv_arena_class {
 typedef struct kv_arena {
   int fd;
   uint8_t *base;
-  size_t capacity;
+  size_t capacity;   /* bytes it holds (and of its memfd): opts.capacity to KV_ARENA_ALIGN */
+  size_t configured; /* opts.capacity, as asked for */
   size_t page_bytes;
+  size_t last_page_bytes; /* the last page's size: page_bytes, or less */
   uint32_t npages;
   int locked;     /* 1 if mlock succeeded */
   int registered; /* 1 if register_fn succeeded */
@@ -78,8 +84,9 @@ typedef struct kv_arena {
   uint64_t used_bytes; /* sum of allocated slot sizes */
 } kv_arena;
 
-/* Creates the memfd, maps and locks it. 0, -EINVAL (capacity 0, page size
- * not a multiple of KV_ARENA_ALIGN), or -errno from memfd/mmap/ftruncate. */
+/* Creates the memfd, maps and locks it. 0, -EINVAL (capacity under
+ * KV_ARENA_ALIGN, page size not a multiple of it), -E2BIG (more than
+ * 16 TiB), or -errno from memfd/mmap/ftruncate. */
 int kv_arena_init(kv_arena *a, const kv_arena_opts *o);
 void kv_arena_fini(kv_arena *a);
 

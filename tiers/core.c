@@ -46,10 +46,14 @@ static void free_class_policies(kv_arena *a) {
 
 void kv_core_free(kv_core *c) {
   if (!c) return;
-  if (c->g3) kv_evict_fini(&c->g3_evict);
+  if (c->g3) {
+    kv_evict_fini(&c->g3_evict);
+    kv_evict_fini(&c->g3_dup);
+  }
   for (unsigned o = 0; o < KV_CORE_OWNERS_MAX; o++) {
     if (!c->g3_own[o]) continue;
-    kv_evict_fini(c->g3_own[o]);
+    kv_evict_fini(&c->g3_own[o][0]);
+    kv_evict_fini(&c->g3_own[o][1]);
     free(c->g3_own[o]);
   }
   for (uint32_t p = 0; p < c->ng1; p++) free_class_policies(c->g1[p]);
@@ -180,7 +184,9 @@ kv_evict *kv_core__policy(kv_core *c, uint32_t ns, kv_tier t, unsigned pool) {
 
 kv_evict *kv_core__policy_of(kv_core *c, const kv_block *b, kv_tier t) {
   unsigned pool = t == KV_G1 && b->slot[KV_G1] != KV_SLOT_NONE ? kv_g1_pool_of(b->slot[KV_G1]) : 0;
-  return kv_core__policy(c, b->ns, t, pool);
+  kv_evict *e = kv_core__policy(c, b->ns, t, pool);
+  /* G3 ranks the copies of blocks G2 holds too apart: they go first. */
+  return e && t == KV_G3 && (b->tiers & KV_TIER_BIT(KV_G2)) ? kv_core__g3_dups(c, e) : e;
 }
 
 static kv_evict *policy_of(kv_core *c, const kv_block *b, kv_tier t) {
@@ -206,8 +212,12 @@ static int strands_children(const kv_core *c, const kv_block *b, kv_tier t) {
  * evict.h. Every change to what that rule reads ends here. */
 static void sync_evictable(kv_core *c, kv_block *b, kv_tier t) {
   uint8_t bit = (uint8_t)KV_TIER_BIT(t);
+  /* Leaf-first, except for the SSD copy of a block G2 holds too: the chain
+   * stays whole through the G2 copy (written back to G3 when G2 evicts it),
+   * so that copy may go before its children (tiers/G3.md). */
+  int leaf = b->rchild[t] == 0 || (t == KV_G3 && (b->tiers & KV_TIER_BIT(KV_G2)));
   int want = (b->tiers & bit) && b->state == KV_BS_READY && b->pins == 0 && !(b->busy & bit) &&
-             b->rchild[t] == 0 && !strands_children(c, b, t);
+             leaf && !strands_children(c, b, t);
   int have = (b->inpol & bit) != 0;
   if (want == have) return;
   kv_evict *e = policy_of(c, b, t);
@@ -249,8 +259,20 @@ static void rchild_dec(kv_core *c, kv_block *p, kv_tier t) {
   if (p->rchild[t] == 0) sync_all(c, p);
 }
 
+/* b's G2 copy is about to come or go, which moves b's SSD copy between
+ * G3's two instances (kv_core__policy_of): b leaves the one it is in, and
+ * the sync that follows the change puts it in the other. */
+static void g3_leave(kv_core *c, kv_block *b, kv_tier t) {
+  uint8_t bit = (uint8_t)KV_TIER_BIT(KV_G3);
+  if (t != KV_G2 || !(b->inpol & bit)) return;
+  kv_evict *e = policy_of(c, b, KV_G3);
+  e->ops->remove(e, b);
+  b->inpol &= (uint8_t)~bit;
+}
+
 /* b's bytes became valid (or stopped being valid) in tier t. */
 void kv_core__set_valid(kv_core *c, kv_block *b, kv_tier t) {
+  g3_leave(c, b, t);
   b->tiers |= (uint8_t)KV_TIER_BIT(t);
   kv_block *p = kv_index_at(&c->ix, b->parent);
   if (p) rchild_inc(c, p, t);
@@ -258,6 +280,7 @@ void kv_core__set_valid(kv_core *c, kv_block *b, kv_tier t) {
 }
 
 static void clear_valid(kv_core *c, kv_block *b, kv_tier t) {
+  g3_leave(c, b, t);
   b->tiers &= (uint8_t)~KV_TIER_BIT(t);
   kv_block *p = kv_index_at(&c->ix, b->parent);
   if (p) rchild_dec(c, p, t);
@@ -386,10 +409,15 @@ static uint64_t g2_headroom(const kv_core *c, const kv_core_ns *n) {
 }
 
 /* Starts demotions until n's class has its headroom, so that the next
- * stores find free slots while the SSD writes that make room go on. */
+ * stores find free slots while the SSD writes that make room go on. These
+ * demotions are ahead of need: each takes a G3 slot that is free now
+ * (slots G3 evicts for room come free only when their index delete
+ * commits), and they leave the last one to a demotion a store needs (one
+ * at a time: such a store waits for it), so a burst of them never has G3
+ * refuse, and drop, a block. */
 static void keep_g2_room(kv_core *c, kv_core_ns *n) {
   uint64_t want = g2_headroom(c, n);
-  while (kv_arena_room(n->arena, n->cls) + c->demoting < want)
+  while (kv_arena_room(n->arena, n->cls) + c->demoting < want && kv_core__g3_free(c) > 1)
     if (evict_one(c, n->arena->cls[n->cls].user)) break;
 }
 

@@ -281,7 +281,11 @@ int kv_core_ns_register_digest(kv_core *c, kv_arena *arena, uint32_t block_bytes
  * admission policy admits them (kv_core_opts.demote must be NULL), G3 keeps
  * its own eviction order through the same policy module, and every block
  * the store holds (kv_g3_foreach) becomes resident in G3: a warm restart.
- * Blocks of namespaces not registered yet wait under dormant namespaces.
+ * G2 and G3 act as one cache (tiers/G3.md): a block promoted to G2 keeps
+ * its SSD copy, but that copy is G3's first victim while G2 holds the
+ * block (most recently used first), so G3 makes room without dropping a
+ * block; G2 writes the block back to G3 when it evicts it and the copy is
+ * gone. Blocks of namespaces not registered yet wait under dormant namespaces.
  * Returns the number of blocks learned, or -EINVAL / -ENOMEM.
  * Completions arrive through kv_g3_poll() on the loop's thread.
  */

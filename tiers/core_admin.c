@@ -122,6 +122,10 @@ int kv_core_set_policy(kv_core *c, const char *name) {
   } else {
     c->policy = ops;
   }
+  /* The blocks of instances that keep their order whatever the policy (G3's
+   * copies of blocks G2 holds too) go back where they were. */
+  for (int t = 0; t < KV_NTIERS; t++)
+    for (int64_t i = 0; i < nv[t]; i++) kv_core__sync_all(c, kv_index_at(&c->ix, v[t][i]));
   for (int t = 0; t < KV_NTIERS; t++) free(v[t]);
   return rc;
 }

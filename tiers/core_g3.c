@@ -9,6 +9,7 @@
 #include "base/errors.h"
 #include "base/log.h"
 #include "tiers/core_int.h"
+#include "tiers/evict_heap.h"
 
 void kv_core__g3_key_of(kv_core *c, const kv_block *b, kv_g3_key *k) {
   memcpy(k->ns, c->ns[b->ns].digest, KV_G3_NS_BYTES);
@@ -23,6 +24,33 @@ void kv_core__set_g3_slot(kv_core *c, kv_block *b, uint32_t slot) {
   if (had == has) return;
   n->g3_slots += has ? 1 : (uint32_t)-1;
   if (n->owner >= 0) c->g3_own_slots[n->owner] += has ? 1 : (uint64_t)-1;
+}
+
+/* --- the SSD copies of blocks G2 holds too -------------------------------------
+ *
+ * Dropping one loses no block, so they are G3's first victims (tiers/G3.md).
+ * They go most recently used first: G2 keeps that block longest, and while
+ * the copies of the blocks G2 evicts sooner are still there, G2's evictions
+ * need no write. */
+static uint64_t score_mru(const kv_heap *h, const kv_block *b) {
+  (void)h;
+  return ~b->atime & KV_HEAP_TIME_MASK;
+}
+static int init_dups(kv_evict *e) { return kv_heap_init(e, score_mru); }
+
+static const kv_evict_ops g3_dup_ops = {
+    "g3-copies",   "SSD copies of blocks G2 holds too, most recently used first",
+    init_dups,     kv_heap_fini,
+    kv_heap_add,   kv_heap_remove,
+    kv_heap_touch, kv_heap_peek,
+    NULL,
+};
+
+uint64_t kv_core__g3_free(kv_core *c) {
+  if (!c->g3) return 0;
+  kv_g3_stats gs;
+  kv_g3_get_stats(c->g3, &gs);
+  return gs.slots_free;
 }
 
 typedef struct g3_op {
@@ -40,6 +68,12 @@ static int admitted(kv_core *c, const kv_block *b) {
   case KV_ADMIT_MIN_PRIO: return b->prio >= c->g3o.min_prio;
   default: return 1;
   }
+}
+
+/* The next G3 victim of owner o's blocks: a copy G2 also holds first. */
+static kv_block *own_victim(kv_core *c, unsigned o) {
+  kv_block *x = c->g3_own[o][1].ops->peek(&c->g3_own[o][1]);
+  return x ? x : c->g3_own[o][0].ops->peek(&c->g3_own[o][0]);
 }
 
 static int evict_g3_one(kv_core *c) {
@@ -81,7 +115,7 @@ int kv_core__g3_demote(kv_core *c, kv_block *v, kv_tier from, void *unused) {
   if (o >= 0 && c->g3_own[o]) {
     /* The owner holds its share: its own victims make the room. */
     while (c->g3_own_slots[o] >= c->g3_own_limit[o]) {
-      kv_block *x = c->g3_own[o]->ops->peek(c->g3_own[o]);
+      kv_block *x = own_victim(c, (unsigned)o);
       if (!x) {
         c->st.g3_refused++;
         c->st.g3_share_refused++;
@@ -162,6 +196,10 @@ int kv_core_attach_g3(kv_core *c, kv_g3 *g3, const kv_core_g3_opts *o) {
   c->g3_evict.capacity = (uint32_t)gs.slots;
   int rc = kv_evict_init(&c->g3_evict, c->policy, &c->ix, KV_G3);
   if (rc) return rc;
+  if ((rc = kv_evict_init(&c->g3_dup, &g3_dup_ops, &c->ix, KV_G3))) {
+    kv_evict_fini(&c->g3_evict);
+    return rc;
+  }
   c->g3 = g3;
   if (o) c->g3o = *o;
   if (!c->g3o.low_water) c->g3o.low_water = 64;
@@ -177,25 +215,25 @@ int kv_core_attach_g3(kv_core *c, kv_g3 *g3, const kv_core_g3_opts *o) {
 int kv_core_g3_share(kv_core *c, unsigned owner, uint64_t bytes) {
   if (!c->g3 || owner >= KV_CORE_OWNERS_MAX || c->g3_own[owner]) return -EINVAL;
   uint64_t sb = kv_g3_slot_bytes(c->g3);
-  kv_evict *e = calloc(1, sizeof *e);
+  kv_evict *e = calloc(2, sizeof *e); /* its policy, and its copies G2 holds too */
   if (!e) return -ENOMEM;
-  c->g3_own_limit[owner] = sb ? bytes / sb : 0;
-  e->capacity =
-      (uint32_t)(c->g3_own_limit[owner] < UINT32_MAX ? c->g3_own_limit[owner] : UINT32_MAX);
-  int rc = kv_evict_init(e, c->policy, &c->ix, KV_G3);
+  uint64_t limit = sb ? bytes / sb : 0;
+  e[0].capacity = (uint32_t)(limit < UINT32_MAX ? limit : UINT32_MAX);
+  int rc = kv_evict_init(&e[0], c->policy, &c->ix, KV_G3);
+  if (rc == 0 && (rc = kv_evict_init(&e[1], &g3_dup_ops, &c->ix, KV_G3))) kv_evict_fini(&e[0]);
   if (rc) {
     free(e);
     return rc;
   }
+  c->g3_own_limit[owner] = limit;
   c->g3_own[owner] = e;
   return 0;
 }
 
 /* Evicts owner's G3 blocks down to its share (as far as they can go). */
 static void g3_share_enforce(kv_core *c, unsigned owner) {
-  kv_evict *e = c->g3_own[owner];
-  while (e && c->g3_own_slots[owner] > c->g3_own_limit[owner]) {
-    kv_block *x = e->ops->peek(e);
+  while (c->g3_own[owner] && c->g3_own_slots[owner] > c->g3_own_limit[owner]) {
+    kv_block *x = own_victim(c, owner);
     if (!x) break;
     c->st.evictions[KV_G3]++;
     kv_core__drop_tier(c, x, KV_G3);
@@ -207,18 +245,19 @@ int kv_core_ns_owner(kv_core *c, uint32_t ns, unsigned owner) {
   kv_core_ns *n = &c->ns[ns];
   if (n->owner == (int)owner) return 0;
   if (n->owner >= 0) return -EINVAL;
-  kv_evict *from = kv_core__policy(c, ns, KV_G3, 0);
-  kv_evict *to = c->g3_own[owner] ? c->g3_own[owner] : from;
-  /* Blocks G3 can evict leave the shared policy, then join the owner's
-   * (the others are told when they become evictable, by then the owner's). */
+  int moves = c->g3_own[owner] != NULL;
+  /* Blocks G3 can evict leave the shared policy (or its instance for
+   * copies G2 holds too), then join the owner's (the others are told when
+   * they become evictable, by then the owner's). */
   uint64_t seen = 0, moved = 0;
   uint8_t bit = (uint8_t)KV_TIER_BIT(KV_G3);
-  if (from != to && n->g3_slots) {
+  if (moves && n->g3_slots) {
     for (kv_bid id = 0; id < c->ix.hiwater && seen < c->ix.count; id++) {
       kv_block *b = kv_index_at(&c->ix, id);
       if (b->state == KV_BS_FREE) continue;
       seen++;
       if (b->ns != ns || !(b->inpol & bit)) continue;
+      kv_evict *from = kv_core__policy_of(c, b, KV_G3);
       from->ops->remove(from, b);
       b->hpos[KV_G3] = KV_SLOT_NONE;
       moved++;
@@ -232,6 +271,7 @@ int kv_core_ns_owner(kv_core *c, uint32_t ns, unsigned owner) {
     if (b->state == KV_BS_FREE) continue;
     seen++;
     if (b->ns != ns || !(b->inpol & bit)) continue;
+    kv_evict *to = kv_core__policy_of(c, b, KV_G3);
     if (to->ops->add(to, b)) {
       b->inpol &= (uint8_t)~bit;
       kv_warn("core", "eviction policy out of memory: a G3 block stays unevictable");
@@ -250,15 +290,16 @@ static int fuller(const kv_core *c, unsigned a, unsigned b) {
   return x > y;
 }
 
-kv_block *kv_core__g3_victim(kv_core *c) {
-  if (!c->g3) return NULL;
-  kv_block *v = c->g3_evict.ops->peek(&c->g3_evict);
-  if (v) return v; /* no owner's share holds it */
+/* The victim of the owner holding the largest part of its share among
+ * those whose instance `which` (0: the policy, 1: copies G2 holds too) has
+ * one, or NULL. */
+static kv_block *fullest_owner_victim(kv_core *c, int which) {
+  kv_block *v = NULL;
   int best = -1;
   for (unsigned o = 0; o < KV_CORE_OWNERS_MAX; o++) {
-    if (!c->g3_own[o] || !c->g3_own[o]->count) continue;
+    if (!c->g3_own[o] || !c->g3_own[o][which].count) continue;
     if (best < 0 || fuller(c, o, (unsigned)best)) {
-      kv_block *x = c->g3_own[o]->ops->peek(c->g3_own[o]);
+      kv_block *x = c->g3_own[o][which].ops->peek(&c->g3_own[o][which]);
       if (x) {
         best = (int)o;
         v = x;
@@ -268,12 +309,21 @@ kv_block *kv_core__g3_victim(kv_core *c) {
   return v;
 }
 
+kv_block *kv_core__g3_victim(kv_core *c) {
+  if (!c->g3) return NULL;
+  /* An SSD copy of a block G2 holds too first: dropping it loses no block. */
+  kv_block *v = c->g3_dup.ops->peek(&c->g3_dup);
+  if (!v) v = fullest_owner_victim(c, 1);
+  if (!v) v = c->g3_evict.ops->peek(&c->g3_evict); /* no owner's share holds it */
+  return v ? v : fullest_owner_victim(c, 0);
+}
+
 uint32_t kv_core__g3_policies(kv_core *c, kv_evict **out, uint32_t max) {
   uint32_t n = 0;
   if (!c->g3) return 0;
   if (n < max) out[n++] = &c->g3_evict;
   for (unsigned o = 0; o < KV_CORE_OWNERS_MAX && n < max; o++)
-    if (c->g3_own[o]) out[n++] = c->g3_own[o];
+    if (c->g3_own[o]) out[n++] = &c->g3_own[o][0];
   return n;
 }
 

@@ -37,10 +37,11 @@ void kv_core__copied(kv_core *c, kv_tier from, kv_tier to, uint32_t bytes, uint6
 kv_evict *kv_core__policy(kv_core *c, uint32_t ns, kv_tier t, unsigned pool);
 /* The policy that ranks b in tier t (for G1, that of b's pool), or NULL. */
 kv_evict *kv_core__policy_of(kv_core *c, const kv_block *b, kv_tier t);
-/* The next G3 victim across G3's policies (see "G3 shares"), or NULL. */
+/* The next G3 victim across G3's policies (see "G3 shares"): an SSD copy
+ * of a block G2 also holds first (tiers/G3.md), or NULL. */
 kv_block *kv_core__g3_victim(kv_core *c);
-/* G3's policy instances (the shared one, then the owners'); returns how
- * many, at most max. */
+/* G3's policy instances (the shared one, then the owners'), not their
+ * instances for copies G2 holds too; returns how many, at most max. */
 uint32_t kv_core__g3_policies(kv_core *c, kv_evict **out, uint32_t max);
 int kv_core__alloc_g2_slot(kv_core *c, kv_core_ns *n, uint32_t *slot);
 /* Clears b's validity in tier t (its parent's count of resident children
@@ -56,6 +57,9 @@ int kv_core__ns_add(kv_core *c, kv_core_ns *proto);
 
 /* The demotion callback the core uses once G3 is attached (kv_demote_fn). */
 int kv_core__g3_demote(kv_core *c, kv_block *v, kv_tier from, void *unused);
+/* G3 slots free for a write now (slots being retired are not yet); 0
+ * without G3. */
+uint64_t kv_core__g3_free(kv_core *c);
 /* b's key in G3: its namespace's digest and its key. */
 void kv_core__g3_key_of(kv_core *c, const kv_block *b, kv_g3_key *k);
 /* b's G3 slot is now `slot` (KV_SLOT_NONE: it has none): the count of its
@@ -93,9 +97,11 @@ struct kv_core {
   kv_core_stats_t st;
   kv_g3 *g3;         /* NULL: no SSD tier */
   kv_evict g3_evict; /* G3's policy (one slot size) for blocks of no owner ("G3 shares") */
+  kv_evict g3_dup;   /* ... for those of them G2 holds too: G3's first victims (tiers/G3.md) */
   kv_core_g3_opts g3o;
-  uint64_t g3_seq;                           /* last sequence number written to G3 */
-  kv_evict *g3_own[KV_CORE_OWNERS_MAX];      /* each owner's G3 policy; NULL: no share */
+  uint64_t g3_seq; /* last sequence number written to G3 */
+  /* Each owner's G3 policy, two instances as g3_evict and g3_dup are; NULL: no share. */
+  kv_evict *g3_own[KV_CORE_OWNERS_MAX];
   uint64_t g3_own_slots[KV_CORE_OWNERS_MAX]; /* G3 slots its namespaces hold */
   uint64_t g3_own_limit[KV_CORE_OWNERS_MAX]; /* its share, in slots */
   kv_core_admin adm;             /* operator state: limits, copy observer (core_admin.c) */
@@ -106,6 +112,12 @@ struct kv_core {
   uint32_t g1_writing; /* G1 -> G2 write-backs in flight */
   kv_sessions sess;    /* engine hints (core_hint.c); ix.sessions points here */
 };
+
+/* The instance of G3 policy e (g3_evict or an owner's first) that ranks the
+ * SSD copies of blocks G2 holds too. */
+static inline kv_evict *kv_core__g3_dups(kv_core *c, kv_evict *e) {
+  return e == &c->g3_evict ? &c->g3_dup : e + 1;
+}
 
 /* A namespace that can take G2 blocks (registered, not dormant), or NULL. */
 static inline kv_core_ns *kv_core__ns_get(kv_core *c, uint32_t ns) {

@@ -5,7 +5,8 @@
  * class. The core (core.h) decides what is evictable - resident and valid
  * in the tier, committed, not pinned, no copy in flight, no child whose
  * bytes are valid in the same tier (leaf-first: a prefix chain is cut from
- * its end), and, in the last tier a block can go to, no child in a faster
+ * its end; G3's copy of a block G2 holds too is exempt, the chain staying
+ * whole through G2), and, in the last tier a block can go to, no child in a faster
  * tier unless the block has another copy (a chain is not cut above G2) -
  * and tells the policy as blocks enter and leave that set. The
  * policy only ranks: priority class first (lower goes first), then its own

@@ -344,9 +344,53 @@ typedef struct g3_result {
   replay_result r;
   uint64_t hits_g3, g3_writes, g3_bytes;
   uint64_t promotions, promote_failed; /* G3 -> G2 reads that verified, and not */
+  uint64_t g3_slots;                   /* the store's slots */
+  uint64_t g3_refused;                 /* G2 victims G3 did not take (dropped) */
+  uint64_t held, both;                 /* at the end: blocks held, and held in G2 and G3 */
 } g3_result;
 
+static int count_held(const kv_block *b, void *arg) {
+  uint64_t *n = arg;
+  n[0]++;
+  n[1] += (b->tiers & KV_TIER_BIT(KV_G2)) && (b->tiers & KV_TIER_BIT(KV_G3));
+  return 0;
+}
+
 static void wait_promoted(kv_core *c, kv_block *b, int status, void *arg) { *(int *)arg = status; }
+
+/* The smallest G3 directory size whose store has `slots` slots of SLOT
+ * bytes (one more slot takes a payload and a header sector), so that a
+ * replay's G3 holds exactly what it was given. */
+static uint64_t g3_dir_bytes(uint32_t slots) {
+  uint64_t lo = 0, hi = (1u << 20) + (uint64_t)slots * (SLOT + 8192);
+  while (lo + 4096 < hi) {
+    uint64_t mid = (lo + hi) / 2 / 4096 * 4096;
+    uint32_t n = 0;
+    if (kv_g3_layout_of(mid, SLOT, &n, NULL) == 0 && n >= slots) hi = mid;
+    else lo = mid;
+  }
+  return hi;
+}
+
+/* Promotions of one request in flight: a LOAD reads its SSD blocks
+ * together. Each is pinned until settle(), which waits for the SSD, checks
+ * that what came up is the block that went down, and releases them. */
+typedef struct g3_loading {
+  kv_block *b;
+  uint32_t i; /* its place in the request */
+  int st;     /* the promotion's status (1: not called back yet) */
+} g3_loading;
+
+static int settle(kv_core *core, kv_g3 *g3, g3_loading *l, uint32_t *nl, const kv_key *keys) {
+  kv_g3_drain(g3);
+  int rc = 0;
+  for (uint32_t k = 0; k < *nl; k++) {
+    if (l[k].st == 0 && memcmp(kv_core_g2_ptr(core, l[k].b), keys[l[k].i].b, 8)) rc = -EIO;
+    kv_core_unpin(core, l[k].b);
+  }
+  *nl = 0;
+  return rc;
+}
 
 static int replay_g3(const kv_trace *t, const char *dir, const char *policy, kv_admit admit,
                      uint32_t g2cap, uint32_t g3cap, g3_result *out) {
@@ -356,7 +400,7 @@ static int replay_g3(const kv_trace *t, const char *dir, const char *policy, kv_
       .capacity = (size_t)g2cap * SLOT, .page_bytes = SLOT, .no_lock = 1, .name = "kvbench-g2"};
   int rc = kv_arena_init(&arena, &ao);
   if (rc) return rc;
-  kv_g3_dir d = {dir, (1u << 20) + (uint64_t)g3cap * SLOT + (uint64_t)g3cap * 4096};
+  kv_g3_dir d = {dir, g3_dir_bytes(g3cap)};
   kv_g3_opts go = {.dirs = &d,
                    .ndirs = 1,
                    .block_bytes = SLOT,
@@ -384,6 +428,11 @@ static int replay_g3(const kv_trace *t, const char *dir, const char *policy, kv_
   kv_key *keys = malloc(4096 * sizeof *keys);
   uint8_t *tiers = malloc(4096);
   memset(out, 0, sizeof *out);
+  /* Reads in flight at once: the store's queue depth, and no more pinned
+   * than a quarter of G2, which must keep room for the request's stores. */
+  g3_loading loading[16];
+  uint32_t nl = 0, maxl = g2cap / 4 < 16 ? g2cap / 4 : 16;
+  if (maxl < 1) maxl = 1;
   for (size_t qi = 0; qi < t->nreq && !rc; qi++) {
     const kv_trace_req *q = &t->req[qi];
     uint32_t n = q->n < 4096 ? q->n : 4096;
@@ -391,6 +440,7 @@ static int replay_g3(const kv_trace *t, const char *dir, const char *policy, kv_
       keys[i].len = 8;
       kv_trace_key(q->ids[i], keys[i].b);
     }
+    kv_core_set_now(core, q->ts_ms); /* the trace's clock, as the single-tier replay */
     int prefix = kv_core_lookup(core, (uint32_t)ns, keys, n, tiers);
     uint32_t any = 0;
     for (uint32_t i = 0; i < n; i++) {
@@ -403,22 +453,31 @@ static int replay_g3(const kv_trace *t, const char *dir, const char *policy, kv_
       if (b) {
         kv_core_touch(core, b);
         if (!(b->tiers & KV_TIER_BIT(KV_G2))) {
-          /* A LOAD of a block on the SSD: pin, promote, wait, release. */
-          int st = 1, prc;
+          /* A LOAD of a block on the SSD: pin, promote; settled with the
+           * request's other reads. */
+          if (nl == maxl) rc = settle(core, g3, loading, &nl, keys);
+          g3_loading *l = &loading[nl];
+          *l = (g3_loading){b, i, 1};
           kv_core_pin(core, b);
-          while ((prc = kv_core_promote(core, b, wait_promoted, &st)) == -EAGAIN || prc == -EBUSY)
-            kv_g3_drain(g3);
-          if (prc == 0) kv_g3_drain(g3);
-          /* What came up from the SSD is the block that went down. */
-          if (prc == 0 && st == 0 && memcmp(kv_core_g2_ptr(core, b), keys[i].b, 8)) rc = -EIO;
-          kv_core_unpin(core, b);
+          int prc;
+          while ((prc = kv_core_promote(core, b, wait_promoted, &l->st)) == -EAGAIN ||
+                 prc == -EBUSY) {
+            int src = settle(core, g3, loading, &nl, keys); /* room comes from the SSD */
+            if (src) rc = src;
+            l = &loading[0];
+            *l = (g3_loading){b, i, 1};
+          }
+          if (prc == 0) nl++;
+          else kv_core_unpin(core, b);
         }
         continue;
       }
       int arc;
       while ((arc = kv_core_alloc(core, (uint32_t)ns, &keys[i], i ? &keys[i - 1] : NULL,
-                                  KV_PRIO_DEFAULT, &b)) == -EAGAIN)
-        kv_g3_drain(g3);
+                                  KV_PRIO_DEFAULT, &b)) == -EAGAIN) {
+        int src = settle(core, g3, loading, &nl, keys);
+        if (src) rc = src;
+      }
       if (arc == 0) {
         /* A payload that names the block, with its real checksum: G3
          * verifies it when the block comes back. */
@@ -432,17 +491,24 @@ static int replay_g3(const kv_trace *t, const char *dir, const char *policy, kv_
      * the daemon's loop does while the next request is on its way; without
      * it a write completes only when an allocation waits for one, and its
      * block holds a G2 slot and a G3 slot while readable in G2 alone. */
-    kv_g3_drain(g3);
+    int src = settle(core, g3, loading, &nl, keys);
+    if (src && !rc) rc = src;
   }
   kv_g3_drain(g3);
   kv_g3_stats gs;
   kv_g3_get_stats(g3, &gs);
   out->g3_writes = gs.writes;
   out->g3_bytes = gs.write_bytes;
+  out->g3_slots = gs.slots;
   kv_core_stats_t cs;
   kv_core_stats(core, &cs);
   out->promotions = cs.promotions;
   out->promote_failed = cs.promote_failed;
+  out->g3_refused = cs.g3_refused;
+  uint64_t held[2] = {0, 0};
+  kv_core_sample(core, KV_TIER_NONE, KV_NS_ANY, count_held, held);
+  out->held = held[0];
+  out->both = held[1];
   free(keys);
   free(tiers);
   kv_core_free(core);
@@ -471,6 +537,10 @@ static json_t *g3_json(const g3_result *r, uint32_t g2cap, uint32_t g3cap) {
                       json_real(r->r.refs ? (double)r->g3_writes / r->r.refs : 0));
   json_object_set_new(o, "g3_promotions", json_integer((json_int_t)r->promotions));
   json_object_set_new(o, "g3_promote_failed", json_integer((json_int_t)r->promote_failed));
+  json_object_set_new(o, "g3_slots", json_integer((json_int_t)r->g3_slots));
+  json_object_set_new(o, "g3_refused", json_integer((json_int_t)r->g3_refused));
+  json_object_set_new(o, "blocks_held_at_end", json_integer((json_int_t)r->held));
+  json_object_set_new(o, "blocks_in_g2_and_g3_at_end", json_integer((json_int_t)r->both));
   return o;
 }
 
@@ -533,6 +603,49 @@ static json_t *g3_policies_json(const kv_trace *t, const char *dir, double g2f, 
   return o;
 }
 
+/* G2 + G3 against a single tier of the same total: for each capacity X of
+ * the single-tier table (`single`, that replay's results for `policy`), the
+ * G2 + G3 replay with X split 1:ratio between G2 and G3 (G2 gets
+ * round(X / (1 + ratio)) blocks, G3 the rest). Both figures side by side,
+ * with their difference in points of prefix hit rate. */
+static json_t *tiers_json(const kv_trace *t, const char *dir, const char *policy, double ratio,
+                          json_t *single, int human) {
+  json_t *arr = json_array();
+  for (size_t f = 0; f < json_array_size(single); f++) {
+    json_t *one = json_array_get(single, f);
+    uint32_t total = (uint32_t)json_integer_value(json_object_get(one, "capacity_blocks"));
+    uint32_t g2cap = (uint32_t)((double)total / (1 + ratio) + 0.5);
+    if (g2cap < 1) g2cap = 1;
+    uint32_t g3cap = total > g2cap ? total - g2cap : 0;
+    if (g3cap < 64) {
+      fprintf(stderr, "kvbench: %u blocks is too few for G2 + G3 (G3 needs at least 64)\n", total);
+      continue;
+    }
+    g3_result r;
+    int rc = replay_g3(t, dir, policy, KV_ADMIT_ALWAYS, g2cap, g3cap, &r);
+    if (rc) {
+      fprintf(stderr, "kvbench: G3 replay (policy %s): %s\n", policy, kv_strerror(rc));
+      json_decref(arr);
+      return NULL;
+    }
+    double one_tier = json_real_value(json_object_get(one, "prefix_hit_rate"));
+    double two = r.r.refs ? (double)r.r.prefix_hits / r.r.refs : 0;
+    json_t *o = json_pack("{s:O,s:I,s:f,s:O,s:o,s:f}", "capacity_fraction",
+                          json_object_get(one, "capacity_fraction"), "capacity_blocks",
+                          (json_int_t)total, "g3_ratio", ratio, "single_tier", one, "g2_g3",
+                          g3_json(&r, g2cap, g3cap), "difference_points", 100.0 * (two - one_tier));
+    json_array_append_new(arr, o);
+    if (human)
+      fprintf(stderr,
+              "%-7s %4.0f%% (%6u blocks): one tier %6.2f%%  G2 %u + G3 %u: %6.2f%% (%+.2f)  "
+              "from G3 %llu  SSD writes %llu\n",
+              policy, 100 * json_real_value(json_object_get(one, "capacity_fraction")), total,
+              100 * one_tier, g2cap, g3cap, 100 * two, 100.0 * (two - one_tier),
+              (unsigned long long)r.hits_g3, (unsigned long long)r.g3_writes);
+  }
+  return arr;
+}
+
 /* Index lookups per second: every block reference of the trace, looked up
  * in a full index, repeated; median of several rounds. */
 static int cmp_double(const void *a, const void *b) {
@@ -591,14 +704,16 @@ int kvbench_core_replay(int argc, char **argv) {
                                      {"hints", no_argument, 0, 'H'},
                                      {"hints-wrong", required_argument, 0, 'W'},
                                      {"hints-by", required_argument, 0, 'B'},
+                                     {"g3-ratio", required_argument, 0, 'r'},
+                                     {"tiers-only", no_argument, 0, 'T'},
                                      {"help", no_argument, 0, 'h'},
                                      {0, 0, 0, 0}};
   const char *trace = NULL, *policies[16] = {0}, *g3dir = NULL;
-  double g2f = 0.01, g3f = 0.10;
-  int npol = 0, json = 0, ch, by_agent = 1;
+  double g2f = 0.01, g3f = 0.10, g3ratio = 10;
+  int npol = 0, json = 0, ch, by_agent = 1, tiers_only = 0;
   hints_mode hints = HINTS_OFF;
   optind = 1;
-  while ((ch = getopt_long(argc, argv, "t:p:jhg:2:3:HW:B:", lo, NULL)) != -1) {
+  while ((ch = getopt_long(argc, argv, "t:p:jhg:2:3:HW:B:r:T", lo, NULL)) != -1) {
     switch (ch) {
     case 't': trace = optarg; break;
     case 'p':
@@ -635,9 +750,18 @@ int kvbench_core_replay(int argc, char **argv) {
         return 2;
       }
       break;
+    case 'r':
+      g3ratio = strtod(optarg, NULL);
+      if (!(g3ratio > 0 && g3ratio < 1e6)) {
+        fprintf(stderr, "kvbench core-replay: --g3-ratio wants a number above 0\n");
+        return 2;
+      }
+      break;
+    case 'T': tiers_only = 1; break;
     case 'h':
       printf("usage: kvbench core-replay --trace FILE [--policy NAME|all]... [--json]\n"
-             "         [--g3-dir DIR [--g2-fraction F] [--g3-fraction F]]\n"
+             "         [--g3-dir DIR [--g2-fraction F] [--g3-fraction F] [--g3-ratio R]\n"
+             "          [--tiers-only]]\n"
              "         [--hints [--hints-wrong stops|sessions] [--hints-by agent|session]]\n"
              "  --hints: also replay with the hints an API server has (the trace's session\n"
              "           and sub-agent on lookups and stores, its stop reason once each\n"
@@ -646,10 +770,13 @@ int kvbench_core_replay(int argc, char **argv) {
              "           requests, or each request's session taken from a random request);\n"
              "           --hints-by: a sub-agent is a session of its own (agent, the default)\n"
              "           or part of its parent's (session)\n"
-             "  --g3-dir: also replay with a real SSD tier in DIR under a small G2\n"
+             "  --g3-dir: also replay with a real SSD tier in DIR: for each policy and\n"
+             "            capacity X, G2 + G3 holding X together (split 1:R, default\n"
+             "            1:10) beside the single tier of X (tiers); and under a small G2\n"
              "            (default 1%% and 10%% of the unique blocks), once per admission\n"
              "            policy, reporting hit rate and SSD writes; with more than one\n"
-             "            --policy (or all), also once per eviction policy (g3_by_policy)\n");
+             "            --policy (or all), also once per eviction policy (g3_by_policy)\n"
+             "  --tiers-only: with --g3-dir, only the side-by-side table (tiers)\n");
       return 0;
     default: return 2;
     }
@@ -736,6 +863,26 @@ int kvbench_core_replay(int argc, char **argv) {
     return 1;
   }
   if (g3dir) {
+    json_t *tiers = json_object();
+    for (int p = 0; p < npol && tiers; p++) {
+      json_t *single = npol > 1 ? json_object_get(json_object_get(out, "by_policy"), policies[p])
+                                : json_object_get(out, "results");
+      json_t *arr = tiers_json(&t, g3dir, policies[p], g3ratio, single, !json);
+      if (!arr) {
+        json_decref(tiers);
+        tiers = NULL;
+      } else {
+        json_object_set_new(tiers, policies[p], arr);
+      }
+    }
+    if (!tiers) {
+      json_decref(out);
+      kv_trace_free(&t);
+      return 1;
+    }
+    json_object_set_new(out, "tiers", tiers);
+  }
+  if (g3dir && !tiers_only) {
     json_t *adm = admission_json(&t, g3dir, g2f, g3f, !json);
     if (!adm) {
       json_decref(out);

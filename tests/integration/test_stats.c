@@ -177,6 +177,64 @@ Test(stats, keys_samples_the_index) {
   kvc_close(c);
 }
 
+/* Issue 19 item 5: a g2.capacity that is not a whole number of
+ * g2.page_size pages was cut down to whole pages (97M of 64M pages held
+ * 64 MiB) and reported so. The arena holds what was configured, its last
+ * page shorter, and STATUS, /stats and /metrics report it. */
+TestSuite(g2_capacity, .fini = ops_stop, .timeout = 120);
+
+static long long status_num(kvc *c, const char *path) {
+  char *text = NULL;
+  cr_assert_eq(kvc_status(c, &text), 0);
+  json_t *w = json_loads(text, 0, NULL);
+  free(text);
+  cr_assert_not_null(w);
+  long long v = ops_num(w, path);
+  json_decref(w);
+  return v;
+}
+
+Test(g2_capacity, the_arena_holds_what_was_configured) {
+  const char *const sets[] = {"g2.capacity=97M", "g2.page_size=64M", NULL};
+  ops_start(NULL, sets);
+  const long long want = 97ll << 20;
+  kvc *c = ops_open("t1");
+  cr_assert_eq(status_num(c, "g2.capacity_bytes"), want, "STATUS: %lld",
+               status_num(c, "g2.capacity_bytes"));
+  cr_assert_eq(status_num(c, "g2.configured_bytes"), want);
+  cr_assert_eq(status_num(c, "tiers.g2.capacity_bytes"), want);
+  cr_assert_eq(ops_stat("tiers.g2.capacity_bytes"), want);
+  cr_assert_eq(ops_stat("tiers.g2.configured_bytes"), want);
+  cr_assert_eq(ops_metric("kvcached_tier_capacity_bytes{tier=\"g2\"}"), want);
+  cr_assert_eq(ops_metric("kvcached_tier_configured_bytes{tier=\"g2\"}"), want);
+  /* ... and holds it: 97 MiB of blocks, every one still there. */
+  const uint64_t n = (uint64_t)want / OPS_BLOCK;
+  ops_store(c, 1, n);
+  cr_assert_eq(ops_resident(c, 1, n), (int)n);
+  cr_assert_eq(ops_stat("tiers.g2.used_bytes"), want);
+  kvc_close(c);
+}
+
+/* Each tenant's arena holds its g2_share of g2.capacity, whole pages or not. */
+Test(g2_capacity, each_tenant_arena_holds_its_share) {
+  const char *const sets[] = {"g2.capacity=200M", "g2.page_size=64M", NULL};
+  ops_start("alice,bob", sets);
+  const long long each = 100ll << 20;
+  json_t *s = ops_json(ops_d.stats, "GET", "/stats", 200);
+  json_t *ts = json_object_get(s, "tenants");
+  cr_assert_eq(json_array_size(ts), 2);
+  for (size_t i = 0; i < 2; i++) {
+    cr_assert_eq(ops_num(json_array_get(ts, i), "g2_capacity_bytes"), each);
+    cr_assert_eq(ops_num(json_array_get(ts, i), "g2_configured_bytes"), each);
+  }
+  cr_assert_eq(ops_num(s, "tiers.g2.capacity_bytes"), 2 * each);
+  cr_assert_eq(ops_num(s, "tiers.g2.configured_bytes"), 2 * each);
+  json_decref(s);
+  kvc *c = ops_open("bob");
+  cr_assert_eq(status_num(c, "g2.capacity_bytes"), 2 * each);
+  kvc_close(c);
+}
+
 static void setup2(void) { ops_start("alice,bob", NULL); }
 TestSuite(stats2, .init = setup2, .fini = ops_stop, .timeout = 60);
 

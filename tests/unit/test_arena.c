@@ -9,6 +9,7 @@
 #include <string.h>
 #include <sys/mman.h>
 #include <sys/resource.h>
+#include <sys/stat.h>
 #include <sys/syscall.h>
 #include <unistd.h>
 
@@ -67,6 +68,86 @@ Test(arena, fills_exactly_then_reports_enospc) {
   cr_assert_eq(kv_arena_free(&a, slots[3]), 0);
   cr_assert_eq(kv_arena_alloc(&a, c, &extra), 0);
   cr_assert_eq(extra, slots[3]);
+  kv_arena_fini(&a);
+}
+
+/* Issue 19 item 5: a capacity that is not a whole number of pages was cut
+ * down to whole pages (97 MiB of 64 MiB pages held 64 MiB). The arena
+ * holds what it was given: here 5 MiB + 8 KiB in 2 MiB pages is two pages
+ * and a short one of 1 MiB + 8 KiB, every byte of it in slots. */
+Test(arena, holds_the_capacity_it_was_given_in_a_short_last_page) {
+  const size_t cap = 5 * MIB + 8 * KIB;
+  kv_arena a = mk(cap, 2 * MIB);
+  cr_assert_eq(a.capacity, cap, "held %zu of %zu", a.capacity, cap);
+  cr_assert_eq(a.configured, cap);
+  cr_assert_eq(a.npages, 3);
+  struct stat st;
+  cr_assert_eq(fstat(a.fd, &st), 0);
+  cr_assert_eq((size_t)st.st_size, cap, "the memfd workers map is that size");
+  /* 4 KiB blocks: every unit of the arena, none outside it. */
+  int small = kv_arena_class_for(&a, 4 * KIB);
+  cr_assert_eq(kv_arena_room(&a, small), cap / (4 * KIB));
+  uint32_t s, n = 0, max = 0;
+  while (kv_arena_alloc(&a, small, &s) == 0) {
+    n++;
+    if (s > max) max = s;
+  }
+  cr_assert_eq(n, cap / (4 * KIB));
+  cr_assert_eq(kv_arena_offset(max) + 4 * KIB, cap);
+  cr_assert_eq(a.used_bytes, cap);
+  cr_assert_eq(kv_arena_free(&a, max), 0, "a slot of the short page frees");
+  kv_arena_fini(&a);
+
+  /* 512 KiB blocks: 4 + 4 in the whole pages, 2 in the short one (its
+   * last 8 KiB hold none); slot numbers past those are refused. */
+  a = mk(cap, 2 * MIB);
+  int mid = kv_arena_class_for(&a, 512 * KIB);
+  cr_assert_eq(kv_arena_room(&a, mid), 10);
+  uint32_t slots[16];
+  n = 0;
+  while (n < 16 && kv_arena_alloc(&a, mid, &slots[n]) == 0) n++;
+  cr_assert_eq(n, 10);
+  cr_assert_eq(kv_arena_room(&a, mid), 0);
+  uint32_t past = (uint32_t)((4 * MIB + 1 * MIB) / KV_ARENA_ALIGN); /* the short page's third */
+  cr_assert_eq(kv_arena_slot_class(&a, past), -EINVAL);
+  cr_assert_eq(kv_arena_free(&a, past), -EINVAL);
+  kv_arena_fini(&a);
+}
+
+/* A class whose blocks do not fit the short page never gets it, from the
+ * unassigned pages or from another class that emptied it. */
+Test(arena, a_class_larger_than_the_short_page_leaves_it_to_others) {
+  kv_arena a = mk(2 * MIB + 512 * KIB, 2 * MIB); /* a page and a short one of 512 KiB */
+  int big = kv_arena_class_for(&a, 2 * MIB), small = kv_arena_class_for(&a, 256 * KIB);
+  cr_assert_eq(kv_arena_room(&a, big), 1);
+  uint32_t b, x, s[2];
+  cr_assert_eq(kv_arena_alloc(&a, big, &b), 0);
+  cr_assert_eq(kv_arena_alloc(&a, big, &x), -ENOSPC, "the short page holds no 2 MiB block");
+  cr_assert_eq(kv_arena_alloc(&a, small, &s[0]), 0, "it is left for a class that fits");
+  cr_assert_eq(kv_arena_alloc(&a, small, &s[1]), 0);
+  cr_assert_eq(kv_arena_alloc(&a, small, &x), -ENOSPC);
+  /* Emptied, the short page is still no 2 MiB slot; the big page, freed,
+   * goes to the small class. */
+  cr_assert_eq(kv_arena_free(&a, s[0]), 0);
+  cr_assert_eq(kv_arena_free(&a, s[1]), 0);
+  cr_assert_eq(kv_arena_free(&a, b), 0);
+  cr_assert_eq(kv_arena_alloc(&a, big, &b), 0);
+  cr_assert_eq(kv_arena_alloc(&a, big, &x), -ENOSPC);
+  cr_assert_eq(kv_arena_free(&a, b), 0);
+  uint32_t got[16], n = 0;
+  while (n < 16 && kv_arena_alloc(&a, small, &got[n]) == 0) n++;
+  cr_assert_eq(n, 10, "8 in the whole page and 2 in the short one");
+  cr_assert_eq(a.used_bytes, a.capacity);
+  kv_arena_fini(&a);
+}
+
+/* Slots are made of KV_ARENA_ALIGN units: a capacity that is not a multiple
+ * of it holds what fits, and says what was asked for. */
+Test(arena, a_capacity_off_the_slot_unit_holds_what_fits) {
+  kv_arena a = mk(3 * MIB + 100, MIB);
+  cr_assert_eq(a.configured, 3 * MIB + 100);
+  cr_assert_eq(a.capacity, 3 * MIB);
+  cr_assert_eq(a.npages, 3);
   kv_arena_fini(&a);
 }
 

@@ -152,6 +152,72 @@ Test(core_g3, victims_are_demoted_and_promoted_back_verified) {
   teardown(&f);
 }
 
+/* Issue 19 item 6: G3 kept the copy of a block promoted to G2 and ranked
+ * it like any other (a hit made it G3's most recent block), so the copies
+ * of G2's blocks sat in G3 while blocks only G3 held were evicted: G2 and
+ * G3 together held fewer blocks than their slots. The SSD copy of a block
+ * G2 holds too is now G3's first victim: making room drops no block. When
+ * G2 later evicts that block it is written to G3 again, and is there
+ * after a restart. */
+Test(core_g3, room_in_g3_comes_first_from_copies_g2_holds_too) {
+  fx f;
+  setup(&f, 2, 8, KV_ADMIT_ALWAYS);
+  f.core->g3o.low_water = 2; /* a slot free for the demotion that evicts */
+  for (uint64_t v = 1; v <= 12; v++) {
+    store(&f, v);
+    kv_g3_drain(f.g3);
+  }
+  uint64_t x = 0;
+  for (uint64_t v = 1; v <= 12; v++)
+    if (tier_of(&f, v) == KV_G3) x = v; /* the newest block G3 alone holds */
+  cr_assert_neq(x, 0);
+  kv_block *bx;
+  cr_assert_eq(promote(&f, x, &bx), 0);
+  kv_core_touch(f.core, bx); /* a hit: the most recent block in G2 (and in G3) */
+  kv_core_unpin(f.core, bx);
+  kv_g3_drain(f.g3);
+  cr_assert(bx->tiers & KV_TIER_BIT(KV_G3), "the G3 copy stays after promotion");
+  uint8_t held[64] = {0};
+  for (uint64_t v = 1; v <= 12; v++) held[v] = tier_of(&f, v) != KV_TIER_NONE;
+  /* New blocks, x used between them (G2 keeps it), until G3 must make room. */
+  uint64_t ev0 = f.core->st.evictions[KV_G3], v = 100;
+  while (f.core->st.evictions[KV_G3] == ev0) {
+    cr_assert_lt(v, 120, "G3 never had to make room");
+    store(&f, ++v);
+    kv_core_touch(f.core, bx);
+    kv_g3_drain(f.g3);
+  }
+  cr_assert_eq(bx->tiers, KV_TIER_BIT(KV_G2), "x's SSD copy made the room");
+  for (uint64_t u = 1; u <= 12; u++)
+    if (held[u])
+      cr_assert_neq(tier_of(&f, u), KV_TIER_NONE, "block %llu was lost", (unsigned long long)u);
+  for (uint64_t u = 101; u <= v; u++)
+    cr_assert_neq(tier_of(&f, u), KV_TIER_NONE, "new block %llu of %llu lost, ev %llu",
+                  (unsigned long long)u, (unsigned long long)v,
+                  (unsigned long long)f.core->st.evictions[KV_G3] - ev0);
+  /* x left alone: G2 evicts it and it is written to G3 again. */
+  uint64_t admitted = f.core->st.g3_admitted;
+  for (uint64_t u = 200; u < 204; u++) {
+    store(&f, u);
+    kv_g3_drain(f.g3);
+  }
+  cr_assert_eq(tier_of(&f, x), KV_G3, "x went back to G3");
+  cr_assert_gt(f.core->st.g3_admitted, admitted);
+  close_core(&f);
+  kv_arena_fini(&f.arena);
+  kv_arena_opts ao = {.capacity = 2 * BLK, .page_bytes = BLK, .no_lock = 1};
+  cr_assert_eq(kv_arena_init(&f.arena, &ao), 0);
+  open_g3(&f, 8, KV_ADMIT_ALWAYS);
+  cr_assert_eq(tier_of(&f, x), KV_G3, "x is on the SSD after a restart");
+  cr_assert_eq(promote(&f, x, &bx), 0);
+  uint8_t *want = malloc(BLK);
+  fill(want, x);
+  cr_assert_eq(memcmp(kv_core_g2_ptr(f.core, bx), want, BLK), 0);
+  free(want);
+  kv_core_unpin(f.core, bx);
+  teardown(&f);
+}
+
 /* Where a G3 slot's bytes are on disk (kv_g3_foreach's callback). */
 typedef struct {
   uint32_t slot;
@@ -334,6 +400,25 @@ Test(core_g3, stores_find_room_kept_ahead) {
                  "store %llu of the burst waited", (unsigned long long)v);
     cr_assert_eq(kv_core_commit(f.core, b, 0), 0);
   }
+  teardown(&f);
+}
+
+/* Issue 19 item 6: the demotions that keep G2's headroom went ahead
+ * while G3 had no free slot for them (the slots G3 evicts for room come
+ * free only when their index delete commits), and G3 refused, so dropped,
+ * the blocks they carried (here 373 victims, before the change). They now
+ * take only slots free at the time, and leave the last one to the
+ * demotion a store needs. */
+Test(core_g3, demotions_ahead_of_need_never_make_g3_refuse_a_block) {
+  fx f;
+  setup(&f, 1024, 512, KV_ADMIT_ALWAYS); /* G2's headroom: 1024 / 64 = 16 slots */
+  f.core->g3o.low_water = 4;
+  /* Completions delivered only when a store must wait for one. */
+  for (uint64_t v = 1; v <= 1024 + 512 + 256; v++) store(&f, v);
+  kv_g3_drain(f.g3);
+  cr_assert_gt(f.core->st.evictions[KV_G3], 0, "G3 filled and made room");
+  cr_assert_eq(f.core->st.g3_refused, 0, "%llu G2 victims dropped",
+               (unsigned long long)f.core->st.g3_refused);
   teardown(&f);
 }
 
