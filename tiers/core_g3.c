@@ -39,11 +39,14 @@ static uint64_t score_mru(const kv_heap *h, const kv_block *b) {
 static int init_dups(kv_evict *e) { return kv_heap_init(e, score_mru); }
 
 static const kv_evict_ops g3_dup_ops = {
-    "g3-copies",   "SSD copies of blocks G2 holds too, most recently used first",
-    init_dups,     kv_heap_fini,
-    kv_heap_add,   kv_heap_remove,
-    kv_heap_touch, kv_heap_peek,
-    NULL,
+    .name = "g3-copies",
+    .summary = "SSD copies of blocks G2 holds too, most recently used first",
+    .init = init_dups,
+    .fini = kv_heap_fini,
+    .add = kv_heap_add,
+    .remove = kv_heap_remove,
+    .touch = kv_heap_touch,
+    .peek = kv_heap_peek,
 };
 
 uint64_t kv_core__g3_free(kv_core *c) {
