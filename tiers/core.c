@@ -38,7 +38,8 @@ static void free_class_policies(kv_arena *a) {
   for (uint32_t k = 0; a && k < a->nclasses; k++) {
     kv_evict *e = a->cls[k].user;
     if (!e) continue;
-    kv_evict_fini(e);
+    kv_evict_fini(&e[0]);
+    kv_evict_fini(&e[1]);
     free(e);
     a->cls[k].user = NULL;
   }
@@ -89,10 +90,13 @@ int kv_core__class(kv_core *c, kv_arena *arena, uint32_t block_bytes, kv_tier t)
   kv_arena_class *k = &arena->cls[cls];
   if (!k->user && t == KV_G2 && note_g2_arena(c, arena)) return -ENOMEM;
   if (!k->user) {
-    kv_evict *e = calloc(1, sizeof *e);
+    /* The policy, then (G2) the instance for blocks G3 holds too. */
+    kv_evict *e = calloc(2, sizeof *e);
     if (!e) return -ENOMEM;
     e->capacity = (uint32_t)(arena->capacity / k->slot_bytes);
     int rc = kv_evict_init(e, c->policy, &c->ix, t);
+    if (rc == 0 && t == KV_G2 && (rc = kv_evict_init(&e[1], kv_evict_lookup("lru"), &c->ix, t)))
+      kv_evict_fini(e);
     if (rc) {
       free(e);
       return rc;
@@ -185,7 +189,8 @@ kv_evict *kv_core__policy(kv_core *c, uint32_t ns, kv_tier t, unsigned pool) {
 kv_evict *kv_core__policy_of(kv_core *c, const kv_block *b, kv_tier t) {
   unsigned pool = t == KV_G1 && b->slot[KV_G1] != KV_SLOT_NONE ? kv_g1_pool_of(b->slot[KV_G1]) : 0;
   kv_evict *e = kv_core__policy(c, b->ns, t, pool);
-  /* G3 ranks the copies of blocks G2 holds too apart: they go first. */
+  /* G2 and G3 rank the blocks the other holds too apart: they go first. */
+  if (e && t == KV_G2 && (b->tiers & KV_TIER_BIT(KV_G3))) return e + 1;
   return e && t == KV_G3 && (b->tiers & KV_TIER_BIT(KV_G2)) ? kv_core__g3_dups(c, e) : e;
 }
 
@@ -259,20 +264,23 @@ static void rchild_dec(kv_core *c, kv_block *p, kv_tier t) {
   if (p->rchild[t] == 0) sync_all(c, p);
 }
 
-/* b's G2 copy is about to come or go, which moves b's SSD copy between
- * G3's two instances (kv_core__policy_of): b leaves the one it is in, and
- * the sync that follows the change puts it in the other. */
-static void g3_leave(kv_core *c, kv_block *b, kv_tier t) {
-  uint8_t bit = (uint8_t)KV_TIER_BIT(KV_G3);
-  if (t != KV_G2 || !(b->inpol & bit)) return;
-  kv_evict *e = policy_of(c, b, KV_G3);
+/* b's copy in tier t (G2 or G3) is about to come or go, which moves b
+ * between the other tier's two instances (kv_core__policy_of: each ranks
+ * apart the blocks the other holds too): b leaves the one it is in, and the
+ * sync that follows the change puts it in the other. */
+static void other_leave(kv_core *c, kv_block *b, kv_tier t) {
+  if (t != KV_G2 && t != KV_G3) return;
+  kv_tier other = t == KV_G2 ? KV_G3 : KV_G2;
+  uint8_t bit = (uint8_t)KV_TIER_BIT(other);
+  if (!(b->inpol & bit)) return;
+  kv_evict *e = policy_of(c, b, other);
   e->ops->remove(e, b);
   b->inpol &= (uint8_t)~bit;
 }
 
 /* b's bytes became valid (or stopped being valid) in tier t. */
 void kv_core__set_valid(kv_core *c, kv_block *b, kv_tier t) {
-  g3_leave(c, b, t);
+  other_leave(c, b, t);
   b->tiers |= (uint8_t)KV_TIER_BIT(t);
   kv_block *p = kv_index_at(&c->ix, b->parent);
   if (p) rchild_inc(c, p, t);
@@ -280,7 +288,7 @@ void kv_core__set_valid(kv_core *c, kv_block *b, kv_tier t) {
 }
 
 static void clear_valid(kv_core *c, kv_block *b, kv_tier t) {
-  g3_leave(c, b, t);
+  other_leave(c, b, t);
   b->tiers &= (uint8_t)~KV_TIER_BIT(t);
   kv_block *p = kv_index_at(&c->ix, b->parent);
   if (p) rchild_dec(c, p, t);
@@ -388,8 +396,13 @@ static int evict_victim(kv_core *c, kv_block *v) {
   return 0;
 }
 
+kv_block *kv_core__g2_peek(kv_evict *e) {
+  kv_block *v = e[1].ops->peek(&e[1]); /* a block G3 holds too: no write, no loss */
+  return v ? v : e->ops->peek(e);
+}
+
 static int evict_one(kv_core *c, kv_evict *e) {
-  kv_block *v = e->ops->peek(e);
+  kv_block *v = kv_core__g2_peek(e);
   if (!v) return c->demoting ? -EAGAIN : KV_EALLPINNED;
   return evict_victim(c, v);
 }

@@ -282,10 +282,11 @@ int kv_core_ns_register_digest(kv_core *c, kv_arena *arena, uint32_t block_bytes
  * its own eviction order through the same policy module, and every block
  * the store holds (kv_g3_foreach) becomes resident in G3: a warm restart.
  * G2 and G3 act as one cache (tiers/G3.md): a block promoted to G2 keeps
- * its SSD copy, but that copy is G3's first victim while G2 holds the
- * block (most recently used first), so G3 makes room without dropping a
- * block; G2 writes the block back to G3 when it evicts it and the copy is
- * gone. Blocks of namespaces not registered yet wait under dormant namespaces.
+ * its SSD copy, and each tier gives up first its copy of a block the other
+ * holds too - G2's (least recently used first) costs no write, G3's (most
+ * recently used first, when G2 cannot give its copy up) loses no block; G2
+ * writes a block back to G3 when it evicts it and the SSD copy is gone.
+ * Blocks of namespaces not registered yet wait under dormant namespaces.
  * Returns the number of blocks learned, or -EINVAL / -ENOMEM.
  * Completions arrive through kv_g3_poll() on the loop's thread.
  */

@@ -139,7 +139,7 @@ static kv_block *g2_victim(kv_core *c, const kv_arena *a) {
   for (uint32_t i = 0; i < c->nns; i++) {
     if (a && c->ns[i].arena != a) continue;
     kv_evict *e = kv_core__policy(c, i, KV_G2, 0);
-    kv_block *v = e ? e->ops->peek(e) : NULL;
+    kv_block *v = e ? kv_core__g2_peek(e) : NULL;
     if (v && (!best || v->prio < best->prio || (v->prio == best->prio && v->atime < best->atime)))
       best = v;
   }

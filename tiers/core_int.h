@@ -37,6 +37,10 @@ void kv_core__copied(kv_core *c, kv_tier from, kv_tier to, uint32_t bytes, uint6
 kv_evict *kv_core__policy(kv_core *c, uint32_t ns, kv_tier t, unsigned pool);
 /* The policy that ranks b in tier t (for G1, that of b's pool), or NULL. */
 kv_evict *kv_core__policy_of(kv_core *c, const kv_block *b, kv_tier t);
+/* The next victim of G2 policy e (a class's first instance; the second
+ * ranks, least recently used first, the blocks G3 holds too): one of those
+ * first, as it costs no write and loses no block, or NULL. */
+kv_block *kv_core__g2_peek(kv_evict *e);
 /* The next G3 victim across G3's policies (see "G3 shares"): an SSD copy
  * of a block G2 also holds first (tiers/G3.md), or NULL. */
 kv_block *kv_core__g3_victim(kv_core *c);
