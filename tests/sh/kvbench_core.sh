@@ -37,6 +37,20 @@ check "blocks come back from G3, every one verified (its real checksum)" \
   test "$(jq '[.admission[] | .g3_promotions > 0 and .g3_promote_failed == 0] | all' "$T/out")" = true
 check "second-use writes no more than always" test "$(jq '.admission[0].g3_writes >= .admission[1].g3_writes' "$T/out")" = true
 check "one policy: no per-policy G3 table" test "$(jq 'has("g3_by_policy")' "$T/out")" = false
+# G2 + G3 beside a single tier of the same total, at each capacity (issue 19 item 6).
+check "G2 + G3 beside one tier at each capacity whose G3 share is 64 blocks or more" \
+  test "$(jq '(.tiers[.policy] | length) == ([.results[] | select(.capacity_blocks - (.capacity_blocks / 11 + 0.5 | floor) >= 64)] | length) and (.tiers[.policy] | length) > 2' "$T/out")" = true
+check "the two tiers split the capacity 1:10" \
+  test "$(jq '[.tiers[.policy][] | (.g2_g3.g2_blocks + .g2_g3.g3_blocks == .capacity_blocks) and (.g2_g3.g3_blocks >= 9 * .g2_g3.g2_blocks)] | all' "$T/out")" = true
+check "each with both hit rates and their difference in points" \
+  test "$(jq '[.tiers[.policy][] | .difference_points - 100 * (.g2_g3.prefix_hit_rate - .single_tier.prefix_hit_rate) | . * . < 1e-8] | all' "$T/out")" = true
+check "and what G3 read back verified" \
+  test "$(jq '[.tiers[.policy][] | .g2_g3.g3_promotions > 0 and .g2_g3.g3_promote_failed == 0] | all' "$T/out")" = true
+echo "# G2+G3 vs one tier: $(jq -c '[.tiers[.policy][] | {f: .capacity_fraction, one: .single_tier.prefix_hit_rate, two: .g2_g3.prefix_hit_rate}]' "$T/out")"
+expect_exit 0 "--tiers-only" "$BIN/kvbench" core-replay --trace "$T/small.jsonl" --g3-dir "$T/g3" --g3-ratio 4 --tiers-only --json
+check "--tiers-only: the side-by-side table alone" test "$(jq 'has("tiers") and (has("admission") | not)' "$T/out")" = true
+check "--g3-ratio 4 splits 1:4" test "$(jq '.tiers[.policy][3] | .g2_g3.g3_blocks - 4 * .g2_g3.g2_blocks | . * . <= 25' "$T/out")" = true
+expect_exit 2 "--g3-ratio 0 is a usage error" "$BIN/kvbench" core-replay --trace "$T/small.jsonl" --g3-dir "$T/g3" --g3-ratio 0
 expect_exit 0 "core-replay with a G3 tier, every policy" "$BIN/kvbench" core-replay --trace "$T/small.jsonl" --g3-dir "$T/g3" --policy all --json
 check "G3 replayed once per policy" test "$(jq '.g3_by_policy | length' "$T/out")" = "$("$BIN/kvctl" policies | wc -l)"
 check "each policy with a hit rate, hits from G3 and SSD writes" \
