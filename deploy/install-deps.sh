@@ -14,7 +14,7 @@ pkgs=(
   liburing-dev liblmdb-dev lmdb-utils libuv1-dev
   libxxhash-dev libjansson-dev libinih-dev libsodium-dev
   libcriterion-dev clang libclang-rt-14-dev
-  fio redis-server redis-tools jq
+  fio redis-server redis-tools libhiredis-dev jq
   libhttp-parser-dev libsystemd-dev prometheus curl
   systemd python3-yaml
   python3-torch python3-numpy python3-pytest python3-venv python3-setuptools
