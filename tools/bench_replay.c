@@ -28,9 +28,12 @@
  *
  *   hints    with --hints, for a request of a session (the trace's
  *            "session", or its sub-agent's own id where "agent" is set):
- *            HINT SESSION of its keys after the store, then HINT FINISHED
- *            with its stop reason (which an API server knows once the
- *            response ends: nothing from a later request is used)
+ *            HINT SESSION of its hit keys once they are loaded (before
+ *            the stores, which may evict: the session is known when the
+ *            request arrives), of the keys it stored after the store,
+ *            then HINT FINISHED with its stop reason (which an API server
+ *            knows once the response ends: nothing from a later request
+ *            is used)
  *
  * The parent takes the daemon's STATUS before and after the run and
  * reports the difference of its counters beside the clients' own counts
@@ -264,6 +267,19 @@ static int replay_one(client *x, size_t qi, rres *r) {
       }
     }
   }
+  uint64_t sid = hint_session(q);
+  /* The session is known when the request arrives: its hit blocks are
+   * hinted before the stores, which may evict, as an engine's connector
+   * does after its LOAD. */
+  if (o->hints && sid && hit) {
+    int n = kvc_hint_session(x->c, sid, x->keys, hit, 0, NULL);
+    if (n < 0) {
+      fail(r, n, "hint", qi);
+      return n;
+    }
+    r->hint_keys_unmatched += hit - (uint32_t)n;
+    r->hints++;
+  }
   r->hit_blocks += hit;
   uint64_t ht = (uint64_t)hit * TOKENS_PER_BLOCK;
   r->hit_tokens += ht < q->input_len ? ht : q->input_len;
@@ -272,18 +288,18 @@ static int replay_one(client *x, size_t qi, rres *r) {
     fail(r, rc, "store", qi);
     return rc;
   }
-  uint64_t sid = hint_session(q);
   if (o->hints && sid) {
-    int n = kvc_hint_session(x->c, sid, x->keys, q->n, 0, NULL);
-    if (n >= 0) {
-      r->hint_keys_unmatched += q->n - (uint32_t)n;
-      n = kvc_hint_finished(x->c, sid, q->stop, NULL, 0, 0, NULL);
+    int n = 0;
+    if (hit < q->n) {
+      n = kvc_hint_session(x->c, sid, x->keys + hit, q->n - hit, 0, NULL);
+      if (n >= 0) r->hint_keys_unmatched += q->n - hit - (uint32_t)n, r->hints++;
     }
+    if (n >= 0) n = kvc_hint_finished(x->c, sid, q->stop, NULL, 0, 0, NULL);
     if (n < 0) {
       fail(r, n, "hint", qi);
       return n;
     }
-    r->hints += 2;
+    r->hints++;
   }
   return 0;
 }

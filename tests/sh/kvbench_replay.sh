@@ -61,9 +61,10 @@ check "and verifies them" num '.verify_failures == 0 and .bytes.client_read == .
 echo "# second: $(jq -c '{prefix_hit_rate, block_hit_rate, hits}' "$T/out")"
 
 # Engine hints from a trace with sessions (the agentic format: session,
-# agent, stop): every request of a session sends SESSION and FINISHED, the
-# daemon counts them by stop reason, and a request without a session sends
-# none.
+# agent, stop): every request of a session sends SESSION of its hit keys
+# (before its stores: requests 2 and 3 hit), SESSION of the keys it stored
+# and FINISHED; the daemon counts them by kind and stop reason, and a
+# request without a session sends none.
 cat >"$T/sessions.jsonl" <<'TRACE'
 {"timestamp": 0, "input_length": 1500, "output_length": 5, "hash_ids": [1, 2, 3], "session": 1, "agent": "", "stop": "tool_use"}
 {"timestamp": 5, "input_length": 1000, "output_length": 5, "hash_ids": [50, 51], "session": 2, "agent": "", "stop": "end_turn"}
@@ -74,14 +75,14 @@ TRACE
 expect_exit 0 "replay of a session trace with --hints, dealt by session" \
   "$KVB" replay --trace "$T/sessions.jsonl" --socket-dir "$RUN" --json --time-scale 0 --clients 2 \
   --deal session --hints
-check "two hints per request of a session, none for the one without" \
-  num '.hints.on and .hints.sent == 8 and .hints.trace_requests_with_session == 4 and .deal == "session"'
+check "two hints per request of a session, three with a hit, none without one" \
+  num '.hints.on and .hints.sent == 10 and .hints.trace_requests_with_session == 4 and .deal == "session"'
 check "every hinted key was there" num '.hints.keys_unmatched == 0'
 if command -v curl >/dev/null; then
   curl -sf --unix-socket "$RUN/kvcached-stats.sock" http://localhost/metrics >"$T/metrics"
   grep -q '^kvcached_hint_finished_total{stop="tool_use"} 2$' "$T/metrics" &&
     grep -q '^kvcached_hint_finished_total{stop="end_turn"} 2$' "$T/metrics" &&
-    grep -q '^kvcached_hints_total{kind="session"} 4$' "$T/metrics" &&
+    grep -q '^kvcached_hints_total{kind="session"} 6$' "$T/metrics" &&
     ok "the daemon counted them by kind and stop reason" ||
     bad "hint counters: $(grep hint "$T/metrics")"
 else
