@@ -2,7 +2,7 @@
 # replay_hints.sh - engine hints through the daemon: `kvbench replay` of a
 # trace with sessions (the agentic trace by default) against a fresh
 # kvcached per run, each policy without and with --hints (the trace's
-# sessions on stores, its stop reasons once each request is done: what an
+# sessions on loads and stores, its stop reasons once each request is done: what an
 # API server knows then). One client, requests in trace order, at their
 # timestamps scaled by -x (the daemon's clock is the wall clock, so the gaps
 # it learns are the trace's, scaled). G3 off: the G2 capacity is the cache.
