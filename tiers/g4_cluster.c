@@ -482,6 +482,7 @@ static node *route(kv_g4c *c, req *r) {
     for (unsigned i = 0; i < s->nrep; i++) {
       node *n = s->rep[s->rr++ % s->nrep];
       if (n->st == N_READY) return n;
+      if (!n->ac && node_usable(n)) node_ac(n); /* ready for the next reads */
     }
   }
   node *n = c->slot_master[r->slot];

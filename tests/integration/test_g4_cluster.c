@@ -15,6 +15,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 #include <uv.h>
 
 #include "base/clock.h"
@@ -465,6 +466,50 @@ Test(g4_cluster, master_killed_then_replica_serves, .init = setup, .fini = teard
     res_clear(&x);
   }
   cr_assert_eq(kv_g4c_get_state(c), KV_G4C_OK);
+
+  /* replica reads: READONLY commands go to replicas once they are connected.
+   * CLUSTER SLOTS lists a replica only once it has replicated something, as
+   * gossip tells: wait until every node lists all three (the client reads
+   * its map from any of them). */
+  int64_t until = kv_now_ms() + 10000;
+  for (int n = 0; n < rc.nports;) {
+    redisReply *r = adm(rc.ports[n], "CLUSTER SLOTS");
+    size_t listed = 0;
+    for (size_t i = 0; i < r->elements; i++) listed += r->element[i]->elements > 3;
+    freeReplyObject(r);
+    if (listed == 3) {
+      n++;
+      continue;
+    }
+    cr_assert_lt(kv_now_ms(), until, "%d: CLUSTER SLOTS lists %zu replicas", rc.ports[n], listed);
+    usleep(50000);
+  }
+  kv_g4c_opts o = base_opts(seeds, 3);
+  o.read_replicas = 1;
+  kv_g4c *rd;
+  cr_assert_eq(kv_g4c_open(&loop, &o, &rd), 0);
+  for (int round = 0; round < 3; round++)
+    for (int i = 0; i < 50; i++) {
+      const char *argv[] = {"GET", k[i]};
+      res x;
+      memset(&x, 0, sizeof x);
+      cr_assert_eq(kv_g4c_command(rd, k[i], strlen(k[i]), KV_G4C_READONLY, 2, argv, NULL, on_res, &x), 0);
+      cr_assert(run_until(&x.done, TIMEOUT_MS + 1000));
+      cr_assert_eq(x.kind, KV_G4C_VALUE, "%s: %s %s", k[i], kv_g4c_reason_name(x.reason), x.val);
+      cr_assert_str_eq(x.val, v[i]);
+      res_clear(&x);
+    }
+  closed = 0;
+  kv_g4c_close(rd, on_closed, NULL); /* c stays open: its handles remain */
+  cr_assert(run_until(&closed, 3000));
+  long long replica_gets = 0;
+  for (int i = 3; i < 6; i++) {
+    redisReply *r = adm(rc.ports[i], "INFO commandstats");
+    const char *g = strstr(r->str, "cmdstat_get:calls=");
+    if (g) replica_gets += strtoll(g + 18, NULL, 10);
+    freeReplyObject(r);
+  }
+  cr_assert_geq(replica_gets, 90, "replicas served %lld of 150 reads", replica_gets);
 
   cr_assert_eq(kvt_rc_do(&rc, "kill", victim), 0);
   int64_t t0 = kv_now_ms();
