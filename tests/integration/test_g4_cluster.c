@@ -458,10 +458,16 @@ Test(g4_cluster, master_killed_then_replica_serves, .init = setup, .fini = teard
     for (int j = 0; j < NF && !key; j++)
       if (owner[j] == rc.ports[i]) key = k[j];
     cr_assert(key);
-    const char *argv[] = {"WAIT", "1", "2000"};
-    res x;
-    cmd(c, &x, key, 3, argv, NULL);
-    cr_assert_eq(x.kind, KV_G4C_VALUE);
+    /* WAIT blocks for up to its own timeout: below the client's (a slow
+     * replica link then answers 0, and we ask again, up to 10 s) */
+    const char *argv[] = {"WAIT", "1", "300"};
+    res x = {0};
+    int64_t wait_until = kv_now_ms() + 10000;
+    do {
+      res_clear(&x);
+      cmd(c, &x, key, 3, argv, NULL);
+      cr_assert_eq(x.kind, KV_G4C_VALUE, "WAIT on %d: reason %d", rc.ports[i], x.reason);
+    } while (x.integer != 1 && kv_now_ms() < wait_until);
     cr_assert_eq(x.integer, 1, "the replica of %d has the writes", rc.ports[i]);
     res_clear(&x);
   }
