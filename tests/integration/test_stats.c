@@ -181,7 +181,7 @@ Test(stats, keys_samples_the_index) {
  * g2.page_size pages was cut down to whole pages (97M of 64M pages held
  * 64 MiB) and reported so. The arena holds what was configured, its last
  * page shorter, and STATUS, /stats and /metrics report it. */
-TestSuite(g2_capacity, .fini = ops_stop, .timeout = 120);
+TestSuite(g2_capacity, .fini = ops_stop, .timeout = 60);
 
 static long long status_num(kvc *c, const char *path) {
   char *text = NULL;
