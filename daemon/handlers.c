@@ -151,16 +151,21 @@ static int op_g1_select(kvd *d, kvd_sink *sink, const kv_msg *req, kv_buf *out, 
 
 /* --- LOOKUP ----------------------------------------------------------------- */
 /* A local run shorter than the keys asks G4 for the rest, when it is up:
- * then the reply is deferred (g4.h). */
+ * then the reply is deferred (g4.h). The run is measured without counting
+ * (kv_core_find), so that a LOOKUP is counted once, when it is answered. */
 static int lookup(kvd *d, kvd_sink *sink, const kv_msg *req, kv_buf *out, uint64_t t0) {
   kvd_session *s = sink->sess;
   const kv_keyvec *v = &req->batch.keys;
   int rc = kvd_load_keys(d, v);
   if (rc) return kvd_fail(out, req, rc, NULL);
+  if (d->g4.c) {
+    uint32_t core_ns = (uint32_t)session_ns(d, s)->core_ns, run = 0;
+    while (run < v->n && kv_core_find(d->core, core_ns, &d->keys[run])) run++;
+    if (run < v->n && kvd_g4_lookup(d, sink, req, v->n, run, t0) == KVD_DEFERRED)
+      return KVD_DEFERRED;
+  }
   int hit = kvd_registry_lookup(&d->reg, s->ns, d->keys, v->n, d->tiers);
   if (hit < 0) return kvd_fail(out, req, hit, NULL);
-  if ((uint32_t)hit < v->n && kvd_g4_lookup(d, sink, req, v->n, (uint32_t)hit, t0) == KVD_DEFERRED)
-    return KVD_DEFERRED;
   uint32_t core_ns = (uint32_t)session_ns(d, s)->core_ns;
   for (uint32_t i = 0; i < v->n; i++)
     if (d->tiers[i] == KV_TIER_NONE) kvd_miss_classify(d, s->ns, core_ns, &d->keys[i]);

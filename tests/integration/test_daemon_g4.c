@@ -207,6 +207,7 @@ Test(daemon_g4, stored_on_a_loaded_on_b, .init = setup, .fini = teardown, .timeo
   cr_assert_eq(lookup(b, 1, 8, t, NULL), 8);
   for (int i = 0; i < 8; i++) cr_assert_eq(t[i], KVC_G2, "key %d in tier %d", i, t[i]);
   cr_assert_eq(metric(&nb, "kvcached_g4_hits_total"), 8);
+  cr_assert_eq(metric(&nb, "kvcached_lookups_total"), 8, "a LOOKUP that waited is counted once");
   for (uint64_t v = 1; v <= 8; v++) load_check(b, v);
   /* what follows the chain is absent: a miss, counted, and no wait past it */
   cr_assert_eq(lookup(b, 1, 10, t, NULL), 8);
