@@ -176,7 +176,11 @@ static void on_del(kv_g4c *c, const kv_g4c_reply *r, void *arg) {
 
 void kvd_g4_del(kvd *d, const kvd_ns *n, const kv_key *key) {
   kvd_g4 *g = &d->g4;
-  if (!g->c || kv_g4c_get_state(g->c) == KV_G4C_DOWN) return;
+  if (!g->c) return;
+  if (kv_g4c_get_state(g->c) == KV_G4C_DOWN) { /* not sent: the value lives out its TTL */
+    g->deletes[1]++;
+    return;
+  }
   kv_g4_key k;
   char rkey[KV_G4_RKEY_MAX];
   g4_key(&k, n->digest, key->b, key->len);

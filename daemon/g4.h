@@ -74,7 +74,7 @@ typedef struct kvd_g4 {
   uint64_t hits;         /* blocks a LOOKUP brought into G2 from G4 */
   uint64_t misses[KVD_G4_MISS_COUNT];
   uint64_t writes[KVD_G4_W_COUNT];
-  uint64_t deletes[2];   /* DELs sent: answered (0) or failed (1) */
+  uint64_t deletes[2];   /* DELs: answered (0), or failed or not sent while down (1) */
   uint64_t lookups;      /* LOOKUPs that asked G4 (waited for it) */
   uint32_t waiting;      /* ... of those, still waiting */
   uint32_t writes_in_flight;

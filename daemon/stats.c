@@ -305,7 +305,8 @@ static int g4_metrics(kvd *d, kv_buf *out) {
   H("kvcached_g4_writes_total", "counter", "Blocks to be written to G4, by what became of them.");
   for (int i = 0; i < KVD_G4_W_COUNT; i++)
     P("kvcached_g4_writes_total{result=\"%s\"} %llu\n", kvd_g4_write_names[i], U(g->writes[i]));
-  H("kvcached_g4_deletes_total", "counter", "DELs sent to G4 for deleted keys, by outcome.");
+  H("kvcached_g4_deletes_total", "counter",
+    "DELs for deleted keys, by outcome (error: failed, or not sent while G4 was down).");
   P("kvcached_g4_deletes_total{result=\"ok\"} %llu\n", U(g->deletes[0]));
   P("kvcached_g4_deletes_total{result=\"error\"} %llu\n", U(g->deletes[1]));
   H("kvcached_g4_commands_in_flight", "gauge", "Redis commands sent and not answered yet.");

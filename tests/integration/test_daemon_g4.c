@@ -9,6 +9,7 @@
  * Each test on its own cluster (tests/lib/redis_cluster.sh); skipped when
  * redis-server is not installed. */
 #include <hiredis/hiredis.h>
+#include <signal.h>
 #include <stdarg.h>
 
 #include "base/clock.h"
@@ -279,6 +280,47 @@ Test(daemon_g4, overwritten_values_are_refused, .init = setup, .fini = teardown,
   kvc_key k = KC(2);
   kvc_block blk;
   cr_assert_eq(kvc_load(b, KVC_G2, &k, 1, &blk), 0, "key 2 is never served");
+
+  /* a master that stops answering: a LOOKUP waits g4.timeout_ms at most,
+   * a miss (timeout); a session that goes while its LOOKUP waits is owed
+   * nothing and leaves nothing behind (ASan's leak check at the stop) */
+  store_chain(a, 31, 32);
+  cr_assert_eq(wait_metric(&na, "kvcached_g4_writes_total{result=\"ok\"}", 8, 5000), 8);
+  for (int i = 0; i < 3; i++) freeReplyObject(adm(rc.ports[i], "WAIT 1 2000"));
+  char k31[160], pidf[400];
+  rkey_of(31, k31, sizeof k31);
+  snprintf(pidf, sizeof pidf, "%s/c/%d/redis.pid", rc.dir, owner_of(k31));
+  FILE *f = fopen(pidf, "r");
+  cr_assert(f, "%s", pidf);
+  int pid = 0;
+  cr_assert_eq(fscanf(f, "%d", &pid), 1);
+  fclose(f);
+  kvc *gone = worker(&nb, "t1", NULL);
+  kvc_key ks[2] = {KC(31), KC(32)};
+  uint8_t gt[2];
+  cr_assert_eq(kill(pid, SIGSTOP), 0); /* resumed well before cluster-node-timeout */
+  cr_assert_gt(kvc_submit_lookup(gone, ks, 2, gt, NULL), 0);
+  usleep(20000);
+  kvc_close(gone);
+  int64_t ms;
+  int hit = lookup(b, 31, 32, t, &ms);
+  cr_assert_eq(kill(pid, SIGCONT), 0);
+  cr_assert_eq(hit, 0);
+  cr_assert_geq(ms, 250, "waited %lld ms", (long long)ms);
+  cr_assert_lt(ms, 1000, "waited %lld ms", (long long)ms);
+  /* timeout, or error when the other LOOKUP's timeout dropped the
+   * connection first (tiers/G4.md: a hung node) */
+  cr_assert_geq(metric(&nb, "kvcached_g4_misses_total{reason=\"timeout\"}") +
+                    metric(&nb, "kvcached_g4_misses_total{reason=\"error\"}"),
+                1);
+  long long waiting = 1;
+  for (int64_t end = kv_now_ms() + 3000; waiting && kv_now_ms() < end; usleep(20000))
+    waiting = metric(&nb, "kvcached_g4_lookups_waiting");
+  cr_assert_eq(waiting, 0);
+  for (int64_t end = kv_now_ms() + 10000; hit < 2 && kv_now_ms() < end; usleep(100000))
+    hit = lookup(b, 31, 32, t, NULL); /* the node answers again */
+  cr_assert_eq(hit, 2);
+  load_check(b, 31);
   kvc_close(a);
   kvc_close(b);
 }
