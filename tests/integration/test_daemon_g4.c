@@ -31,8 +31,9 @@ static void start_cluster(void) {
                   rc.ports[i]);
 }
 
-/* Starts a node on the cluster (G3 off, tenants t1 and t2). */
-static void start_node(kvt_daemon *d) {
+/* Starts a node on the cluster (G3 off, tenants t1 and t2; extra: one
+ * more --set, or NULL). */
+static void start_node_with(kvt_daemon *d, const char *extra) {
   static char seedset[300];
   snprintf(seedset, sizeof seedset, "g4.seeds=%s", seeds);
   static const char *const args[] = {"--g2-capacity", "4M",         "--set",     "g2.page_size=1M",
@@ -41,10 +42,12 @@ static void start_node(kvt_daemon *d) {
   char t1[64], t2[64];
   snprintf(t1, sizeof t1, "tenant.t1.uids=%u", (unsigned)getuid());
   snprintf(t2, sizeof t2, "tenant.t2.uids=%u", (unsigned)getuid());
-  const char *sets[] = {t1, t2, seedset, "g4.timeout_ms=300", "g1.enable=off", NULL};
+  const char *sets[] = {t1, t2, seedset, "g4.timeout_ms=300", "g1.enable=off", extra, NULL};
   kvt_daemon_opts o = {.args = args, .sets = sets};
   cr_assert_eq(kvt_daemon_start(d, &o), 0, "kvcached did not start");
 }
+
+static void start_node(kvt_daemon *d) { start_node_with(d, NULL); }
 
 static void setup(void) {
   start_cluster();
@@ -385,6 +388,33 @@ Test(daemon_g4, master_killed_misses_then_hits, .init = setup, .fini = teardown,
   }
   cr_assert_eq(hit, 24, "after the failover: %d of 24", hit);
   for (uint64_t v = 1; v <= 24; v++) load_check(b, v);
+  kvc_close(a);
+  kvc_close(b);
+}
+
+/* g4.admit = second-use: a block is written when a LOAD uses it again, not
+ * at its commit, and once. */
+static void setup_second_use(void) {
+  start_cluster();
+  start_node_with(&na, "g4.admit=second-use");
+  start_node(&nb);
+}
+
+Test(daemon_g4, second_use_admission, .init = setup_second_use, .fini = teardown, .timeout = 60) {
+  cr_assert_eq(wait_metric(&na, "kvcached_g4_state{state=\"ok\"}", 1, 10000), 1);
+  cr_assert_eq(wait_metric(&nb, "kvcached_g4_state{state=\"ok\"}", 1, 10000), 1);
+  kvc *a = worker(&na, "t1", NULL), *b = worker(&nb, "t1", NULL);
+  store_chain(a, 1, 4);
+  uint8_t t[64];
+  cr_assert_eq(lookup(b, 1, 4, t, NULL), 0, "used once: not written");
+  cr_assert_eq(metric(&na, "kvcached_g4_writes_total{result=\"ok\"}"), 0);
+  for (uint64_t v = 1; v <= 4; v++) load_check(a, v); /* the second use */
+  cr_assert_eq(wait_metric(&na, "kvcached_g4_writes_total{result=\"ok\"}", 4, 5000), 4);
+  for (uint64_t v = 1; v <= 4; v++) load_check(a, v); /* a third: not written again */
+  usleep(100000);
+  cr_assert_eq(metric(&na, "kvcached_g4_writes_total{result=\"ok\"}"), 4);
+  cr_assert_eq(lookup(b, 1, 4, t, NULL), 4);
+  for (uint64_t v = 1; v <= 4; v++) load_check(b, v);
   kvc_close(a);
   kvc_close(b);
 }
