@@ -25,6 +25,7 @@
 #include "ipc/sock.h"
 #include "tiers/evict.h"
 #include "tiers/g3.h"
+#include "tiers/g4_cluster.h"
 
 typedef enum { OPT_SIZE, OPT_BOOL, OPT_STR, OPT_U32, OPT_ENUM } opt_type;
 
@@ -63,6 +64,8 @@ static const opt_name g3_admit_names[] = {{"always", KV_ADMIT_ALWAYS},
                                           {"second-use", KV_ADMIT_SECOND_USE},
                                           {"min-prio", KV_ADMIT_MIN_PRIO},
                                           {NULL, 0}};
+static const opt_name g4_admit_names[] = {
+    {"always", KV_ADMIT_ALWAYS}, {"second-use", KV_ADMIT_SECOND_USE}, {NULL, 0}};
 static const opt_name log_level_names[] = {{"debug", KV_LOG_DEBUG}, {"info", KV_LOG_INFO},
                                            {"warn", KV_LOG_WARN},   {"warning", KV_LOG_WARN},
                                            {"error", KV_LOG_ERROR}, {NULL, 0}};
@@ -121,6 +124,28 @@ static const opt opts[] = {
     {"g3", "retry_ms", OPT_U32, O(g3_retry_ms), 0, "5000",
      "ms between tries while G3 is full (one write let through) or could not be opened "
      "(doubling up to 5 min); 0: never"},
+    {"g4", "seeds", OPT_STR, O(g4_seeds), sizeof(((kv_config *)0)->g4_seeds), "",
+     "Redis Cluster nodes to learn the cluster from, ip:port, comma-separated (IP addresses: "
+     "names would be resolved blocking the loop); empty: no G4 (tiers/G4.md)"},
+    {"g4", "user", OPT_STR, O(g4_user), sizeof(((kv_config *)0)->g4_user), "",
+     "ACL user to AUTH as (with g4.password); empty: AUTH with the password alone"},
+    {"g4", "password", OPT_STR, O(g4_password), sizeof(((kv_config *)0)->g4_password), "",
+     "password for AUTH on every connection (crosses the network in clear: hiredis has no TLS "
+     "here); empty: no AUTH"},
+    {"g4", "prefix", OPT_STR, O(g4_prefix), sizeof(((kv_config *)0)->g4_prefix), KV_G4_PREFIX,
+     "prefix of every G4 key name (printable, no space, no braces, at most 32 bytes; may be empty)"},
+    {"g4", "ttl_s", OPT_U32, O(g4_ttl_s), 0, "3600",
+     "seconds a G4 value lives (every SET has EX): bounds what a deleted namespace leaves"},
+    {"g4", "timeout_ms", OPT_U32, O(g4_timeout_ms), 0, "200",
+     "a Redis command unanswered this long is a miss (a LOOKUP waits for G4 at most this long)"},
+    {"g4", "replica_reads", OPT_BOOL, O(g4_replica_reads), 0, "no",
+     "G4 reads may go to replicas (may be older or missing, never wrong: values are checked)"},
+    {"g4", "lookup_blocks", OPT_U32, O(g4_lookup_blocks), 0, "256",
+     "keys past the local prefix a LOOKUP asks G4 for at most (1..1024)"},
+    {"g4", "admit", OPT_ENUM, O(g4_admit), 0, "always",
+     "which committed blocks are written to G4: always (at commit), or second-use (when a "
+     "LOAD or GET uses them a second time)",
+     g4_admit_names},
     {"cache", "policy", OPT_STR, O(policy), sizeof(((kv_config *)0)->policy),
      NULL /* kv_evict_default */,
      "eviction policy: adapt, reuse, lru, lru2, lfuda, arc, s3fifo, tinylfu or auto", NULL, "policy"},
@@ -626,6 +651,69 @@ int kv_config_g3_dirs(const kv_config *c, char *buf, const char **dirs, unsigned
   return (int)n;
 }
 
+int kv_config_g4_seeds(const kv_config *c, char *buf, const char **seeds, unsigned max) {
+  memcpy(buf, c->g4_seeds, sizeof c->g4_seeds);
+  buf[sizeof c->g4_seeds - 1] = 0;
+  unsigned n = 0;
+  if (!buf[0]) return 0;
+  for (char *p = buf; p;) { /* every entry, the one after a last comma too */
+    char *comma = strchr(p, ',');
+    if (comma) *comma = 0;
+    while (*p == ' ') p++;
+    size_t len = strlen(p);
+    while (len && p[len - 1] == ' ') p[--len] = 0;
+    if (!len) return -EINVAL;
+    if (n == max) return -E2BIG;
+    seeds[n++] = p;
+    p = comma ? comma + 1 : NULL;
+  }
+  return (int)n;
+}
+
+/* Whether s is "IPv4:port" or "[IPv6]:port" with a port 1..65535. */
+static int ip_port_ok(const char *s) {
+  const char *colon = strrchr(s, ':');
+  char *end = NULL;
+  unsigned long port = colon ? strtoul(colon + 1, &end, 10) : 0;
+  if (!colon || colon == s || !colon[1] || *end || port == 0 || port > 65535) return 0;
+  char host[64];
+  size_t hl = (size_t)(colon - s);
+  if (hl >= 2 && s[0] == '[' && s[hl - 1] == ']') {
+    s++;
+    hl -= 2;
+  }
+  if (hl >= sizeof host) return 0;
+  memcpy(host, s, hl);
+  host[hl] = 0;
+  unsigned char addr[16];
+  return inet_pton(AF_INET, host, addr) == 1 || inet_pton(AF_INET6, host, addr) == 1;
+}
+
+/* The [g4] checks. */
+static void check_g4(const kv_config *c, chk *k) {
+  if (!kv_g4_prefix_ok(c->g4_prefix))
+    REFUSE("g4.prefix: '%s' must be at most %d printable bytes with no space and no braces "
+           "(a brace would make a hash tag: tiers/G4.md)",
+           c->g4_prefix, KV_G4_PREFIX_MAX);
+  if (!c->g4_seeds[0]) return;
+  char buf[sizeof c->g4_seeds];
+  const char *seeds[KV_G4C_SEEDS_MAX];
+  int n = kv_config_g4_seeds(c, buf, seeds, KV_G4C_SEEDS_MAX);
+  if (n == -E2BIG) REFUSE("g4.seeds names more than %d nodes", KV_G4C_SEEDS_MAX);
+  else if (n <= 0) REFUSE("g4.seeds: '%s' has an empty entry (leave it empty for no G4)", c->g4_seeds);
+  for (int i = 0; i < n; i++)
+    if (!ip_port_ok(seeds[i]))
+      REFUSE("g4.seeds: '%s' is not ip:port (an IPv4 or [IPv6] address: host names are not "
+             "resolved)",
+             seeds[i]);
+  if (c->g4_user[0] && !c->g4_password[0]) REFUSE("g4.user needs g4.password");
+  if (c->g4_ttl_s == 0) REFUSE("g4.ttl_s must be at least 1 (every G4 value expires)");
+  if (c->g4_timeout_ms == 0 || c->g4_timeout_ms > 60000)
+    REFUSE("g4.timeout_ms: %u is not 1..60000", c->g4_timeout_ms);
+  if (c->g4_lookup_blocks == 0 || c->g4_lookup_blocks > KV_CFG_G4_LOOKUP_MAX)
+    REFUSE("g4.lookup_blocks: %u is not 1..%d", c->g4_lookup_blocks, KV_CFG_G4_LOOKUP_MAX);
+}
+
 int kv_config_admin_gid(const kv_config *c, gid_t *gid) {
   struct group gr, *gp = NULL;
   size_t cap = 16384;
@@ -751,6 +839,7 @@ static void check_alone(const kv_config *c, chk *k) {
            "admin.connections must be at least 1");
   char terr[256];
   if (validate_tenants(c, terr, sizeof terr)) REFUSE("%s", terr);
+  check_g4(c, k);
 }
 
 /* A /proc/meminfo field in bytes; 0 if unknown. */
@@ -1004,6 +1093,12 @@ void kv_config_usage(FILE *f) {
   }
 }
 
+/* A text option's value as shown: a secret (g4.password) is never shown. */
+static const char *str_value(const opt *o, const void *p) {
+  if (o->off == offsetof(kv_config, g4_password) && *(const char *)p) return "(set)";
+  return p;
+}
+
 void kv_config_print(const kv_config *c, FILE *f) {
   const char *sect = "";
   for (size_t i = 0; i < NOPTS; i++) {
@@ -1015,7 +1110,7 @@ void kv_config_print(const kv_config *c, FILE *f) {
     case OPT_SIZE: fprintf(f, "%llu\n", (unsigned long long)*(const uint64_t *)p); break;
     case OPT_BOOL: fprintf(f, "%s\n", *(const int *)p ? "yes" : "no"); break;
     case OPT_U32: fprintf(f, "%u\n", *(const uint32_t *)p); break;
-    case OPT_STR: fprintf(f, "%s\n", (const char *)p); break;
+    case OPT_STR: fprintf(f, "%s\n", str_value(o, p)); break;
     case OPT_ENUM: fprintf(f, "%s\n", value_name(o, p)); break;
     }
   }
@@ -1039,7 +1134,7 @@ void kv_config_foreach(const kv_config *c, kv_config_fn fn, void *arg) {
     case OPT_SIZE: snprintf(v, sizeof v, "%llu", (unsigned long long)*(const uint64_t *)p); break;
     case OPT_BOOL: val = *(const int *)p ? "yes" : "no"; break;
     case OPT_U32: snprintf(v, sizeof v, "%u", *(const uint32_t *)p); break;
-    case OPT_STR: val = p; break;
+    case OPT_STR: val = str_value(o, p); break;
     case OPT_ENUM: val = value_name(o, p); break;
     }
     fn(arg, o->section, o->name, val);

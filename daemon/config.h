@@ -25,6 +25,7 @@
 #include "cuda/dev.h"
 #include "tiers/core.h"
 #include "tiers/g3.h"
+#include "tiers/g4_format.h"
 
 /*
  * Tenants (daemon/OPS.md, "Tenants and credentials"): INI sections
@@ -94,11 +95,26 @@ typedef struct kv_config {
   uint32_t limit_pins_per_session; /* [limits] pins_per_session */
   uint32_t limit_allocs_per_session;    /* [limits] allocs_per_session */
   uint32_t limit_namespaces_per_tenant; /* [limits] namespaces_per_tenant */
+  char g4_seeds[512];                   /* [g4] seeds: ip:port, comma-separated; "" = no G4 */
+  char g4_user[64];                     /* [g4] user: ACL user ("" = AUTH with password only) */
+  char g4_password[128];                /* [g4] password ("" = no AUTH) */
+  char g4_prefix[KV_G4_PREFIX_MAX + 1]; /* [g4] prefix of every Redis key name */
+  uint32_t g4_ttl_s;                    /* [g4] ttl_s: EX of every SET */
+  uint32_t g4_timeout_ms;               /* [g4] timeout_ms: per Redis command */
+  int g4_replica_reads;                 /* [g4] replica_reads */
+  uint32_t g4_lookup_blocks;            /* [g4] lookup_blocks: keys asked per LOOKUP at most */
+  kv_admit g4_admit;                    /* [g4] admit: always, second-use */
   uint32_t ntenants;                    /* [tenant.NAME] sections, in their order */
   kv_cfg_tenant tenants[KV_CFG_TENANTS_MAX];
 } kv_config;
 
 #define KV_CFG_G1_DEVICES_MAX 8 /* devices in g1.device */
+#define KV_CFG_G4_LOOKUP_MAX  1024 /* g4.lookup_blocks at most */
+
+/* The seeds of g4.seeds, in its order, each "ip:port" without its
+ * surrounding spaces, pointing into buf (at least sizeof g4_seeds). Returns
+ * how many, or -E2BIG (more than max) / -EINVAL (an empty entry). */
+int kv_config_g4_seeds(const kv_config *c, char *buf, const char **seeds, unsigned max);
 
 /* Fills *c with the defaults. */
 void kv_config_defaults(kv_config *c);

@@ -150,10 +150,20 @@ static int op_g1_select(kvd *d, kvd_sink *sink, const kv_msg *req, kv_buf *out, 
 }
 
 /* --- LOOKUP ----------------------------------------------------------------- */
-static int lookup(kvd *d, kvd_session *s, const kv_msg *req, kv_buf *out) {
+/* A local run shorter than the keys asks G4 for the rest, when it is up:
+ * then the reply is deferred (g4.h). The run is measured without counting
+ * (kv_core_find), so that a LOOKUP is counted once, when it is answered. */
+static int lookup(kvd *d, kvd_sink *sink, const kv_msg *req, kv_buf *out, uint64_t t0) {
+  kvd_session *s = sink->sess;
   const kv_keyvec *v = &req->batch.keys;
   int rc = kvd_load_keys(d, v);
   if (rc) return kvd_fail(out, req, rc, NULL);
+  if (d->g4.c) {
+    uint32_t core_ns = (uint32_t)session_ns(d, s)->core_ns, run = 0;
+    while (run < v->n && kv_core_find(d->core, core_ns, &d->keys[run])) run++;
+    if (run < v->n && kvd_g4_lookup(d, sink, req, v->n, run, t0) == KVD_DEFERRED)
+      return KVD_DEFERRED;
+  }
   int hit = kvd_registry_lookup(&d->reg, s->ns, d->keys, v->n, d->tiers);
   if (hit < 0) return kvd_fail(out, req, hit, NULL);
   uint32_t core_ns = (uint32_t)session_ns(d, s)->core_ns;
@@ -168,8 +178,8 @@ static int lookup(kvd *d, kvd_session *s, const kv_msg *req, kv_buf *out) {
 
 static int op_lookup(kvd *d, kvd_sink *sink, const kv_msg *req, kv_buf *out, int fd_out[2]) {
   uint64_t t0 = kv_now_ns();
-  int rc = lookup(d, sink->sess, req, out);
-  kvd_req_done(d, KVD_REQ_LOOKUP, t0);
+  int rc = lookup(d, sink, req, out, t0);
+  if (rc != KVD_DEFERRED) kvd_req_done(d, KVD_REQ_LOOKUP, t0); /* else when answered */
   return rc;
 }
 
@@ -219,7 +229,10 @@ static int op_commit_abort(kvd *d, kvd_sink *sink, const kv_msg *req, kv_buf *ou
       else if (b->state == KV_BS_WRITING && b->slot[KV_G2] != KV_SLOT_NONE)
         crc = kv_crc32c(0, kv_core_g2_ptr(d->core, b), b->size);
       d->status[i] = kvd_session_commit(d->core, s, b, crc);
-      if (d->status[i] == 0) kvd_ghost_note(d, b->ns, &d->keys[i], 1);
+      if (d->status[i] == 0) {
+        kvd_ghost_note(d, b->ns, &d->keys[i], 1);
+        if (d->cfg.g4_admit == KV_ADMIT_ALWAYS) kvd_g4_put(d, session_ns(d, s), b);
+      }
     } else {
       d->status[i] = kvd_session_abort(d->core, s, b);
     }
@@ -230,6 +243,7 @@ static int op_commit_abort(kvd *d, kvd_sink *sink, const kv_msg *req, kv_buf *ou
 /* --- DELETE, SET_PRIORITY ----------------------------------------------------- */
 typedef struct del_all {
   kvd *d;
+  const kvd_ns *ns;
   uint32_t core_ns;
   uint64_t n;
 } del_all;
@@ -240,6 +254,7 @@ static int del_one(kv_block *b, void *arg) {
   kv_key_set(&k, b->key, kv_block_keylen(b));
   if (kv_core_delete(x->d->core, b) == 0) {
     kvd_ghost_note(x->d, x->core_ns, &k, 0);
+    kvd_g4_del(x->d, x->ns, &k);
     x->n++;
   }
   return 0;
@@ -250,7 +265,7 @@ static int op_delete(kvd *d, kvd_sink *sink, const kv_msg *req, kv_buf *out, int
   const kv_batch_req *b = &req->batch;
   kv_msg m = kvd_reply_to(req);
   if (b->flags & KV_DEL_ALL) {
-    del_all x = {d, (uint32_t)session_ns(d, s)->core_ns, 0};
+    del_all x = {d, session_ns(d, s), (uint32_t)session_ns(d, s)->core_ns, 0};
     kv_index_foreach(kv_core_index(d->core), del_one, &x);
     m.delete_rep.deleted = x.n;
     return kv_msg_encode(out, &m);
@@ -262,6 +277,8 @@ static int op_delete(kvd *d, kvd_sink *sink, const kv_msg *req, kv_buf *out, int
     kv_block *blk = kv_core_find(d->core, (uint32_t)session_ns(d, s)->core_ns, &d->keys[i]);
     d->status[i] = blk ? kv_core_delete(d->core, blk) : KV_ENOTFOUND;
     if (d->status[i] == 0) kvd_ghost_note(d, (uint32_t)session_ns(d, s)->core_ns, &d->keys[i], 0);
+    /* G4 may hold the key though this node does not (another node wrote it). */
+    kvd_g4_del(d, session_ns(d, s), &d->keys[i]);
     n += d->status[i] == 0;
   }
   m.delete_rep.deleted = n;
@@ -331,6 +348,7 @@ static int op_put(kvd *d, kvd_sink *sink, const kv_msg *req, kv_buf *out, int fd
   memcpy(kv_core_g2_ptr(d->core, b), p->data.p, p->data.len);
   kv_core_commit(d->core, b, kv_crc32c(0, p->data.p, p->data.len));
   kvd_ghost_note(d, (uint32_t)n->core_ns, &k, 1);
+  if (d->cfg.g4_admit == KV_ADMIT_ALWAYS) kvd_g4_put(d, n, b);
   if (kv_core_limit(d->core, KV_G2)) kv_core_enforce_limits(d->core); /* a soft g2.capacity */
   kv_msg m = kvd_reply_to(req);
   return kv_msg_encode(out, &m);

@@ -233,6 +233,7 @@ static void on_tick(uv_timer_t *t) {
   if (d->trust.npend) kvd_trust_sweep(d);
   if (kv_core_limit(d->core, KV_G2) || kv_core_limit(d->core, KV_G3))
     kv_core_enforce_limits(d->core);
+  kvd_g4_tick(d);
 }
 
 static void on_stop(uv_signal_t *h, int signum) {
@@ -276,6 +277,7 @@ static void sources_start(daemon_state *st) {
     kv_warn("g1", "cannot poll the device's completions: %s", uv_strerror(rc));
   if ((rc = kvd_g3w_start(&st->d, &st->loop)))
     kv_error("g3", "cannot watch the SSD tier: %s", uv_strerror(rc));
+  kvd_g4_start(&st->d, &st->loop); /* logs why when it cannot: no G4 then */
   uv_timer_init(&st->loop, &st->tick);
   st->tick.data = &st->d;
   uv_timer_start(&st->tick, on_tick, TICK_MS, TICK_MS);
@@ -290,6 +292,7 @@ static void sources_start(daemon_state *st) {
 }
 
 static void sources_stop(daemon_state *st) {
+  kvd_g4_stop(&st->d); /* LOOKUPs waiting on it are answered from G1-G3, or dropped */
   kvd_g1s_stop(&st->d.g1);
   kvd_g3w_stop(&st->d);
   uv_close((uv_handle_t *)&st->sigterm, NULL);

@@ -15,6 +15,7 @@
 #include "daemon/defer.h"
 #include "daemon/g1.h"
 #include "daemon/g3_watch.h"
+#include "daemon/g4.h"
 #include "daemon/registry.h"
 #include "daemon/session.h"
 #include "daemon/sink.h"
@@ -70,6 +71,7 @@ typedef struct kvd {
   kvd_session admin;    /* pins the operator took (POST /pin), released at fini */
   kvd_g3w g3w;          /* G3 unavailable, its checks and poll (g3_watch.h) */
   kvd_trust trust;      /* readers' corrupt-block reports (trust.h) */
+  kvd_g4 g4;            /* the fleet's shared tier; g4.c == NULL when off (g4.h) */
 } kvd;
 
 /* kvd_handle()'s return when the reply will be sent later, through the sink. */

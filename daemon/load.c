@@ -278,6 +278,10 @@ static int load_keys(kvd *d, kvd_sink *sink, const kv_msg *req, uint32_t n, uint
     }
     ld->bid[i] = b->id;
     kv_core_touch(d->core, b);
+    /* g4.admit = second-use: written when a LOAD or GET uses it again (a
+     * commit is its first use; the count saturates, so this is once). */
+    if (b->hits == 2 && d->cfg.g4_admit == KV_ADMIT_SECOND_USE && (b->tiers & KV_TIER_BIT(KV_G2)))
+      kvd_g4_put(d, kvd_registry_ns(&d->reg, s->ns), b);
   }
   /* Every block is pinned before any moves: the room one block's copy
    * makes is never taken from another block of the same LOAD. */

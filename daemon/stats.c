@@ -275,6 +275,70 @@ static int histogram(kv_buf *out, const char *name, const char *label, const cha
   } while (0)
 #define U(x) ((unsigned long long)(x))
 
+/* G4 (daemon/g4.h): the client's state and counts, and the daemon's. */
+static json_t *lat_json(const kvd_hist *h);
+
+static int g4_metrics(kvd *d, kv_buf *out) {
+  const kvd_g4 *g = &d->g4;
+  kv_g4c_stats cs;
+  memset(&cs, 0, sizeof cs);
+  if (g->c) kv_g4c_get_stats(g->c, &cs);
+  int cur = kvd_g4_state(d); /* -1: off */
+  H("kvcached_g4_state", "gauge",
+    "State of the shared Redis Cluster tier (1 for the current one): ok, degraded (some slots "
+    "unreachable: no writes), down (no reads, no writes), off (g4.seeds empty).");
+  static const char *const g4s[] = {"ok", "degraded", "down", "off"};
+  for (int i = 0; i < 4; i++)
+    P("kvcached_g4_state{state=\"%s\"} %d\n", g4s[i], i == (cur < 0 ? 3 : cur));
+  H("kvcached_g4_hits_total", "counter",
+    "Blocks a LOOKUP found in G4, verified and stored into G2.");
+  P("kvcached_g4_hits_total %llu\n", U(g->hits));
+  H("kvcached_g4_misses_total", "counter",
+    "Keys a LOOKUP asked G4 for (or would have: down) that were not served from it, by reason "
+    "(the refusals are the value check's: tiers/G4.md).");
+  for (int i = 0; i < KVD_G4_MISS_COUNT; i++)
+    P("kvcached_g4_misses_total{reason=\"%s\"} %llu\n", kvd_g4_miss_names[i], U(g->misses[i]));
+  H("kvcached_g4_bytes_total", "counter",
+    "Bytes to the cluster (commands as sent) and from it (reply payloads).");
+  P("kvcached_g4_bytes_total{dir=\"in\"} %llu\n", U(cs.bytes_in));
+  P("kvcached_g4_bytes_total{dir=\"out\"} %llu\n", U(cs.bytes_out));
+  H("kvcached_g4_writes_total", "counter", "Blocks to be written to G4, by what became of them.");
+  for (int i = 0; i < KVD_G4_W_COUNT; i++)
+    P("kvcached_g4_writes_total{result=\"%s\"} %llu\n", kvd_g4_write_names[i], U(g->writes[i]));
+  H("kvcached_g4_deletes_total", "counter",
+    "DELs for deleted keys, by outcome (error: failed, or not sent while G4 was down).");
+  P("kvcached_g4_deletes_total{result=\"ok\"} %llu\n", U(g->deletes[0]));
+  P("kvcached_g4_deletes_total{result=\"error\"} %llu\n", U(g->deletes[1]));
+  H("kvcached_g4_commands_in_flight", "gauge", "Redis commands sent and not answered yet.");
+  P("kvcached_g4_commands_in_flight %llu\n", U(cs.in_flight));
+  H("kvcached_g4_lookups_waiting", "gauge", "LOOKUPs whose reply waits for G4.");
+  P("kvcached_g4_lookups_waiting %llu\n", U(g->waiting));
+  H("kvcached_g4_lookup_seconds", "histogram",
+    "Time a LOOKUP waited for G4: from its first GET to its last answer.");
+  if (histogram(out, "kvcached_g4_lookup_seconds", "op", "lookup", &g->lookup)) return -ENOMEM;
+  return 0;
+}
+
+/* G4's part of /stats and STATUS; NULL when it is off. */
+static json_t *g4_json(kvd *d) {
+  const kvd_g4 *g = &d->g4;
+  if (!g->c) return NULL;
+  kv_g4c_stats cs;
+  kv_g4c_get_stats(g->c, &cs);
+  json_t *m = json_object(), *w = json_object();
+  for (int i = 0; i < KVD_G4_MISS_COUNT; i++)
+    json_object_set_new(m, kvd_g4_miss_names[i], json_integer((json_int_t)g->misses[i]));
+  for (int i = 0; i < KVD_G4_W_COUNT; i++)
+    json_object_set_new(w, kvd_g4_write_names[i], json_integer((json_int_t)g->writes[i]));
+  return json_pack("{s:s,s:I,s:I,s:I,s:o,s:o,s:I,s:I,s:I,s:I,s:I,s:o}", "state",
+                   kv_g4c_state_name(cs.state), "masters", (json_int_t)cs.masters, "slots",
+                   (json_int_t)cs.slots, "hits", (json_int_t)g->hits, "misses", m, "writes", w,
+                   "deletes", (json_int_t)(g->deletes[0] + g->deletes[1]), "lookups",
+                   (json_int_t)g->lookups, "bytes_in", (json_int_t)cs.bytes_in, "bytes_out",
+                   (json_int_t)cs.bytes_out, "in_flight", (json_int_t)cs.in_flight, "latency_us",
+                   lat_json(&g->lookup));
+}
+
 int kvd_render_metrics(kvd *d, kv_buf *out) {
   snapshot s;
   take(d, &s);
@@ -455,6 +519,7 @@ int kvd_render_metrics(kvd *d, kv_buf *out) {
   P("kvcached_g3_io_errors_total %llu\n", U(s.gs.io_errors));
   H("kvcached_g3_corrupt_total", "counter", "SSD reads that failed verification.");
   P("kvcached_g3_corrupt_total %llu\n", U(s.gs.corrupt));
+  if (g4_metrics(d, out)) return -ENOMEM;
   H("kvcached_corrupt_reported_total", "counter",
     "Blocks readers reported as failing their CRC, by the daemon's verdict on its own G2 copy.");
   P("kvcached_corrupt_reported_total{verdict=\"confirmed\"} %llu\n", U(d->trust.confirmed));
@@ -594,6 +659,7 @@ static json_t *stats_json(kvd *d, const snapshot *s) {
                       json_pack("{s:s,s:s}", "eviction", kv_core_policy_name(d->core), "admission",
                                 kv_config_enum_name("g3.admit", d->cfg.g3_admit)));
   json_object_set_new(o, "tiers", tiers_json(s));
+  json_object_set_new(o, "g4", g4_json(d) ?: json_pack("{s:s}", "state", "off"));
   json_t *m = json_object();
   for (int i = 0; i < KVD_MISS_COUNT; i++)
     json_object_set_new(m, kvd_miss_names[i], json_integer((json_int_t)d->m.misses[i]));
@@ -706,6 +772,7 @@ static json_t *status_json(kvd *d, const snapshot *s) {
     json_object_set_new(json_object_get(o, "core"), "g3_refused",
                         json_integer((json_int_t)c->g3_refused));
   }
+  if (o) json_object_set_new(o, "g4", g4_json(d) ?: json_pack("{s:s}", "state", "off"));
   if (o) json_object_set_new(o, "tiers", tiers_json(s));
   return o;
 }

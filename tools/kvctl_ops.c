@@ -199,6 +199,15 @@ static double sum_members(json_t *o, const char *const *names, size_t n, const c
   return s;
 }
 
+/* The sum of an object's numbers. */
+static double sum_all(json_t *o) {
+  double s = 0;
+  const char *k;
+  json_t *v;
+  json_object_foreach(o, k, v) s += json_is_number(v) ? json_number_value(v) : 0;
+  return s;
+}
+
 static void print_status(const ctl *c, json_t *st) {
   json_t *tiers = json_object_get(st, "tiers"), *misses = json_object_get(st, "misses");
   json_t *pol = json_object_get(st, "policy");
@@ -230,6 +239,21 @@ static void print_status(const ctl *c, json_t *st) {
   printf("%-12s demotions %llu, admissions refused %llu\n", "g3",
          (unsigned long long)unum(st, "demotions"),
          (unsigned long long)unum(st, "admissions_refused"));
+  json_t *g4 = json_object_get(st, "g4");
+  const char *g4s = json_string_value(json_object_get(g4, "state"));
+  if (g4s && strcmp(g4s, "off")) {
+    json_t *g4m = json_object_get(g4, "misses"), *g4w = json_object_get(g4, "writes");
+    char bi[32], bo[32];
+    kvctl_human_bytes(unum(g4, "bytes_in"), bi, sizeof bi);
+    kvctl_human_bytes(unum(g4, "bytes_out"), bo, sizeof bo);
+    printf("%-12s %s (%llu masters, %llu slots): hits %llu, misses %.0f, writes %llu of %.0f; "
+           "in %s, out %s\n",
+           "g4", g4s, (unsigned long long)unum(g4, "masters"), (unsigned long long)unum(g4, "slots"),
+           (unsigned long long)unum(g4, "hits"), sum_all(g4m), (unsigned long long)unum(g4w, "ok"),
+           sum_all(g4w), bi, bo);
+  } else {
+    printf("%-12s off\n", "g4");
+  }
   json_t *traffic = json_object_get(st, "traffic");
   printf("%-12s", "traffic");
   for (size_t i = 0; i < NELEM(directions); i++) {

@@ -74,7 +74,8 @@ else
   expect_exit 0 "promtool test rules: every alert fires where it should and only there" \
     promtool test rules "$D/prometheus/kvcached-alerts.test.yml"
   for a in KvcachedDown KvcachedG3Degraded KvcachedG3Full KvcachedHitRateCollapse \
-           KvcachedCorruptReadsRising KvcachedLoadLatencyHigh KvcachedG2NearlyFullOfPins; do
+           KvcachedCorruptReadsRising KvcachedLoadLatencyHigh KvcachedG2NearlyFullOfPins \
+           KvcachedG4Down KvcachedG4ValuesRefused; do
     grep -q "alert: $a\$" "$D/prometheus/kvcached-alerts.yml" && ok "alert $a" || bad "no alert $a"
     grep -q "alertname=\"$a\"" "$D/prometheus/kvcached-alerts.test.yml" && ok "alert $a is unit-tested" \
       || bad "alert $a has no unit test"

@@ -568,3 +568,64 @@ Test(config, help_lists_every_table_option) {
   cr_assert(strstr(buf, "(default: always)\n"), "%s", buf);
   free(buf);
 }
+
+/* [g4]: off by default; seeds are IP:port lists; each mistake is refused by
+ * the shared check with the option's name. */
+Test(config, g4_options_are_checked) {
+  kv_config c;
+  char err[256];
+  kv_config_defaults(&c);
+  cr_assert_str_eq(c.g4_seeds, "");
+  cr_assert_str_eq(c.g4_prefix, "kv:");
+  cr_assert_eq(c.g4_ttl_s, 3600);
+  cr_assert_eq(c.g4_timeout_ms, 200);
+  cr_assert_eq(c.g4_replica_reads, 0);
+  cr_assert_eq(c.g4_lookup_blocks, 256);
+  cr_assert_eq(c.g4_admit, KV_ADMIT_ALWAYS);
+  cr_assert_eq(kv_config_set(&c, "g4.seeds", "127.0.0.1:7000, 10.0.0.2:7001,[::1]:7002", err,
+                             sizeof err),
+               0);
+  cr_assert_eq(kv_config_validate(&c, err, sizeof err), 0, "%s", err);
+  char buf[sizeof c.g4_seeds];
+  const char *s[8];
+  cr_assert_eq(kv_config_g4_seeds(&c, buf, s, 8), 3);
+  cr_assert_str_eq(s[1], "10.0.0.2:7001");
+  cr_assert_str_eq(s[2], "[::1]:7002");
+  cr_assert_eq(kv_config_set(&c, "g4.admit", "second-use", err, sizeof err), 0);
+  cr_assert_eq(c.g4_admit, KV_ADMIT_SECOND_USE);
+  cr_assert_eq(kv_config_set(&c, "g4.admit", "min-prio", err, sizeof err), -EINVAL);
+  cr_assert(strstr(err, "g4.admit"), "%s", err);
+  static const struct {
+    const char *key, *value, *says;
+  } bad[] = {
+      {"g4.seeds", "redis-0:7000", "g4.seeds"},   /* a host name */
+      {"g4.seeds", "127.0.0.1", "g4.seeds"},      /* no port */
+      {"g4.seeds", "127.0.0.1:0", "g4.seeds"},    /* port 0 */
+      {"g4.seeds", "127.0.0.1:7000,", "g4.seeds"}, /* an empty entry */
+      {"g4.prefix", "kv{a}:", "g4.prefix"},        /* a hash tag */
+      {"g4.prefix", "k v", "g4.prefix"},
+      {"g4.ttl_s", "0", "g4.ttl_s"},
+      {"g4.timeout_ms", "0", "g4.timeout_ms"},
+      {"g4.lookup_blocks", "0", "g4.lookup_blocks"},
+      {"g4.lookup_blocks", "5000", "g4.lookup_blocks"},
+      {"g4.user", "alice", "g4.user"}, /* without a password */
+  };
+  for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+    kv_config_defaults(&c);
+    cr_assert_eq(kv_config_set(&c, "g4.seeds", "127.0.0.1:7000", err, sizeof err), 0);
+    cr_assert_eq(kv_config_set(&c, bad[i].key, bad[i].value, err, sizeof err), 0);
+    cr_assert_eq(kv_config_validate(&c, err, sizeof err), -EINVAL, "%s = '%s'", bad[i].key,
+                 bad[i].value);
+    cr_assert(strstr(err, bad[i].says), "%s = '%s': %s", bad[i].key, bad[i].value, err);
+  }
+  /* the password is never shown */
+  kv_config_defaults(&c);
+  cr_assert_eq(kv_config_set(&c, "g4.password", "hunter2", err, sizeof err), 0);
+  char *out = NULL;
+  size_t len = 0;
+  FILE *m = open_memstream(&out, &len);
+  kv_config_print(&c, m);
+  fclose(m);
+  cr_assert_null(strstr(out, "hunter2"));
+  free(out);
+}

@@ -1,0 +1,383 @@
+/*
+ * g4.c - G4 in the daemon (g4.h; tiers/G4.md, "In the daemon").
+ *
+ * Writes: a block is written when it is committed (g4.admit = always) or
+ * when a LOAD or GET uses it a second time (second-use), while its bytes
+ * are in G2: the value (kv_g4_encode_hdr with the commit's CRC, then the
+ * payload) is built in a buffer that kv_g4c_command copies into the RESP
+ * command, so nothing of G2 is held after the call. Only while the client
+ * is ok; bounded in flight.
+ *
+ * Reads: a LOOKUP whose local run is short asks G4 for the keys after it,
+ * one pipelined GET each (the client groups them per node). Each answer is
+ * checked at once (kv_g4_check against the namespace digest, the key and
+ * the namespace's block size) and a verified payload copied out of
+ * hiredis' reply; when the last answer is in (the client answers every
+ * command within g4.timeout_ms), the verified run that continues the local
+ * one goes into G2 as committed blocks, chained to their parents, with the
+ * value's CRC, and the LOOKUP is answered as usual: those blocks are G2
+ * hits now. A session gone meanwhile is owed nothing: what came back is
+ * dropped.
+ */
+#include "daemon/g4.h"
+
+#include <errno.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "base/clock.h"
+#include "base/log.h"
+#include "daemon/kvd.h"
+
+const char *const kvd_g4_miss_names[KVD_G4_MISS_COUNT] = {
+#define KVD_G4_MISS_LABEL(name, label) label,
+    KVD_G4_MISS_MAP(KVD_G4_MISS_LABEL)
+#undef KVD_G4_MISS_LABEL
+};
+const char *const kvd_g4_write_names[KVD_G4_W_COUNT] = {
+#define KVD_G4_WRITE_LABEL(name, label) label,
+    KVD_G4_WRITE_MAP(KVD_G4_WRITE_LABEL)
+#undef KVD_G4_WRITE_LABEL
+};
+
+_Static_assert(KVD_G4_MISS_SHORT == (int)KV_G4_MISS_SHORT &&
+                   KVD_G4_MISS_PAYLOAD_CRC == (int)KV_G4_MISS_PAYLOAD_CRC,
+               "kvd_g4_miss's refusals are kv_g4_miss's, in its order");
+
+int kvd_g4_state(const kvd *d) { return d->g4.c ? (int)kv_g4c_get_state(d->g4.c) : -1; }
+
+int kvd_g4_start(kvd *d, uv_loop_t *loop) {
+  kvd_g4 *g = &d->g4;
+  if (!d->cfg.g4_seeds[0]) return 0;
+  char buf[sizeof d->cfg.g4_seeds];
+  const char *seeds[KV_G4C_SEEDS_MAX];
+  int n = kv_config_g4_seeds(&d->cfg, buf, seeds, KV_G4C_SEEDS_MAX);
+  if (n <= 0) return -EINVAL; /* kv_config_check refused it before */
+  kv_g4c_opts o = {.seeds = seeds,
+                   .nseeds = (unsigned)n,
+                   .user = d->cfg.g4_user[0] ? d->cfg.g4_user : NULL,
+                   .password = d->cfg.g4_password[0] ? d->cfg.g4_password : NULL,
+                   .timeout_ms = (int)d->cfg.g4_timeout_ms,
+                   .read_replicas = d->cfg.g4_replica_reads};
+  int rc = kv_g4c_open(loop, &o, &g->c);
+  if (rc) {
+    kv_error("g4", "cannot start the Redis Cluster client: %s: running without G4", strerror(-rc));
+    g->c = NULL;
+    return rc;
+  }
+  g->logged = KV_G4C_DOWN;
+  g->logged_ms = kv_now_ms();
+  kv_info("g4", "Redis Cluster at %s (prefix '%s', ttl %u s, timeout %u ms): connecting",
+          d->cfg.g4_seeds, d->cfg.g4_prefix, d->cfg.g4_ttl_s, d->cfg.g4_timeout_ms);
+  return 0;
+}
+
+void kvd_g4_stop(kvd *d) {
+  kvd_g4 *g = &d->g4;
+  if (!g->c) return;
+  g->closing = 1;
+  kv_g4c_close(g->c, NULL, NULL);
+  g->c = NULL;
+}
+
+void kvd_g4_tick(kvd *d) {
+  kvd_g4 *g = &d->g4;
+  if (!g->c) return;
+  kv_g4c_state s = kv_g4c_get_state(g->c);
+  int64_t now = kv_now_ms();
+  if (s == g->logged || now - g->logged_ms < 1000) return;
+  kv_g4c_stats st;
+  kv_g4c_get_stats(g->c, &st);
+  if (s == KV_G4C_OK)
+    kv_info("g4", "Redis Cluster ok: %u masters, %u slots", st.masters, st.slots);
+  else
+    kv_warn("g4", "Redis Cluster %s: %u masters mapped (%u nodes known), %u of %d slots%s",
+            kv_g4c_state_name(s), st.masters, st.nodes, st.slots, KV_G4C_SLOTS,
+            s == KV_G4C_DOWN ? ": LOOKUPs do not ask G4, blocks are not written"
+                             : ": blocks are not written");
+  g->logged = s;
+  g->logged_ms = now;
+}
+
+static void g4_key(kv_g4_key *k, const uint8_t digest[32], const uint8_t *key, unsigned len) {
+  memcpy(k->ns, digest, KV_G4_NS_BYTES);
+  memset(k->b, 0, sizeof k->b);
+  k->len = (uint8_t)len;
+  memcpy(k->b, key, len);
+}
+
+/* --- writes ------------------------------------------------------------------ */
+
+typedef struct g4_write {
+  kvd_g4 *g;
+  uint32_t bytes;
+} g4_write;
+
+static void on_set(kv_g4c *c, const kv_g4c_reply *r, void *arg) {
+  g4_write *w = arg;
+  kvd_g4 *g = w->g;
+  g->writes_in_flight--;
+  g->write_bytes_in_flight -= w->bytes;
+  if (r->kind == KV_G4C_VALUE) g->writes[KVD_G4_W_OK]++;
+  else if (r->reason == KV_G4C_R_OOM) g->writes[KVD_G4_W_OOM]++;
+  else g->writes[KVD_G4_W_ERROR]++;
+  free(w);
+}
+
+void kvd_g4_put(kvd *d, const kvd_ns *n, const kv_block *b) {
+  kvd_g4 *g = &d->g4;
+  if (!g->c) return;
+  if (kv_g4c_get_state(g->c) != KV_G4C_OK) {
+    g->writes[KVD_G4_W_SKIPPED]++;
+    return;
+  }
+  size_t vlen = kv_g4_value_len(b->size);
+  if (g->writes_in_flight >= KVD_G4_WRITES_MAX ||
+      g->write_bytes_in_flight + vlen > KVD_G4_WRITE_BYTES_MAX || b->size > KV_G4_PAYLOAD_MAX) {
+    g->writes[KVD_G4_W_BUSY]++;
+    return;
+  }
+  const uint8_t *src = kv_core_g2_ptr(d->core, b);
+  uint8_t *val = malloc(vlen);
+  g4_write *w = malloc(sizeof *w);
+  if (!src || !val || !w) {
+    free(val);
+    free(w);
+    g->writes[KVD_G4_W_ERROR]++;
+    return;
+  }
+  kv_g4_key k;
+  char rkey[KV_G4_RKEY_MAX], ttl[16];
+  g4_key(&k, n->digest, b->key, kv_block_keylen(b));
+  int rl = kv_g4_rkey(d->cfg.g4_prefix, &k, rkey, sizeof rkey);
+  kv_g4_encode_hdr(&k, b->size, b->crc, val);
+  memcpy(val + KV_G4_HDR_LEN, src, b->size);
+  snprintf(ttl, sizeof ttl, "%u", d->cfg.g4_ttl_s);
+  const char *argv[] = {"SET", rkey, (const char *)val, "EX", ttl};
+  size_t lens[] = {3, rl > 0 ? (size_t)rl : 0, vlen, 2, strlen(ttl)};
+  *w = (g4_write){g, (uint32_t)vlen};
+  int rc = rl > 0 ? kv_g4c_command(g->c, rkey, (size_t)rl, 0, 5, argv, lens, on_set, w) : -EINVAL;
+  free(val); /* the command holds its own copy (RESP) */
+  if (rc) {
+    free(w);
+    g->writes[KVD_G4_W_ERROR]++;
+    return;
+  }
+  g->writes_in_flight++;
+  g->write_bytes_in_flight += vlen;
+}
+
+/* --- deletes ----------------------------------------------------------------- */
+
+static void on_del(kv_g4c *c, const kv_g4c_reply *r, void *arg) {
+  kvd_g4 *g = arg;
+  g->deletes[r->kind == KV_G4C_ERROR]++;
+}
+
+void kvd_g4_del(kvd *d, const kvd_ns *n, const kv_key *key) {
+  kvd_g4 *g = &d->g4;
+  if (!g->c) return;
+  if (kv_g4c_get_state(g->c) == KV_G4C_DOWN) { /* not sent: the value lives out its TTL */
+    g->deletes[1]++;
+    return;
+  }
+  kv_g4_key k;
+  char rkey[KV_G4_RKEY_MAX];
+  g4_key(&k, n->digest, key->b, key->len);
+  int rl = kv_g4_rkey(d->cfg.g4_prefix, &k, rkey, sizeof rkey);
+  if (rl <= 0) return;
+  const char *argv[] = {"DEL", rkey};
+  size_t lens[] = {3, (size_t)rl};
+  if (kv_g4c_command(g->c, rkey, (size_t)rl, 0, 2, argv, lens, on_del, g)) g->deletes[1]++;
+}
+
+/* --- LOOKUP ------------------------------------------------------------------ */
+
+typedef struct g4_lookup g4_lookup;
+
+typedef struct g4_get {
+  g4_lookup *lk;
+  uint8_t *payload; /* verified, copied out of the reply; NULL otherwise */
+  uint32_t crc;
+  int8_t miss;      /* kvd_g4_miss, or -1 for a verified value */
+} g4_get;
+
+struct g4_lookup {
+  kvd *d;
+  kvd_sink *sink;
+  kv_msg req; /* id and op, for the reply */
+  int reg_ns;
+  uint32_t core_ns;
+  uint8_t digest[32];
+  uint32_t block_bytes;
+  uint32_t n, hit, nask, pending;
+  uint64_t t0, g4_t0;
+  kv_key *keys; /* the LOOKUP's n keys */
+  g4_get *get;  /* nask, for keys hit..hit+nask-1 */
+};
+
+static void lookup_free(g4_lookup *lk) {
+  for (uint32_t i = 0; i < lk->nask; i++) free(lk->get[i].payload);
+  kvd_sink_put(lk->sink);
+  free(lk->keys);
+  free(lk->get);
+  free(lk);
+}
+
+/* The verified run into G2: alloc (chained to the previous key), copy,
+ * commit with the value's CRC. Counts each key asked once. */
+static void store_run(g4_lookup *lk) {
+  kvd *d = lk->d;
+  kvd_g4 *g = &d->g4;
+  int ended = 0;
+  for (uint32_t i = 0; i < lk->nask; i++) {
+    g4_get *x = &lk->get[i];
+    if (x->miss >= 0) {
+      g->misses[x->miss]++;
+      ended = 1;
+      continue;
+    }
+    if (ended) {
+      g->misses[KVD_G4_MISS_GAP]++;
+      continue;
+    }
+    uint32_t at = lk->hit + i;
+    const kv_key *key = &lk->keys[at], *parent = at ? &lk->keys[at - 1] : NULL;
+    kv_block *b = NULL;
+    int rc = kv_core_alloc(d->core, lk->core_ns, key, parent, KV_PRIO_DEFAULT, &b);
+    if (rc == KV_EEXISTS && b && b->state == KV_BS_READY) continue; /* stored here meanwhile */
+    if (rc) {
+      g->misses[KVD_G4_MISS_NO_ROOM]++;
+      ended = 1;
+      continue;
+    }
+    memcpy(kv_core_g2_ptr(d->core, b), x->payload, b->size);
+    kv_core_commit(d->core, b, x->crc);
+    kvd_ghost_note(d, lk->core_ns, key, 1);
+    g->hits++;
+  }
+}
+
+static void lookup_done(g4_lookup *lk) {
+  kvd *d = lk->d;
+  kvd_g4 *g = &d->g4;
+  g->waiting--;
+  kvd_hist_add(&g->lookup, kv_now_ns() - lk->g4_t0);
+  kvd_session *s = lk->sink->sess;
+  if (!s || s->ns != lk->reg_ns) { /* the session went: nobody is owed a reply */
+    lookup_free(lk);
+    return;
+  }
+  store_run(lk);
+  if (kv_core_limit(d->core, KV_G2)) kv_core_enforce_limits(d->core); /* a soft g2.capacity */
+  kv_msg m = kvd_reply_to(&lk->req);
+  int hit = kvd_registry_lookup(&d->reg, lk->reg_ns, lk->keys, lk->n, d->tiers);
+  if (hit < 0) {
+    m.op = KV_OP_ERROR;
+    m.status = hit;
+    m.error.req_op = KV_OP_LOOKUP;
+    m.error.msg.p = kv_strerror(hit);
+    m.error.msg.len = (uint32_t)strlen(m.error.msg.p);
+  } else {
+    for (uint32_t i = 0; i < lk->n; i++)
+      if (d->tiers[i] == KV_TIER_NONE) kvd_miss_classify(d, lk->reg_ns, lk->core_ns, &lk->keys[i]);
+    m.lookup_rep.hit_len = (uint32_t)hit;
+    m.lookup_rep.n = lk->n;
+    m.lookup_rep.tiers = d->tiers;
+  }
+  kvd_sink_reply(lk->sink, &m);
+  kvd_req_done(d, KVD_REQ_LOOKUP, lk->t0);
+  lookup_free(lk);
+}
+
+static void on_get(kv_g4c *c, const kv_g4c_reply *r, void *arg) {
+  g4_get *x = arg;
+  g4_lookup *lk = x->lk;
+  uint32_t i = (uint32_t)(x - lk->get);
+  if (r->kind == KV_G4C_NIL) {
+    x->miss = KVD_G4_MISS_ABSENT;
+  } else if (r->kind == KV_G4C_ERROR) {
+    x->miss = r->reason == KV_G4C_R_TIMEOUT ? KVD_G4_MISS_TIMEOUT : KVD_G4_MISS_ERROR;
+  } else {
+    kv_g4_key k;
+    const kv_key *key = &lk->keys[lk->hit + i];
+    g4_key(&k, lk->digest, key->b, key->len);
+    kv_g4_view v;
+    kv_g4_miss why = KV_G4_MISS_SHORT;
+    if (!r->str || kv_g4_check(r->str, r->len, &k, lk->block_bytes, &v, &why)) {
+      x->miss = (int8_t)why; /* kvd_g4_miss's refusals are kv_g4_miss's */
+    } else if ((x->payload = malloc(v.len ? v.len : 1))) {
+      memcpy(x->payload, v.payload, v.len);
+      x->crc = v.crc;
+      x->miss = -1;
+    } else {
+      x->miss = KVD_G4_MISS_ERROR;
+    }
+  }
+  if (--lk->pending == 0) lookup_done(lk);
+}
+
+int kvd_g4_lookup(kvd *d, kvd_sink *sink, const kv_msg *req, uint32_t n, uint32_t hit,
+                  uint64_t t0) {
+  kvd_g4 *g = &d->g4;
+  if (!g->c || g->closing || hit >= n) return 0;
+  uint32_t nask = n - hit;
+  if (nask > d->cfg.g4_lookup_blocks) nask = d->cfg.g4_lookup_blocks;
+  if (kv_g4c_get_state(g->c) == KV_G4C_DOWN) {
+    g->misses[KVD_G4_MISS_DOWN] += nask;
+    return 0;
+  }
+  kvd_session *s = sink->sess;
+  kvd_ns *ns = kvd_registry_ns(&d->reg, s->ns);
+  g4_lookup *lk = calloc(1, sizeof *lk);
+  if (lk) {
+    lk->keys = malloc(n * sizeof *lk->keys);
+    lk->get = calloc(nask, sizeof *lk->get);
+  }
+  if (!lk || !lk->keys || !lk->get) {
+    if (lk) free(lk->keys), free(lk->get);
+    free(lk);
+    g->misses[KVD_G4_MISS_ERROR] += nask;
+    return 0;
+  }
+  lk->d = d;
+  lk->sink = sink;
+  kvd_sink_get(sink);
+  lk->req = *req;
+  lk->reg_ns = s->ns;
+  lk->core_ns = (uint32_t)ns->core_ns;
+  memcpy(lk->digest, ns->digest, 32);
+  lk->block_bytes = ns->block_bytes;
+  lk->n = n;
+  lk->hit = hit;
+  lk->nask = nask;
+  lk->t0 = t0;
+  lk->g4_t0 = kv_now_ns();
+  memcpy(lk->keys, d->keys, n * sizeof *lk->keys);
+  g->lookups++;
+  g->waiting++;
+  lk->pending = 1; /* held until every GET is sent: no answer finishes it early */
+  unsigned flags = d->cfg.g4_replica_reads ? KV_G4C_READONLY : 0;
+  for (uint32_t i = 0; i < nask; i++) {
+    g4_get *x = &lk->get[i];
+    x->lk = lk;
+    x->miss = KVD_G4_MISS_ERROR;
+    kv_g4_key k;
+    char rkey[KV_G4_RKEY_MAX];
+    const kv_key *key = &lk->keys[hit + i];
+    g4_key(&k, lk->digest, key->b, key->len);
+    int rl = kv_g4_rkey(d->cfg.g4_prefix, &k, rkey, sizeof rkey);
+    const char *argv[] = {"GET", rkey};
+    size_t lens[] = {3, rl > 0 ? (size_t)rl : 0};
+    if (rl > 0 && kv_g4c_command(g->c, rkey, (size_t)rl, flags, 2, argv, lens, on_get, x) == 0)
+      lk->pending++;
+  }
+  if (--lk->pending == 0) { /* nothing could be sent: the caller answers now */
+    g->lookups--;
+    g->waiting--;
+    g->misses[KVD_G4_MISS_ERROR] += nask;
+    lookup_free(lk);
+    return 0;
+  }
+  return KVD_DEFERRED;
+}

@@ -1,0 +1,117 @@
+/*
+ * g4.h - the daemon's side of G4, the tier every node of a fleet shares
+ * (tiers/G4.md, "In the daemon"): the Redis Cluster client on the loop,
+ * blocks written at commit, a LOOKUP's missing keys asked of the cluster
+ * (its reply deferred until they are answered), DELETE passed on, and
+ * what is counted. Off (every call a no-op) when g4.seeds is empty. The
+ * core knows nothing of it. Loop thread only.
+ */
+#ifndef KV_DAEMON_G4_H
+#define KV_DAEMON_G4_H
+
+#include <stdint.h>
+#include <uv.h>
+
+#include "daemon/stats.h"
+#include "tiers/block.h"
+#include "tiers/g4_cluster.h"
+#include "tiers/g4_format.h"
+
+struct kvd;
+struct kvd_ns;
+struct kvd_sink;
+struct kv_msg;
+struct kv_buf;
+
+/* Why a key a LOOKUP asked G4 for was not served from it
+ * (kvcached_g4_misses_total{reason}): the refusals are kv_g4_check's. */
+#define KVD_G4_MISS_MAP(X)                                                      \
+  X(ABSENT, "absent")           /* nil: nobody wrote it, or it expired */       \
+  X(SHORT, "short")             /* refused by kv_g4_check: kv_g4_miss_name */   \
+  X(MAGIC, "magic")                                                             \
+  X(VERSION, "version")                                                         \
+  X(HEADER_CRC, "header_crc")                                                   \
+  X(KEY, "key")                                                                 \
+  X(LENGTH, "length")                                                           \
+  X(PAYLOAD_CRC, "payload_crc")                                                 \
+  X(TIMEOUT, "timeout")         /* no answer within g4.timeout_ms */            \
+  X(ERROR, "error")             /* any other failure (conn, down slot, ...) */  \
+  X(DOWN, "down")               /* G4 was down: not asked at all */             \
+  X(NO_ROOM, "no_room")         /* verified, but G2 had no slot for it */       \
+  X(GAP, "gap")                 /* verified, but an earlier key missed */
+typedef enum {
+#define KVD_G4_MISS_ENUM(name, label) KVD_G4_MISS_##name,
+  KVD_G4_MISS_MAP(KVD_G4_MISS_ENUM)
+#undef KVD_G4_MISS_ENUM
+  KVD_G4_MISS_COUNT
+} kvd_g4_miss;
+extern const char *const kvd_g4_miss_names[KVD_G4_MISS_COUNT];
+
+/* What became of a block to be written (kvcached_g4_writes_total{result}). */
+#define KVD_G4_WRITE_MAP(X)                                                    \
+  X(OK, "ok")             /* the cluster took it */                            \
+  X(ERROR, "error")       /* refused or failed: timeout, connection, ...  */   \
+  X(OOM, "oom")           /* the cluster is full (maxmemory, no eviction) */   \
+  X(SKIPPED, "skipped")   /* not written: G4 was not ok */                     \
+  X(BUSY, "busy")         /* not written: too many writes in flight */
+typedef enum {
+#define KVD_G4_WRITE_ENUM(name, label) KVD_G4_W_##name,
+  KVD_G4_WRITE_MAP(KVD_G4_WRITE_ENUM)
+#undef KVD_G4_WRITE_ENUM
+  KVD_G4_W_COUNT
+} kvd_g4_write;
+extern const char *const kvd_g4_write_names[KVD_G4_W_COUNT];
+
+/* Writes in flight at most, and their bytes: past either, a block is not
+ * written (busy) rather than queued without bound in hiredis' buffers. */
+#define KVD_G4_WRITES_MAX      4096u
+#define KVD_G4_WRITE_BYTES_MAX (256ull << 20)
+
+typedef struct kvd_g4 {
+  kv_g4c *c;             /* NULL: G4 off (or closed) */
+  kv_g4c_state logged;   /* the state the log last said */
+  int64_t logged_ms;     /* when it said it */
+  uint64_t hits;         /* blocks a LOOKUP brought into G2 from G4 */
+  uint64_t misses[KVD_G4_MISS_COUNT];
+  uint64_t writes[KVD_G4_W_COUNT];
+  uint64_t deletes[2];   /* DELs: answered (0), or failed or not sent while down (1) */
+  uint64_t lookups;      /* LOOKUPs that asked G4 (waited for it) */
+  uint32_t waiting;      /* ... of those, still waiting */
+  uint32_t writes_in_flight;
+  uint64_t write_bytes_in_flight;
+  kvd_hist lookup;       /* from the first GET sent to the last answer */
+  int closing;
+} kvd_g4;
+
+/* Opens the client on loop when g4.seeds is set (it connects in the
+ * background: G4 starts down and comes up by itself). 0, or an error
+ * (logged): the daemon then runs without G4. */
+int kvd_g4_start(struct kvd *d, uv_loop_t *loop);
+/* Closes the client: commands in flight get their callbacks (LOOKUPs
+ * waiting are answered from G1-G3) while the loop runs on. */
+void kvd_g4_stop(struct kvd *d);
+
+/* From the housekeeping tick: logs state changes (at most one line a
+ * second, the last state always said). */
+void kvd_g4_tick(struct kvd *d);
+
+/* The block b of registry namespace n was just committed (or just used a
+ * second time, with g4.admit = second-use): written to G4 when G4 is ok. */
+void kvd_g4_put(struct kvd *d, const struct kvd_ns *n, const kv_block *b);
+
+/* The key was deleted: DEL it in G4 too (fire and forget, counted). */
+void kvd_g4_del(struct kvd *d, const struct kvd_ns *n, const kv_key *key);
+
+/* A LOOKUP of session sink->sess whose local run, `hit` of the n keys
+ * in d->keys, is short: when G4 is up, asks it for the next keys (at most
+ * g4.lookup_blocks), stores the verified run into G2 and answers the
+ * LOOKUP through the sink later: KVD_DEFERRED. 0 when G4 is off or down
+ * (nothing asked, the caller answers now). t0: when the request was
+ * taken, for the LOOKUP's latency. */
+int kvd_g4_lookup(struct kvd *d, struct kvd_sink *sink, const struct kv_msg *req, uint32_t n,
+                  uint32_t hit, uint64_t t0);
+
+/* The client's state, or -1 when G4 is off. */
+int kvd_g4_state(const struct kvd *d);
+
+#endif

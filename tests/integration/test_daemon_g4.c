@@ -1,0 +1,420 @@
+/* test_daemon_g4.c - two kvcached daemons sharing one Redis Cluster as two
+ * nodes of a fleet (issue 20, tiers/G4.md "In the daemon"): a block stored
+ * through node A is found by LOOKUP and loaded through node B with its
+ * bytes intact, and not by another tenant or salt; a value overwritten or
+ * damaged in Redis by hand is refused (a miss, counted by reason), never
+ * served; the whole cluster stopped leaves both nodes serving G1-G3 without
+ * waiting, G4 down in the metrics, then back by itself; a master killed
+ * gives misses, never wrong bytes, and hits again after the failover.
+ * Each test on its own cluster (tests/lib/redis_cluster.sh); skipped when
+ * redis-server is not installed. */
+#include <hiredis/hiredis.h>
+#include <signal.h>
+#include <stdarg.h>
+
+#include "base/clock.h"
+#include "tests/lib/fixture.h"
+#include "tests/lib/redis_cluster.h"
+#include "tiers/g4_cluster.h"
+
+static kvt_rc rc;
+static kvt_daemon na, nb; /* nodes A and B */
+static char seeds[256];
+
+static void start_cluster(void) {
+  int r = kvt_rc_start(&rc, KV_SOURCE_DIR, "--masters 3 --replicas 1");
+  if (r == 77) cr_skip_test("%s", rc.why);
+  cr_assert_eq(r, 0, "%s", rc.why);
+  int n = 0;
+  for (int i = 0; i < 3; i++)
+    n += snprintf(seeds + n, sizeof seeds - (size_t)n, "%s127.0.0.1:%d", i ? "," : "",
+                  rc.ports[i]);
+}
+
+/* Starts a node on the cluster (G3 off, tenants t1 and t2; extra: one
+ * more --set, or NULL). */
+static void start_node_with(kvt_daemon *d, const char *extra) {
+  static char seedset[300];
+  snprintf(seedset, sizeof seedset, "g4.seeds=%s", seeds);
+  static const char *const args[] = {"--g2-capacity", "4M",         "--set",     "g2.page_size=1M",
+                                     "--set",         "g2.lock=no", "--g3-path", "",
+                                     "--log-level",   "warn",       NULL};
+  char t1[64], t2[64];
+  snprintf(t1, sizeof t1, "tenant.t1.uids=%u", (unsigned)getuid());
+  snprintf(t2, sizeof t2, "tenant.t2.uids=%u", (unsigned)getuid());
+  const char *sets[] = {t1, t2, seedset, "g4.timeout_ms=300", "g1.enable=off", extra, NULL};
+  kvt_daemon_opts o = {.args = args, .sets = sets};
+  cr_assert_eq(kvt_daemon_start(d, &o), 0, "kvcached did not start");
+}
+
+static void start_node(kvt_daemon *d) { start_node_with(d, NULL); }
+
+static void setup(void) {
+  start_cluster();
+  start_node(&na);
+  start_node(&nb);
+}
+
+static void teardown(void) {
+  if (na.pid) cr_expect_eq(kvt_daemon_stop(&na), 0, "node A did not stop cleanly");
+  if (nb.pid) cr_expect_eq(kvt_daemon_stop(&nb), 0, "node B did not stop cleanly");
+  kvt_daemon_free(&na);
+  kvt_daemon_free(&nb);
+  kvt_rc_stop(&rc);
+}
+
+static kvc *worker(kvt_daemon *d, const char *tenant, const char *salt) {
+  kvc_opts o = {.socket_path = d->sock,
+                .tenant = tenant,
+                .salt = salt,
+                .salt_len = salt ? strlen(salt) : 0,
+                .no_g1 = 1,
+                .layout = {.block_bytes = OPS_BLOCK,
+                           .tokens_per_block = 16,
+                           .layers = 2,
+                           .kv_heads = 2,
+                           .head_dim = 64,
+                           .tp_rank = 0,
+                           .tp_size = 1,
+                           .dtype = "bf16"}};
+  kvc *c = NULL;
+  int r = kvc_open(&o, &c);
+  cr_assert_eq(r, 0, "kvc_open: %s", kvc_strerror(r));
+  return c;
+}
+
+static long long metric(kvt_daemon *d, const char *series) {
+  static char resp[1 << 20];
+  const char *body;
+  cr_assert_eq(kvt_http(d->stats, "GET", "/metrics", resp, sizeof resp, &body), 200);
+  return kvt_metric_value(body, series);
+}
+
+/* Polls a metric until it is at least want; its last value. */
+static long long wait_metric(kvt_daemon *d, const char *series, long long want, int ms) {
+  long long v = metric(d, series);
+  for (int64_t end = kv_now_ms() + ms; v < want && kv_now_ms() < end; v = metric(d, series))
+    usleep(20000);
+  return v;
+}
+
+/* The bytes of block v of a chain: v's own pattern, so a block served for
+ * another key shows. */
+static void fill(uint8_t *p, uint64_t v) {
+  for (uint32_t i = 0; i < OPS_BLOCK; i++) p[i] = (uint8_t)(v * 131 + i * 7 + (i >> 9));
+}
+
+/* Stores the chain KC(first)..KC(last), each block the child of the one
+ * before (the first a root). */
+static void store_chain(kvc *c, uint64_t first, uint64_t last) {
+  for (uint64_t v = first; v <= last; v++) {
+    kvc_key k = KC(v), parent = v == first ? (kvc_key){0} : KC(v - 1);
+    kvc_block out;
+    cr_assert_eq(kvc_alloc(c, KVC_G2, 128, &k, &parent, 1, &out), 1, "alloc %llu",
+                 (unsigned long long)v);
+    fill(out.ptr, v);
+    cr_assert_eq(kvc_commit(c, &k, 1, NULL), 1);
+  }
+}
+
+/* LOOKUP of KC(first)..KC(last) through c: the hit length, and its time
+ * in ms in *ms (may be NULL). */
+static int lookup(kvc *c, uint64_t first, uint64_t last, uint8_t *tiers, int64_t *ms) {
+  kvc_key k[64];
+  uint32_t n = (uint32_t)(last - first + 1);
+  cr_assert_leq(n, 64);
+  for (uint32_t i = 0; i < n; i++) k[i] = KC(first + i);
+  int64_t t = kv_now_ms();
+  int hit = kvc_lookup(c, k, n, tiers);
+  if (ms) *ms = kv_now_ms() - t;
+  cr_assert_geq(hit, 0, "lookup: %s", kvc_strerror(hit));
+  return hit;
+}
+
+/* LOADs KC(v) through c and checks its bytes (verified by kvc_read too). */
+static void load_check(kvc *c, uint64_t v) {
+  static uint8_t want[OPS_BLOCK], got[OPS_BLOCK];
+  kvc_key k = KC(v);
+  kvc_block b;
+  cr_assert_eq(kvc_load(c, KVC_G2, &k, 1, &b), 1, "load %llu: %s", (unsigned long long)v,
+               kvc_strerror(b.status));
+  cr_assert_eq(b.length, OPS_BLOCK);
+  cr_assert_eq(kvc_read(c, &k, &b, got), 0, "read %llu", (unsigned long long)v);
+  fill(want, v);
+  cr_assert(!memcmp(got, want, OPS_BLOCK), "block %llu: wrong bytes", (unsigned long long)v);
+  kvc_release(c, &k, 1, NULL);
+}
+
+/* --- Redis by hand --------------------------------------------------------- */
+
+static redisReply *adm(int port, const char *fmt, ...) {
+  struct timeval tv = {5, 0};
+  redisContext *x = redisConnectWithTimeout("127.0.0.1", port, tv);
+  cr_assert(x && !x->err, "connect to %d", port);
+  va_list ap;
+  va_start(ap, fmt);
+  redisReply *r = redisvCommand(x, fmt, ap);
+  va_end(ap);
+  cr_assert(r, "command on %d: %s", port, x->errstr);
+  redisFree(x);
+  return r;
+}
+
+/* The port of the master serving a key, as the cluster says. */
+static int owner_of(const char *key) {
+  unsigned slot = kv_g4c_slot(key, strlen(key));
+  for (int i = 0; i < rc.nports; i++) {
+    redisReply *r = adm(rc.ports[i], "CLUSTER SLOTS");
+    int port = 0;
+    for (size_t j = 0; r->type == REDIS_REPLY_ARRAY && j < r->elements; j++) {
+      redisReply *e = r->element[j];
+      if ((unsigned)e->element[0]->integer <= slot && slot <= (unsigned)e->element[1]->integer)
+        port = (int)e->element[2]->element[1]->integer;
+    }
+    freeReplyObject(r);
+    if (port) return port;
+  }
+  cr_assert_fail("no master for slot %u", slot);
+  return 0;
+}
+
+/* The Redis key name of block v (of whichever namespace wrote it: the
+ * tests write each key under one namespace), found by SCAN on the masters. */
+static void rkey_of(uint64_t v, char *out, size_t n) {
+  char hex[17], pat[64];
+  kvt_key_hex(v, hex);
+  snprintf(pat, sizeof pat, "kv:*:%s", hex);
+  for (int i = 0; i < 3; i++) {
+    redisReply *r = adm(rc.ports[i], "SCAN 0 MATCH %s COUNT 100000", pat);
+    redisReply *keys = r->type == REDIS_REPLY_ARRAY && r->elements == 2 ? r->element[1] : NULL;
+    if (keys && keys->elements) {
+      snprintf(out, n, "%s", keys->element[0]->str);
+      freeReplyObject(r);
+      return;
+    }
+    freeReplyObject(r);
+  }
+  cr_assert_fail("no G4 value for key %llu", (unsigned long long)v);
+}
+
+/* --- the tests ---------------------------------------------------------------- */
+
+Test(daemon_g4, stored_on_a_loaded_on_b, .init = setup, .fini = teardown, .timeout = 60) {
+  cr_assert_eq(wait_metric(&na, "kvcached_g4_state{state=\"ok\"}", 1, 10000), 1);
+  cr_assert_eq(wait_metric(&nb, "kvcached_g4_state{state=\"ok\"}", 1, 10000), 1);
+  kvc *a = worker(&na, "t1", NULL), *b = worker(&nb, "t1", NULL);
+  store_chain(a, 1, 8);
+  cr_assert_eq(wait_metric(&na, "kvcached_g4_writes_total{result=\"ok\"}", 8, 5000), 8);
+
+  /* B holds nothing: its LOOKUP asks G4 and brings the chain into G2 */
+  uint8_t t[64];
+  cr_assert_eq(lookup(b, 1, 8, t, NULL), 8);
+  for (int i = 0; i < 8; i++) cr_assert_eq(t[i], KVC_G2, "key %d in tier %d", i, t[i]);
+  cr_assert_eq(metric(&nb, "kvcached_g4_hits_total"), 8);
+  cr_assert_eq(metric(&nb, "kvcached_lookups_total"), 8, "a LOOKUP that waited is counted once");
+  for (uint64_t v = 1; v <= 8; v++) load_check(b, v);
+  /* what follows the chain is absent: a miss, counted, and no wait past it */
+  cr_assert_eq(lookup(b, 1, 10, t, NULL), 8);
+  cr_assert_eq(metric(&nb, "kvcached_g4_misses_total{reason=\"absent\"}"), 2);
+
+  /* another tenant, or another salt, on B does not see A's blocks */
+  kvc *other = worker(&nb, "t2", NULL), *salted = worker(&nb, "t1", "s1");
+  cr_assert_eq(lookup(other, 1, 8, t, NULL), 0);
+  cr_assert_eq(lookup(salted, 1, 8, t, NULL), 0);
+  cr_assert_eq(metric(&nb, "kvcached_g4_hits_total"), 8);
+
+  /* a DELETE reaches G4: blocks B wrote, one deleted on B, are looked up
+   * on A by the same tenant and salt: the deleted one is absent */
+  store_chain(salted, 20, 21);
+  cr_assert_eq(wait_metric(&nb, "kvcached_g4_writes_total{result=\"ok\"}", 2, 5000), 2);
+  kvc *sa = worker(&na, "t1", "s1");
+  kvc_key k21 = KC(21);
+  cr_assert_eq(kvc_delete(salted, &k21, 1), 1);
+  cr_assert_geq(wait_metric(&nb, "kvcached_g4_deletes_total{result=\"ok\"}", 1, 5000), 1);
+  cr_assert_eq(lookup(sa, 20, 21, t, NULL), 1, "the deleted block is gone from G4");
+  load_check(sa, 20);
+
+  /* STATUS and /stats say it */
+  char *st = NULL;
+  cr_assert_eq(kvc_status(b, &st), 0);
+  cr_assert(strstr(st, "\"g4\"") && strstr(st, "\"ok\""), "%s", st);
+  free(st);
+  kvc_close(sa);
+  kvc_close(other);
+  kvc_close(salted);
+  kvc_close(a);
+  kvc_close(b);
+}
+
+Test(daemon_g4, overwritten_values_are_refused, .init = setup, .fini = teardown, .timeout = 60) {
+  cr_assert_eq(wait_metric(&na, "kvcached_g4_state{state=\"ok\"}", 1, 10000), 1);
+  cr_assert_eq(wait_metric(&nb, "kvcached_g4_state{state=\"ok\"}", 1, 10000), 1);
+  kvc *a = worker(&na, "t1", NULL), *b = worker(&nb, "t1", NULL);
+  store_chain(a, 1, 6);
+  cr_assert_eq(wait_metric(&na, "kvcached_g4_writes_total{result=\"ok\"}", 6, 5000), 6);
+  char k2[160], k3[160], k5[160];
+  rkey_of(2, k2, sizeof k2);
+  rkey_of(3, k3, sizeof k3);
+  rkey_of(5, k5, sizeof k5);
+  /* key 2 gets key 3's (valid) value: the header names another key */
+  redisReply *v3 = adm(owner_of(k3), "GET %s", k3);
+  cr_assert_eq(v3->type, REDIS_REPLY_STRING);
+  cr_assert_eq(v3->len, 96 + OPS_BLOCK);
+  redisReply *r = adm(owner_of(k2), "SET %s %b", k2, v3->str, (size_t)v3->len);
+  cr_assert_eq(r->type, REDIS_REPLY_STATUS, "SET");
+  freeReplyObject(r);
+  /* key 5's payload gets one byte changed */
+  redisReply *v5 = adm(owner_of(k5), "GET %s", k5);
+  cr_assert_eq(v5->type, REDIS_REPLY_STRING);
+  v5->str[96 + 1000] ^= 0x40;
+  r = adm(owner_of(k5), "SET %s %b", k5, v5->str, (size_t)v5->len);
+  freeReplyObject(r);
+  freeReplyObject(v5);
+  freeReplyObject(v3);
+
+  uint8_t t[64];
+  cr_assert_eq(lookup(b, 1, 6, t, NULL), 1, "key 2 is refused: the run ends there");
+  cr_assert_eq(t[1], KVC_TIER_NONE);
+  cr_assert_eq(metric(&nb, "kvcached_g4_misses_total{reason=\"key\"}"), 1);
+  cr_assert_eq(metric(&nb, "kvcached_g4_misses_total{reason=\"payload_crc\"}"), 1);
+  cr_assert_eq(metric(&nb, "kvcached_g4_misses_total{reason=\"gap\"}"), 3); /* 3, 4, 6 */
+  cr_assert_eq(metric(&nb, "kvcached_g4_hits_total"), 1);
+  load_check(b, 1);
+  kvc_key k = KC(2);
+  kvc_block blk;
+  cr_assert_eq(kvc_load(b, KVC_G2, &k, 1, &blk), 0, "key 2 is never served");
+
+  /* a master that stops answering: a LOOKUP waits g4.timeout_ms at most,
+   * a miss (timeout); a session that goes while its LOOKUP waits is owed
+   * nothing and leaves nothing behind (ASan's leak check at the stop) */
+  store_chain(a, 31, 32);
+  cr_assert_eq(wait_metric(&na, "kvcached_g4_writes_total{result=\"ok\"}", 8, 5000), 8);
+  for (int i = 0; i < 3; i++) freeReplyObject(adm(rc.ports[i], "WAIT 1 2000"));
+  char k31[160], pidf[400];
+  rkey_of(31, k31, sizeof k31);
+  snprintf(pidf, sizeof pidf, "%s/c/%d/redis.pid", rc.dir, owner_of(k31));
+  FILE *f = fopen(pidf, "r");
+  cr_assert(f, "%s", pidf);
+  int pid = 0;
+  cr_assert_eq(fscanf(f, "%d", &pid), 1);
+  fclose(f);
+  kvc *gone = worker(&nb, "t1", NULL);
+  kvc_key ks[2] = {KC(31), KC(32)};
+  uint8_t gt[2];
+  cr_assert_eq(kill(pid, SIGSTOP), 0); /* resumed well before cluster-node-timeout */
+  cr_assert_gt(kvc_submit_lookup(gone, ks, 2, gt, NULL), 0);
+  usleep(20000);
+  kvc_close(gone);
+  int64_t ms;
+  int hit = lookup(b, 31, 32, t, &ms);
+  cr_assert_eq(kill(pid, SIGCONT), 0);
+  cr_assert_eq(hit, 0);
+  cr_assert_geq(ms, 250, "waited %lld ms", (long long)ms);
+  cr_assert_lt(ms, 1000, "waited %lld ms", (long long)ms);
+  /* timeout, or error when the other LOOKUP's timeout dropped the
+   * connection first (tiers/G4.md: a hung node) */
+  cr_assert_geq(metric(&nb, "kvcached_g4_misses_total{reason=\"timeout\"}") +
+                    metric(&nb, "kvcached_g4_misses_total{reason=\"error\"}"),
+                1);
+  long long waiting = 1;
+  for (int64_t end = kv_now_ms() + 3000; waiting && kv_now_ms() < end; usleep(20000))
+    waiting = metric(&nb, "kvcached_g4_lookups_waiting");
+  cr_assert_eq(waiting, 0);
+  for (int64_t end = kv_now_ms() + 10000; hit < 2 && kv_now_ms() < end; usleep(100000))
+    hit = lookup(b, 31, 32, t, NULL); /* the node answers again */
+  cr_assert_eq(hit, 2);
+  load_check(b, 31);
+  kvc_close(a);
+  kvc_close(b);
+}
+
+Test(daemon_g4, cluster_down_nodes_serve_alone, .init = setup, .fini = teardown, .timeout = 60) {
+  cr_assert_eq(wait_metric(&na, "kvcached_g4_state{state=\"ok\"}", 1, 10000), 1);
+  cr_assert_eq(wait_metric(&nb, "kvcached_g4_state{state=\"ok\"}", 1, 10000), 1);
+  kvc *a = worker(&na, "t1", NULL), *b = worker(&nb, "t1", NULL);
+  cr_assert_eq(kvt_rc_do(&rc, "kill-all", 0), 0);
+  cr_assert_eq(wait_metric(&na, "kvcached_g4_state{state=\"down\"}", 1, 5000), 1);
+  cr_assert_eq(wait_metric(&nb, "kvcached_g4_state{state=\"down\"}", 1, 5000), 1);
+
+  /* both nodes store and load on their own; a LOOKUP does not wait */
+  store_chain(a, 1, 4);
+  store_chain(b, 11, 14);
+  uint8_t t[64];
+  int64_t ms;
+  cr_assert_eq(lookup(a, 1, 8, t, &ms), 4);
+  cr_assert_lt(ms, 100, "a LOOKUP waited %lld ms for a cluster that is down", (long long)ms);
+  cr_assert_eq(lookup(b, 1, 8, t, &ms), 0);
+  cr_assert_lt(ms, 100, "a LOOKUP waited %lld ms for a cluster that is down", (long long)ms);
+  cr_assert_geq(metric(&nb, "kvcached_g4_misses_total{reason=\"down\"}"), 8);
+  cr_assert_geq(metric(&na, "kvcached_g4_writes_total{result=\"skipped\"}"), 4);
+  load_check(a, 3);
+  load_check(b, 12);
+
+  /* the cluster back (empty: no persistence): both nodes see it by themselves */
+  for (int i = 0; i < rc.nports; i++) cr_assert_eq(kvt_rc_do(&rc, "start-node", rc.ports[i]), 0);
+  cr_assert_eq(kvt_rc_do(&rc, "wait-ok", 20), 0);
+  cr_assert_eq(wait_metric(&na, "kvcached_g4_state{state=\"ok\"}", 1, 15000), 1);
+  cr_assert_eq(wait_metric(&nb, "kvcached_g4_state{state=\"ok\"}", 1, 15000), 1);
+  store_chain(a, 21, 24);
+  cr_assert_eq(wait_metric(&na, "kvcached_g4_writes_total{result=\"ok\"}", 4, 5000), 4);
+  cr_assert_eq(lookup(b, 21, 24, t, NULL), 4);
+  for (uint64_t v = 21; v <= 24; v++) load_check(b, v);
+  kvc_close(a);
+  kvc_close(b);
+}
+
+Test(daemon_g4, master_killed_misses_then_hits, .init = setup, .fini = teardown, .timeout = 60) {
+  cr_assert_eq(wait_metric(&na, "kvcached_g4_state{state=\"ok\"}", 1, 10000), 1);
+  cr_assert_eq(wait_metric(&nb, "kvcached_g4_state{state=\"ok\"}", 1, 10000), 1);
+  kvc *a = worker(&na, "t1", NULL), *b = worker(&nb, "t1", NULL);
+  store_chain(a, 1, 24);
+  cr_assert_eq(wait_metric(&na, "kvcached_g4_writes_total{result=\"ok\"}", 24, 5000), 24);
+  /* the replicas have them (asynchronous replication: WAIT on each master) */
+  for (int i = 0; i < 3; i++) freeReplyObject(adm(rc.ports[i], "WAIT 1 2000"));
+  usleep(300000);
+  char k1[160];
+  rkey_of(1, k1, sizeof k1);
+  int victim = owner_of(k1); /* the chain's first block is on it: the run misses at once */
+  cr_assert_eq(kvt_rc_do(&rc, "kill", victim), 0);
+
+  uint8_t t[64];
+  int hit = lookup(b, 1, 24, t, NULL);
+  cr_assert_eq(hit, 0, "key 1's master is dead: a miss, not a wrong hit");
+  /* after the failover (cluster-node-timeout 1 s) the promoted replica serves */
+  int64_t end = kv_now_ms() + 20000;
+  while (hit < 24 && kv_now_ms() < end) {
+    usleep(200000);
+    hit = lookup(b, 1, 24, t, NULL);
+  }
+  cr_assert_eq(hit, 24, "after the failover: %d of 24", hit);
+  for (uint64_t v = 1; v <= 24; v++) load_check(b, v);
+  kvc_close(a);
+  kvc_close(b);
+}
+
+/* g4.admit = second-use: a block is written when a LOAD uses it again, not
+ * at its commit, and once. */
+static void setup_second_use(void) {
+  start_cluster();
+  start_node_with(&na, "g4.admit=second-use");
+  start_node(&nb);
+}
+
+Test(daemon_g4, second_use_admission, .init = setup_second_use, .fini = teardown, .timeout = 60) {
+  cr_assert_eq(wait_metric(&na, "kvcached_g4_state{state=\"ok\"}", 1, 10000), 1);
+  cr_assert_eq(wait_metric(&nb, "kvcached_g4_state{state=\"ok\"}", 1, 10000), 1);
+  kvc *a = worker(&na, "t1", NULL), *b = worker(&nb, "t1", NULL);
+  store_chain(a, 1, 4);
+  uint8_t t[64];
+  cr_assert_eq(lookup(b, 1, 4, t, NULL), 0, "used once: not written");
+  cr_assert_eq(metric(&na, "kvcached_g4_writes_total{result=\"ok\"}"), 0);
+  for (uint64_t v = 1; v <= 4; v++) load_check(a, v); /* the second use */
+  cr_assert_eq(wait_metric(&na, "kvcached_g4_writes_total{result=\"ok\"}", 4, 5000), 4);
+  for (uint64_t v = 1; v <= 4; v++) load_check(a, v); /* a third: not written again */
+  usleep(100000);
+  cr_assert_eq(metric(&na, "kvcached_g4_writes_total{result=\"ok\"}"), 4);
+  cr_assert_eq(lookup(b, 1, 4, t, NULL), 4);
+  for (uint64_t v = 1; v <= 4; v++) load_check(b, v);
+  kvc_close(a);
+  kvc_close(b);
+}
