@@ -1,0 +1,174 @@
+#!/usr/bin/env bash
+# g4_bench.sh - G4 (the Redis Cluster tier, tiers/G4.md) through the daemon,
+# beside Redis's own figures on the same cluster in the same run. Starts a
+# throwaway cluster (tests/lib/redis_cluster.sh: 3 masters, 3 replicas, on
+# loopback) and kvcached daemons pointed at it; everything is stopped at the
+# end. Prints two markdown tables.
+#
+# 1. Bandwidth, per block size: `redis-benchmark --cluster` SET and GET of
+#    values of that size (the reference), against kvcached node A storing N
+#    blocks (kvbench replay; every block is written to G4 when committed:
+#    g4.admit always) and node B, a fresh daemon, replaying the same
+#    requests: each LOOKUP finds the blocks in G4 only, brings them into G2
+#    verified, and LOAD reads them. Store: the blocks' bytes over the time
+#    from the replay's start until G4 acknowledged the last write; load: the
+#    bytes node B read over its replay's time. Both through one client and
+#    one connection per node (the reference: -c clients, -P pipeline).
+# 2. Cross-node hit rate: the agentic trace's sessions dealt between two
+#    nodes (odd and even session numbers; every M-th session), each node's
+#    G2 at a share of its half's unique blocks, G3 off, both replaying at
+#    once at the trace's times scaled; once with each node on its own (G4
+#    off), once sharing the cluster. Prefix hit % per node and both.
+#
+# usage: tools/bench/g4_bench.sh [-b BIN_DIR] [-s "64K 256K 1M"] [-m MIB]
+#            [-c CLIENTS] [-P PIPELINE] [-t TRACE] [-e M] [-x SCALE] [-f SHARE]
+#            [-B BLOCK] [-1 | -2]
+#   -s  block sizes of part 1 (default 64K 256K 1M)
+#   -m  MiB stored per size in part 1 (default 256)
+#   -c, -P  redis-benchmark's clients and pipeline depth (default 8, 16)
+#   -t  trace of part 2 (default ../shared/data/agentic_sessions_dev.jsonl.gz)
+#   -e  every M-th session (default 2: half of the sessions)
+#   -x  time scale of part 2 (default 0.001)
+#   -f  each node's G2 as a share of its half's unique blocks (default 0.05)
+#   -B  block bytes of part 2 (default 4K: the hit rate does not depend on it)
+#   -1, -2  part 1 only, part 2 only
+# Needs redis-server, redis-cli, redis-benchmark, jq, curl.
+set -u
+prog=g4_bench
+source "$(dirname "$0")/lib.sh"
+
+bindir="" sizes="64K 256K 1M" mib=256 clients=8 pipe=16 trace="" every=2 scale=0.001 share=0.05
+block2=4K parts="1 2"
+while getopts "b:s:m:c:P:t:e:x:f:B:12h" o; do
+  case $o in
+    b) bindir=$OPTARG ;; s) sizes=$OPTARG ;; m) mib=$OPTARG ;; c) clients=$OPTARG ;;
+    P) pipe=$OPTARG ;; t) trace=$OPTARG ;; e) every=$OPTARG ;; x) scale=$OPTARG ;;
+    f) share=$OPTARG ;; B) block2=$OPTARG ;; 1) parts=1 ;; 2) parts=2 ;;
+    h) awk 'NR > 1 && !/^#/ { exit } NR > 1' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
+    *) exit 2 ;;
+  esac
+done
+bin=$(find_bin "$bindir") || exit 2
+need jq curl redis-server redis-cli redis-benchmark
+bench_tmp
+cluster=$bench_root/tests/lib/redis_cluster.sh
+cdir=$T/cluster
+mkdir -p "$cdir"
+trap 'bash "$cluster" stop "$cdir" >/dev/null 2>&1; bench_cleanup' EXIT
+bash "$cluster" start "$cdir" --masters 3 --replicas 1 --owner $$ >"$T/cluster.out" ||
+  die "no cluster: $(cat "$T/cluster.out")"
+mapfile -t ports <"$cdir/ports"
+seeds="127.0.0.1:${ports[0]},127.0.0.1:${ports[1]},127.0.0.1:${ports[2]}"
+flush() { local p; for p in "${ports[@]:0:3}"; do redis-cli -p "$p" FLUSHALL >/dev/null; done; }
+
+# node NAME G2_BYTES G4(on|off): a kvcached with its own socket directory
+node() {
+  local name=$1 g2=$2 g4=$3 args=()
+  [ "$g4" = on ] && args=(--set "g4.seeds=$seeds" --set g4.timeout_ms=1000)
+  mkdir -p "$T/$name"
+  start_kvcached "$T/$name.log" --socket-dir "$T/$name" --g2-capacity "$g2" --set g2.page_size=4M \
+    --set g2.lock=no --g3-path "" "${args[@]}"
+  eval "pid_$name=$kpid"
+}
+metric() { # metric NAME SELECTOR: a value from node NAME's /metrics
+  curl -sf --unix-socket "$T/$1/kvcached-stats.sock" http://localhost/metrics |
+    awk -v m="$2" '$1 == m { print $2 }'
+}
+bytes() { jq -n "\"$1\" | if test(\"[Kk]$\") then (.[:-1] | tonumber) * 1024 elif test(\"[Mm]$\") then (.[:-1] | tonumber) * 1048576 else tonumber end"; }
+gbps() { awk -v b="$1" -v s="$2" 'BEGIN { if (s > 0) printf "%.2f", b / s / 1e9; else print "-" }'; }
+
+echo "# $(machine)"
+echo "# cluster: 3 masters + 3 replicas on loopback, redis-server $(redis-server --version | awk '{print $3}' | cut -d= -f2)"
+echo
+
+if [[ " $parts " == *" 1 "* ]]; then
+  echo "| block | redis-benchmark SET GB/s | kvcached store to G4 GB/s | ratio | redis-benchmark GET GB/s | kvcached load from G4 GB/s | ratio | blocks from G4 |"
+  echo "|---|---|---|---|---|---|---|---|"
+  for s in $sizes; do
+    sb=$(bytes "$s")
+    n=$((mib * 1048576 / sb))
+    per=16
+    reqs=$(((n + per - 1) / per))
+    n=$((reqs * per))
+    # requests of 16 blocks each, every block new (ids per request)
+    awk -v r="$reqs" -v p="$per" 'BEGIN { for (i = 0; i < r; i++) { s = ""; for (j = 0; j < p; j++) s = s (j ? "," : "") (i * p + j + 1); printf "{\"timestamp\":%d,\"input_length\":%d,\"output_length\":1,\"hash_ids\":[%s]}\n", i, p * 512, s } }' >"$T/bw.jsonl"
+    flush
+    out=$(redis-benchmark --cluster -h 127.0.0.1 -p "${ports[0]}" -t set,get -d "$sb" -n "$n" \
+      -c "$clients" -P "$pipe" -r 1000000000 --csv 2>/dev/null)
+    set_rps=$(echo "$out" | awk -F'"' '$2 == "SET" { print $4 }')
+    get_rps=$(echo "$out" | awk -F'"' '$2 == "GET" { print $4 }')
+    set_gbps=$(awk -v r="$set_rps" -v b="$sb" 'BEGIN { printf "%.2f", r * b / 1e9 }')
+    get_gbps=$(awk -v r="$get_rps" -v b="$sb" 'BEGIN { printf "%.2f", r * b / 1e9 }')
+    flush
+    g2=$(((n * sb * 5 / 4 + 4194303) / 4194304 * 4194304))
+    node a "$g2" on
+    t0=$(date +%s.%N)
+    "$bin/kvbench" replay --trace "$T/bw.jsonl" --socket-dir "$T/a" --json --block-bytes "$s" \
+      --no-timestamps >"$T/a.json" 2>"$T/a.err" || die "replay on A: $(tail -3 "$T/a.err")"
+    for _ in $(seq 600); do
+      ok=$(metric a 'kvcached_g4_writes_total{result="ok"}')
+      [ "${ok:-0}" -ge "$n" ] && break
+      inflight=$(metric a kvcached_g4_commands_in_flight)
+      [ "${inflight:-1}" = 0 ] && break
+      sleep 0.05
+    done
+    t1=$(date +%s.%N)
+    ok=$(metric a 'kvcached_g4_writes_total{result="ok"}')
+    [ "${ok:-0}" -ge "$n" ] || echo "# $s: G4 acknowledged ${ok:-0} of $n writes" >&2
+    store_gbps=$(gbps "$(( ${ok:-0} * sb ))" "$(awk -v a="$t0" -v b="$t1" 'BEGIN { print b - a }')")
+    node b "$g2" on
+    "$bin/kvbench" replay --trace "$T/bw.jsonl" --socket-dir "$T/b" --json --block-bytes "$s" \
+      --no-timestamps >"$T/b.json" 2>"$T/b.err" || die "replay on B: $(tail -3 "$T/b.err")"
+    g4hits=$(metric b kvcached_g4_hits_total)
+    load_gbps=$(gbps "$(jq '.bytes.client_read' "$T/b.json")" "$(jq '.elapsed_s' "$T/b.json")")
+    [ "$(jq '.verify_failures' "$T/b.json")" = 0 ] || die "$s: node B read wrong bytes"
+    stop_pid "$pid_a"
+    stop_pid "$pid_b"
+    printf "| %s | %s | %s | %s | %s | %s | %s | %s of %s |\n" "$s" "$set_gbps" "$store_gbps" \
+      "$(ratio "$store_gbps" "$set_gbps")" "$get_gbps" "$load_gbps" "$(ratio "$load_gbps" "$get_gbps")" \
+      "${g4hits:-0}" "$n"
+  done
+  echo
+fi
+
+if [[ " $parts " == *" 2 "* ]]; then
+  if [ -z "$trace" ]; then
+    trace=$bench_root/../shared/data/agentic_sessions_dev.jsonl.gz
+  fi
+  [ -r "$trace" ] || die "no trace at $trace (-t TRACE)"
+  { case $trace in *.gz) zcat "$trace" ;; *) cat "$trace" ;; esac; } |
+    jq -c "select((.session // 0) % $every == 0)" >"$T/all.jsonl"
+  # halves: sessions dealt by their number (a session stays on its node)
+  jq -c "select(((.session // 0) / $every | floor) % 2 == 0)" "$T/all.jsonl" >"$T/half_a.jsonl"
+  jq -c "select(((.session // 0) / $every | floor) % 2 == 1)" "$T/all.jsonl" >"$T/half_b.jsonl"
+  bb=$(bytes "$block2")
+  declare -A g2of
+  for h in a b; do
+    u=$(jq -c '.hash_ids[]' "$T/half_$h.jsonl" | sort -u | wc -l)
+    blocks=$(awk -v u="$u" -v f="$share" 'BEGIN { printf "%d", u * f }')
+    g2of[$h]=$(((blocks * bb + 4095) / 4096 * 4096))
+    echo "# node $h: $(wc -l <"$T/half_$h.jsonl") requests, $u unique blocks, G2 $blocks blocks"
+  done
+  echo
+  echo "| G4 | node A prefix hit % | node B prefix hit % | both | blocks from G4 (A + B) |"
+  echo "|---|---|---|---|---|"
+  for g4 in off on; do
+    flush
+    node a "${g2of[a]}" "$g4"
+    node b "${g2of[b]}" "$g4"
+    for h in a b; do
+      "$bin/kvbench" replay --trace "$T/half_$h.jsonl" --socket-dir "$T/$h" --json \
+        --block-bytes "$block2" --time-scale "$scale" >"$T/r_$h.json" 2>"$T/r_$h.err" &
+      eval "rp_$h=$!"
+    done
+    wait "$rp_a" || die "replay on A: $(tail -3 "$T/r_a.err")"
+    wait "$rp_b" || die "replay on B: $(tail -3 "$T/r_b.err")"
+    ga=$(metric a kvcached_g4_hits_total) gb=$(metric b kvcached_g4_hits_total)
+    stop_pid "$pid_a"
+    stop_pid "$pid_b"
+    both=$(jq -s '(map(.prefix_hit_rate * .blocks.referenced) | add) / (map(.blocks.referenced) | add) * 100' \
+      "$T/r_a.json" "$T/r_b.json")
+    printf "| %s | %.2f | %.2f | %.2f | %s |\n" "$g4" "$(jq '.prefix_hit_rate * 100' "$T/r_a.json")" \
+      "$(jq '.prefix_hit_rate * 100' "$T/r_b.json")" "$both" "$(( ${ga:-0} + ${gb:-0} ))"
+  done
+fi
