@@ -681,4 +681,37 @@ Test(g4_cluster, auth_password_and_acl_user, .init = setup, .fini = teardown, .t
   o.user = "g4";
   o.password = NULL;
   cr_assert_eq(kv_g4c_open(&loop, &o, &c), -EINVAL, "a user without a password");
+
+  /* The least an ACL user needs (README, "The shared tier"): the daemon's
+   * commands on its own key names, and nothing else. */
+  for (int i = 0; i < rc.nports; i++)
+    adm_ok(rc.ports[i],
+           "ACL SETUSER kvd on >%s ~kv:* -@all +get +set +del +cluster|slots +readonly +asking",
+           "pw3", NULL);
+  o = base_opts(seeds, 1);
+  o.user = "kvd";
+  o.password = "pw3";
+  cr_assert_eq(kv_g4c_open(&loop, &o, &c), 0);
+  for (int k = 0; k < 32; k++) { /* keys on every master */
+    char key[32];
+    snprintf(key, sizeof key, "kv:least:%d", k);
+    const char *sv[] = {"SET", key, "v", "EX", "60"};
+    cmd(c, &x, key, 5, sv, NULL);
+    cr_assert_eq(x.kind, KV_G4C_VALUE, "SET %s: %s %s", key, kv_g4c_reason_name(x.reason), x.val);
+    res_clear(&x);
+    get(c, key, &x);
+    cr_assert_str_eq(x.val, "v");
+    res_clear(&x);
+    const char *dv[] = {"DEL", key};
+    cmd(c, &x, key, 2, dv, NULL);
+    cr_assert_eq(x.kind, KV_G4C_VALUE, "DEL %s: %s", key, kv_g4c_reason_name(x.reason));
+    res_clear(&x);
+  }
+  kv_g4c_stats st;
+  kv_g4c_get_stats(c, &st);
+  cr_assert_eq(st.masters, 3, "the slot map was read (CLUSTER SLOTS allowed)");
+  get(c, "x", &x); /* not a kv: key: refused */
+  cr_assert_eq(x.kind, KV_G4C_ERROR, "a key outside kv:* was served");
+  res_clear(&x);
+  close_client(c);
 }
