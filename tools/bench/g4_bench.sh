@@ -14,20 +14,27 @@
 #    from the replay's start until G4 acknowledged the last write; load: the
 #    bytes node B read over its replay's time. Both through one client and
 #    one connection per node (the reference: -c clients, -P pipeline).
-# 2. Cross-node hit rate: the agentic trace's sessions dealt between two
-#    nodes (odd and even session numbers; every M-th session), each node's
-#    G2 at a share of its half's unique blocks, G3 off, both replaying at
-#    once at the trace's times scaled; once with each node on its own (G4
-#    off), once sharing the cluster. Prefix hit % per node and both.
+# 2. Cross-node hit rate: the agentic trace's requests dealt between two
+#    nodes, by session (even and odd session numbers: a session stays on
+#    its node) and by request (alternating: a session's next request lands
+#    on the other node, as without session affinity or after a hand-off);
+#    with -e, every M-th session only. Each node's G2 at a share of its
+#    half's unique blocks, G3 off, both replaying at once at the trace's
+#    times scaled; once with each node on its own (G4 off), once with G4
+#    but each node under key names of its own (the cluster's room, nothing
+#    shared), once sharing it. Prefix hit % per node and both (weighted by
+#    blocks referenced).
 #
 # usage: tools/bench/g4_bench.sh [-b BIN_DIR] [-s "64K 256K 1M"] [-m MIB]
 #            [-c CLIENTS] [-P PIPELINE] [-t TRACE] [-e M] [-x SCALE] [-f SHARE]
 #            [-B BLOCK] [-1 | -2]
 #   -s  block sizes of part 1 (default 64K 256K 1M)
 #   -m  MiB stored per size in part 1 (default 256)
-#   -c, -P  redis-benchmark's clients and pipeline depth (default 8, 16)
+#   -c, -P  redis-benchmark's clients and pipeline depth (default 1 and 16: one
+#       connection per node and 16 commands in flight, as one replayed request
+#       of 16 blocks has through the daemon)
 #   -t  trace of part 2 (default ../shared/data/agentic_sessions_dev.jsonl.gz)
-#   -e  every M-th session (default 2: half of the sessions)
+#   -e  every M-th session (default 1: all of them)
 #   -x  time scale of part 2 (default 0.001)
 #   -f  each node's G2 as a share of its half's unique blocks (default 0.05)
 #   -B  block bytes of part 2 (default 4K: the hit rate does not depend on it)
@@ -37,7 +44,7 @@ set -u
 prog=g4_bench
 source "$(dirname "$0")/lib.sh"
 
-bindir="" sizes="64K 256K 1M" mib=256 clients=8 pipe=16 trace="" every=2 scale=0.001 share=0.05
+bindir="" sizes="64K 256K 1M" mib=256 clients=1 pipe=16 trace="" every=1 scale=0.001 share=0.05
 block2=4K parts="1 2"
 while getopts "b:s:m:c:P:t:e:x:f:B:12h" o; do
   case $o in
@@ -61,10 +68,13 @@ mapfile -t ports <"$cdir/ports"
 seeds="127.0.0.1:${ports[0]},127.0.0.1:${ports[1]},127.0.0.1:${ports[2]}"
 flush() { local p; for p in "${ports[@]:0:3}"; do redis-cli -p "$p" FLUSHALL >/dev/null; done; }
 
-# node NAME G2_BYTES G4(on|off): a kvcached with its own socket directory
+# node NAME G2_BYTES G4(on|own|off): a kvcached with its own socket
+# directory; own: G4 under key names of its own (g4.prefix), so the nodes
+# share the cluster but not their blocks
 node() {
   local name=$1 g2=$2 g4=$3 args=()
-  [ "$g4" = on ] && args=(--set "g4.seeds=$seeds" --set g4.timeout_ms=1000)
+  [ "$g4" != off ] && args=(--set "g4.seeds=$seeds" --set g4.timeout_ms=1000)
+  [ "$g4" = own ] && args+=(--set "g4.prefix=kv$name:")
   mkdir -p "$T/$name"
   start_kvcached "$T/$name.log" --socket-dir "$T/$name" --g2-capacity "$g2" --set g2.page_size=4M \
     --set g2.lock=no --g3-path "" "${args[@]}"
@@ -77,8 +87,8 @@ metric() { # metric NAME SELECTOR: a value from node NAME's /metrics
 bytes() { jq -n "\"$1\" | if test(\"[Kk]$\") then (.[:-1] | tonumber) * 1024 elif test(\"[Mm]$\") then (.[:-1] | tonumber) * 1048576 else tonumber end"; }
 gbps() { awk -v b="$1" -v s="$2" 'BEGIN { if (s > 0) printf "%.2f", b / s / 1e9; else print "-" }'; }
 
-echo "# $(machine)"
-echo "# cluster: 3 masters + 3 replicas on loopback, redis-server $(redis-server --version | awk '{print $3}' | cut -d= -f2)"
+machine "$T"
+echo "- cluster: 3 masters + 3 replicas on loopback, redis-server $(redis-server --version | awk '{print $3}' | cut -d= -f2)"
 echo
 
 if [[ " $parts " == *" 1 "* ]]; then
@@ -93,12 +103,21 @@ if [[ " $parts " == *" 1 "* ]]; then
     # requests of 16 blocks each, every block new (ids per request)
     awk -v r="$reqs" -v p="$per" 'BEGIN { for (i = 0; i < r; i++) { s = ""; for (j = 0; j < p; j++) s = s (j ? "," : "") (i * p + j + 1); printf "{\"timestamp\":%d,\"input_length\":%d,\"output_length\":1,\"hash_ids\":[%s]}\n", i, p * 512, s } }' >"$T/bw.jsonl"
     flush
-    out=$(redis-benchmark --cluster -h 127.0.0.1 -p "${ports[0]}" -t set,get -d "$sb" -n "$n" \
-      -c "$clients" -P "$pipe" -r 1000000000 --csv 2>/dev/null)
-    set_rps=$(echo "$out" | awk -F'"' '$2 == "SET" { print $4 }')
-    get_rps=$(echo "$out" | awk -F'"' '$2 == "GET" { print $4 }')
+    # The reference: 8n SETs over a keyspace of n/4 keys (every key
+    # written; 8 times the bytes, so that a run lasts seconds: redis-
+    # benchmark's rate of a run shorter than a second is coarse), then 8n
+    # GETs over the same keys; a GET of a key no SET reached would return
+    # nil, so GET's bytes are counted for the keys that exist only.
+    space=$((n / 4 > 0 ? n / 4 : 1))
+    rb=(redis-benchmark --cluster -h 127.0.0.1 -p "${ports[0]}" -d "$sb" -n $((8 * n)) -c "$clients"
+      -P "$pipe" -r "$space" --csv)
+    set_rps=$("${rb[@]}" -t set 2>/dev/null | awk -F'"' '$2 == "SET" { print $4 }')
+    have=0
+    for p in "${ports[@]:0:3}"; do have=$((have + $(redis-cli -p "$p" DBSIZE))); done
+    get_rps=$("${rb[@]}" -t get 2>/dev/null | awk -F'"' '$2 == "GET" { print $4 }')
     set_gbps=$(awk -v r="$set_rps" -v b="$sb" 'BEGIN { printf "%.2f", r * b / 1e9 }')
-    get_gbps=$(awk -v r="$get_rps" -v b="$sb" 'BEGIN { printf "%.2f", r * b / 1e9 }')
+    get_gbps=$(awk -v r="$get_rps" -v b="$sb" -v h="$have" -v k="$space" \
+      'BEGIN { f = h / k; if (f > 1) f = 1; printf "%.2f", r * b * f / 1e9 }')
     flush
     g2=$(((n * sb * 5 / 4 + 4194303) / 4194304 * 4194304))
     node a "$g2" on
@@ -138,37 +157,49 @@ if [[ " $parts " == *" 2 "* ]]; then
   [ -r "$trace" ] || die "no trace at $trace (-t TRACE)"
   { case $trace in *.gz) zcat "$trace" ;; *) cat "$trace" ;; esac; } |
     jq -c "select((.session // 0) % $every == 0)" >"$T/all.jsonl"
-  # halves: sessions dealt by their number (a session stays on its node)
-  jq -c "select(((.session // 0) / $every | floor) % 2 == 0)" "$T/all.jsonl" >"$T/half_a.jsonl"
-  jq -c "select(((.session // 0) / $every | floor) % 2 == 1)" "$T/all.jsonl" >"$T/half_b.jsonl"
   bb=$(bytes "$block2")
-  declare -A g2of
-  for h in a b; do
-    u=$(jq -c '.hash_ids[]' "$T/half_$h.jsonl" | sort -u | wc -l)
-    blocks=$(awk -v u="$u" -v f="$share" 'BEGIN { printf "%d", u * f }')
-    g2of[$h]=$(((blocks * bb + 4095) / 4096 * 4096))
-    echo "# node $h: $(wc -l <"$T/half_$h.jsonl") requests, $u unique blocks, G2 $blocks blocks"
-  done
-  echo
-  echo "| G4 | node A prefix hit % | node B prefix hit % | both | blocks from G4 (A + B) |"
-  echo "|---|---|---|---|---|"
-  for g4 in off on; do
-    flush
-    node a "${g2of[a]}" "$g4"
-    node b "${g2of[b]}" "$g4"
+  # deal session: a session's requests all go to one node (even and odd
+  # session numbers); deal request: requests alternate between the nodes
+  # (no session affinity: a session's next request finds its prefix on the
+  # other node, as after a prefill node hands off to a decode node)
+  for deal in session request; do
+    if [ $deal = session ]; then
+      jq -c "select(((.session // 0) / $every | floor) % 2 == 0)" "$T/all.jsonl" >"$T/half_a.jsonl"
+      jq -c "select(((.session // 0) / $every | floor) % 2 == 1)" "$T/all.jsonl" >"$T/half_b.jsonl"
+    else
+      awk 'NR % 2 == 1' "$T/all.jsonl" >"$T/half_a.jsonl"
+      awk 'NR % 2 == 0' "$T/all.jsonl" >"$T/half_b.jsonl"
+    fi
+    declare -A g2of
     for h in a b; do
-      "$bin/kvbench" replay --trace "$T/half_$h.jsonl" --socket-dir "$T/$h" --json \
-        --block-bytes "$block2" --time-scale "$scale" >"$T/r_$h.json" 2>"$T/r_$h.err" &
-      eval "rp_$h=$!"
+      u=$(jq -c '.hash_ids[]' "$T/half_$h.jsonl" | sort -u | wc -l)
+      blocks=$(awk -v u="$u" -v f="$share" 'BEGIN { printf "%d", u * f }')
+      g2of[$h]=$(((blocks * bb + 4095) / 4096 * 4096))
+      echo "# dealt by $deal: node $h: $(wc -l <"$T/half_$h.jsonl") requests, $u unique blocks, G2 $blocks blocks"
     done
-    wait "$rp_a" || die "replay on A: $(tail -3 "$T/r_a.err")"
-    wait "$rp_b" || die "replay on B: $(tail -3 "$T/r_b.err")"
-    ga=$(metric a kvcached_g4_hits_total) gb=$(metric b kvcached_g4_hits_total)
-    stop_pid "$pid_a"
-    stop_pid "$pid_b"
-    both=$(jq -s '(map(.prefix_hit_rate * .blocks.referenced) | add) / (map(.blocks.referenced) | add) * 100' \
-      "$T/r_a.json" "$T/r_b.json")
-    printf "| %s | %.2f | %.2f | %.2f | %s |\n" "$g4" "$(jq '.prefix_hit_rate * 100' "$T/r_a.json")" \
-      "$(jq '.prefix_hit_rate * 100' "$T/r_b.json")" "$both" "$(( ${ga:-0} + ${gb:-0} ))"
+    echo
+    echo "| dealt by | G4 | node A prefix hit % | node B prefix hit % | both | blocks from G4 (A + B) |"
+    echo "|---|---|---|---|---|---|"
+    for g4 in off own on; do
+      flush
+      node a "${g2of[a]}" "$g4"
+      node b "${g2of[b]}" "$g4"
+      for h in a b; do
+        "$bin/kvbench" replay --trace "$T/half_$h.jsonl" --socket-dir "$T/$h" --json \
+          --block-bytes "$block2" --time-scale "$scale" >"$T/r_$h.json" 2>"$T/r_$h.err" &
+        eval "rp_$h=$!"
+      done
+      wait "$rp_a" || die "replay on A: $(tail -3 "$T/r_a.err")"
+      wait "$rp_b" || die "replay on B: $(tail -3 "$T/r_b.err")"
+      ga=$(metric a kvcached_g4_hits_total) gb=$(metric b kvcached_g4_hits_total)
+      stop_pid "$pid_a"
+      stop_pid "$pid_b"
+      both=$(jq -s '(map(.prefix_hit_rate * .blocks.referenced) | add) / (map(.blocks.referenced) | add) * 100' \
+        "$T/r_a.json" "$T/r_b.json")
+      printf "| %s | %s | %.2f | %.2f | %.2f | %s |\n" "$deal" "$g4" "$(jq '.prefix_hit_rate * 100' "$T/r_a.json")" \
+        "$(jq '.prefix_hit_rate * 100' "$T/r_b.json")" "$both" "$(( ${ga:-0} + ${gb:-0} ))"
+    done
+    echo
+    unset g2of
   done
 fi
