@@ -124,6 +124,13 @@ static void on_set(kv_g4c *c, const kv_g4c_reply *r, void *arg) {
   free(w);
 }
 
+void kvd_g4_committed(kvd *d, const kvd_ns *n, const kv_block *b) {
+  /* second-use: a block committed again soon after its eviction is on its
+   * second use already (the policy's history said so: hits 2); a LOAD will
+   * not take its count to 2 again, so it goes now or never. */
+  if (d->cfg.g4_admit == KV_ADMIT_ALWAYS || b->hits >= 2) kvd_g4_put(d, n, b);
+}
+
 void kvd_g4_put(kvd *d, const kvd_ns *n, const kv_block *b) {
   kvd_g4 *g = &d->g4;
   if (!g->c) return;

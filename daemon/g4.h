@@ -99,6 +99,11 @@ void kvd_g4_tick(struct kvd *d);
  * second time, with g4.admit = second-use): written to G4 when G4 is ok. */
 void kvd_g4_put(struct kvd *d, const struct kvd_ns *n, const kv_block *b);
 
+/* The block b of registry namespace n was just committed: written to G4
+ * when g4.admit says so (always; second-use: when the commit is its second
+ * use, as for a block back soon after its eviction). */
+void kvd_g4_committed(struct kvd *d, const struct kvd_ns *n, const kv_block *b);
+
 /* The key was deleted: DEL it in G4 too (fire and forget, counted). */
 void kvd_g4_del(struct kvd *d, const struct kvd_ns *n, const kv_key *key);
 

@@ -231,7 +231,7 @@ static int op_commit_abort(kvd *d, kvd_sink *sink, const kv_msg *req, kv_buf *ou
       d->status[i] = kvd_session_commit(d->core, s, b, crc);
       if (d->status[i] == 0) {
         kvd_ghost_note(d, b->ns, &d->keys[i], 1);
-        if (d->cfg.g4_admit == KV_ADMIT_ALWAYS) kvd_g4_put(d, session_ns(d, s), b);
+        kvd_g4_committed(d, session_ns(d, s), b);
       }
     } else {
       d->status[i] = kvd_session_abort(d->core, s, b);
@@ -348,7 +348,7 @@ static int op_put(kvd *d, kvd_sink *sink, const kv_msg *req, kv_buf *out, int fd
   memcpy(kv_core_g2_ptr(d->core, b), p->data.p, p->data.len);
   kv_core_commit(d->core, b, kv_crc32c(0, p->data.p, p->data.len));
   kvd_ghost_note(d, (uint32_t)n->core_ns, &k, 1);
-  if (d->cfg.g4_admit == KV_ADMIT_ALWAYS) kvd_g4_put(d, n, b);
+  kvd_g4_committed(d, n, b);
   if (kv_core_limit(d->core, KV_G2)) kv_core_enforce_limits(d->core); /* a soft g2.capacity */
   kv_msg m = kvd_reply_to(req);
   return kv_msg_encode(out, &m);

@@ -418,3 +418,35 @@ Test(daemon_g4, second_use_admission, .init = setup_second_use, .fini = teardown
   kvc_close(a);
   kvc_close(b);
 }
+
+/* g4.admit = second-use and blocks back soon after their eviction: a block
+ * the policy remembers as a recent victim (adapt keeps the keys it offered)
+ * is on its second use at its new commit (hits 2), so it is written then;
+ * a LOAD after it takes its count past 2 and writes nothing, so without
+ * that it would never reach G4. The others are written at their LOAD. */
+Test(daemon_g4, second_use_counts_a_return_after_eviction, .init = setup_second_use,
+     .fini = teardown, .timeout = 60) {
+  cr_assert_eq(wait_metric(&na, "kvcached_g4_state{state=\"ok\"}", 1, 10000), 1);
+  cr_assert_eq(wait_metric(&nb, "kvcached_g4_state{state=\"ok\"}", 1, 10000), 1);
+  kvc *a = worker(&na, "t1", NULL), *b = worker(&nb, "t1", NULL);
+  store_chain(a, 1, 4);
+  /* 4 MiB of G2 is 64 blocks: 8 chains of 16 push 1..4, the oldest used
+   * once, out (G3 is off: they are gone, and remembered) */
+  for (uint64_t c = 0; c < 8; c++) store_chain(a, 1000 + c * 100, 1000 + c * 100 + 15);
+  uint8_t t[64];
+  cr_assert_eq(lookup(a, 1, 4, t, NULL), 0, "1..4 were evicted");
+  cr_assert_eq(metric(&na, "kvcached_g4_writes_total{result=\"ok\"}"), 0, "all used once");
+  store_chain(a, 1, 4); /* back */
+  long long w = wait_metric(&na, "kvcached_g4_writes_total{result=\"ok\"}", 1, 5000);
+  cr_assert(w >= 1 && w <= 4, "the remembered ones written at their commit: %lld", w);
+  for (uint64_t v = 1; v <= 4; v++) load_check(a, v); /* the others' second use */
+  w = wait_metric(&na, "kvcached_g4_writes_total{result=\"ok\"}", 4, 5000);
+  cr_assert_eq(w, 4, "each block written once: %lld", w);
+  for (uint64_t v = 1; v <= 4; v++) load_check(a, v);
+  usleep(100000);
+  cr_assert_eq(metric(&na, "kvcached_g4_writes_total{result=\"ok\"}"), 4, "and only once");
+  cr_assert_eq(lookup(b, 1, 4, t, NULL), 4);
+  for (uint64_t v = 1; v <= 4; v++) load_check(b, v);
+  kvc_close(a);
+  kvc_close(b);
+}
