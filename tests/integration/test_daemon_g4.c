@@ -10,7 +10,6 @@
  * redis-server is not installed. */
 #include <hiredis/hiredis.h>
 #include <signal.h>
-#include <stdarg.h>
 
 #include "base/clock.h"
 #include "tests/lib/fixture.h"
@@ -64,23 +63,7 @@ static void teardown(void) {
 }
 
 static kvc *worker(kvt_daemon *d, const char *tenant, const char *salt) {
-  kvc_opts o = {.socket_path = d->sock,
-                .tenant = tenant,
-                .salt = salt,
-                .salt_len = salt ? strlen(salt) : 0,
-                .no_g1 = 1,
-                .layout = {.block_bytes = OPS_BLOCK,
-                           .tokens_per_block = 16,
-                           .layers = 2,
-                           .kv_heads = 2,
-                           .head_dim = 64,
-                           .tp_rank = 0,
-                           .tp_size = 1,
-                           .dtype = "bf16"}};
-  kvc *c = NULL;
-  int r = kvc_open(&o, &c);
-  cr_assert_eq(r, 0, "kvc_open: %s", kvc_strerror(r));
-  return c;
+  return ops_open_at(d->sock, tenant, salt, 1, NULL);
 }
 
 static long long metric(kvt_daemon *d, const char *series) {
@@ -145,33 +128,24 @@ static void load_check(kvc *c, uint64_t v) {
   kvc_release(c, &k, 1, NULL);
 }
 
+/* Both nodes see the cluster ok; a worker of tenant t1 on each. */
+static void both_ok(kvc **a, kvc **b) {
+  cr_assert_eq(wait_metric(&na, "kvcached_g4_state{state=\"ok\"}", 1, 10000), 1);
+  cr_assert_eq(wait_metric(&nb, "kvcached_g4_state{state=\"ok\"}", 1, 10000), 1);
+  *a = worker(&na, "t1", NULL);
+  *b = worker(&nb, "t1", NULL);
+}
+
 /* --- Redis by hand --------------------------------------------------------- */
 
-static redisReply *adm(int port, const char *fmt, ...) {
-  struct timeval tv = {5, 0};
-  redisContext *x = redisConnectWithTimeout("127.0.0.1", port, tv);
-  cr_assert(x && !x->err, "connect to %d", port);
-  va_list ap;
-  va_start(ap, fmt);
-  redisReply *r = redisvCommand(x, fmt, ap);
-  va_end(ap);
-  cr_assert(r, "command on %d: %s", port, x->errstr);
-  redisFree(x);
-  return r;
-}
+/* A command on one node (no password). */
+#define adm(port, ...) kvt_rc_adm(port, NULL, __VA_ARGS__)
 
 /* The port of the master serving a key, as the cluster says. */
 static int owner_of(const char *key) {
   unsigned slot = kv_g4c_slot(key, strlen(key));
   for (int i = 0; i < rc.nports; i++) {
-    redisReply *r = adm(rc.ports[i], "CLUSTER SLOTS");
-    int port = 0;
-    for (size_t j = 0; r->type == REDIS_REPLY_ARRAY && j < r->elements; j++) {
-      redisReply *e = r->element[j];
-      if ((unsigned)e->element[0]->integer <= slot && slot <= (unsigned)e->element[1]->integer)
-        port = (int)e->element[2]->element[1]->integer;
-    }
-    freeReplyObject(r);
+    int port = kvt_rc_slot_owner(rc.ports[i], NULL, slot);
     if (port) return port;
   }
   cr_assert_fail("no master for slot %u", slot);
@@ -200,9 +174,8 @@ static void rkey_of(uint64_t v, char *out, size_t n) {
 /* --- the tests ---------------------------------------------------------------- */
 
 Test(daemon_g4, stored_on_a_loaded_on_b, .init = setup, .fini = teardown, .timeout = 60) {
-  cr_assert_eq(wait_metric(&na, "kvcached_g4_state{state=\"ok\"}", 1, 10000), 1);
-  cr_assert_eq(wait_metric(&nb, "kvcached_g4_state{state=\"ok\"}", 1, 10000), 1);
-  kvc *a = worker(&na, "t1", NULL), *b = worker(&nb, "t1", NULL);
+  kvc *a, *b;
+  both_ok(&a, &b);
   store_chain(a, 1, 8);
   cr_assert_eq(wait_metric(&na, "kvcached_g4_writes_total{result=\"ok\"}", 8, 5000), 8);
 
@@ -247,9 +220,8 @@ Test(daemon_g4, stored_on_a_loaded_on_b, .init = setup, .fini = teardown, .timeo
 }
 
 Test(daemon_g4, overwritten_values_are_refused, .init = setup, .fini = teardown, .timeout = 60) {
-  cr_assert_eq(wait_metric(&na, "kvcached_g4_state{state=\"ok\"}", 1, 10000), 1);
-  cr_assert_eq(wait_metric(&nb, "kvcached_g4_state{state=\"ok\"}", 1, 10000), 1);
-  kvc *a = worker(&na, "t1", NULL), *b = worker(&nb, "t1", NULL);
+  kvc *a, *b;
+  both_ok(&a, &b);
   store_chain(a, 1, 6);
   cr_assert_eq(wait_metric(&na, "kvcached_g4_writes_total{result=\"ok\"}", 6, 5000), 6);
   char k2[160], k3[160], k5[160];
@@ -329,9 +301,8 @@ Test(daemon_g4, overwritten_values_are_refused, .init = setup, .fini = teardown,
 }
 
 Test(daemon_g4, cluster_down_nodes_serve_alone, .init = setup, .fini = teardown, .timeout = 60) {
-  cr_assert_eq(wait_metric(&na, "kvcached_g4_state{state=\"ok\"}", 1, 10000), 1);
-  cr_assert_eq(wait_metric(&nb, "kvcached_g4_state{state=\"ok\"}", 1, 10000), 1);
-  kvc *a = worker(&na, "t1", NULL), *b = worker(&nb, "t1", NULL);
+  kvc *a, *b;
+  both_ok(&a, &b);
   cr_assert_eq(kvt_rc_do(&rc, "kill-all", 0), 0);
   cr_assert_eq(wait_metric(&na, "kvcached_g4_state{state=\"down\"}", 1, 5000), 1);
   cr_assert_eq(wait_metric(&nb, "kvcached_g4_state{state=\"down\"}", 1, 5000), 1);
@@ -364,9 +335,8 @@ Test(daemon_g4, cluster_down_nodes_serve_alone, .init = setup, .fini = teardown,
 }
 
 Test(daemon_g4, master_killed_misses_then_hits, .init = setup, .fini = teardown, .timeout = 60) {
-  cr_assert_eq(wait_metric(&na, "kvcached_g4_state{state=\"ok\"}", 1, 10000), 1);
-  cr_assert_eq(wait_metric(&nb, "kvcached_g4_state{state=\"ok\"}", 1, 10000), 1);
-  kvc *a = worker(&na, "t1", NULL), *b = worker(&nb, "t1", NULL);
+  kvc *a, *b;
+  both_ok(&a, &b);
   store_chain(a, 1, 24);
   cr_assert_eq(wait_metric(&na, "kvcached_g4_writes_total{result=\"ok\"}", 24, 5000), 24);
   /* the replicas have them (asynchronous replication: WAIT on each master) */
@@ -401,9 +371,8 @@ static void setup_second_use(void) {
 }
 
 Test(daemon_g4, second_use_admission, .init = setup_second_use, .fini = teardown, .timeout = 60) {
-  cr_assert_eq(wait_metric(&na, "kvcached_g4_state{state=\"ok\"}", 1, 10000), 1);
-  cr_assert_eq(wait_metric(&nb, "kvcached_g4_state{state=\"ok\"}", 1, 10000), 1);
-  kvc *a = worker(&na, "t1", NULL), *b = worker(&nb, "t1", NULL);
+  kvc *a, *b;
+  both_ok(&a, &b);
   store_chain(a, 1, 4);
   uint8_t t[64];
   cr_assert_eq(lookup(b, 1, 4, t, NULL), 0, "used once: not written");
@@ -426,9 +395,8 @@ Test(daemon_g4, second_use_admission, .init = setup_second_use, .fini = teardown
  * that it would never reach G4. The others are written at their LOAD. */
 Test(daemon_g4, second_use_counts_a_return_after_eviction, .init = setup_second_use,
      .fini = teardown, .timeout = 60) {
-  cr_assert_eq(wait_metric(&na, "kvcached_g4_state{state=\"ok\"}", 1, 10000), 1);
-  cr_assert_eq(wait_metric(&nb, "kvcached_g4_state{state=\"ok\"}", 1, 10000), 1);
-  kvc *a = worker(&na, "t1", NULL), *b = worker(&nb, "t1", NULL);
+  kvc *a, *b;
+  both_ok(&a, &b);
   store_chain(a, 1, 4);
   /* 4 MiB of G2 is 64 blocks: 8 chains of 16 push 1..4, the oldest used
    * once, out (G3 is off: they are gone, and remembered) */

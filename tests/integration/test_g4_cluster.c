@@ -11,7 +11,6 @@
 #include <errno.h>
 #include <hiredis/hiredis.h>
 #include <signal.h>
-#include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -38,21 +37,8 @@ static void start_cluster(const char *opts) {
 
 static void stop_cluster(void) { kvt_rc_stop(&rc); }
 
-/* A command on one node, blocking (hiredis' own client); the caller frees
- * the reply. */
-static redisReply *adm(int port, const char *fmt, ...) {
-  struct timeval tv = {5, 0};
-  redisContext *x = redisConnectWithTimeout("127.0.0.1", port, tv);
-  cr_assert(x && !x->err, "connect to %d", port);
-  if (password) freeReplyObject(redisCommand(x, "AUTH %s", password));
-  va_list ap;
-  va_start(ap, fmt);
-  redisReply *r = redisvCommand(x, fmt, ap);
-  va_end(ap);
-  cr_assert(r, "command on %d: %s", port, x->errstr);
-  redisFree(x);
-  return r;
-}
+/* A command on one node (of the running cluster, its password). */
+#define adm(port, ...) kvt_rc_adm(port, password, __VA_ARGS__)
 
 static void adm_ok(int port, const char *fmt, const char *a, const char *b) {
   redisReply *r = adm(port, fmt, a, b);
@@ -68,17 +54,7 @@ static void node_id(int port, char *out) {
 }
 
 /* The port of the master serving slot, as the cluster says. */
-static int slot_owner(unsigned slot) {
-  redisReply *r = adm(rc.ports[0], "CLUSTER SLOTS");
-  int port = 0;
-  for (size_t i = 0; i < r->elements; i++) {
-    redisReply *e = r->element[i];
-    if ((unsigned)e->element[0]->integer <= slot && slot <= (unsigned)e->element[1]->integer)
-      port = (int)e->element[2]->element[1]->integer;
-  }
-  freeReplyObject(r);
-  return port;
-}
+static int slot_owner(unsigned slot) { return kvt_rc_slot_owner(rc.ports[0], password, slot); }
 
 /* ---- the client, driven synchronously ---------------------------------- */
 

@@ -84,9 +84,12 @@ long long ops_metric(const char *series) {
   return kvt_metric_value(body, series);
 }
 
-kvc *ops_open_on(const char *tenant, int no_g1, const uint8_t *g1_uuid) {
-  kvc_opts o = {.socket_path = ops_d.sock,
+kvc *ops_open_at(const char *sock, const char *tenant, const char *salt, int no_g1,
+                 const uint8_t *g1_uuid) {
+  kvc_opts o = {.socket_path = sock,
                 .tenant = tenant,
+                .salt = salt,
+                .salt_len = salt ? strlen(salt) : 0,
                 .no_g1 = no_g1,
                 .g1_uuid = g1_uuid,
                 .layout = {.block_bytes = OPS_BLOCK,
@@ -101,6 +104,10 @@ kvc *ops_open_on(const char *tenant, int no_g1, const uint8_t *g1_uuid) {
   int rc = kvc_open(&o, &c);
   cr_assert_eq(rc, 0, "kvc_open: %s", kvc_strerror(rc));
   return c;
+}
+
+kvc *ops_open_on(const char *tenant, int no_g1, const uint8_t *g1_uuid) {
+  return ops_open_at(ops_d.sock, tenant, NULL, no_g1, g1_uuid);
 }
 
 kvc *ops_open_with(const char *tenant, int no_g1) { return ops_open_on(tenant, no_g1, NULL); }

@@ -66,7 +66,11 @@ long long ops_stat(const char *path);
  * -1 when there is none; /metrics must answer 200. */
 long long ops_metric(const char *series);
 
-/* A worker of `tenant`; no_g1 and g1_uuid as in kvc_opts. */
+/* A worker of `tenant` (and salt, NULL for none) of the daemon at socket
+ * sock; no_g1 and g1_uuid as in kvc_opts. */
+kvc *ops_open_at(const char *sock, const char *tenant, const char *salt, int no_g1,
+                 const uint8_t *g1_uuid);
+/* A worker of `tenant` of ops_d; no_g1 and g1_uuid as in kvc_opts. */
 kvc *ops_open_on(const char *tenant, int no_g1, const uint8_t *g1_uuid);
 kvc *ops_open_with(const char *tenant, int no_g1);
 kvc *ops_open(const char *tenant);

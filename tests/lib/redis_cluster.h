@@ -7,6 +7,8 @@
 #ifndef KV_TESTS_LIB_REDIS_CLUSTER_H
 #define KV_TESTS_LIB_REDIS_CLUSTER_H
 
+#include <hiredis/hiredis.h>
+
 #define KVT_RC_NODES_MAX 16
 
 typedef struct kvt_rc {
@@ -29,5 +31,14 @@ int kvt_rc_do(kvt_rc *rc, const char *verb, int port);
 
 /* Stops every node and removes the directory. */
 void kvt_rc_stop(kvt_rc *rc);
+
+/* For criterion tests (redis_cluster_cr.c; a failure fails the test):
+ * one command on node port of 127.0.0.1, blocking (hiredis' own client),
+ * AUTH password first when it is not NULL; its reply, which the caller
+ * frees. */
+redisReply *kvt_rc_adm(int port, const char *password, const char *fmt, ...);
+/* The port of the master serving slot, as node port's CLUSTER SLOTS says;
+ * 0: none. */
+int kvt_rc_slot_owner(int port, const char *password, unsigned slot);
 
 #endif
