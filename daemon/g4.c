@@ -106,6 +106,14 @@ static void g4_key(kv_g4_key *k, const uint8_t digest[32], const uint8_t *key, u
   memcpy(k->b, key, len);
 }
 
+/* The G4 key of (digest, key) in *k and its Redis name in rkey
+ * (KV_G4_RKEY_MAX bytes): the name's length, or <= 0 when there is none. */
+static int g4_name(const kvd *d, const uint8_t digest[32], const uint8_t *key, unsigned len,
+                   kv_g4_key *k, char *rkey) {
+  g4_key(k, digest, key, len);
+  return kv_g4_rkey(d->cfg.g4_prefix, k, rkey, KV_G4_RKEY_MAX);
+}
+
 /* --- writes ------------------------------------------------------------------ */
 
 typedef struct g4_write {
@@ -124,14 +132,8 @@ static void on_set(kv_g4c *c, const kv_g4c_reply *r, void *arg) {
   free(w);
 }
 
-void kvd_g4_committed(kvd *d, const kvd_ns *n, const kv_block *b) {
-  /* second-use: a block committed again soon after its eviction is on its
-   * second use already (the policy's history said so: hits 2); a LOAD will
-   * not take its count to 2 again, so it goes now or never. */
-  if (d->cfg.g4_admit == KV_ADMIT_ALWAYS || b->hits >= 2) kvd_g4_put(d, n, b);
-}
-
-void kvd_g4_put(kvd *d, const kvd_ns *n, const kv_block *b) {
+/* Writes b to G4 now, when G4 is ok and the writes in flight leave room. */
+static void g4_put(kvd *d, const kvd_ns *n, const kv_block *b) {
   kvd_g4 *g = &d->g4;
   if (!g->c) return;
   if (kv_g4c_get_state(g->c) != KV_G4C_OK) {
@@ -155,8 +157,7 @@ void kvd_g4_put(kvd *d, const kvd_ns *n, const kv_block *b) {
   }
   kv_g4_key k;
   char rkey[KV_G4_RKEY_MAX], ttl[16];
-  g4_key(&k, n->digest, b->key, kv_block_keylen(b));
-  int rl = kv_g4_rkey(d->cfg.g4_prefix, &k, rkey, sizeof rkey);
+  int rl = g4_name(d, n->digest, b->key, kv_block_keylen(b), &k, rkey);
   kv_g4_encode_hdr(&k, b->size, b->crc, val);
   memcpy(val + KV_G4_HDR_LEN, src, b->size);
   snprintf(ttl, sizeof ttl, "%u", d->cfg.g4_ttl_s);
@@ -172,6 +173,20 @@ void kvd_g4_put(kvd *d, const kvd_ns *n, const kv_block *b) {
   }
   g->writes_in_flight++;
   g->write_bytes_in_flight += vlen;
+}
+
+void kvd_g4_committed(kvd *d, const kvd_ns *n, const kv_block *b) {
+  /* second-use: a block committed again soon after its eviction is on its
+   * second use already (the policy's history said so: hits 2); a LOAD will
+   * not take its count to 2 again, so it goes now or never. */
+  if (d->cfg.g4_admit == KV_ADMIT_ALWAYS || b->hits >= 2) g4_put(d, n, b);
+}
+
+void kvd_g4_used(kvd *d, const kvd_ns *n, const kv_block *b) {
+  /* second-use: this use took its count to two (a commit is its first;
+   * the count saturates, so this is once), while it is in G2 */
+  if (d->cfg.g4_admit == KV_ADMIT_SECOND_USE && b->hits == 2 && (b->tiers & KV_TIER_BIT(KV_G2)))
+    g4_put(d, n, b);
 }
 
 /* --- deletes ----------------------------------------------------------------- */
@@ -190,8 +205,7 @@ void kvd_g4_del(kvd *d, const kvd_ns *n, const kv_key *key) {
   }
   kv_g4_key k;
   char rkey[KV_G4_RKEY_MAX];
-  g4_key(&k, n->digest, key->b, key->len);
-  int rl = kv_g4_rkey(d->cfg.g4_prefix, &k, rkey, sizeof rkey);
+  int rl = g4_name(d, n->digest, key->b, key->len, &k, rkey);
   if (rl <= 0) return;
   const char *argv[] = {"DEL", rkey};
   size_t lens[] = {3, (size_t)rl};
@@ -277,21 +291,7 @@ static void lookup_done(g4_lookup *lk) {
   }
   store_run(lk);
   if (kv_core_limit(d->core, KV_G2)) kv_core_enforce_limits(d->core); /* a soft g2.capacity */
-  kv_msg m = kvd_reply_to(&lk->req);
-  int hit = kvd_registry_lookup(&d->reg, lk->reg_ns, lk->keys, lk->n, d->tiers);
-  if (hit < 0) {
-    m.op = KV_OP_ERROR;
-    m.status = hit;
-    m.error.req_op = KV_OP_LOOKUP;
-    m.error.msg.p = kv_strerror(hit);
-    m.error.msg.len = (uint32_t)strlen(m.error.msg.p);
-  } else {
-    for (uint32_t i = 0; i < lk->n; i++)
-      if (d->tiers[i] == KV_TIER_NONE) kvd_miss_classify(d, lk->reg_ns, lk->core_ns, &lk->keys[i]);
-    m.lookup_rep.hit_len = (uint32_t)hit;
-    m.lookup_rep.n = lk->n;
-    m.lookup_rep.tiers = d->tiers;
-  }
+  kv_msg m = kvd_lookup_answer(d, lk->reg_ns, lk->core_ns, lk->keys, lk->n, &lk->req);
   kvd_sink_reply(lk->sink, &m);
   kvd_req_done(d, KVD_REQ_LOOKUP, lk->t0);
   lookup_free(lk);
@@ -372,8 +372,7 @@ int kvd_g4_lookup(kvd *d, kvd_sink *sink, const kv_msg *req, uint32_t n, uint32_
     kv_g4_key k;
     char rkey[KV_G4_RKEY_MAX];
     const kv_key *key = &lk->keys[hit + i];
-    g4_key(&k, lk->digest, key->b, key->len);
-    int rl = kv_g4_rkey(d->cfg.g4_prefix, &k, rkey, sizeof rkey);
+    int rl = g4_name(d, lk->digest, key->b, key->len, &k, rkey);
     const char *argv[] = {"GET", rkey};
     size_t lens[] = {3, rl > 0 ? (size_t)rl : 0};
     if (rl > 0 && kv_g4c_command(g->c, rkey, (size_t)rl, flags, 2, argv, lens, on_get, x) == 0)

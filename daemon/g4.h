@@ -95,9 +95,9 @@ void kvd_g4_stop(struct kvd *d);
  * second, the last state always said). */
 void kvd_g4_tick(struct kvd *d);
 
-/* The block b of registry namespace n was just committed (or just used a
- * second time, with g4.admit = second-use): written to G4 when G4 is ok. */
-void kvd_g4_put(struct kvd *d, const struct kvd_ns *n, const kv_block *b);
+/* The block b of registry namespace n was just used by a LOAD or GET:
+ * written to G4 when g4.admit = second-use and this use is its second. */
+void kvd_g4_used(struct kvd *d, const struct kvd_ns *n, const kv_block *b);
 
 /* The block b of registry namespace n was just committed: written to G4
  * when g4.admit says so (always; second-use: when the commit is its second

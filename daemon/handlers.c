@@ -28,6 +28,16 @@ kv_msg kvd_reply_to(const kv_msg *req) {
   return m;
 }
 
+kv_msg kvd_error_to(const kv_msg *req, int status) {
+  kv_msg m = kvd_reply_to(req);
+  m.op = KV_OP_ERROR;
+  m.status = status;
+  m.error.req_op = req->op;
+  m.error.msg.p = kv_strerror(status);
+  m.error.msg.len = (uint32_t)strlen(m.error.msg.p);
+  return m;
+}
+
 int kvd_fail(kv_buf *out, const kv_msg *req, int status, const char *msg) {
   return kv_msg_encode_error(out, req->id, req->op, status, msg ? msg : kv_strerror(status));
 }
@@ -153,26 +163,32 @@ static int op_g1_select(kvd *d, kvd_sink *sink, const kv_msg *req, kv_buf *out, 
 /* A local run shorter than the keys asks G4 for the rest, when it is up:
  * then the reply is deferred (g4.h). The run is measured without counting
  * (kv_core_find), so that a LOOKUP is counted once, when it is answered. */
+kv_msg kvd_lookup_answer(kvd *d, int reg_ns, uint32_t core_ns, const kv_key *keys, uint32_t n,
+                         const kv_msg *req) {
+  int hit = kvd_registry_lookup(&d->reg, reg_ns, keys, n, d->tiers);
+  if (hit < 0) return kvd_error_to(req, hit);
+  for (uint32_t i = 0; i < n; i++)
+    if (d->tiers[i] == KV_TIER_NONE) kvd_miss_classify(d, reg_ns, core_ns, &keys[i]);
+  kv_msg m = kvd_reply_to(req);
+  m.lookup_rep.hit_len = (uint32_t)hit;
+  m.lookup_rep.n = n;
+  m.lookup_rep.tiers = d->tiers;
+  return m;
+}
+
 static int lookup(kvd *d, kvd_sink *sink, const kv_msg *req, kv_buf *out, uint64_t t0) {
   kvd_session *s = sink->sess;
   const kv_keyvec *v = &req->batch.keys;
   int rc = kvd_load_keys(d, v);
   if (rc) return kvd_fail(out, req, rc, NULL);
+  uint32_t core_ns = (uint32_t)session_ns(d, s)->core_ns;
   if (d->g4.c) {
-    uint32_t core_ns = (uint32_t)session_ns(d, s)->core_ns, run = 0;
+    uint32_t run = 0;
     while (run < v->n && kv_core_find(d->core, core_ns, &d->keys[run])) run++;
     if (run < v->n && kvd_g4_lookup(d, sink, req, v->n, run, t0) == KVD_DEFERRED)
       return KVD_DEFERRED;
   }
-  int hit = kvd_registry_lookup(&d->reg, s->ns, d->keys, v->n, d->tiers);
-  if (hit < 0) return kvd_fail(out, req, hit, NULL);
-  uint32_t core_ns = (uint32_t)session_ns(d, s)->core_ns;
-  for (uint32_t i = 0; i < v->n; i++)
-    if (d->tiers[i] == KV_TIER_NONE) kvd_miss_classify(d, s->ns, core_ns, &d->keys[i]);
-  kv_msg m = kvd_reply_to(req);
-  m.lookup_rep.hit_len = (uint32_t)hit;
-  m.lookup_rep.n = v->n;
-  m.lookup_rep.tiers = d->tiers;
+  kv_msg m = kvd_lookup_answer(d, s->ns, core_ns, d->keys, v->n, req);
   return kv_msg_encode(out, &m);
 }
 

@@ -112,11 +112,22 @@ int kvd_handle(kvd *d, kvd_sink *sink, const kv_msg *req, kv_buf *out, int fd_ou
  * KVD_DEFERRED (the reply goes through the sink). */
 typedef int kvd_op_fn(kvd *d, kvd_sink *sink, const kv_msg *req, kv_buf *out, int fd_out[2]);
 
-/* Shared by the handlers: a reply header for req; an ERROR reply (msg NULL:
- * the code's own text); the request's keys copied into d->keys. */
+/* Shared by the handlers: a reply header for req; an ERROR reply to req
+ * with status and its text (for a sink); an ERROR reply appended to out
+ * (msg NULL: the code's own text); the request's keys copied into
+ * d->keys. */
 kv_msg kvd_reply_to(const kv_msg *req);
+kv_msg kvd_error_to(const kv_msg *req, int status);
 int kvd_fail(kv_buf *out, const kv_msg *req, int status, const char *msg);
 int kvd_load_keys(kvd *d, const kv_keyvec *v);
+
+/* LOOKUP's answer to req for keys[0..n) of registry namespace reg_ns (core
+ * namespace core_ns): the hit length and each key's tier (in d->tiers,
+ * which the reply points to), the misses classified; an ERROR reply when
+ * the lookup fails. Used as soon as the keys are looked up, and by G4 once
+ * its blocks are in (g4.c). */
+kv_msg kvd_lookup_answer(kvd *d, int reg_ns, uint32_t core_ns, const kv_key *keys, uint32_t n,
+                         const kv_msg *req);
 
 /* LOAD and PREFETCH (load.c): they may wait on the SSD tier. kvd_op_load
  * returns 0 (reply appended to out) or KVD_DEFERRED (the reply goes through

@@ -102,19 +102,13 @@ static int get_reply(kvd_load *ld, kv_buf *out) {
     status = KV_ECORRUPT;
     kvd_miss_add(d, KVD_MISS_CORRUPT, 1);
   }
-  kv_msg m = kvd_reply_to(&ld->req);
+  kv_msg m = status ? kvd_error_to(&ld->req, status) : kvd_reply_to(&ld->req);
   if (status == 0) {
     kv_core_count_hit(d->core, ld->found[0]);
     /* The bytes are G2's; G3 says they had to come up from there. */
     m.get_rep.tier = ld->found[0] == KV_G3 ? KV_G3 : KV_G2;
     m.get_rep.data.p = p;
     m.get_rep.data.len = b->size;
-  } else {
-    m.op = KV_OP_ERROR;
-    m.status = status;
-    m.error.req_op = KV_OP_GET;
-    m.error.msg.p = kv_strerror(status);
-    m.error.msg.len = (uint32_t)strlen(m.error.msg.p);
   }
   int rc = 0;
   if (out) rc = kv_msg_encode(out, &m);
@@ -278,10 +272,7 @@ static int load_keys(kvd *d, kvd_sink *sink, const kv_msg *req, uint32_t n, uint
     }
     ld->bid[i] = b->id;
     kv_core_touch(d->core, b);
-    /* g4.admit = second-use: written when a LOAD or GET uses it again (a
-     * commit is its first use; the count saturates, so this is once). */
-    if (b->hits == 2 && d->cfg.g4_admit == KV_ADMIT_SECOND_USE && (b->tiers & KV_TIER_BIT(KV_G2)))
-      kvd_g4_put(d, kvd_registry_ns(&d->reg, s->ns), b);
+    kvd_g4_used(d, kvd_registry_ns(&d->reg, s->ns), b);
   }
   /* Every block is pinned before any moves: the room one block's copy
    * makes is never taken from another block of the same LOAD. */
