@@ -201,6 +201,17 @@ static int store_tail(client *x, const kv_trace_req *q, uint32_t from, rres *r) 
   return 0;
 }
 
+/* HINT SESSION sid of keys[0..n), none when n is 0: counted, with the keys
+ * the daemon did not find. 0 or the error. */
+static int hint_keys(client *x, rres *r, uint64_t sid, const kvc_key *keys, uint32_t n) {
+  if (!n) return 0;
+  int got = kvc_hint_session(x->c, sid, keys, n, 0, NULL);
+  if (got < 0) return got;
+  r->hint_keys_unmatched += n - (uint32_t)got;
+  r->hints++;
+  return 0;
+}
+
 static int replay_one(client *x, size_t qi, rres *r) {
   const ropts *o = x->o;
   const kv_trace_req *q = &x->t->req[qi];
@@ -271,30 +282,22 @@ static int replay_one(client *x, size_t qi, rres *r) {
   /* The session is known when the request arrives: its hit blocks are
    * hinted before the stores, which may evict, as an engine's connector
    * does after its LOAD. */
-  if (o->hints && sid && hit) {
-    int n = kvc_hint_session(x->c, sid, x->keys, hit, 0, NULL);
-    if (n < 0) {
-      fail(r, n, "hint", qi);
-      return n;
-    }
-    r->hint_keys_unmatched += hit - (uint32_t)n;
-    r->hints++;
+  int rc = o->hints && sid ? hint_keys(x, r, sid, x->keys, hit) : 0;
+  if (rc) {
+    fail(r, rc, "hint", qi);
+    return rc;
   }
   r->hit_blocks += hit;
   uint64_t ht = (uint64_t)hit * TOKENS_PER_BLOCK;
   r->hit_tokens += ht < q->input_len ? ht : q->input_len;
-  int rc = store_tail(x, q, hit, r);
+  rc = store_tail(x, q, hit, r);
   if (rc) {
     fail(r, rc, "store", qi);
     return rc;
   }
   if (o->hints && sid) {
-    int n = 0;
-    if (hit < q->n) {
-      n = kvc_hint_session(x->c, sid, x->keys + hit, q->n - hit, 0, NULL);
-      if (n >= 0) r->hint_keys_unmatched += q->n - hit - (uint32_t)n, r->hints++;
-    }
-    if (n >= 0) n = kvc_hint_finished(x->c, sid, q->stop, NULL, 0, 0, NULL);
+    int n = hint_keys(x, r, sid, x->keys + hit, q->n - hit);
+    if (n == 0) n = kvc_hint_finished(x->c, sid, q->stop, NULL, 0, 0, NULL);
     if (n < 0) {
       fail(r, n, "hint", qi);
       return n;

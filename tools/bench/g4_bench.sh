@@ -84,7 +84,6 @@ metric() { # metric NAME SELECTOR: a value from node NAME's /metrics
   curl -sf --unix-socket "$T/$1/kvcached-stats.sock" http://localhost/metrics |
     awk -v m="$2" '$1 == m { print $2 }'
 }
-bytes() { jq -n "\"$1\" | if test(\"[Kk]$\") then (.[:-1] | tonumber) * 1024 elif test(\"[Mm]$\") then (.[:-1] | tonumber) * 1048576 else tonumber end"; }
 gbps() { awk -v b="$1" -v s="$2" 'BEGIN { if (s > 0) printf "%.2f", b / s / 1e9; else print "-" }'; }
 
 machine "$T"
@@ -95,7 +94,7 @@ if [[ " $parts " == *" 1 "* ]]; then
   echo "| block | redis-benchmark SET GB/s | kvcached store to G4 GB/s | ratio | redis-benchmark GET GB/s | kvcached load from G4 GB/s | ratio | blocks from G4 |"
   echo "|---|---|---|---|---|---|---|---|"
   for s in $sizes; do
-    sb=$(bytes "$s")
+    sb=$(bytes_of "$s")
     n=$((mib * 1048576 / sb))
     per=16
     reqs=$(((n + per - 1) / per))
@@ -157,7 +156,7 @@ if [[ " $parts " == *" 2 "* ]]; then
   [ -r "$trace" ] || die "no trace at $trace (-t TRACE)"
   { case $trace in *.gz) zcat "$trace" ;; *) cat "$trace" ;; esac; } |
     jq -c "select((.session // 0) % $every == 0)" >"$T/all.jsonl"
-  bb=$(bytes "$block2")
+  bb=$(bytes_of "$block2")
   # deal session: a session's requests all go to one node (even and odd
   # session numbers); deal request: requests alternate between the nodes
   # (no session affinity: a session's next request finds its prefix on the

@@ -49,7 +49,7 @@ fi
   jq -c "select((.session // 0) % $every == 0)" | head -n "$limit" >"$T/trace.jsonl"
 nreq=$(wc -l <"$T/trace.jsonl")
 unique=$(jq -c '.hash_ids[]' "$T/trace.jsonl" | sort -u | wc -l)
-bb=$(jq -n "\"$block\" | if test(\"[Kk]$\") then (.[:-1] | tonumber) * 1024 elif test(\"[Mm]$\") then (.[:-1] | tonumber) * 1048576 else tonumber end")
+bb=$(bytes_of "$block")
 
 echo "kvbench replay of $(basename "$trace"), sessions that are multiples of $every ($nreq requests, $unique unique blocks): blocks of $block, G3 off, 1 client, time scale $scale"
 echo
