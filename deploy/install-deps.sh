@@ -1,12 +1,10 @@
 #!/usr/bin/env bash
-# Installs, with apt-get, everything kvcached's build, tests and benchmarks
-# need on Debian 12. Idempotent: packages already present are skipped, and a
-# second run changes nothing. The CUDA toolkit is optional (KV_CUDA=AUTO):
-# it is used when nvcc is found, and is not installed here.
-# Python (client/python): Debian's /usr/bin/python3 with Debian's torch,
-# numpy and pytest (there is no package index to install from); OpenBLAS
-# replaces the reference BLAS that torch would otherwise use (about 40x
-# slower matrix products).
+# Installs everything kvcached's build, tests and benchmarks need on Debian
+# 12: Debian's packages with apt-get, then (deploy/install-python.sh) the
+# CUDA compiler from NVIDIA's wheels and the Python environment of the tests
+# and engines from the package index, every version pinned in
+# deploy/python/requirements.lock. Idempotent: what is present is skipped,
+# and a second run installs nothing.
 set -euo pipefail
 
 pkgs=(
@@ -16,9 +14,7 @@ pkgs=(
   libcriterion-dev clang libclang-rt-14-dev
   fio redis-server redis-tools libhiredis-dev jq
   libhttp-parser-dev libsystemd-dev prometheus curl
-  systemd python3-yaml
-  python3-torch python3-numpy python3-pytest python3-venv python3-setuptools
-  libopenblas0-pthread
+  systemd python3-yaml python3-venv
 )
 
 missing=()
@@ -29,14 +25,14 @@ for p in "${pkgs[@]}"; do
 done
 
 if [ ${#missing[@]} -eq 0 ]; then
-  echo "install-deps: all ${#pkgs[@]} packages present"
-  exit 0
+  echo "install-deps: all ${#pkgs[@]} Debian packages present"
+else
+  SUDO=""
+  if [ "$(id -u)" -ne 0 ]; then SUDO="sudo"; fi
+  echo "install-deps: installing ${missing[*]}"
+  export DEBIAN_FRONTEND=noninteractive
+  $SUDO apt-get update -qq
+  $SUDO apt-get install -y -qq --no-install-recommends "${missing[@]}"
 fi
-
-SUDO=""
-if [ "$(id -u)" -ne 0 ]; then SUDO="sudo"; fi
-echo "install-deps: installing ${missing[*]}"
-export DEBIAN_FRONTEND=noninteractive
-$SUDO apt-get update -qq
-$SUDO apt-get install -y -qq --no-install-recommends "${missing[@]}"
+bash "$(dirname "$0")/install-python.sh"
 echo "install-deps: done"
