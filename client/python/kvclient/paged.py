@@ -234,6 +234,27 @@ class PagedLayout:
         return cls.from_pages([t[0] for t in kv_caches], [t[1] for t in kv_caches])
 
     @classmethod
+    def vllm_cpu(cls, kv_caches) -> "PagedLayout":
+        """vLLM's CPU attention backend (CPUAttentionBackend, vLLM 0.32's
+        "LBHNC" layout): per layer [num_pages, kv_heads, page_tokens,
+        2*head_dim], which the backend reads as [pages, heads,
+        2*page_tokens, head_dim]: per head, the page's K rows then its V
+        rows. Heads-major, so one page's K is not [tokens][heads][dim] in
+        one piece and the kernels cannot describe it: the copies go through
+        torch, between the blocks and a strided view of each layer as
+        [pages, 2, page_tokens, heads, head_dim]. The blocks are the same
+        as every other layout's (a block saved from these pages scatters
+        into a vllm() cache of the same model byte for byte)."""
+        views = []
+        for l, t in enumerate(kv_caches):
+            if t.dim() != 4 or t.shape[3] % 2 or not t.is_contiguous():
+                raise ValueError(f"layer {l}: shape {tuple(t.shape)}, want a contiguous "
+                                 "[pages, heads, T, 2*D] (vLLM's CPU backend)")
+            n, h, T, d2 = (int(x) for x in t.shape)
+            views.append(t.view(n, h, 2, T, d2 // 2).permute(0, 2, 3, 1, 4))
+        return _TorchLayout(views, keep=list(kv_caches))
+
+    @classmethod
     def page_major(cls, kv_caches) -> "PagedLayout":
         """Per layer [num_pages, 2, page_tokens, kv_heads, head_dim] (FlashInfer's
         NHD, TensorRT-LLM's): the layout cuda/kernels.h calls dense."""
@@ -320,6 +341,59 @@ def _kernel_geom(half_elems: int, page_tokens: int):
     if half_elems % page_tokens == 0:
         return 1, half_elems // page_tokens, page_tokens
     return 1, half_elems, 1
+
+
+class _TorchLayout(PagedLayout):
+    """A layout whose pages no kernel layout describes: per layer a view
+    [num_pages, 2, page_tokens, kv_heads, head_dim] of the engine's cache
+    (any strides), copied to and from the blocks by torch on the host
+    (PagedLayout.vllm_cpu). Everything else (HELLO's geometry, the block
+    format) is PagedLayout's."""
+
+    def __init__(self, views, keep):
+        v0 = views[0]
+        n, _, T, H, D = (int(x) for x in v0.shape)
+        for l, v in enumerate(views):
+            if tuple(v.shape) != tuple(v0.shape) or v.dtype != v0.dtype or v.device != v0.device:
+                raise ValueError(f"layer {l}: shape/dtype/device differ from layer 0")
+        if v0.device.type != "cpu":
+            raise ValueError("a torch-copied layout is for caches in host memory")
+        self.views = list(views)
+        self.bases = []
+        self.page_tokens = T
+        self.num_pages = n
+        self.model_layers = len(views)
+        self.model_kv_heads = H
+        self.model_head_dim = D
+        self.dtype = dtype_name(v0.dtype)
+        self.device = v0.device
+        self.half_bytes = T * H * D * v0.element_size()
+        self._keep = keep
+        self.c = None
+        self._bases_c = None
+        self.page_block_bytes = 2 * self.half_bytes * self.model_layers
+
+    def layer_kernel(self, layer: int):
+        raise ValueError("a torch-copied layout has no kernel description")
+
+    def torch_copy(self, scatter: bool, page_ids, ptrs, layer: int | None = None) -> None:
+        """Page page_ids[i] <-> the page block at ptrs[i] ([layers][2][T][H][D]):
+        into the pages (scatter) or out of them, every layer or one."""
+        torch = _torch()
+        v0 = self.views[0]
+        shape = (self.model_layers,) + tuple(v0.shape[1:])
+        nbytes = self.page_block_bytes
+        layers = range(self.model_layers) if layer is None else (layer,)
+        for pid, ptr in zip(page_ids, ptrs):
+            if not 0 <= int(pid) < self.num_pages:
+                raise ValueError(f"page id {pid} outside 0..{self.num_pages - 1}")
+            buf = (ctypes.c_char * nbytes).from_address(int(ptr))
+            blk = torch.frombuffer(buf, dtype=torch.uint8).view(v0.dtype).view(shape)
+            for l in layers:
+                if scatter:
+                    self.views[l][int(pid)].copy_(blk[l])
+                else:
+                    blk[l].copy_(self.views[l][int(pid)])
 
 
 @dataclass
@@ -439,9 +513,13 @@ class PagedKV:
                 ptrs.append(bp + q * pb)
         return pids, ptrs
 
-    def _kern(self, scatter: bool, pids: list[int], ptrs: list[int], mem: int, kl=None):
+    def _kern(self, scatter: bool, pids: list[int], ptrs: list[int], mem: int, kl=None,
+              layer: int | None = None):
         n = len(pids)
         if n == 0:
+            return
+        if self.layout.c is None:  # no kernel describes it: torch on the host
+            self.layout.torch_copy(scatter, pids, ptrs, layer)
             return
         pa = (ctypes.c_uint32 * n)(*pids)
         ba = (ctypes.c_void_p * n)(*ptrs)
@@ -504,9 +582,12 @@ class PagedKV:
             raise ValueError("blocks staged through the device buffer are copied whole")
         if not self._cuda() and any(t != G2 for t, _ in blocks):
             raise KvError(-errno.EINVAL, "load", "a G1 block for an engine on the CPU")
-        lc, bases, off = self.layout.layer_kernel(layer)
         idx = range(first, first + len(blocks))
         pids, ptrs = self._page_ptrs([p for _, p in blocks], page_ids, idx)
+        if self.layout.c is None:
+            self._kern(True, pids, ptrs, MEM_HOST, layer=layer)
+            return
+        lc, bases, off = self.layout.layer_kernel(layer)
         self._kern(True, pids, [p + off for p in ptrs], self.layout.mem, (lc, bases))
 
     def _from_pages(self, blocks, page_ids, idx):

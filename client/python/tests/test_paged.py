@@ -88,6 +88,74 @@ def test_every_layout_reads_what_another_wrote(daemon):
                 assert torch.equal(v_of(l, dst_pages[i]), kv[l][1, pages[i]])
 
 
+def cpu_caches(dtype=torch.float32, seed=1):
+    """vLLM's CPU backend (vLLM 0.32, CPUAttentionBackend): per layer
+    [pages, heads, T, 2*D], read as [pages, heads, 2*T, D] with each
+    head's K rows first, then its V rows."""
+    g = torch.Generator().manual_seed(seed)
+    return [torch.randn(NP, H, T, 2 * D, generator=g).to(dtype) for _ in range(L)]
+
+
+def cpu_k(c, l, p):
+    """[T, H, D] of layer l's K in page p, as the CPU backend reads it."""
+    return c[l][p].view(H, 2 * T, D)[:, :T].transpose(0, 1)
+
+
+def cpu_v(c, l, p):
+    return c[l][p].view(H, 2 * T, D)[:, T:].transpose(0, 1)
+
+
+@pytest.mark.parametrize("ppb", [1, 2])
+def test_vllm_cpu_layout_is_the_same_block_format_both_ways(daemon, ppb):
+    """A block saved from the CPU backend's heads-major pages is the
+    kernels.h format and scatters into a FlashAttention-layout cache of the
+    same model byte for byte; a block saved from that cache scatters back
+    into CPU pages, whole and one layer at a time."""
+    cpu = cpu_caches()
+    lay = PagedLayout.vllm_cpu(cpu)
+    gpu_like = [torch.zeros(2, NP, T, H, D) for _ in range(L)]
+    glay = PagedLayout.vllm(gpu_like)
+    assert lay.client_layout(ppb) == glay.client_layout(ppb)
+    pages, dst = [5, 2, 9, 0, 11, 3, 7, 1], [1, 3, 5, 7, 9, 11, 13, 15]
+    toks = tokens(8 * T + 1)
+    with open_for(daemon, lay, ppb) as c:
+        pk = PagedKV(c, lay, pages_per_block=ppb)
+        assert pk.save(toks, pages).stored == 8 // ppb
+        with c.load(pk.keys(toks)) as got:
+            for i, b in enumerate(got.blocks):
+                want = block_ref(lambda l, p: cpu_k(cpu, l, p), lambda l, p: cpu_v(cpu, l, p),
+                                 pages[i * ppb:(i + 1) * ppb])
+                assert torch.equal(b.torch(), want), f"block {i}"
+        r = PagedKV(c, glay, pages_per_block=ppb).load(toks, dst)
+        assert r.tokens == 8 * T
+        for l in range(L):
+            for s, d in zip(pages, dst):
+                assert torch.equal(gpu_like[l][0, d], cpu_k(cpu, l, s)), (l, s)
+                assert torch.equal(gpu_like[l][1, d], cpu_v(cpu, l, s)), (l, s)
+        # and back: into fresh CPU pages, whole, then layer by layer
+        back = [torch.zeros_like(t) for t in cpu]
+        blay = PagedLayout.vllm_cpu(back)
+        bk = PagedKV(c, blay, pages_per_block=ppb)
+        assert bk.load(toks, dst).tokens == 8 * T
+        for l in range(L):
+            for s, d in zip(pages, dst):
+                assert torch.equal(back[l][d], cpu[l][s]), (l, s)
+        one = [torch.zeros_like(t) for t in cpu]
+        ok = PagedKV(c, PagedLayout.vllm_cpu(one), pages_per_block=ppb)
+        p = ok.load_pinned(ok.keys(toks), 0, 8 // ppb, dst)
+        ok.into_pages(p, dst, layer=1)
+        ok.release(p)
+        for s, d in zip(pages, dst):
+            assert torch.equal(one[1][d], cpu[1][s]) and not one[0][d].any(), s
+
+
+def test_vllm_cpu_layout_refuses_other_shapes():
+    with pytest.raises(ValueError, match="2\\*D"):
+        PagedLayout.vllm_cpu([torch.zeros(NP, H, T, 2 * D + 1)])
+    with pytest.raises(ValueError, match="2\\*D"):
+        PagedLayout.vllm_cpu([torch.zeros(2, NP, T, H, D)])
+
+
 def test_sglang_host_layouts_read_what_vllm_wrote(daemon):
     """SGLang's HiCache host pools: layer_first [2, L, tokens, H, D] and
     page_first_direct [2, pages, L, T, H, D] read the blocks a vLLM layout
