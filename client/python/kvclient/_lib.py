@@ -9,10 +9,20 @@ other fails in CI.
 Where the library is found, first match wins:
   1. $KVCLIENT_LIB: a path to libkvclient.so (or to a directory holding it);
      when set, nothing else is tried, and failing to load it is an error;
-  2. a copy shipped inside the package (kvclient/lib/libkvclient.so*);
-  3. the build tree of the checkout the package runs from
-     (<repo>/build/lib, then any <repo>/build*/lib);
+  2. the copy inside the package (kvclient/lib/libkvclient.so*): what a
+     wheel carries (client/python/README.md, "Wheel"; CMake's component
+     "python" installs it there);
+  3. only when the package runs from a checkout (client/python of it): the
+     checkout's build tree (<repo>/build/lib, then any <repo>/build*/lib);
+     an installed package never looks beside itself for one;
   4. the system's library path (an installed copy: ldconfig, LD_LIBRARY_PATH).
+
+A wheel's kvclient/lib also holds the shared libraries libkvclient needs
+beyond the base system (libsodium; the CUDA runtime when it was built with
+CUDA), which the library finds beside it (RUNPATH $ORIGIN). One exception:
+a CUDA runtime of the same soname that the environment already has in an
+NVIDIA wheel (nvidia/*/lib, torch's) is loaded first, so that the process
+holds the one copy torch uses, not two.
 """
 from __future__ import annotations
 
@@ -20,6 +30,7 @@ import ctypes
 import ctypes.util
 import glob
 import os
+import sys
 import threading
 from ctypes import (POINTER, Structure, c_char, c_char_p, c_int, c_int32, c_int64, c_size_t,
                     c_uint8, c_uint16, c_uint32, c_uint64, c_void_p)
@@ -155,8 +166,10 @@ def _candidates():
         return [env], True
     here = os.path.dirname(os.path.abspath(__file__))
     out = sorted(glob.glob(os.path.join(here, "lib", "libkvclient.so*")))
-    repo = os.path.dirname(os.path.dirname(os.path.dirname(here)))  # client/python/kvclient
-    if os.path.exists(os.path.join(repo, "client", "kvclient.h")):
+    pkgroot = os.path.dirname(here)                       # <repo>/client/python, or site-packages
+    repo = os.path.dirname(os.path.dirname(pkgroot))
+    if (pkgroot == os.path.join(repo, "client", "python")
+            and os.path.exists(os.path.join(repo, "client", "kvclient.h"))):
         out.append(os.path.join(repo, "build", "lib", "libkvclient.so"))
         out += sorted(p for p in glob.glob(os.path.join(repo, "build*", "lib", "libkvclient.so"))
                       if p not in out)
@@ -164,6 +177,25 @@ def _candidates():
     out += [sysname] if sysname else []
     out.append("libkvclient.so.0")
     return out, False
+
+
+def _prefer_environment_runtime(libdir):
+    """Before the package's own library loads: for each CUDA runtime bundled
+    beside it (libcudart.so.N), the environment's copy of that soname from
+    an NVIDIA wheel on sys.path (torch's), when there is one. Loaded first,
+    it is the copy libkvclient binds to (one soname, one copy), and the one
+    torch binds to when imported later; without it, the bundled copy."""
+    for bundled in glob.glob(os.path.join(libdir, "libcudart.so.*")):
+        soname = os.path.basename(bundled)
+        for d in sys.path:
+            if not d or not os.path.isdir(os.path.join(d, "nvidia")):
+                continue
+            for p in sorted(glob.glob(os.path.join(d, "nvidia", "*", "lib", soname))):
+                try:
+                    ctypes.CDLL(p, mode=ctypes.RTLD_GLOBAL)
+                    return
+                except OSError:
+                    continue
 
 
 def lib():
@@ -182,6 +214,8 @@ def lib():
                 errors.append(f"{p}: no such file")
                 continue
             try:
+                if not strict and os.path.sep in p:
+                    _prefer_environment_runtime(os.path.dirname(p))
                 handle = ctypes.CDLL(p)
             except OSError as e:
                 errors.append(f"{p}: {e}")

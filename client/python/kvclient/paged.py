@@ -41,18 +41,21 @@ PagedKV(verify=False) skips the pass: every block is then used as found,
 trusting every worker of the tenant. save() commits each block with the CRC
 of its slot, computed after the gather (a CPU pass over the slot).
 
-Engines this module was written against, without running them here
-(neither vLLM nor SGLang is installed on the development machine; the
-tests build tensors of their shapes and check every byte):
+Engine layouts (tests/test_vllm.py and test_sglang.py run them inside the
+installed engines, vLLM 0.32.0 and SGLang 0.5.23, on the CPU; the rest are
+built from the engines' shapes in test_paged.py):
   - vLLM: the per-layer KV cache of its attention backends,
     AttentionBackend.get_kv_cache_shape() = (2, num_blocks, block_size,
-    num_kv_heads, head_size) for FlashAttention and most others,
-    (num_blocks, 2, ...) for FlashInfer (page_major), and MLA's
-    (num_blocks, block_size, head_size) (mla);
-  - SGLang: python/sglang/srt/mem_cache/memory_pool.py (MHATokenToKVPool's
-    per-layer k_buffer / v_buffer of [tokens, head_num, head_dim]: sglang)
-    and memory_pool_host.py (MHATokenToKVPoolHost and MLATokenToKVPoolHost
-    init_kv_buffer, by --hicache-mem-layout: sglang_host).
+    num_kv_heads, head_size) for FlashAttention and most others (vllm),
+    (num_blocks, 2, ...) for FlashInfer (page_major), MLA's (num_blocks,
+    block_size, head_size) (mla), and the CPU backend's heads-major
+    (num_blocks, num_kv_heads, block_size, 2 * head_size) (vllm_cpu, copied
+    by torch);
+  - SGLang: mem_cache/memory_pool.py (MHATokenToKVPool's per-layer
+    k_buffer / v_buffer of [tokens, head_num, head_dim]: sglang) and the
+    HiCache host pools, mem_cache/pool_host/mha.py and mla.py
+    (MHATokenToKVPoolHost, MLATokenToKVPoolHost, by --hicache-mem-layout:
+    sglang_host).
 A Hugging Face DynamicCache, packed into pages, ran on a GPU
 (tests/gpu/gpu_test_hf.py).
 

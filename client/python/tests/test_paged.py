@@ -443,3 +443,51 @@ def test_a_worker_killed_mid_save_leaves_nothing_visible(daemon, tmp_root):
             assert time.monotonic() < deadline and not r.failed, r
             time.sleep(0.01)
         assert c.lookup(keys)[0] == 4
+
+
+def _layouts(NP=8, H=2, D=8, L=3, T=4):
+    g = torch.Generator().manual_seed(5)
+    vl = [torch.randn(2, NP, T, H, D, generator=g) for _ in range(L)]
+    pm = [torch.randn(NP, 2, T, H, D, generator=g) for _ in range(L)]
+    big = torch.randn(4 * L, NP, T, H, D, generator=g)  # K to V: 1 region in even layers, 2 in odd
+    ml = [torch.randn(NP, T, 24, generator=g) for _ in range(L)]
+    cpu = [torch.randn(NP, H, T, 2 * D, generator=g) for _ in range(L)]
+    split = PagedLayout.from_pages([big[3 * l] for l in range(L)],
+                                   [big[3 * l + 1 + l % 2] for l in range(L)])
+    assert len(split.bases) == 2 * L
+    return {"vllm": (PagedLayout.vllm(vl), vl), "page_major": (PagedLayout.page_major(pm), pm),
+            "split": (split, [big]), "mla": (PagedLayout.mla(ml), ml),
+            "vllm_cpu": (PagedLayout.vllm_cpu(cpu), cpu)}
+
+
+@pytest.mark.parametrize("ppb", [1, 2])
+@pytest.mark.parametrize("kind", ["vllm", "page_major", "split", "mla", "vllm_cpu"])
+def test_layer_into_pages_is_the_whole_block_copy_layer_by_layer(daemon, kind, ppb):
+    """kvclient.paged's per-layer copy (what kvclient.vllm's
+    wait_for_layer_load uses): for every layout the connector may get, layer l of a block lands in layer
+    l's pages and nowhere else, and all layers together give the bytes of
+    the whole-block copy."""
+    lay, tensors = _layouts()[kind]
+    nblk = 3
+    g = torch.Generator().manual_seed(7)
+    # floats, not random bytes (a NaN would not equal itself)
+    blocks = torch.randn(nblk, lay.page_block_bytes * ppb // 4, generator=g).view(torch.uint8)
+    bl = [(G2, int(blocks[i].data_ptr())) for i in range(nblk)]
+    pages = [5, 1, 7, 0, 3, 6, 2, 4][:(nblk + 1) * ppb]
+    with Client(daemon.socket, tenant="t", layout=lay.client_layout(ppb)) as c:
+        pk = PagedKV(c, lay, pages_per_block=ppb)
+        assert pk.can_copy_layers(bl)
+        for t in tensors:
+            t.zero_()
+        pk._into_pages(bl, pages, 1)  # blocks 1..3 of the sequence
+        whole = [t.clone() for t in tensors]
+        for t in tensors:
+            t.zero_()
+        for l in range(lay.model_layers):
+            before = [t.clone() for t in tensors]
+            pk.layer_into_pages(bl, pages, 1, l)
+            changed = [not torch.equal(a, b) for a, b in zip(before, tensors)]
+            if kind not in ("split",):  # one tensor per layer: only layer l's moved
+                assert changed == [i == l for i in range(len(tensors))]
+    for a, b in zip(whole, tensors):
+        assert torch.equal(a.view(torch.uint8), b.view(torch.uint8))
