@@ -84,6 +84,9 @@ def run_config(name, conn, model, work, plist, engine):
     with open(op) as f:
         res = json.load(f)
     res["wall_s"] = time.monotonic() - t0
+    with open(lp, errors="replace") as f:  # what the engine said went wrong, if anything
+        res["first_error"] = next((l.strip()[:300] for l in f
+                                   if "Error:" in l or "Exception:" in l), None)
     return res
 
 
@@ -152,6 +155,8 @@ def report(results, sizes, shares, a):
             hits = r["metrics"].get("vllm:external_prefix_cache_hits", 0)
             print(f"# {n}: {hits:.0f} prompt tokens from the connector (vLLM's "
                   f"external_prefix_cache_hits), engine process {r['wall_s']:.0f} s")
+            if not hits and n != "recompute" and r.get("first_error"):
+                print(f"#   its log's first error: {r['first_error']}")
     head = "| tokens | shared | " + " | ".join(ok) + " | " + " | ".join(
         f"recompute/{n}" for n in ok if n != "recompute") + " |"
     print(head)
