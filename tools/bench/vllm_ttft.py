@@ -30,7 +30,6 @@ import json
 import os
 import random
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
@@ -66,27 +65,17 @@ def run_config(name, conn, model, work, plist, engine):
     spec = {"model": model, "requests": reqs, "timing": True, "connector": conn,
             "env": (conn or {}).pop("env", None),
             "engine": dict(engine, enable_prefix_caching=False), "policy": "recompute"}
-    sp, op, lp = (os.path.join(work, f"{name}.{x}") for x in ("json", "out", "log"))
-    with open(sp, "w") as f:
-        json.dump(spec, f)
-    env = dict(os.environ, VLLM_ENABLE_V1_MULTIPROCESSING="0", VLLM_LOGGING_LEVEL="WARNING",
-               PYTHONPATH=os.pathsep.join(p for p in (os.path.join(REPO, "client", "python"),
-                                                      os.environ.get("PYTHONPATH")) if p))
     t0 = time.monotonic()
-    with open(lp, "w") as log:
-        rc = subprocess.run([sys.executable, os.path.join(TESTS, "vllm_engine.py"), sp, op],
-                            stdout=log, stderr=subprocess.STDOUT, env=env).returncode
+    run = vllm_engine.launch(spec, work, name, os.path.join(REPO, "client", "python"))
+    rc, res = run.wait()
     if rc != 0:
-        with open(lp) as f:
-            tail = [l for l in f.read().splitlines() if l.strip()]
+        tail = [l for l in run.log_text().splitlines() if l.strip()]
         err = next((l for l in reversed(tail) if "Error" in l or "error" in l), tail[-1] if tail else "")
-        return {"error": err.strip()[:300], "log": lp}
-    with open(op) as f:
-        res = json.load(f)
+        return {"error": err.strip()[:300], "log": run.log_path}
     res["wall_s"] = time.monotonic() - t0
-    with open(lp, errors="replace") as f:  # what the engine said went wrong, if anything
-        res["first_error"] = next((l.strip()[:300] for l in f
-                                   if "Error:" in l or "Exception:" in l), None)
+    # what the engine said went wrong, if anything
+    res["first_error"] = next((l.strip()[:300] for l in run.log_text().splitlines()
+                               if "Error:" in l or "Exception:" in l), None)
     return res
 
 

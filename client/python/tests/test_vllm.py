@@ -17,12 +17,9 @@ graphs), tensor parallelism over several workers, asynchronous scheduling
 (vLLM turns it off on a CPU; the connector refuses it, tested on the
 config alone).
 """
-import json
 import os
 import random
 import struct
-import subprocess
-import sys
 import tempfile
 
 import pytest
@@ -78,36 +75,18 @@ def layout():
 def run_engines(env, specs, timeout=600):
     """Runs each spec's engine in a process of its own, all at once; their
     results in order. A process that fails fails the test with its log."""
-    procs = []
-    for i, spec in enumerate(specs):
-        tag = f"{spec.get('tag', 'engine')}-{len(os.listdir(env['dir']))}-{i}"
-        sp, op, lp = (os.path.join(env["dir"], f"{tag}.{x}") for x in ("json", "out", "log"))
-        spec = dict(spec, model=env["model"])
-        with open(sp, "w") as f:
-            json.dump(spec, f)
-        e = dict(os.environ, VLLM_ENABLE_V1_MULTIPROCESSING="0", PYTHONDONTWRITEBYTECODE="1",
-                 VLLM_LOGGING_LEVEL="WARNING", OMP_NUM_THREADS="1")
-        if env["pkg"]:
-            e["PYTHONPATH"] = os.pathsep.join(p for p in (env["pkg"], e.get("PYTHONPATH")) if p)
-        log = open(lp, "w")
-        procs.append((subprocess.Popen([sys.executable, os.path.join(HERE, "vllm_engine.py"), sp,
-                                        op], stdout=log, stderr=subprocess.STDOUT, env=e),
-                      op, lp, log))
+    runs = [vllm_engine.launch(dict(spec, model=env["model"]), env["dir"],
+                               f"{spec.get('tag', 'engine')}-{len(os.listdir(env['dir']))}-{i}",
+                               env["pkg"], {"OMP_NUM_THREADS": "1"})
+            for i, spec in enumerate(specs)]
     results = []
-    for p, op, lp, log in procs:
-        try:
-            rc = p.wait(timeout)
-        except subprocess.TimeoutExpired:
-            p.kill()
-            rc = p.wait()
-        log.close()
+    for run in runs:
+        rc, out = run.wait(timeout)
         if rc != 0:
-            with open(lp) as f:
-                pytest.fail(f"engine exited {rc}:\n{f.read()[-6000:]}")
-        with open(op) as f:
-            results.append(json.load(f))
-        where = results[-1]["kvclient"]
+            pytest.fail(f"engine exited {rc}:\n{run.log_text()[-6000:]}")
+        where = out["kvclient"]
         assert where.startswith(WHEEL_VENV or PKG), f"kvclient imported from {where}"
+        results.append(out)
     return results
 
 

@@ -20,11 +20,12 @@ vllm:prefix_cache or vllm:kvcached_: value}, "ttft": {id: seconds},
 "vllm": version, "kvclient": where it was imported from}.
 
 The engine core runs in this process (VLLM_ENABLE_V1_MULTIPROCESSING=0, set
-by the caller): the same scheduler, worker and connector code as vLLM's
+by launch()): the same scheduler, worker and connector code as vLLM's
 default of a second process, one process less to start on a 2-core machine.
 """
 import json
 import os
+import subprocess
 import sys
 import time
 
@@ -86,6 +87,50 @@ def block_bytes(tokens_per_block: int, size: str = "tiny") -> int:
     """One kvcached block of MODELS[size] (fp32): every layer's K and V."""
     m = MODELS[size]
     return 2 * m["layers"] * tokens_per_block * m["kv_heads"] * m["head_dim"] * 4
+
+
+class Launched:
+    """An engine process started by launch(): wait() for its result."""
+
+    def __init__(self, proc, out_path, log_path, log):
+        self.proc, self.out_path, self.log_path, self._log = proc, out_path, log_path, log
+
+    def wait(self, timeout=None):
+        """(exit status, OUT as a dict or None); killed past timeout."""
+        try:
+            rc = self.proc.wait(timeout)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            rc = self.proc.wait()
+        self._log.close()
+        if rc != 0:
+            return rc, None
+        with open(self.out_path) as f:
+            return rc, json.load(f)
+
+    def log_text(self) -> str:
+        with open(self.log_path, errors="replace") as f:
+            return f.read()
+
+
+def launch(spec: dict, directory: str, tag: str, pythonpath: str | None = None,
+           extra_env: dict | None = None) -> Launched:
+    """Starts this script on `spec` in a process of its own, its files
+    (TAG.json, TAG.out, TAG.log) in `directory`: the engine core in that
+    process (VLLM_ENABLE_V1_MULTIPROCESSING=0), vLLM's logging at warnings,
+    `pythonpath` (where kvclient is imported from) first on PYTHONPATH,
+    and `extra_env`."""
+    sp, op, lp = (os.path.join(directory, f"{tag}.{x}") for x in ("json", "out", "log"))
+    with open(sp, "w") as f:
+        json.dump(spec, f)
+    env = dict(os.environ, VLLM_ENABLE_V1_MULTIPROCESSING="0", VLLM_LOGGING_LEVEL="WARNING",
+               PYTHONDONTWRITEBYTECODE="1", **(extra_env or {}))
+    if pythonpath:
+        env["PYTHONPATH"] = os.pathsep.join(p for p in (pythonpath, env.get("PYTHONPATH")) if p)
+    log = open(lp, "w")
+    proc = subprocess.Popen([sys.executable, os.path.abspath(__file__), sp, op], stdout=log,
+                            stderr=subprocess.STDOUT, env=env)
+    return Launched(proc, op, lp, log)
 
 
 def _metrics(llm) -> dict:
