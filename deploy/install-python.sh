@@ -47,6 +47,9 @@ else
   # --no-deps: exactly the lock, nothing resolved (the lock's header says why)
   "$venv/bin/pip" install -q --disable-pip-version-check --no-deps -r "$req"
   rm -f "$req"
+  # what it holds, once, here (importing vLLM takes about 20 s: not on every run)
+  "$venv/bin/python" -c 'import torch, vllm, sglang; print("install-python: torch",
+      torch.__version__, "vllm", vllm.__version__, "sglang", sglang.__version__)'
   printf '%s\n' "$venv_stamp" > "$venv/.stamp"
 fi
 
@@ -75,4 +78,4 @@ else
   "$prefix/cuda/bin/nvcc" --version | tail -2
 fi
 
-echo "install-python: $venv/bin/python ($("$venv/bin/python" -c 'import torch, vllm, sglang; print("torch", torch.__version__, "vllm", vllm.__version__, "sglang", sglang.__version__)' 2>/dev/null || echo 'imports failed'))"
+echo "install-python: $venv/bin/python"

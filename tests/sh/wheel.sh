@@ -19,15 +19,12 @@
 source "$(dirname "$0")/lib.bash"
 unset KVCLIENT_LIB PYTHONPATH PYTHONHOME
 
-# --- what it needs: the project's Python environment (deploy/deps-prefix.sh's
-# places, as tests/CMakeLists.txt looks for KV_PYTHON3) with scikit-build-core
-VPY=
-for p in ${KV_DEPS_PREFIX:-} /opt/kvcached-deps ${XDG_CACHE_HOME:+$XDG_CACHE_HOME/kvcached-deps} \
-         ${HOME:+$HOME/.cache/kvcached-deps}; do
-  if [ -x "$p/venv/bin/python" ]; then VPY=$p/venv/bin/python; break; fi
-done
-if [ -z "$VPY" ]; then
-  echo "skipped: no project Python environment (deploy/install-python.sh: <prefix>/venv)"; exit 77
+# --- what it needs: the project's Python environment with scikit-build-core:
+# $KV_PYTHON3 (ctest sets it: the interpreter tests/CMakeLists.txt found),
+# else deploy/install-python.sh's, where deploy/deps-prefix.sh puts it
+VPY=${KV_PYTHON3:-$(bash "$SRC/deploy/deps-prefix.sh")/venv/bin/python}
+if [ ! -x "$VPY" ]; then
+  echo "skipped: no project Python environment ($VPY; deploy/install-python.sh)"; exit 77
 fi
 if ! "$VPY" -c "import scikit_build_core, pip" 2>/dev/null; then
   echo "skipped: $VPY has no scikit-build-core or pip (deploy/install-python.sh installs them)"; exit 77
