@@ -29,7 +29,8 @@
   X(NOSESSION, 12, "no HELLO on this connection")                         \
   X(DEGRADED, 13, "tier is degraded and not admitting")                   \
   X(NOTSHAREABLE, 14, "memory cannot be shared with this process")        \
-  X(BADFD, 15, "missing, unexpected or truncated file descriptor on a frame")
+  X(BADFD, 15, "missing, unexpected or truncated file descriptor on a frame")   \
+  X(SHARE, 16, "this connection holds its share of its tenant's G2 slots")
 
 enum {
 #define KV_ERR_ENUM(name, off, msg) KV_E##name = -(KV_ERR_BASE + (off)),

@@ -41,9 +41,9 @@ static void try_one(kvd *d, kvd_session *s, uint32_t core_ns, const kv_key *key,
                     const kv_key *parent, uint8_t prio, kv_alloc_ent *e) {
   kv_block *b;
   e->offset = 0;
-  if (!kvd_session_may_alloc(s, d->cfg.limit_allocs_per_session)) {
-    e->status = -EDQUOT;
-    d->st.allocs_refused++;
+  if ((e->status = kvd_session_may_alloc(s, d->cfg.limit_allocs_per_session))) {
+    if (e->status == -EDQUOT) d->st.allocs_refused++;
+    else kvd_share_refused(d, s, "allocate");
     return;
   }
   e->status = kv_core_alloc(d->core, core_ns, key, parent && parent->len ? parent : NULL, prio, &b);

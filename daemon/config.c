@@ -179,6 +179,9 @@ static const opt opts[] = {
     {"limits", "allocs_per_session", OPT_U32, O(limit_allocs_per_session), 0, "65536",
      "uncommitted allocations one worker connection may hold; past it an ALLOC's key answers "
      "-EDQUOT"},
+    {"limits", "session_share", OPT_U32, O(limit_session_share), 0, "50",
+     "percent of its tenant's G2 slots one worker connection may hold pinned or allocated, "
+     "together; past it a key answers KV_ESHARE (100 = no such limit)"},
     {"limits", "namespaces_per_tenant", OPT_U32, O(limit_namespaces_per_tenant), 0, "4096",
      "namespaces one tenant may have at once (those with sessions or blocks); past it a HELLO for "
      "a "
@@ -827,6 +830,9 @@ static void check_alone(const kv_config *c, chk *k) {
                (int)(colon - c->stats_listen), c->stats_listen);
     }
   }
+  if (c->limit_session_share == 0 || c->limit_session_share > 100)
+    REFUSE("limits.session_share: %u is not a percentage from 1 to 100",
+           (unsigned)c->limit_session_share);
   if (c->limit_pins_per_session == 0 || c->limit_allocs_per_session == 0 ||
       c->limit_namespaces_per_tenant == 0)
     REFUSE("limits.pins_per_session, limits.allocs_per_session and "

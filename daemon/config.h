@@ -94,6 +94,7 @@ typedef struct kv_config {
   char g1_device[64];              /* [g1] device: CUDA ordinals, comma-separated: a pool on each */
   uint32_t limit_pins_per_session; /* [limits] pins_per_session */
   uint32_t limit_allocs_per_session;    /* [limits] allocs_per_session */
+  uint32_t limit_session_share;         /* [limits] session_share (percent) */
   uint32_t limit_namespaces_per_tenant; /* [limits] namespaces_per_tenant */
   char g4_seeds[512];                   /* [g4] seeds: ip:port, comma-separated; "" = no G4 */
   char g4_user[64];                     /* [g4] user: ACL user ("" = AUTH with password only) */

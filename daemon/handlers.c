@@ -42,6 +42,20 @@ int kvd_fail(kv_buf *out, const kv_msg *req, int status, const char *msg) {
   return kv_msg_encode_error(out, req->id, req->op, status, msg ? msg : kv_strerror(status));
 }
 
+void kvd_share_refused(kvd *d, kvd_session *s, const char *what) {
+  d->st.share_refused++;
+  if (s->share_logged) return;
+  s->share_logged = 1;
+  kvd_ns *n = kvd_registry_ns(&d->reg, s->ns);
+  const char *tenant = d->reg.tenants[n->tenant].cfg.name;
+  kv_warn("server",
+          "session %llu (pid %d uid %u) may %s no more: it holds %u blocks pinned or allocated, "
+          "its limits.session_share (%u%%) of the G2 slots of tenant '%s'; its keys get KV_ESHARE "
+          "until it releases, commits or aborts (logged once a session)",
+          (unsigned long long)s->id, (int)s->peer_pid, (unsigned)s->peer_uid, what, s->held_max,
+          (unsigned)d->cfg.limit_session_share, tenant[0] ? tenant : "(default)");
+}
+
 /* Copies the request's keys into d->keys. */
 int kvd_load_keys(kvd *d, const kv_keyvec *v) {
   for (uint32_t i = 0; i < v->n; i++) {
@@ -106,6 +120,8 @@ static int op_hello(kvd *d, kvd_sink *sink, const kv_msg *req, kv_buf *out, int 
   s->ns = ns;
   kvd_ns *n = kvd_registry_ns(&d->reg, ns);
   kv_arena *a = kvd_registry_arena(&d->reg, n);
+  kvd_session_set_share(s, n->slot_bytes ? a->capacity / n->slot_bytes : 0,
+                        d->cfg.limit_session_share);
   kv_msg m = kvd_reply_to(req);
   m.flags |= KV_F_FD;
   m.hello_rep.ver_major = KV_PROTO_MAJOR;

@@ -39,6 +39,7 @@ typedef struct kvd_stats {
   uint64_t frames_in, frames_out, bad_frames;
   uint64_t pins_released_on_close, allocs_aborted_on_close;
   uint64_t pins_refused, allocs_refused; /* keys answered -EDQUOT: limits.*_per_session */
+  uint64_t share_refused; /* keys answered KV_ESHARE: limits.session_share */
   uint64_t ops[KV_OP_COUNT];
   uint64_t hints[KV_HINT_KIND_COUNT];  /* HINT requests by kind */
   uint64_t hint_stops[KV_STOP_COUNT];  /* FINISHED hints by stop reason */
@@ -120,6 +121,9 @@ kv_msg kvd_reply_to(const kv_msg *req);
 kv_msg kvd_error_to(const kv_msg *req, int status);
 int kvd_fail(kv_buf *out, const kv_msg *req, int status, const char *msg);
 int kvd_load_keys(kvd *d, const kv_keyvec *v);
+/* Counts a key of session s refused with KV_ESHARE (a LOAD's pin or an
+ * ALLOC): the first refusal of a session is logged, saying why. */
+void kvd_share_refused(kvd *d, kvd_session *s, const char *what);
 
 /* LOOKUP's answer to req for keys[0..n) of registry namespace reg_ns (core
  * namespace core_ns): the hit length and each key's tier (in d->tiers,

@@ -268,6 +268,7 @@ static int load_keys(kvd *d, kvd_sink *sink, const kv_msg *req, uint32_t n, uint
     ld->found[i] = (uint8_t)__builtin_ctz(b->tiers);
     if ((e->status = kvd_session_pin(d->core, s, b, d->cfg.limit_pins_per_session))) {
       if (e->status == -EDQUOT) d->st.pins_refused++;
+      if (e->status == KV_ESHARE) kvd_share_refused(d, s, "pin");
       continue;
     }
     ld->bid[i] = b->id;

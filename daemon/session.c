@@ -14,6 +14,20 @@ void kvd_session_init(kvd_session *s, uint64_t id) {
   s->peer_fd = -1;
 }
 
+void kvd_session_set_share(kvd_session *s, uint64_t tenant_slots, uint32_t percent) {
+  if (percent >= 100) {
+    s->held_max = 0;
+    return;
+  }
+  uint64_t m = tenant_slots * percent / 100;
+  s->held_max = m < 1 ? 1 : m > UINT32_MAX ? UINT32_MAX : (uint32_t)m;
+}
+
+/* Blocks this session holds: pinned (each once) and allocated. */
+static int over_share(const kvd_session *s) {
+  return s->held_max && (uint64_t)s->pins.n + s->allocs.n >= s->held_max;
+}
+
 int kvd_session_pin(kv_core *c, kvd_session *s, kv_block *b, uint64_t max_pins) {
   if (max_pins && s->npins >= max_pins) return -EDQUOT;
   uint32_t *n = u32map_get(&s->pins, b->id);
@@ -21,6 +35,7 @@ int kvd_session_pin(kv_core *c, kvd_session *s, kv_block *b, uint64_t max_pins) 
     if (*n == UINT32_MAX) return -EDQUOT;
     ++*n;
   } else {
+    if (over_share(s)) return KV_ESHARE;
     int rc = u32map_add(&s->pins, b->id, 1);
     if (rc) return rc;
     rc = kv_core_pin(c, b);
@@ -50,7 +65,8 @@ int kvd_session_unpin(kv_core *c, kvd_session *s, kv_block *b) {
 uint64_t kvd_session_pins(const kvd_session *s) { return s->npins; }
 
 int kvd_session_may_alloc(const kvd_session *s, uint32_t max_allocs) {
-  return !max_allocs || s->allocs.n < max_allocs;
+  if (max_allocs && s->allocs.n >= max_allocs) return -EDQUOT;
+  return over_share(s) ? KV_ESHARE : 0;
 }
 
 int kvd_session_track_alloc(kvd_session *s, kv_block *b) {

@@ -412,10 +412,12 @@ int kvd_render_metrics(kvd *d, kv_buf *out) {
   H("kvcached_uncommitted_allocations", "gauge", "Blocks allocated and not yet committed.");
   P("kvcached_uncommitted_allocations %llu\n", U(s.uncommitted));
   H("kvcached_session_limit_refused_total", "counter",
-    "Keys answered -EDQUOT because their connection held limits.pins_per_session pins or "
-    "limits.allocs_per_session allocations, by limit.");
+    "Keys refused because their connection held limits.pins_per_session pins or "
+    "limits.allocs_per_session allocations (-EDQUOT), or its limits.session_share of its "
+    "tenant's G2 slots (KV_ESHARE), by limit.");
   P("kvcached_session_limit_refused_total{limit=\"pins\"} %llu\n", U(d->st.pins_refused));
   P("kvcached_session_limit_refused_total{limit=\"allocs\"} %llu\n", U(d->st.allocs_refused));
+  P("kvcached_session_limit_refused_total{limit=\"share\"} %llu\n", U(d->st.share_refused));
   H("kvcached_sessions", "gauge", "Worker connections open.");
   P("kvcached_sessions %llu\n", U(d->nsessions));
   H("kvcached_sessions_opened_total", "counter", "Worker connections accepted.");
@@ -681,8 +683,9 @@ static json_t *stats_json(kvd *d, const snapshot *s) {
   json_object_set_new(o, "pins", json_integer((json_int_t)s->pinned));
   json_object_set_new(o, "uncommitted", json_integer((json_int_t)s->uncommitted));
   json_object_set_new(o, "session_limit_refused",
-                      json_pack("{s:I,s:I}", "pins", (json_int_t)d->st.pins_refused, "allocs",
-                                (json_int_t)d->st.allocs_refused));
+                      json_pack("{s:I,s:I,s:I}", "pins", (json_int_t)d->st.pins_refused, "allocs",
+                                (json_int_t)d->st.allocs_refused, "share",
+                                (json_int_t)d->st.share_refused));
   json_object_set_new(o, "sessions", json_integer((json_int_t)d->nsessions));
   json_object_set_new(o, "tenants", tenants_json(d));
   json_t *hr = json_object();

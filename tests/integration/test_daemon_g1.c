@@ -237,8 +237,10 @@ static uint8_t tier_of(kvc *c, uint64_t v) {
 }
 
 Test(g1, load_to_g1_and_write_back, .timeout = 60) {
-  static const char *const conf[] = {"g1.enable=on", "g1.backend=sim", "g1.capacity=2M",
-                                     "cache.policy=lru", NULL};
+  /* One worker holds all 32 blocks at once: no session share. */
+  static const char *const conf[] = {"g1.enable=on",     "g1.backend=sim",
+                                     "g1.capacity=2M",   "cache.policy=lru",
+                                     "limits.session_share=100", NULL};
   ops_start(NULL, conf);
   kvc *c = open_g1(0);
   kvc_g1 g;

@@ -173,7 +173,8 @@ Test(tenants, g2_tenants_above_1_is_refused_at_start) {
 }
 
 Test(tenants, shares_size_each_tenants_arena) {
-  const char *const set[] = {"tenant.small.g2_share=25%", "tenant.big.g2_share=1M", NULL};
+  const char *const set[] = {"tenant.small.g2_share=25%", "tenant.big.g2_share=1M",
+                             "limits.session_share=100", NULL};
   ops_start("small,big,rest", set);
   json_t *o = ops_json(ops_d.stats, "GET", "/stats", 200);
   json_t *ts = json_object_get(o, "tenants");

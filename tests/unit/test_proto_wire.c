@@ -1038,6 +1038,7 @@ Test(wire_ok, op_names_and_errors) {
   for (unsigned op = KV_OP_HELLO; op < KV_OP_COUNT; op++) cr_assert_not_null(kv_op_name(op));
   cr_assert_str_eq(kv_err_name(KV_EBADFD), "KV_EBADFD");
   cr_assert_eq(KV_EBADFD, -10015);
+  cr_assert_eq(KV_ESHARE, -10016);
   cr_assert_eq(KV_EBADFRAME, -10008);
 }
 

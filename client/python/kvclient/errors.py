@@ -18,6 +18,7 @@ _DOMAIN = {
     "KV_EBADSTATE": 5, "KV_ETOOBIG": 6, "KV_ECORRUPT": 7, "KV_EBADFRAME": 8,
     "KV_EBADVERSION": 9, "KV_EBADOP": 10, "KV_ENOTOWNER": 11, "KV_ENOSESSION": 12,
     "KV_EDEGRADED": 13, "KV_ENOTSHAREABLE": 14, "KV_EBADFD": 15,
+    "KV_ESHARE": 16,
 }
 CODES = {name: -(ERR_BASE + off) for name, off in _DOMAIN.items()}
 globals().update(CODES)  # kvclient.errors.KV_ENOTFOUND, ...
