@@ -13,18 +13,42 @@
 #include "ipc/sock.h"
 
 static int reserve = -1;
+static int ops[KVD_FD_OPS_RESERVE];
+static unsigned nops;
+
+void kvd_fd_ops_refill(void) {
+  while (nops < KVD_FD_OPS_RESERVE) {
+    int fd = open("/dev/null", O_RDONLY | O_CLOEXEC);
+    if (fd < 0) return;
+    ops[nops++] = fd;
+  }
+}
+
+unsigned kvd_fd_ops_held(void) { return nops; }
+
+int kvd_fd_ops_room(void *arg) {
+  (void)arg;
+  if (!nops) return 0;
+  close(ops[--nops]);
+  return 1;
+}
 
 int kvd_fd_reserve_init(void) {
-  if (reserve >= 0) return 0;
-  int fd = open("/dev/null", O_RDONLY | O_CLOEXEC);
-  if (fd < 0) return -errno;
-  reserve = fd;
-  return 0;
+  int rc = 0;
+  if (reserve < 0) {
+    int fd = open("/dev/null", O_RDONLY | O_CLOEXEC);
+    if (fd < 0) rc = -errno;
+    else reserve = fd;
+  }
+  kvd_fd_ops_refill();
+  if (!rc && nops < KVD_FD_OPS_RESERVE) rc = -EMFILE;
+  return rc;
 }
 
 void kvd_fd_reserve_fini(void) {
   if (reserve >= 0) close(reserve);
   reserve = -1;
+  while (nops) close(ops[--nops]);
 }
 
 int kvd_accept(int lfd, kvd_room_fn room, kvd_refuse_fn refuse, void *arg, int *shed) {

@@ -15,8 +15,17 @@
  * for a while (its sweep timer starts it again).
  *
  * The budget keeps worker connections from taking the descriptors the
- * operator sockets, G3 and the daemon's own files need (kvd_fd_budget()).
- * Everything runs on the loop's thread.
+ * operator sockets, G3 and the daemon's own files need (kvd_fd_budget()),
+ * and the worker socket re-reads it every second, so a limit lowered under
+ * the running daemon lowers it too. And because descriptors can run out
+ * anyway (the limit lowered below what is open, another thread's files),
+ * the operator sockets have reserved descriptors of their own:
+ * KVD_FD_OPS_RESERVE more held on /dev/null. At the limit an operator
+ * listener spends one of them for the connection waiting (kvd_fd_ops_room,
+ * its kvd_room_fn), so /health and /metrics answer however many the
+ * workers took; the pool is filled again as descriptors come back
+ * (kvd_fd_ops_refill: after an operator connection closes, and each
+ * sweep). Everything runs on the loop's thread.
  */
 #ifndef KV_DAEMON_ACCEPT_H
 #define KV_DAEMON_ACCEPT_H
@@ -27,10 +36,21 @@
  * connections: G3's files, io_uring, LMDB, logging, fds in flight. */
 #define KVD_FD_SPARE 32
 
-/* Takes the reserve descriptor if it is not held. 0 or -errno. */
+/* Operator connections served when every other descriptor is taken. */
+#define KVD_FD_OPS_RESERVE 4
+
+/* Takes the reserve descriptor if it is not held, and fills the operator
+ * pool. 0 or -errno (the first that could not be had). */
 int kvd_fd_reserve_init(void);
-/* Gives it back (tests). */
+/* Gives them back (tests). */
 void kvd_fd_reserve_fini(void);
+/* Descriptors held in the operator pool now (0..KVD_FD_OPS_RESERVE). */
+unsigned kvd_fd_ops_held(void);
+/* A kvd_room_fn for the operator listeners: closes one descriptor of the
+ * pool (1), or 0 when the pool is empty. */
+int kvd_fd_ops_room(void *arg);
+/* Fills the pool again as far as descriptors allow. */
+void kvd_fd_ops_refill(void);
 
 /* Called at the descriptor limit before the reserve is spent: 1 if it
  * closed a descriptor of the caller's (then the accept is tried again). */

@@ -174,6 +174,9 @@ static const opt opts[] = {
      "worker connections open at once from one user (peer uid); more are refused with an ERROR"},
     {"limits", "hello_timeout_ms", OPT_U32, O(limits_hello_timeout_ms), 0, "10000",
      "a worker connection without a session this long after it was accepted is closed; 0: never"},
+    {"limits", "out_bytes", OPT_SIZE, O(limits_out_bytes), 0, "0",
+     "replies all worker connections may owe at once; past it the one owing the most is closed; "
+     "0 = 1/32 of the memory, 64M to 2G"},
     {"limits", "pins_per_session", OPT_U32, O(limit_pins_per_session), 0, "1048576",
      "pins one worker connection may hold, repeats counted; past it a LOAD's key answers -EDQUOT"},
     {"limits", "allocs_per_session", OPT_U32, O(limit_allocs_per_session), 0, "65536",
@@ -830,6 +833,9 @@ static void check_alone(const kv_config *c, chk *k) {
                (int)(colon - c->stats_listen), c->stats_listen);
     }
   }
+  if (c->limits_out_bytes && c->limits_out_bytes < (1u << 20))
+    REFUSE("limits.out_bytes: %llu bytes is under 1M (0 chooses a share of the memory)",
+           (unsigned long long)c->limits_out_bytes);
   if (c->limit_session_share == 0 || c->limit_session_share > 100)
     REFUSE("limits.session_share: %u is not a percentage from 1 to 100",
            (unsigned)c->limit_session_share);

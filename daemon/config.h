@@ -83,6 +83,7 @@ typedef struct kv_config {
   uint32_t limits_connections; /* [limits] connections: worker connections at once */
   uint32_t limits_connections_per_uid; /* [limits] connections_per_uid */
   uint32_t limits_hello_timeout_ms;    /* [limits] hello_timeout_ms: 0 = none */
+  uint64_t limits_out_bytes;           /* [limits] out_bytes: 0 = a share of memory */
   uint32_t stats_connections;          /* [stats] connections: on the Unix stats socket */
   uint32_t stats_tcp_connections;      /* [stats] tcp_connections: on stats.listen */
   uint32_t stats_request_timeout_ms;   /* [stats] request_timeout_ms: every HTTP socket */

@@ -150,6 +150,7 @@ static void conn_free_cb(uv_handle_t *hd) {
   kv_buf_free(&c->body);
   kv_buf_free(&c->out);
   free(c);
+  kvd_fd_ops_refill(); /* a descriptor came back: the operator pool first */
 }
 
 /* The descriptor is closed at once (uv_poll_stop has taken it out of the
@@ -359,9 +360,12 @@ static void evict(kvd_http *h, kvd_http_conn *v, const char *why) {
   say_and_close(v, 503, "evicted: the socket is at its connection limit");
 }
 
-/* kvd_accept()'s last resort before refusing at the descriptor limit. */
+/* kvd_accept()'s resort before refusing at the descriptor limit: one of
+ * the descriptors reserved for the operator sockets, else the connection
+ * that waited longest for a request. */
 static int make_room(void *arg) {
   kvd_http *h = arg;
+  if (kvd_fd_ops_room(NULL)) return 1;
   kvd_http_conn *v = longest_waiting(h, -1);
   if (!v) return 0;
   evict(h, v, "out of file descriptors");

@@ -48,6 +48,10 @@ typedef struct kvd_stats {
   uint64_t conns_refused[KVD_REFUSED_COUNT];
   uint64_t hello_timeouts; /* connections closed without a session in time */
   uint32_t conns_max;      /* limits.connections within the descriptor budget */
+  uint64_t out_bytes;      /* reply bytes all worker connections owe now */
+  uint64_t out_max_conn;   /* the most one connection owed at the last sweep */
+  uint64_t out_limit;      /* limits.out_bytes in effect */
+  uint64_t out_closed;     /* connections closed for owing the most over it */
 } kvd_stats;
 
 typedef struct kvd {

@@ -21,6 +21,7 @@ struct kvd_conn {
   kvd_sink *sink;
   kv_reader rd;
   kv_buf out;
+  size_t out_acc; /* of out's bytes, those counted in the daemon's total (out_sync) */
   struct {
     size_t at;
     int fd[2];
@@ -43,6 +44,52 @@ static void on_conn(uv_poll_t *h, int status, int events);
 static void conn_close(kvd_conn *c, const char *why);
 static int conn_flush(kvd_conn *c);
 static void set_events(kvd_conn *c);
+static uint32_t worker_budget(kvd_server *s);
+
+/* --- replies owed: every connection's, and the daemon's total --------------- */
+
+/* Brings the daemon's total up to date with c->out. */
+static void out_sync(kvd_conn *c) {
+  kvd_stats *st = &c->srv->d->st;
+  st->out_bytes += c->out.len;
+  st->out_bytes -= c->out_acc;
+  c->out_acc = c->out.len;
+}
+
+/* The open connection that owes the most bytes; NULL when none owes any. */
+static kvd_conn *out_largest(kvd_server *s) {
+  kvd_conn *m = NULL;
+  for (kvd_conn *c = s->conns; c; c = c->next)
+    if (!c->closing && c->out.len && (!m || c->out.len > m->out.len)) m = c;
+  return m;
+}
+
+/* While the replies every connection owes add up to more than
+ * limits.out_bytes, closes the connection that owes the most: it is the
+ * one not reading. Counted; logged at most once a second with a count. */
+static void out_enforce(kvd_server *s) {
+  kvd *d = s->d;
+  while (d->st.out_bytes > d->st.out_limit) {
+    kvd_conn *v = out_largest(s);
+    if (!v) return;
+    d->st.out_closed++;
+    int64_t now = kv_now_ms();
+    if (now - s->out_log_ms >= 1000) {
+      kv_warn("server",
+              "session %llu (pid %d uid %d) owes %zu bytes of replies, the most of any connection, "
+              "while all connections owe %llu bytes, over limits.out_bytes (%llu): closing it "
+              "(%llu more closed since the last such line)",
+              (unsigned long long)v->sess.id, (int)v->cred.pid, (int)v->cred.uid, v->out.len,
+              (unsigned long long)d->st.out_bytes, (unsigned long long)d->st.out_limit,
+              (unsigned long long)s->out_quiet);
+      s->out_log_ms = now;
+      s->out_quiet = 0;
+    } else {
+      s->out_quiet++;
+    }
+    conn_close(v, "owes the most replies over limits.out_bytes");
+  }
+}
 
 /* A deferred reply: queue it behind what is waiting and send what we can. */
 static void sink_deliver(kvd_sink *s, const kv_buf *frame) {
@@ -52,11 +99,13 @@ static void sink_deliver(kvd_sink *s, const kv_buf *frame) {
     conn_close(c, "out of memory for a reply");
     return;
   }
+  out_sync(c);
   if (conn_flush(c) < 0) {
     conn_close(c, "peer gone while sending");
     return;
   }
-  set_events(c);
+  out_enforce(c->srv);
+  if (!c->closing) set_events(c);
 }
 
 static void conn_free_cb(uv_handle_t *h) {
@@ -75,6 +124,8 @@ static void conn_close(kvd_conn *c, const char *why) {
   c->sink->sess = NULL;
   kvd_sink_put(c->sink);
   kvd *d = c->srv->d;
+  d->st.out_bytes -= c->out_acc; /* never sent now: the buffer goes with the connection */
+  c->out_acc = 0;
   uint64_t pins = 0, allocs = 0;
   kvd_session_close(d->core, &c->sess, &pins, &allocs);
   kvd_registry_release(&d->reg, c->sess.ns); /* freed if nothing of it is left */
@@ -123,6 +174,7 @@ static int conn_flush(kvd_conn *c) {
     if (with_fds) { memmove(c->ofd, c->ofd + 1, (--c->nofd) * sizeof c->ofd[0]); }
     for (unsigned i = 0; i < c->nofd; i++) c->ofd[i].at -= (size_t)w;
     kv_buf_consume(&c->out, (size_t)w);
+    out_sync(c);
     c->srv->d->st.frames_out++;
   }
   return 0;
@@ -142,8 +194,9 @@ static void handle_frame(kvd_conn *c, const kv_frame *f) {
     rc = kv_msg_encode_error(&c->out, f->hdr.id, f->hdr.op, rc, kv_strerror(rc));
   } else {
     rc = kvd_handle(d, c->sink, &m, &c->out, out_fd);
-    if (rc == KVD_DEFERRED) return;
   }
+  out_sync(c);
+  if (rc == KVD_DEFERRED) return;
   if (rc) {
     kv_warn("server", "session %llu: cannot encode a reply to %s: %s",
             (unsigned long long)c->sess.id, kv_op_name(f->hdr.op) ? kv_op_name(f->hdr.op) : "?",
@@ -223,6 +276,7 @@ static void conn_read(kvd_conn *c) {
     int r;
     while ((r = kv_reader_next(&c->rd, &f)) == 1) {
       handle_frame(c, &f);
+      if (!c->closing) out_enforce(c->srv);
       if (c->closing) return;
       if (c->out.len >= KVD_OUT_MAX) return; /* back-pressure: drain first */
     }
@@ -397,6 +451,17 @@ static void on_sweep(uv_timer_t *t) {
     s->paused = 0;
     uv_poll_start(&s->lpoll, UV_READABLE, on_accept);
   }
+  kvd_conn *big = out_largest(s);
+  d->st.out_max_conn = big ? big->out.len : 0;
+  /* The descriptor limit may have changed under the daemon (prlimit):
+   * once a second, the worker budget follows it, and the operator pool is
+   * filled from descriptors that came back. */
+  if (kv_now_ms() - s->budget_ms >= 1000) {
+    s->budget_ms = kv_now_ms();
+    kvd_fd_ops_refill();
+    s->max_conns = worker_budget(s);
+    d->st.conns_max = s->max_conns;
+  }
   uint32_t limit = d->cfg.limits_hello_timeout_ms;
   if (!limit) return;
   uint64_t now = (uint64_t)kv_now_ms();
@@ -414,38 +479,57 @@ static void on_sweep(uv_timer_t *t) {
 }
 
 /* The worker connections the descriptor limit leaves room for, beside the
- * operator sockets' connections and KVD_FD_SPARE. 0 when none (logged). */
-static uint32_t worker_budget(kvd *d) {
+ * operator sockets' connections and KVD_FD_SPARE: the descriptors open now
+ * but the worker connections' own. 0 when none. Logged when it changes and
+ * is under limits.connections. */
+static uint32_t worker_budget(kvd_server *s) {
+  kvd *d = s->d;
   uint32_t want = d->cfg.limits_connections;
   uint64_t ops = (uint64_t)d->cfg.stats_connections + d->cfg.admin_connections + 3 +
                  (d->cfg.stats_listen[0] ? d->cfg.stats_tcp_connections : 0);
   int open_now = kvd_fds_open();
-  uint64_t others = (open_now > 0 ? (uint64_t)open_now : 64) + ops + KVD_FD_SPARE;
+  uint64_t mine = open_now > 0 && (uint64_t)open_now > s->nconns ? (uint64_t)open_now - s->nconns
+                                                                  : 64;
+  uint64_t others = mine + ops + KVD_FD_SPARE;
   int64_t b = kvd_fd_budget(others, want);
   if (b < 0) {
-    kv_warn("server", "cannot read RLIMIT_NOFILE (%s): allowing limits.connections (%u)",
-            kv_strerror((int)b), want);
+    if (s->max_conns != want)
+      kv_warn("server", "cannot read RLIMIT_NOFILE (%s): allowing limits.connections (%u)",
+              kv_strerror((int)b), want);
     return want;
   }
-  if (b < want)
+  if (b < want && (uint32_t)b != s->max_conns)
     kv_log(b ? KV_LOG_WARN : KV_LOG_ERROR, "server",
            "RLIMIT_NOFILE leaves room for %lld worker connections (limits.connections = %u) beside "
            "%llu descriptors for the daemon and its operator sockets: raise it (LimitNOFILE=) "
            "to serve more",
            (long long)b, want, (unsigned long long)others);
+  else if (b == want && s->max_conns && s->max_conns < want)
+    kv_info("server", "RLIMIT_NOFILE leaves room for limits.connections (%u) again", want);
   return (uint32_t)b;
+}
+
+/* limits.out_bytes, or its default: 1/32 of the memory, 64 MiB to 2 GiB. */
+static uint64_t out_limit(const kv_config *cfg) {
+  if (cfg->limits_out_bytes) return cfg->limits_out_bytes;
+  long pages = sysconf(_SC_PHYS_PAGES), psz = sysconf(_SC_PAGESIZE);
+  uint64_t mem = pages > 0 && psz > 0 ? (uint64_t)pages * (uint64_t)psz : 0;
+  uint64_t l = mem / 32, lo = (uint64_t)64 << 20, hi = (uint64_t)2 << 30;
+  return l < lo ? lo : l > hi ? hi : l;
 }
 
 int kvd_server_start(kvd_server *s, kvd *d, uv_loop_t *loop) {
   memset(s, 0, sizeof *s);
   s->d = d;
   s->loop = loop;
+  d->st.out_limit = out_limit(&d->cfg);
   int rc = kvd_fd_reserve_init();
   if (rc)
     kv_warn("server", "no reserve descriptor (%s): at the fd limit the listener pauses",
             kv_strerror(rc));
-  s->max_conns = worker_budget(d);
+  s->max_conns = worker_budget(s);
   d->st.conns_max = s->max_conns;
+  s->budget_ms = kv_now_ms();
   if (!s->max_conns) return -EMFILE;
   kv_listen_opts lo = {.flags = KV_SOCK_NONBLOCK};
   rc = kv_listen(&s->lst, d->cfg.socket_dir, KV_SOCKET_NAME, &lo);

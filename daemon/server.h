@@ -14,12 +14,16 @@
  * largest HELLO; after it, the opcode's layout, and for PUT the session's
  * block size (proto/PROTOCOL.md, section 5). A peer that does not read its replies is not
  * allowed to make the daemon buffer without bound: past KVD_OUT_MAX bytes
- * waiting, the daemon stops reading from it until they drain.
+ * waiting, the daemon stops reading from it until they drain; and while
+ * the replies all connections owe add up to more than limits.out_bytes,
+ * the connection that owes the most is closed (counted, logged at most
+ * once a second), so that many such peers cannot either.
  *
  * Admission: the peer's credentials are read at accept (into the
  * session's peer_uid, peer_gid, peer_pid). A connection over
  * limits.connections (lowered to what RLIMIT_NOFILE leaves beside the
- * operator sockets and KVD_FD_SPARE) or limits.connections_per_uid gets
+ * operator sockets and KVD_FD_SPARE, re-read every second) or
+ * limits.connections_per_uid gets
  * one ERROR -EAGAIN saying which, and is closed; so is one accepted when
  * descriptors ran out (daemon/accept.h: the listener never spins). A
  * connection without a session limits.hello_timeout_ms after its accept is
@@ -52,6 +56,9 @@ typedef struct kvd_server {
   uint32_t max_conns; /* limits.connections within the descriptor budget */
   u32map per_uid;     /* peer uid -> connections open */
   kvd_conn *conns;
+  int64_t out_log_ms; /* the last "owes the most" line */
+  int64_t budget_ms;  /* max_conns last computed */
+  uint64_t out_quiet; /* closes since, not logged */
 } kvd_server;
 
 /* Listens on <socket_dir>/kvcached.sock. 0 or -errno (logged). */

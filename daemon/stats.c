@@ -18,6 +18,7 @@
 #include "base/hex.h"
 #include "base/log.h"
 #include "base/size.h"
+#include "daemon/accept.h"
 #include "daemon/kvd.h"
 
 #define GHOST_SLOTS (1u << 18) /* about 256 Ki keys remembered: 2 MiB */
@@ -456,6 +457,8 @@ int kvd_render_metrics(kvd *d, kv_buf *out) {
     "Connections the daemon closed for a limit, by socket and reason.");
   P("kvcached_connections_closed_total{socket=\"worker\",reason=\"hello_timeout\"} %llu\n",
     U(d->st.hello_timeouts));
+  P("kvcached_connections_closed_total{socket=\"worker\",reason=\"out_bytes\"} %llu\n",
+    U(d->st.out_closed));
   for (int i = 0; i < KVD_SOCK_COUNT; i++) {
     const kvd_http_lstats *l = d->m.http[i];
     if (!l) continue;
@@ -466,6 +469,18 @@ int kvd_render_metrics(kvd *d, kv_buf *out) {
     P("kvcached_connections_closed_total{socket=\"%s\",reason=\"idle\"} %llu\n", kvd_sock_names[i],
       U(l->idle));
   }
+  H("kvcached_out_bytes", "gauge",
+    "Reply bytes the worker connections owe: made by the daemon, not yet read by the worker.");
+  P("kvcached_out_bytes %llu\n", U(d->st.out_bytes));
+  H("kvcached_out_bytes_max", "gauge",
+    "The most reply bytes one worker connection owed, at the last sweep (under a second ago).");
+  P("kvcached_out_bytes_max %llu\n", U(d->st.out_max_conn));
+  H("kvcached_out_bytes_limit", "gauge",
+    "limits.out_bytes in effect: past it the connection owing the most is closed.");
+  P("kvcached_out_bytes_limit %llu\n", U(d->st.out_limit));
+  H("kvcached_operator_fds_reserved", "gauge",
+    "Descriptors held for the operator sockets, spent when every other one is taken (of 4).");
+  P("kvcached_operator_fds_reserved %u\n", kvd_fd_ops_held());
   H("kvcached_connections", "gauge", "Connections open, by socket.");
   P("kvcached_connections{socket=\"worker\"} %llu\n", U(d->nsessions));
   for (int i = 0; i < KVD_SOCK_COUNT; i++)
@@ -687,6 +702,11 @@ static json_t *stats_json(kvd *d, const snapshot *s) {
                                 (json_int_t)d->st.allocs_refused, "share",
                                 (json_int_t)d->st.share_refused));
   json_object_set_new(o, "sessions", json_integer((json_int_t)d->nsessions));
+  json_object_set_new(o, "out",
+                      json_pack("{s:I,s:I,s:I,s:I}", "bytes", (json_int_t)d->st.out_bytes,
+                                "max_connection_bytes", (json_int_t)d->st.out_max_conn,
+                                "limit_bytes", (json_int_t)d->st.out_limit, "closed",
+                                (json_int_t)d->st.out_closed));
   json_object_set_new(o, "tenants", tenants_json(d));
   json_t *hr = json_object();
   for (int i = 0; i < KVD_HELLO_REFUSED_COUNT; i++)

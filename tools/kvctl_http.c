@@ -3,7 +3,10 @@
  * kvctl_http.h). The request is written whole, then bytes are fed to
  * http-parser as they come until it reports the message complete, or the
  * peer closes (an EOF is given to the parser too, which ends a response
- * without Content-Length).
+ * without Content-Length). A daemon that refuses a connection (a 503 at
+ * its descriptor limit, a 403) answers and closes without reading the
+ * request: the send then fails (EPIPE, ECONNRESET), and the answer is read
+ * all the same; the send's error is returned only when none came.
  */
 #include "tools/kvctl_http.h"
 
@@ -82,6 +85,8 @@ int kvctl_http(const char *sock_path, const char *method, const char *target, in
                    "Accept: application/json\r\nContent-Length: 0\r\nConnection: close\r\n\r\n",
                    method, target, KV_VERSION);
   int rc = n < 0 ? -ENOMEM : send_all(fd, req, (size_t)n, deadline);
+  int send_rc = 0;
+  if (rc == -EPIPE || rc == -ECONNRESET) send_rc = rc, rc = 0; /* an answer may be waiting */
   http_parser p;
   http_parser_settings cb;
   http_parser_settings_init(&cb);
@@ -109,6 +114,7 @@ int kvctl_http(const char *sock_path, const char *method, const char *target, in
     else if (HTTP_PARSER_ERRNO(&p) != HPE_OK || used != (size_t)got) rc = -EPROTO;
     else if (got == 0 && !s.done) rc = -EPROTO; /* closed before the message ended */
   }
+  if (rc && send_rc) rc = send_rc; /* no answer: the send's failure says why */
   free(req);
   close(fd);
   if (rc) {

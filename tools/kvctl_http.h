@@ -24,7 +24,9 @@ typedef struct kvctl_http_resp {
 /*
  * Sends `method target` to the socket at sock_path and reads the whole
  * response, waiting at most timeout_ms in all. Returns 0 with *r filled
- * (any HTTP status, 4xx and 5xx included), or -errno and *r untouched:
+ * (any HTTP status, 4xx and 5xx included; a response the daemon sent
+ * before closing without reading the request counts, although the send
+ * failed), or -errno and *r untouched:
  * the socket's connect() errors as they are (-ENOENT: no socket file,
  * -ECONNREFUSED: no daemon behind it, -EACCES: its mode), -ETIMEDOUT,
  * -EPROTO (not an HTTP response, or the peer closed before it ended),

@@ -160,9 +160,11 @@ Test(fd_limit, a_listener_out_of_descriptors_is_drained_not_spun_on) {
   for (int i = 0; i < 3; i++) rc[i] = kvd_accept(l.fd, NULL, say_no, &refused, &shed[i]);
   /* Without a reserve to spend nothing is taken: the caller pauses. */
   kvd_fd_reserve_fini();
-  int refill = open("/dev/null", O_RDONLY); /* the slot the reserve held */
+  int refill[1 + KVD_FD_OPS_RESERVE], nrefill = 0; /* the slots the reserves held */
+  while (nrefill < 1 + KVD_FD_OPS_RESERVE && (refill[nrefill] = open("/dev/null", O_RDONLY)) >= 0)
+    nrefill++;
   rc[3] = kvd_accept(l.fd, NULL, say_no, &refused, &shed[3]);
-  if (refill >= 0) close(refill);
+  for (int i = 0; i < nrefill; i++) close(refill[i]);
   for (int i = 0; i < nfill; i++) close(fill[i]);
   setrlimit(RLIMIT_NOFILE, &old);
 
@@ -177,7 +179,7 @@ Test(fd_limit, a_listener_out_of_descriptors_is_drained_not_spun_on) {
     cr_assert_eq(recv(cl[i], buf, sizeof buf, 0), 0, "refused, then closed");
   }
   cr_assert_eq(refused, 3);
-  cr_assert_geq(refill, 0);
+  cr_assert_eq(nrefill, 1 + KVD_FD_OPS_RESERVE);
   cr_assert_eq(rc[3], -EMFILE);
   cr_assert_eq(shed[3], 0, "a connection was taken without a reserve");
   /* The fourth still waits, and is accepted once descriptors are back. */
@@ -186,6 +188,50 @@ Test(fd_limit, a_listener_out_of_descriptors_is_drained_not_spun_on) {
   cr_assert_eq(kvd_accept(l.fd, NULL, NULL, NULL, NULL), -EAGAIN);
   close(fd);
   for (int i = 0; i < 4; i++) close(cl[i]);
+  kv_listener_close(&l);
+  rmdir(dir);
+}
+
+/* The operator sockets' listeners spend the descriptors kept for them: at
+ * the limit their waiting connections are accepted and served, one per
+ * reserved descriptor, and the pool fills again when descriptors come back. */
+Test(fd_limit, operator_listeners_are_served_from_their_reserved_descriptors) {
+  char dir[] = "/tmp/kvacc-XXXXXX";
+  cr_assert_not_null(mkdtemp(dir));
+  kv_listener l;
+  kv_listen_opts lo = {.flags = KV_SOCK_NONBLOCK};
+  cr_assert_eq(kv_listen(&l, dir, "t.sock", &lo), 0);
+  cr_assert_eq(kvd_fd_reserve_init(), 0);
+  cr_assert_eq(kvd_fd_ops_held(), KVD_FD_OPS_RESERVE);
+  enum { C = KVD_FD_OPS_RESERVE + 2 };
+  int cl[C];
+  for (int i = 0; i < C; i++) cr_assert_geq(cl[i] = kv_sock_connect(l.path, 0), 0);
+  struct rlimit old, low = {128, 128};
+  cr_assert_eq(getrlimit(RLIMIT_NOFILE, &old), 0);
+  low.rlim_max = old.rlim_max;
+  cr_assert_eq(setrlimit(RLIMIT_NOFILE, &low), 0);
+  int fill[128], nfill = 0;
+  for (int fd; nfill < 128 && (fd = open("/dev/null", O_RDONLY)) >= 0;) fill[nfill++] = fd;
+  int got[C], shed[C], refused = 0;
+  for (int i = 0; i < C; i++) got[i] = kvd_accept(l.fd, kvd_fd_ops_room, say_no, &refused, &shed[i]);
+  unsigned held_at_limit = kvd_fd_ops_held();
+  for (int i = 0; i < KVD_FD_OPS_RESERVE; i++)
+    if (got[i] >= 0) close(got[i]);
+  kvd_fd_ops_refill();
+  unsigned held_after = kvd_fd_ops_held();
+  for (int i = 0; i < nfill; i++) close(fill[i]);
+  setrlimit(RLIMIT_NOFILE, &old);
+  for (int i = 0; i < KVD_FD_OPS_RESERVE; i++) {
+    cr_assert_geq(got[i], 0, "connection %d at the limit: %d", i, got[i]);
+    cr_assert_eq(shed[i], 0);
+  }
+  cr_assert_eq(held_at_limit, 0);
+  /* The pool spent, the next is refused with the other reserve. */
+  cr_assert_eq(got[KVD_FD_OPS_RESERVE], -EMFILE);
+  cr_assert_eq(shed[KVD_FD_OPS_RESERVE], 1);
+  cr_assert_eq(held_after, KVD_FD_OPS_RESERVE, "the pool did not fill again");
+  kvd_fd_reserve_fini();
+  for (int i = 0; i < C; i++) close(cl[i]);
   kv_listener_close(&l);
   rmdir(dir);
 }
@@ -257,9 +303,13 @@ static int daemon_fds(void) {
 /* Descriptors run out although the budget said otherwise (here: the limit
  * is lowered under the running daemon): connections past it are accepted
  * with the reserve and refused, the loop idles, and once connections
- * close the daemon serves again. */
+ * close the daemon serves again. Used to happen: the stats socket was out
+ * of descriptors too and /health and /metrics answered 503 for as long as
+ * the workers held them; now the operator sockets spend descriptors kept
+ * for them, and the worker budget follows the new limit within a second. */
 Test(fd_limit, out_of_descriptors_the_daemon_refuses_and_does_not_spin) {
   ops_start(NULL, NULL);
+  cr_assert_eq(metric("kvcached_operator_fds_reserved"), KVD_FD_OPS_RESERVE);
   struct rlimit low;
   low.rlim_cur = low.rlim_max = (rlim_t)daemon_fds() + 16;
   cr_assert_eq(prlimit(ops_d.pid, RLIMIT_NOFILE, &low, NULL), 0, "prlimit: %s", strerror(errno));
@@ -274,17 +324,32 @@ Test(fd_limit, out_of_descriptors_the_daemon_refuses_and_does_not_spin) {
   double c0 = cpu_s();
   usleep(1000000);
   double used = cpu_s() - c0;
-  /* The stats socket is out of descriptors too: it answers 503. */
-  int st = ops_req(ops_d.stats, "GET", "/health", resp, sizeof resp, NULL);
+  /* Every descriptor the limit allows is taken, and the operator sockets
+   * answer: one reserved descriptor after another. */
+  int health[6], metrics_st = ops_req(ops_d.stats, "GET", "/metrics", resp, sizeof resp, NULL);
+  for (int i = 0; i < 6; i++) health[i] = ops_req(ops_d.stats, "GET", "/health", resp, sizeof resp, NULL);
+  long long budget = -1;
+  for (int i = 0; i < 150; i++) { /* the budget is re-read once a second */
+    budget = metric("kvcached_connections_limit{socket=\"worker\"}");
+    if (budget >= 0 && budget < (long long)low.rlim_cur) break;
+    usleep(20000);
+  }
   for (int i = 0; i < N; i++) close(fds[i]);
   cr_assert_lt(used, 0.5, "the daemon used %.2f s of CPU in 1 s out of descriptors", used);
-  cr_assert_eq(st, 503, "GET /health out of descriptors: %d", st);
+  cr_assert_eq(metrics_st, 200, "GET /metrics out of descriptors: %d", metrics_st);
+  for (int i = 0; i < 6; i++) cr_assert_eq(health[i], 200, "GET /health #%d out of descriptors: %d", i, health[i]);
+  cr_assert(budget >= 0 && budget < (long long)low.rlim_cur,
+            "the worker budget (%lld) did not follow RLIMIT_NOFILE lowered to %llu", budget,
+            (unsigned long long)low.rlim_cur);
   cr_assert_eq(wait_metric("kvcached_sessions", 0), 0);
   long long refused =
       metric("kvcached_connections_refused_total{socket=\"worker\",reason=\"fd_limit\"}");
   cr_assert(refused >= 1 && refused < N, "refused at the limit: %lld", refused);
-  kvc *c = ops_open("t");
-  kvc_close(c);
+  /* Under the new limit there is no room for workers beside what the
+   * operator sockets may take: a worker is refused, saying why. */
+  int w = raw_conn();
+  expect_refused(w, -EAGAIN, "RLIMIT_NOFILE");
+  close(w);
   ops_stop();
 }
 

@@ -187,3 +187,73 @@ Test(frame_limits, limits_follow_the_session_state) {
   }
   ops_stop();
 }
+
+/* Used to happen: a client that sends GETs of large blocks and never reads
+ * makes the daemon hold up to 16 MiB of replies for it (KVD_OUT_MAX), and
+ * nothing bounded all connections together: 128 such connections took the
+ * daemon from 0.27 to 3.4 GB. Now the replies all connections owe stay
+ * under limits.out_bytes: past it the connection owing the most is closed,
+ * counted, and the others - a worker that reads its replies among them -
+ * are served. */
+#define NGREEDY 12
+#define NGETS   320 /* 20 MiB of 64 KiB replies: more than one connection may owe */
+
+static void send_gets(int fd, const kvc_key *k, int n) {
+  kv_buf b;
+  kv_buf_init(&b);
+  for (int i = 0; i < n; i++) {
+    kv_msg m = {.op = KV_OP_GET, .id = 1000 + (uint64_t)i};
+    m.get_key = (kv_bytes){k->b, k->len};
+    cr_assert_eq(kv_msg_encode(&b, &m), 0);
+  }
+  /* The daemon stops reading past what it may owe this connection: the
+   * rest stays in the socket, and a send that blocks past its timeout is
+   * where this client stops. */
+  for (size_t at = 0; at < b.len;) {
+    ssize_t w = send(fd, b.p + at, b.len - at, MSG_NOSIGNAL);
+    if (w <= 0) break;
+    at += (size_t)w;
+  }
+  kv_buf_free(&b);
+}
+
+Test(frame_limits, unread_replies_are_capped_for_the_whole_daemon, .timeout = 120) {
+  const char *const set[] = {"limits.out_bytes=8M", NULL};
+  ops_start(NULL, set);
+  kvc *c = ops_open("t");
+  kvc_key k = KC(1);
+  static uint8_t block[OPS_BLOCK], back[OPS_BLOCK];
+  memset(block, 0x5a, sizeof block);
+  cr_assert_eq(kvc_put(c, &k, NULL, 128, block, OPS_BLOCK), 0);
+  cr_assert_eq(ops_metric("kvcached_out_bytes_limit"), 8 << 20);
+  long base = rss_kib();
+  int fds[NGREEDY];
+  long long peak = 0;
+  for (int i = 0; i < NGREEDY; i++) {
+    fds[i] = raw_worker(1);
+    struct timeval tv = {0, 300000};
+    setsockopt(fds[i], SOL_SOCKET, SO_SNDTIMEO, &tv, sizeof tv);
+    send_gets(fds[i], &k, NGETS);
+    long long owed = ops_metric("kvcached_out_bytes");
+    if (owed > peak) peak = owed;
+  }
+  long grown = rss_kib() - base;
+  /* The worker that reads is served throughout. */
+  cr_assert_eq(kvc_get(c, &k, back, sizeof back), (int)OPS_BLOCK);
+  cr_assert_eq(memcmp(back, block, OPS_BLOCK), 0);
+  long long closed = ops_metric("kvcached_connections_closed_total{socket=\"worker\",reason=\"out_bytes\"}");
+  for (int i = 0; i < NGREEDY; i++) close(fds[i]);
+  /* 12 connections would owe 192 MiB; the limit is 8 MiB, and at most one
+   * reply over it is owed before the largest debtor goes. */
+  cr_assert_leq(peak, (8 << 20) + OPS_BLOCK + 4096, "the connections owed %lld bytes", peak);
+  cr_assert_lt(grown, 64 << 10, "%d connections not reading grew the daemon by %ld KiB", NGREEDY,
+               grown);
+  cr_assert_geq(closed, NGREEDY - 1, "connections closed for owing the most: %lld", closed);
+  json_t *o = ops_json(ops_d.stats, "GET", "/stats", 200);
+  cr_assert_eq(ops_num(o, "out.limit_bytes"), 8 << 20);
+  cr_assert_eq(ops_num(o, "out.closed"), closed);
+  json_decref(o);
+  cr_assert_eq(ops_metric("kvcached_out_bytes"), 0, "the closed connections' replies are freed");
+  kvc_close(c);
+  ops_stop();
+}
