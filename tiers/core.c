@@ -128,7 +128,10 @@ static int ns_add(kv_core *c, kv_core_ns *proto) {
   return (int)c->nns++;
 }
 
+/* Frees id ns for the next namespace (ns_add), which inherits nothing of
+ * it: no block (it has none left), no session, no gap statistics. */
 static void ns_release(kv_core *c, uint32_t ns) {
+  kv_sessions_ns_drop(&c->sess, ns);
   memset(&c->ns[ns], 0, sizeof c->ns[ns]);
   c->ns[ns].cls = -1;
   c->ns[ns].owner = -1;

@@ -257,9 +257,11 @@ void kv_core_free(kv_core *c);
 int kv_core_ns_register(kv_core *c, kv_arena *arena, uint32_t block_bytes);
 
 /* Frees namespace ns, which has no block left (in any tier or state): its
- * id may be given to a new namespace. A namespace learned from G3 and
- * never registered is freed by the core itself once its last block goes.
- * 0, -EINVAL (no such namespace), -EBUSY (it still has blocks). */
+ * id may be given to a new namespace, so its engine-hint sessions and gap
+ * statistics go with it (kv_sessions_ns_drop): the next namespace of that
+ * id, maybe another tenant's, inherits none. A namespace learned from G3
+ * and never registered is freed by the core itself once its last block
+ * goes. 0, -EINVAL (no such namespace), -EBUSY (it still has blocks). */
 int kv_core_ns_free(kv_core *c, uint32_t ns);
 
 /* Index records of namespace ns (0 for an id not in use). */
@@ -355,8 +357,13 @@ void kv_core_set_priority(kv_core *c, kv_block *b, uint8_t prio);
  * hostile hints never make eviction worse than without hints by more than
  * the policy's own margin (tiers/EVICTION.md), and never let one namespace
  * keep blocks at another's expense (retention is capped and bounded per
- * namespace). The session table is bounded: the least recently hinted
- * sessions are forgotten first.
+ * namespace). The session table is bounded and shared fairly: a
+ * namespace's sessions count against its owner's share (kv_core_ns_owner),
+ * or a share of its own without one; when the table is full a new session
+ * makes its own share forget its least recently hinted session, unless
+ * another share holds at least two more (tiers/sessions.h), so one
+ * tenant's hints never make the core forget another tenant's sessions
+ * below an even part of the table.
  */
 
 /* The clock hints are measured on, in milliseconds: the daemon sets the

@@ -6,7 +6,12 @@
  *
  * Scope: every hint names a namespace; a block is given only to a session
  * of its own namespace, and sessions are found by (namespace, id), so one
- * namespace's hints reach no other namespace's blocks.
+ * namespace's hints reach no other namespace's blocks. The table's shares
+ * (sessions.h) are tenants: a namespace's sessions count against its
+ * owner's share (kv_core_ns_owner; the daemon gives every namespace its
+ * tenant when tenants are configured), or against a share of its own when
+ * it has no owner, so one tenant's new sessions make the table forget
+ * only its own once it holds its part.
  */
 #include <errno.h>
 
@@ -17,6 +22,14 @@ void kv_core_set_now(kv_core *c, uint64_t now_ms) { kv_sessions_set_now(&c->sess
 
 /* A namespace hints may name: registered, not dormant. */
 static int ns_ok(kv_core *c, uint32_t ns) { return kv_core__ns_get(c, ns) != NULL; }
+
+/* The share of the session table (sessions.h) namespace ns's sessions
+ * count against: its owner's (the daemon's tenant) when it has one, else
+ * its own. ns is registered. */
+static uint32_t share_of(kv_core *c, uint32_t ns) {
+  int o = c->ns[ns].owner;
+  return o >= 0 ? (uint32_t)o : KV_CORE_OWNERS_MAX + ns;
+}
 
 /* Every policy instance that ranks by sessions hears that the session in
  * `slot` changed. */
@@ -35,7 +48,8 @@ int kv_core_hint_session(kv_core *c, uint32_t ns, uint64_t session, kv_block *b,
   if (!session || !b || b->ns != ns || !ns_ok(c, ns)) return -EINVAL;
   if (b->state != KV_BS_READY && b->state != KV_BS_WRITING) return -EINVAL;
   uint32_t old = b->id < c->ix.nowner ? c->ix.owner[b->id] : KV_SESS_NONE, slot;
-  int rc = kv_sessions_hint_block(&c->sess, &c->ix, ns, session, b, retain_s, &slot);
+  int rc = kv_sessions_hint_block(&c->sess, &c->ix, ns, share_of(c, ns), session, b,
+                                  retain_s, &slot);
   if (rc < 0) return rc;
   if (rc) tell_session(c, slot);
   for (int t = 0; t < KV_NTIERS; t++) { /* the policies holding b regroup it */
@@ -49,7 +63,7 @@ int kv_core_hint_session(kv_core *c, uint32_t ns, uint64_t session, kv_block *b,
 int kv_core_hint_finished(kv_core *c, uint32_t ns, uint64_t session, unsigned stop,
                           uint32_t retain_s) {
   if (!session || stop >= KV_STOP_COUNT || !ns_ok(c, ns)) return -EINVAL;
-  int64_t slot = kv_sessions_finished(&c->sess, ns, session, stop, retain_s);
+  int64_t slot = kv_sessions_finished(&c->sess, ns, share_of(c, ns), session, stop, retain_s);
   if (slot < 0) return (int)slot;
   tell_session(c, (uint32_t)slot);
   return 0;

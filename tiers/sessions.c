@@ -19,6 +19,8 @@ void kv_sessions_init(kv_sessions *s, uint32_t max, uint32_t retain_max_s) {
 void kv_sessions_fini(kv_sessions *s) {
   kv_meta_free(s->v);
   kv_meta_free(s->heads);
+  kv_meta_free(s->sh);
+  kv_meta_free(s->bycount);
   for (uint32_t i = 0; i < s->nnss; i++) kv_meta_free(s->nss[i]);
   kv_meta_free(s->nss);
   memset(s, 0, sizeof *s);
@@ -62,24 +64,90 @@ const kv_session *kv_sessions_find(const kv_sessions *s, uint32_t ns, uint64_t i
   return i == UINT32_MAX ? NULL : &s->v[i];
 }
 
-/* ---- the recency list ---------------------------------------------------- */
+/* ---- the shares: a recency list each, and the lists of shares by count ---- */
+
+/* Share u is in the list of shares holding sh[u].count sessions (none when
+ * it holds none) and leaves it. */
+static void count_unlink(kv_sessions *s, uint32_t u) {
+  kv_sess_share *p = &s->sh[u];
+  if (!p->count) return;
+  if (p->cprev) s->sh[p->cprev - 1].cnext = p->cnext;
+  else s->bycount[p->count] = p->cnext;
+  if (p->cnext) s->sh[p->cnext - 1].cprev = p->cprev;
+  p->cprev = p->cnext = 0;
+}
+
+static void count_link(kv_sessions *s, uint32_t u) {
+  kv_sess_share *p = &s->sh[u];
+  if (!p->count) return;
+  p->cprev = 0;
+  p->cnext = s->bycount[p->count];
+  if (p->cnext) s->sh[p->cnext - 1].cprev = u + 1;
+  s->bycount[p->count] = u + 1;
+}
+
+/* Share u holds one session more (d = 1) or less (d = -1); maxc follows. */
+static void count_add(kv_sessions *s, uint32_t u, int d) {
+  kv_sess_share *p = &s->sh[u];
+  uint32_t was = p->count;
+  count_unlink(s, u);
+  p->count = d > 0 ? was + 1 : was - 1;
+  count_link(s, u);
+  if (p->count > s->maxc) s->maxc = p->count;
+  else if (was == s->maxc && !s->bycount[was]) s->maxc = was - 1; /* u holds was - 1 now */
+}
 
 static void list_unlink(kv_sessions *s, uint32_t i) {
   kv_session *x = &s->v[i];
+  kv_sess_share *p = &s->sh[x->share];
   if (x->lprev) s->v[x->lprev - 1].lnext = x->lnext;
-  else s->lru = x->lnext;
+  else p->lru = x->lnext;
   if (x->lnext) s->v[x->lnext - 1].lprev = x->lprev;
-  else s->mru = x->lprev;
+  else p->mru = x->lprev;
   x->lprev = x->lnext = 0;
 }
 
 static void list_push_mru(kv_sessions *s, uint32_t i) {
   kv_session *x = &s->v[i];
+  kv_sess_share *p = &s->sh[x->share];
   x->lnext = 0;
-  x->lprev = s->mru;
-  if (s->mru) s->v[s->mru - 1].lnext = i + 1;
-  else s->lru = i + 1;
-  s->mru = i + 1;
+  x->lprev = p->mru;
+  if (p->mru) s->v[p->mru - 1].lnext = i + 1;
+  else p->lru = i + 1;
+  p->mru = i + 1;
+}
+
+/* Slot i's session joins its share (x->share), as its most recent, or
+ * leaves it. */
+static void share_join(kv_sessions *s, uint32_t i) {
+  list_push_mru(s, i);
+  count_add(s, s->v[i].share, 1);
+}
+static void share_leave(kv_sessions *s, uint32_t i) {
+  list_unlink(s, i);
+  count_add(s, s->v[i].share, -1);
+}
+
+/* The shares cover share u. 0 or -ENOMEM. */
+static int share_cover(kv_sessions *s, uint32_t u) {
+  if (u < s->nsh) return 0;
+  uint32_t n = s->nsh ? s->nsh : 8;
+  while (n <= u) n *= 2;
+  kv_sess_share *v = kv_meta_realloc(s->sh, (size_t)n * sizeof *v);
+  if (!v) return -ENOMEM;
+  memset(v + s->nsh, 0, (size_t)(n - s->nsh) * sizeof *v);
+  s->sh = v;
+  s->nsh = n;
+  return 0;
+}
+
+/* The share a new session of share u takes a slot from, the table being
+ * full: u's own when u holds at least as many sessions as any share less
+ * one, else the (first) share holding the most. */
+static uint32_t victim_share(const kv_sessions *s, uint32_t u) {
+  uint32_t have = s->sh[u].count;
+  if (have && have + 1 >= s->maxc) return u;
+  return s->maxc ? s->bycount[s->maxc] - 1 : UINT32_MAX;
 }
 
 static void hash_unlink(kv_sessions *s, uint32_t i) {
@@ -97,12 +165,18 @@ static void hash_link(kv_sessions *s, uint32_t i) {
   *h = i + 1;
 }
 
-/* Room for slot n: slots grow by half (at least 256) up to max, the hash
- * buckets stay at least as many as the slots. 0 or -ENOMEM. */
+/* Room for slot n: slots grow by half (at least 256) up to max, the lists
+ * of shares by count cover as many sessions, the hash buckets stay at least
+ * as many as the slots. 0 or -ENOMEM. */
 static int reserve(kv_sessions *s) {
   if (s->n < s->cap) return 0;
   uint64_t want = (uint64_t)s->cap + (s->cap / 2 > 256 ? s->cap / 2 : 256);
   if (want > s->max) want = s->max;
+  uint64_t had = s->bycount ? (uint64_t)s->cap + 1 : 0;
+  uint32_t *bc = kv_meta_realloc(s->bycount, (size_t)(want + 1) * sizeof *bc);
+  if (!bc) return -ENOMEM;
+  memset(bc + had, 0, (size_t)(want + 1 - had) * sizeof *bc);
+  s->bycount = bc;
   kv_session *v = kv_meta_realloc(s->v, (size_t)want * sizeof *v);
   if (!v) return -ENOMEM;
   s->v = v;
@@ -135,34 +209,44 @@ static kv_sess_ns *ns_stats(kv_sessions *s, uint32_t ns) {
   return s->nss[ns];
 }
 
-/* Session (ns, id)'s slot, made (in a new slot or the least recently
- * hinted one's) if it is not known; moved to the recent end. UINT32_MAX
+/* Session (ns, id)'s slot, made (in a free slot, a new slot, or that of
+ * the least recently hinted session of victim_share's choice) if it is
+ * not known, in share u; moved to the recent end of u's list. UINT32_MAX
  * when out of memory. */
-static uint32_t get_slot(kv_sessions *s, uint32_t ns, uint64_t id) {
+static uint32_t get_slot(kv_sessions *s, uint32_t ns, uint32_t u, uint64_t id) {
+  if (share_cover(s, u)) return UINT32_MAX;
   uint32_t i = find_slot(s, ns, id);
   if (i == UINT32_MAX) {
     if (!ns_stats(s, ns)) return UINT32_MAX;
-    if (s->n < s->max && reserve(s) == 0) {
+    if (s->free1) { /* a slot kv_sessions_ns_drop freed */
+      i = s->free1 - 1;
+      s->free1 = s->v[i].lnext;
+    } else if (s->n < s->max && reserve(s) == 0) {
       i = s->n++;
       s->v[i].gen = 0;
-    } else if (s->lru) { /* full: forget the least recently hinted */
-      i = s->lru - 1;
-      list_unlink(s, i);
+    } else { /* full: a share's least recently hinted is forgotten */
+      uint32_t from = s->bycount ? victim_share(s, u) : UINT32_MAX;
+      if (from == UINT32_MAX || !s->sh[from].lru) return UINT32_MAX;
+      i = s->sh[from].lru - 1;
+      share_leave(s, i);
       hash_unlink(s, i);
       s->live--;
       s->forgotten++;
-    } else {
-      return UINT32_MAX;
     }
     uint16_t gen = (uint16_t)((s->v[i].gen + 1) & GEN_MASK);
     memset(&s->v[i], 0, sizeof s->v[i]);
     s->v[i].id = id;
     s->v[i].ns = (uint16_t)ns;
     s->v[i].gen = gen;
+    s->v[i].share = u;
     hash_link(s, i);
-    list_push_mru(s, i);
+    share_join(s, i);
     s->live++;
-  } else if (s->mru != i + 1) {
+  } else if (s->v[i].share != u) { /* its namespace was given a tenant: it moves */
+    share_leave(s, i);
+    s->v[i].share = u;
+    share_join(s, i);
+  } else if (s->sh[u].mru != i + 1) {
     list_unlink(s, i);
     list_push_mru(s, i);
   }
@@ -235,10 +319,11 @@ int kv_sessions_set_owner(kv_index *ix, kv_bid id, uint32_t ref) {
   return 0;
 }
 
-int kv_sessions_hint_block(kv_sessions *s, kv_index *ix, uint32_t ns, uint64_t id, kv_block *b,
-                           uint32_t retain_s, uint32_t *slot) {
+int kv_sessions_hint_block(kv_sessions *s, kv_index *ix, uint32_t ns, uint32_t share, uint64_t id,
+                           kv_block *b, uint32_t retain_s, uint32_t *slot) {
+  if (share >= KV_SESS_SHARES_MAX) return -EINVAL;
   if (owner_cover(ix, b->id)) return -ENOMEM;
-  uint32_t i = get_slot(s, ns, id);
+  uint32_t i = get_slot(s, ns, share, id);
   if (i == UINT32_MAX) return -ENOMEM;
   kv_session *x = &s->v[i];
   int changed = !(x->flags & KV_SESS_ACTIVE) || (retain_s && retain_s != x->retain_s);
@@ -249,9 +334,10 @@ int kv_sessions_hint_block(kv_sessions *s, kv_index *ix, uint32_t ns, uint64_t i
   return changed;
 }
 
-int64_t kv_sessions_finished(kv_sessions *s, uint32_t ns, uint64_t id, unsigned stop,
-                             uint32_t retain_s) {
-  uint32_t i = get_slot(s, ns, id);
+int64_t kv_sessions_finished(kv_sessions *s, uint32_t ns, uint32_t share, uint64_t id,
+                             unsigned stop, uint32_t retain_s) {
+  if (share >= KV_SESS_SHARES_MAX) return -EINVAL;
+  uint32_t i = get_slot(s, ns, share, id);
   if (i == UINT32_MAX) return -ENOMEM;
   kv_session *x = &s->v[i];
   if (!x->nreq) x->nreq = 1; /* known only from its end: a request there was */
@@ -270,6 +356,28 @@ uint32_t kv_sessions_end(kv_sessions *s, uint32_t ns, uint64_t id) {
   x->last_ms = s->now_ms;
   s->hints++;
   return i;
+}
+
+void kv_sessions_ns_drop(kv_sessions *s, uint32_t ns) {
+  /* A session of ns is made only once its statistics are (get_slot), and
+   * both go here: none without them. */
+  if (ns >= s->nnss || !s->nss[ns]) return;
+  for (uint32_t i = 0; i < s->n; i++) {
+    kv_session *x = &s->v[i];
+    if (!x->id || x->ns != ns) continue;
+    share_leave(s, i);
+    hash_unlink(s, i);
+    /* The generation moves on now: a reference to the session, or a
+     * policy's state of its slot (kept by generation), is stale at once. */
+    uint16_t gen = (uint16_t)((x->gen + 1) & GEN_MASK);
+    memset(x, 0, sizeof *x);
+    x->gen = gen;
+    x->lnext = s->free1;
+    s->free1 = i + 1;
+    s->live--;
+  }
+  kv_meta_free(s->nss[ns]);
+  s->nss[ns] = NULL;
 }
 
 /* Row r's table of medians: med[k], the median of the gaps of at least

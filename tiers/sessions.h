@@ -5,8 +5,22 @@
  * last one ended, whether the session is over, how long it asked its
  * blocks to be kept - and, per block, the session that owns it.
  *
- * Bounded: at most `max` sessions (kv_sessions_init); a new session takes
- * the slot of the least recently hinted one, which is forgotten.
+ * Bounded, in shares: at most `max` sessions (kv_sessions_init). Each
+ * session counts against a share the caller names when it makes the
+ * session (the core: the namespace's tenant, kv_core_ns_owner, or the
+ * namespace alone when it has none), and each share keeps its own recency
+ * list. While the table has room any share grows. When it is full, a new
+ * session of share S takes the slot of a least recently hinted session:
+ * S's own when S holds at least as many as any share less one, otherwise
+ * that of the share holding the most sessions (the count of every share
+ * is kept in lists by count, so finding the largest is O(1)). So a share
+ * loses a session to another only while it holds the most, and at least
+ * two more than that one: the shares even out at about max / (shares
+ * holding sessions) each, a share holding fewer keeps them all whatever
+ * the others hint, and a tenant flooding the table with new sessions
+ * forgets its own. A share alone may use the whole table. A session named
+ * later with another share (a namespace given a tenant after its first
+ * hints) moves to it.
  *
  * Owners: a block's owner is a reference (slot and generation) in its
  * index's side array by record id (kv_index.owner: 4 bytes per record id up
@@ -14,11 +28,25 @@
  * stays as it is. A forgotten session's blocks lose their owner without a
  * walk: its slot's generation moves on. The index clears a record's
  * reference when the record goes, so an id used again starts with none.
+ * Generations are KV_SESS_GEN_BITS (10) bits: after 1024 sessions in one
+ * slot a block's stale reference names the slot's session again, so a
+ * reference resolves (kv_sessions_owner_slot) only to a session of the
+ * block's own namespace; at worst a wrapped reference credits a block to
+ * another session of its own namespace (advice, which the judge weighs),
+ * never to another namespace's.
  *
  * Scope: a session is found by (namespace, id); a block is given only to a
- * session of its own namespace; the gap statistics predictions are made
- * from are kept per namespace. One tenant's hints never reach another
- * tenant's sessions, blocks or predictions.
+ * session of its own namespace, and its reference is checked against its
+ * namespace; the gap statistics predictions are made from are kept per
+ * namespace; sessions are forgotten within shares (above). One tenant's
+ * hints never reach another tenant's sessions, blocks or predictions, and
+ * never make the table forget another tenant's sessions below its share.
+ * A namespace id is used again once freed, perhaps by another tenant: the
+ * owner drops the freed namespace's sessions and statistics first
+ * (kv_sessions_ns_drop; the core does it when it frees the id), so the
+ * new namespace continues none of the old one's sessions, inherits none
+ * of their retention, and predicts from its own gaps only. Dropped
+ * sessions' slots are free slots, taken before the table counts as full.
  *
  * Time: milliseconds on the clock the owner sets (kv_sessions_set_now: the
  * daemon's wall clock once per loop turn, a replay's trace timestamps);
@@ -46,6 +74,7 @@
 #define KV_SESS_GEN_BITS        (32 - KV_SESS_SLOT_BITS)
 #define KV_GAP_BUCKETS          64 /* of a histogram: half octaves of ms */
 #define KV_SESS_NONE            0u /* the reference of no session */
+#define KV_SESS_SHARES_MAX      (1u << 17) /* shares 0 .. 2^17 - 1 */
 
 /* Session flags. */
 #define KV_SESS_ACTIVE 1u /* a request started and has not finished */
@@ -64,9 +93,17 @@ typedef struct kv_session {
   uint8_t stop;          /* its last FINISHED's reason (kv_stop) */
   uint8_t flags;         /* KV_SESS_* */
   uint16_t gen;          /* generation of the slot (KV_SESS_GEN_BITS used) */
-  uint32_t lprev, lnext; /* recency list of hinted sessions: slot + 1, 0 none */
+  uint32_t lprev, lnext; /* its share's recency list: slot + 1, 0 none (free: the next free) */
   uint32_t hnext;        /* hash chain: slot + 1, 0 none */
+  uint32_t share;        /* the share it counts against (< KV_SESS_SHARES_MAX) */
 } kv_session;
+
+/* A share of the table: its sessions, least recently hinted first. */
+typedef struct kv_sess_share {
+  uint32_t lru, mru;     /* its recency list's ends: slot + 1, 0 none */
+  uint32_t count;        /* its sessions */
+  uint32_t cprev, cnext; /* the list of shares with as many sessions: share + 1 */
+} kv_sess_share;
 
 /* Per namespace: the gaps seen after each stop reason. Counts halve once a
  * stop reason's total reaches KV_GAP_HALVE, so the histogram follows the
@@ -85,10 +122,14 @@ typedef struct kv_sess_ns {
 typedef struct kv_sessions {
   kv_session *v;     /* slots */
   uint32_t n, cap;   /* slots in use (ever), allocated */
+  uint32_t free1;    /* free slots (kv_sessions_ns_drop), taken first: slot + 1, 0 none */
   uint32_t max;      /* bound on slots */
   uint32_t *heads;   /* hash buckets: slot + 1, 0 none */
   uint32_t nheads;   /* a power of two */
-  uint32_t lru, mru; /* recency list ends: slot + 1 */
+  kv_sess_share *sh; /* by share, unused ones zero */
+  uint32_t nsh;
+  uint32_t *bycount; /* [k]: the first share holding k sessions (share + 1), 0 none; cap + 1 */
+  uint32_t maxc;     /* the most sessions a share holds */
   uint32_t live;     /* sessions known now */
   kv_sess_ns **nss;  /* by namespace, NULL until hinted */
   uint32_t nnss;
@@ -108,22 +149,37 @@ void kv_sessions_set_now(kv_sessions *s, uint64_t now_ms);
 
 /* Block b of index ix (of namespace ns: the caller checks) belongs to
  * session id from now on; a request of that session starts if none is
- * active. retain_s (0: none) asks that its blocks be kept that long past
- * its last request (kv_sessions_retain_until caps it). The session's slot
- * goes to *slot. 1 when the session's state changed beyond its last hint's
- * time (a request started, another retention), 0 when not, or -ENOMEM
- * (nothing changed). */
-int kv_sessions_hint_block(kv_sessions *s, kv_index *ix, uint32_t ns, uint64_t id, kv_block *b,
-                           uint32_t retain_s, uint32_t *slot);
+ * active. The session counts against share (< KV_SESS_SHARES_MAX; see
+ * "Bounded, in shares"). retain_s (0: none) asks that its blocks be kept
+ * that long past its last request (kv_sessions_retain_until caps it). The
+ * session's slot goes to *slot. 1 when the session's state changed beyond
+ * its last hint's time (a request started, another retention), 0 when
+ * not, -EINVAL (share out of range) or -ENOMEM (nothing changed). */
+int kv_sessions_hint_block(kv_sessions *s, kv_index *ix, uint32_t ns, uint32_t share, uint64_t id,
+                           kv_block *b, uint32_t retain_s, uint32_t *slot);
 
 /* A request of session id finished with stop reason stop (< KV_STOP_COUNT).
- * A session not known yet is made. Its slot, or -ENOMEM. */
-int64_t kv_sessions_finished(kv_sessions *s, uint32_t ns, uint64_t id, unsigned stop,
-                             uint32_t retain_s);
+ * A session not known yet is made, counting against share. Its slot,
+ * -EINVAL (share out of range) or -ENOMEM. */
+int64_t kv_sessions_finished(kv_sessions *s, uint32_t ns, uint32_t share, uint64_t id,
+                             unsigned stop, uint32_t retain_s);
+
+/* The sessions share holds now. */
+static inline uint32_t kv_sessions_share_count(const kv_sessions *s, uint32_t share) {
+  return share < s->nsh ? s->sh[share].count : 0;
+}
 
 /* Session id is over (its retention ends). Its slot, or UINT32_MAX when it
  * is not known. */
 uint32_t kv_sessions_end(kv_sessions *s, uint32_t ns, uint64_t id);
+
+/* Namespace ns is no more (the core freed its id, which a new namespace
+ * may get): its sessions and its gap statistics are dropped, so a
+ * namespace given the id later starts with none. Their slots are free,
+ * taken before any other by the next new sessions; the generations move
+ * on, so references to the sessions never resolve. Walks the slots
+ * (nothing when ns was never hinted). */
+void kv_sessions_ns_drop(kv_sessions *s, uint32_t ns);
 
 /* Until when (ms) x's blocks are to be kept: its last hint plus the
  * retention it asked for, capped at s->retain_max_s now; 0 when it asked
@@ -134,12 +190,14 @@ static inline uint64_t kv_sessions_retain_until(const kv_sessions *s, const kv_s
 }
 
 /* The slot of the session owning record id of index ix (a policy keeps
- * per-session state by slot), or UINT32_MAX (no hint, or a forgotten
- * session). */
+ * per-session state by slot), or UINT32_MAX (no hint, a forgotten
+ * session, or a reference whose generation wrapped into a session of
+ * another namespace than the record's). */
 static inline uint32_t kv_sessions_owner_slot(const kv_sessions *s, const kv_index *ix, kv_bid id) {
   if (id >= ix->nowner || ix->owner[id] == KV_SESS_NONE) return UINT32_MAX;
   uint32_t r = ix->owner[id], i = (r & ((1u << KV_SESS_SLOT_BITS) - 1)) - 1;
   if (i >= s->n || !s->v[i].id || s->v[i].gen != r >> KV_SESS_SLOT_BITS) return UINT32_MAX;
+  if (s->v[i].ns != kv_index_at(ix, id)->ns) return UINT32_MAX;
   return i;
 }
 

@@ -1,9 +1,12 @@
 /* test_core_hint.c - engine hints in the core: the checks, the session
- * table (bounded, scoped by namespace, retention capped, owners by block
- * id that die with their record or their session), and the gap statistics
- * it keeps. Includes core_int.h: the tests read the table. */
+ * table (bounded, shared fairly by tenant, scoped by namespace, retention
+ * capped, owners by block id that die with their record or their session
+ * and never resolve to another namespace's session), and the gap
+ * statistics it keeps; a freed namespace's sessions and statistics go
+ * with it. Includes core_int.h: the tests read the table. */
 #include <criterion/criterion.h>
 #include <errno.h>
+#include <stdlib.h>
 #include <string.h>
 
 #include "base/errors.h"
@@ -139,8 +142,9 @@ Test(core_hint, sessions_are_scoped_by_namespace) {
   teardown(&f);
 }
 
-/* At most sessions_max sessions: the least recently hinted are forgotten,
- * and their blocks have no owner any more. */
+/* At most sessions_max sessions: one namespace alone may use them all,
+ * its least recently hinted are forgotten, and their blocks have no owner
+ * any more. */
 Test(core_hint, the_table_is_bounded) {
   fixture f;
   kv_core_opts co = {.sessions_max = 4};
@@ -277,5 +281,332 @@ Test(core_hint, predictions_follow_the_gaps_seen) {
   cr_assert_eq(kv_core_hint_end(f.core, ns, 2), 0);
   cr_assert_eq(kv_sessions_predict(s, x, &until), KV_PREDICT_NEVER, "ended");
   cr_assert_eq(until, UINT64_MAX);
+  teardown(&f);
+}
+
+/* ---- shares: one tenant's hints never make the table forget another's ---- */
+
+static int resident(fixture *f, int ns, uint64_t v) {
+  kv_key k = K(v);
+  return kv_core_find(f->core, (uint32_t)ns, &k) != NULL;
+}
+
+/* Issue 34: namespace A keeps four blocks of a session that asked for
+ * retention and five of one that did not; namespace B sends 70,000
+ * FINISHED hints of new sessions without keys, more than the table holds
+ * (65,536). A's sessions are still known after, and its retention still
+ * holds: evicting four of A's blocks takes the session without retention,
+ * not the four retained blocks (older, which lru would take). Before, the
+ * one table-wide recency list forgot A's sessions, and the four retained
+ * blocks went. */
+Test(core_hint, a_flood_of_another_namespaces_sessions_forgets_none_of_its_own) {
+  fixture f;
+  setup(&f, 16);
+  uint32_t a = (uint32_t)f.ns, b = (uint32_t)f.ns2;
+  kv_block *kept[4], *other[5];
+  kv_core_set_now(f.core, 1000);
+  for (int i = 0; i < 4; i++) {
+    kept[i] = store_in(&f, f.ns, 100 + (uint64_t)i, 0);
+    cr_assert_eq(kv_core_hint_session(f.core, a, 1, kept[i], 3600), 0);
+  }
+  cr_assert_eq(kv_core_hint_finished(f.core, a, 1, KV_STOP_END_TURN, 3600), 0);
+  kv_core_set_now(f.core, 2000);
+  for (int i = 0; i < 5; i++) {
+    other[i] = store_in(&f, f.ns, 200 + (uint64_t)i, 0);
+    cr_assert_eq(kv_core_hint_session(f.core, a, 2, other[i], 0), 0);
+  }
+  cr_assert_eq(kv_core_hint_finished(f.core, a, 2, KV_STOP_END_TURN, 0), 0);
+  /* The flood: 70,000 hints in a second. */
+  for (uint64_t i = 0; i < 70000; i++) {
+    kv_core_set_now(f.core, 3000 + i / 70);
+    cr_assert_eq(kv_core_hint_finished(f.core, b, 1000000 + i, KV_STOP_END_TURN, 0), 0);
+  }
+  kv_core_hint_stats st;
+  kv_core_hint_stats_get(f.core, &st);
+  cr_assert_eq(st.sessions, KV_SESSIONS_MAX_DEFAULT, "the table is full");
+  cr_assert_eq(st.forgotten, 70000 + 2 - KV_SESSIONS_MAX_DEFAULT, "B forgot its own");
+  cr_assert_not_null(kv_sessions_find(&f.core->sess, a, 1), "A's retained session forgotten");
+  cr_assert_not_null(kv_sessions_find(&f.core->sess, a, 2), "A's other session forgotten");
+  for (int i = 0; i < 4; i++) cr_assert_not_null(owner(&f, kept[i]), "kept[%d] lost its owner", i);
+  for (int i = 0; i < 5; i++) cr_assert_not_null(owner(&f, other[i]));
+  /* Pressure on A: four blocks go, none of them retained. */
+  kv_core_set_now(f.core, 5000);
+  for (int i = 0; i < 4; i++) cr_assert_eq(kv_core_evict_g2(f.core, a), 0);
+  for (int i = 0; i < 4; i++)
+    cr_assert(resident(&f, f.ns, 100 + (uint64_t)i), "retained block %d evicted", i);
+  int left = 0;
+  for (int i = 0; i < 5; i++) left += resident(&f, f.ns, 200 + (uint64_t)i);
+  cr_assert_eq(left, 1, "the session without retention gave up the four");
+  teardown(&f);
+}
+
+/* Shares are tenants: tenant 0's namespace A holds 4 sessions of a table
+ * of 8; tenant 1 floods from two namespaces at once and forgets only its
+ * own (two namespaces do not make it two shares). Then the shares even
+ * out: a tenant holding most of the table gives sessions, its least
+ * recently hinted first, to one arriving, down to an even part. */
+Test(core_hint, shares_are_tenants_and_even_out) {
+  fixture f;
+  kv_core_opts co = {.sessions_max = 8};
+  setup_opts(&f, 16, &co);
+  int b2 = kv_core_ns_register(f.core, &f.arena, SLOT);
+  cr_assert_geq(b2, 0);
+  uint32_t a = (uint32_t)f.ns, b = (uint32_t)f.ns2;
+  cr_assert_eq(kv_core_ns_owner(f.core, a, 0), 0);
+  cr_assert_eq(kv_core_ns_owner(f.core, b, 1), 0);
+  cr_assert_eq(kv_core_ns_owner(f.core, (uint32_t)b2, 1), 0);
+  for (uint64_t s = 1; s <= 4; s++)
+    cr_assert_eq(kv_core_hint_finished(f.core, a, s, KV_STOP_TOOL_USE, 0), 0);
+  for (uint64_t i = 0; i < 5000; i++)
+    cr_assert_eq(kv_core_hint_finished(f.core, i % 2 ? b : (uint32_t)b2, 100 + i,
+                                       KV_STOP_TOOL_USE, 0),
+                 0);
+  for (uint64_t s = 1; s <= 4; s++)
+    cr_assert_not_null(kv_sessions_find(&f.core->sess, a, s), "A forgot session %llu",
+                       (unsigned long long)s);
+  cr_assert_not_null(kv_sessions_find(&f.core->sess, b, 100 + 4999), "B keeps its latest");
+  teardown(&f);
+
+  /* Evening out, namespaces without owners: A alone fills 7 of 8. */
+  setup_opts(&f, 16, &co);
+  a = (uint32_t)f.ns, b = (uint32_t)f.ns2;
+  for (uint64_t s = 1; s <= 7; s++)
+    cr_assert_eq(kv_core_hint_finished(f.core, a, s, KV_STOP_TOOL_USE, 0), 0);
+  for (uint64_t s = 1; s <= 10; s++)
+    cr_assert_eq(kv_core_hint_finished(f.core, b, s, KV_STOP_TOOL_USE, 0), 0);
+  int ka = 0, kb = 0;
+  for (uint64_t s = 1; s <= 10; s++) {
+    ka += kv_sessions_find(&f.core->sess, a, s) != NULL;
+    kb += kv_sessions_find(&f.core->sess, b, s) != NULL;
+  }
+  cr_assert_eq(ka, 4, "A kept %d", ka);
+  cr_assert_eq(kb, 4, "B holds %d", kb);
+  for (uint64_t s = 4; s <= 7; s++)
+    cr_assert_not_null(kv_sessions_find(&f.core->sess, a, s), "A's most recent kept");
+  /* A hint keeps a session recent within its share: A's 4 is hinted
+   * again, A's next new session forgets 5. */
+  cr_assert_eq(kv_core_hint_finished(f.core, a, 4, KV_STOP_TOOL_USE, 0), 0);
+  cr_assert_eq(kv_core_hint_finished(f.core, a, 99, KV_STOP_TOOL_USE, 0), 0);
+  cr_assert_not_null(kv_sessions_find(&f.core->sess, a, 4));
+  cr_assert_null(kv_sessions_find(&f.core->sess, a, 5));
+  for (uint64_t s = 7; s <= 10; s++) cr_assert_not_null(kv_sessions_find(&f.core->sess, b, s));
+  teardown(&f);
+}
+
+/* Issue 34: a slot's generation has 10 bits. With a table of one session,
+ * namespace B's sessions take A's slot over and over; after 1024 of them
+ * the generation of A's block's reference comes round again. The block is
+ * never credited to B's session, and an eviction in B, whose ranking
+ * would then list A's block under B's session, takes B's block. */
+Test(core_hint, a_wrapped_generation_never_credits_another_namespace) {
+  fixture f;
+  kv_core_opts co = {.sessions_max = 1};
+  setup_opts(&f, 8, &co);
+  uint32_t a = (uint32_t)f.ns, b = (uint32_t)f.ns2;
+  kv_core_set_now(f.core, 1000);
+  kv_block *bb = store_in(&f, f.ns2, 50, 0); /* B's, the oldest */
+  kv_block *x = store_in(&f, f.ns, 1, 0);
+  cr_assert_eq(kv_core_hint_session(f.core, a, 7, x, 0), 0);
+  cr_assert_eq(owner(&f, x)->ns, a);
+  uint64_t sid = 0;
+  for (uint64_t i = 0; i < 2 * 1024; i++) {
+    sid = 1000 + i;
+    cr_assert_eq(kv_core_hint_finished(f.core, b, sid, KV_STOP_TOOL_USE, 0), 0);
+    const kv_session *o = owner(&f, x);
+    cr_assert(!o || o->ns == a, "after %llu sessions of B, A's block is B's session's",
+              (unsigned long long)i + 1);
+    if (i + 1 == 1024) break; /* the generation has come round */
+  }
+  kv_core_set_now(f.core, 2000);
+  store_in(&f, f.ns, 2, 0);             /* the newest, which the ranking spares */
+  kv_core_touch(f.core, x);             /* A's block ranked again */
+  cr_assert_eq(kv_core_hint_session(f.core, b, sid, bb, 0), 0);
+  cr_assert_eq(owner(&f, bb)->ns, b);
+  cr_assert_eq(kv_core_evict_g2(f.core, b), 0);
+  cr_assert(resident(&f, f.ns, 1), "B's eviction took A's block");
+  cr_assert_not(resident(&f, f.ns2, 50));
+  teardown(&f);
+}
+
+/* The table's bookkeeping under random hints from five namespaces (two
+ * of one tenant, one of another, two without): each share's list holds
+ * its count of sessions, the counts add up to the sessions known, the
+ * lists by count and the largest count agree, and a new session made a
+ * share other than its own forget one only when that share held the most
+ * and at least two more. */
+static void check_table(const kv_sessions *s) {
+  uint32_t total = 0, maxc = 0;
+  for (uint32_t u = 0; u < s->nsh; u++) {
+    uint32_t n = 0;
+    for (uint32_t i = s->sh[u].lru; i; i = s->v[i - 1].lnext, n++) {
+      cr_assert_eq(s->v[i - 1].share, u);
+      cr_assert_neq(s->v[i - 1].id, 0);
+      cr_assert_leq(n, s->max, "a loop in share %u's list", u);
+    }
+    cr_assert_eq(n, s->sh[u].count, "share %u: %u listed, %u counted", u, n, s->sh[u].count);
+    total += n;
+    if (n > maxc) maxc = n;
+    if (n) { /* in the list of its count */
+      uint32_t j = s->bycount[n];
+      while (j && j != u + 1) j = s->sh[j - 1].cnext;
+      cr_assert_eq(j, u + 1, "share %u is not in the list of %u", u, n);
+    }
+  }
+  cr_assert_eq(total, s->live);
+  cr_assert_eq(maxc, s->maxc);
+  for (uint32_t k = 1; k <= s->cap; k++)
+    for (uint32_t j = s->bycount[k]; j; j = s->sh[j - 1].cnext)
+      cr_assert_eq(s->sh[j - 1].count, k);
+  /* every session is found by its (namespace, id); the other slots are
+   * free, each in the free list once */
+  uint32_t nfree = 0;
+  for (uint32_t i = s->free1; i; i = s->v[i - 1].lnext, nfree++) {
+    cr_assert_eq(s->v[i - 1].id, 0, "slot %u is free and used", i - 1);
+    cr_assert_leq(nfree, s->n, "a loop in the free list");
+  }
+  uint32_t used = 0;
+  for (uint32_t i = 0; i < s->n; i++) {
+    if (!s->v[i].id) continue;
+    used++;
+    cr_assert_eq(kv_sessions_find(s, s->v[i].ns, s->v[i].id), &s->v[i]);
+  }
+  cr_assert_eq(used, s->live);
+  cr_assert_eq(used + nfree, s->n, "%u slots, %u used, %u free", s->n, used, nfree);
+}
+
+Test(core_hint, shares_keep_their_books) {
+  fixture f;
+  kv_core_opts co = {.sessions_max = 16};
+  setup_opts(&f, 32, &co);
+  int ns[5] = {f.ns, f.ns2, kv_core_ns_register(f.core, &f.arena, SLOT),
+               kv_core_ns_register(f.core, &f.arena, SLOT),
+               kv_core_ns_register(f.core, &f.arena, SLOT)};
+  cr_assert_eq(kv_core_ns_owner(f.core, (uint32_t)ns[0], 3), 0);
+  cr_assert_eq(kv_core_ns_owner(f.core, (uint32_t)ns[1], 3), 0);
+  cr_assert_eq(kv_core_ns_owner(f.core, (uint32_t)ns[2], 5), 0);
+  kv_block *blk[5];
+  for (int i = 0; i < 5; i++) blk[i] = store_in(&f, ns[i], 1 + (uint64_t)i, 0);
+  kv_sessions *s = &f.core->sess;
+  srand(34);
+  for (int step = 0; step < 20000; step++) {
+    int k = rand() % 5;
+    /* namespace 4 floods from step 5000 on, with new sessions */
+    if (step > 5000 && rand() % 2) k = 4;
+    uint32_t n = (uint32_t)ns[k];
+    uint64_t sid = k == 4 && step > 5000 ? 100000 + (uint64_t)step : 1 + (uint64_t)(rand() % 12);
+    uint32_t before[64] = {0}, nsh = s->nsh < 64 ? s->nsh : 64;
+    for (uint32_t u = 0; u < nsh; u++) before[u] = s->sh[u].count;
+    uint64_t forgot = s->forgotten;
+    int op = rand() % 4;
+    if (op == 0) cr_assert_eq(kv_core_hint_session(f.core, n, sid, blk[k], 0), 0);
+    else if (op == 3) cr_assert_eq(kv_core_hint_end(f.core, n, sid), 0);
+    else cr_assert_eq(kv_core_hint_finished(f.core, n, sid, KV_STOP_TOOL_USE, 0), 0);
+    check_table(s);
+    if (s->forgotten == forgot) continue;
+    const kv_session *x = kv_sessions_find(s, n, sid);
+    cr_assert_not_null(x);
+    uint32_t me = x->share, maxb = 0;
+    for (uint32_t u = 0; u < nsh; u++) maxb = before[u] > maxb ? before[u] : maxb;
+    for (uint32_t u = 0; u < nsh; u++) {
+      if (u == me || s->sh[u].count >= before[u]) continue;
+      cr_assert_eq(before[u], maxb, "share %u lost a session without holding the most", u);
+      cr_assert_geq(before[u], before[me] + 2, "share %u lost one to share %u holding %u", u, me,
+                    before[me]);
+    }
+  }
+  /* Namespace 4's flood left each of the other three shares about an even
+   * part: 16 / 4 sessions, less one. */
+  for (int k = 1; k < 4; k++) {
+    uint32_t u = k == 1 ? 3 : k == 2 ? 5 : KV_CORE_OWNERS_MAX + (uint32_t)ns[k];
+    cr_log_info("share %u: %u sessions", u, s->sh[u].count);
+    cr_assert_geq(s->sh[u].count, 16 / 4 - 1, "share %u holds %u", u, s->sh[u].count);
+  }
+  teardown(&f);
+}
+
+/* A namespace's id is used again once it is freed, perhaps by another
+ * tenant's namespace. The new namespace finds none of the old one's
+ * sessions: a hint of the same session id starts a session of its own,
+ * without the old one's retention, and its gap statistics start empty.
+ * The slots the old sessions leave are taken before the table forgets
+ * anyone's. */
+Test(core_hint, a_freed_namespace_id_inherits_no_session) {
+  fixture f;
+  kv_core_opts co = {.sessions_max = 4};
+  setup_opts(&f, 16, &co);
+  kv_sessions *s = &f.core->sess;
+  uint32_t a = (uint32_t)f.ns, o = (uint32_t)f.ns2;
+  cr_assert_eq(kv_core_ns_owner(f.core, a, 3), 0);
+  kv_block *x = store_in(&f, f.ns, 1, 0), *y = store_in(&f, f.ns, 2, 0);
+  kv_block *z = store_in(&f, f.ns2, 3, 0);
+  /* A: session 7 retains 600 s and teaches A gaps of 10 s; session 8 too */
+  kv_core_set_now(f.core, 1000);
+  cr_assert_eq(kv_core_hint_session(f.core, a, 7, x, 600), 0);
+  cr_assert_eq(kv_core_hint_session(f.core, a, 8, y, 600), 0);
+  for (int r = 0; r < 3; r++) {
+    kv_core_set_now(f.core, s->now_ms + 1000);
+    cr_assert_eq(kv_core_hint_finished(f.core, a, 7, KV_STOP_TOOL_USE, 0), 0);
+    kv_core_set_now(f.core, s->now_ms + 10000);
+    cr_assert_eq(kv_core_hint_session(f.core, a, 7, x, 0), 0);
+  }
+  cr_assert_eq(kv_sessions_find(s, a, 7)->nreq, 4);
+  cr_assert_eq(kv_sessions_ns(s, a)->total[KV_STOP_TOOL_USE], 3);
+  /* another namespace's two sessions fill the table */
+  cr_assert_eq(kv_core_hint_session(f.core, o, 20, z, 0), 0);
+  cr_assert_eq(kv_core_hint_finished(f.core, o, 21, KV_STOP_END_TURN, 0), 0);
+  cr_assert_eq(s->live, 4);
+  check_table(s);
+
+  /* A goes: its blocks, then its id */
+  cr_assert_eq(kv_core_delete(f.core, x), 0);
+  cr_assert_eq(kv_core_delete(f.core, y), 0);
+  cr_assert_eq(kv_core_ns_free(f.core, a), 0);
+  kv_core_hint_stats st;
+  kv_core_hint_stats_get(f.core, &st);
+  cr_assert_eq(st.sessions, 2, "A's sessions are still known");
+  check_table(s);
+
+  /* B, another tenant's, gets A's id */
+  int nb = kv_core_ns_register(f.core, &f.arena, SLOT);
+  cr_assert_eq(nb, f.ns, "the core hands A's id out again");
+  uint32_t b = (uint32_t)nb;
+  cr_assert_eq(kv_core_ns_owner(f.core, b, 5), 0);
+  cr_assert_null(kv_sessions_find(s, b, 7), "B finds A's session 7");
+  cr_assert_null(kv_sessions_find(s, b, 8), "B finds A's session 8");
+  cr_assert_null(kv_sessions_ns(s, b), "B starts with A's gap statistics");
+
+  kv_core_set_now(f.core, s->now_ms + 5000);
+  kv_block *w = store_in(&f, nb, 4, 0);
+  cr_assert_eq(kv_core_hint_session(f.core, b, 7, w, 0), 0);
+  const kv_session *n7 = owner(&f, w);
+  cr_assert_not_null(n7);
+  cr_assert_eq(n7->ns, b);
+  cr_assert_eq(n7->share, 5, "counts against B's tenant");
+  cr_assert_eq(n7->nreq, 1, "a new session, not A's 7 continued");
+  cr_assert_eq(n7->ngaps, 0);
+  cr_assert_eq(n7->fin_ms, 0);
+  cr_assert_eq(n7->retain_s, 0, "A's retention inherited");
+  cr_assert_eq(kv_sessions_retain_until(s, n7), 0);
+  const kv_sess_ns *gs = kv_sessions_ns(s, b);
+  cr_assert_not_null(gs);
+  for (unsigned r = 0; r <= KV_STOP_COUNT; r++)
+    cr_assert_eq(gs->total[r], 0, "B's gap statistics hold A's gaps (row %u)", r);
+  /* idle 1 s after a tool_use: with no gap seen in B, predicted as a
+   * running request from its end, not from A's 10 s gaps */
+  uint64_t t = s->now_ms, until;
+  cr_assert_eq(kv_core_hint_finished(f.core, b, 7, KV_STOP_TOOL_USE, 0), 0);
+  kv_core_set_now(f.core, t + 1000);
+  cr_assert_eq(kv_sessions_predict(s, n7, &until), t + 2 * kv_gap_bucket_lo(kv_gap_bucket(1000)),
+               "B's prediction made from A's gaps");
+  /* B's second session takes the other free slot: nobody is forgotten */
+  cr_assert_eq(kv_core_hint_finished(f.core, b, 8, KV_STOP_END_TURN, 0), 0);
+  cr_assert_eq(kv_sessions_find(s, b, 8)->retain_s, 0);
+  kv_core_hint_stats_get(f.core, &st);
+  cr_assert_eq(st.sessions, 4);
+  cr_assert_eq(st.forgotten, 0, "a session was forgotten while slots were free");
+  cr_assert_not_null(kv_sessions_find(s, o, 20));
+  cr_assert_not_null(kv_sessions_find(s, o, 21));
+  cr_assert_eq(owner(&f, z)->id, 20);
+  check_table(s);
   teardown(&f);
 }
