@@ -4,6 +4,7 @@
 #include <arpa/inet.h>
 #include <ctype.h>
 #include <errno.h>
+#include <fcntl.h>
 #include <grp.h>
 #include <ini.h>
 #include <math.h>
@@ -13,11 +14,14 @@
 #include <stdlib.h>
 #include <string.h>
 #include <strings.h>
+#include <sodium.h>
 #include <sys/resource.h>
 #include <sys/stat.h>
 #include <sys/statvfs.h>
+#include <time.h>
 #include <unistd.h>
 
+#include "base/hex.h"
 #include "base/log.h"
 #include "base/paths.h"
 #include "daemon/admin.h"
@@ -146,6 +150,17 @@ static const opt opts[] = {
      "which committed blocks are written to G4: always (at commit), or second-use (when a "
      "LOAD or GET uses them a second time)",
      g4_admit_names},
+    {"g4", "key_file", OPT_STR, O(g4_key_file), sizeof(((kv_config *)0)->g4_key_file), "",
+     "file holding the fleet's secret that signs and verifies G4 values (64 to 128 hex digits; "
+     "owned by kvcached's user, mode 0600 or 0400; the same on every node); required with "
+     "g4.seeds"},
+    {"g4", "old_key_file", OPT_STR, O(g4_old_key_file), sizeof(((kv_config *)0)->g4_old_key_file),
+     "", "during a key rotation: the previous secret's file, whose values are still accepted "
+     "until g4.old_key_until (never used to sign); empty: none"},
+    {"g4", "old_key_until", OPT_STR, O(g4_old_key_until),
+     sizeof(((kv_config *)0)->g4_old_key_until), "",
+     "end of the rotation window, UTC, as 2026-12-01T00:00:00Z: after it values signed by "
+     "g4.old_key_file are refused (a miss)"},
     {"cache", "policy", OPT_STR, O(policy), sizeof(((kv_config *)0)->policy),
      NULL /* kv_evict_default */,
      "eviction policy: adapt, reuse, lru, lru2, lfuda, arc, s3fifo, tinylfu or auto", NULL, "policy"},
@@ -153,7 +168,8 @@ static const opt opts[] = {
      "engine hints: the most seconds of retention a session's blocks are granted after its "
      "last request, whatever a client asks (0: none granted)"},
     {"cache", "hint_sessions", OPT_U32, O(hint_sessions), 0, "65536",
-     "engine hints: sessions remembered at most (the least recently hinted are forgotten)"},
+     "engine hints: sessions remembered at most, shared by tenants (a tenant's new session "
+     "forgets its own least recently hinted one once it holds its even part)"},
     {"log", "level", OPT_ENUM, O(log_level), 0, "info",
      "least severe level logged: debug, info, warn, error", log_level_names, "log-level"},
     {"stats", "listen", OPT_STR, O(stats_listen), sizeof(((kv_config *)0)->stats_listen), "",
@@ -695,6 +711,125 @@ static int ip_port_ok(const char *s) {
   return inet_pton(AF_INET, host, addr) == 1 || inet_pton(AF_INET6, host, addr) == 1;
 }
 
+int kv_config_g4_until(const kv_config *c, int64_t *t) {
+  const char *s = c->g4_old_key_until;
+  if (!s[0]) return -ENOENT;
+  struct tm tm = {0}, back;
+  const char *end = strptime(s, "%Y-%m-%dT%H:%M:%SZ", &tm);
+  if (!end || *end) return -EINVAL;
+  back = tm;
+  time_t v = timegm(&back); /* normalizes back */
+  /* strptime takes 2026-02-31: a time that does not read back is none */
+  if (v == (time_t)-1 || back.tm_mday != tm.tm_mday ||
+      back.tm_mon != tm.tm_mon || back.tm_year != tm.tm_year || back.tm_hour != tm.tm_hour ||
+      back.tm_min != tm.tm_min || back.tm_sec != tm.tm_sec)
+    return -EINVAL;
+  *t = (int64_t)v;
+  return 0;
+}
+
+#define KEY_FILE_MAX 1024 /* bytes a key file may have: 128 digits and room for spaces */
+
+/* The secret in key file `path` (option `what`) into *s (config.h). */
+static int read_secret(const char *what, const char *path, kv_g4_secret *s, char *err,
+                       size_t errlen) {
+  static const char make[] = "make one with `head -c 32 /dev/urandom | od -An -v -tx1 | tr -d "
+                             "' \\n'` and give every node the same";
+  char text[KEY_FILE_MAX + 1];
+  uint8_t raw[KV_G4_SECRET_MAX];
+  struct stat st;
+  int rc = 0;
+  size_t n = 0;
+  int fd = open(path, O_RDONLY | O_CLOEXEC | O_NOCTTY | O_NONBLOCK);
+  if (fd < 0) {
+    rc = -errno;
+    snprintf(err, errlen, "%s: cannot open %s: %s", what, path, strerror(-rc));
+    return rc;
+  }
+  if (fstat(fd, &st)) {
+    rc = -errno;
+    snprintf(err, errlen, "%s: cannot stat %s: %s", what, path, strerror(-rc));
+  } else if (!S_ISREG(st.st_mode)) {
+    rc = -EINVAL;
+    snprintf(err, errlen, "%s: %s is not a regular file", what, path);
+  } else if (st.st_uid != geteuid()) {
+    rc = -EPERM;
+    snprintf(err, errlen,
+             "%s: %s is owned by uid %u, not by the user kvcached runs as (uid %u): the "
+             "fleet's secret must be that user's alone (chown it)",
+             what, path, (unsigned)st.st_uid, (unsigned)geteuid());
+  } else if (st.st_mode & 077) {
+    rc = -EPERM;
+    snprintf(err, errlen,
+             "%s: %s has mode %04o: the fleet's secret must not be readable by its group or "
+             "others (chmod 600)",
+             what, path, (unsigned)(st.st_mode & 07777));
+  } else if (st.st_size > KEY_FILE_MAX) {
+    rc = -EINVAL;
+    snprintf(err, errlen, "%s: %s is %lld bytes: a key file holds 64 to 128 hex digits", what,
+             path, (long long)st.st_size);
+  }
+  while (!rc && n < KEY_FILE_MAX) {
+    ssize_t r = read(fd, text + n, KEY_FILE_MAX - n);
+    if (r < 0 && errno == EINTR) continue;
+    if (r < 0) {
+      rc = -errno;
+      snprintf(err, errlen, "%s: cannot read %s: %s", what, path, strerror(-rc));
+    }
+    if (r <= 0) break;
+    n += (size_t)r;
+  }
+  close(fd);
+  if (!rc) {
+    size_t a = 0, b = n;
+    while (a < b && isspace((unsigned char)text[a])) a++;
+    while (b > a && isspace((unsigned char)text[b - 1])) b--;
+    size_t digits = b - a;
+    int len = digits >= 2 * KV_G4_SECRET_MIN && digits <= 2 * KV_G4_SECRET_MAX
+                  ? kv_hex_decode(text + a, digits, raw, sizeof raw)
+                  : -EINVAL;
+    if (len < 0) {
+      rc = -EINVAL;
+      snprintf(err, errlen,
+               "%s: %s must hold 64 to 128 hex digits (a secret of 32 to 64 bytes), with only "
+               "spaces or newlines around them (it holds %zu characters): %s",
+               what, path, digits, make);
+    } else {
+      rc = kv_g4_secret_init(s, raw, (size_t)len);
+      if (rc) snprintf(err, errlen, "%s: %s: %s", what, path, strerror(-rc));
+    }
+  }
+  sodium_memzero(text, sizeof text);
+  sodium_memzero(raw, sizeof raw);
+  return rc;
+}
+
+int kv_config_g4_keys(const kv_config *c, kv_g4_keys *keys, char *err, size_t errlen) {
+  memset(keys, 0, sizeof *keys);
+  if (!c->g4_key_file[0]) {
+    snprintf(err, errlen, "g4.key_file is not set");
+    return -ENOENT;
+  }
+  int rc = read_secret("g4.key_file", c->g4_key_file, &keys->cur, err, errlen);
+  if (!rc && c->g4_old_key_file[0]) {
+    rc = read_secret("g4.old_key_file", c->g4_old_key_file, &keys->old, err, errlen);
+    if (!rc && kv_config_g4_until(c, &keys->old_until)) {
+      rc = -EINVAL;
+      snprintf(err, errlen, "g4.old_key_until: '%s' is not a UTC time as 2026-12-01T00:00:00Z",
+               c->g4_old_key_until);
+    }
+    if (!rc && keys->old.id == keys->cur.id &&
+        (keys->old.len != keys->cur.len ||
+         sodium_memcmp(keys->old.b, keys->cur.b, keys->cur.len))) {
+      rc = -EINVAL; /* one chance in 2^32: the header's id would not tell them apart */
+      snprintf(err, errlen, "g4.old_key_file: its secret has the same id as g4.key_file's: make "
+                            "another new secret");
+    }
+  }
+  if (rc) sodium_memzero(keys, sizeof *keys);
+  return rc;
+}
+
 /* The [g4] checks. */
 static void check_g4(const kv_config *c, chk *k) {
   if (!kv_g4_prefix_ok(c->g4_prefix))
@@ -718,6 +853,42 @@ static void check_g4(const kv_config *c, chk *k) {
     REFUSE("g4.timeout_ms: %u is not 1..60000", c->g4_timeout_ms);
   if (c->g4_lookup_blocks == 0 || c->g4_lookup_blocks > KV_CFG_G4_LOOKUP_MAX)
     REFUSE("g4.lookup_blocks: %u is not 1..%d", c->g4_lookup_blocks, KV_CFG_G4_LOOKUP_MAX);
+  /* Values are authenticated with the fleet's secret (tiers/G4.md): without
+   * one, anything that reaches the cluster could write blocks readers take. */
+  if (!c->g4_key_file[0])
+    REFUSE("g4.key_file is required with g4.seeds: a file holding the fleet's secret (64 hex "
+           "digits, the same on every node), which signs and verifies every G4 value (README, "
+           "\"The shared tier\")");
+  int64_t until = 0;
+  int urc = kv_config_g4_until(c, &until);
+  if (urc == -EINVAL)
+    REFUSE("g4.old_key_until: '%s' is not a UTC time as 2026-12-01T00:00:00Z",
+           c->g4_old_key_until);
+  if (c->g4_old_key_file[0] && urc == -ENOENT)
+    REFUSE("g4.old_key_file needs g4.old_key_until: the end of the rotation window, after which "
+           "values signed by the old secret are refused");
+  else if (!c->g4_old_key_file[0] && urc == 0)
+    WARN("g4.old_key_until is set without g4.old_key_file: nothing to accept until then");
+  else if (c->g4_old_key_file[0] && urc == 0 && until <= (int64_t)time(NULL))
+    WARN("g4.old_key_until: %s has passed: values signed by g4.old_key_file are refused "
+         "(remove both)",
+         c->g4_old_key_until);
+  if (!c->g4_password[0])
+    WARN("g4: no g4.password (nor g4.user): any process that reaches the Redis Cluster can read "
+         "G4 values and delete them (forged ones are refused: g4.key_file); give kvcached an "
+         "ACL user with a password (README, \"The shared tier\")");
+}
+
+/* The key files of [g4], against this machine (they are read). */
+static void check_g4_keys(const kv_config *c, chk *k) {
+  int64_t until;
+  if (!c->g4_seeds[0] || !c->g4_key_file[0] ||
+      (c->g4_old_key_file[0] && kv_config_g4_until(c, &until)))
+    return; /* off, or refused alone */
+  kv_g4_keys keys;
+  char err[512];
+  if (kv_config_g4_keys(c, &keys, err, sizeof err)) REFUSE("%s", err);
+  sodium_memzero(&keys, sizeof keys);
 }
 
 int kv_config_admin_gid(const kv_config *c, gid_t *gid) {
@@ -1001,6 +1172,7 @@ static void check_machine(const kv_config *c, chk *k) {
          "(raise LimitMEMLOCK= in systemd, or set g2.lock = no)",
          hsize((uint64_t)rl.rlim_cur, a, sizeof a), hsize(c->g2_capacity, b, sizeof b));
   if (c->g3_path[0]) check_g3_space(c, k);
+  check_g4_keys(c, k);
 }
 
 int kv_config_check(const kv_config *c, unsigned flags, kv_config_report_fn fn, void *arg) {

@@ -106,6 +106,9 @@ typedef struct kv_config {
   int g4_replica_reads;                 /* [g4] replica_reads */
   uint32_t g4_lookup_blocks;            /* [g4] lookup_blocks: keys asked per LOOKUP at most */
   kv_admit g4_admit;                    /* [g4] admit: always, second-use */
+  char g4_key_file[256];                /* [g4] key_file: the fleet's secret (kv_config_g4_keys) */
+  char g4_old_key_file[256];            /* [g4] old_key_file: the previous one, while rotating */
+  char g4_old_key_until[32];            /* [g4] old_key_until: YYYY-MM-DDTHH:MM:SSZ */
   uint32_t ntenants;                    /* [tenant.NAME] sections, in their order */
   kv_cfg_tenant tenants[KV_CFG_TENANTS_MAX];
 } kv_config;
@@ -117,6 +120,24 @@ typedef struct kv_config {
  * surrounding spaces, pointing into buf (at least sizeof g4_seeds). Returns
  * how many, or -E2BIG (more than max) / -EINVAL (an empty entry). */
 int kv_config_g4_seeds(const kv_config *c, char *buf, const char **seeds, unsigned max);
+
+/*
+ * The secrets that authenticate G4 values (tiers/g4_format.h), into *keys:
+ * g4.key_file (cur) and, when set, g4.old_key_file (old, accepted until
+ * g4.old_key_until). A key file holds 64 to 128 hex digits (a secret of 32
+ * to 64 bytes; spaces and newlines around them are ignored), and must be a
+ * regular file (a symbolic link to one is followed) owned by this
+ * process's effective uid with no group or other permission bits (0600,
+ * 0400): it is the fleet's secret. Reads the files (blocking: at start and
+ * in checks only). 0, or -EINVAL / -errno with a message naming the option
+ * and the file in err (*keys then holds no secret). No key file set:
+ * -ENOENT. The caller wipes *keys (sodium_memzero) when done with it.
+ */
+int kv_config_g4_keys(const kv_config *c, kv_g4_keys *keys, char *err, size_t errlen);
+
+/* g4.old_key_until as Unix seconds into *t: 0, or -EINVAL when it is not
+ * YYYY-MM-DDTHH:MM:SSZ (UTC) naming a real time. Empty: -ENOENT. */
+int kv_config_g4_until(const kv_config *c, int64_t *t);
 
 /* Fills *c with the defaults. */
 void kv_config_defaults(kv_config *c);
@@ -146,7 +167,11 @@ int kv_config_set(kv_config *c, const char *dotted, const char *value, char *err
  * CAP_IPC_LOCK) is below g2.capacity, as G2 then runs unlocked; each
  * g3.path directory, or its parent when kvcached would create it, must
  * exist, and the G3 files must fit in their filesystems' free space
- * (preallocation would fail), counting what existing store files hold.
+ * (preallocation would fail), counting what existing store files hold;
+ * with G4 on, its key files must be valid (kv_config_g4_keys: owner, mode,
+ * contents). Alone: G4 on needs g4.key_file, g4.old_key_file needs
+ * g4.old_key_until (a valid UTC time); G4 without g4.password is a
+ * warning, and so is an old key past its window.
  *
  * Every finding goes to fn (may be NULL), with KV_CFG_REFUSE when the
  * daemon does not start with it and KV_CFG_WARN when it starts anyway; the

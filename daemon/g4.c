@@ -3,27 +3,35 @@
  *
  * Writes: a block is written when it is committed (g4.admit = always) or
  * when a LOAD or GET uses it a second time (second-use), while its bytes
- * are in G2: the value (kv_g4_encode_hdr with the commit's CRC, then the
- * payload) is built in a buffer that kv_g4c_command copies into the RESP
- * command, so nothing of G2 is held after the call. Only while the client
- * is ok; bounded in flight.
+ * are in G2: the value (the payload copied out of G2, then
+ * kv_g4_encode_hdr with the commit's CRC, signing that copy with the
+ * current secret) is built in a buffer that kv_g4c_command copies into
+ * the RESP command, so nothing of G2 is held after the call. Only while
+ * the client is ok; bounded in flight.
  *
  * Reads: a LOOKUP whose local run is short asks G4 for the keys after it,
  * one pipelined GET each (the client groups them per node). Each answer is
- * checked at once (kv_g4_check against the namespace digest, the key and
- * the namespace's block size) and a verified payload copied out of
+ * checked at once (kv_g4_check against the namespace digest, the key, the
+ * namespace's block size and the secrets accepted now: a value without a
+ * valid MAC is a `mac` miss) and a verified payload copied out of
  * hiredis' reply; when the last answer is in (the client answers every
  * command within g4.timeout_ms), the verified run that continues the local
  * one goes into G2 as committed blocks, chained to their parents, with the
  * value's CRC, and the LOOKUP is answered as usual: those blocks are G2
  * hits now. A session gone meanwhile is owed nothing: what came back is
  * dropped.
+ *
+ * The MAC (Poly1305 under a one-time ChaCha20 key) runs on the loop, as the
+ * CRC does: one pass over each value written or read, a few times the
+ * CRC's cost (tiers/G4.md, "Values").
  */
 #include "daemon/g4.h"
 
 #include <errno.h>
+#include <sodium.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 #include "base/clock.h"
 #include "base/log.h"
@@ -41,8 +49,50 @@ const char *const kvd_g4_write_names[KVD_G4_W_COUNT] = {
 };
 
 _Static_assert(KVD_G4_MISS_SHORT == (int)KV_G4_MISS_SHORT &&
-                   KVD_G4_MISS_PAYLOAD_CRC == (int)KV_G4_MISS_PAYLOAD_CRC,
-               "kvd_g4_miss's refusals are kv_g4_miss's, in its order");
+                   KVD_G4_MISS_PAYLOAD_CRC == (int)KV_G4_MISS_PAYLOAD_CRC &&
+                   KV_G4_MISS_MAC == KV_G4_MISS_PAYLOAD_CRC + 1,
+               "kvd_g4_miss's refusals are kv_g4_miss's, in its order, but MAC");
+
+/* kv_g4_check's reason as a kvd_g4_miss: the same number, but MAC
+ * (appended to both lists: labels are append only). */
+static int8_t miss_of(kv_g4_miss why) {
+  return (int8_t)(why == KV_G4_MISS_MAC ? KVD_G4_MISS_MAC : (int)why);
+}
+
+/* The secrets, in memory of their own: locked (not swapped), guarded,
+ * read-only once loaded, wiped when freed. NULL (logged) when the key
+ * files cannot be read. */
+static kv_g4_keys *keys_load(const kv_config *cfg) {
+  char err[512];
+  if (sodium_init() < 0) {
+    kv_error("g4", "libsodium does not start: running without G4");
+    return NULL;
+  }
+  kv_g4_keys *keys = sodium_malloc(sizeof *keys);
+  if (!keys) {
+    kv_error("g4", "no memory for the G4 secrets: running without G4");
+    return NULL;
+  }
+  if (kv_config_g4_keys(cfg, keys, err, sizeof err)) {
+    kv_error("g4", "%s: running without G4", err);
+    sodium_free(keys);
+    return NULL;
+  }
+  sodium_mprotect_readonly(keys);
+  if (keys->old.len) {
+    char until[32];
+    struct tm tm;
+    time_t t = (time_t)keys->old_until;
+    strftime(until, sizeof until, "%Y-%m-%dT%H:%M:%SZ", gmtime_r(&t, &tm));
+    kv_info("g4", "values signed with secret %08x; those of old secret %08x accepted until %s",
+            keys->cur.id, keys->old.id, until);
+  } else {
+    kv_info("g4", "values signed with secret %08x", keys->cur.id);
+  }
+  return keys;
+}
+
+static void keys_free(kv_g4c *c, void *arg) { sodium_free(arg); /* wiped */ }
 
 int kvd_g4_state(const kvd *d) { return d->g4.c ? (int)kv_g4c_get_state(d->g4.c) : -1; }
 
@@ -53,6 +103,7 @@ int kvd_g4_start(kvd *d, uv_loop_t *loop) {
   const char *seeds[KV_G4C_SEEDS_MAX];
   int n = kv_config_g4_seeds(&d->cfg, buf, seeds, KV_G4C_SEEDS_MAX);
   if (n <= 0) return -EINVAL; /* kv_config_check refused it before */
+  if (!(g->keys = keys_load(&d->cfg))) return -EINVAL;
   kv_g4c_opts o = {.seeds = seeds,
                    .nseeds = (unsigned)n,
                    .user = d->cfg.g4_user[0] ? d->cfg.g4_user : NULL,
@@ -63,6 +114,8 @@ int kvd_g4_start(kvd *d, uv_loop_t *loop) {
   if (rc) {
     kv_error("g4", "cannot start the Redis Cluster client: %s: running without G4", strerror(-rc));
     g->c = NULL;
+    sodium_free(g->keys);
+    g->keys = NULL;
     return rc;
   }
   g->logged = KV_G4C_DOWN;
@@ -76,8 +129,9 @@ void kvd_g4_stop(kvd *d) {
   kvd_g4 *g = &d->g4;
   if (!g->c) return;
   g->closing = 1;
-  kv_g4c_close(g->c, NULL, NULL);
+  kv_g4c_close(g->c, keys_free, g->keys); /* callbacks may still come: the keys stay till then */
   g->c = NULL;
+  g->keys = NULL;
 }
 
 void kvd_g4_tick(kvd *d) {
@@ -158,8 +212,9 @@ static void g4_put(kvd *d, const kvd_ns *n, const kv_block *b) {
   kv_g4_key k;
   char rkey[KV_G4_RKEY_MAX], ttl[16];
   int rl = g4_name(d, n->digest, b->key, kv_block_keylen(b), &k, rkey);
-  kv_g4_encode_hdr(&k, b->size, b->crc, val);
   memcpy(val + KV_G4_HDR_LEN, src, b->size);
+  /* signs the copy: the bytes sent are the bytes signed, whatever G2 holds by then */
+  kv_g4_encode_hdr(&k, &g->keys->cur, val + KV_G4_HDR_LEN, b->size, b->crc, val);
   snprintf(ttl, sizeof ttl, "%u", d->cfg.g4_ttl_s);
   const char *argv[] = {"SET", rkey, (const char *)val, "EX", ttl};
   size_t lens[] = {3, rl > 0 ? (size_t)rl : 0, vlen, 2, strlen(ttl)};
@@ -231,6 +286,7 @@ struct g4_lookup {
   uint32_t core_ns;
   uint8_t digest[32];
   uint32_t block_bytes;
+  const kv_g4_keys *secrets; /* g4.keys, which outlives every callback of the client */
   uint32_t n, hit, nask, pending;
   uint64_t t0, g4_t0;
   kv_key *keys; /* the LOOKUP's n keys */
@@ -311,8 +367,9 @@ static void on_get(kv_g4c *c, const kv_g4c_reply *r, void *arg) {
     g4_key(&k, lk->digest, key->b, key->len);
     kv_g4_view v;
     kv_g4_miss why = KV_G4_MISS_SHORT;
-    if (!r->str || kv_g4_check(r->str, r->len, &k, lk->block_bytes, &v, &why)) {
-      x->miss = (int8_t)why; /* kvd_g4_miss's refusals are kv_g4_miss's */
+    if (!r->str || kv_g4_check(r->str, r->len, &k, lk->block_bytes, lk->secrets,
+                               (int64_t)time(NULL), &v, &why)) {
+      x->miss = miss_of(why);
     } else if ((x->payload = malloc(v.len ? v.len : 1))) {
       memcpy(x->payload, v.payload, v.len);
       x->crc = v.crc;
@@ -355,6 +412,7 @@ int kvd_g4_lookup(kvd *d, kvd_sink *sink, const kv_msg *req, uint32_t n, uint32_
   lk->core_ns = (uint32_t)ns->core_ns;
   memcpy(lk->digest, ns->digest, 32);
   lk->block_bytes = ns->block_bytes;
+  lk->secrets = g->keys;
   lk->n = n;
   lk->hit = hit;
   lk->nask = nask;

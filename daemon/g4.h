@@ -5,6 +5,11 @@
  * (its reply deferred until they are answered), DELETE passed on, and
  * what is counted. Off (every call a no-op) when g4.seeds is empty. The
  * core knows nothing of it. Loop thread only.
+ *
+ * Every value written is signed, and every value read verified, with the
+ * fleet's secret (g4.key_file; g4.old_key_file for reads during a
+ * rotation: tiers/g4_format.h), held here alone: locked in memory, read
+ * only, wiped when G4 closes, never sent to workers or shown.
  */
 #ifndef KV_DAEMON_G4_H
 #define KV_DAEMON_G4_H
@@ -38,7 +43,10 @@ struct kv_buf;
   X(ERROR, "error")             /* any other failure (conn, down slot, ...) */  \
   X(DOWN, "down")               /* G4 was down: not asked at all */             \
   X(NO_ROOM, "no_room")         /* verified, but G2 had no slot for it */       \
-  X(GAP, "gap")                 /* verified, but an earlier key missed */
+  X(GAP, "gap")                 /* verified, but an earlier key missed */       \
+  X(MAC, "mac")                 /* refused by kv_g4_check: not signed by the  \
+                                   fleet's secret (forged, or an old secret    \
+                                   past g4.old_key_until) */
 typedef enum {
 #define KVD_G4_MISS_ENUM(name, label) KVD_G4_MISS_##name,
   KVD_G4_MISS_MAP(KVD_G4_MISS_ENUM)
@@ -69,6 +77,7 @@ extern const char *const kvd_g4_write_names[KVD_G4_W_COUNT];
 
 typedef struct kvd_g4 {
   kv_g4c *c;             /* NULL: G4 off (or closed) */
+  kv_g4_keys *keys;      /* the secrets (sodium_malloc: locked, read-only); NULL when off */
   kv_g4c_state logged;   /* the state the log last said */
   int64_t logged_ms;     /* when it said it */
   uint64_t hits;         /* blocks a LOOKUP brought into G2 from G4 */
@@ -83,12 +92,14 @@ typedef struct kvd_g4 {
   int closing;
 } kvd_g4;
 
-/* Opens the client on loop when g4.seeds is set (it connects in the
- * background: G4 starts down and comes up by itself). 0, or an error
- * (logged): the daemon then runs without G4. */
+/* Reads the key files and opens the client on loop when g4.seeds is set
+ * (it connects in the background: G4 starts down and comes up by itself).
+ * 0, or an error (logged; a key file kv_config_check took that is no
+ * longer valid too): the daemon then runs without G4. */
 int kvd_g4_start(struct kvd *d, uv_loop_t *loop);
 /* Closes the client: commands in flight get their callbacks (LOOKUPs
- * waiting are answered from G1-G3) while the loop runs on. */
+ * waiting are answered from G1-G3) while the loop runs on; the secrets
+ * are wiped once it is closed. */
 void kvd_g4_stop(struct kvd *d);
 
 /* From the housekeeping tick: logs state changes (at most one line a

@@ -312,6 +312,10 @@ static int g4_metrics(kvd *d, kv_buf *out) {
   P("kvcached_g4_deletes_total{result=\"error\"} %llu\n", U(g->deletes[1]));
   H("kvcached_g4_commands_in_flight", "gauge", "Redis commands sent and not answered yet.");
   P("kvcached_g4_commands_in_flight %llu\n", U(cs.in_flight));
+  H("kvcached_g4_nodes", "gauge",
+    "Redis Cluster nodes the client knows (at most KV_G4C_NODES_MAX): the map's, the seeds, and "
+    "those commands were redirected to.");
+  P("kvcached_g4_nodes %u\n", cs.nodes);
   H("kvcached_g4_lookups_waiting", "gauge", "LOOKUPs whose reply waits for G4.");
   P("kvcached_g4_lookups_waiting %llu\n", U(g->waiting));
   H("kvcached_g4_lookup_seconds", "histogram",

@@ -2,25 +2,33 @@
  * libuv loop (see g4_cluster.h; the design is in G4.md).
  *
  * Pieces, top to bottom: CRC16 and slots; the hiredis <-> libuv adapter;
- * nodes and their connections; requests (deadline list, deferred
- * delivery, sending, replies and redirections); the slot map; the
- * housekeeping timer; open and close.
+ * the node table and the state summary; connections and host names;
+ * requests (deadline list, deferred delivery, sending, replies and
+ * redirections); the slot map; the housekeeping timer; open and close.
  *
- * Lifetimes. Nodes live as long as the client (a cluster has few). A
- * request lives until its callback has been delivered and hiredis has
- * given back every callback it owes for it (a timed-out command is still
- * in hiredis' queue until its reply comes or its connection goes). The
- * client is freed when its two timers and every adapter's poll handle have
- * closed, after the last callback. */
+ * Lifetimes. A node lives while the map names it (master of a slot, or
+ * master or replica of a CLUSTER SLOTS range), while it is a seed, or while
+ * a command is addressed to it (sent and not answered, or waiting for its
+ * host name); after that the housekeeping timer closes and frees it (never
+ * from inside a hiredis callback of its own). A request lives until its
+ * callback has been delivered and hiredis has given back every callback it
+ * owes for it (a timed-out command is still in hiredis' queue until its
+ * reply comes or its connection goes). A host name lookup runs on libuv's
+ * thread pool and outlives its node if the node gave up waiting for it.
+ * The client is freed when its two timers, every adapter's poll handle and
+ * every lookup have finished, after the last callback. */
 #include "tiers/g4_cluster.h"
 
 #include <errno.h>
 #include <hiredis/async.h>
 #include <hiredis/hiredis.h>
 #include <limits.h>
+#include <netdb.h>
+#include <netinet/in.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/socket.h>
 
 #include "base/clock.h"
 #include "base/log.h"
@@ -29,8 +37,11 @@
 #define HOUSE_MS     50  /* housekeeping period */
 #define REFRESH_GAP  100 /* at least this long between two map reads */
 #define REFRESH_FAIL 200 /* a failed map read is retried after this */
-#define HOST_MAX     64
+#define HOST_MAX     256 /* a DNS name is at most 253 bytes */
+#define IP_MAX       64  /* INET6_ADDRSTRLEN, and a margin */
+#define BUCKETS      (2 * KV_G4C_NODES_MAX) /* of the node hash, a power of 2 */
 
+_Static_assert((BUCKETS & (BUCKETS - 1)) == 0, "BUCKETS is a power of 2");
 /* ---- CRC16 and slots ----------------------------------------------------- */
 
 uint16_t kv_g4c_crc16(const void *buf, size_t len) {
@@ -56,20 +67,40 @@ unsigned kv_g4c_slot(const void *key, size_t len) {
 
 /* ---- types ---------------------------------------------------------------- */
 
-enum { N_IDLE, N_CONNECTING, N_READY, N_BACKOFF };
+enum { N_IDLE, N_RESOLVING, N_CONNECTING, N_READY, N_BACKOFF };
+
+typedef struct req req;
+typedef struct lookup lookup;
 
 typedef struct node {
-  struct node *next;
+  struct node *hnext; /* the hash chain of (host, port) */
+  unsigned idx;       /* in c->tab */
   kv_g4c *c;
   char host[HOST_MAX];
   int port;
+  int numeric;           /* host is an IP address: connected to without a lookup */
   redisAsyncContext *ac; /* NULL when not connected */
   int st;
   int failed;       /* the last attempt failed or the connection was lost */
   int backoff_ms;   /* the last delay; 0 after a success */
-  uint64_t due;     /* CONNECTING: connect deadline; BACKOFF: retry time */
+  uint64_t due;     /* RESOLVING, CONNECTING: deadline; BACKOFF: retry time */
   uint64_t last_rx; /* when a reply last came */
+  lookup *lk;       /* RESOLVING: its host name lookup */
+  req *whead, *wtail; /* RESOLVING: commands waiting for the connection */
+  /* what holds the node in the table */
+  int seed;
+  unsigned nslots; /* slots it is the master of (c->slot_master) */
+  unsigned nshard; /* places it holds in c->shards (master or replica) */
+  unsigned busy;   /* requests addressed to it (r->to) without an outcome */
 } node;
+
+/* A host name lookup on libuv's thread pool. n is NULL once its node gave
+ * up waiting (a timeout, the close): the answer is then dropped. */
+struct lookup {
+  uv_getaddrinfo_t q;
+  kv_g4c *c;
+  node *n;
+};
 
 typedef struct shard {
   node *master;
@@ -77,22 +108,26 @@ typedef struct shard {
   unsigned nrep, rr;
 } shard;
 
-typedef struct req req;
 typedef void (*req_done_fn)(req *r, const kv_g4c_reply *rep, const struct redisReply *raw);
 struct req {
   kv_g4c *c;
-  req *prev, *next; /* c's deadline list, in submission order, until done */
-  req *dnext;       /* c's deferred list */
+  req *prev, *next;   /* c's deadline list, in submission order, until done */
+  req *dnext;         /* c's deferred list */
+  req *wprev, *wnext; /* the waiting list of to, while its host is resolved */
+  int waiting;
   uint64_t deadline, sent_at;
   char *cmd;
   size_t cmdlen;
   unsigned slot, flags;
   int redirects;
-  int refs;   /* hiredis callbacks still owed */
-  int done;   /* outcome decided (delivered, or waiting in the deferred list) */
-  node *fixed; /* internal: send to this node, not by slot */
-  node *ask;   /* the next send is ASKING + the command to this node */
-  node *to;    /* where it was sent last */
+  int refs;     /* hiredis callbacks still owed */
+  int done;     /* outcome decided (delivered, or waiting in the deferred list) */
+  int deferred; /* in the deferred list: freed once delivered, not before */
+  int asking;   /* the next write is ASKING + the command */
+  node *fixed;  /* internal: send to this node, not by slot */
+  node *ask;    /* the next send goes to this node, with ASKING */
+  node *to;     /* where it was sent (or waits) last; counted in to->busy
+                 * until done, valid until the outcome is delivered */
   kv_g4c_cb cb;
   void *arg;
   req_done_fn internal; /* internal requests: called instead of cb */
@@ -107,20 +142,25 @@ struct kv_g4c {
   kv_g4c_opts o;
   char *user, *password;
   uv_timer_t tmr;   /* deadlines and deferred deliveries */
-  uv_timer_t house; /* connect timeouts, reconnects, map reads */
-  unsigned handles; /* open uv handles: the timers and adapters' polls */
+  uv_timer_t house; /* connect timeouts, reconnects, map reads, node cleanup */
+  unsigned handles; /* open uv handles (the timers and adapters' polls) and
+                     * host name lookups not finished */
   int closing, in_api;
   kv_g4c_close_cb close_cb;
   void *close_arg;
-  node *nodes;
+  node *tab[KV_G4C_NODES_MAX]; /* every node, st.nodes of them */
+  node *bucket[BUCKETS];       /* the same, by (host, port) */
+  int gc_due;                  /* some node may be unreferenced */
+  int full_logged;             /* "table full" said since the last cleanup */
   node *seeds[KV_G4C_SEEDS_MAX];
   unsigned nseeds, rr;
   node *slot_master[KV_G4C_SLOTS];
   shard *slot_shard[KV_G4C_SLOTS];
   shard *shards; /* the last CLUSTER SLOTS' shards */
   unsigned nshards;
-  req *head, *tail;    /* deadline list */
-  req *dhead, *dtail;  /* deferred list */
+  unsigned masters_down; /* nodes with slots (st.masters) that are failed */
+  req *head, *tail;      /* deadline list */
+  req *dhead, *dtail;    /* deferred list */
   int refreshing, have_map;
   uint64_t refresh_due, refresh_last;
   kv_g4c_stats st;
@@ -171,6 +211,8 @@ static int reason_err(kv_g4c_reason r) {
 static void maybe_free_client(kv_g4c *c);
 static void refresh_soon(kv_g4c *c);
 static void on_tmr(uv_timer_t *t);
+static void req_fail(req *r, kv_g4c_reason reason, const char *msg);
+static void req_write(req *r);
 
 /* ---- the hiredis <-> libuv adapter ----------------------------------------
  * hiredis 0.14's adapters/libuv.h ignores a poll error: libuv reports
@@ -241,43 +283,160 @@ static int ev_attach(kv_g4c *c, redisAsyncContext *ac) {
   return 0;
 }
 
-/* ---- nodes ----------------------------------------------------------------- */
+/* ---- the node table and the state summary ---------------------------------
+ * Nodes are found by (host, port) in a hash, st.nodes of them in tab[], at
+ * most KV_G4C_NODES_MAX. A node nothing holds (node_unused) is freed by the
+ * housekeeping timer. The state (kv_g4c_get_state) is kept as counts,
+ * updated where they change: st.slots (slots with a master), st.masters
+ * (nodes that are the master of a slot) and masters_down (those of them
+ * whose last attempt failed). */
 
-static node *node_get(kv_g4c *c, const char *host, size_t hostlen, int port) {
-  if (hostlen == 0 || hostlen >= HOST_MAX || port <= 0 || port > 65535) return NULL;
-  for (node *n = c->nodes; n; n = n->next)
-    if (n->port == port && strlen(n->host) == hostlen && !memcmp(n->host, host, hostlen)) return n;
+static unsigned node_hash(const char *host, size_t len, int port) {
+  uint32_t h = 2166136261u; /* FNV-1a */
+  for (size_t i = 0; i < len; i++) h = (h ^ (uint8_t)host[i]) * 16777619u;
+  h = (h ^ (uint32_t)port) * 16777619u;
+  return h & (BUCKETS - 1);
+}
+
+/* The node (host[0..hostlen), port), added if new. 0 and *out; -EINVAL
+ * (not a host name or address, not a port), -ENOSPC (the table is full),
+ * -ENOMEM. */
+static int node_get(kv_g4c *c, const char *host, size_t hostlen, int port, node **out) {
+  if (hostlen == 0 || hostlen >= HOST_MAX || memchr(host, 0, hostlen) || port <= 0 || port > 65535)
+    return -EINVAL;
+  unsigned b = node_hash(host, hostlen, port);
+  for (node *n = c->bucket[b]; n; n = n->hnext)
+    if (n->port == port && !memcmp(n->host, host, hostlen) && !n->host[hostlen]) {
+      *out = n;
+      return 0;
+    }
+  if (c->st.nodes >= KV_G4C_NODES_MAX) return -ENOSPC;
   node *n = calloc(1, sizeof *n);
-  if (!n) return NULL;
+  if (!n) return -ENOMEM;
   memcpy(n->host, host, hostlen);
   n->port = port;
   n->c = c;
-  n->next = c->nodes;
-  c->nodes = n;
-  c->st.nodes++;
-  return n;
+  unsigned char addr[sizeof(struct in6_addr)];
+  n->numeric = uv_inet_pton(AF_INET, n->host, addr) == 0 || uv_inet_pton(AF_INET6, n->host, addr) == 0;
+  n->hnext = c->bucket[b];
+  c->bucket[b] = n;
+  n->idx = c->st.nodes++;
+  c->tab[n->idx] = n;
+  *out = n;
+  return 0;
 }
 
-/* "host:port" (the last colon: IPv6 addresses have others). */
-static node *node_parse(kv_g4c *c, const char *s, size_t len, const node *from) {
-  const char *colon = NULL;
-  for (size_t i = len; i-- > 0;)
-    if (s[i] == ':') {
-      colon = s + i;
-      break;
+/* Nothing holds n: not a seed, not in the map, no command addressed to
+ * it, no lookup; and it may be freed now (not inside one of its own
+ * connection's callbacks). */
+static int node_unused(const node *n) {
+  return !n->seed && !n->nslots && !n->nshard && !n->busy && !n->lk &&
+         !(n->ac && (n->ac->c.flags & REDIS_IN_CALLBACK));
+}
+
+/* Removes n from the table, closes its connection (hiredis gives back
+ * what it holds: requests that are done already) and frees it. */
+static void node_free(kv_g4c *c, node *n) {
+  node **p = &c->bucket[node_hash(n->host, strlen(n->host), n->port)];
+  while (*p != n) p = &(*p)->hnext;
+  *p = n->hnext;
+  node *last = c->tab[--c->st.nodes];
+  last->idx = n->idx;
+  c->tab[n->idx] = last;
+  c->tab[c->st.nodes] = NULL;
+  redisAsyncContext *ac = n->ac;
+  n->ac = NULL;
+  if (ac) redisAsyncFree(ac);
+  free(n);
+}
+
+/* Frees every node nothing holds, keep excepted. O(nodes). */
+static void nodes_gc(kv_g4c *c, const node *keep) {
+  unsigned freed = 0;
+  c->gc_due = 0;
+  for (unsigned i = c->st.nodes; i-- > 0;) { /* node_free moves the last node to i */
+    node *n = c->tab[i];
+    if (n != keep && node_unused(n)) {
+      node_free(c, n);
+      freed++;
     }
-  if (!colon) return NULL;
-  char *end;
-  char num[8];
-  size_t pl = len - (size_t)(colon - s) - 1;
-  if (pl == 0 || pl >= sizeof num) return NULL;
-  memcpy(num, colon + 1, pl);
-  num[pl] = 0;
-  long port = strtol(num, &end, 10);
-  if (*end) return NULL;
-  size_t hl = (size_t)(colon - s);
-  if (hl == 0 && from) return node_get(c, from->host, strlen(from->host), (int)port);
-  return node_get(c, s, hl, (int)port);
+  }
+  if (freed) {
+    c->full_logged = 0;
+    kv_debug(SUB, "%u nodes no longer in the map freed, %u left", freed, c->st.nodes);
+  }
+}
+
+/* n's last attempt failed (1) or it connected (0). */
+static void node_set_failed(node *n, int failed) {
+  kv_g4c *c = n->c;
+  if (n->failed == failed) return;
+  n->failed = failed;
+  if (!n->nslots) return;
+  if (failed)
+    c->masters_down++;
+  else
+    c->masters_down--;
+}
+
+/* The master of slot s is n now (NULL: none). */
+static void set_slot(kv_g4c *c, unsigned s, node *n) {
+  node *old = c->slot_master[s];
+  if (old == n) return;
+  if (!old)
+    c->st.slots++;
+  else if (!--old->nslots) {
+    c->st.masters--;
+    if (old->failed) c->masters_down--;
+    c->gc_due = 1;
+  }
+  if (!n)
+    c->st.slots--;
+  else if (!n->nslots++) {
+    c->st.masters++;
+    if (n->failed) c->masters_down++;
+  }
+  c->slot_master[s] = n;
+}
+
+/* The nodes of shard s lose their place in it (map_apply gave it). */
+static void shard_release(kv_g4c *c, shard *s) {
+  if (s->master && !--s->master->nshard) c->gc_due = 1;
+  for (unsigned i = 0; i < s->nrep; i++)
+    if (!--s->rep[i]->nshard) c->gc_due = 1;
+}
+
+kv_g4c_state kv_g4c_get_state(const kv_g4c *c) {
+  if (!c->have_map || c->st.slots == 0 || c->masters_down >= c->st.masters) return KV_G4C_DOWN;
+  return c->masters_down || c->st.slots < KV_G4C_SLOTS ? KV_G4C_DEGRADED : KV_G4C_OK;
+}
+
+void kv_g4c_get_stats(const kv_g4c *c, kv_g4c_stats *st) {
+  *st = c->st;
+  st->state = kv_g4c_get_state(c);
+}
+
+/* ---- connections and host names --------------------------------------------
+ * A node named by an IP address is connected to at once (hiredis'
+ * getaddrinfo of an address does not block). A host name is looked up
+ * first with uv_getaddrinfo, on libuv's thread pool, at every connection
+ * (the name may point elsewhere since); commands for the node wait in its
+ * list meanwhile, as they wait in hiredis' buffer while a connection is
+ * made. The lookup and the connection each have connect_timeout_ms. */
+
+/* The last attempt to reach n failed, or its connection was lost: a
+ * backoff before the next. */
+static void node_failed(node *n, const char *why) {
+  kv_g4c *c = n->c;
+  c->st.conn_fails++;
+  if (!n->failed) kv_warn(SUB, "%s:%d: %s", n->host, n->port, why && *why ? why : "connection lost");
+  node_set_failed(n, 1);
+  n->st = N_BACKOFF;
+  int lo = c->o.backoff_min_ms, hi = c->o.backoff_max_ms;
+  n->backoff_ms = n->backoff_ms ? n->backoff_ms * 2 : lo;
+  if (n->backoff_ms > hi) n->backoff_ms = hi;
+  n->due = now_ms(c) + (uint64_t)n->backoff_ms;
+  refresh_soon(c);
 }
 
 /* The connection of n failed or was lost (ac is the context it had). */
@@ -289,15 +448,7 @@ static void node_lost(node *n, const redisAsyncContext *ac, const char *why) {
     n->st = N_IDLE;
     return;
   }
-  c->st.conn_fails++;
-  if (!n->failed) kv_warn(SUB, "%s:%d: %s", n->host, n->port, why && *why ? why : "connection lost");
-  n->failed = 1;
-  n->st = N_BACKOFF;
-  int lo = c->o.backoff_min_ms, hi = c->o.backoff_max_ms;
-  n->backoff_ms = n->backoff_ms ? n->backoff_ms * 2 : lo;
-  if (n->backoff_ms > hi) n->backoff_ms = hi;
-  n->due = now_ms(c) + (uint64_t)n->backoff_ms;
-  refresh_soon(c);
+  node_failed(n, why);
 }
 
 /* Drops n's connection now (a connect timeout, a node that stopped
@@ -320,7 +471,7 @@ static void on_connect(const redisAsyncContext *ac, int status) {
   if (n->ac != ac) return;
   if (n->failed) kv_info(SUB, "%s:%d: connected again", n->host, n->port);
   n->st = N_READY;
-  n->failed = 0;
+  node_set_failed(n, 0);
   n->backoff_ms = 0;
   n->c->st.connects++;
 }
@@ -336,26 +487,27 @@ static void on_auth(redisAsyncContext *ac, void *r, void *priv) {
     kv_warn(SUB, "%s:%d: %s refused: %s", n->host, n->port, (const char *)priv, reply->str);
 }
 
-/* n's connection, made now if n has none and is not waiting out a backoff;
- * NULL if it cannot be used. */
-static redisAsyncContext *node_ac(node *n) {
+/* Connects n to ip (its host, or the address its name resolved to). 0, or
+ * -1: the attempt failed (n is in backoff). */
+static int node_connect(node *n, const char *ip) {
   kv_g4c *c = n->c;
-  if (n->ac) return n->ac;
-  if (c->closing || (n->st == N_BACKOFF && now_ms(c) < n->due)) return NULL;
-  redisAsyncContext *ac = redisAsyncConnect(n->host, n->port);
-  if (!ac) return NULL;
+  redisAsyncContext *ac = redisAsyncConnect(ip, n->port);
+  if (!ac) {
+    node_failed(n, "cannot allocate a connection");
+    return -1;
+  }
   if (ac->err) {
     n->ac = ac;
     node_lost(n, ac, ac->errstr);
     redisAsyncFree(ac);
-    return NULL;
+    return -1;
   }
   ac->data = n;
   if (ev_attach(c, ac) < 0) {
     n->ac = ac;
     node_lost(n, ac, "cannot watch the socket");
     redisAsyncFree(ac);
-    return NULL;
+    return -1;
   }
   redisAsyncSetConnectCallback(ac, on_connect);
   redisAsyncSetDisconnectCallback(ac, on_disconnect);
@@ -370,7 +522,116 @@ static redisAsyncContext *node_ac(node *n) {
       redisAsyncCommand(ac, on_auth, (void *)"AUTH", "AUTH %s", c->password);
   }
   if (c->o.read_replicas) redisAsyncCommand(ac, on_auth, (void *)"READONLY", "READONLY");
-  return ac;
+  return 0;
+}
+
+static void wait_del(req *r) {
+  node *n = r->to;
+  if (r->wprev)
+    r->wprev->wnext = r->wnext;
+  else
+    n->whead = r->wnext;
+  if (r->wnext)
+    r->wnext->wprev = r->wprev;
+  else
+    n->wtail = r->wprev;
+  r->wprev = r->wnext = NULL;
+  r->waiting = 0;
+}
+
+/* The commands waiting for n's lookup: written to its connection, or
+ * failed (CONN, why) if it has none. */
+static void node_flush(node *n, const char *why) {
+  req *r;
+  while ((r = n->whead)) {
+    wait_del(r);
+    if (n->ac)
+      req_write(r);
+    else
+      req_fail(r, KV_G4C_R_CONN, why);
+  }
+}
+
+static void on_lookup(uv_getaddrinfo_t *q, int status, struct addrinfo *ai) {
+  lookup *lk = q->data;
+  kv_g4c *c = lk->c;
+  node *n = lk->n;
+  /* IPv4 first, as hiredis does */
+  const struct addrinfo *pick = NULL;
+  for (const struct addrinfo *a = ai; a && !pick; a = a->ai_next)
+    if (a->ai_family == AF_INET) pick = a;
+  for (const struct addrinfo *a = ai; a && !pick; a = a->ai_next)
+    if (a->ai_family == AF_INET6) pick = a;
+  char ip[IP_MAX] = "";
+  if (status == 0 && pick && pick->ai_family == AF_INET)
+    uv_ip4_name((const struct sockaddr_in *)pick->ai_addr, ip, sizeof ip);
+  else if (status == 0 && pick)
+    uv_ip6_name((const struct sockaddr_in6 *)pick->ai_addr, ip, sizeof ip);
+  uv_freeaddrinfo(ai);
+  free(lk);
+  if (n) { /* still waited for: the client is not closing */
+    n->lk = NULL;
+    char why[96];
+    snprintf(why, sizeof why, "cannot resolve the host name: %s",
+             status ? uv_strerror(status) : "no IPv4 or IPv6 address");
+    if (!ip[0])
+      node_failed(n, why);
+    else if (node_connect(n, ip) == 0)
+      kv_debug(SUB, "%s:%d: resolved to %s", n->host, n->port, ip);
+    node_flush(n, ip[0] ? "node unreachable" : why);
+  }
+  c->handles--;
+  maybe_free_client(c);
+}
+
+/* Starts the lookup of n's host name; commands for n wait until it ends.
+ * 1, or -1: it could not start (n is in backoff). */
+static int node_resolve(node *n) {
+  kv_g4c *c = n->c;
+  lookup *lk = calloc(1, sizeof *lk);
+  if (!lk) {
+    node_failed(n, "cannot allocate a host name lookup");
+    return -1;
+  }
+  lk->c = c;
+  lk->n = n;
+  lk->q.data = lk;
+  struct addrinfo hints = {.ai_family = AF_UNSPEC, .ai_socktype = SOCK_STREAM};
+  int rc = uv_getaddrinfo(c->loop, &lk->q, on_lookup, n->host, NULL, &hints);
+  if (rc < 0) {
+    free(lk);
+    char why[96];
+    snprintf(why, sizeof why, "cannot look the host name up: %s", uv_strerror(rc));
+    node_failed(n, why);
+    return -1;
+  }
+  c->handles++;
+  n->lk = lk;
+  n->st = N_RESOLVING;
+  n->due = now_ms(c) + (uint64_t)c->o.connect_timeout_ms;
+  return 1;
+}
+
+/* n no longer waits for its lookup (a timeout, the close): the lookup is
+ * cancelled if it has not started, its answer dropped if it has. */
+static void node_unlookup(node *n) {
+  lookup *lk = n->lk;
+  if (!lk) return;
+  n->lk = NULL;
+  lk->n = NULL;
+  uv_cancel((uv_req_t *)&lk->q);
+}
+
+/* A connection for n, started now if n has none and is not waiting out a
+ * backoff: 0 when n->ac takes commands (connecting or ready), 1 while n's
+ * host name is looked up (commands wait in n's list), -1 when n cannot be
+ * used now. */
+static int node_open(node *n) {
+  kv_g4c *c = n->c;
+  if (n->ac) return 0;
+  if (n->st == N_RESOLVING) return 1;
+  if (c->closing || (n->st == N_BACKOFF && now_ms(c) < n->due)) return -1;
+  return n->numeric ? node_connect(n, n->host) : node_resolve(n);
 }
 
 /* Usable now, or worth a try. */
@@ -408,6 +669,25 @@ static void list_del(kv_g4c *c, req *r) {
   r->prev = r->next = NULL;
 }
 
+/* r is addressed to n now: counted in n->busy while r has no outcome. */
+static void req_set_to(req *r, node *n) {
+  if (r->to == n) return;
+  if (r->to && !--r->to->busy) r->c->gc_due = 1;
+  r->to = n;
+  if (n) n->busy++;
+}
+
+/* r has its outcome: off the deadline list and any waiting list, no longer
+ * counted by its node (r->to stays readable until the outcome is
+ * delivered: only the housekeeping timer frees nodes). */
+static void req_done(req *r) {
+  kv_g4c *c = r->c;
+  r->done = 1;
+  list_del(c, r);
+  if (r->waiting) wait_del(r);
+  if (r->to && !--r->to->busy) c->gc_due = 1;
+}
+
 static size_t reply_bytes(const redisReply *r) {
   if (!r) return 0;
   if (r->type == REDIS_REPLY_ARRAY) {
@@ -440,13 +720,13 @@ static void deliver(req *r, const kv_g4c_reply *rep, const redisReply *raw) {
 static void req_fail(req *r, kv_g4c_reason reason, const char *msg) {
   kv_g4c *c = r->c;
   if (r->done) return;
-  r->done = 1;
-  list_del(c, r);
+  req_done(r);
   if (c->in_api || c->closing) {
     r->dreason = reason;
     r->derr = reason_err(reason);
     snprintf(r->dmsg, sizeof r->dmsg, "%s", msg ? msg : kv_g4c_reason_name(reason));
     r->dnext = NULL;
+    r->deferred = 1;
     if (c->dtail)
       c->dtail->dnext = r;
     else
@@ -466,6 +746,7 @@ static void run_deferred(kv_g4c *c) {
   while ((r = c->dhead)) {
     c->dhead = r->dnext;
     if (!c->dhead) c->dtail = NULL;
+    r->deferred = 0;
     kv_g4c_reply rep = {.kind = KV_G4C_ERROR, .reason = r->dreason, .err = r->derr,
                         .str = r->dmsg, .len = strlen(r->dmsg)};
     deliver(r, &rep, NULL);
@@ -482,7 +763,7 @@ static node *route(kv_g4c *c, req *r) {
     for (unsigned i = 0; i < s->nrep; i++) {
       node *n = s->rep[s->rr++ % s->nrep];
       if (n->st == N_READY) return n;
-      if (!n->ac && node_usable(n)) node_ac(n); /* ready for the next reads */
+      if (!n->ac && node_usable(n)) node_open(n); /* ready for the next reads */
     }
   }
   node *n = c->slot_master[r->slot];
@@ -495,7 +776,23 @@ static node *route(kv_g4c *c, req *r) {
   return NULL;
 }
 
-/* Sends r where it belongs now; on failure fails it (CONN or DOWN). */
+/* Writes r to its node's connection (r->to->ac); on failure fails it. */
+static void req_write(req *r) {
+  kv_g4c *c = r->c;
+  redisAsyncContext *ac = r->to->ac;
+  if (r->asking) redisAsyncCommand(ac, NULL, NULL, "ASKING");
+  r->asking = 0;
+  if (redisAsyncFormattedCommand(ac, on_reply, r, r->cmd, r->cmdlen) != REDIS_OK) {
+    req_fail(r, KV_G4C_R_CONN, "connection closing");
+    return;
+  }
+  r->refs++;
+  r->sent_at = now_ms(c);
+  c->st.bytes_out += r->cmdlen;
+}
+
+/* Sends r where it belongs now, or queues it on a node whose host name is
+ * being looked up; on failure fails it (CONN or DOWN). */
 static void req_send(req *r) {
   kv_g4c *c = r->c;
   node *n = route(c, r);
@@ -503,32 +800,67 @@ static void req_send(req *r) {
     req_fail(r, KV_G4C_R_DOWN, "no node serves the slot");
     return;
   }
-  redisAsyncContext *ac = node_ac(n);
-  if (!ac) {
+  r->asking = r->ask != NULL;
+  r->ask = NULL;
+  req_set_to(r, n);
+  int st = node_open(n);
+  if (st < 0) {
     req_fail(r, KV_G4C_R_CONN, "node unreachable");
     return;
   }
-  if (r->ask) redisAsyncCommand(ac, NULL, NULL, "ASKING");
-  r->ask = NULL;
-  if (redisAsyncFormattedCommand(ac, on_reply, r, r->cmd, r->cmdlen) != REDIS_OK) {
-    req_fail(r, KV_G4C_R_CONN, "connection closing");
+  if (st > 0) { /* until the lookup ends, or r's deadline */
+    r->waiting = 1;
+    r->wnext = NULL;
+    r->wprev = n->wtail;
+    if (n->wtail)
+      n->wtail->wnext = r;
+    else
+      n->whead = r;
+    n->wtail = r;
     return;
   }
-  r->refs++;
-  r->to = n;
-  r->sent_at = now_ms(c);
-  c->st.bytes_out += r->cmdlen;
+  req_write(r);
 }
 
-/* "MOVED 3999 127.0.0.1:6381" / "ASK ..." -> slot and node */
-static node *parse_redirect(kv_g4c *c, const char *s, size_t len, const node *from, unsigned *slot) {
+/* "host:port" (the last colon: IPv6 addresses have others); an empty host
+ * is from's. 0, or -EINVAL. */
+static int parse_addr(const char *s, size_t len, const node *from, const char **host, size_t *hostlen,
+                      int *port) {
+  const char *colon = NULL;
+  for (size_t i = len; i-- > 0;)
+    if (s[i] == ':') {
+      colon = s + i;
+      break;
+    }
+  if (!colon) return -EINVAL;
+  char *end;
+  char num[8];
+  size_t pl = len - (size_t)(colon - s) - 1;
+  if (pl == 0 || pl >= sizeof num) return -EINVAL;
+  memcpy(num, colon + 1, pl);
+  num[pl] = 0;
+  long p = strtol(num, &end, 10);
+  if (*end || p <= 0 || p > 65535) return -EINVAL;
+  *host = s;
+  *hostlen = (size_t)(colon - s);
+  if (*hostlen == 0 && from) {
+    *host = from->host;
+    *hostlen = strlen(from->host);
+  }
+  *port = (int)p;
+  return 0;
+}
+
+/* "MOVED 3999 127.0.0.1:6381" / "ASK ..." -> slot and address */
+static int parse_redirect(const char *s, size_t len, const node *from, unsigned *slot, const char **host,
+                          size_t *hostlen, int *port) {
   const char *sp = memchr(s, ' ', len);
-  if (!sp) return NULL;
+  if (!sp) return -EINVAL;
   char *end;
   unsigned long v = strtoul(sp + 1, &end, 10);
-  if (end == sp + 1 || *end != ' ' || v >= KV_G4C_SLOTS) return NULL;
+  if (end == sp + 1 || *end != ' ' || v >= KV_G4C_SLOTS) return -EINVAL;
   *slot = (unsigned)v;
-  return node_parse(c, end + 1, len - (size_t)(end + 1 - s), from);
+  return parse_addr(end + 1, len - (size_t)(end + 1 - s), from, host, hostlen, port);
 }
 
 static int prefix(const char *s, size_t len, const char *p) {
@@ -542,19 +874,36 @@ static void on_error_reply(req *r, node *from, const redisReply *reply) {
   size_t len = reply->len;
   int moved = prefix(s, len, "MOVED "), ask = prefix(s, len, "ASK ");
   if (moved || ask) {
+    kv_g4c_reason why = moved ? KV_G4C_R_MOVED : KV_G4C_R_ASK;
     unsigned slot;
-    node *to = parse_redirect(c, s, len, from, &slot);
-    if (!to) {
+    const char *host;
+    size_t hostlen;
+    int port;
+    node *to;
+    if (parse_redirect(s, len, from, &slot, &host, &hostlen, &port)) {
       req_fail(r, KV_G4C_R_OTHER, s);
       return;
     }
     if (++r->redirects > c->o.max_redirects) {
-      req_fail(r, moved ? KV_G4C_R_MOVED : KV_G4C_R_ASK, s);
+      req_fail(r, why, s);
+      return;
+    }
+    int rc = node_get(c, host, hostlen, port, &to);
+    if (rc == -ENOSPC) {
+      if (!c->full_logged)
+        kv_warn(SUB, "%u nodes known, the most there may be: a redirection to %.*s:%d fails", c->st.nodes,
+                (int)hostlen, host, port);
+      c->full_logged = 1;
+      req_fail(r, why, "redirected to a new node, and the node table is full");
+      return;
+    }
+    if (rc) {
+      req_fail(r, rc == -ENOMEM ? why : KV_G4C_R_OTHER, rc == -ENOMEM ? "out of memory" : s);
       return;
     }
     if (moved) {
       c->st.moved++;
-      c->slot_master[slot] = to;
+      set_slot(c, slot, to);
       c->slot_shard[slot] = NULL;
       refresh_soon(c);
       if (r->fixed) r->fixed = to;
@@ -588,7 +937,7 @@ static void on_reply(redisAsyncContext *ac, void *rp, void *priv) {
     c->st.bytes_in += reply_bytes(reply);
   }
   if (r->done) {
-    if (!r->refs) req_free(r);
+    if (!r->refs && !r->deferred) req_free(r);
     return;
   }
   if (!reply) {
@@ -604,8 +953,7 @@ static void on_reply(redisAsyncContext *ac, void *rp, void *priv) {
     on_error_reply(r, n, reply);
     return;
   }
-  r->done = 1;
-  list_del(c, r);
+  req_done(r);
   kv_g4c_reply rep = {.kind = reply->type == REDIS_REPLY_NIL ? KV_G4C_NIL : KV_G4C_VALUE};
   if (rep.kind == KV_G4C_VALUE) {
     rep.raw = reply;
@@ -679,66 +1027,119 @@ static void on_tmr(uv_timer_t *t) {
   tmr_arm(c);
 }
 
-/* ---- the slot map ---------------------------------------------------------- */
+/* ---- the slot map ----------------------------------------------------------
+ * A CLUSTER SLOTS reply is checked whole before anything changes, then
+ * applied in time linear in its size. The old map's nodes that the new one
+ * does not name are freed by the next housekeeping, or at once when the
+ * new map needs their room in the table. */
 
 static void refresh_soon(kv_g4c *c) {
   uint64_t t = c->refresh_last + REFRESH_GAP;
   if (c->refresh_due > t) c->refresh_due = t;
 }
 
-static node *slots_node(kv_g4c *c, const redisReply *e, const node *from) {
-  if (!e || e->type != REDIS_REPLY_ARRAY || e->elements < 2) return NULL;
-  const redisReply *ip = e->element[0], *port = e->element[1];
-  if (ip->type != REDIS_REPLY_STRING || port->type != REDIS_REPLY_INTEGER) return NULL;
-  if (ip->len == 1 && ip->str[0] == '?') return NULL; /* endpoint unknown */
-  if (ip->len == 0) return node_get(c, from->host, strlen(from->host), (int)port->integer);
-  return node_get(c, ip->str, ip->len, (int)port->integer);
-}
-
-/* Applies a CLUSTER SLOTS reply from node `from`. 0 or -EPROTO. */
-static int map_apply(kv_g4c *c, const redisReply *r, const node *from) {
-  if (!r || r->type != REDIS_REPLY_ARRAY) return -EPROTO;
-  shard *sh = calloc(r->elements ? r->elements : 1, sizeof *sh);
-  if (!sh) return -ENOMEM;
+/* At most KV_G4C_SLOTS ranges [first, last, master, replicas...], each
+ * within 0..16383, no slot in two of them. 0, or -EPROTO and why. */
+static int map_check(const redisReply *r, char *why, size_t wlen) {
+  if (!r || r->type != REDIS_REPLY_ARRAY) {
+    snprintf(why, wlen, "not an array");
+    return -EPROTO;
+  }
+  if (r->elements > KV_G4C_SLOTS) {
+    snprintf(why, wlen, "%zu ranges, more than there are slots", r->elements);
+    return -EPROTO;
+  }
+  uint64_t seen[KV_G4C_SLOTS / 64] = {0};
   for (size_t i = 0; i < r->elements; i++) {
     const redisReply *e = r->element[i];
     if (e->type != REDIS_REPLY_ARRAY || e->elements < 3 || e->element[0]->type != REDIS_REPLY_INTEGER ||
         e->element[1]->type != REDIS_REPLY_INTEGER) {
-      free(sh);
+      snprintf(why, wlen, "range %zu malformed", i);
       return -EPROTO;
     }
-    shard *s = &sh[i];
-    s->master = slots_node(c, e->element[2], from);
-    for (size_t j = 3; j < e->elements && s->nrep < 4; j++) {
-      node *rep = slots_node(c, e->element[j], from);
-      if (rep) s->rep[s->nrep++] = rep;
+    long long a = e->element[0]->integer, b = e->element[1]->integer;
+    if (a < 0 || b >= KV_G4C_SLOTS || a > b) {
+      snprintf(why, wlen, "range %lld..%lld not within 0..%d", a, b, KV_G4C_SLOTS - 1);
+      return -EPROTO;
+    }
+    for (long long s = a; s <= b; s++) { /* at most KV_G4C_SLOTS in all: the first repeat stops it */
+      if (seen[s / 64] >> (s % 64) & 1) {
+        snprintf(why, wlen, "slot %lld in two ranges", s);
+        return -EPROTO;
+      }
+      seen[s / 64] |= 1ull << (s % 64);
     }
   }
+  return 0;
+}
+
+/* The node a CLUSTER SLOTS entry names ([host, port, ...]; an empty host:
+ * from's), added if new. NULL when it names none ("?": endpoint unknown),
+ * is malformed, or the table is full even after freeing what nothing
+ * holds (counted in *full: no second cleanup then). */
+static node *slots_node(kv_g4c *c, const redisReply *e, const node *from, unsigned *full) {
+  if (e->type != REDIS_REPLY_ARRAY || e->elements < 2) return NULL;
+  const redisReply *ip = e->element[0], *port = e->element[1];
+  if (ip->type != REDIS_REPLY_STRING || port->type != REDIS_REPLY_INTEGER) return NULL;
+  if (ip->len == 1 && ip->str[0] == '?') return NULL;
+  if (port->integer <= 0 || port->integer > 65535) return NULL;
+  const char *host = ip->len ? ip->str : from->host;
+  size_t hostlen = ip->len ? ip->len : strlen(from->host);
+  node *n = NULL;
+  int rc = node_get(c, host, hostlen, (int)port->integer, &n);
+  if (rc == -ENOSPC && !*full) {
+    nodes_gc(c, from);
+    rc = node_get(c, host, hostlen, (int)port->integer, &n);
+  }
+  if (rc == -ENOSPC) ++*full;
+  return rc ? NULL : n;
+}
+
+/* Applies a CLUSTER SLOTS reply from node `from`. 0, or -EPROTO (refused,
+ * the map unchanged), -ENOMEM. */
+static int map_apply(kv_g4c *c, const redisReply *r, node *from) {
+  char why[96];
+  int rc = map_check(r, why, sizeof why);
+  if (rc) {
+    kv_warn(SUB, "slot map from %s:%d refused: %s", from->host, from->port, why);
+    return rc;
+  }
+  shard *sh = calloc(r->elements ? r->elements : 1, sizeof *sh);
+  if (!sh) return -ENOMEM;
+  unsigned slots0 = c->st.slots, masters0 = c->st.masters;
+  /* the old map goes; its nodes stay while something else holds them */
+  for (unsigned s = 0; s < KV_G4C_SLOTS; s++) set_slot(c, s, NULL);
+  memset(c->slot_shard, 0, sizeof c->slot_shard);
+  for (unsigned i = 0; i < c->nshards; i++) shard_release(c, &c->shards[i]);
   free(c->shards);
   c->shards = sh;
   c->nshards = (unsigned)r->elements;
-  memset(c->slot_master, 0, sizeof c->slot_master);
-  memset(c->slot_shard, 0, sizeof c->slot_shard);
-  unsigned slots = 0, masters = 0;
+  unsigned full = 0;
   for (size_t i = 0; i < r->elements; i++) {
     const redisReply *e = r->element[i];
-    long long a = e->element[0]->integer, b = e->element[1]->integer;
-    if (!sh[i].master || a < 0 || b >= KV_G4C_SLOTS || a > b) continue;
-    for (long long s = a; s <= b; s++) {
-      if (!c->slot_master[s]) slots++;
-      c->slot_master[s] = sh[i].master;
-      c->slot_shard[s] = &sh[i];
+    shard *s = &sh[i];
+    /* each node held as soon as found: a cleanup for room spares it */
+    if ((s->master = slots_node(c, e->element[2], from, &full))) s->master->nshard++;
+    for (size_t j = 3; j < e->elements && s->nrep < 4; j++) {
+      node *rep = slots_node(c, e->element[j], from, &full);
+      if (!rep) continue;
+      rep->nshard++;
+      s->rep[s->nrep++] = rep;
     }
-    int seen = 0;
-    for (size_t j = 0; j < i; j++) seen |= sh[j].master == sh[i].master;
-    masters += !seen;
+    if (!s->master) continue;
+    for (long long x = e->element[0]->integer; x <= e->element[1]->integer; x++) {
+      set_slot(c, (unsigned)x, s->master);
+      c->slot_shard[x] = s;
+    }
   }
-  if (slots != c->st.slots || masters != c->st.masters || !c->have_map)
-    kv_info(SUB, "slot map from %s:%d: %u masters, %u of %u slots", from->host, from->port, masters,
-            slots, KV_G4C_SLOTS);
-  c->st.slots = slots;
-  c->st.masters = masters;
+  if (full)
+    kv_warn(SUB, "slot map from %s:%d names more than %d nodes: %u left out (their slots unmapped)",
+            from->host, from->port, KV_G4C_NODES_MAX, full);
+  if (c->st.slots != slots0 || c->st.masters != masters0 || !c->have_map)
+    kv_info(SUB, "slot map from %s:%d: %u masters, %u of %u slots", from->host, from->port,
+            c->st.masters, c->st.slots, KV_G4C_SLOTS);
   c->have_map = 1;
+  c->gc_due = 1;
   return 0;
 }
 
@@ -756,17 +1157,20 @@ static void on_slots(req *r, const kv_g4c_reply *rep, const struct redisReply *r
   c->refresh_due = now + REFRESH_FAIL;
 }
 
-/* Reads the map from the next node that may answer: the map's masters and
- * the seeds, in turn. */
+/* Reads the map from the next node that may answer, among the map's nodes
+ * and the seeds, in turn: a connected one if there is one (a map full of
+ * unreachable or made-up nodes does not keep it from the good ones). */
 static void refresh_start(kv_g4c *c) {
   node *pick = NULL;
   unsigned total = c->st.nodes;
-  for (unsigned i = 0; i < total && !pick; i++) {
-    unsigned k = c->rr++ % total, j = 0;
-    node *n = c->nodes;
-    while (j++ < k && n) n = n->next;
-    if (n && node_usable(n)) pick = n;
-  }
+  for (int pass = 0; pass < 2 && !pick; pass++)
+    for (unsigned i = 0; i < total && !pick; i++) {
+      node *n = c->tab[(c->rr + i) % total];
+      if ((n->seed || n->nslots || n->nshard) && (pass ? node_usable(n) : n->st == N_READY)) {
+        pick = n;
+        c->rr += i + 1;
+      }
+    }
   c->refresh_last = now_ms(c);
   if (!pick) {
     c->refresh_due = c->refresh_last + REFRESH_FAIL;
@@ -785,41 +1189,25 @@ static void refresh_start(kv_g4c *c) {
   req_send(r);
 }
 
-/* ---- state and housekeeping ---------------------------------------------- */
-
-kv_g4c_state kv_g4c_get_state(const kv_g4c *c) {
-  if (!c->have_map || c->st.slots == 0) return KV_G4C_DOWN;
-  unsigned up = 0, down = 0;
-  for (unsigned i = 0; i < c->nshards; i++) {
-    node *m = c->shards[i].master;
-    if (!m) continue;
-    int seen = 0;
-    for (unsigned j = 0; j < i; j++) seen |= c->shards[j].master == m;
-    if (seen) continue;
-    if (m->failed)
-      down++;
-    else
-      up++;
-  }
-  if (up == 0) return KV_G4C_DOWN;
-  return down || c->st.slots < KV_G4C_SLOTS ? KV_G4C_DEGRADED : KV_G4C_OK;
-}
-
-void kv_g4c_get_stats(const kv_g4c *c, kv_g4c_stats *st) {
-  *st = c->st;
-  st->state = kv_g4c_get_state(c);
-}
+/* ---- housekeeping ----------------------------------------------------------- */
 
 static void on_house(uv_timer_t *t) {
   kv_g4c *c = t->data;
   uint64_t now = now_ms(c);
-  for (node *n = c->nodes; n; n = n->next)
-    if (n->st == N_CONNECTING && n->ac && now >= n->due) node_drop(n, "connect timed out");
-  /* the map's masters come back on their own */
-  for (unsigned i = 0; i < c->nshards; i++) {
-    node *m = c->shards[i].master;
-    if (m && !m->ac && m->st == N_BACKOFF && now >= m->due) node_ac(m);
+  for (unsigned i = 0; i < c->st.nodes && !c->closing; i++) {
+    node *n = c->tab[i];
+    if (n->st == N_CONNECTING && n->ac && now >= n->due) {
+      node_drop(n, "connect timed out");
+    } else if (n->st == N_RESOLVING && now >= n->due) {
+      node_unlookup(n);
+      node_failed(n, "host name not resolved within the connect timeout");
+      node_flush(n, "host name not resolved in time");
+    } else if (n->nslots && !n->ac && n->st == N_BACKOFF && now >= n->due) {
+      node_open(n); /* the map's masters come back on their own */
+    }
   }
+  if (c->closing) return;
+  if (c->gc_due) nodes_gc(c, NULL);
   if (!c->refreshing && now >= c->refresh_due) refresh_start(c);
   run_deferred(c);
 }
@@ -827,12 +1215,7 @@ static void on_house(uv_timer_t *t) {
 /* ---- open and close ------------------------------------------------------- */
 
 static void free_client(kv_g4c *c) {
-  node *n = c->nodes;
-  while (n) {
-    node *next = n->next;
-    free(n);
-    n = next;
-  }
+  for (unsigned i = 0; i < c->st.nodes; i++) free(c->tab[i]);
   free(c->shards);
   free(c->user);
   free(c->password);
@@ -878,10 +1261,20 @@ int kv_g4c_open(uv_loop_t *loop, const kv_g4c_opts *o, kv_g4c **out) {
   int rc = -ENOMEM;
   if ((o->user && !(c->user = strdup(o->user))) || (o->password && !(c->password = strdup(o->password))))
     goto err;
-  rc = -EINVAL;
   for (unsigned i = 0; i < o->nseeds; i++) {
-    if (!o->seeds[i] || !(c->seeds[i] = node_parse(c, o->seeds[i], strlen(o->seeds[i]), NULL))) goto err;
-    c->nseeds++;
+    const char *host;
+    size_t hostlen;
+    int port;
+    node *n;
+    rc = -EINVAL;
+    if (!o->seeds[i] || parse_addr(o->seeds[i], strlen(o->seeds[i]), NULL, &host, &hostlen, &port)) goto err;
+    rc = node_get(c, host, hostlen, port, &n);
+    if (rc) {
+      if (rc != -ENOMEM) rc = -EINVAL;
+      goto err;
+    }
+    n->seed = 1;
+    c->seeds[c->nseeds++] = n;
   }
   uv_timer_init(loop, &c->tmr);
   uv_timer_init(loop, &c->house);
@@ -901,10 +1294,12 @@ void kv_g4c_close(kv_g4c *c, kv_g4c_close_cb cb, void *arg) {
   c->closing = 1;
   c->close_cb = cb;
   c->close_arg = arg;
-  for (node *n = c->nodes; n; n = n->next) {
+  for (unsigned i = 0; i < c->st.nodes; i++) {
+    node *n = c->tab[i];
     redisAsyncContext *ac = n->ac;
     n->ac = NULL;
     n->st = N_IDLE;
+    node_unlookup(n);           /* its answer is dropped; the client waits for it */
     if (ac) redisAsyncFree(ac); /* its callbacks fail their requests: CLOSED */
   }
   while (c->head) req_fail(c->head, KV_G4C_R_CLOSED, NULL);

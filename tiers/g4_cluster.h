@@ -18,6 +18,19 @@
  *   password, and READONLY queued first), lost ones are retried with
  *   exponential backoff; the masters of the map are reconnected on their
  *   own, so the client comes back after an outage without traffic.
+ * - Host names (seeds, CLUSTER SLOTS, MOVED: Redis 7's
+ *   cluster-preferred-endpoint-type hostname) are looked up off the loop,
+ *   with uv_getaddrinfo on libuv's thread pool, before each connection;
+ *   commands for the node wait meanwhile, as they do while a connection is
+ *   made. A lookup not done within connect_timeout_ms fails the node (CONN,
+ *   then its backoff); IP addresses are connected to without a lookup.
+ * - Bounded by what it is told: a CLUSTER SLOTS reply with more ranges
+ *   than slots, a range outside 0..16383 or a slot in two ranges is
+ *   refused whole (the map unchanged, refresh_fails counted); the map is
+ *   built in time linear in the reply and the state is kept up to date as
+ *   the map and the connections change (kv_g4c_get_state is O(1)). At most
+ *   KV_G4C_NODES_MAX nodes: a node that the map no longer names and no
+ *   command is addressed to is closed and freed.
  * - Failure is fast and final: a command gets exactly one callback, within
  *   timeout_ms of its submission (plus one loop turn), whatever the
  *   cluster does: a value, nil, or an error with a reason. A command to a
@@ -27,8 +40,6 @@
  * Callbacks are never called from inside the call that submitted the
  * command (or from kv_g4c_close): such outcomes are delivered from the loop.
  * Every function is called on the loop's thread. Errors: 0 or -errno.
- * Host names are resolved with a blocking getaddrinfo (hiredis 0.14): give
- * seeds as IP addresses; the cluster itself reports IPs.
  */
 #ifndef KV_TIERS_G4_CLUSTER_H
 #define KV_TIERS_G4_CLUSTER_H
@@ -42,6 +53,11 @@ typedef struct kv_g4c kv_g4c;
 
 #define KV_G4C_SLOTS     16384
 #define KV_G4C_SEEDS_MAX 64
+/* The most nodes a client knows at once (Redis advises clusters of at most
+ * 1000): a MOVED or ASK to a new node while the table is full fails that
+ * command (reason MOVED or ASK, "node table is full"); a map naming more
+ * leaves the rest out (their slots unmapped: degraded). */
+#define KV_G4C_NODES_MAX 1024
 
 typedef enum {
   KV_G4C_OK = 0,   /* every slot has a master and every master is reachable */
@@ -94,12 +110,13 @@ typedef void (*kv_g4c_cb)(kv_g4c *c, const kv_g4c_reply *r, void *arg);
 typedef void (*kv_g4c_close_cb)(kv_g4c *c, void *arg);
 
 typedef struct kv_g4c_opts {
-  const char *const *seeds; /* "ip:port", 1..KV_G4C_SEEDS_MAX */
+  const char *const *seeds; /* "host:port" (an IP address or a host name),
+                             * 1..KV_G4C_SEEDS_MAX */
   unsigned nseeds;
   const char *user;         /* ACL user, with password; NULL: AUTH password */
   const char *password;     /* NULL: no AUTH */
   int timeout_ms;           /* per command, from submission; 0: 1000 */
-  int connect_timeout_ms;   /* 0: timeout_ms */
+  int connect_timeout_ms;   /* a host name lookup, then a connect; 0: timeout_ms */
   int backoff_min_ms;       /* first reconnect delay; 0: 100 */
   int backoff_max_ms;       /* doubling up to; 0: 2000 */
   int refresh_ms;           /* map re-read while healthy; 0: 30000, < 0: only
@@ -120,7 +137,8 @@ typedef struct kv_g4c_stats {
   uint64_t bytes_out;                /* commands as sent (RESP), resends too */
   uint64_t bytes_in;                 /* reply payload bytes (strings) */
   uint64_t in_flight;                /* commands without their callback yet */
-  unsigned nodes, masters;           /* known, and masters in the map */
+  unsigned nodes, masters;           /* known (at most KV_G4C_NODES_MAX),
+                                      * and masters in the map */
   unsigned slots;                    /* slots with a master */
   kv_g4c_state state;
 } kv_g4c_stats;
@@ -143,11 +161,14 @@ int kv_g4c_command(kv_g4c *c, const void *key, size_t keylen, unsigned flags, in
                    const char *const *argv, const size_t *argvlen, kv_g4c_cb cb, void *arg);
 
 /* Closes the client: commands not answered yet get a CLOSED error, every
- * connection and handle is closed, then cb(c, arg) is called from the loop
- * and the client is freed. Calling it from a callback is allowed; calling it
- * twice is not. */
+ * connection and handle is closed, host name lookups not started yet are
+ * cancelled (one already running is waited for: the system resolver's own
+ * timeout bounds it), then cb(c, arg) is called from the loop and the
+ * client is freed. Calling it from a callback is allowed; calling it twice
+ * is not. */
 void kv_g4c_close(kv_g4c *c, kv_g4c_close_cb cb, void *arg);
 
+/* O(1): kept up to date as the map and the connections change. */
 kv_g4c_state kv_g4c_get_state(const kv_g4c *c);
 const char *kv_g4c_state_name(kv_g4c_state s);
 /* The reason's metric label ("timeout"), or "?". */

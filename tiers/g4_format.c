@@ -1,7 +1,9 @@
-/* g4_format.c - the G4 value header and Redis key names (see g4_format.h). */
+/* g4_format.c - the G4 value header, its MAC and Redis key names (see
+ * g4_format.h). */
 #include "tiers/g4_format.h"
 
 #include <errno.h>
+#include <sodium.h>
 #include <string.h>
 
 #include "base/crc32c.h"
@@ -9,12 +11,30 @@
 #include "base/hex.h"
 #include "base/le.h"
 
-/* Header:
- *   0 u32 magic | 4 u16 version | 6 u16 header length (96) | 8 u8 keylen
+/* Header (version 2):
+ *   0 u32 magic | 4 u16 version | 6 u16 header length (128) | 8 u8 keylen
  *   9 u8 flags (0) | 10 u16 reserved (0) | 12 u32 payload length
- *  16 u32 payload CRC32C | 20 u32 reserved (0) | 24 ns[32] | 56 key[32]
- *  (zero padded) | 88 u32 reserved (0) | 92 u32 CRC32C of bytes 0..91 */
-#define HCRC_OFF 92
+ *  16 u32 payload CRC32C | 20 u32 secret id | 24 ns[32] | 56 key[32]
+ *  (zero padded) | 88 u64 reserved (0) | 96 nonce[12] | 108 MAC[16]:
+ *  Poly1305 of bytes 0..107 then the payload, under the one-time key
+ *  ChaCha20(mac key, nonce) | 124 u32 CRC32C of bytes 0..123 */
+#define SID_OFF   20
+#define NONCE_OFF 96
+#define MAC_OFF   108
+#define HCRC_OFF  124
+_Static_assert(NONCE_OFF + KV_G4_NONCE_BYTES == MAC_OFF && MAC_OFF + KV_G4_MAC_BYTES == HCRC_OFF &&
+                   HCRC_OFF + 4 == KV_G4_HDR_LEN,
+               "the header's layout");
+_Static_assert(KV_G4_SECRET_MIN >= crypto_generichash_KEYBYTES_MIN &&
+                   KV_G4_SECRET_MAX <= crypto_generichash_KEYBYTES_MAX &&
+                   KV_G4_MAC_BYTES == crypto_onetimeauth_BYTES &&
+                   KV_G4_NONCE_BYTES == crypto_stream_chacha20_ietf_NONCEBYTES &&
+                   crypto_stream_chacha20_ietf_KEYBYTES == 32 &&
+                   crypto_onetimeauth_KEYBYTES == 32,
+               "a secret is a BLAKE2b key; the MAC Poly1305 under a ChaCha20 one-time key");
+
+static const char SECRET_ID_MSG[] = "kvcached-g4-secret-id";
+static const char MAC_KEY_MSG[] = "kvcached-g4-mac-key";
 
 static const char *const miss_names[] = {
 #define KV_G4_MISS_NAME(name, label) label,
@@ -26,8 +46,47 @@ const char *kv_g4_miss_name(int why) {
   return why >= 0 && why < KV_G4_MISS_COUNT ? miss_names[why] : "?";
 }
 
-int kv_g4_encode_hdr(const kv_g4_key *k, uint32_t len, uint32_t crc, uint8_t *out) {
-  if (k->len == 0 || k->len > KV_G4_KEY_MAX || len > KV_G4_PAYLOAD_MAX) return -EINVAL;
+static int secret_ok(const kv_g4_secret *s) {
+  return s->len >= KV_G4_SECRET_MIN && s->len <= KV_G4_SECRET_MAX;
+}
+
+int kv_g4_secret_init(kv_g4_secret *s, const uint8_t *b, size_t len) {
+  if (len < KV_G4_SECRET_MIN || len > KV_G4_SECRET_MAX) return -EINVAL;
+  if (sodium_init() < 0) return -ENOSYS;
+  uint8_t h[crypto_generichash_BYTES];
+  crypto_generichash(h, sizeof h, (const uint8_t *)SECRET_ID_MSG, sizeof SECRET_ID_MSG - 1, b,
+                     len);
+  memset(s, 0, sizeof *s);
+  memcpy(s->b, b, len);
+  s->len = (uint8_t)len;
+  s->id = kv_ld32(h);
+  crypto_generichash(s->mk, sizeof s->mk, (const uint8_t *)MAC_KEY_MSG, sizeof MAC_KEY_MSG - 1, b,
+                     len);
+  sodium_memzero(h, sizeof h);
+  return 0;
+}
+
+/* The MAC of hdr[0..MAC_OFF) (its nonce included) then payload[0..len)
+ * under s, into mac: Poly1305 under the one-time key that ChaCha20 makes
+ * of s's MAC key and the header's nonce (RFC 8439, 2.6), so that no two
+ * values share one. */
+static void mac_of(const kv_g4_secret *s, const uint8_t *hdr, const void *payload, uint32_t len,
+                   uint8_t mac[KV_G4_MAC_BYTES]) {
+  uint8_t otk[crypto_onetimeauth_KEYBYTES] = {0};
+  crypto_stream_chacha20_ietf_xor(otk, otk, sizeof otk, hdr + NONCE_OFF, s->mk);
+  crypto_onetimeauth_state st;
+  crypto_onetimeauth_init(&st, otk);
+  crypto_onetimeauth_update(&st, hdr, MAC_OFF);
+  crypto_onetimeauth_update(&st, payload, len);
+  crypto_onetimeauth_final(&st, mac);
+  sodium_memzero(&st, sizeof st); /* it holds the one-time key */
+  sodium_memzero(otk, sizeof otk);
+}
+
+int kv_g4_encode_hdr(const kv_g4_key *k, const kv_g4_secret *s, const void *payload, uint32_t len,
+                     uint32_t crc, uint8_t *out) {
+  if (k->len == 0 || k->len > KV_G4_KEY_MAX || len > KV_G4_PAYLOAD_MAX || !secret_ok(s))
+    return -EINVAL;
   memset(out, 0, KV_G4_HDR_LEN);
   kv_st32(out, KV_G4_MAGIC);
   kv_st16(out + 4, KV_G4_VERSION);
@@ -35,17 +94,29 @@ int kv_g4_encode_hdr(const kv_g4_key *k, uint32_t len, uint32_t crc, uint8_t *ou
   out[8] = k->len;
   kv_st32(out + 12, len);
   kv_st32(out + 16, crc);
+  kv_st32(out + SID_OFF, s->id);
   memcpy(out + 24, k->ns, KV_G4_NS_BYTES);
   memcpy(out + 56, k->b, k->len);
+  randombytes_buf(out + NONCE_OFF, KV_G4_NONCE_BYTES);
+  mac_of(s, out, payload, len, out + MAC_OFF);
   kv_st32(out + HCRC_OFF, kv_crc32c(0, out, HCRC_OFF));
   return 0;
 }
 
-long kv_g4_encode(const kv_g4_key *k, const void *payload, uint32_t len, uint8_t *out) {
-  if (k->len == 0 || k->len > KV_G4_KEY_MAX || len > KV_G4_PAYLOAD_MAX) return -EINVAL;
+long kv_g4_encode(const kv_g4_key *k, const kv_g4_secret *s, const void *payload, uint32_t len,
+                  uint8_t *out) {
+  if (k->len == 0 || k->len > KV_G4_KEY_MAX || len > KV_G4_PAYLOAD_MAX || !secret_ok(s))
+    return -EINVAL;
   uint32_t crc = kv_crc32c_copy(0, out + KV_G4_HDR_LEN, payload, len);
-  kv_g4_encode_hdr(k, len, crc, out);
+  kv_g4_encode_hdr(k, s, out + KV_G4_HDR_LEN, len, crc, out);
   return (long)kv_g4_value_len(len);
+}
+
+/* The secret of keys that id names and that is accepted at now, or NULL. */
+static const kv_g4_secret *secret_for(const kv_g4_keys *keys, uint32_t id, int64_t now) {
+  if (secret_ok(&keys->cur) && keys->cur.id == id) return &keys->cur;
+  if (secret_ok(&keys->old) && keys->old.id == id && now < keys->old_until) return &keys->old;
+  return NULL;
 }
 
 static int refuse(kv_g4_miss *why, kv_g4_miss w) {
@@ -54,7 +125,7 @@ static int refuse(kv_g4_miss *why, kv_g4_miss w) {
 }
 
 int kv_g4_check(const void *val, size_t n, const kv_g4_key *expect, uint32_t expect_len,
-                kv_g4_view *v, kv_g4_miss *why) {
+                const kv_g4_keys *keys, int64_t now, kv_g4_view *v, kv_g4_miss *why) {
   const uint8_t *p = val;
   if (n >= 4 && kv_ld32(p) != KV_G4_MAGIC) return refuse(why, KV_G4_MISS_MAGIC);
   if (n < KV_G4_HDR_LEN) return refuse(why, KV_G4_MISS_SHORT);
@@ -72,6 +143,11 @@ int kv_g4_check(const void *val, size_t n, const kv_g4_key *expect, uint32_t exp
   if (n - KV_G4_HDR_LEN > len) return refuse(why, KV_G4_MISS_LENGTH);
   uint32_t crc = kv_ld32(p + 16);
   if (kv_crc32c(0, p + KV_G4_HDR_LEN, len) != crc) return refuse(why, KV_G4_MISS_PAYLOAD_CRC);
+  const kv_g4_secret *s = secret_for(keys, kv_ld32(p + SID_OFF), now);
+  uint8_t mac[KV_G4_MAC_BYTES];
+  if (!s) return refuse(why, KV_G4_MISS_MAC);
+  mac_of(s, p, p + KV_G4_HDR_LEN, len, mac);
+  if (crypto_verify_16(mac, p + MAC_OFF)) return refuse(why, KV_G4_MISS_MAC);
   v->payload = p + KV_G4_HDR_LEN;
   v->len = len;
   v->crc = crc;

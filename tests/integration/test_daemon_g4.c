@@ -3,22 +3,51 @@
  * through node A is found by LOOKUP and loaded through node B with its
  * bytes intact, and not by another tenant or salt; a value overwritten or
  * damaged in Redis by hand is refused (a miss, counted by reason), never
- * served; the whole cluster stopped leaves both nodes serving G1-G3 without
- * waiting, G4 down in the metrics, then back by itself; a master killed
- * gives misses, never wrong bytes, and hits again after the failover.
- * Each test on its own cluster (tests/lib/redis_cluster.sh); skipped when
- * redis-server is not installed. */
+ * served; a value forged by whoever reaches the cluster, with a correct
+ * header and both CRCs but without the fleet's secret, is refused as `mac`
+ * (issue 34), a value deleted is a miss; during a key rotation a node
+ * reads values of the old secret; the whole cluster stopped leaves both
+ * nodes serving G1-G3 without waiting, G4 down in the metrics, then back by
+ * itself; a master killed gives misses, never wrong bytes, and hits again
+ * after the failover. Each test on its own cluster
+ * (tests/lib/redis_cluster.sh); skipped when redis-server is not
+ * installed. G4 needs a key file: the nodes share one in a fresh
+ * directory, and a node without a valid one does not start. */
 #include <hiredis/hiredis.h>
 #include <signal.h>
+#include <sys/stat.h>
 
 #include "base/clock.h"
+#include "base/crc32c.h"
+#include "base/le.h"
 #include "tests/lib/fixture.h"
 #include "tests/lib/redis_cluster.h"
+#include "tests/lib/tmpdir.h"
 #include "tiers/g4_cluster.h"
+#include "tiers/g4_format.h"
 
 static kvt_rc rc;
 static kvt_daemon na, nb; /* nodes A and B */
 static char seeds[256];
+static char keydir[128]; /* key files: k1 (the fleet's), k2 (the next one), world (0644) */
+
+/* Writes key file keydir/name with text and mode. */
+static void key_file(const char *name, const char *text, mode_t mode) {
+  char p[200];
+  snprintf(p, sizeof p, "%s/%s", keydir, name);
+  FILE *f = fopen(p, "w");
+  cr_assert(f, "%s", p);
+  fputs(text, f);
+  fclose(f);
+  cr_assert_eq(chmod(p, mode), 0);
+}
+
+static void make_keys(void) {
+  cr_assert_eq(kvt_mkdtemp(keydir, sizeof keydir, "kvg4keys"), 0);
+  key_file("k1", "5ec7e75ec7e75ec7e75ec7e75ec7e75ec7e75ec7e75ec7e75ec7e75ec7e75ec7\n", 0600);
+  key_file("k2", "0123456789abcdef0123456789abcdef0123456789abcdef0123456789abcdef\n", 0400);
+  key_file("world", "5ec7e75ec7e75ec7e75ec7e75ec7e75ec7e75ec7e75ec7e75ec7e75ec7e75ec7\n", 0644);
+}
 
 static void start_cluster(void) {
   int r = kvt_rc_start(&rc, KV_SOURCE_DIR, "--masters 3 --replicas 1");
@@ -30,25 +59,34 @@ static void start_cluster(void) {
                   rc.ports[i]);
 }
 
-/* Starts a node on the cluster (G3 off, tenants t1 and t2; extra: one
- * more --set, or NULL). */
-static void start_node_with(kvt_daemon *d, const char *extra) {
-  static char seedset[300];
-  snprintf(seedset, sizeof seedset, "g4.seeds=%s", seeds);
+/* Runs a node on the cluster (G3 off, tenants t1 and t2) with key file
+ * keydir/key (NULL: none) and up to two more --set values (or NULL): the
+ * launcher's status (0: it serves). */
+static int run_node(kvt_daemon *d, const char *key, const char *extra, const char *extra2) {
   static const char *const args[] = {"--g2-capacity", "4M",         "--set",     "g2.page_size=1M",
                                      "--set",         "g2.lock=no", "--g3-path", "",
                                      "--log-level",   "warn",       NULL};
-  char t1[64], t2[64];
+  char t1[64], t2[64], seedset[300], keyset[200];
+  snprintf(seedset, sizeof seedset, "g4.seeds=%s", seeds);
   snprintf(t1, sizeof t1, "tenant.t1.uids=%u", (unsigned)getuid());
   snprintf(t2, sizeof t2, "tenant.t2.uids=%u", (unsigned)getuid());
-  const char *sets[] = {t1, t2, seedset, "g4.timeout_ms=300", "g1.enable=off", extra, NULL};
+  snprintf(keyset, sizeof keyset, "g4.key_file=%s/%s", keydir, key ? key : "");
+  const char *sets[] = {t1, t2, seedset, "g4.timeout_ms=300", "g1.enable=off",
+                        key ? keyset : "g4.key_file=", extra, extra2, NULL};
+  if (!extra) sets[6] = extra2, sets[7] = NULL;
   kvt_daemon_opts o = {.args = args, .sets = sets};
-  cr_assert_eq(kvt_daemon_start(d, &o), 0, "kvcached did not start");
+  return kvt_daemon_start(d, &o);
+}
+
+/* Starts a node with the fleet's key (extra: one more --set, or NULL). */
+static void start_node_with(kvt_daemon *d, const char *extra) {
+  cr_assert_eq(run_node(d, "k1", extra, NULL), 0, "kvcached did not start");
 }
 
 static void start_node(kvt_daemon *d) { start_node_with(d, NULL); }
 
 static void setup(void) {
+  make_keys();
   start_cluster();
   start_node(&na);
   start_node(&nb);
@@ -60,6 +98,7 @@ static void teardown(void) {
   kvt_daemon_free(&na);
   kvt_daemon_free(&nb);
   kvt_rc_stop(&rc);
+  if (keydir[0]) kvt_rmtree(keydir);
 }
 
 static kvc *worker(kvt_daemon *d, const char *tenant, const char *salt) {
@@ -231,14 +270,14 @@ Test(daemon_g4, overwritten_values_are_refused, .init = setup, .fini = teardown,
   /* key 2 gets key 3's (valid) value: the header names another key */
   redisReply *v3 = adm(owner_of(k3), "GET %s", k3);
   cr_assert_eq(v3->type, REDIS_REPLY_STRING);
-  cr_assert_eq(v3->len, 96 + OPS_BLOCK);
+  cr_assert_eq(v3->len, KV_G4_HDR_LEN + OPS_BLOCK);
   redisReply *r = adm(owner_of(k2), "SET %s %b", k2, v3->str, (size_t)v3->len);
   cr_assert_eq(r->type, REDIS_REPLY_STATUS, "SET");
   freeReplyObject(r);
   /* key 5's payload gets one byte changed */
   redisReply *v5 = adm(owner_of(k5), "GET %s", k5);
   cr_assert_eq(v5->type, REDIS_REPLY_STRING);
-  v5->str[96 + 1000] ^= 0x40;
+  v5->str[KV_G4_HDR_LEN + 1000] ^= 0x40;
   r = adm(owner_of(k5), "SET %s %b", k5, v5->str, (size_t)v5->len);
   freeReplyObject(r);
   freeReplyObject(v5);
@@ -362,9 +401,153 @@ Test(daemon_g4, master_killed_misses_then_hits, .init = setup, .fini = teardown,
   kvc_close(b);
 }
 
+/* --- issue 34: values nobody without the fleet's secret can forge ---------- */
+
+/* A value of Redis key name `name`, read from its master; freed by the caller. */
+static redisReply *get_value(const char *name) {
+  redisReply *v = adm(owner_of(name), "GET %s", name);
+  cr_assert_eq(v->type, REDIS_REPLY_STRING, "GET %s", name);
+  cr_assert_eq(v->len, KV_G4_HDR_LEN + OPS_BLOCK);
+  return v;
+}
+
+/* Writes val[0..n) as the value of name, with both CRCs made right first:
+ * what anyone who reaches the cluster can do, with base/crc32c.h as the
+ * format computes them (payload CRC at 16, header CRC over the rest of the
+ * header in its last 4 bytes). */
+static void forge(const char *name, uint8_t *val, size_t n) {
+  kv_st32(val + 16, kv_crc32c(0, val + KV_G4_HDR_LEN, n - KV_G4_HDR_LEN));
+  kv_st32(val + KV_G4_HDR_LEN - 4, kv_crc32c(0, val, KV_G4_HDR_LEN - 4));
+  redisReply *r = adm(owner_of(name), "SET %s %b", name, val, n);
+  cr_assert_eq(r->type, REDIS_REPLY_STATUS, "SET %s", name);
+  freeReplyObject(r);
+}
+
+/* The issue: an attacker with cluster access (no password by default)
+ * lists the key names, rewrites a tenant's value with a correct header and
+ * both CRCs, and the other node served those bytes as the tenant's block.
+ * Now each forgery is refused as `mac`, the run ends there, and the
+ * forged bytes are never served; a deleted value is a miss. */
+Test(daemon_g4, forged_values_are_refused_deleted_ones_miss, .init = setup, .fini = teardown,
+     .timeout = 60) {
+  kvc *a, *b;
+  both_ok(&a, &b);
+  store_chain(a, 1, 6);
+  cr_assert_eq(wait_metric(&na, "kvcached_g4_writes_total{result=\"ok\"}", 6, 5000), 6);
+  char k3[160], k4[160], k5[160];
+  rkey_of(3, k3, sizeof k3);
+  rkey_of(4, k4, sizeof k4);
+  rkey_of(5, k5, sizeof k5);
+  /* key 3: its payload replaced by the attacker's bytes */
+  redisReply *v3 = get_value(k3);
+  memset(v3->str + KV_G4_HDR_LEN, 0xa5, OPS_BLOCK);
+  forge(k3, (uint8_t *)v3->str, v3->len);
+  freeReplyObject(v3);
+  /* key 4: key 5's genuine value (signed), its header rewritten to name key 4 */
+  redisReply *v4 = get_value(k4), *v5 = get_value(k5);
+  memcpy(v5->str + 56, v4->str + 56, KV_G4_KEY_MAX);
+  forge(k4, (uint8_t *)v5->str, v5->len);
+  freeReplyObject(v4);
+  freeReplyObject(v5);
+
+  uint8_t t[64];
+  cr_assert_eq(lookup(b, 1, 6, t, NULL), 2, "the run ends at the forged key 3");
+  cr_assert_eq(t[2], KVC_TIER_NONE);
+  cr_assert_eq(metric(&nb, "kvcached_g4_misses_total{reason=\"mac\"}"), 2, "keys 3 and 4");
+  cr_assert_eq(metric(&nb, "kvcached_g4_misses_total{reason=\"gap\"}"), 2); /* 5, 6 */
+  cr_assert_eq(metric(&nb, "kvcached_g4_misses_total{reason=\"payload_crc\"}"), 0);
+  cr_assert_eq(metric(&nb, "kvcached_g4_misses_total{reason=\"key\"}"), 0);
+  cr_assert_eq(metric(&nb, "kvcached_g4_hits_total"), 2);
+  load_check(b, 1);
+  load_check(b, 2);
+  for (uint64_t v = 3; v <= 4; v++) {
+    kvc_key k = KC(v);
+    kvc_block blk;
+    cr_assert_eq(kvc_load(b, KVC_G2, &k, 1, &blk), 0, "forged key %llu is never served",
+                 (unsigned long long)v);
+  }
+  /* /stats counts them too */
+  static char resp[1 << 20];
+  const char *body;
+  cr_assert_eq(kvt_http(nb.stats, "GET", "/stats", resp, sizeof resp, &body), 200);
+  cr_assert(strstr(body, "\"mac\":2"), "%s", body);
+
+  /* deleting a value: a miss (absent), nothing else */
+  store_chain(a, 11, 12);
+  cr_assert_eq(wait_metric(&na, "kvcached_g4_writes_total{result=\"ok\"}", 8, 5000), 8);
+  char k11[160];
+  rkey_of(11, k11, sizeof k11);
+  redisReply *r = adm(owner_of(k11), "DEL %s", k11);
+  cr_assert_eq(r->integer, 1);
+  freeReplyObject(r);
+  cr_assert_eq(lookup(b, 11, 12, t, NULL), 0);
+  cr_assert_eq(metric(&nb, "kvcached_g4_misses_total{reason=\"absent\"}"), 1);
+  cr_assert_eq(metric(&nb, "kvcached_g4_misses_total{reason=\"mac\"}"), 2);
+  /* node A, which holds them, still serves its own blocks */
+  for (uint64_t v = 1; v <= 6; v++) load_check(a, v);
+  kvc_close(a);
+  kvc_close(b);
+}
+
+/* A key rotation: node B signs with the new secret and accepts the old one
+ * until g4.old_key_until, so it reads what node A (old secret) wrote; node
+ * A, not given the new secret yet, refuses B's values (`mac`: a miss). */
+static void setup_rotation(void) {
+  make_keys();
+  start_cluster();
+  start_node(&na);
+  char old[200];
+  snprintf(old, sizeof old, "g4.old_key_file=%s/k1", keydir);
+  cr_assert_eq(run_node(&nb, "k2", old, "g4.old_key_until=2099-01-01T00:00:00Z"), 0,
+               "node B did not start");
+}
+
+Test(daemon_g4, rotation_reads_the_old_secret, .init = setup_rotation, .fini = teardown,
+     .timeout = 60) {
+  kvc *a, *b;
+  both_ok(&a, &b);
+  store_chain(a, 1, 4);
+  cr_assert_eq(wait_metric(&na, "kvcached_g4_writes_total{result=\"ok\"}", 4, 5000), 4);
+  uint8_t t[64];
+  cr_assert_eq(lookup(b, 1, 4, t, NULL), 4, "B accepts the old secret in its window");
+  for (uint64_t v = 1; v <= 4; v++) load_check(b, v);
+  store_chain(b, 11, 12);
+  cr_assert_eq(wait_metric(&nb, "kvcached_g4_writes_total{result=\"ok\"}", 2, 5000), 2);
+  cr_assert_eq(lookup(a, 11, 12, t, NULL), 0, "A does not have B's new secret");
+  cr_assert_eq(metric(&na, "kvcached_g4_misses_total{reason=\"mac\"}"), 2);
+  kvc_close(a);
+  kvc_close(b);
+}
+
+/* G4 without a key file, or with one others can read, does not start
+ * (status 2: the configuration check); no cluster needed. */
+Test(daemon_g4, no_valid_key_file_no_start, .timeout = 30) {
+  make_keys();
+  snprintf(seeds, sizeof seeds, "127.0.0.1:1");
+  static const struct {
+    const char *key, *extra, *what;
+  } bad[] = {
+      {NULL, NULL, "no key file"},
+      {"world", NULL, "a world-readable key file"},
+      {"missing", NULL, "a missing key file"},
+      {"k1", "g4.old_key_file=k2", "an old key without the end of its window"},
+  };
+  for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+    kvt_daemon d;
+    cr_assert_eq(run_node(&d, bad[i].key, bad[i].extra, NULL), 2, "%s", bad[i].what);
+    kvt_daemon_free(&d);
+  }
+  kvt_daemon d;
+  cr_assert_eq(run_node(&d, "k1", NULL, NULL), 0, "a valid key file: it starts");
+  cr_assert_eq(kvt_daemon_stop(&d), 0);
+  kvt_daemon_free(&d);
+  kvt_rmtree(keydir);
+}
+
 /* g4.admit = second-use: a block is written when a LOAD uses it again, not
  * at its commit, and once. */
 static void setup_second_use(void) {
+  make_keys();
   start_cluster();
   start_node_with(&na, "g4.admit=second-use");
   start_node(&nb);

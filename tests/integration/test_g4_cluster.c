@@ -183,14 +183,23 @@ static void teardown(void) {
   uv_loop_close(&loop);
 }
 
+/* The secrets G4 values are signed and checked with here. */
+static kv_g4_keys g4_keys(void) {
+  kv_g4_keys s = {0};
+  static const char secret[] = "a secret of 32 bytes, or more...";
+  cr_assert_eq(kv_g4_secret_init(&s.cur, (const uint8_t *)secret, 32), 0);
+  return s;
+}
+
 /* A G4 value (binary, zeros inside) for key name i, into out; its length. */
 static size_t g4_value(unsigned i, uint8_t *out, size_t payload) {
+  kv_g4_keys secrets = g4_keys();
   kv_g4_key k = {.len = 8};
   memcpy(k.ns, "namespace-digest-of-32-bytes....", 32);
   memcpy(k.b, &i, sizeof i);
   uint8_t p[4096];
   for (size_t j = 0; j < payload; j++) p[j] = (uint8_t)(i * 7 + j * (j & 1));
-  return (size_t)kv_g4_encode(&k, p, (uint32_t)payload, out);
+  return (size_t)kv_g4_encode(&k, &secrets.cur, p, (uint32_t)payload, out);
 }
 
 /* ---- without a cluster ------------------------------------------------- */
@@ -303,7 +312,8 @@ Test(g4_cluster, values_on_every_slot_and_redirections, .init = setup, .fini = t
     cr_assert_eq(memcmp(many[s].val, vals[s], vlen), 0, "slot %u", s);
     memcpy(k.b, &s, sizeof s);
     kv_g4_view v;
-    cr_assert_eq(kv_g4_check(many[s].val, many[s].len, &k, 64, &v, NULL), 0);
+    kv_g4_keys secrets = g4_keys();
+    cr_assert_eq(kv_g4_check(many[s].val, many[s].len, &k, 64, &secrets, 0, &v, NULL), 0);
     res_clear(&many[s]);
   }
   kv_g4c_stats st;

@@ -8,9 +8,11 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include "daemon/config.h"
+#include "tests/lib/tmpdir.h"
 
 Test(config, sizes) {
   uint64_t v;
@@ -585,6 +587,7 @@ Test(config, g4_options_are_checked) {
   cr_assert_eq(kv_config_set(&c, "g4.seeds", "127.0.0.1:7000, 10.0.0.2:7001,[::1]:7002", err,
                              sizeof err),
                0);
+  cr_assert_eq(kv_config_set(&c, "g4.key_file", "/etc/kvcached/g4.key", err, sizeof err), 0);
   cr_assert_eq(kv_config_validate(&c, err, sizeof err), 0, "%s", err);
   char buf[sizeof c.g4_seeds];
   const char *s[8];
@@ -613,6 +616,7 @@ Test(config, g4_options_are_checked) {
   for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
     kv_config_defaults(&c);
     cr_assert_eq(kv_config_set(&c, "g4.seeds", "127.0.0.1:7000", err, sizeof err), 0);
+    cr_assert_eq(kv_config_set(&c, "g4.key_file", "/etc/kvcached/g4.key", err, sizeof err), 0);
     cr_assert_eq(kv_config_set(&c, bad[i].key, bad[i].value, err, sizeof err), 0);
     cr_assert_eq(kv_config_validate(&c, err, sizeof err), -EINVAL, "%s = '%s'", bad[i].key,
                  bad[i].value);
@@ -628,4 +632,156 @@ Test(config, g4_options_are_checked) {
   fclose(m);
   cr_assert_null(strstr(out, "hunter2"));
   free(out);
+}
+
+/* Issue 34 item 1: G4 values are signed with the fleet's secret. G4 on
+ * needs a key file; a key file anyone but kvcached's user can read, one
+ * that is missing, short or not hex, and a rotation window that is not a
+ * UTC time are refused by the check the daemon and `kvctl check-config`
+ * make; no g4.password is a warning. */
+static void key_file(const char *path, const char *text, mode_t mode) {
+  FILE *f = fopen(path, "w");
+  cr_assert(f, "%s", path);
+  fputs(text, f);
+  fclose(f);
+  cr_assert_eq(chmod(path, mode), 0);
+}
+
+/* kv_config_check against this machine: its result, findings in *f. */
+static int check_g4(const char *dir, const char *const *sets, findings *f) {
+  kv_config c;
+  char err[256], v[300];
+  kv_config_defaults(&c);
+  kv_config_set(&c, "g3.path", "", err, sizeof err);
+  kv_config_set(&c, "g2.capacity", "64M", err, sizeof err);
+  kv_config_set(&c, "g2.lock", "no", err, sizeof err);
+  kv_config_set(&c, "g4.seeds", "127.0.0.1:7000", err, sizeof err);
+  kv_config_set(&c, "g4.password", "pw", err, sizeof err);
+  for (int i = 0; sets[i]; i += 2) {
+    const char *val = sets[i + 1];
+    if (val[0] == '@') { /* a file in dir */
+      snprintf(v, sizeof v, "%s/%s", dir, val + 1);
+      val = v;
+    }
+    cr_assert_eq(kv_config_set(&c, sets[i], val, err, sizeof err), 0, "%s", err);
+  }
+  memset(f, 0, sizeof *f);
+  return kv_config_check(&c, KV_CFG_CHECK_MACHINE, collect, f);
+}
+
+#define HEX64 "00112233445566778899aabbccddeeff00112233445566778899aabbccddeeff"
+
+Test(config, g4_key_files_are_checked) {
+  char dir[128], p[256];
+  cr_assert_eq(kvt_mkdtemp(dir, sizeof dir, "kvg4key"), 0);
+  snprintf(p, sizeof p, "%s/good", dir);
+  key_file(p, HEX64 "\n", 0600);
+  snprintf(p, sizeof p, "%s/readonly", dir);
+  key_file(p, "  " HEX64 HEX64 "\n\n", 0400); /* 64 bytes, spaces around */
+  snprintf(p, sizeof p, "%s/world", dir);
+  key_file(p, HEX64 "\n", 0644);
+  snprintf(p, sizeof p, "%s/group", dir);
+  key_file(p, HEX64 "\n", 0640);
+  snprintf(p, sizeof p, "%s/short", dir);
+  key_file(p, "00112233445566778899aabbccddeeff00112233445566778899aabbccddee\n", 0600);
+  snprintf(p, sizeof p, "%s/nothex", dir);
+  key_file(p, "0011223344556677889Xaabbccddeeff00112233445566778899aabbccddeeff\n", 0600);
+  snprintf(p, sizeof p, "%s/empty", dir);
+  key_file(p, "", 0600);
+  snprintf(p, sizeof p, "%s/sub", dir);
+  cr_assert_eq(mkdir(p, 0700), 0);
+  findings f;
+
+  /* good: a key file of 64 hex digits; one of 128 with spaces around */
+  const char *good[] = {"g4.key_file", "@good", NULL};
+  cr_assert_eq(check_g4(dir, good, &f), 0, "%s", f.last);
+  cr_assert_eq(f.warned, 0, "%s", f.last);
+  const char *good2[] = {"g4.key_file", "@readonly", "g4.old_key_file", "@good",
+                         "g4.old_key_until", "2099-01-01T00:00:00Z", NULL};
+  cr_assert_eq(check_g4(dir, good2, &f), 0, "%s", f.last);
+  /* and what the daemon reads: the secrets, their ids, the window's end */
+  kv_config c;
+  char err[512];
+  kv_config_defaults(&c);
+  snprintf(p, sizeof p, "%s/readonly", dir);
+  kv_config_set(&c, "g4.key_file", p, err, sizeof err);
+  snprintf(p, sizeof p, "%s/good", dir);
+  kv_config_set(&c, "g4.old_key_file", p, err, sizeof err);
+  kv_config_set(&c, "g4.old_key_until", "2099-01-01T00:00:00Z", err, sizeof err);
+  kv_g4_keys keys;
+  cr_assert_eq(kv_config_g4_keys(&c, &keys, err, sizeof err), 0, "%s", err);
+  cr_assert_eq(keys.cur.len, 64);
+  cr_assert_eq(keys.old.len, 32);
+  cr_assert_eq(keys.old.b[1], 0x11);
+  cr_assert_eq(keys.old_until, 4070908800);
+  kv_g4_secret s;
+  cr_assert_eq(kv_g4_secret_init(&s, keys.old.b, 32), 0);
+  cr_assert_eq(s.id, keys.old.id);
+  cr_assert_neq(keys.cur.id, keys.old.id);
+
+  static const struct {
+    const char *sets[7];
+    const char *says;
+  } bad[] = {
+      {{NULL}, "g4.key_file is required"},
+      {{"g4.key_file", "@missing", NULL}, "cannot open"},
+      {{"g4.key_file", "@world", NULL}, "mode 0644"},
+      {{"g4.key_file", "@group", NULL}, "mode 0640"},
+      {{"g4.key_file", "@short", NULL}, "64 to 128 hex digits"},
+      {{"g4.key_file", "@nothex", NULL}, "64 to 128 hex digits"},
+      {{"g4.key_file", "@empty", NULL}, "64 to 128 hex digits"},
+      {{"g4.key_file", "@sub", NULL}, "not a regular file"},
+      {{"g4.key_file", "@good", "g4.old_key_file", "@world", "g4.old_key_until",
+        "2099-01-01T00:00:00Z", NULL},
+       "g4.old_key_file"},
+      {{"g4.key_file", "@good", "g4.old_key_file", "@readonly", NULL}, "needs g4.old_key_until"},
+      {{"g4.key_file", "@good", "g4.old_key_file", "@readonly", "g4.old_key_until", "2026-12-01",
+        NULL},
+       "g4.old_key_until: '2026-12-01'"},
+      {{"g4.key_file", "@good", "g4.old_key_file", "@readonly", "g4.old_key_until",
+        "2026-02-30T00:00:00Z", NULL},
+       "g4.old_key_until"},
+      {{"g4.key_file", "@good", "g4.old_key_file", "@readonly", "g4.old_key_until",
+        "2026-12-01T00:00:00", NULL},
+       "g4.old_key_until"},
+      {{"g4.key_file", "@good", "g4.old_key_file", "@readonly", "g4.old_key_until",
+        "2026-12-01T00:00:00Z+1", NULL},
+       "g4.old_key_until"},
+  };
+  for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+    cr_assert_eq(check_g4(dir, bad[i].sets, &f), -EINVAL, "case %zu: refused", i);
+    cr_assert(strstr(f.last, bad[i].says), "case %zu: %s", i, f.last);
+  }
+  /* only when G4 is on: a key file nobody reads is no finding */
+  kv_config_defaults(&c);
+  kv_config_set(&c, "g3.path", "", err, sizeof err);
+  kv_config_set(&c, "g2.capacity", "64M", err, sizeof err);
+  kv_config_set(&c, "g2.lock", "no", err, sizeof err);
+  snprintf(p, sizeof p, "%s/world", dir);
+  kv_config_set(&c, "g4.key_file", p, err, sizeof err);
+  memset(&f, 0, sizeof f);
+  cr_assert_eq(kv_config_check(&c, KV_CFG_CHECK_MACHINE, collect, &f), 0, "%s", f.last);
+  /* a key file of another user (as root: chown it) */
+  if (geteuid() == 0) {
+    snprintf(p, sizeof p, "%s/good", dir);
+    cr_assert_eq(chown(p, 1, 1), 0);
+    cr_assert_eq(check_g4(dir, good, &f), -EINVAL);
+    cr_assert(strstr(f.last, "owned by uid 1"), "%s", f.last);
+  }
+  /* warnings: no password; an old key past its window */
+  kv_config_defaults(&c);
+  kv_config_set(&c, "g4.seeds", "127.0.0.1:7000", err, sizeof err);
+  kv_config_set(&c, "g4.key_file", "/etc/kvcached/g4.key", err, sizeof err);
+  memset(&f, 0, sizeof f);
+  cr_assert_eq(kv_config_check(&c, 0, collect, &f), 0, "%s", f.last);
+  cr_assert_eq(f.warned, 1);
+  cr_assert(strstr(f.last, "no g4.password"), "%s", f.last);
+  kv_config_set(&c, "g4.password", "pw", err, sizeof err);
+  kv_config_set(&c, "g4.old_key_file", "/etc/kvcached/g4.old", err, sizeof err);
+  kv_config_set(&c, "g4.old_key_until", "2020-01-01T00:00:00Z", err, sizeof err);
+  memset(&f, 0, sizeof f);
+  cr_assert_eq(kv_config_check(&c, 0, collect, &f), 0, "%s", f.last);
+  cr_assert_eq(f.warned, 1);
+  cr_assert(strstr(f.last, "has passed"), "%s", f.last);
+  cr_assert_eq(kvt_rmtree(dir), 0);
 }

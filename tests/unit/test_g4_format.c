@@ -1,6 +1,9 @@
 /* test_g4_format.c - G4 value format and key names: round trips, each
  * refusal reason, every damaged header byte and every cut refused, random
- * bytes never accepted, names that keep namespaces apart. */
+ * bytes never accepted, names that keep namespaces apart; values forged by
+ * whoever lacks the fleet's secret (issue 34: a correct header and both
+ * CRCs were enough) refused as `mac`, and the old secret of a rotation
+ * accepted until its end only. */
 #include <criterion/criterion.h>
 #include <errno.h>
 #include <stdlib.h>
@@ -8,7 +11,27 @@
 
 #include "base/crc32c.h"
 #include "base/errors.h"
+#include "base/le.h"
 #include "tiers/g4_format.h"
+
+#define NOW 1790000000 /* a time for the checks: 2026-09-21 */
+
+/* A secret of len bytes made from seed. */
+static kv_g4_secret sample_secret(uint8_t seed, size_t len) {
+  uint8_t b[KV_G4_SECRET_MAX];
+  for (size_t i = 0; i < len; i++) b[i] = (uint8_t)(seed * 13 + i * 29 + 1);
+  kv_g4_secret s;
+  cr_assert_eq(kv_g4_secret_init(&s, b, len), 0);
+  return s;
+}
+
+/* The fleet's secrets of these tests: the current one alone. */
+static kv_g4_keys fleet(void) {
+  kv_g4_keys keys;
+  memset(&keys, 0, sizeof keys);
+  keys.cur = sample_secret(1, 32);
+  return keys;
+}
 
 static kv_g4_key sample_key(uint8_t seed, uint8_t len) {
   kv_g4_key k;
@@ -25,7 +48,8 @@ static uint8_t *sample_value(const kv_g4_key *k, uint32_t len, size_t *n) {
   for (uint32_t i = 0; i < len; i++) payload[i] = (uint8_t)(i * 131 + 17);
   *n = kv_g4_value_len(len);
   uint8_t *v = malloc(*n);
-  cr_assert_eq(kv_g4_encode(k, payload, len, v), (long)*n);
+  kv_g4_keys keys = fleet();
+  cr_assert_eq(kv_g4_encode(k, &keys.cur, payload, len, v), (long)*n);
   free(payload);
   return v;
 }
@@ -34,7 +58,8 @@ static void expect_miss(const void *v, size_t n, const kv_g4_key *k, uint32_t el
                         const char *what) {
   kv_g4_view view = {.payload = NULL, .len = 0xdead};
   kv_g4_miss why = KV_G4_MISS_OK;
-  int rc = kv_g4_check(v, n, k, elen, &view, &why);
+  kv_g4_keys keys = fleet();
+  int rc = kv_g4_check(v, n, k, elen, &keys, NOW, &view, &why);
   cr_assert_eq(rc, want == KV_G4_MISS_VERSION ? KV_EBADVERSION : KV_ECORRUPT, "%s: rc %d", what, rc);
   cr_assert_eq(why, want, "%s: %s, wanted %s", what, kv_g4_miss_name(why), kv_g4_miss_name(want));
   cr_assert_eq(view.len, 0xdead, "%s: the view is left alone", what);
@@ -42,6 +67,7 @@ static void expect_miss(const void *v, size_t n, const kv_g4_key *k, uint32_t el
 
 Test(g4_format, round_trip_every_key_length_and_sizes) {
   uint32_t sizes[] = {0, 1, 95, 96, 4096, 65537, 1 << 20};
+  kv_g4_keys keys = fleet();
   for (uint8_t klen = 1; klen <= KV_G4_KEY_MAX; klen++)
     for (size_t i = 0; i < sizeof sizes / sizeof *sizes; i++) {
       kv_g4_key k = sample_key(klen, klen);
@@ -49,37 +75,58 @@ Test(g4_format, round_trip_every_key_length_and_sizes) {
       uint8_t *v = sample_value(&k, sizes[i], &n);
       kv_g4_view view;
       kv_g4_miss why = KV_G4_MISS_SHORT;
-      cr_assert_eq(kv_g4_check(v, n, &k, 0, &view, &why), 0, "klen %u size %u", klen, sizes[i]);
+      cr_assert_eq(kv_g4_check(v, n, &k, 0, &keys, NOW, &view, &why), 0, "klen %u size %u", klen,
+                   sizes[i]);
       cr_assert_eq(why, KV_G4_MISS_OK);
       cr_assert_eq(view.len, sizes[i]);
       cr_assert_eq(view.payload, v + KV_G4_HDR_LEN);
       cr_assert_eq(view.crc, kv_crc32c(0, view.payload, view.len));
       for (uint32_t j = 0; j < sizes[i]; j++) cr_assert_eq(view.payload[j], (uint8_t)(j * 131 + 17));
       /* the expected length, when given, must match */
-      cr_assert_eq(kv_g4_check(v, n, &k, sizes[i] ? sizes[i] : 0, &view, NULL), 0);
+      cr_assert_eq(kv_g4_check(v, n, &k, sizes[i] ? sizes[i] : 0, &keys, NOW, &view, NULL), 0);
       free(v);
     }
 }
 
+/* The same header but for its nonce and MAC (fresh for each value), and
+ * a value that verifies. */
 Test(g4_format, header_then_payload_apart_gives_the_same_value) {
   kv_g4_key k = sample_key(3, 32);
   size_t n;
   uint8_t *v = sample_value(&k, 5000, &n);
   uint8_t hdr[KV_G4_HDR_LEN];
-  cr_assert_eq(kv_g4_encode_hdr(&k, 5000, kv_crc32c(0, v + KV_G4_HDR_LEN, 5000), hdr), 0);
-  cr_assert_eq(memcmp(hdr, v, KV_G4_HDR_LEN), 0);
+  kv_g4_keys keys = fleet();
+  cr_assert_eq(kv_g4_encode_hdr(&k, &keys.cur, v + KV_G4_HDR_LEN, 5000,
+                                kv_crc32c(0, v + KV_G4_HDR_LEN, 5000), hdr),
+               0);
+  cr_assert_eq(memcmp(hdr, v, 96), 0);
+  cr_assert_neq(memcmp(hdr + 96, v + 96, KV_G4_NONCE_BYTES), 0, "a nonce used twice");
+  memcpy(v, hdr, KV_G4_HDR_LEN);
+  kv_g4_view view;
+  cr_assert_eq(kv_g4_check(v, n, &k, 5000, &keys, NOW, &view, NULL), 0);
   free(v);
 }
 
 Test(g4_format, bad_arguments_are_refused) {
   kv_g4_key k = sample_key(1, 0);
+  kv_g4_keys keys = fleet();
   uint8_t out[KV_G4_HDR_LEN + 4];
-  cr_assert_eq(kv_g4_encode_hdr(&k, 4, 0, out), -EINVAL);
-  cr_assert_eq(kv_g4_encode(&k, "abcd", 4, out), -EINVAL);
+  cr_assert_eq(kv_g4_encode_hdr(&k, &keys.cur, "abcd", 4, 0, out), -EINVAL);
+  cr_assert_eq(kv_g4_encode(&k, &keys.cur, "abcd", 4, out), -EINVAL);
   k.len = KV_G4_KEY_MAX + 1;
-  cr_assert_eq(kv_g4_encode(&k, "abcd", 4, out), -EINVAL);
+  cr_assert_eq(kv_g4_encode(&k, &keys.cur, "abcd", 4, out), -EINVAL);
   k.len = 4;
-  cr_assert_eq(kv_g4_encode_hdr(&k, KV_G4_PAYLOAD_MAX + 1, 0, out), -EINVAL);
+  cr_assert_eq(kv_g4_encode_hdr(&k, &keys.cur, "abcd", KV_G4_PAYLOAD_MAX + 1, 0, out), -EINVAL);
+  /* no secret, or one of a length BLAKE2b does not take as a key */
+  kv_g4_secret none;
+  memset(&none, 0, sizeof none);
+  cr_assert_eq(kv_g4_encode(&k, &none, "abcd", 4, out), -EINVAL);
+  uint8_t b[KV_G4_SECRET_MAX + 1] = {1};
+  kv_g4_secret s;
+  cr_assert_eq(kv_g4_secret_init(&s, b, KV_G4_SECRET_MIN - 1), -EINVAL);
+  cr_assert_eq(kv_g4_secret_init(&s, b, KV_G4_SECRET_MAX + 1), -EINVAL);
+  cr_assert_eq(kv_g4_secret_init(&s, b, KV_G4_SECRET_MAX), 0);
+  cr_assert_eq(s.len, KV_G4_SECRET_MAX);
 }
 
 Test(g4_format, each_reason_is_its_own) {
@@ -117,15 +164,17 @@ Test(g4_format, each_reason_is_its_own) {
   uint8_t zeros[200] = {0};
   expect_miss(zeros, sizeof zeros, &k, 0, KV_G4_MISS_MAGIC, "zeros");
 
-  /* another version (the header CRC made right, as a newer writer would) */
+  /* another version: an older writer's (1, without a MAC), a newer one's */
   uint8_t *w = malloc(n);
   memcpy(w, v, n);
-  w[4] = 2;
-  expect_miss(w, n, &k, 0, KV_G4_MISS_VERSION, "version 2");
+  w[4] = 1;
+  expect_miss(w, n, &k, 0, KV_G4_MISS_VERSION, "version 1");
+  w[4] = 3;
+  expect_miss(w, n, &k, 0, KV_G4_MISS_VERSION, "version 3");
   uint8_t hdr[KV_G4_HDR_LEN];
   memcpy(w, v, n);
-  w[6] = 128; /* another header length */
-  expect_miss(w, n, &k, 0, KV_G4_MISS_VERSION, "header length 128");
+  w[6] = 96; /* another header length: version 1's */
+  expect_miss(w, n, &k, 0, KV_G4_MISS_VERSION, "header length 96");
 
   /* a flipped payload bit; a flipped header bit */
   memcpy(w, v, n);
@@ -136,7 +185,8 @@ Test(g4_format, each_reason_is_its_own) {
   expect_miss(w, n, &k, 0, KV_G4_MISS_HEADER_CRC, "length bit");
 
   /* a header whose payload CRC is wrong from the start */
-  cr_assert_eq(kv_g4_encode_hdr(&k, 1000, 12345, hdr), 0);
+  kv_g4_keys keys = fleet();
+  cr_assert_eq(kv_g4_encode_hdr(&k, &keys.cur, v + KV_G4_HDR_LEN, 1000, 12345, hdr), 0);
   memcpy(w, hdr, KV_G4_HDR_LEN);
   memcpy(w + KV_G4_HDR_LEN, v + KV_G4_HDR_LEN, 1000);
   expect_miss(w, n, &k, 0, KV_G4_MISS_PAYLOAD_CRC, "wrong payload CRC");
@@ -144,6 +194,7 @@ Test(g4_format, each_reason_is_its_own) {
   free(v);
 
   cr_assert_str_eq(kv_g4_miss_name(KV_G4_MISS_PAYLOAD_CRC), "payload_crc");
+  cr_assert_str_eq(kv_g4_miss_name(KV_G4_MISS_MAC), "mac");
   cr_assert_str_eq(kv_g4_miss_name(KV_G4_MISS_COUNT), "?");
   cr_assert_str_eq(kv_g4_miss_name(-1), "?");
 }
@@ -153,20 +204,22 @@ Test(g4_format, every_damaged_header_byte_and_every_cut_is_refused) {
   size_t n;
   uint8_t *v = sample_value(&k, 300, &n);
   kv_g4_view view;
+  kv_g4_keys keys = fleet();
   for (size_t i = 0; i < KV_G4_HDR_LEN; i++)
     for (int bit = 0; bit < 8; bit++) {
       v[i] ^= (uint8_t)(1 << bit);
       kv_g4_miss why = KV_G4_MISS_OK;
-      cr_assert_neq(kv_g4_check(v, n, &k, 0, &view, &why), 0, "byte %zu bit %d", i, bit);
+      cr_assert_neq(kv_g4_check(v, n, &k, 0, &keys, NOW, &view, &why), 0, "byte %zu bit %d", i,
+                    bit);
       cr_assert_neq(why, KV_G4_MISS_OK);
       v[i] ^= (uint8_t)(1 << bit);
     }
   for (size_t cut = 0; cut < n; cut++) {
     kv_g4_miss why = KV_G4_MISS_OK;
-    cr_assert_neq(kv_g4_check(v, cut, &k, 0, &view, &why), 0, "cut at %zu", cut);
+    cr_assert_neq(kv_g4_check(v, cut, &k, 0, &keys, NOW, &view, &why), 0, "cut at %zu", cut);
     cr_assert(why == KV_G4_MISS_SHORT, "cut at %zu: %s", cut, kv_g4_miss_name(why));
   }
-  cr_assert_eq(kv_g4_check(v, n, &k, 0, &view, NULL), 0);
+  cr_assert_eq(kv_g4_check(v, n, &k, 0, &keys, NOW, &view, NULL), 0);
   free(v);
 }
 
@@ -180,6 +233,7 @@ Test(g4_format, fuzzed_values_are_never_accepted) {
   uint8_t *v = sample_value(&k, 777, &n);
   uint8_t *w = malloc(n + 64);
   kv_g4_view view;
+  kv_g4_keys keys = fleet();
   for (int iter = 0; iter < 20000; iter++) {
     size_t len = (size_t)rand() % (n + 64);
     int mode = iter % 3;
@@ -197,7 +251,8 @@ Test(g4_format, fuzzed_values_are_never_accepted) {
       if (!memcmp(w, v, n)) continue;
     }
     kv_g4_miss why = KV_G4_MISS_OK;
-    cr_assert_neq(kv_g4_check(w, len, &k, 0, &view, &why), 0, "iteration %d mode %d", iter, mode);
+    cr_assert_neq(kv_g4_check(w, len, &k, 0, &keys, NOW, &view, &why), 0, "iteration %d mode %d",
+                  iter, mode);
     cr_assert_neq(why, KV_G4_MISS_OK);
   }
   free(w);
@@ -249,4 +304,142 @@ Test(g4_format, names_keep_namespaces_and_keys_apart) {
   cr_assert_str_neq(na, nb);
   cr_assert_str_neq(na, nc);
   cr_assert_eq(strchr(na, '{'), NULL, "no hash tag: names spread over every slot");
+}
+
+/* --- issue 34: values nobody without the fleet's secret can forge -------- */
+
+/* Makes both CRCs of value w[0..n) right again, as whoever rewrites a
+ * value in Redis can: base/crc32c.h, as kv_g4_encode computes them. */
+static void fix_crcs(uint8_t *w, size_t n) {
+  kv_st32(w + 16, kv_crc32c(0, w + KV_G4_HDR_LEN, n - KV_G4_HDR_LEN));
+  kv_st32(w + KV_G4_HDR_LEN - 4, kv_crc32c(0, w, KV_G4_HDR_LEN - 4));
+}
+
+/* The issue: a value rewritten with a correct header and both CRCs was
+ * served as the tenant's block. Every forgery here passes every check but
+ * the MAC, and is refused as `mac`. */
+Test(g4_format, forged_values_are_refused_as_mac) {
+  kv_g4_key k = sample_key(7, 32);
+  size_t n;
+  uint8_t *v = sample_value(&k, 4096, &n);
+  uint8_t *w = malloc(n);
+  kv_g4_keys keys = fleet();
+  kv_g4_view view;
+  cr_assert_eq(kv_g4_check(v, n, &k, 4096, &keys, NOW, &view, NULL), 0);
+  cr_assert_eq(kv_ld32(v + 20), keys.cur.id, "the header names the secret that signed it");
+
+  /* the payload replaced, both CRCs made right (the attack of the issue) */
+  memcpy(w, v, n);
+  memset(w + KV_G4_HDR_LEN + 100, 0xee, 64);
+  fix_crcs(w, n);
+  expect_miss(w, n, &k, 4096, KV_G4_MISS_MAC, "payload changed, CRCs recomputed");
+
+  /* a whole value made by kv_g4_encode with another secret (another
+   * fleet's, or a guess), as it is and naming the fleet's secret */
+  kv_g4_secret other = sample_secret(2, 32);
+  cr_assert_eq(kv_g4_encode(&k, &other, v + KV_G4_HDR_LEN, 4096, w), (long)n);
+  expect_miss(w, n, &k, 4096, KV_G4_MISS_MAC, "another secret");
+  kv_st32(w + 20, keys.cur.id);
+  fix_crcs(w, n);
+  expect_miss(w, n, &k, 4096, KV_G4_MISS_MAC, "another secret under the fleet's id");
+
+  /* no MAC (zeros), and the right MAC with one bit flipped */
+  memcpy(w, v, n);
+  memset(w + 108, 0, KV_G4_MAC_BYTES);
+  fix_crcs(w, n);
+  expect_miss(w, n, &k, 4096, KV_G4_MISS_MAC, "no MAC");
+  for (int i = 0; i < KV_G4_MAC_BYTES; i++) {
+    memcpy(w, v, n);
+    w[108 + i] ^= (uint8_t)(1 << (i & 7));
+    fix_crcs(w, n);
+    expect_miss(w, n, &k, 4096, KV_G4_MISS_MAC, "a MAC bit flipped");
+  }
+
+  /* the header changed under the MAC: flags, a reserved field, and the
+   * value moved to another block (its namespace and key rewritten) */
+  memcpy(w, v, n);
+  w[9] = 1;
+  fix_crcs(w, n);
+  expect_miss(w, n, &k, 4096, KV_G4_MISS_MAC, "flags");
+  memcpy(w, v, n);
+  w[96] ^= 1;
+  fix_crcs(w, n);
+  expect_miss(w, n, &k, 4096, KV_G4_MISS_MAC, "nonce");
+  memcpy(w, v, n);
+  w[88] = 1;
+  fix_crcs(w, n);
+  expect_miss(w, n, &k, 4096, KV_G4_MISS_MAC, "reserved");
+  kv_g4_key k2 = sample_key(8, 32);
+  memcpy(w, v, n);
+  memcpy(w + 24, k2.ns, KV_G4_NS_BYTES);
+  memcpy(w + 56, k2.b, KV_G4_KEY_MAX);
+  fix_crcs(w, n);
+  expect_miss(w, n, &k2, 4096, KV_G4_MISS_MAC, "moved to another block");
+
+  /* a reader with another fleet's secret refuses the fleet's values */
+  kv_g4_keys theirs;
+  memset(&theirs, 0, sizeof theirs);
+  theirs.cur = other;
+  kv_g4_miss why = KV_G4_MISS_OK;
+  cr_assert_eq(kv_g4_check(v, n, &k, 4096, &theirs, NOW, &view, &why), KV_ECORRUPT);
+  cr_assert_eq(why, KV_G4_MISS_MAC);
+  /* and the value as its writer made it is still good */
+  cr_assert_eq(kv_g4_check(v, n, &k, 4096, &keys, NOW, &view, NULL), 0);
+  free(w);
+  free(v);
+}
+
+/* A rotation: values signed by the old secret are accepted until
+ * old_until (excluded), then refused as `mac`; the new secret's always;
+ * a reader picks the secret by the header's id. */
+Test(g4_format, the_old_secret_is_accepted_until_its_end_only) {
+  kv_g4_secret a = sample_secret(1, 32), b = sample_secret(3, 64);
+  cr_assert_neq(a.id, b.id);
+  kv_g4_key k = sample_key(2, 16);
+  uint8_t payload[1000];
+  for (size_t i = 0; i < sizeof payload; i++) payload[i] = (uint8_t)(i * 3);
+  size_t n = kv_g4_value_len(sizeof payload);
+  uint8_t *va = malloc(n), *vb = malloc(n);
+  cr_assert_eq(kv_g4_encode(&k, &a, payload, sizeof payload, va), (long)n);
+  cr_assert_eq(kv_g4_encode(&k, &b, payload, sizeof payload, vb), (long)n);
+  kv_g4_view view;
+  kv_g4_miss why;
+  kv_g4_keys rot;
+  memset(&rot, 0, sizeof rot);
+  rot.cur = b;
+  rot.old = a;
+  rot.old_until = NOW;
+  cr_assert_eq(kv_g4_check(va, n, &k, 0, &rot, NOW - 1, &view, NULL), 0, "old, in the window");
+  cr_assert_eq(kv_g4_check(vb, n, &k, 0, &rot, NOW - 1, &view, NULL), 0, "new");
+  why = KV_G4_MISS_OK;
+  cr_assert_eq(kv_g4_check(va, n, &k, 0, &rot, NOW, &view, &why), KV_ECORRUPT, "old, at its end");
+  cr_assert_eq(why, KV_G4_MISS_MAC);
+  why = KV_G4_MISS_OK;
+  cr_assert_eq(kv_g4_check(va, n, &k, 0, &rot, NOW + 86400, &view, &why), KV_ECORRUPT);
+  cr_assert_eq(why, KV_G4_MISS_MAC);
+  cr_assert_eq(kv_g4_check(vb, n, &k, 0, &rot, NOW + 86400, &view, NULL), 0, "new, after");
+  /* without the old secret, its values are refused at any time; a node
+   * not given the new secret yet refuses the new values */
+  kv_g4_keys only_b = rot, only_a = rot;
+  memset(&only_b.old, 0, sizeof only_b.old);
+  only_a.cur = a;
+  memset(&only_a.old, 0, sizeof only_a.old);
+  why = KV_G4_MISS_OK;
+  cr_assert_eq(kv_g4_check(va, n, &k, 0, &only_b, NOW - 1, &view, &why), KV_ECORRUPT);
+  cr_assert_eq(why, KV_G4_MISS_MAC);
+  why = KV_G4_MISS_OK;
+  cr_assert_eq(kv_g4_check(vb, n, &k, 0, &only_a, NOW - 1, &view, &why), KV_ECORRUPT);
+  cr_assert_eq(why, KV_G4_MISS_MAC);
+  /* an old value under a forged MAC is refused in the window too */
+  va[108] ^= 1;
+  fix_crcs(va, n);
+  why = KV_G4_MISS_OK;
+  cr_assert_eq(kv_g4_check(va, n, &k, 0, &rot, NOW - 1, &view, &why), KV_ECORRUPT);
+  cr_assert_eq(why, KV_G4_MISS_MAC);
+  /* ids: the same secret, the same id; they tell nothing of it */
+  kv_g4_secret a2 = sample_secret(1, 32);
+  cr_assert_eq(a2.id, a.id);
+  cr_assert_neq(a.id, kv_ld32(a.b));
+  free(va);
+  free(vb);
 }

@@ -66,6 +66,8 @@ bash "$cluster" start "$cdir" --masters 3 --replicas 1 --owner $$ >"$T/cluster.o
   die "no cluster: $(cat "$T/cluster.out")"
 mapfile -t ports <"$cdir/ports"
 seeds="127.0.0.1:${ports[0]},127.0.0.1:${ports[1]},127.0.0.1:${ports[2]}"
+# the fleet's secret every node signs and verifies G4 values with (mode 0600)
+(umask 077 && head -c 32 /dev/urandom | od -An -v -tx1 | tr -d ' \n' >"$T/g4.key")
 flush() { local p; for p in "${ports[@]:0:3}"; do redis-cli -p "$p" FLUSHALL >/dev/null; done; }
 
 # node NAME G2_BYTES G4(on|own|off): a kvcached with its own socket
@@ -73,7 +75,8 @@ flush() { local p; for p in "${ports[@]:0:3}"; do redis-cli -p "$p" FLUSHALL >/d
 # share the cluster but not their blocks
 node() {
   local name=$1 g2=$2 g4=$3 args=()
-  [ "$g4" != off ] && args=(--set "g4.seeds=$seeds" --set g4.timeout_ms=1000)
+  [ "$g4" != off ] && args=(--set "g4.seeds=$seeds" --set g4.timeout_ms=1000
+    --set "g4.key_file=$T/g4.key")
   [ "$g4" = own ] && args+=(--set "g4.prefix=kv$name:")
   mkdir -p "$T/$name"
   start_kvcached "$T/$name.log" --socket-dir "$T/$name" --g2-capacity "$g2" --set g2.page_size=4M \
