@@ -316,6 +316,9 @@ static int g4_metrics(kvd *d, kv_buf *out) {
     "Redis Cluster nodes the client knows (at most KV_G4C_NODES_MAX): the map's, the seeds, and "
     "those commands were redirected to.");
   P("kvcached_g4_nodes %u\n", cs.nodes);
+  H("kvcached_g4_replies_refused_total", "counter",
+    "Replies from cluster nodes over the reply limits (tiers/G4.md): the connection was dropped.");
+  P("kvcached_g4_replies_refused_total %llu\n", U(cs.replies_refused));
   H("kvcached_g4_lookups_waiting", "gauge", "LOOKUPs whose reply waits for G4.");
   P("kvcached_g4_lookups_waiting %llu\n", U(g->waiting));
   H("kvcached_g4_lookup_seconds", "histogram",

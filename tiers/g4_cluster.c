@@ -2,7 +2,8 @@
  * libuv loop (see g4_cluster.h; the design is in G4.md).
  *
  * Pieces, top to bottom: CRC16 and slots; the hiredis <-> libuv adapter;
- * the node table and the state summary; connections and host names;
+ * the reply limits (hiredis' reader functions); the node table and the
+ * state summary; connections and host names;
  * requests (deadline list, deferred delivery, sending, replies and
  * redirections); the slot map; the housekeeping timer; open and close.
  *
@@ -25,6 +26,7 @@
 #include <limits.h>
 #include <netdb.h>
 #include <netinet/in.h>
+#include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -32,6 +34,15 @@
 
 #include "base/clock.h"
 #include "base/log.h"
+#include "tiers/g4_format.h"
+
+/* The reply limits read the reader's task stack (rstack) of hiredis 0.14;
+ * 1.x keeps it elsewhere (and has limits of its own to set instead). */
+#if HIREDIS_MAJOR != 0 || HIREDIS_MINOR != 14
+#error "g4_cluster.c's reply limits are written for hiredis 0.14's reader"
+#endif
+_Static_assert(KV_G4C_STRING_MAX == (size_t)KV_G4_PAYLOAD_MAX + KV_G4_HDR_LEN,
+               "the longest string by default is the longest G4 value");
 
 #define SUB          "g4"
 #define HOUSE_MS     50  /* housekeeping period */
@@ -213,6 +224,7 @@ static void refresh_soon(kv_g4c *c);
 static void on_tmr(uv_timer_t *t);
 static void req_fail(req *r, kv_g4c_reason reason, const char *msg);
 static void req_write(req *r);
+static void node_drop(node *n, const char *why);
 
 /* ---- the hiredis <-> libuv adapter ----------------------------------------
  * hiredis 0.14's adapters/libuv.h ignores a poll error: libuv reports
@@ -227,12 +239,21 @@ typedef struct ev {
   redisAsyncContext *ac;
   kv_g4c *c;
   int events;
+  /* the reply being read (reply limits, below) */
+  uint64_t elements; /* 1 + the elements its arrays announced */
+  uint64_t bytes;    /* its string bytes */
+  char over[128];    /* why it was refused: the connection's end; "" */
 } ev;
+
+static int reader_check(ev *p);
 
 static void ev_poll(uv_poll_t *h, int status, int events) {
   ev *p = h->data;
   int e = status ? p->events : events;
-  if (p->ac && (e & UV_READABLE)) redisAsyncHandleRead(p->ac);
+  if (p->ac && (e & UV_READABLE)) {
+    redisAsyncHandleRead(p->ac);
+    if (p->ac && reader_check(p)) node_drop(p->ac->data, p->over);
+  }
   if (p->ac && (e & UV_WRITABLE)) redisAsyncHandleWrite(p->ac);
 }
 
@@ -280,6 +301,168 @@ static int ev_attach(kv_g4c *c, redisAsyncContext *ac) {
   ac->ev.addWrite = ev_add_write;
   ac->ev.delWrite = ev_del_write;
   ac->ev.cleanup = ev_cleanup;
+  return 0;
+}
+
+/* ---- reply limits ------------------------------------------------------------
+ * hiredis 0.14 builds whatever a node sends: "*10000000" is ten million
+ * redisReply objects made (and later freed) on the loop, a string is
+ * buffered whole before it is built ("$4294967296": 4 GiB held), and a
+ * reply to no command trips an assert (the process aborts). Each
+ * connection's reader builds with the functions below instead of
+ * hiredis' own: the same objects (a calloc'ed redisReply; str malloc'ed,
+ * len + 1 bytes, NUL-terminated; element calloc'ed; a child stored at its
+ * parent's element[idx]), so freeReplyObject frees them, but each reply
+ * (an object without a parent starts one) is counted as it is read and
+ * refused (NULL) over the limits of g4_cluster.h. hiredis then fails the
+ * reader ("Out of memory"), frees what it built and drops the connection;
+ * ev.over holds the real reason, which conn_why gives the commands that
+ * fail and the log. A string is built only once all of it is in, so
+ * reader_check looks after each read (16 KiB at most) at what the reader
+ * holds: the length line of the string being read (hiredis 0.14's rstack)
+ * and the part of any other line, and has the connection dropped at once.
+ * The normal path costs a few compares per object; a string is copied
+ * once, as hiredis does. */
+
+/* The reply p's reader is reading is refused: why (formatted) is kept and
+ * counted, once per connection. NULL (a reader function's refusal). */
+static void *over(ev *p, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+static void *over(ev *p, const char *fmt, ...) {
+  if (p->over[0]) return NULL;
+  char why[80];
+  va_list ap;
+  va_start(ap, fmt);
+  vsnprintf(why, sizeof why, fmt, ap);
+  va_end(ap);
+  snprintf(p->over, sizeof p->over, "reply over the limits (%s): connection closed", why);
+  p->c->st.replies_refused++;
+  return NULL;
+}
+
+/* Why ac's connection ended: the reply limits' reason, else hiredis'. */
+static const char *conn_why(const redisAsyncContext *ac) {
+  const ev *p = ac->ev.data;
+  return p && p->over[0] ? p->over : ac->errstr;
+}
+
+static size_t reply_bytes_max(const kv_g4c *c) {
+  return c->o.max_string + KV_G4C_REPLY_BYTES_EXTRA;
+}
+
+/* t is a reply's first object: its counts start; one that answers no
+ * command is refused, but an error (a server closing the connection says
+ * why, and hiredis reports it). 0, or -1. */
+static int reply_start(ev *p, const redisReadTask *t) {
+  p->elements = 1;
+  p->bytes = 0;
+  if (p->ac && !p->ac->replies.head && t->type != REDIS_REPLY_ERROR) {
+    over(p, "a reply to no command");
+    return -1;
+  }
+  return 0;
+}
+
+static redisReply *reply_new(int type) {
+  redisReply *r = calloc(1, sizeof *r);
+  if (r) r->type = type;
+  return r;
+}
+
+static void *reply_link(const redisReadTask *t, redisReply *r) {
+  if (t->parent) ((redisReply *)t->parent->obj)->element[t->idx] = r;
+  return r;
+}
+
+static void *reply_string(const redisReadTask *t, char *str, size_t len) {
+  ev *p = t->privdata;
+  if (!t->parent && reply_start(p, t)) return NULL;
+  int bulk = t->type == REDIS_REPLY_STRING;
+  size_t max = bulk ? p->c->o.max_string : KV_G4C_LINE_MAX;
+  if (len > max)
+    return over(p, "a %s of %zu bytes, more than %zu", bulk ? "string" : "line", len, max);
+  p->bytes += len;
+  if (p->bytes > reply_bytes_max(p->c))
+    return over(p, "%llu string bytes in one reply, more than %zu", (unsigned long long)p->bytes,
+                reply_bytes_max(p->c));
+  redisReply *r = reply_new(t->type);
+  if (!r) return NULL;
+  if (!(r->str = malloc(len + 1))) {
+    free(r);
+    return NULL;
+  }
+  memcpy(r->str, str, len);
+  r->str[len] = 0;
+  r->len = len;
+  return reply_link(t, r);
+}
+
+static void *reply_array(const redisReadTask *t, int elements) {
+  ev *p = t->privdata;
+  if (!t->parent && reply_start(p, t)) return NULL;
+  if (elements < 0) return over(p, "an array of %d elements", elements);
+  p->elements += (uint64_t)elements;
+  if (p->elements > KV_G4C_REPLY_ELEMENTS_MAX)
+    return over(p, "an array of %d elements: more than %u in one reply", elements,
+                KV_G4C_REPLY_ELEMENTS_MAX);
+  redisReply *r = reply_new(REDIS_REPLY_ARRAY);
+  if (!r) return NULL;
+  if (elements > 0 && !(r->element = calloc((size_t)elements, sizeof *r->element))) {
+    free(r);
+    return NULL;
+  }
+  r->elements = (size_t)elements;
+  return reply_link(t, r);
+}
+
+static void *reply_integer(const redisReadTask *t, long long v) {
+  if (!t->parent && reply_start(t->privdata, t)) return NULL;
+  redisReply *r = reply_new(REDIS_REPLY_INTEGER);
+  if (!r) return NULL;
+  r->integer = v;
+  return reply_link(t, r);
+}
+
+static void *reply_nil(const redisReadTask *t) {
+  if (!t->parent && reply_start(t->privdata, t)) return NULL;
+  redisReply *r = reply_new(REDIS_REPLY_NIL);
+  return r ? reply_link(t, r) : NULL;
+}
+
+static redisReplyObjectFunctions reply_fns = {reply_string, reply_array, reply_integer, reply_nil,
+                                              freeReplyObject};
+
+/* What p's reader holds of a reply it has not finished, after a read: a
+ * string whose length (as much of it as is in) is over the limits, or
+ * more than KV_G4C_LINE_MAX bytes of a line not ended yet (a status, an
+ * error, an integer, a length). 0, or -1 (p->over says why). */
+static int reader_check(ev *p) {
+  const redisReader *rd = p->ac->c.reader;
+  if (rd->err || rd->ridx < 0) return 0;
+  const redisReadTask *t = &rd->rstack[rd->ridx];
+  const char *s = rd->buf + rd->pos;
+  size_t pending = rd->len - rd->pos, i = 0;
+  int ended = 0;
+  if (t->type == REDIS_REPLY_STRING) { /* s: "<length>\r\n<bytes>\r\n", or "-1\r\n" */
+    uint64_t len = 0;
+    for (; i < pending && s[i] >= '0' && s[i] <= '9'; i++)
+      len = len > (UINT64_MAX - 9) / 10 ? UINT64_MAX : len * 10 + (uint64_t)(s[i] - '0');
+    uint64_t have = t->parent ? p->bytes : 0, max = p->c->o.max_string;
+    if (len > max) {
+      over(p, "a string of %llu bytes, more than %llu", (unsigned long long)len,
+           (unsigned long long)max);
+      return -1;
+    }
+    if (have + len > reply_bytes_max(p->c)) {
+      over(p, "%llu string bytes in one reply, more than %zu", (unsigned long long)(have + len),
+           reply_bytes_max(p->c));
+      return -1;
+    }
+    ended = i + 1 < pending && s[i] == '\r' && s[i + 1] == '\n'; /* the rest is at most len + 2 */
+  }
+  if (!ended && pending > KV_G4C_LINE_MAX) {
+    over(p, "a line of more than %u bytes", KV_G4C_LINE_MAX);
+    return -1;
+  }
   return 0;
 }
 
@@ -477,7 +660,7 @@ static void on_connect(const redisAsyncContext *ac, int status) {
 }
 
 static void on_disconnect(const redisAsyncContext *ac, int status) {
-  node_lost(ac->data, ac, ac->errstr);
+  node_lost(ac->data, ac, conn_why(ac));
 }
 
 static void on_auth(redisAsyncContext *ac, void *r, void *priv) {
@@ -509,6 +692,8 @@ static int node_connect(node *n, const char *ip) {
     redisAsyncFree(ac);
     return -1;
   }
+  ac->c.reader->fn = &reply_fns; /* the reply limits */
+  ac->c.reader->privdata = ac->ev.data;
   redisAsyncSetConnectCallback(ac, on_connect);
   redisAsyncSetDisconnectCallback(ac, on_disconnect);
   n->ac = ac;
@@ -945,8 +1130,9 @@ static void on_reply(redisAsyncContext *ac, void *rp, void *priv) {
       req_fail(r, KV_G4C_R_CLOSED, NULL);
       return;
     }
-    node_lost(n, ac, ac->errstr);
-    req_fail(r, KV_G4C_R_CONN, ac->errstr[0] ? ac->errstr : "connection lost");
+    const char *why = conn_why(ac);
+    node_lost(n, ac, why);
+    req_fail(r, KV_G4C_R_CONN, why[0] ? why : "connection lost");
     return;
   }
   if (reply->type == REDIS_REPLY_ERROR) {
@@ -1243,7 +1429,8 @@ static void timer_closed(uv_handle_t *h) {
 int kv_g4c_open(uv_loop_t *loop, const kv_g4c_opts *o, kv_g4c **out) {
   if (!loop || !o || !out || o->nseeds == 0 || o->nseeds > KV_G4C_SEEDS_MAX || !o->seeds ||
       (o->user && !o->password) || o->timeout_ms < 0 || o->connect_timeout_ms < 0 ||
-      o->backoff_min_ms < 0 || o->backoff_max_ms < 0 || o->max_redirects < 0)
+      o->backoff_min_ms < 0 || o->backoff_max_ms < 0 || o->max_redirects < 0 ||
+      o->max_string > SIZE_MAX / 4)
     return -EINVAL;
   kv_g4c *c = calloc(1, sizeof *c);
   if (!c) return -ENOMEM;
@@ -1256,6 +1443,7 @@ int kv_g4c_open(uv_loop_t *loop, const kv_g4c_opts *o, kv_g4c **out) {
   if (c->o.backoff_max_ms < c->o.backoff_min_ms) c->o.backoff_max_ms = c->o.backoff_min_ms;
   if (!c->o.refresh_ms) c->o.refresh_ms = 30000;
   if (!c->o.max_redirects) c->o.max_redirects = 5;
+  if (!c->o.max_string) c->o.max_string = KV_G4C_STRING_MAX;
   c->o.seeds = NULL;
   c->o.user = c->o.password = NULL;
   int rc = -ENOMEM;

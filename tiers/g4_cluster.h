@@ -31,6 +31,19 @@
  *   the map and the connections change (kv_g4c_get_state is O(1)). At most
  *   KV_G4C_NODES_MAX nodes: a node that the map no longer names and no
  *   command is addressed to is closed and freed.
+ * - Bounded replies: hiredis 0.14 builds a reply whole, of any size, on the
+ *   loop before the client sees it. Each connection's reader builds with
+ *   the client's own functions (the same objects: freeReplyObject frees
+ *   them) that refuse, as the reply is read: a string longer than
+ *   max_string (once its length line is in: nothing of it buffered), a
+ *   status, error or any other line over KV_G4C_LINE_MAX, more than
+ *   KV_G4C_REPLY_ELEMENTS_MAX array elements in one reply (all levels,
+ *   counted when each array announces its length), more than max_string
+ *   + KV_G4C_REPLY_BYTES_EXTRA string bytes in one reply, and a reply to
+ *   no command (hiredis 0.14 asserts on one). The connection is dropped (a
+ *   warning naming the node, replies_refused counted), its commands fail
+ *   (CONN, "reply over the limits (why)"), the node is tried again after
+ *   its backoff.
  * - Failure is fast and final: a command gets exactly one callback, within
  *   timeout_ms of its submission (plus one loop turn), whatever the
  *   cluster does: a value, nil, or an error with a reason. A command to a
@@ -58,6 +71,15 @@ typedef struct kv_g4c kv_g4c;
  * command (reason MOVED or ASK, "node table is full"); a map naming more
  * leaves the rest out (their slots unmapped: degraded). */
 #define KV_G4C_NODES_MAX 1024
+/* Reply limits (see above; tiers/G4.md). The longest string by default:
+ * the longest G4 value, KV_G4_PAYLOAD_MAX + KV_G4_HDR_LEN (g4_format.h). */
+#define KV_G4C_STRING_MAX ((size_t)(512u << 20) + 128u)
+#define KV_G4C_LINE_MAX   (64u << 10)
+/* A CLUSTER SLOTS reply of 16384 ranges of a master and 4 replicas, each
+ * node [ip, port, id, [hostname, name]] as Redis 7 sends, is 16384 * 38
+ * elements; any other reply G4 gets is far smaller. */
+#define KV_G4C_REPLY_ELEMENTS_MAX (KV_G4C_SLOTS * 40)
+#define KV_G4C_REPLY_BYTES_EXTRA  (64u << 20)
 
 typedef enum {
   KV_G4C_OK = 0,   /* every slot has a master and every master is reachable */
@@ -123,6 +145,8 @@ typedef struct kv_g4c_opts {
                              * when something says it changed */
   int max_redirects;        /* 0: 5 */
   int read_replicas;        /* KV_G4C_READONLY commands may go to replicas */
+  size_t max_string;        /* the longest string a reply may hold (a value
+                             * read); 0: KV_G4C_STRING_MAX */
 } kv_g4c_opts;
 
 /* Counters since open. */
@@ -134,6 +158,7 @@ typedef struct kv_g4c_stats {
   uint64_t refreshes, refresh_fails; /* slot map reads */
   uint64_t connects, conn_fails;     /* connections made; attempts failed or
                                       * connections lost */
+  uint64_t replies_refused;          /* over the limits: connection dropped */
   uint64_t bytes_out;                /* commands as sent (RESP), resends too */
   uint64_t bytes_in;                 /* reply payload bytes (strings) */
   uint64_t in_flight;                /* commands without their callback yet */
@@ -149,7 +174,7 @@ typedef struct kv_g4c_stats {
 /* Opens a client on loop. Nothing blocks: the first slot map is read in the
  * background; commands sent before it arrives go to a seed and follow its
  * MOVED. 0 and *out, or -EINVAL (no seeds, a seed not "host:port", bad
- * options), -ENOMEM. */
+ * options: a max_string over SIZE_MAX / 4), -ENOMEM. */
 int kv_g4c_open(uv_loop_t *loop, const kv_g4c_opts *o, kv_g4c **out);
 
 /* Sends argv[0..argc) (binary-safe: argvlen[i] bytes each; argvlen NULL:

@@ -1,7 +1,14 @@
 /* test_g4_hostile.c - the G4 Redis Cluster client against a hostile node
- * (tests/lib/fake_redis.h): CLUSTER SLOTS replies of 200,000 ranges, with a
+ * (tests/lib/fake_redis.h): CLUSTER SLOTS replies of 90,000 ranges, with a
  * range outside 0..16383, with overlapping ranges (each refused whole: no
  * map, no node added, and a 10 ms timer on the loop never waits 1 s);
+ * replies over the limits, refused while hiredis reads them (the
+ * connection dropped, its commands failed as conn "... over the limits"):
+ * CLUSTER SLOTS of 5,000,000 elements, flat and nested (the loop never
+ * waits 500 ms, the process grows by less than 100 MB, the next good map
+ * is taken), a GET answered by a string announcing 4 GiB then trickled
+ * (refused once its length is in: less than 1 MiB sent), an error line of
+ * 1 MiB, a reply to no command;
  * kv_g4c_get_state called 100,000 times on a 16384-range map over 1000
  * masters, and a map naming more nodes than the table holds; 20,000 GETs
  * MOVED to 20,000 new addresses (the node table stays under its cap, a
@@ -16,7 +23,10 @@
  * cap, kv_g4c_get_state was quadratic on every call (200,000 ranges: the
  * loop stopped for minutes); every MOVED to a new address added a node
  * for good, found by a linear search; hiredis resolved host names with a
- * blocking getaddrinfo on the loop. */
+ * blocking getaddrinfo on the loop; hiredis built a reply of any size on
+ * the loop (5,000,000 elements: 300 MB and seconds to build and free; a
+ * string was buffered whole, 4 GiB announced meant 4 GiB held), and a
+ * reply to no command tripped an assert in hiredis (the process aborted). */
 #include <criterion/criterion.h>
 #include <dlfcn.h>
 #include <errno.h>
@@ -28,6 +38,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
+#include <unistd.h>
 #include <uv.h>
 
 #include "base/clock.h"
@@ -74,16 +85,31 @@ static uv_loop_t loop;
 static kvt_fake *fake;
 static uv_timer_t tick;
 static int64_t last_tick, max_gap;
+static long rss_peak; /* KiB: the most seen by the timer since gap_start */
+
+/* The process's resident memory, in KiB. */
+static long rss_kb(void) {
+  long size = 0, res = 0;
+  FILE *f = fopen("/proc/self/statm", "r");
+  cr_assert(f);
+  cr_assert_eq(fscanf(f, "%ld %ld", &size, &res), 2);
+  fclose(f);
+  return res * (sysconf(_SC_PAGESIZE) / 1024);
+}
 
 static void on_tick(uv_timer_t *t) {
   int64_t now = kv_now_ms();
   if (now - last_tick > max_gap) max_gap = now - last_tick;
   last_tick = now;
+  long rss = rss_kb();
+  if (rss > rss_peak) rss_peak = rss;
 }
 
-/* From now on, the longest wait of a 10 ms timer is measured ... */
+/* From now on, the longest wait of a 10 ms timer (and the most memory) is
+ * measured ... */
 static void gap_start(void) {
   max_gap = 0;
+  rss_peak = rss_kb();
   last_tick = kv_now_ms();
   uv_timer_start(&tick, on_tick, 10, 10);
 }
@@ -192,22 +218,26 @@ static void close_client(kv_g4c *c) {
 
 /* ---- CLUSTER SLOTS ------------------------------------------------------------ */
 
-Test(g4_hostile, slot_map_of_200000_ranges_refused_without_stalling, .init = setup, .fini = teardown,
+/* 90,000 ranges of 7 objects: as many as the reply limits let through
+ * (KV_G4C_REPLY_ELEMENTS_MAX), 5.5 MB; refused by the map's own check. */
+Test(g4_hostile, slot_map_of_90000_ranges_refused_without_stalling, .init = setup, .fini = teardown,
      .timeout = 120) {
-  kvt_fake_set(fake, &(kvt_fake_script){.ranges = 200000, .nodes = 200000});
-  kv_g4c *c = open_client("127.0.0.1", 10000, 0); /* 12 MB to send, read, parse */
+  _Static_assert(1 + 90000 * 7 <= KV_G4C_REPLY_ELEMENTS_MAX, "within the reply limits");
+  kvt_fake_set(fake, &(kvt_fake_script){.ranges = 90000, .nodes = 90000});
+  kv_g4c *c = open_client("127.0.0.1", 10000, 0);
   gap_start();
   cr_assert(run_while_not(c, refused_twice, 20000), "two map reads refused within 20 s");
   int64_t gap = gap_stop();
   kv_g4c_stats st = stats(c);
-  cr_assert_eq(st.refreshes, 0, "a map of 200,000 ranges was taken");
+  cr_assert_eq(st.refreshes, 0, "a map of 90,000 ranges was taken");
+  cr_assert_eq(st.replies_refused, 0, "refused by the map's check, not by the reply limits");
   cr_assert_eq(st.conn_fails, 0, "refused, not timed out");
   cr_assert_eq(st.nodes, 1, "%u nodes: a refused map adds none", st.nodes);
   cr_assert_eq(st.slots, 0);
   cr_assert_eq(st.state, KV_G4C_DOWN);
   cr_assert_geq(kvt_fake_count(fake, "CLUSTER"), 2);
   cr_assert_lt(gap, 1000, "the loop stalled for %lld ms", (long long)gap);
-  cr_log_info("200,000 ranges, twice: the loop waited at most %lld ms", (long long)gap);
+  cr_log_info("90,000 ranges, twice: the loop waited at most %lld ms", (long long)gap);
 
   /* a sane map after that is taken */
   kvt_fake_set(fake, &(kvt_fake_script){0});
@@ -265,6 +295,124 @@ Test(g4_hostile, state_is_cheap_and_a_map_of_too_many_nodes_is_cut, .init = setu
   cr_assert_eq(st.masters, KV_G4C_NODES_MAX - 1, "the seed, and as many masters as there is room for");
   cr_assert_eq(st.slots, KV_G4C_NODES_MAX - 1);
   cr_assert_eq(st.state, KV_G4C_DEGRADED);
+  close_client(c);
+}
+
+/* ---- replies over the limits ------------------------------------------------------
+ * hiredis builds a reply whole before the client sees it; the client's
+ * reader functions refuse one over the limits as it is read, and drop the
+ * connection: its commands fail (conn, "... over the limits"), the node
+ * comes back after its backoff. */
+
+static int map_read_failed(kv_g4c *c) { return stats(c).refresh_fails >= 1; }
+
+static void set_get(kv_g4c *c, const char *key, const char *val) {
+  res x;
+  const char *sv[] = {"SET", key, val};
+  submit(c, key, 3, sv, &x);
+  cr_assert(run_until(&x.done, 3000));
+  cr_assert_eq(x.kind, KV_G4C_VALUE, "SET: %s %s", kv_g4c_reason_name(x.reason), x.msg);
+  const char *gv[] = {"GET", key};
+  submit(c, key, 2, gv, &x);
+  cr_assert(run_until(&x.done, 3000));
+  cr_assert_eq(x.kind, KV_G4C_VALUE, "GET: %s %s", kv_g4c_reason_name(x.reason), x.msg);
+  cr_assert_str_eq(x.msg, val);
+}
+
+static int is_ok(kv_g4c *c) { return kv_g4c_get_state(c) == KV_G4C_OK; }
+
+Test(g4_hostile, slot_map_of_5000000_elements_refused_as_read, .init = setup, .fini = teardown,
+     .timeout = 120) {
+  for (int nested = 0; nested <= 1; nested++) {
+    const char *what = nested ? "5,000,000 elements in arrays of 320" : "5,000,000 elements";
+    kvt_fake_set(fake, &(kvt_fake_script){.flood = 5000000, .flood_nested = nested});
+    kv_g4c *c = open_client("127.0.0.1", 10000, 0);
+    gap_start();
+    long rss0 = rss_peak;
+    cr_assert(run_while_not(c, map_read_failed, 20000), "%s: no map read failed within 20 s", what);
+    kvt_fake_set(fake, &(kvt_fake_script){0});
+    int64_t gap = gap_stop();
+    long grew = rss_peak - rss0;
+    kv_g4c_stats st = stats(c);
+    cr_log_info("%s: the loop waited at most %lld ms, the process grew by %ld KiB at most", what,
+                (long long)gap, grew);
+    cr_assert_lt(gap, 500, "%s: the loop stalled for %lld ms", what, (long long)gap);
+    cr_assert_lt(grew, 100 << 10, "%s: the process grew by %ld KiB", what, grew);
+    cr_assert_geq(st.replies_refused, 1, "%s: not refused by the reply limits", what);
+    cr_assert_geq(st.conn_fails, 1, "%s: the connection stayed", what);
+    cr_assert_eq(st.refreshes, 0);
+    cr_assert_eq(st.slots, 0);
+    /* the next map read, on a new connection, takes the good map */
+    cr_assert(run_while_not(c, has_map, 5000), "%s: no map after", what);
+    cr_assert_eq(stats(c).slots, KV_G4C_SLOTS);
+    cr_assert(run_while_not(c, is_ok, 5000));
+    set_get(c, "after", "flood");
+    close_client(c);
+  }
+}
+
+Test(g4_hostile, get_of_a_4_gib_string_refused_once_its_length_is_in, .init = setup,
+     .fini = teardown, .timeout = 120) {
+  kv_g4c *c = open_client("127.0.0.1", 3000, 0);
+  cr_assert(run_while_not(c, has_map, 3000));
+  set_get(c, "k", "v");
+  kvt_fake_set(fake, &(kvt_fake_script){.huge_bulk = 4ull << 30}); /* then 16 KiB every 5 ms */
+  res x;
+  const char *gv[] = {"GET", "k"};
+  gap_start();
+  submit(c, "k", 2, gv, &x);
+  cr_assert(run_until(&x.done, 5000));
+  unsigned long long sent = kvt_fake_streamed(fake);
+  cr_assert_lt(gap_stop(), 500);
+  cr_assert_eq(x.kind, KV_G4C_ERROR);
+  cr_assert_eq(x.reason, KV_G4C_R_CONN, "%s: %s", kv_g4c_reason_name(x.reason), x.msg);
+  cr_assert(strstr(x.msg, "over the limits") && strstr(x.msg, "4294967296"), "%s", x.msg);
+  cr_assert_lt(sent, 1 << 20, "%llu bytes sent before the refusal", sent);
+  kv_g4c_stats st = stats(c);
+  cr_assert_eq(st.replies_refused, 1);
+  cr_assert_geq(st.conn_fails, 1, "the connection stayed");
+  cr_log_info("4 GiB announced: refused with %llu bytes sent: %s", sent, x.msg);
+  /* the node comes back by itself */
+  kvt_fake_set(fake, &(kvt_fake_script){0});
+  cr_assert(run_while_not(c, is_ok, 5000));
+  set_get(c, "k", "v");
+  close_client(c);
+}
+
+Test(g4_hostile, error_lines_of_1_mib_and_replies_to_no_command_refused, .init = setup,
+     .fini = teardown, .timeout = 120) {
+  kv_g4c *c = open_client("127.0.0.1", 3000, 0);
+  cr_assert(run_while_not(c, has_map, 3000));
+  res x;
+  const char *gv[] = {"GET", "k"};
+  /* an error line within the limits is an error reply */
+  kvt_fake_set(fake, &(kvt_fake_script){.long_error = 1000});
+  submit(c, "k", 2, gv, &x);
+  cr_assert(run_until(&x.done, 3000));
+  cr_assert_eq(x.reason, KV_G4C_R_OTHER, "%s: %s", kv_g4c_reason_name(x.reason), x.msg);
+  cr_assert_eq(stats(c).replies_refused, 0);
+  /* one of 1 MiB is not */
+  kvt_fake_set(fake, &(kvt_fake_script){.long_error = 1 << 20});
+  submit(c, "k", 2, gv, &x);
+  cr_assert(run_until(&x.done, 3000));
+  cr_assert_eq(x.reason, KV_G4C_R_CONN, "%s: %s", kv_g4c_reason_name(x.reason), x.msg);
+  cr_assert(strstr(x.msg, "over the limits"), "%s", x.msg);
+  cr_assert_eq(stats(c).replies_refused, 1);
+  /* "+OK" after each answer: the answer is taken, the reply to no command
+   * refused (hiredis 0.14 asserts on it) */
+  kvt_fake_set(fake, &(kvt_fake_script){.unsolicited = 1});
+  cr_assert(run_while_not(c, is_ok, 5000));
+  uint64_t fails = stats(c).conn_fails;
+  const char *sv[] = {"SET", "k", "v"};
+  submit(c, "k", 3, sv, &x);
+  cr_assert(run_until(&x.done, 3000));
+  cr_assert_eq(x.kind, KV_G4C_VALUE, "SET: %s %s", kv_g4c_reason_name(x.reason), x.msg);
+  for (int i = 0; i < 100 && stats(c).conn_fails == fails; i++) uv_run(&loop, UV_RUN_ONCE);
+  cr_assert_eq(stats(c).replies_refused, 2);
+  cr_assert_eq(stats(c).conn_fails, fails + 1, "the connection stayed");
+  kvt_fake_set(fake, &(kvt_fake_script){0});
+  cr_assert(run_while_not(c, is_ok, 5000));
+  set_get(c, "k", "v");
   close_client(c);
 }
 
@@ -364,8 +512,6 @@ Test(g4_hostile, host_names_in_the_map_and_in_moved_resolved_off_the_loop, .init
   cr_assert_lt(gap, 1000, "the loop stalled for %lld ms", (long long)gap);
   close_client(c);
 }
-
-static int is_ok(kv_g4c *c) { return kv_g4c_get_state(c) == KV_G4C_OK; }
 
 Test(g4_hostile, localhost_as_seed_and_in_the_map_end_to_end, .init = setup, .fini = teardown,
      .timeout = 120) {

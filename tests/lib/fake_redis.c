@@ -1,6 +1,7 @@
 /* fake_redis.c - a scripted Redis Cluster node (see fake_redis.h). Blocking
  * sockets: the acceptor thread and one thread per connection, stopped by
- * shutting their sockets down. */
+ * shutting their sockets down. A flood is streamed by its connection's
+ * thread after the answer, outside the lock. */
 #include "tests/lib/fake_redis.h"
 
 #include <errno.h>
@@ -12,6 +13,7 @@
 #include <string.h>
 #include <strings.h>
 #include <sys/socket.h>
+#include <time.h>
 #include <unistd.h>
 
 #include "tiers/g4_cluster.h"
@@ -43,6 +45,7 @@ struct kvt_fake {
   char slots_host[256], moved_host[256];
   unsigned long count[NNAMES + 1]; /* the last: any other command */
   unsigned next_addr;              /* the next made-up address of a MOVED */
+  unsigned long long streamed;     /* bytes floods sent */
   int stopping;
   conn conns[CONNS_MAX];
   unsigned nconns;
@@ -122,13 +125,31 @@ static void cluster_slots(kvt_fake *f, sbuf *b) {
   }
 }
 
+/* A reply streamed after the answer (fake_redis.h: floods). */
+typedef struct stream {
+  enum { S_NONE, S_FLOOD, S_NESTED, S_TRICKLE } kind;
+  unsigned long long n; /* elements; the string's announced length */
+} stream;
+
+static void put_fill(sbuf *b, char c, size_t n) {
+  if (b->cap - b->len < n + 1) {
+    b->cap = b->cap ? b->cap : 4096;
+    while (b->cap - b->len < n + 1) b->cap *= 2;
+    b->p = realloc(b->p, b->cap);
+    if (!b->p) abort();
+  }
+  memset(b->p + b->len, c, n);
+  b->len += n;
+}
+
 static kv *find(kvt_fake *f, const char *k, size_t kl) {
   for (unsigned i = 0; i < f->nkeys; i++)
     if (f->keys[i].kl == kl && !memcmp(f->keys[i].k, k, kl)) return &f->keys[i];
   return NULL;
 }
 
-static void answer(kvt_fake *f, int argc, const char **argv, const size_t *lens, sbuf *b) {
+static void answer(kvt_fake *f, int argc, const char **argv, const size_t *lens, sbuf *b,
+                   stream *st) {
   unsigned which = NNAMES;
   for (unsigned i = 0; i < NNAMES; i++)
     if (strlen(names[i]) == lens[0] && !strncasecmp(names[i], argv[0], lens[0])) which = i;
@@ -140,7 +161,12 @@ static void answer(kvt_fake *f, int argc, const char **argv, const size_t *lens,
   } else if (!strcmp(name, "AUTH") || !strcmp(name, "READONLY") || !strcmp(name, "ASKING")) {
     put(b, "+OK\r\n");
   } else if (!strcmp(name, "CLUSTER") && argc == 2 && lens[1] == 5 && !strncasecmp(argv[1], "SLOTS", 5)) {
-    cluster_slots(f, b);
+    if (f->s.flood) {
+      st->kind = f->s.flood_nested ? S_NESTED : S_FLOOD;
+      st->n = f->s.flood;
+    } else {
+      cluster_slots(f, b);
+    }
   } else if ((!strcmp(name, "GET") && argc == 2) || (!strcmp(name, "SET") && argc >= 3)) {
     unsigned slot = kv_g4c_slot(argv[1], lens[1]);
     if (f->s.moved) {
@@ -149,6 +175,13 @@ static void answer(kvt_fake *f, int argc, const char **argv, const size_t *lens,
       put(b, "-MOVED %u %s:%d\r\n", slot, addr, f->port);
     } else if (f->moved_host[0]) {
       put(b, "-MOVED %u %s:%d\r\n", slot, f->moved_host, f->port);
+    } else if (name[0] == 'G' && f->s.huge_bulk) {
+      st->kind = S_TRICKLE;
+      st->n = f->s.huge_bulk;
+    } else if (name[0] == 'G' && f->s.long_error) {
+      put(b, "-ERR ");
+      put_fill(b, 'x', f->s.long_error > 5 ? (size_t)f->s.long_error - 5 : 0);
+      put(b, "\r\n");
     } else if (name[0] == 'G') {
       kv *e = find(f, argv[1], lens[1]);
       if (e)
@@ -174,6 +207,7 @@ static void answer(kvt_fake *f, int argc, const char **argv, const size_t *lens,
         put(b, "-OOM too many keys for the fake\r\n");
       }
     }
+    if (f->s.unsolicited) put(b, "+OK\r\n");
   } else {
     put(b, "-ERR unknown command for the fake\r\n");
   }
@@ -221,6 +255,65 @@ static long parse(const char *p, size_t n, int *argc, const char **argv, size_t 
   return (long)i;
 }
 
+static int send_all(int fd, const char *p, size_t n) {
+  for (size_t off = 0; off < n;) {
+    ssize_t w = send(fd, p + off, n - off, MSG_NOSIGNAL);
+    if (w <= 0) return -1;
+    off += (size_t)w;
+  }
+  return 0;
+}
+
+static int stream_send(conn *cn, const char *p, size_t n) {
+  if (send_all(cn->fd, p, n)) return -1;
+  pthread_mutex_lock(&cn->f->mu);
+  cn->f->streamed += n;
+  pthread_mutex_unlock(&cn->f->mu);
+  return 0;
+}
+
+/* Sends st's flood in 64 KiB chunks, made as they go. 0, or -1: the
+ * connection went. */
+static int stream_reply(conn *cn, const stream *st) {
+  enum { CHUNK = 64 << 10, PER = 320, ROOM = 16 + 4 * PER };
+  char *buf = malloc(CHUNK);
+  if (!buf) return -1;
+  int rc = 0;
+  size_t len;
+  if (st->kind == S_TRICKLE) {
+    len = (size_t)snprintf(buf, CHUNK, "$%llu\r\n", st->n);
+    rc = stream_send(cn, buf, len);
+    memset(buf, 'x', 16 << 10);
+    for (unsigned long long left = st->n; left && !rc;) {
+      size_t k = left < (16 << 10) ? (size_t)left : (16 << 10);
+      rc = stream_send(cn, buf, k);
+      left -= k;
+      nanosleep(&(struct timespec){0, 5000000L}, NULL);
+    }
+    if (!rc) rc = stream_send(cn, "\r\n", 2);
+  } else {
+    unsigned long long left = st->n;
+    unsigned long long top = st->kind == S_NESTED ? (left + PER - 1) / PER : left;
+    len = (size_t)snprintf(buf, CHUNK, "*%llu\r\n", top);
+    while (!rc) {
+      while (left && len + ROOM < CHUNK) {
+        unsigned k = 1;
+        if (st->kind == S_NESTED) {
+          k = left < PER ? (unsigned)left : PER;
+          len += (size_t)snprintf(buf + len, CHUNK - len, "*%u\r\n", k);
+        }
+        for (unsigned i = 0; i < k; i++, len += 4) memcpy(buf + len, ":1\r\n", 4);
+        left -= k;
+      }
+      rc = stream_send(cn, buf, len);
+      len = 0;
+      if (!left) break;
+    }
+  }
+  free(buf);
+  return rc;
+}
+
 static void *conn_main(void *arg) {
   conn *cn = arg;
   char *in = malloc(IN_MAX);
@@ -236,17 +329,17 @@ static void *conn_main(void *arg) {
     size_t lens[ARGS_MAX];
     out.len = 0;
     while (have && (used = parse(in, have, &argc, argv, lens)) > 0) {
-      answer(cn->f, argc, argv, lens, &out);
+      stream st = {S_NONE, 0};
+      answer(cn->f, argc, argv, lens, &out, &st);
       memmove(in, in + used, have - (size_t)used);
       have -= (size_t)used;
+      if (st.kind != S_NONE) { /* what came before it, then the flood */
+        if (send_all(cn->fd, out.p, out.len) || stream_reply(cn, &st)) goto done;
+        out.len = 0;
+      }
     }
     if (have && (used < 0 || have == IN_MAX)) break;
-    size_t off = 0;
-    while (off < out.len) {
-      ssize_t w = send(cn->fd, out.p + off, out.len - off, MSG_NOSIGNAL);
-      if (w <= 0) goto done;
-      off += (size_t)w;
-    }
+    if (send_all(cn->fd, out.p, out.len)) goto done;
   }
 done:
   free(out.p);
@@ -311,6 +404,13 @@ void kvt_fake_set(kvt_fake *f, const kvt_fake_script *s) {
   snprintf(f->moved_host, sizeof f->moved_host, "%s", s->moved_host ? s->moved_host : "");
   f->s.slots_host = f->s.moved_host = NULL;
   pthread_mutex_unlock(&f->mu);
+}
+
+unsigned long long kvt_fake_streamed(kvt_fake *f) {
+  pthread_mutex_lock(&f->mu);
+  unsigned long long n = f->streamed;
+  pthread_mutex_unlock(&f->mu);
+  return n;
 }
 
 unsigned long kvt_fake_count(kvt_fake *f, const char *cmd) {

@@ -9,6 +9,10 @@
  * The addresses it makes up ("a new address each time") are 127.A.B.C on
  * its own port, A >= 1: loopback addresses where nothing listens, so a
  * connection to one is refused at once.
+ *
+ * Floods (flood, huge_bulk) are streamed as they are sent, never held
+ * whole: the fake's own memory stays small whatever it announces; the
+ * stream ends when the connection goes (or at its end).
  */
 #ifndef KV_TESTS_LIB_FAKE_REDIS_H
 #define KV_TESTS_LIB_FAKE_REDIS_H
@@ -26,6 +30,17 @@ typedef struct kvt_fake_script {
   /* GET and SET */
   int moved;              /* -MOVED <the key's slot> <a new address each time> */
   const char *moved_host; /* -MOVED <the key's slot> moved_host:<the fake's port> */
+  /* CLUSTER SLOTS flooded with `flood` integer elements (streamed): flat,
+   * one array of them; nested, arrays of 320 of them (as many as needed) */
+  unsigned long flood;
+  int flood_nested;
+  /* GET: a string announcing huge_bulk bytes ("$4294967296"), its bytes
+   * then trickled, 16 KiB every 5 ms */
+  unsigned long long huge_bulk;
+  /* GET: an error line of long_error bytes, "-ERR xxx...", at once */
+  unsigned long long long_error;
+  /* GET and SET: "+OK" after the answer, a reply to no command */
+  int unsolicited;
 } kvt_fake_script;
 
 /* Starts a fake node (answering as the default script: all zeros). 0 and
@@ -36,6 +51,8 @@ int kvt_fake_port(const kvt_fake *f);
 void kvt_fake_set(kvt_fake *f, const kvt_fake_script *s);
 /* How many commands named cmd ("CLUSTER", "GET", ...) it has answered. */
 unsigned long kvt_fake_count(kvt_fake *f, const char *cmd);
+/* Bytes its floods sent, over its life. */
+unsigned long long kvt_fake_streamed(kvt_fake *f);
 /* Made-up address number i ("127.A.B.C"), into out[0..n). */
 void kvt_fake_addr(unsigned i, char *out, unsigned n);
 /* Closes every connection, joins the threads, frees f. */
