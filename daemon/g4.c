@@ -3,27 +3,31 @@
  *
  * Writes: a block is written when it is committed (g4.admit = always) or
  * when a LOAD or GET uses it a second time (second-use), while its bytes
- * are in G2: the value (the payload copied out of G2, then
- * kv_g4_encode_hdr with the commit's CRC, signing that copy with the
- * current secret) is built in a buffer that kv_g4c_command copies into
- * the RESP command, so nothing of G2 is held after the call. Only while
- * the client is ok; bounded in flight.
+ * are in G2: the payload is copied out of G2 into a buffer at once, so
+ * nothing of G2 is held; kv_g4_encode_hdr signs that copy with the commit's
+ * CRC and the current secret on libuv's thread pool; back on the loop
+ * kv_g4c_command copies it into the RESP SET. A DEL of the key while its
+ * value is being signed cancels the SET, so a deleted block never comes
+ * back. Only while the client is ok; bounded in flight.
  *
  * Reads: a LOOKUP whose local run is short asks G4 for the keys after it,
  * one pipelined GET each (the client groups them per node). Each answer is
- * checked at once (kv_g4_check against the namespace digest, the key, the
- * namespace's block size and the secrets accepted now: a value without a
- * valid MAC is a `mac` miss) and a verified payload copied out of
- * hiredis' reply; when the last answer is in (the client answers every
- * command within g4.timeout_ms), the verified run that continues the local
- * one goes into G2 as committed blocks, chained to their parents, with the
- * value's CRC, and the LOOKUP is answered as usual: those blocks are G2
- * hits now. A session gone meanwhile is owed nothing: what came back is
- * dropped.
+ * checked as it comes, on the loop (kv_g4_check against the namespace
+ * digest, the key, the namespace's block size and the secrets accepted
+ * now: a value without a valid MAC is a `mac` miss), and a verified
+ * payload copied out of hiredis' reply; when the last answer is in (the
+ * client answers every command within g4.timeout_ms), the verified run that
+ * continues the local one goes into G2 as committed blocks, chained to
+ * their parents, with the value's CRC, and the LOOKUP is answered as
+ * usual: those blocks are G2 hits now. A session gone meanwhile is owed
+ * nothing: what came back is dropped.
  *
- * The MAC (Poly1305 under a one-time ChaCha20 key) runs on the loop, as the
- * CRC does: one pass over each value written or read, a few times the
- * CRC's cost (tiers/G4.md, "Values").
+ * The MAC (Poly1305 under a one-time ChaCha20 key) is the pass over a
+ * value that costs (tiers/G4.md, "Values"). A write's runs off the loop,
+ * where it delays nobody; a read's runs on it, as each answer comes (see
+ * on_get). A work reads the secrets, which outlive the client until the
+ * last work is done (keys_closed). Where the thread pool refuses a work,
+ * it runs on the loop.
  */
 #include "daemon/g4.h"
 
@@ -92,7 +96,23 @@ static kv_g4_keys *keys_load(const kv_config *cfg) {
   return keys;
 }
 
-static void keys_free(kv_g4c *c, void *arg) { sodium_free(arg); /* wiped */ }
+/* The client is closed: its secrets go (wiped) once no work reads them. */
+static void on_closed(kv_g4c *c, void *arg) {
+  kvd_g4 *g = arg;
+  g->closed = 1;
+  if (!g->works && g->keys_closed) {
+    sodium_free(g->keys_closed);
+    g->keys_closed = NULL;
+  }
+}
+
+/* A work off the loop is done (on the loop). */
+static void work_done(kvd_g4 *g) {
+  if (--g->works == 0 && g->keys_closed && g->closed) {
+    sodium_free(g->keys_closed);
+    g->keys_closed = NULL;
+  }
+}
 
 int kvd_g4_state(const kvd *d) { return d->g4.c ? (int)kv_g4c_get_state(d->g4.c) : -1; }
 
@@ -110,6 +130,7 @@ int kvd_g4_start(kvd *d, uv_loop_t *loop) {
                    .password = d->cfg.g4_password[0] ? d->cfg.g4_password : NULL,
                    .timeout_ms = (int)d->cfg.g4_timeout_ms,
                    .read_replicas = d->cfg.g4_replica_reads};
+  g->loop = loop;
   int rc = kv_g4c_open(loop, &o, &g->c);
   if (rc) {
     kv_error("g4", "cannot start the Redis Cluster client: %s: running without G4", strerror(-rc));
@@ -129,7 +150,8 @@ void kvd_g4_stop(kvd *d) {
   kvd_g4 *g = &d->g4;
   if (!g->c) return;
   g->closing = 1;
-  kv_g4c_close(g->c, keys_free, g->keys); /* callbacks may still come: the keys stay till then */
+  g->keys_closed = g->keys; /* callbacks and works may still come: the keys stay till then */
+  kv_g4c_close(g->c, on_closed, g);
   g->c = NULL;
   g->keys = NULL;
 }
@@ -172,18 +194,64 @@ static int g4_name(const kvd *d, const uint8_t digest[32], const uint8_t *key, u
 
 typedef struct g4_write {
   kvd_g4 *g;
-  uint32_t bytes;
+  uint32_t bytes; /* the value's */
+  uv_work_t work; /* signing it, off the loop */
+  const kv_g4_secret *secret;
+  kv_g4_key k;
+  uint32_t size, crc, ttl_s;
+  uint8_t *val; /* header, then the payload copied out of G2 */
+  int rl;
+  char rkey[KV_G4_RKEY_MAX];
+  int cancelled;                  /* a DEL of its key came while it was signed */
+  struct g4_write *next, **pprev; /* g->signing */
 } g4_write;
+
+static void write_end(g4_write *w) {
+  kvd_g4 *g = w->g;
+  g->writes_in_flight--;
+  g->write_bytes_in_flight -= w->bytes;
+  free(w->val);
+  free(w);
+}
 
 static void on_set(kv_g4c *c, const kv_g4c_reply *r, void *arg) {
   g4_write *w = arg;
   kvd_g4 *g = w->g;
-  g->writes_in_flight--;
-  g->write_bytes_in_flight -= w->bytes;
   if (r->kind == KV_G4C_VALUE) g->writes[KVD_G4_W_OK]++;
   else if (r->reason == KV_G4C_R_OOM) g->writes[KVD_G4_W_OOM]++;
   else g->writes[KVD_G4_W_ERROR]++;
-  free(w);
+  write_end(w);
+}
+
+static void sign_work(uv_work_t *req) {
+  g4_write *w = req->data;
+  kv_g4_encode_hdr(&w->k, w->secret, w->val + KV_G4_HDR_LEN, w->size, w->crc, w->val);
+}
+
+/* The value is signed: SET it, unless its key was deleted meanwhile or the
+ * client closed. */
+static void sign_done(uv_work_t *req, int status) {
+  g4_write *w = req->data;
+  kvd_g4 *g = w->g;
+  *w->pprev = w->next;
+  if (w->next) w->next->pprev = w->pprev;
+  work_done(g);
+  if (status || w->cancelled || !g->c) {
+    g->writes[KVD_G4_W_SKIPPED]++;
+    write_end(w);
+    return;
+  }
+  char ttl[16];
+  snprintf(ttl, sizeof ttl, "%u", w->ttl_s);
+  const char *argv[] = {"SET", w->rkey, (const char *)w->val, "EX", ttl};
+  size_t lens[] = {3, (size_t)w->rl, w->bytes, 2, strlen(ttl)};
+  int rc = kv_g4c_command(g->c, w->rkey, (size_t)w->rl, 0, 5, argv, lens, on_set, w);
+  free(w->val); /* the command holds its own copy (RESP) */
+  w->val = NULL;
+  if (rc) {
+    g->writes[KVD_G4_W_ERROR]++;
+    write_end(w);
+  }
 }
 
 /* Writes b to G4 now, when G4 is ok and the writes in flight leave room. */
@@ -201,33 +269,42 @@ static void g4_put(kvd *d, const kvd_ns *n, const kv_block *b) {
     return;
   }
   const uint8_t *src = kv_core_g2_ptr(d->core, b);
+  g4_write *w = calloc(1, sizeof *w);
   uint8_t *val = malloc(vlen);
-  g4_write *w = malloc(sizeof *w);
   if (!src || !val || !w) {
     free(val);
     free(w);
     g->writes[KVD_G4_W_ERROR]++;
     return;
   }
-  kv_g4_key k;
-  char rkey[KV_G4_RKEY_MAX], ttl[16];
-  int rl = g4_name(d, n->digest, b->key, kv_block_keylen(b), &k, rkey);
-  memcpy(val + KV_G4_HDR_LEN, src, b->size);
-  /* signs the copy: the bytes sent are the bytes signed, whatever G2 holds by then */
-  kv_g4_encode_hdr(&k, &g->keys->cur, val + KV_G4_HDR_LEN, b->size, b->crc, val);
-  snprintf(ttl, sizeof ttl, "%u", d->cfg.g4_ttl_s);
-  const char *argv[] = {"SET", rkey, (const char *)val, "EX", ttl};
-  size_t lens[] = {3, rl > 0 ? (size_t)rl : 0, vlen, 2, strlen(ttl)};
-  *w = (g4_write){g, (uint32_t)vlen};
-  int rc = rl > 0 ? kv_g4c_command(g->c, rkey, (size_t)rl, 0, 5, argv, lens, on_set, w) : -EINVAL;
-  free(val); /* the command holds its own copy (RESP) */
-  if (rc) {
+  w->rl = g4_name(d, n->digest, b->key, kv_block_keylen(b), &w->k, w->rkey);
+  if (w->rl <= 0) {
+    free(val);
     free(w);
     g->writes[KVD_G4_W_ERROR]++;
     return;
   }
+  /* the copy is what is signed and sent, whatever G2 holds by then */
+  memcpy(val + KV_G4_HDR_LEN, src, b->size);
+  w->g = g;
+  w->bytes = (uint32_t)vlen;
+  w->secret = &g->keys->cur;
+  w->size = b->size;
+  w->crc = b->crc;
+  w->ttl_s = d->cfg.g4_ttl_s;
+  w->val = val;
+  w->work.data = w;
   g->writes_in_flight++;
   g->write_bytes_in_flight += vlen;
+  g->works++;
+  w->next = g->signing;
+  w->pprev = &g->signing;
+  if (g->signing) g->signing->pprev = &w->next;
+  g->signing = w;
+  if (uv_queue_work(g->loop, &w->work, sign_work, sign_done)) {
+    sign_work(&w->work); /* no thread pool: on the loop */
+    sign_done(&w->work, 0);
+  }
 }
 
 void kvd_g4_committed(kvd *d, const kvd_ns *n, const kv_block *b) {
@@ -262,6 +339,8 @@ void kvd_g4_del(kvd *d, const kvd_ns *n, const kv_key *key) {
   char rkey[KV_G4_RKEY_MAX];
   int rl = g4_name(d, n->digest, key->b, key->len, &k, rkey);
   if (rl <= 0) return;
+  for (g4_write *w = g->signing; w; w = w->next) /* being signed: never SET after this DEL */
+    if (w->rl == rl && !memcmp(w->rkey, rkey, (size_t)rl)) w->cancelled = 1;
   const char *argv[] = {"DEL", rkey};
   size_t lens[] = {3, (size_t)rl};
   if (kv_g4c_command(g->c, rkey, (size_t)rl, 0, 2, argv, lens, on_del, g)) g->deletes[1]++;
@@ -275,7 +354,7 @@ typedef struct g4_get {
   g4_lookup *lk;
   uint8_t *payload; /* verified, copied out of the reply; NULL otherwise */
   uint32_t crc;
-  int8_t miss;      /* kvd_g4_miss, or -1 for a verified value */
+  int8_t miss; /* kvd_g4_miss, or -1 for a verified value */
 } g4_get;
 
 struct g4_lookup {
@@ -353,6 +432,10 @@ static void lookup_done(g4_lookup *lk) {
   lookup_free(lk);
 }
 
+/* Each answer is checked as it comes, on the loop: the checks overlap
+ * the answers still on their way, where one hand-off to the thread pool
+ * per LOOKUP (after the last answer) or per value made a LOOKUP of 16
+ * 64 KiB blocks slower (tools/bench/g4_bench.sh). */
 static void on_get(kv_g4c *c, const kv_g4c_reply *r, void *arg) {
   g4_get *x = arg;
   g4_lookup *lk = x->lk;

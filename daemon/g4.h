@@ -90,6 +90,12 @@ typedef struct kvd_g4 {
   uint64_t write_bytes_in_flight;
   kvd_hist lookup;       /* from the first GET sent to the last answer */
   int closing;
+  uv_loop_t *loop;
+  uint32_t works;            /* MACs being made or checked off the loop */
+  struct g4_write *signing;  /* writes whose value is being signed */
+  kv_g4_keys *keys_closed;   /* the secrets of a closing client, freed once it is closed
+                                and the last work is done */
+  int closed;                /* the client's close callback came */
 } kvd_g4;
 
 /* Reads the key files and opens the client on loop when g4.seeds is set

@@ -20,6 +20,8 @@
 #include "base/clock.h"
 #include "base/crc32c.h"
 #include "base/le.h"
+#include "ipc/reader.h"
+#include "proto/wire.h"
 #include "tests/lib/fixture.h"
 #include "tests/lib/redis_cluster.h"
 #include "tests/lib/tmpdir.h"
@@ -600,4 +602,91 @@ Test(daemon_g4, second_use_counts_a_return_after_eviction, .init = setup_second_
   for (uint64_t v = 1; v <= 4; v++) load_check(b, v);
   kvc_close(a);
   kvc_close(b);
+}
+
+/* A raw worker connection to node d, after a HELLO of tenant t1 for
+ * OPS_BLOCK blocks. */
+static int raw_worker(kvt_daemon *d) {
+  int fd = kv_sock_connect(d->sock, 0);
+  cr_assert_geq(fd, 0);
+  struct timeval tv = {5, 0};
+  setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv);
+  kv_msg m = {.op = KV_OP_HELLO, .id = 1};
+  m.hello = (kv_hello_req){.ver_major = KV_PROTO_MAJOR,
+                           .ver_minor = KV_PROTO_MINOR,
+                           .tenant = {"t1", 2},
+                           .layout = {.block_bytes = OPS_BLOCK,
+                                      .tokens_per_block = 16,
+                                      .layers = 2,
+                                      .kv_heads = 2,
+                                      .head_dim = 64,
+                                      .tp_size = 1,
+                                      .dtype = {"bf16", 4}}};
+  kv_buf b;
+  kv_buf_init(&b);
+  cr_assert_eq(kv_msg_encode(&b, &m), 0);
+  struct iovec iov = {b.p, b.len};
+  cr_assert_eq(kv_sock_send_frame(fd, &iov, 1, -1, 3000), 0);
+  kv_buf_free(&b);
+  kv_reader rd;
+  kv_frame f;
+  kv_reader_init(&rd, 0);
+  cr_assert_eq(kv_reader_recv(&rd, fd, &f, 3000), 1);
+  kv_msg rep;
+  cr_assert_eq(kv_msg_decode(f.p, f.len, &rep), 0);
+  cr_assert_eq(rep.op, KV_OP_HELLO, "HELLO refused: %d", rep.status);
+  if (f.fd >= 0) close(f.fd);
+  if (f.fd2 >= 0) close(f.fd2);
+  kv_reader_free(&rd);
+  return fd;
+}
+
+/* A block's value is signed off the loop before its SET goes out. A
+ * DELETE of the block that comes meanwhile - here a PUT and a DELETE of
+ * one key in one write, handled in one turn of the loop, before the
+ * signing is back - must cancel that SET: sent after the DEL, it would
+ * bring the deleted block back into the cluster for every node. */
+Test(daemon_g4, a_delete_while_the_value_is_signed_cancels_its_write, .init = setup,
+     .fini = teardown, .timeout = 60) {
+  cr_assert_eq(wait_metric(&na, "kvcached_g4_state{state=\"ok\"}", 1, 10000), 1);
+  int fd = raw_worker(&na);
+  static uint8_t data[OPS_BLOCK];
+  fill(data, 77);
+  kvc_key k = KC(77);
+  kv_buf b;
+  kv_buf_init(&b);
+  kv_msg put = {.op = KV_OP_PUT, .id = 2};
+  put.put = (kv_put_req){.prio = 128, .key = {k.b, k.len}, .data = {data, OPS_BLOCK}};
+  cr_assert_eq(kv_msg_encode(&b, &put), 0);
+  kv_msg del = {.op = KV_OP_DELETE, .id = 3};
+  del.batch = (kv_batch_req){.keys = {.p = k.b, .n = 1, .klen = k.len}};
+  cr_assert_eq(kv_msg_encode(&b, &del), 0);
+  cr_assert_eq(send(fd, b.p, b.len, MSG_NOSIGNAL), (ssize_t)b.len);
+  kv_buf_free(&b);
+  kv_reader rd;
+  kv_frame f;
+  kv_reader_init(&rd, 0);
+  for (int i = 0; i < 2; i++) {
+    cr_assert_eq(kv_reader_recv(&rd, fd, &f, 3000), 1);
+    kv_msg rep;
+    cr_assert_eq(kv_msg_decode(f.p, f.len, &rep), 0);
+    cr_assert_neq(rep.op, KV_OP_ERROR, "reply %d: %d", i, rep.status);
+  }
+  kv_reader_free(&rd);
+  close(fd);
+  cr_assert_geq(wait_metric(&na, "kvcached_g4_deletes_total{result=\"ok\"}", 1, 5000), 1);
+  long long skipped = metric(&na, "kvcached_g4_writes_total{result=\"skipped\"}");
+  usleep(300000); /* a SET sent after the DEL would be in by now */
+  char hex[17], pat[64];
+  kvt_key_hex(77, hex);
+  snprintf(pat, sizeof pat, "kv:*:%s", hex);
+  for (int i = 0; i < 3; i++) {
+    redisReply *r = adm(rc.ports[i], "SCAN 0 MATCH %s COUNT 100000", pat);
+    cr_assert(r->type == REDIS_REPLY_ARRAY && r->elements == 2);
+    size_t n = r->element[1]->elements;
+    freeReplyObject(r);
+    cr_assert_eq(n, 0, "the deleted block is back in the cluster (master %d)", rc.ports[i]);
+  }
+  cr_assert_eq(skipped, 1, "the write cancelled by the DELETE counts as skipped");
+  cr_assert_eq(metric(&na, "kvcached_g4_writes_total{result=\"ok\"}"), 0);
 }
