@@ -604,43 +604,6 @@ Test(daemon_g4, second_use_counts_a_return_after_eviction, .init = setup_second_
   kvc_close(b);
 }
 
-/* A raw worker connection to node d, after a HELLO of tenant t1 for
- * OPS_BLOCK blocks. */
-static int raw_worker(kvt_daemon *d) {
-  int fd = kv_sock_connect(d->sock, 0);
-  cr_assert_geq(fd, 0);
-  struct timeval tv = {5, 0};
-  setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv);
-  kv_msg m = {.op = KV_OP_HELLO, .id = 1};
-  m.hello = (kv_hello_req){.ver_major = KV_PROTO_MAJOR,
-                           .ver_minor = KV_PROTO_MINOR,
-                           .tenant = {"t1", 2},
-                           .layout = {.block_bytes = OPS_BLOCK,
-                                      .tokens_per_block = 16,
-                                      .layers = 2,
-                                      .kv_heads = 2,
-                                      .head_dim = 64,
-                                      .tp_size = 1,
-                                      .dtype = {"bf16", 4}}};
-  kv_buf b;
-  kv_buf_init(&b);
-  cr_assert_eq(kv_msg_encode(&b, &m), 0);
-  struct iovec iov = {b.p, b.len};
-  cr_assert_eq(kv_sock_send_frame(fd, &iov, 1, -1, 3000), 0);
-  kv_buf_free(&b);
-  kv_reader rd;
-  kv_frame f;
-  kv_reader_init(&rd, 0);
-  cr_assert_eq(kv_reader_recv(&rd, fd, &f, 3000), 1);
-  kv_msg rep;
-  cr_assert_eq(kv_msg_decode(f.p, f.len, &rep), 0);
-  cr_assert_eq(rep.op, KV_OP_HELLO, "HELLO refused: %d", rep.status);
-  if (f.fd >= 0) close(f.fd);
-  if (f.fd2 >= 0) close(f.fd2);
-  kv_reader_free(&rd);
-  return fd;
-}
-
 /* A block's value is signed off the loop before its SET goes out. A
  * DELETE of the block that comes meanwhile - here a PUT and a DELETE of
  * one key in one write, handled in one turn of the loop, before the
@@ -649,7 +612,7 @@ static int raw_worker(kvt_daemon *d) {
 Test(daemon_g4, a_delete_while_the_value_is_signed_cancels_its_write, .init = setup,
      .fini = teardown, .timeout = 60) {
   cr_assert_eq(wait_metric(&na, "kvcached_g4_state{state=\"ok\"}", 1, 10000), 1);
-  int fd = raw_worker(&na);
+  int fd = ops_raw_worker(na.sock, "t1");
   static uint8_t data[OPS_BLOCK];
   fill(data, 77);
   kvc_key k = KC(77);

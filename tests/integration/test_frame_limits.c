@@ -30,42 +30,7 @@ static long rss_kib(void) {
 }
 
 /* A raw worker connection; with hello, after a HELLO for OPS_BLOCK blocks. */
-static int raw_worker(int hello) {
-  int fd = kv_sock_connect(ops_d.sock, 0);
-  cr_assert_geq(fd, 0);
-  struct timeval tv = {3, 0};
-  setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv);
-  setsockopt(fd, SOL_SOCKET, SO_SNDTIMEO, &tv, sizeof tv);
-  if (!hello) return fd;
-  kv_msg m = {.op = KV_OP_HELLO, .id = 1};
-  m.hello = (kv_hello_req){.ver_major = KV_PROTO_MAJOR,
-                           .ver_minor = KV_PROTO_MINOR,
-                           .tenant = {"t", 1},
-                           .layout = {.block_bytes = OPS_BLOCK,
-                                      .tokens_per_block = 16,
-                                      .layers = 2,
-                                      .kv_heads = 2,
-                                      .head_dim = 64,
-                                      .tp_size = 1,
-                                      .dtype = {"bf16", 4}}};
-  kv_buf b;
-  kv_buf_init(&b);
-  cr_assert_eq(kv_msg_encode(&b, &m), 0);
-  struct iovec iov = {b.p, b.len};
-  cr_assert_eq(kv_sock_send_frame(fd, &iov, 1, -1, 3000), 0);
-  kv_buf_free(&b);
-  kv_reader rd;
-  kv_frame f;
-  kv_reader_init(&rd, 0);
-  cr_assert_eq(kv_reader_recv(&rd, fd, &f, 3000), 1);
-  kv_msg rep;
-  cr_assert_eq(kv_msg_decode(f.p, f.len, &rep), 0);
-  cr_assert_eq(rep.op, KV_OP_HELLO, "HELLO refused: %d", rep.status);
-  if (f.fd >= 0) close(f.fd);
-  if (f.fd2 >= 0) close(f.fd2);
-  kv_reader_free(&rd);
-  return fd;
-}
+static int raw_worker(int hello) { return ops_raw_worker(ops_d.sock, hello ? "t" : NULL); }
 
 #define NCONN 16
 #define SENT  (2u << 20) /* payload bytes each connection tries to send */

@@ -6,6 +6,9 @@
 #include <string.h>
 #include <unistd.h>
 
+#include "ipc/reader.h"
+#include "proto/wire.h"
+
 kvt_daemon ops_d;
 rlim_t ops_nofile;
 
@@ -112,6 +115,43 @@ kvc *ops_open_on(const char *tenant, int no_g1, const uint8_t *g1_uuid) {
 
 kvc *ops_open_with(const char *tenant, int no_g1) { return ops_open_on(tenant, no_g1, NULL); }
 kvc *ops_open(const char *tenant) { return ops_open_with(tenant, 0); }
+
+int ops_raw_worker(const char *sock, const char *tenant) {
+  int fd = kv_sock_connect(sock, 0);
+  cr_assert_geq(fd, 0, "connect %s: %s", sock, strerror(-fd));
+  struct timeval tv = {3, 0};
+  setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv);
+  setsockopt(fd, SOL_SOCKET, SO_SNDTIMEO, &tv, sizeof tv);
+  if (!tenant) return fd;
+  kv_msg m = {.op = KV_OP_HELLO, .id = 1};
+  m.hello = (kv_hello_req){.ver_major = KV_PROTO_MAJOR,
+                           .ver_minor = KV_PROTO_MINOR,
+                           .tenant = {tenant, (uint16_t)strlen(tenant)},
+                           .layout = {.block_bytes = OPS_BLOCK,
+                                      .tokens_per_block = 16,
+                                      .layers = 2,
+                                      .kv_heads = 2,
+                                      .head_dim = 64,
+                                      .tp_size = 1,
+                                      .dtype = {"bf16", 4}}};
+  kv_buf b;
+  kv_buf_init(&b);
+  cr_assert_eq(kv_msg_encode(&b, &m), 0);
+  struct iovec iov = {b.p, b.len};
+  cr_assert_eq(kv_sock_send_frame(fd, &iov, 1, -1, 3000), 0);
+  kv_buf_free(&b);
+  kv_reader rd;
+  kv_frame f;
+  kv_reader_init(&rd, 0);
+  cr_assert_eq(kv_reader_recv(&rd, fd, &f, 3000), 1);
+  kv_msg rep;
+  cr_assert_eq(kv_msg_decode(f.p, f.len, &rep), 0);
+  cr_assert_eq(rep.op, KV_OP_HELLO, "HELLO refused: %d", rep.status);
+  if (f.fd >= 0) close(f.fd);
+  if (f.fd2 >= 0) close(f.fd2);
+  kv_reader_free(&rd);
+  return fd;
+}
 
 void ops_store(kvc *c, uint64_t first, uint64_t last) {
   for (uint64_t v = first; v <= last; v++) {

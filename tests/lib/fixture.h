@@ -74,6 +74,11 @@ kvc *ops_open_at(const char *sock, const char *tenant, const char *salt, int no_
 kvc *ops_open_on(const char *tenant, int no_g1, const uint8_t *g1_uuid);
 kvc *ops_open_with(const char *tenant, int no_g1);
 kvc *ops_open(const char *tenant);
+/* A worker connection to the socket sock without libkvclient, for raw
+ * frames: SO_RCVTIMEO and SO_SNDTIMEO of 3 s, and, when tenant is not NULL,
+ * a HELLO of that tenant for OPS_BLOCK blocks answered (its descriptors
+ * closed). The fd. */
+int ops_raw_worker(const char *sock, const char *tenant);
 
 /* Stores blocks KC(first)..KC(last), unrelated (no chain). */
 void ops_store(kvc *c, uint64_t first, uint64_t last);

@@ -45,25 +45,31 @@ static void listen_here(void) {
   cr_assert_eq(listen(lfd, 4), 0);
 }
 
-/* Used to happen: `kvctl health --live` stopped at the failed send
- * ("Broken pipe") and never read the 503 the daemon had sent. The request
- * here is larger than the socket holds, so the send is still going when
- * the peer closes. */
-Test(kvctl_http, an_answer_sent_before_the_close_is_read_although_the_send_failed) {
+/* Runs peer on a listener here, and kvctl_http against it with a request
+ * larger than the socket holds, so the send is still going when the peer
+ * closes. kvctl_http's result. */
+static int against(void *(*peer)(void *), kvctl_http_resp *r) {
   listen_here();
   pthread_t t;
-  cr_assert_eq(pthread_create(&t, NULL, refuser, NULL), 0);
+  cr_assert_eq(pthread_create(&t, NULL, peer, NULL), 0);
   size_t n = 4u << 20;
   char *target = malloc(n + 2);
   target[0] = '/';
   memset(target + 1, 'a', n);
   target[n + 1] = 0;
-  kvctl_http_resp r = {0};
-  int rc = kvctl_http(path, "GET", target, 5000, &r);
+  int rc = kvctl_http(path, "GET", target, 5000, r);
   pthread_join(t, NULL);
   free(target);
   close(lfd);
   kvt_rmtree(dir);
+  return rc;
+}
+
+/* Used to happen: `kvctl health --live` stopped at the failed send
+ * ("Broken pipe") and never read the 503 the daemon had sent. */
+Test(kvctl_http, an_answer_sent_before_the_close_is_read_although_the_send_failed) {
+  kvctl_http_resp r = {0};
+  int rc = against(refuser, &r);
   cr_assert_eq(rc, 0, "kvctl_http: %s", strerror(-rc));
   cr_assert_eq(r.status, 503);
   cr_assert_str_eq(r.body, "{\"error\":\"out of fds now\"}\n");
@@ -81,20 +87,8 @@ static void *closer(void *arg) {
 }
 
 Test(kvctl_http, a_close_without_an_answer_is_the_send_error) {
-  listen_here();
-  pthread_t t;
-  cr_assert_eq(pthread_create(&t, NULL, closer, NULL), 0);
-  size_t n = 4u << 20;
-  char *target = malloc(n + 2);
-  target[0] = '/';
-  memset(target + 1, 'a', n);
-  target[n + 1] = 0;
   kvctl_http_resp r = {0};
-  int rc = kvctl_http(path, "GET", target, 5000, &r);
-  pthread_join(t, NULL);
-  free(target);
-  close(lfd);
-  kvt_rmtree(dir);
+  int rc = against(closer, &r);
   cr_assert(rc == -EPIPE || rc == -ECONNRESET || rc == -EPROTO, "kvctl_http: %d (%s)", rc,
             strerror(-rc));
 }
