@@ -523,7 +523,7 @@ Test(daemon_g4, rotation_reads_the_old_secret, .init = setup_rotation, .fini = t
 
 /* G4 without a key file, or with one others can read, does not start
  * (status 2: the configuration check); no cluster needed. */
-Test(daemon_g4, no_valid_key_file_no_start, .timeout = 30) {
+Test(daemon_g4, no_valid_key_file_no_start, .timeout = 60) {
   make_keys();
   snprintf(seeds, sizeof seeds, "127.0.0.1:1");
   static const struct {
