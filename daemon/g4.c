@@ -15,7 +15,7 @@
  * checked as it comes, on the loop (kv_g4_check against the namespace
  * digest, the key, the namespace's block size and the secrets accepted
  * now: a value without a valid MAC is a `mac` miss), and a verified
- * payload copied out of hiredis' reply; when the last answer is in (the
+ * value taken from hiredis' reply (not copied); when the last answer is in (the
  * client answers every command within g4.timeout_ms), the verified run that
  * continues the local one goes into G2 as committed blocks, chained to
  * their parents, with the value's CRC, and the LOOKUP is answered as
@@ -352,7 +352,8 @@ typedef struct g4_lookup g4_lookup;
 
 typedef struct g4_get {
   g4_lookup *lk;
-  uint8_t *payload; /* verified, copied out of the reply; NULL otherwise */
+  uint8_t *val;           /* the verified value, taken from the reply; NULL otherwise */
+  const uint8_t *payload; /* into val */
   uint32_t crc;
   int8_t miss; /* kvd_g4_miss, or -1 for a verified value */
 } g4_get;
@@ -373,7 +374,7 @@ struct g4_lookup {
 };
 
 static void lookup_free(g4_lookup *lk) {
-  for (uint32_t i = 0; i < lk->nask; i++) free(lk->get[i].payload);
+  for (uint32_t i = 0; i < lk->nask; i++) free(lk->get[i].val);
   kvd_sink_put(lk->sink);
   free(lk->keys);
   free(lk->get);
@@ -453,8 +454,8 @@ static void on_get(kv_g4c *c, const kv_g4c_reply *r, void *arg) {
     if (!r->str || kv_g4_check(r->str, r->len, &k, lk->block_bytes, lk->secrets,
                                (int64_t)time(NULL), &v, &why)) {
       x->miss = miss_of(why);
-    } else if ((x->payload = malloc(v.len ? v.len : 1))) {
-      memcpy(x->payload, v.payload, v.len);
+    } else if ((x->val = kv_g4c_reply_take(r))) { /* no copy: the reply's bytes are ours */
+      x->payload = x->val + KV_G4_HDR_LEN;
       x->crc = v.crc;
       x->miss = -1;
     } else {

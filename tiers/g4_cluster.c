@@ -396,6 +396,15 @@ static void *reply_string(const redisReadTask *t, char *str, size_t len) {
   return reply_link(t, r);
 }
 
+void *kv_g4c_reply_take(const kv_g4c_reply *r) {
+  if (r->kind != KV_G4C_VALUE || !r->raw || r->raw->type != REDIS_REPLY_STRING) return NULL;
+  redisReply *raw = (redisReply *)r->raw; /* made by reply_string: malloc'd, freed with free() */
+  void *s = raw->str;
+  raw->str = NULL;
+  raw->len = 0;
+  return s;
+}
+
 static void *reply_array(const redisReadTask *t, int elements) {
   ev *p = t->privdata;
   if (!t->parent && reply_start(p, t)) return NULL;

@@ -129,6 +129,11 @@ typedef struct kv_g4c_reply {
 } kv_g4c_reply;
 
 typedef void (*kv_g4c_cb)(kv_g4c *c, const kv_g4c_reply *r, void *arg);
+
+/* In a callback: takes the bytes of r, a VALUE string, from the reply
+ * instead of copying them - the caller owns them (free()) and r->str is
+ * not to be read after; NULL when r is no VALUE string. */
+void *kv_g4c_reply_take(const kv_g4c_reply *r);
 typedef void (*kv_g4c_close_cb)(kv_g4c *c, void *arg);
 
 typedef struct kv_g4c_opts {
