@@ -96,22 +96,24 @@ static kv_g4_keys *keys_load(const kv_config *cfg) {
   return keys;
 }
 
-/* The client is closed: its secrets go (wiped) once no work reads them. */
-static void on_closed(kv_g4c *c, void *arg) {
-  kvd_g4 *g = arg;
-  g->closed = 1;
-  if (!g->works && g->keys_closed) {
+/* The secrets of a closed client go (wiped) once no work reads them. */
+static void keys_release(kvd_g4 *g) {
+  if (g->closed && !g->works && g->keys_closed) {
     sodium_free(g->keys_closed);
     g->keys_closed = NULL;
   }
 }
 
+static void on_closed(kv_g4c *c, void *arg) {
+  kvd_g4 *g = arg;
+  g->closed = 1;
+  keys_release(g);
+}
+
 /* A work off the loop is done (on the loop). */
 static void work_done(kvd_g4 *g) {
-  if (--g->works == 0 && g->keys_closed && g->closed) {
-    sodium_free(g->keys_closed);
-    g->keys_closed = NULL;
-  }
+  g->works--;
+  keys_release(g);
 }
 
 int kvd_g4_state(const kvd *d) { return d->g4.c ? (int)kv_g4c_get_state(d->g4.c) : -1; }
@@ -271,14 +273,8 @@ static void g4_put(kvd *d, const kvd_ns *n, const kv_block *b) {
   const uint8_t *src = kv_core_g2_ptr(d->core, b);
   g4_write *w = calloc(1, sizeof *w);
   uint8_t *val = malloc(vlen);
-  if (!src || !val || !w) {
-    free(val);
-    free(w);
-    g->writes[KVD_G4_W_ERROR]++;
-    return;
-  }
-  w->rl = g4_name(d, n->digest, b->key, kv_block_keylen(b), &w->k, w->rkey);
-  if (w->rl <= 0) {
+  if (!src || !val || !w ||
+      (w->rl = g4_name(d, n->digest, b->key, kv_block_keylen(b), &w->k, w->rkey)) <= 0) {
     free(val);
     free(w);
     g->writes[KVD_G4_W_ERROR]++;
@@ -352,8 +348,8 @@ typedef struct g4_lookup g4_lookup;
 
 typedef struct g4_get {
   g4_lookup *lk;
-  uint8_t *val;           /* the verified value, taken from the reply; NULL otherwise */
-  const uint8_t *payload; /* into val */
+  uint8_t *val; /* the verified value (its payload at KV_G4_HDR_LEN), taken from the reply;
+                 NULL otherwise */
   uint32_t crc;
   int8_t miss; /* kvd_g4_miss, or -1 for a verified value */
 } g4_get;
@@ -408,7 +404,7 @@ static void store_run(g4_lookup *lk) {
       ended = 1;
       continue;
     }
-    memcpy(kv_core_g2_ptr(d->core, b), x->payload, b->size);
+    memcpy(kv_core_g2_ptr(d->core, b), x->val + KV_G4_HDR_LEN, b->size);
     kv_core_commit(d->core, b, x->crc);
     kvd_ghost_note(d, lk->core_ns, key, 1);
     g->hits++;
@@ -455,7 +451,6 @@ static void on_get(kv_g4c *c, const kv_g4c_reply *r, void *arg) {
                                (int64_t)time(NULL), &v, &why)) {
       x->miss = miss_of(why);
     } else if ((x->val = kv_g4c_reply_take(r))) { /* no copy: the reply's bytes are ours */
-      x->payload = x->val + KV_G4_HDR_LEN;
       x->crc = v.crc;
       x->miss = -1;
     } else {
