@@ -96,18 +96,25 @@ void kvd_registry_fini(kvd_registry *r) {
 
 /* Logs a refusal unless one of its kind was logged less than a second
  * ago; then it is counted in the next line. */
-static void ratelog(kvd_ratelog *l, const char *what, const char *why) {
+int kvd_ratelog_due(kvd_ratelog *l, uint64_t *quiet) {
   int64_t now = kv_now_ms();
   if (l->last_ms && now - l->last_ms < 1000) {
     l->quiet++;
-    return;
+    return 0;
   }
-  if (l->quiet)
-    kv_warn("registry", "%s: %s (and %llu more refused since the last such line)", what, why,
-            (unsigned long long)l->quiet);
-  else kv_warn("registry", "%s: %s", what, why);
+  *quiet = l->quiet;
   l->last_ms = now;
   l->quiet = 0;
+  return 1;
+}
+
+static void ratelog(kvd_ratelog *l, const char *what, const char *why) {
+  uint64_t quiet;
+  if (!kvd_ratelog_due(l, &quiet)) return;
+  if (quiet)
+    kv_warn("registry", "%s: %s (and %llu more refused since the last such line)", what, why,
+            (unsigned long long)quiet);
+  else kv_warn("registry", "%s: %s", what, why);
 }
 
 static int has_id(const uint32_t *ids, uint32_t n, uint32_t id) {

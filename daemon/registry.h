@@ -70,6 +70,11 @@ typedef struct kvd_ratelog {
   uint64_t quiet;
 } kvd_ratelog;
 
+/* Whether a line of l's kind is due now (none in the last second): 1, with
+ * *quiet the events since the last line that were not logged; else 0, and
+ * this event is counted for the next line. */
+int kvd_ratelog_due(kvd_ratelog *l, uint64_t *quiet);
+
 /* The peer of a HELLO: SO_PEERCRED's uid and gid; fd is its socket, for
  * its supplementary groups (SO_PEERGROUPS, read only when a tenant's gids
  * need them), or -1. */

@@ -73,20 +73,15 @@ static void out_enforce(kvd_server *s) {
     kvd_conn *v = out_largest(s);
     if (!v) return;
     d->st.out_closed++;
-    int64_t now = kv_now_ms();
-    if (now - s->out_log_ms >= 1000) {
+    uint64_t quiet;
+    if (kvd_ratelog_due(&s->out_log, &quiet))
       kv_warn("server",
               "session %llu (pid %d uid %d) owes %zu bytes of replies, the most of any connection, "
               "while all connections owe %llu bytes, over limits.out_bytes (%llu): closing it "
               "(%llu more closed since the last such line)",
               (unsigned long long)v->sess.id, (int)v->cred.pid, (int)v->cred.uid, v->out.len,
               (unsigned long long)d->st.out_bytes, (unsigned long long)d->st.out_limit,
-              (unsigned long long)s->out_quiet);
-      s->out_log_ms = now;
-      s->out_quiet = 0;
-    } else {
-      s->out_quiet++;
-    }
+              (unsigned long long)quiet);
     conn_close(v, "owes the most replies over limits.out_bytes");
   }
 }

@@ -56,9 +56,8 @@ typedef struct kvd_server {
   uint32_t max_conns; /* limits.connections within the descriptor budget */
   u32map per_uid;     /* peer uid -> connections open */
   kvd_conn *conns;
-  int64_t out_log_ms; /* the last "owes the most" line */
-  int64_t budget_ms;  /* max_conns last computed */
-  uint64_t out_quiet; /* closes since, not logged */
+  kvd_ratelog out_log; /* the "owes the most" lines */
+  int64_t budget_ms;   /* max_conns last computed */
 } kvd_server;
 
 /* Listens on <socket_dir>/kvcached.sock. 0 or -errno (logged). */
