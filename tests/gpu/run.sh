@@ -5,7 +5,8 @@
 # gpu_bench_*.py: the Python package and the reference engine on the device,
 # when python3 has torch with CUDA), prints a summary. Exit 0: all ran and
 # passed; 1: one failed (or could not start); 77: nothing ran (no CUDA
-# device: the reason is printed).
+# device: the reason is printed). Each program's exit status and wall time
+# follow its output.
 #
 #   tests/gpu/run.sh             build, then run
 #   tests/gpu/run.sh --no-build  run what build-gpu already holds (a GPU
@@ -29,7 +30,7 @@ for a in "$@"; do
   case $a in
     --no-build) build=0 ;;
     --bundle) bundle=1 ;;
-    -h|--help) sed -n '2,21p' "$0"; exit 0 ;;
+    -h|--help) sed -n '2,22p' "$0"; exit 0 ;;
     *) echo "run.sh: unknown argument $a (try --help)" >&2; exit 2 ;;
   esac
 done
@@ -80,12 +81,14 @@ pass=() fail=() skip=()
 run_one() { # name, command...
   local name=$1; shift
   echo "== $name"
+  local t0=$(date +%s.%N)
   "$@"
   local rc=$?
+  echo "== $name: exit $rc, $(awk -v a="$t0" -v b="$(date +%s.%N)" 'BEGIN {printf "%.1f", b - a}') s"
   case $rc in
     0) pass+=("$name") ;;
     77) skip+=("$name") ;;
-    *) echo "== $name: exit $rc"; fail+=("$name") ;;
+    *) fail+=("$name") ;;
   esac
 }
 for p in "$bd"/bin/gpu_test_* "$bd"/bin/gpu_bench_*; do
