@@ -179,7 +179,8 @@ static int part_ac(size_t blk) {
   snprintf(pg, sizeof pg, "g2.page_size=%zuK", page >> 10);
   snprintf(g1, sizeof g1, "g1.capacity=%zuK", (BATCH * blk) >> 10);
   snprintf(be, sizeof be, "g1.backend=%s", sim ? "sim" : "cuda");
-  const char *sets[] = {pg, "g1.enable=on", be, g1, NULL};
+  /* One worker is the daemon's only client: it may hold all of G2. */
+  const char *sets[] = {pg, "g1.enable=on", be, g1, "limits.session_share=100", NULL};
   CK(gpu_daemon_start(&kd, g2, sets) == 0, "kvcached (G2 %s, %s) did not start", g2, g1);
   kvc *c = worker((uint32_t)blk);
   CK(c, "worker");
@@ -292,7 +293,7 @@ static int part_c_pages(void) {
   const size_t bb = (size_t)kvc_page_block_bytes(&lo);
   const size_t lb = (size_t)kv_kern_layer_bytes((const kv_kern_layout *)&lo);
   const int mem = sim ? KVC_MEM_HOST : KVC_MEM_CUDA;
-  const char *sets[] = {"g2.page_size=4M", "g1.enable=off", NULL};
+  const char *sets[] = {"g2.page_size=4M", "g1.enable=off", "limits.session_share=100", NULL};
   char g2[32];
   snprintf(g2, sizeof g2, "%zuM", (2 * NB * bb + (16u << 20)) >> 20);
   CK(gpu_daemon_start(&kd, g2, sets) == 0, "kvcached (G2 %s) did not start", g2);

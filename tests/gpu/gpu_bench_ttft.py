@@ -4,7 +4,7 @@ issue's settings: the reference engine of the Llama-3.2-1B shape in bf16,
 prompts of 4k, 16k and 32k tokens with a 90% shared prefix, recompute
 against the prefix loaded from G1, G2 and G3, beside the floor.
 Environment: KV_TTFT_LENGTHS, KV_TTFT_SHARES, KV_TTFT_RUNS, KV_TTFT_G2_PATH
-(stage or direct), KV_GPU_OUT (writes ttft.json there). Exit 77 without a
+(stage or direct), KV_TTFT_VERIFY_THREADS (the CRC pass's threads), KV_GPU_OUT (writes ttft.json there). Exit 77 without a
 CUDA device."""
 import os
 import subprocess
@@ -26,6 +26,8 @@ args = [sys.executable, os.path.join(here, "..", "..", "tools", "bench", "ttft.p
         "--shares", os.environ.get("KV_TTFT_SHARES", "0.9"), "--tiers", "g1,g2,g3",
         "--runs", os.environ.get("KV_TTFT_RUNS", "3"),
         "--g2-path", os.environ.get("KV_TTFT_G2_PATH", "direct")]
+if os.environ.get("KV_TTFT_VERIFY_THREADS"):
+    args += ["--verify-threads", os.environ["KV_TTFT_VERIFY_THREADS"]]
 if os.environ.get("KV_GPU_OUT"):
     args += ["--json", os.path.join(os.environ["KV_GPU_OUT"], "ttft.json")]
 sys.exit(subprocess.call(args))

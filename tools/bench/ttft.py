@@ -135,6 +135,9 @@ def main():
     ap.add_argument("--g3-dir", default=None, help="directory for G3 (default: a temporary one)")
     ap.add_argument("--g2-path", default="direct", choices=["stage", "direct"],
                     help="how G2 blocks reach a CUDA engine (kvclient.paged.PagedKV; default direct)")
+    ap.add_argument("--verify-threads", type=int, default=None,
+                    help="threads of the CRC pass over loaded G2 blocks (PagedKV's verify_threads; "
+                         "default min(8, CPUs))")
     ap.add_argument("--kvcached", default=None,
                     help="the daemon (default $KVCACHED_BIN, else <repo>/build/bin/kvcached)")
     ap.add_argument("--json", default=None, help="also write the results here")
@@ -178,7 +181,8 @@ def main():
     rows = []
     try:
         client = Client(d.socket, tenant="ttft", layout=layout.client_layout(a.pages_per_block))
-        pk = PagedKV(client, layout, pages_per_block=a.pages_per_block, g2_path=a.g2_path)
+        pk = PagedKV(client, layout, pages_per_block=a.pages_per_block, g2_path=a.g2_path,
+                     verify_threads=a.verify_threads)
         if "g1" in tiers and not client.g1.available:
             sys.exit(f"no G1 in this process: {client.g1.reason}")
         ref_bw = ref_bandwidth(dev, kv_max)
@@ -188,7 +192,8 @@ def main():
                "page_tokens": T, "block_bytes": block_bytes, "kv_bytes_per_token": tok_bytes,
                "model_build_s": round(build_s, 1), "ref_copy_gbps": round(ref_bw / 1e9, 2),
                "ref_disk_gbps": round(disk_bw / 1e9, 2) if disk_bw else None,
-               "g2_path": a.g2_path, "threads": torch.get_num_threads()}
+               "g2_path": a.g2_path, "threads": torch.get_num_threads(),
+               "verify_threads": pk.verify_threads}
         print(json.dumps(env), flush=True)
         set_a = list(range(npages // 2))
         set_b = list(range(npages // 2, npages))
@@ -266,7 +271,7 @@ def main():
     print()
     print(f"TTFT, {env['device']}, model {preset} {env['dtype']}, {T}-token pages, "
           f"reference copy {env['ref_copy_gbps']} GB/s, disk {env['ref_disk_gbps']} GB/s, "
-          f"median of {a.runs}")
+          f"{env['verify_threads']} verify thread(s), median of {a.runs}")
     disk = any("disk_floor_s" in r for r in rows)
     head = "| tokens | prefix | recompute |" + "".join(f" {t.upper()} |" for t in tiers) + \
         " floor |" + "".join(f" {t.upper()}/floor |" for t in tiers) + \

@@ -71,7 +71,10 @@ from __future__ import annotations
 import ctypes
 import errno
 import logging
+import os
+import threading
 import time
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 
 from . import _lib
@@ -448,11 +451,15 @@ class PagedKV:
     as an engine would at start-up. verify: check each loaded block against
     its committed CRC on the CPU before it is copied into the pages (the
     module's docstring says what that covers); False uses blocks unverified.
+    verify_threads: threads that share that pass for G2 blocks (default
+    min(8, CPUs)); a 32k-token prefix of the Llama-3.2-1B shape is 0.97 GB,
+    about 74 ms for one thread of an H100 host against 20 ms for its copy
+    over the bus (BENCHMARKS.md, "On a GPU").
     """
 
     def __init__(self, client: Client, layout: PagedLayout, pages_per_block: int = 1,
                  batch: int = 1024, g2_path: str = "direct", load_batch: int = _lib.BATCH_MAX,
-                 verify: bool = True):
+                 verify: bool = True, verify_threads: int | None = None):
         want = layout.client_layout(pages_per_block, client.layout.tp_rank, client.layout.tp_size)
         if (client.layout.block_bytes, client.layout.tokens_per_block) != \
                 (want.block_bytes, want.tokens_per_block):
@@ -470,6 +477,8 @@ class PagedKV:
         self.load_batch = max(1, min(load_batch, _lib.BATCH_MAX))
         self.g2_path = g2_path
         self.verify = verify
+        self.verify_threads = max(1, verify_threads if verify_threads is not None
+                                  else min(8, os.cpu_count() or 1))
         self._staging = None
         self._L = _lib.lib()
         if self._cuda():  # G2 <-> device copies are DMA, and kernels reach G2
@@ -796,7 +805,10 @@ class PagedKV:
         how many leading blocks passed; the first that failed was reported
         (its pin went with the report) and is listed in res.failed."""
         h = self.client._handle()
+        passed = self._crc_scan(out, n)
         for j in range(n):
+            if passed[j]:
+                continue
             rc = self._L.kvc_verify(h, ctypes.byref(ka[j]), ctypes.byref(out[j]))
             if rc == 0 or (rc == -errno.EOPNOTSUPP and got[j][1] == G1):
                 continue  # G1 on a real GPU: device memory the CPU cannot check
@@ -808,6 +820,44 @@ class PagedKV:
                           "PagedKV(verify=False) uses blocks unverified" if rc == -errno.EOPNOTSUPP
                           else keys[lo + j].hex())
         return n
+
+    def _crc_scan(self, out, n: int) -> list[bool]:
+        """Which of blocks [0, n) of a LOAD are G2 blocks whose bytes match
+        their committed CRC, computed by verify_threads threads (kvc_crc32c
+        is a pure function, and ctypes lets go of the GIL while it runs).
+        A block not passed here (another tier, no CRC, a mismatch) goes
+        through kvc_verify, which checks it again and reports a failure."""
+        rows = [(out[j].ptr, out[j].length, out[j].crc)
+                if out[j].status == 0 and out[j].tier == G2 and out[j].has_crc and out[j].ptr
+                else None for j in range(n)]
+        crc = self._L.kvc_crc32c
+
+        def scan(lo: int, hi: int) -> list[bool]:
+            return [r is not None and crc(0, r[0], r[1]) == r[2] for r in rows[lo:hi]]
+
+        t = min(self.verify_threads, n)
+        if t <= 1:
+            return scan(0, n)
+        step = -(-n // t)
+        parts = list(_pool(t).map(lambda lo: scan(lo, min(lo + step, n)), range(0, n, step)))
+        return [x for part in parts for x in part]
+
+
+_pool_lock = threading.Lock()
+_pool_exec: ThreadPoolExecutor | None = None
+_pool_size = 0
+
+
+def _pool(threads: int) -> ThreadPoolExecutor:
+    """One pool of verify threads for the process, grown to the largest
+    verify_threads asked for (a replaced pool finishes what it was given)."""
+    global _pool_exec, _pool_size
+    with _pool_lock:
+        if _pool_size < threads:
+            old, _pool_exec, _pool_size = _pool_exec, ThreadPoolExecutor(threads, "kvclient-verify"), threads
+            if old is not None:
+                old.shutdown(wait=False)
+        return _pool_exec
 
 
 def _tolist(x):

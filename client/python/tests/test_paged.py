@@ -294,16 +294,18 @@ def scribble(daemon, lay, key, at=10):
         ctypes.memset(got.blocks[0].ptr + at, 0x7f, 4)
 
 
-def test_a_scribbled_block_ends_the_prefix_and_is_reported(daemon):
+@pytest.mark.parametrize("threads", [1, 4])
+def test_a_scribbled_block_ends_the_prefix_and_is_reported(daemon, threads):
     """Fail closed on bytes a worker changed after the commit: the block is
     checked before it is copied into the pages, ends the usable prefix like
     a missing block, is reported (the daemon confirms and drops it), and no
-    page from it on is written."""
+    page from it on is written. With one verify thread and with several
+    (block 2 then lies in the second thread's share)."""
     kv = vllm_caches(seed=2)
     lay = PagedLayout.vllm(kv)
     toks = tokens(5 * T + 1)
     with open_for(daemon, lay) as c:
-        pk = PagedKV(c, lay)
+        pk = PagedKV(c, lay, verify_threads=threads)
         assert pk.save(toks, [0, 1, 2, 3, 4]).stored == 5
         keys = pk.keys(toks)
         scribble(daemon, lay, keys[2])
@@ -323,6 +325,49 @@ def test_a_scribbled_block_ends_the_prefix_and_is_reported(daemon):
         assert c.lookup(keys)[0] == 2  # dropped: the engine recomputes and saves it again
         assert pk.save(toks, [0, 1, 2, 3, 4]).stored == 1
         assert pk.load(toks, dst).blocks == 5
+
+
+def test_verify_shares_the_pass_among_threads(daemon):
+    """verify_threads > 1: the CRCs of a LOAD's G2 blocks are computed by
+    pool threads, not the caller's; two scribbled blocks in different
+    threads' shares: the first ends the prefix, and only it is reported."""
+    import threading
+    kv = vllm_caches(seed=4)
+    lay = PagedLayout.vllm(kv)
+    toks = tokens(8 * T + 1)
+    with open_for(daemon, lay) as c:
+        pk = PagedKV(c, lay, verify_threads=4)
+        assert pk.save(toks, list(range(8))).stored == 8
+        seen, lock = set(), threading.Lock()
+        both = threading.Barrier(2, timeout=10)
+
+        class Lib:  # the library; the first two threads of kvc_crc32c meet
+            def __init__(self, lib):  # (one thread doing it all times out)
+                self._lib = lib
+
+            def kvc_crc32c(self, *a):
+                with lock:
+                    new = threading.get_ident() not in seen
+                    seen.add(threading.get_ident())
+                    k = len(seen)
+                if new and k <= 2:
+                    both.wait()
+                return self._lib.kvc_crc32c(*a)
+
+            def __getattr__(self, name):
+                return getattr(self._lib, name)
+
+        pk._L = Lib(pk._L)
+        r = pk.load(toks, list(range(8, 16)))
+        assert (r.blocks, r.failed) == (8, [])
+        assert len(seen) >= 2 and threading.get_ident() not in seen
+        keys = pk.keys(toks)
+        scribble(daemon, lay, keys[6])
+        scribble(daemon, lay, keys[3])
+        r = pk.load(toks, list(range(8, 16)))
+        assert (r.blocks, [(i, e.name) for i, e in r.failed]) == (3, [(3, "KV_ECORRUPT")])
+        assert daemon.metric('kvcached_corrupt_reported_total{verdict="confirmed"}') == 1
+        assert daemon.metric("kvcached_pinned_blocks") == 0
 
 
 def test_verify_false_uses_blocks_as_found(daemon):
