@@ -4,7 +4,8 @@ issue's settings: the reference engine of the Llama-3.2-1B shape in bf16,
 prompts of 4k, 16k and 32k tokens with a 90% shared prefix, recompute
 against the prefix loaded from G1, G2 and G3, beside the floor.
 Environment: KV_TTFT_LENGTHS, KV_TTFT_SHARES, KV_TTFT_RUNS, KV_TTFT_G2_PATH
-(stage or direct), KV_TTFT_VERIFY_THREADS (the CRC pass's threads), KV_GPU_OUT (writes ttft.json there). Exit 77 without a
+(stage or direct), KV_TTFT_VERIFY_THREADS (the CRC pass's threads), KV_GPU_OUT
+(writes ttft.json there). Exit 77 without a
 CUDA device."""
 import os
 import subprocess

@@ -33,7 +33,9 @@ between ALLOC and COMMIT leaves nothing visible.
 Verification is a CPU pass over each loaded block before it is copied into
 the pages (kvc_verify; daemon/OPS.md, "Trust model"): on the host path a
 read of the block just before the scatter reads it again; on the GPU path a
-read of the G2 block by the CPU before the device copy. It checks the bytes
+read of the G2 block by the CPU before the device copy. Threads share the
+pass (verify_threads), and load() copies each run of blocks that passed
+while the next is checked. It checks the bytes
 in place, so a worker of the tenant that changes them between the check
 and the copy is not caught. G1 blocks on a real GPU cannot be read by the
 CPU and are used unverified (in the host simulation they are checked).
@@ -712,13 +714,22 @@ class PagedKV:
         res.hit = hit
         t1 = time.perf_counter()
         res.timings = {"lookup": t1 - t0, "load": 0.0, "verify": 0.0, "copy": 0.0, "release": 0.0}
+        # Each verified run of blocks goes into the pages while the verify
+        # threads check the next (not through the staging buffer, which
+        # one round's copies share).
+        piped = self.verify and (not self._cuda() or self.g2_path == "direct")
+
+        def ready(first: int, blocks) -> None:
+            self._into_pages(blocks, page_ids, first)
+
         for lo in range(0, hit, self.load_batch):
             hi = min(lo + self.load_batch, hit)
-            p = self.load_pinned(keys, lo, hi, page_ids, tier, res)
+            p = self.load_pinned(keys, lo, hi, page_ids, tier, res, ready if piped else None)
             tc = time.perf_counter()
             try:
                 if p.blocks:
-                    self.into_pages(p, page_ids)
+                    if not piped:
+                        self.into_pages(p, page_ids)
                     self.sync()  # the pins must outlive the copies
             finally:
                 td = time.perf_counter()
@@ -736,14 +747,19 @@ class PagedKV:
 
 
     def load_pinned(self, keys, lo: int, hi: int, page_ids, tier: int = G2,
-                    res: LoadResult | None = None) -> Pinned:
+                    res: LoadResult | None = None, ready=None) -> Pinned:
         """One LOAD of keys[lo:hi] (sequence blocks lo..hi-1, into pages
         page_ids), each block checked against its committed CRC (verify)
         before anything is copied. The leading blocks that came and passed
         stay pinned and are returned; every other pin this LOAD took is
         released, and the blocks that failed are listed in res (failed,
         failed_pages). Raises KvError when the LOAD fails as a whole
-        (nothing is pinned then)."""
+        (nothing is pinned then). ready(first, blocks), when given, is
+        called in order with each run of blocks that passed, as soon as it
+        has (first: its first sequence block; blocks: [(tier, ptr)]), so
+        that copies can start while later blocks are checked; the copies
+        it starts must be done before release() (an error here waits for
+        the current stream before dropping the pins)."""
         res = res if res is not None else LoadResult()
         res.timings.setdefault("load", 0.0)
         res.timings.setdefault("verify", 0.0)
@@ -757,13 +773,19 @@ class PagedKV:
         tv = tb
         try:
             if self.verify:
-                n = self._verify(ka, out, got, n, lo, keys, page_ids, res)
+                n = self._verify(ka, out, got, n, lo, keys, page_ids, res, ready)
                 tv = time.perf_counter()
+            elif ready is not None and n:
+                ready(lo, [(g[1], g[2]) for g in got[:n]])
             for j in range(n, len(got)):
                 if got[j][0] != 0:
                     res.failed.append((lo + j, KvError(got[j][0], "block", keys[lo + j].hex())))
                     res.failed_pages += page_ids[(lo + j) * self.ppb:(lo + j + 1) * self.ppb]
             keep = n
+        except BaseException:
+            if ready is not None:
+                self._sync()  # copies ready() started still read the pinned blocks
+            raise
         finally:  # every pin not handed back (a CRC report took its own)
             rest = [keys[lo + j] for j in range(keep, hi - lo) if out[j].status == 0]
             if rest:
@@ -799,48 +821,65 @@ class PagedKV:
         stream; nothing on the host)."""
         self._sync()
 
-    def _verify(self, ka, out, got, n: int, lo: int, keys, page_ids, res: LoadResult) -> int:
+    def _verify(self, ka, out, got, n: int, lo: int, keys, page_ids, res: LoadResult,
+                ready=None) -> int:
         """Checks blocks [0, n) of a LOAD (kvc_verify: each against its
-        committed CRC, in place, on the CPU) before any is copied. Returns
-        how many leading blocks passed; the first that failed was reported
-        (its pin went with the report) and is listed in res.failed."""
+        committed CRC, in place, on the CPU). Returns how many leading
+        blocks passed; the first that failed was reported (its pin went
+        with the report) and is listed in res.failed. ready: see
+        load_pinned."""
         h = self.client._handle()
-        passed = self._crc_scan(out, n)
-        for j in range(n):
-            if passed[j]:
-                continue
-            rc = self._L.kvc_verify(h, ctypes.byref(ka[j]), ctypes.byref(out[j]))
-            if rc == 0 or (rc == -errno.EOPNOTSUPP and got[j][1] == G1):
-                continue  # G1 on a real GPU: device memory the CPU cannot check
-            if rc == KV_ECORRUPT:
-                res.failed.append((lo + j, KvError(rc, "verify", keys[lo + j].hex())))
-                res.failed_pages += page_ids[(lo + j) * self.ppb:(lo + j + 1) * self.ppb]
-                return j
-            raise KvError(rc, "verify", "the daemon sent no CRC to check (before protocol 1.2): "
-                          "PagedKV(verify=False) uses blocks unverified" if rc == -errno.EOPNOTSUPP
-                          else keys[lo + j].hex())
+        for a, b, passed in self._crc_chunks(out, n):
+            for j in range(a, b):
+                if passed[j - a]:
+                    continue
+                rc = self._L.kvc_verify(h, ctypes.byref(ka[j]), ctypes.byref(out[j]))
+                if rc == 0 or (rc == -errno.EOPNOTSUPP and got[j][1] == G1):
+                    continue  # G1 on a real GPU: device memory the CPU cannot check
+                if rc == KV_ECORRUPT:
+                    res.failed.append((lo + j, KvError(rc, "verify", keys[lo + j].hex())))
+                    res.failed_pages += page_ids[(lo + j) * self.ppb:(lo + j + 1) * self.ppb]
+                    if ready is not None and j > a:
+                        ready(lo + a, [(g[1], g[2]) for g in got[a:j]])
+                    return j
+                raise KvError(rc, "verify", "the daemon sent no CRC to check (before protocol "
+                              "1.2): PagedKV(verify=False) uses blocks unverified"
+                              if rc == -errno.EOPNOTSUPP else keys[lo + j].hex())
+            if ready is not None:
+                ready(lo + a, [(g[1], g[2]) for g in got[a:b]])
         return n
 
-    def _crc_scan(self, out, n: int) -> list[bool]:
-        """Which of blocks [0, n) of a LOAD are G2 blocks whose bytes match
-        their committed CRC, computed by verify_threads threads (kvc_crc32c
-        is a pure function, and ctypes lets go of the GIL while it runs).
-        A block not passed here (another tier, no CRC, a mismatch) goes
-        through kvc_verify, which checks it again and reports a failure."""
+    def _crc_chunks(self, out, n: int):
+        """Yields (a, b, passed) for consecutive runs [a, b) of blocks
+        [0, n) of a LOAD, in order: passed[j - a] when block j is a G2 block
+        whose bytes match its committed CRC. With verify_threads > 1 the
+        runs (about four per thread) are computed by pool threads, the
+        first ones first (kvc_crc32c is a pure function, and ctypes lets go
+        of the GIL while it runs). A block not passed here (another tier,
+        no CRC, a mismatch) goes through kvc_verify, which checks it again
+        and reports a failure."""
         rows = [(out[j].ptr, out[j].length, out[j].crc)
                 if out[j].status == 0 and out[j].tier == G2 and out[j].has_crc and out[j].ptr
                 else None for j in range(n)]
         crc = self._L.kvc_crc32c
 
-        def scan(lo: int, hi: int) -> list[bool]:
-            return [r is not None and crc(0, r[0], r[1]) == r[2] for r in rows[lo:hi]]
+        def scan(a: int, b: int) -> list[bool]:
+            return [r is not None and crc(0, r[0], r[1]) == r[2] for r in rows[a:b]]
 
         t = min(self.verify_threads, n)
         if t <= 1:
-            return scan(0, n)
-        step = -(-n // t)
-        parts = list(_pool(t).map(lambda lo: scan(lo, min(lo + step, n)), range(0, n, step)))
-        return [x for part in parts for x in part]
+            yield 0, n, scan(0, n)
+            return
+        step = -(-n // (4 * t))
+        pool = _pool(t)
+        runs = [(a, min(a + step, n), pool.submit(scan, a, min(a + step, n)))
+                for a in range(0, n, step)]
+        try:
+            for a, b, f in runs:
+                yield a, b, f.result()
+        finally:  # a failure ends the prefix: what is not started is not needed
+            for _, _, f in runs:
+                f.cancel()
 
 
 _pool_lock = threading.Lock()

@@ -329,8 +329,10 @@ def test_a_scribbled_block_ends_the_prefix_and_is_reported(daemon, threads):
 
 def test_verify_shares_the_pass_among_threads(daemon):
     """verify_threads > 1: the CRCs of a LOAD's G2 blocks are computed by
-    pool threads, not the caller's; two scribbled blocks in different
-    threads' shares: the first ends the prefix, and only it is reported."""
+    pool threads, not the caller's, and each run of blocks that passed is
+    copied into the pages while later runs are checked; two scribbled
+    blocks in different runs: the first ends the prefix, nothing from it
+    on is copied, and only it is reported."""
     import threading
     kv = vllm_caches(seed=4)
     lay = PagedLayout.vllm(kv)
@@ -358,14 +360,25 @@ def test_verify_shares_the_pass_among_threads(daemon):
                 return getattr(self._lib, name)
 
         pk._L = Lib(pk._L)
+        runs = []  # the copies, started run by run as runs pass
+        into = pk._into_pages
+        pk._into_pages = lambda blocks, pages, first: (runs.append((first, len(blocks))),
+                                                       into(blocks, pages, first))
         r = pk.load(toks, list(range(8, 16)))
         assert (r.blocks, r.failed) == (8, [])
         assert len(seen) >= 2 and threading.get_ident() not in seen
+        assert len(runs) > 1 and [f for f, _ in runs] == \
+            [sum(k for _, k in runs[:i]) for i in range(len(runs))] and sum(k for _, k in runs) == 8
+        for l in range(L):
+            for i in range(8):
+                assert torch.equal(kv[l][:, 8 + i], kv[l][:, i])
         keys = pk.keys(toks)
         scribble(daemon, lay, keys[6])
         scribble(daemon, lay, keys[3])
+        runs.clear()
         r = pk.load(toks, list(range(8, 16)))
         assert (r.blocks, [(i, e.name) for i, e in r.failed]) == (3, [(3, "KV_ECORRUPT")])
+        assert sum(k for _, k in runs) == 3  # nothing copied from the failed block on
         assert daemon.metric('kvcached_corrupt_reported_total{verdict="confirmed"}') == 1
         assert daemon.metric("kvcached_pinned_blocks") == 0
 
