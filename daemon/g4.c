@@ -4,8 +4,10 @@
  * Writes: a block is written when it is committed (g4.admit = always) or
  * when a LOAD or GET uses it a second time (second-use), while its bytes
  * are in G2: the payload is copied out of G2 into a buffer at once, so
- * nothing of G2 is held; kv_g4_encode_hdr signs that copy with the commit's
- * CRC and the current secret on libuv's thread pool; back on the loop
+ * nothing of G2 is held; kv_g4_encode_hdr checks that copy against the
+ * commit's CRC and signs it with the current secret on libuv's thread pool
+ * (a copy that fails, bytes a worker changed in G2 after the commit, is
+ * not written: result "corrupt"); back on the loop
  * kv_g4c_command copies it into the RESP SET. A DEL of the key while its
  * value is being signed cancels the SET, so a deleted block never comes
  * back. Only while the client is ok; bounded in flight.
@@ -205,6 +207,7 @@ typedef struct g4_write {
   int rl;
   char rkey[KV_G4_RKEY_MAX];
   int cancelled;                  /* a DEL of its key came while it was signed */
+  int signed_rc;                  /* kv_g4_encode_hdr's */
   struct g4_write *next, **pprev; /* g->signing */
 } g4_write;
 
@@ -227,7 +230,7 @@ static void on_set(kv_g4c *c, const kv_g4c_reply *r, void *arg) {
 
 static void sign_work(uv_work_t *req) {
   g4_write *w = req->data;
-  kv_g4_encode_hdr(&w->k, w->secret, w->val + KV_G4_HDR_LEN, w->size, w->crc, w->val);
+  w->signed_rc = kv_g4_encode_hdr(&w->k, w->secret, w->val + KV_G4_HDR_LEN, w->size, w->crc, w->val);
 }
 
 /* The value is signed: SET it, unless its key was deleted meanwhile or the
@@ -240,6 +243,11 @@ static void sign_done(uv_work_t *req, int status) {
   work_done(g);
   if (status || w->cancelled || !g->c) {
     g->writes[KVD_G4_W_SKIPPED]++;
+    write_end(w);
+    return;
+  }
+  if (w->signed_rc) { /* KV_ECORRUPT: G2's bytes no longer match the commit's CRC */
+    g->writes[w->signed_rc == KV_ECORRUPT ? KVD_G4_W_CORRUPT : KVD_G4_W_ERROR]++;
     write_end(w);
     return;
   }

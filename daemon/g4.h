@@ -61,7 +61,9 @@ extern const char *const kvd_g4_miss_names[KVD_G4_MISS_COUNT];
   X(ERROR, "error")       /* refused or failed: timeout, connection, ...  */   \
   X(OOM, "oom")           /* the cluster is full (maxmemory, no eviction) */   \
   X(SKIPPED, "skipped")   /* not written: G4 was not ok */                     \
-  X(BUSY, "busy")         /* not written: too many writes in flight */
+  X(BUSY, "busy")         /* not written: too many writes in flight */     \
+  X(CORRUPT, "corrupt")   /* not written: its bytes in G2 no longer match \
+                             the commit's CRC (a worker wrote them since) */
 typedef enum {
 #define KVD_G4_WRITE_ENUM(name, label) KVD_G4_W_##name,
   KVD_G4_WRITE_MAP(KVD_G4_WRITE_ENUM)

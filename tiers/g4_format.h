@@ -19,7 +19,9 @@
  * value's random 12-byte nonce (in the header) and a key derived from the
  * fleet's secret (kv_g4_secret: 32 to 64 bytes that every daemon of the
  * fleet holds and nothing else does) - the construction of RFC 8439's
- * ChaCha20-Poly1305, about four times cheaper than a keyed BLAKE2b. The
+ * ChaCha20-Poly1305, about four times cheaper than a keyed BLAKE2b
+ * (Poly1305 by OpenSSL's libcrypto, whose vector code is 2.5 times
+ * libsodium's; libsodium where libcrypto fails: the same tags). The
  * CRCs catch accidents; the MAC catches intent: whoever can reach the
  * cluster but lacks the secret cannot make a value a reader accepts (they
  * can delete one: a miss). The header names the secret by a 4-byte id
@@ -114,20 +116,25 @@ int kv_g4_secret_init(kv_g4_secret *s, const uint8_t *b, size_t len);
 /* Bytes of the value that carries `len` payload bytes. */
 static inline size_t kv_g4_value_len(uint32_t len) { return KV_G4_HDR_LEN + (size_t)len; }
 
-/* Writes the header for payload[0..len), whose CRC32C is `crc`, signed with
- * secret s under a fresh random nonce (two headers of one block differ),
- * into out[0..KV_G4_HDR_LEN): the MAC reads the payload once (it
- * may already lie at out + KV_G4_HDR_LEN). The payload follows the header
- * in the value; it is the caller's to place (or to send as a second part
- * of the same string), and it must be these bytes. 0, or -EINVAL for a key
- * length out of 1..KV_G4_KEY_MAX, a len over KV_G4_PAYLOAD_MAX or a secret
- * without a valid length (nothing written). */
+/* Writes the header for payload[0..len), whose CRC32C must be `crc`,
+ * signed with secret s under a fresh random nonce (two headers of one
+ * block differ), into out[0..KV_G4_HDR_LEN): the payload is read twice,
+ * for its CRC and for the MAC (it may already lie at out +
+ * KV_G4_HDR_LEN). A signed value's payload matches its CRC, so readers of
+ * it need only the MAC's pass (the header says so: kv_g4_check). The
+ * payload follows the header in the value; it is the caller's to place
+ * (or to send as a second part of the same string), and it must be these
+ * bytes. 0; KV_ECORRUPT when the payload does not match crc (bytes that
+ * changed since their CRC was taken: nothing is signed); -EINVAL for a
+ * key length out of 1..KV_G4_KEY_MAX, a len over KV_G4_PAYLOAD_MAX or a
+ * secret without a valid length. Nothing is written on an error. */
 int kv_g4_encode_hdr(const kv_g4_key *k, const kv_g4_secret *s, const void *payload, uint32_t len,
                      uint32_t crc, uint8_t *out);
 
 /* Writes a whole value: header then payload[0..len), into out, which holds
  * kv_g4_value_len(len) bytes. The payload's CRC is computed while it is
- * copied. Returns the value's length, or -EINVAL as kv_g4_encode_hdr. */
+ * copied (so it holds by construction). Returns the value's length, or
+ * -EINVAL as kv_g4_encode_hdr. */
 long kv_g4_encode(const kv_g4_key *k, const kv_g4_secret *s, const void *payload, uint32_t len,
                   uint8_t *out);
 
@@ -150,7 +157,10 @@ typedef struct kv_g4_view {
  * of no secret accepted now is MAC too); so a value cut short anywhere is
  * a SHORT miss (never a PAYLOAD_CRC one), a value without the magic is
  * MAGIC however short, damage by accident keeps its CRC reasons, and only
- * a value intact but not signed by an accepted secret is MAC. */
+ * a value intact but not signed by an accepted secret is MAC. A value
+ * whose header says its signer checked the payload's CRC (every value
+ * kv_g4_encode_hdr writes) costs one pass, the MAC's: its payload CRC is
+ * computed only when the MAC fails, to give the reason. */
 int kv_g4_check(const void *val, size_t n, const kv_g4_key *expect, uint32_t expect_len,
                 const kv_g4_keys *keys, int64_t now, kv_g4_view *v, kv_g4_miss *why);
 

@@ -653,3 +653,37 @@ Test(daemon_g4, a_delete_while_the_value_is_signed_cancels_its_write, .init = se
   cr_assert_eq(skipped, 1, "the write cancelled by the DELETE counts as skipped");
   cr_assert_eq(metric(&na, "kvcached_g4_writes_total{result=\"ok\"}"), 0);
 }
+
+/* A block whose bytes in G2 no longer match its commit's CRC (here: a
+ * commit with another CRC, as a worker that wrote the slot after taking
+ * it) is not signed into G4: counted as corrupt, nothing in the cluster,
+ * and another node misses it. The good blocks around it go as usual. */
+Test(daemon_g4, a_block_that_fails_its_crc_is_not_written, .init = setup, .fini = teardown,
+     .timeout = 60) {
+  kvc *a, *b;
+  both_ok(&a, &b);
+  store_chain(a, 90, 90);
+  kvc_key k = KC(91), parent = KC(90);
+  kvc_block out;
+  cr_assert_eq(kvc_alloc(a, KVC_G2, 128, &k, &parent, 1, &out), 1);
+  fill(out.ptr, 91);
+  uint32_t wrong = kv_crc32c(0, out.ptr, out.length) ^ 1;
+  cr_assert_eq(kvc_commit_crc(a, &k, &wrong, 1, NULL), 1);
+  store_chain(a, 92, 92);
+  cr_assert_eq(wait_metric(&na, "kvcached_g4_writes_total{result=\"corrupt\"}", 1, 5000), 1);
+  cr_assert_eq(wait_metric(&na, "kvcached_g4_writes_total{result=\"ok\"}", 2, 5000), 2);
+  char hex[17], pat[64];
+  kvt_key_hex(91, hex);
+  snprintf(pat, sizeof pat, "kv:*:%s", hex);
+  for (int i = 0; i < 3; i++) {
+    redisReply *r = adm(rc.ports[i], "SCAN 0 MATCH %s COUNT 100000", pat);
+    cr_assert(r->type == REDIS_REPLY_ARRAY && r->elements == 2);
+    size_t n = r->element[1]->elements;
+    freeReplyObject(r);
+    cr_assert_eq(n, 0, "the corrupt block reached the cluster (master %d)", rc.ports[i]);
+  }
+  uint8_t t[4];
+  cr_assert_eq(lookup(b, 90, 92, t, NULL), 1, "B's run ends where the corrupt block is");
+  kvc_close(a);
+  kvc_close(b);
+}

@@ -3,9 +3,12 @@
  * bytes never accepted, names that keep namespaces apart; values forged by
  * whoever lacks the fleet's secret (issue 34: a correct header and both
  * CRCs were enough) refused as `mac`, and the old secret of a rotation
- * accepted until its end only. */
+ * accepted until its end only; the MAC equal to libsodium's Poly1305
+ * whichever library computes it, a payload that does not match its CRC
+ * never signed, and one pass over a signed value's payload. */
 #include <criterion/criterion.h>
 #include <errno.h>
+#include <sodium.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -184,11 +187,13 @@ Test(g4_format, each_reason_is_its_own) {
   w[12] ^= 1; /* payload length */
   expect_miss(w, n, &k, 0, KV_G4_MISS_HEADER_CRC, "length bit");
 
-  /* a header whose payload CRC is wrong from the start */
+  /* a header whose payload CRC is wrong from the start: not signed
+   * (an earlier writer's such value: a_signed_crc_saves_the_readers_pass) */
   kv_g4_keys keys = fleet();
-  cr_assert_eq(kv_g4_encode_hdr(&k, &keys.cur, v + KV_G4_HDR_LEN, 1000, 12345, hdr), 0);
-  memcpy(w, hdr, KV_G4_HDR_LEN);
-  memcpy(w + KV_G4_HDR_LEN, v + KV_G4_HDR_LEN, 1000);
+  cr_assert_eq(kv_g4_encode_hdr(&k, &keys.cur, v + KV_G4_HDR_LEN, 1000, 12345, hdr), KV_ECORRUPT);
+  memcpy(w, v, n);
+  kv_st32(w + 16, 12345);
+  kv_st32(w + KV_G4_HDR_LEN - 4, kv_crc32c(0, w, KV_G4_HDR_LEN - 4));
   expect_miss(w, n, &k, 0, KV_G4_MISS_PAYLOAD_CRC, "wrong payload CRC");
   free(w);
   free(v);
@@ -358,9 +363,13 @@ Test(g4_format, forged_values_are_refused_as_mac) {
   /* the header changed under the MAC: flags, a reserved field, and the
    * value moved to another block (its namespace and key rewritten) */
   memcpy(w, v, n);
-  w[9] = 1;
+  w[9] ^= 0x80;
   fix_crcs(w, n);
   expect_miss(w, n, &k, 4096, KV_G4_MISS_MAC, "flags");
+  memcpy(w, v, n);
+  w[9] = 0; /* "an earlier writer's": its CRC is checked, then its MAC */
+  fix_crcs(w, n);
+  expect_miss(w, n, &k, 4096, KV_G4_MISS_MAC, "flags cleared");
   memcpy(w, v, n);
   w[96] ^= 1;
   fix_crcs(w, n);
@@ -442,4 +451,92 @@ Test(g4_format, the_old_secret_is_accepted_until_its_end_only) {
   cr_assert_neq(a.id, kv_ld32(a.b));
   free(va);
   free(vb);
+}
+
+/* The MAC as RFC 8439 and libsodium define it: Poly1305 of bytes 0..107
+ * then the payload under ChaCha20(mac key, nonce)'s first 32 bytes. */
+static void sodium_mac(const kv_g4_secret *s, const uint8_t *v, size_t n, uint8_t tag[16]) {
+  uint8_t otk[32] = {0};
+  crypto_stream_chacha20_ietf_xor(otk, otk, sizeof otk, v + 96, s->mk);
+  crypto_onetimeauth_state st;
+  crypto_onetimeauth_init(&st, otk);
+  crypto_onetimeauth_update(&st, v, 108);
+  crypto_onetimeauth_update(&st, v + KV_G4_HDR_LEN, n - KV_G4_HDR_LEN);
+  crypto_onetimeauth_final(&st, tag);
+}
+
+/* Signs w as a holder of s would, with whatever flags and CRC it has. */
+static void resign(uint8_t *w, size_t n, const kv_g4_secret *s) {
+  sodium_mac(s, w, n, w + 108);
+  kv_st32(w + KV_G4_HDR_LEN - 4, kv_crc32c(0, w, KV_G4_HDR_LEN - 4));
+}
+
+/* libcrypto computes the tags now: they must be the ones every earlier
+ * writer and reader (libsodium) computes, at every length. */
+Test(g4_format, the_mac_is_libsodiums_poly1305) {
+  uint32_t sizes[] = {0, 1, 15, 16, 17, 95, 4096, 65537, 1 << 20};
+  kv_g4_keys keys = fleet();
+  for (size_t i = 0; i < sizeof sizes / sizeof *sizes; i++) {
+    kv_g4_key k = sample_key(4, 32);
+    size_t n;
+    uint8_t *v = sample_value(&k, sizes[i], &n);
+    uint8_t tag[16];
+    sodium_mac(&keys.cur, v, n, tag);
+    cr_assert_eq(memcmp(tag, v + 108, 16), 0, "size %u: the MAC is not libsodium's", sizes[i]);
+    free(v);
+  }
+}
+
+Test(g4_format, a_payload_that_does_not_match_its_crc_is_not_signed) {
+  kv_g4_key k = sample_key(5, 32);
+  kv_g4_keys keys = fleet();
+  uint8_t payload[3000], out[KV_G4_HDR_LEN];
+  for (size_t i = 0; i < sizeof payload; i++) payload[i] = (uint8_t)(i * 7);
+  uint32_t crc = kv_crc32c(0, payload, sizeof payload);
+  payload[1234] ^= 1; /* changed after its CRC was taken */
+  memset(out, 0xab, sizeof out);
+  cr_assert_eq(kv_g4_encode_hdr(&k, &keys.cur, payload, sizeof payload, crc, out), KV_ECORRUPT);
+  for (size_t i = 0; i < sizeof out; i++) cr_assert_eq(out[i], 0xab, "byte %zu written", i);
+  payload[1234] ^= 1;
+  cr_assert_eq(kv_g4_encode_hdr(&k, &keys.cur, payload, sizeof payload, crc, out), 0);
+  cr_assert_eq(out[9], 1, "the header says its signer checked the CRC");
+}
+
+/* A value whose signer checked its CRC is read in one pass, the MAC's: a
+ * key holder's value whose payload does not match its CRC is taken as
+ * signed (kv_g4_encode_hdr never writes one). Without the flag (a writer
+ * before it) the CRC is checked first, as before. Damage to either is a
+ * miss with its reason. */
+Test(g4_format, a_signed_crc_saves_the_readers_pass) {
+  kv_g4_key k = sample_key(6, 32);
+  kv_g4_keys keys = fleet();
+  size_t n;
+  uint8_t *v = sample_value(&k, 8192, &n);
+  uint8_t *w = malloc(n);
+  kv_g4_view view;
+  /* the payload changed by a key holder, its CRC left: accepted with the
+   * flag (no CRC pass), refused as payload_crc without it */
+  memcpy(w, v, n);
+  w[KV_G4_HDR_LEN + 10] ^= 0x40;
+  resign(w, n, &keys.cur);
+  cr_assert_eq(kv_g4_check(w, n, &k, 8192, &keys, NOW, &view, NULL), 0);
+  cr_assert_eq(view.crc, kv_ld32(v + 16));
+  w[9] = 0;
+  resign(w, n, &keys.cur);
+  expect_miss(w, n, &k, 8192, KV_G4_MISS_PAYLOAD_CRC, "no flag: CRC checked");
+  /* an earlier writer's intact value is accepted */
+  memcpy(w, v, n);
+  w[9] = 0;
+  resign(w, n, &keys.cur);
+  cr_assert_eq(kv_g4_check(w, n, &k, 8192, &keys, NOW, &view, NULL), 0);
+  /* damage after signing, flag or not: payload_crc, not mac */
+  for (int flag = 0; flag <= 1; flag++) {
+    memcpy(w, v, n);
+    w[9] = (uint8_t)flag;
+    resign(w, n, &keys.cur);
+    w[n - 1] ^= 1;
+    expect_miss(w, n, &k, 8192, KV_G4_MISS_PAYLOAD_CRC, "damaged payload");
+  }
+  free(w);
+  free(v);
 }
