@@ -230,7 +230,8 @@ static void on_set(kv_g4c *c, const kv_g4c_reply *r, void *arg) {
 
 static void sign_work(uv_work_t *req) {
   g4_write *w = req->data;
-  w->signed_rc = kv_g4_encode_hdr(&w->k, w->secret, w->val + KV_G4_HDR_LEN, w->size, w->crc, w->val);
+  w->signed_rc =
+      kv_g4_encode_hdr(&w->k, w->secret, w->val + KV_G4_HDR_LEN, w->size, w->crc, w->val);
 }
 
 /* The value is signed: SET it, unless its key was deleted meanwhile or the
