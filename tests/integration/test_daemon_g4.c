@@ -212,6 +212,20 @@ static void rkey_of(uint64_t v, char *out, size_t n) {
   cr_assert_fail("no G4 value for key %llu", (unsigned long long)v);
 }
 
+/* No master holds a value of key v. */
+static void assert_not_in_cluster(uint64_t v, const char *what) {
+  char hex[17], pat[64];
+  kvt_key_hex(v, hex);
+  snprintf(pat, sizeof pat, "kv:*:%s", hex);
+  for (int i = 0; i < 3; i++) {
+    redisReply *r = adm(rc.ports[i], "SCAN 0 MATCH %s COUNT 100000", pat);
+    cr_assert(r->type == REDIS_REPLY_ARRAY && r->elements == 2);
+    size_t n = r->element[1]->elements;
+    freeReplyObject(r);
+    cr_assert_eq(n, 0, "%s (master %d)", what, rc.ports[i]);
+  }
+}
+
 /* --- the tests ---------------------------------------------------------------- */
 
 Test(daemon_g4, stored_on_a_loaded_on_b, .init = setup, .fini = teardown, .timeout = 60) {
@@ -640,16 +654,7 @@ Test(daemon_g4, a_delete_while_the_value_is_signed_cancels_its_write, .init = se
   cr_assert_geq(wait_metric(&na, "kvcached_g4_deletes_total{result=\"ok\"}", 1, 5000), 1);
   long long skipped = metric(&na, "kvcached_g4_writes_total{result=\"skipped\"}");
   usleep(300000); /* a SET sent after the DEL would be in by now */
-  char hex[17], pat[64];
-  kvt_key_hex(77, hex);
-  snprintf(pat, sizeof pat, "kv:*:%s", hex);
-  for (int i = 0; i < 3; i++) {
-    redisReply *r = adm(rc.ports[i], "SCAN 0 MATCH %s COUNT 100000", pat);
-    cr_assert(r->type == REDIS_REPLY_ARRAY && r->elements == 2);
-    size_t n = r->element[1]->elements;
-    freeReplyObject(r);
-    cr_assert_eq(n, 0, "the deleted block is back in the cluster (master %d)", rc.ports[i]);
-  }
+  assert_not_in_cluster(77, "the deleted block is back in the cluster");
   cr_assert_eq(skipped, 1, "the write cancelled by the DELETE counts as skipped");
   cr_assert_eq(metric(&na, "kvcached_g4_writes_total{result=\"ok\"}"), 0);
 }
@@ -672,16 +677,7 @@ Test(daemon_g4, a_block_that_fails_its_crc_is_not_written, .init = setup, .fini 
   store_chain(a, 92, 92);
   cr_assert_eq(wait_metric(&na, "kvcached_g4_writes_total{result=\"corrupt\"}", 1, 5000), 1);
   cr_assert_eq(wait_metric(&na, "kvcached_g4_writes_total{result=\"ok\"}", 2, 5000), 2);
-  char hex[17], pat[64];
-  kvt_key_hex(91, hex);
-  snprintf(pat, sizeof pat, "kv:*:%s", hex);
-  for (int i = 0; i < 3; i++) {
-    redisReply *r = adm(rc.ports[i], "SCAN 0 MATCH %s COUNT 100000", pat);
-    cr_assert(r->type == REDIS_REPLY_ARRAY && r->elements == 2);
-    size_t n = r->element[1]->elements;
-    freeReplyObject(r);
-    cr_assert_eq(n, 0, "the corrupt block reached the cluster (master %d)", rc.ports[i]);
-  }
+  assert_not_in_cluster(91, "the corrupt block reached the cluster");
   uint8_t t[4];
   cr_assert_eq(lookup(b, 90, 92, t, NULL), 1, "B's run ends where the corrupt block is");
   kvc_close(a);
