@@ -714,10 +714,10 @@ class PagedKV:
         res.hit = hit
         t1 = time.perf_counter()
         res.timings = {"lookup": t1 - t0, "load": 0.0, "verify": 0.0, "copy": 0.0, "release": 0.0}
-        # Each verified run of blocks goes into the pages while the verify
-        # threads check the next (not through the staging buffer, which
-        # one round's copies share).
-        piped = self.verify and (not self._cuda() or self.g2_path == "direct")
+        # Each run of blocks goes into the pages as soon as it is verified,
+        # while the verify threads check the next (not through the staging
+        # buffer, which one round's copies share).
+        piped = not self._cuda() or self.g2_path == "direct"
 
         def ready(first: int, blocks) -> None:
             self._into_pages(blocks, page_ids, first)
