@@ -163,7 +163,7 @@ static const opt opts[] = {
      "g4.old_key_file are refused (a miss)"},
     {"cache", "policy", OPT_STR, O(policy), sizeof(((kv_config *)0)->policy),
      NULL /* kv_evict_default */,
-     "eviction policy: adapt, reuse, lru, lru2, lfuda, arc, s3fifo, tinylfu or auto", NULL, "policy"},
+     "eviction policy: adapt, aged, aged0, reuse, lru, lru2, lfuda, arc, s3fifo, tinylfu or auto", NULL, "policy"},
     {"cache", "retain_max_s", OPT_U32, O(retain_max_s), 0, "3600",
      "engine hints: the most seconds of retention a session's blocks are granted after its "
      "last request, whatever a client asks (0: none granted)"},

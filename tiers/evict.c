@@ -12,13 +12,16 @@ extern const kv_evict_ops kv_evict_tinylfu_ops;
 extern const kv_evict_ops kv_evict_auto_ops;
 extern const kv_evict_ops kv_evict_reuse_ops;
 extern const kv_evict_ops kv_evict_adapt_ops;
+extern const kv_evict_ops kv_evict_aged_ops;
+extern const kv_evict_ops kv_evict_aged0_ops;
 
 const kv_evict_ops *const kv_evict_policies[] = {
     &kv_evict_lru_ops,    &kv_evict_lru2_ops,
     &kv_evict_lfuda_ops,  &kv_evict_arc_ops,
     &kv_evict_s3fifo_ops, &kv_evict_tinylfu_ops,
     &kv_evict_auto_ops,   &kv_evict_reuse_ops,
-    &kv_evict_adapt_ops,  NULL,
+    &kv_evict_adapt_ops,  &kv_evict_aged_ops,
+    &kv_evict_aged0_ops,  NULL,
 };
 
 /* Chosen by `kvbench core-replay` on both traces of ../shared/data

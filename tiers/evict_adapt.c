@@ -1,10 +1,13 @@
 /*
  * evict_adapt.c - the default policy, "adapt": blocks used once and blocks
  * used again, each in LRU order, a block used again ranked as if its last
- * use were H accesses later (reuse's order with its protection aging out);
- * and, once engine hints come, the hints' order within the namespace that
- * order names, for as long as chain-aware miniature simulations do not
- * find the order without hints better.
+ * use were H accesses later; H moves, as ARC moves its target, toward the
+ * queue whose victims come back; and, once engine hints come, the hints'
+ * order within the namespace that order names, for as long as chain-aware
+ * miniature simulations do not find the order without hints better.
+ * "aged" and "aged0" are the same order with H fixed: at 4 capacities (the
+ * default before H moved) and at 0 (LRU's order, with the rule for the
+ * newest block): the two ends adapt is measured against.
  *
  *   blocks   two heaps by (priority class, last access): blocks used once,
  *            and blocks used again (hits >= 2, or evicted lately and back:
@@ -13,15 +16,28 @@
  *            (b->hpos[tier]: the heap in bit 31, the position below), 4
  *            bytes per held block.
  *   order    the older of the two heads, the used-again head's last access
- *            taken H = 4C accesses later: the reach of the history that
- *            recognises a block's second life (a victim takes at least one
- *            access, so 4C accesses are within the 2C..4C victims it
- *            remembers). A block used again outranks one used once for as
- *            long as its second use could have been told from a first;
- *            past that, recency decides. reuse (evict_reuse.c) is this with
- *            H infinite, lru with H = 0: reuse keeps blocks used again
- *            forever, which on sessions that grow turn by turn keeps dead
- *            sessions' prefixes over live sessions' newest blocks.
+ *            taken H accesses later. H = 0 is LRU's order; the larger H,
+ *            the longer a block used again outlives one used once (reuse,
+ *            evict_reuse.c, is H infinite). Which is right depends on the
+ *            workload: where most blocks come back once, soon (chat), H = 0;
+ *            where popular documents come back far apart (a long tail), H
+ *            of many capacities.
+ *   H        starts at 0 and moves, within 0..HMAX capacities, when a
+ *            victim comes back within the history's reach (a block added
+ *            whose key the history holds): the history keeps with each key
+ *            the heap it was evicted from, and counts the keys of each. A
+ *            victim used once that comes back says H was too long (it went
+ *            for a block used again), one used again that H was too short.
+ *            Each moves H as ARC (Megiddo & Modha, FAST'03) moves its
+ *            target: by one block's worth - the accesses per victim lately
+ *            (over the last C..2C victims), the time in which one more
+ *            block of the other queue goes - times the ratio of the other
+ *            heap's victims to its own when that is above 1, so what is
+ *            compared is how often each queue's victims come back, not how
+ *            many it has. No constant of its own: from LRU's order, H grows
+ *            only on evidence, and as fast where victims are few (a large
+ *            cache) as where they are many. HMAX bounds it (a cap: no
+ *            figure measured moved with it; EVICTION.md).
  *   newest   reuse's rule: the block added last (the leaf a chain being
  *            stored grows from) goes only when no other block of its
  *            class is held.
@@ -36,9 +52,9 @@
  *            it; no hints cost nothing (no ranking, no simulation).
  *
  * Cost: without hints, reuse's (4-5 bytes per held block, 8 per block of
- * capacity: INDEX.md). With hints: the owner array (4 bytes per record id,
- * kv_index.owner), the ranking's two links per record id and its
- * per-session state, and the miniatures (a fixed ~1.5 MB: up to 8192
+ * capacity: INDEX.md), and H. With hints: the owner array (4 bytes per
+ * record id, kv_index.owner), the ranking's two links per record id and
+ * its per-session state, and the miniatures (a fixed ~1.5 MB: up to 8192
  * sampled blocks each).
  */
 #include <errno.h>
@@ -49,14 +65,22 @@
 #include "tiers/evict_mini.h"
 
 extern const kv_evict_ops kv_evict_hints_ops;
-static const kv_evict_ops kv_evict_aged_ops;
+static const kv_evict_ops kv_evict_unhinted_ops, kv_evict_aged_unhinted_ops,
+    kv_evict_aged0_unhinted_ops;
 
-enum { X_AGED = 0, X_HINTS = 1, NX = 2 };
-static const kv_evict_ops *const experts[NX] = {&kv_evict_aged_ops, &kv_evict_hints_ops};
+/* The judge's experts: the order without hints, and the hints' */
+enum { X_PLAIN = 0, X_HINTS = 1, NX = 2 };
+static const kv_evict_ops *const experts[NX] = {&kv_evict_unhinted_ops, &kv_evict_hints_ops};
+static const kv_evict_ops *const aged_experts[NX] = {&kv_evict_aged_unhinted_ops,
+                                                     &kv_evict_hints_ops};
+static const kv_evict_ops *const aged0_experts[NX] = {&kv_evict_aged0_unhinted_ops,
+                                                      &kv_evict_hints_ops};
 
 #define QBIT      (1u << 31) /* hpos: in the used-again heap */
+#define EVICTED   (QBIT - 1) /* hpos: out of the tier as this policy's victim (no heap is that big) */
 #define TIME_MASK ((1ull << 55) - 1)
-#define AGE_CAPS  4 /* H in capacities: the history's reach, 2C..4C victims */
+#define AGE_CAPS  4  /* aged's H in capacities: the history's reach, 2C..4C victims */
+#define HMAX      16 /* adapt's H at most, in capacities: a cap (tiers/EVICTION.md) */
 /* Blocks a hints' miniature holds at most: as fixed-size SHARDS keeps 8K
  * samples (Waldspurger et al., FAST'15). The judge weighs trees, not
  * blocks, so it needs many sampled trees: with 1024 (auto's) the agentic
@@ -72,6 +96,9 @@ typedef struct adapt {
   aheap q[2];   /* [0] used once, [1] used again; by (class, last access) */
   kv_seen seen; /* the last 2C..4C victims */
   kv_bid offered, newest;
+  double h;     /* H, in capacities */
+  int fixed;    /* aged: H stays */
+  double acc, vic; /* accesses and victims lately (halved every C victims) */
   kv_minis mm;  /* the judge, from the first hint */
   kv_hrank *hr; /* the hints' order; NULL until the first hint */
 } adapt;
@@ -134,10 +161,30 @@ static void hdel(kv_evict *e, adapt *a, kv_block *b) {
 
 /* ---- the orders ---------------------------------------------------------------- */
 
-/* H, in accesses: AGE_CAPS capacities, or while the capacity is unknown,
- * what the history is sized for. */
+/* The capacity H counts in: the tier's, or while that is unknown, what
+ * the history is sized for. */
+static inline double capacity(const kv_evict *e, const adapt *a) {
+  return e->capacity ? e->capacity : a->seen.n;
+}
+
+/* H, in accesses. */
 static inline uint64_t age_bonus(const kv_evict *e, const adapt *a) {
-  return (uint64_t)AGE_CAPS * (e->capacity ? e->capacity : a->seen.n);
+  return (uint64_t)(a->h * capacity(e, a));
+}
+
+/* A victim of heap cls is back (the history held its key): H moves away
+ * from the order that let it go, by a block's worth (see the top). */
+static void victim_back(kv_evict *e, adapt *a, int cls) {
+  double c = capacity(e, a);
+  if (a->fixed || c <= 0) return;
+  double n0 = kv_seen_count(&a->seen, 0), n1 = kv_seen_count(&a->seen, 1);
+  if (n0 < 1) n0 = 1;
+  if (n1 < 1) n1 = 1;
+  double step = (a->vic >= 1 ? a->acc / a->vic : 1) / c; /* accesses per victim, in capacities */
+  if (cls == 0) a->h -= step * (n1 > n0 ? n1 / n0 : 1);
+  else a->h += step * (n0 > n1 ? n0 / n1 : 1);
+  if (a->h < 0) a->h = 0;
+  if (a->h > HMAX) a->h = HMAX;
 }
 
 /* b's key in the order: a block used again (heap 1) H accesses younger;
@@ -186,6 +233,17 @@ static int adapt_init(kv_evict *e) {
   return 0;
 }
 
+static int fixed_init(kv_evict *e, double h) {
+  int rc = adapt_init(e);
+  if (rc) return rc;
+  adapt *a = e->priv;
+  a->h = h;
+  a->fixed = 1;
+  return 0;
+}
+static int aged_init(kv_evict *e) { return fixed_init(e, AGE_CAPS); }
+static int aged0_init(kv_evict *e) { return fixed_init(e, 0); }
+
 static void adapt_fini(kv_evict *e) {
   adapt *a = e->priv;
   if (!a) return;
@@ -200,10 +258,13 @@ static void adapt_fini(kv_evict *e) {
 
 static int adapt_add(kv_evict *e, kv_block *b) {
   adapt *a = e->priv;
+  a->acc++;
   int fresh = b->hpos[e->tier] == KV_SLOT_NONE;
+  int again = fresh || b->hpos[e->tier] == EVICTED; /* not back from a pin, or from inside a chain */
   size_history(e, a);
-  if (b->hits < 2 && kv_seen_has(&a->seen, kv_fingerprint(b)))
-    b->hits = 2; /* evicted lately, and back: this is its second use */
+  int back = again || b->hits < 2 ? kv_seen_class(&a->seen, kv_fingerprint(b)) : -1;
+  if (again && back >= 0) victim_back(e, a, back);
+  if (b->hits < 2 && back >= 0) b->hits = 2; /* evicted lately, and back: its second use */
   if (hpush(e, a, b->hits >= 2, b)) return -ENOMEM;
   e->count++;
   a->newest = b->id;
@@ -214,17 +275,21 @@ static int adapt_add(kv_evict *e, kv_block *b) {
 
 static void adapt_remove(kv_evict *e, kv_block *b) {
   adapt *a = e->priv;
-  if (b->id == a->offered) { /* the victim peek offered: remember its key */
-    kv_seen_add(&a->seen, kv_fingerprint(b));
+  int victim = b->id == a->offered;
+  if (victim && ++a->vic >= 2 * capacity(e, a)) a->vic /= 2, a->acc /= 2; /* the last C..2C */
+  if (victim) { /* the victim peek offered: remember its key, and its heap */
+    kv_seen_add(&a->seen, kv_fingerprint(b), (b->hpos[e->tier] & QBIT) != 0);
     a->offered = KV_BID_NONE;
   }
   if (a->hr) kv_hrank_remove(a->hr, b);
   hdel(e, a, b);
+  if (victim) b->hpos[e->tier] = EVICTED; /* its record may live on (another tier holds it) */
   e->count--;
 }
 
 static void adapt_touch(kv_evict *e, kv_block *b) {
   adapt *a = e->priv;
+  a->acc++;
   if (!(b->hpos[e->tier] & QBIT) && b->hits >= 2) { /* used again: to the other heap */
     hdel(e, a, b);
     if (hpush(e, a, 1, b)) (void)hpush(e, a, 0, b); /* no room there: stays where it was */
@@ -238,6 +303,7 @@ static void adapt_touch(kv_evict *e, kv_block *b) {
 
 static void adapt_seen(kv_evict *e, kv_block *b) {
   adapt *a = e->priv;
+  a->acc++;
   if (a->hr) kv_minis_observe(&a->mm, e->ix, b);
 }
 
@@ -256,7 +322,8 @@ static kv_block *adapt_peek(kv_evict *e) {
 static void start_hints(kv_evict *e, adapt *a) {
   a->hr = kv_hrank_new(e);
   if (!a->hr) return;
-  if (kv_minis_init(&a->mm, experts, NX, e->capacity, MINI_CAP, (1u << NX) - 1, e->ix) ||
+  const kv_evict_ops *const *xs = !a->fixed ? experts : a->h > 0 ? aged_experts : aged0_experts;
+  if (kv_minis_init(&a->mm, xs, NX, e->capacity, MINI_CAP, (1u << NX) - 1, e->ix) ||
       kv_minis_cluster(&a->mm)) {
     kv_minis_fini(&a->mm);
     kv_hrank_free(a->hr);
@@ -281,17 +348,24 @@ static void adapt_session(kv_evict *e, uint32_t slot) {
   kv_minis_session(&a->mm, slot);
 }
 
+double kv_evict_adapt_bonus(const kv_evict *e) {
+  const adapt *a = e->priv;
+  return a ? a->h : 0;
+}
+
 const char *kv_evict_adapt_following(const kv_evict *e, uint64_t *switches) {
   const adapt *a = e->priv;
   if (switches) *switches = a ? a->mm.switches : 0;
-  return a && a->hr ? experts[a->mm.cur]->name : "adapt";
+  if (!a) return "adapt";
+  if (a->hr) return a->mm.ops[a->mm.cur]->name;
+  return !a->fixed ? "adapt" : a->h > 0 ? "aged" : "aged0";
 }
 
 const kv_evict_ops kv_evict_adapt_ops = {
     "adapt",
-    "blocks used once before blocks used again, that protection aging out after 4 capacities of "
-    "accesses; with engine hints, the block of the session expected back last, while miniature "
-    "simulations do not find that worse",
+    "blocks used once before blocks used again, that protection aging out after H accesses, H "
+    "moving toward the queue whose victims come back; with engine hints, the block of the "
+    "session expected back last, while miniature simulations do not find that worse",
     adapt_init,
     adapt_fini,
     adapt_add,
@@ -303,10 +377,50 @@ const kv_evict_ops kv_evict_adapt_ops = {
     adapt_session,
 };
 
-/* The order without hints, as the judge's expert: adapt that ignores hints
- * (so a miniature of it starts no miniatures of its own). */
-static const kv_evict_ops kv_evict_aged_ops = {
+const kv_evict_ops kv_evict_aged_ops = {
+    "aged",
+    "adapt's order with H fixed at 4 capacities of accesses (the default before H moved); "
+    "hints as adapt's",
+    aged_init,
+    adapt_fini,
+    adapt_add,
+    adapt_remove,
+    adapt_touch,
+    adapt_peek,
+    adapt_seen,
+    adapt_hinted,
+    adapt_session,
+};
+
+const kv_evict_ops kv_evict_aged0_ops = {
+    "aged0",
+    "adapt's order with H fixed at 0: LRU's order, with the rule for the newest block; hints as "
+    "adapt's",
+    aged0_init,
+    adapt_fini,
+    adapt_add,
+    adapt_remove,
+    adapt_touch,
+    adapt_peek,
+    adapt_seen,
+    adapt_hinted,
+    adapt_session,
+};
+
+/* The orders without hints, as the judge's experts: adapt, aged and aged0
+ * that ignore hints (so a miniature of one starts no miniatures of its own). */
+static const kv_evict_ops kv_evict_unhinted_ops = {
     "adapt",      "adapt without hints", adapt_init, adapt_fini, adapt_add,
+    adapt_remove, adapt_touch,           adapt_peek, adapt_seen, NULL,
+    NULL,
+};
+static const kv_evict_ops kv_evict_aged_unhinted_ops = {
+    "aged",       "aged without hints", aged_init, adapt_fini, adapt_add,
+    adapt_remove, adapt_touch,          adapt_peek, adapt_seen, NULL,
+    NULL,
+};
+static const kv_evict_ops kv_evict_aged0_unhinted_ops = {
+    "aged0",      "aged0 without hints", aged0_init, adapt_fini, adapt_add,
     adapt_remove, adapt_touch,           adapt_peek, adapt_seen, NULL,
     NULL,
 };

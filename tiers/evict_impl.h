@@ -24,10 +24,14 @@ double kv_evict_tinylfu_window(const kv_evict *e);
  * policy. For tests and statistics. */
 const char *kv_evict_auto_following(const kv_evict *e, uint64_t *switches);
 /* The order an "adapt" policy follows now: "hints" while it follows engine
- * hints, else "adapt" (its order without them); in *switches if not NULL,
+ * hints, else its name (its order without them); in *switches if not NULL,
  * how often the judge has changed it since the first hint. e must be an
  * "adapt" policy. For tests and statistics. */
 const char *kv_evict_adapt_following(const kv_evict *e, uint64_t *switches);
+/* H of an "adapt" (or "aged", "aged0") policy now: how much later than
+ * its last use a block used again ranks, in capacities of accesses
+ * (evict_adapt.c). For tests and statistics. */
+double kv_evict_adapt_bonus(const kv_evict *e);
 
 /* ---- for policy implementations (evict_util.c) ---------------------------
  *
@@ -99,22 +103,32 @@ void kv_ghost_free(kv_ghost *g);
  * set-associative table of 16-bit tags (8 ways) sized for 2n keys: keys
  * go into the current one, which is retired once 2n keys went in (the
  * older is then cleared and becomes current); a key is known while either
- * generation holds its tag. 2 bytes per remembered key, 8 per block of n;
- * a key not added answers "known" about 1 time in 4,000 (16 tags compared
- * against 16 bits); a full set forgets one of its tags early (at the end of
- * a generation about 1 key in 7 is lost that way). */
+ * generation holds its tag. A key goes in with a class, 0 or 1 (the
+ * policy's: adapt's is the queue its victim left), kept in its tag's
+ * lowest bit and returned by a lookup; each generation counts the keys of
+ * each class it took. 2 bytes per remembered key, 8 per block of n; a key
+ * not added answers "known" about 1 time in 2,000 (16 tags compared against
+ * the 15 bits beside the class); a full set forgets one of its tags early
+ * (at the end of a generation about 1 key in 7 is lost that way). */
 typedef struct kv_seen {
   uint16_t *gen[2]; /* [0] current, [1] previous; nsets * 8 tags each */
   uint32_t nsets;   /* sets per generation */
   uint32_t adds, per_gen;
-  uint32_t n; /* what it was sized for */
+  uint32_t n;           /* what it was sized for */
+  uint32_t count[2][2]; /* [generation][class]: keys added */
 } kv_seen;
 
 /* Sized for victims of a cache of n blocks (forgets everything when n
  * changes; n = 0 frees it). 0 or -ENOMEM (then empty, and remembers nothing). */
 int kv_seen_size(kv_seen *s, uint32_t n);
-void kv_seen_add(kv_seen *s, uint32_t fp);
-int kv_seen_has(const kv_seen *s, uint32_t fp);
+void kv_seen_add(kv_seen *s, uint32_t fp, int cls);
+/* The class fp was added with, or -1 if it is not known. */
+int kv_seen_class(const kv_seen *s, uint32_t fp);
+static inline int kv_seen_has(const kv_seen *s, uint32_t fp) { return kv_seen_class(s, fp) >= 0; }
+/* Keys of class cls the history holds (both generations). */
+static inline uint32_t kv_seen_count(const kv_seen *s, int cls) {
+  return s->count[0][cls] + s->count[1][cls];
+}
 void kv_seen_free(kv_seen *s);
 
 /* kv_sketch: TinyLFU's frequency filter (Einziger et al., ACM ToS 2017):

@@ -62,7 +62,7 @@ static int reuse_add(kv_evict *e, kv_block *b) {
 static void reuse_remove(kv_evict *e, kv_block *b) {
   kv_heap *h = e->priv;
   if (b->id == h->offered) { /* the victim peek offered: remember its key */
-    kv_seen_add(h->seen, kv_fingerprint(b));
+    kv_seen_add(h->seen, kv_fingerprint(b), 0);
     h->offered = KV_BID_NONE;
   }
   kv_heap_remove(e, b);

@@ -185,7 +185,7 @@ static inline uint16_t *seen_set(const kv_seen *s, int g, uint32_t fp, uint16_t 
   z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
   z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
   z ^= z >> 31;
-  *tag = (uint16_t)z ? (uint16_t)z : 1;
+  *tag = (uint16_t)((uint16_t)z & 0xfffe) ? (uint16_t)((uint16_t)z & 0xfffe) : 2; /* class 0 */
   return &s->gen[g][(size_t)(((z >> 32) * s->nsets) >> 32) * SEEN_WAYS];
 }
 
@@ -209,20 +209,23 @@ int kv_seen_size(kv_seen *s, uint32_t n) {
   return 0;
 }
 
-void kv_seen_add(kv_seen *s, uint32_t fp) {
+void kv_seen_add(kv_seen *s, uint32_t fp, int cls) {
   if (!s->gen[0]) return;
   if (s->adds == s->per_gen) { /* retire the current generation */
     uint16_t *old = s->gen[1];
     memset(old, 0, (size_t)s->nsets * SEEN_WAYS * sizeof *old);
     s->gen[1] = s->gen[0];
     s->gen[0] = old;
+    memcpy(s->count[1], s->count[0], sizeof s->count[0]);
+    memset(s->count[0], 0, sizeof s->count[0]);
     s->adds = 0;
   }
   s->adds++;
   uint16_t tag, *set = seen_set(s, 0, fp, &tag);
+  tag |= (uint16_t)(cls != 0);
+  s->count[0][cls != 0]++;
   for (int i = 0; i < SEEN_WAYS; i++) {
-    if (set[i] == tag) return;
-    if (set[i] == 0) {
+    if ((set[i] | 1) == (tag | 1) || set[i] == 0) {
       set[i] = tag;
       return;
     }
@@ -230,14 +233,14 @@ void kv_seen_add(kv_seen *s, uint32_t fp) {
   set[tag % SEEN_WAYS] = tag; /* full: one tag goes early */
 }
 
-int kv_seen_has(const kv_seen *s, uint32_t fp) {
-  if (!s->gen[0]) return 0;
+int kv_seen_class(const kv_seen *s, uint32_t fp) {
+  if (!s->gen[0]) return -1;
   for (int g = 0; g < 2; g++) {
     uint16_t tag, *set = seen_set(s, g, fp, &tag);
     for (int i = 0; i < SEEN_WAYS; i++)
-      if (set[i] == tag) return 1;
+      if ((set[i] | 1) == (tag | 1)) return set[i] & 1;
   }
-  return 0;
+  return -1;
 }
 
 void kv_seen_free(kv_seen *s) {

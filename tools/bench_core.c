@@ -23,36 +23,20 @@
 #include "tiers/core.h"
 #include "tiers/evict.h"
 #include "tiers/probe.h"
+#include "tools/belady.h"
 #include "tools/kvbench.h"
 #include "tools/trace.h"
 
 static const double fractions[] = {0.01, 0.02, 0.05, 0.10, 0.20, 0.50};
 #define NFRAC (sizeof fractions / sizeof fractions[0])
 
-/* Belady's offline MIN, same replay, from ../shared/data/README.md: on the
- * Mooncake synthetic trace the prefix block and token hit rates, on the
- * agentic sessions the prefix token hit rate, at each fraction. Shown
- * beside the measured rates when the trace is one of those (same counts). */
-static const double belady_mooncake[NFRAC] = {0.1766, 0.2527, 0.3868, 0.5009, 0.6058, 0.6396};
-static const double belady_tok_mooncake[NFRAC] = {0.1799, 0.2574, 0.3940, 0.5101, 0.6168, 0.6512};
-static const double belady_tok_agentic[NFRAC] = {0.4634, 0.6281, 0.8248, 0.9143, 0.9538, 0.9613};
-#define MOONCAKE_REQS   3993
-#define MOONCAKE_UNIQUE 43924
-#define AGENTIC_REQS    24015
-#define AGENTIC_UNIQUE  236771
-
 typedef struct replay_result {
-  uint64_t refs, prefix_hits, block_hits, tokens, prefix_tokens;
+  kv_trace_hits h;
   uint64_t meta_bytes; /* the core's metadata at the end (kv_meta_bytes: index, policies, hints) */
 } replay_result;
 
 static void account(replay_result *r, const kv_trace_req *q, uint32_t prefix, uint32_t any) {
-  r->refs += q->n;
-  r->prefix_hits += prefix;
-  r->block_hits += any;
-  r->tokens += q->input_len;
-  uint64_t tok = (uint64_t)prefix * 512;
-  r->prefix_tokens += tok < q->input_len ? tok : q->input_len;
+  kv_trace_count(&r->h, q, prefix, any);
 }
 
 /* ---- the reference: plain LRU over block ids ----------------------------- */
@@ -327,9 +311,9 @@ static const char *const hints_name[] = {"", "hints", "wrong_stops", "wrong_sess
 
 static json_t *rates_json(const replay_result *r) {
   json_t *o = json_pack("{s:f,s:f,s:f}", "prefix_hit_rate",
-                        r->refs ? (double)r->prefix_hits / r->refs : 0.0, "block_hit_rate",
-                        r->refs ? (double)r->block_hits / r->refs : 0.0, "prefix_token_hit_rate",
-                        r->tokens ? (double)r->prefix_tokens / r->tokens : 0.0);
+                        r->h.refs ? (double)r->h.prefix_hits / r->h.refs : 0.0, "block_hit_rate",
+                        r->h.refs ? (double)r->h.block_hits / r->h.refs : 0.0, "prefix_token_hit_rate",
+                        r->h.tokens ? (double)r->h.prefix_tokens / r->h.tokens : 0.0);
   if (r->meta_bytes)
     json_object_set_new(o, "metadata_bytes", json_integer((json_int_t)r->meta_bytes));
   return o;
@@ -534,7 +518,7 @@ static json_t *g3_json(const g3_result *r, uint32_t g2cap, uint32_t g3cap) {
   json_object_set_new(o, "prefix_hits_from_g3", json_integer((json_int_t)r->hits_g3));
   json_object_set_new(o, "g3_writes", json_integer((json_int_t)r->g3_writes));
   json_object_set_new(o, "g3_writes_per_block_ref",
-                      json_real(r->r.refs ? (double)r->g3_writes / r->r.refs : 0));
+                      json_real(r->r.h.refs ? (double)r->g3_writes / r->r.h.refs : 0));
   json_object_set_new(o, "g3_promotions", json_integer((json_int_t)r->promotions));
   json_object_set_new(o, "g3_promote_failed", json_integer((json_int_t)r->promote_failed));
   json_object_set_new(o, "g3_slots", json_integer((json_int_t)r->g3_slots));
@@ -570,8 +554,8 @@ static json_t *admission_json(const kv_trace *t, const char *dir, double g2f, do
       fprintf(stderr,
               "admit %-10s G2 %u + G3 %u blocks: prefix hit %6.2f%%  SSD writes %llu (%.3f per "
               "block reference)\n",
-              pols[i].name, g2cap, g3cap, 100.0 * r.r.prefix_hits / r.r.refs,
-              (unsigned long long)r.g3_writes, r.r.refs ? (double)r.g3_writes / r.r.refs : 0);
+              pols[i].name, g2cap, g3cap, 100.0 * r.r.h.prefix_hits / r.r.h.refs,
+              (unsigned long long)r.g3_writes, r.r.h.refs ? (double)r.g3_writes / r.r.h.refs : 0);
   }
   return arr;
 }
@@ -597,7 +581,7 @@ static json_t *g3_policies_json(const kv_trace *t, const char *dir, double g2f, 
       fprintf(
           stderr,
           "policy %-7s G2 %u + G3 %u blocks: prefix hit %6.2f%%  (from G3 %llu)  SSD writes %llu\n",
-          policies[p], g2cap, g3cap, 100.0 * r.r.prefix_hits / r.r.refs,
+          policies[p], g2cap, g3cap, 100.0 * r.r.h.prefix_hits / r.r.h.refs,
           (unsigned long long)r.hits_g3, (unsigned long long)r.g3_writes);
   }
   return o;
@@ -629,7 +613,7 @@ static json_t *tiers_json(const kv_trace *t, const char *dir, const char *policy
       return NULL;
     }
     double one_tier = json_real_value(json_object_get(one, "prefix_hit_rate"));
-    double two = r.r.refs ? (double)r.r.prefix_hits / r.r.refs : 0;
+    double two = r.r.h.refs ? (double)r.r.h.prefix_hits / r.r.h.refs : 0;
     json_t *o = json_pack("{s:O,s:I,s:f,s:O,s:o,s:f}", "capacity_fraction",
                           json_object_get(one, "capacity_fraction"), "capacity_blocks",
                           (json_int_t)total, "g3_ratio", ratio, "single_tier", one, "g2_g3",
@@ -800,10 +784,25 @@ int kvbench_core_replay(int argc, char **argv) {
                           "block_refs", (json_int_t)t.nids, "unique_blocks", (json_int_t)t.nunique,
                           "policy", policies[0]);
   json_t *by_policy = json_object();
-  const double *belady = NULL, *belady_tok = NULL;
-  if (t.nreq == MOONCAKE_REQS && t.nunique == MOONCAKE_UNIQUE)
-    belady = belady_mooncake, belady_tok = belady_tok_mooncake;
-  if (t.nreq == AGENTIC_REQS && t.nunique == AGENTIC_UNIQUE) belady_tok = belady_tok_agentic;
+  /* Belady's MIN (belady.h) at each capacity: the ceiling beside the rates */
+  double belady[NFRAC], belady_tok[NFRAC];
+  kv_belady bel;
+  if ((rc = kv_belady_prepare(&bel, &t)) == 0) {
+    for (size_t f = 0; f < NFRAC && !rc; f++) {
+      kv_trace_hits br;
+      rc = kv_belady_run(&bel, &t, frac_cap(&t, f), &br);
+      belady[f] = br.refs ? (double)br.prefix_hits / br.refs : 0;
+      belady_tok[f] = br.tokens ? (double)br.prefix_tokens / br.tokens : 0;
+    }
+    kv_belady_free(&bel);
+  }
+  if (rc) {
+    fprintf(stderr, "kvbench core-replay: Belady: %s\n", kv_strerror(rc));
+    json_decref(out);
+    json_decref(by_policy);
+    kv_trace_free(&t);
+    return 1;
+  }
   hint_plan hp = {0};
   if (hints && (rc = hint_plan_make(&hp, &t, hints, by_agent)))
     fprintf(stderr, "kvbench core-replay: %s\n", kv_strerror(rc));
@@ -824,9 +823,8 @@ int kvbench_core_replay(int argc, char **argv) {
       json_object_set_new(o, "capacity_fraction", json_real(fractions[f]));
       json_object_set_new(o, "capacity_blocks", json_integer(cap));
       json_object_set_new(o, "reference_lru", rates_json(&ref_r));
-      if (belady) json_object_set_new(o, "belady_prefix_hit_rate", json_real(belady[f]));
-      if (belady_tok)
-        json_object_set_new(o, "belady_prefix_token_hit_rate", json_real(belady_tok[f]));
+      json_object_set_new(o, "belady_prefix_hit_rate", json_real(belady[f]));
+      json_object_set_new(o, "belady_prefix_token_hit_rate", json_real(belady_tok[f]));
       if (hints) json_object_set_new(o, hints_name[hints], rates_json(&hint_r));
       json_object_set_new(o, "evictions", json_integer((json_int_t)st.evictions[KV_G2]));
       json_object_set_new(o, "replay_s", json_real(dt));
@@ -835,15 +833,14 @@ int kvbench_core_replay(int argc, char **argv) {
       fprintf(stderr,
               "%-7s %4.0f%% (%6u blocks): prefix hit %6.2f%%  tokens %6.2f%%  (plain LRU %6.2f%%, "
               "tokens %6.2f%%",
-              policies[p], fractions[f] * 100, cap, pct(core_r.prefix_hits, core_r.refs),
-              pct(core_r.prefix_tokens, core_r.tokens), pct(ref_r.prefix_hits, ref_r.refs),
-              pct(ref_r.prefix_tokens, ref_r.tokens));
-      if (belady) fprintf(stderr, "; Belady %.2f%%", 100 * belady[f]);
-      if (belady_tok) fprintf(stderr, "; Belady tokens %.2f%%", 100 * belady_tok[f]);
-      fprintf(stderr, ")  block hit %6.2f%%", pct(core_r.block_hits, core_r.refs));
+              policies[p], fractions[f] * 100, cap, pct(core_r.h.prefix_hits, core_r.h.refs),
+              pct(core_r.h.prefix_tokens, core_r.h.tokens), pct(ref_r.h.prefix_hits, ref_r.h.refs),
+              pct(ref_r.h.prefix_tokens, ref_r.h.tokens));
+      fprintf(stderr, "; Belady %.2f%%, tokens %.2f%%", 100 * belady[f], 100 * belady_tok[f]);
+      fprintf(stderr, ")  block hit %6.2f%%", pct(core_r.h.block_hits, core_r.h.refs));
       if (hints)
         fprintf(stderr, "  %s: prefix hit %6.2f%%  tokens %6.2f%%", hints_name[hints],
-                pct(hint_r.prefix_hits, hint_r.refs), pct(hint_r.prefix_tokens, hint_r.tokens));
+                pct(hint_r.h.prefix_hits, hint_r.h.refs), pct(hint_r.h.prefix_tokens, hint_r.h.tokens));
       fprintf(stderr, "\n");
     }
     if (p == 0) json_object_set(out, "results", arr);

@@ -32,6 +32,26 @@ typedef struct kv_trace {
   size_t nsession; /* requests with a session */
 } kv_trace;
 
+/* What a replay of a trace hit: block references and the prefix of each
+ * request that hit (a block counts while every earlier block of its
+ * request hit), blocks that hit anywhere, and prompt tokens (a prefix
+ * block is 512 tokens, at most the request's input length). */
+typedef struct kv_trace_hits {
+  uint64_t refs, prefix_hits, block_hits, tokens, prefix_tokens;
+} kv_trace_hits;
+
+/* Counts request q: `prefix` of its blocks hit in its leading run, `any`
+ * hit anywhere. */
+static inline void kv_trace_count(kv_trace_hits *h, const kv_trace_req *q, uint32_t prefix,
+                                  uint32_t any) {
+  h->refs += q->n;
+  h->prefix_hits += prefix;
+  h->block_hits += any;
+  h->tokens += q->input_len;
+  uint64_t tok = (uint64_t)prefix * 512;
+  h->prefix_tokens += tok < q->input_len ? tok : q->input_len;
+}
+
 /* Loads a trace. 0, -errno, or -EINVAL with the line number in *bad_line. */
 int kv_trace_load(kv_trace *t, const char *path, size_t *bad_line);
 void kv_trace_free(kv_trace *t);

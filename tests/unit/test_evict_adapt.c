@@ -1,5 +1,6 @@
 /* test_evict_adapt.c - the default policy, adapt, and the hints it follows:
- * its order (blocks used once first, that protection aging out), the
+ * its order (blocks used once first, that protection aging out: aged, H
+ * fixed), H moving toward the queue whose victims come back (adapt), the
  * policy's contract under random operations with and without hints
  * (only held leaves offered, lowest class first), sessions ranked by when
  * they are expected back (ended first, retention last), one namespace's
@@ -32,12 +33,12 @@ static kv_block *mk(kv_index *ix, uint64_t v, uint64_t atime, unsigned hits) {
   return b;
 }
 
-/* Capacity 100: a block used again ranks as if 400 accesses younger. */
+/* aged, capacity 100: a block used again ranks as if 400 accesses younger. */
 Test(adapt, blocks_used_once_go_first_until_the_protection_ages_out) {
   kv_index ix;
   kv_index_init(&ix, 16);
   kv_evict e = {.capacity = 100};
-  cr_assert_eq(kv_evict_init(&e, kv_evict_lookup("adapt"), &ix, KV_G2), 0);
+  cr_assert_eq(kv_evict_init(&e, kv_evict_lookup("aged"), &ix, KV_G2), 0);
   kv_block *again = mk(&ix, 1, 10, 2);  /* used again, last at 10: ranks as 410 */
   kv_block *once = mk(&ix, 2, 100, 1);  /* used once, at 100 */
   kv_block *young = mk(&ix, 3, 500, 1); /* used once, at 500 */
@@ -55,7 +56,8 @@ Test(adapt, blocks_used_once_go_first_until_the_protection_ages_out) {
   cr_assert_eq(e.ops->peek(&e), last, "the newest goes when it is alone");
   e.ops->remove(&e, last);
   cr_assert_null(e.ops->peek(&e));
-  cr_assert_str_eq(kv_evict_adapt_following(&e, NULL), "adapt", "no hints, no judge");
+  cr_assert_str_eq(kv_evict_adapt_following(&e, NULL), "aged", "no hints, no judge");
+  cr_assert_float_eq(kv_evict_adapt_bonus(&e), 4.0, 1e-9, "aged's H stays");
   kv_evict_fini(&e);
   kv_index_fini(&ix);
 
@@ -81,6 +83,73 @@ Test(adapt, blocks_used_once_go_first_until_the_protection_ages_out) {
     kv_evict_fini(&c);
     kv_index_fini(&ix);
   }
+}
+
+
+/* adapt, capacity 100: H starts at 0 (LRU's order: the older block goes,
+ * used again or not); each victim used again that comes back (its key in
+ * the history, a new record) moves H up, until a block used once goes
+ * before an older block used again; victims used once that come back move
+ * it down again. aged's H does not move. */
+static void evict_and_return(kv_evict *e, kv_index *ix, uint64_t key, uint64_t *t, unsigned hits) {
+  kv_block *b = mk(ix, key, (*t)++, hits);
+  cr_assert_eq(e->ops->add(e, b), 0);
+  cr_assert_eq(e->ops->peek(e), b, "alone: the victim");
+  e->ops->remove(e, b); /* into the history, with its heap */
+  kv_index_remove(ix, b);
+  b = mk(ix, key, (*t)++, 1); /* back, a new record */
+  cr_assert_eq(e->ops->add(e, b), 0);
+  cr_assert_eq(b->hits, 2, "a victim back is on its second use");
+  e->ops->remove(e, b); /* gone again, not as a victim: no vote */
+  kv_index_remove(ix, b);
+}
+
+/* Which of an older block used again and a block used once 50 accesses
+ * younger goes first (a third, the newest, is held too). */
+static const char *first_of_two(kv_evict *e, kv_index *ix, uint64_t *t) {
+  kv_block *again = mk(ix, 900001, *t, 2), *once = mk(ix, 900002, *t + 50, 1);
+  kv_block *newest = mk(ix, 900003, *t + 100, 1);
+  *t += 101;
+  cr_assert_eq(e->ops->add(e, again), 0);
+  cr_assert_eq(e->ops->add(e, once), 0);
+  cr_assert_eq(e->ops->add(e, newest), 0);
+  kv_block *v = e->ops->peek(e);
+  const char *r = v == again ? "again" : v == once ? "once" : "newest";
+  kv_block *all[] = {again, once, newest};
+  for (int i = 0; i < 3; i++) {
+    e->ops->remove(e, all[i]);
+    kv_index_remove(ix, all[i]);
+  }
+  e->ops->peek(e); /* nothing offered is left */
+  return r;
+}
+
+Test(adapt, h_moves_toward_the_queue_whose_victims_come_back) {
+  kv_index ix;
+  kv_index_init(&ix, 64);
+  kv_evict e = {.capacity = 100};
+  cr_assert_eq(kv_evict_init(&e, kv_evict_lookup("adapt"), &ix, KV_G2), 0);
+  uint64_t t = 1000;
+  cr_assert_float_eq(kv_evict_adapt_bonus(&e), 0.0, 1e-12, "H starts at LRU's order");
+  cr_assert_str_eq(first_of_two(&e, &ix, &t), "again", "H 0: the older goes");
+  for (uint64_t k = 0; k < 100; k++) evict_and_return(&e, &ix, 1000 + k, &t, 2);
+  double up = kv_evict_adapt_bonus(&e);
+  cr_assert_gt(up, 0.5, "victims used again came back: H grew (%g capacities)", up);
+  cr_assert_str_eq(first_of_two(&e, &ix, &t), "once", "H %g: the block used once first", up);
+  for (uint64_t k = 0; k < 100 && kv_evict_adapt_bonus(&e) > 0; k++)
+    evict_and_return(&e, &ix, 5000 + k, &t, 1);
+  cr_assert_float_eq(kv_evict_adapt_bonus(&e), 0.0, 1e-12, "victims used once came back: H 0");
+  cr_assert_str_eq(first_of_two(&e, &ix, &t), "again");
+  kv_evict_fini(&e);
+  kv_index_fini(&ix);
+
+  kv_index_init(&ix, 64);
+  kv_evict g = {.capacity = 100};
+  cr_assert_eq(kv_evict_init(&g, kv_evict_lookup("aged"), &ix, KV_G2), 0);
+  for (uint64_t k = 0; k < 100; k++) evict_and_return(&g, &ix, 5000 + k, &t, 1);
+  cr_assert_float_eq(kv_evict_adapt_bonus(&g), 4.0, 1e-12, "aged's H stays");
+  kv_evict_fini(&g);
+  kv_index_fini(&ix);
 }
 
 /* A block evicted lately comes back as used again (reuse's history). */
@@ -436,7 +505,10 @@ Test(adapt, hints_help_and_wrong_hints_cost_little, .timeout = 120) {
   double stops = session_workload(2), sessions = session_workload(3);
   cr_log_info("prefix hit %%: hints %.2f, none %.2f, stops shuffled %.2f, sessions shuffled %.2f",
               right, none, stops, sessions);
-  cr_assert_gt(right, none + 1, "hints %.2f, none %.2f", right, none);
+  /* Hints gain a point here: the order without them, H adapting, takes
+   * two of the three points they gave when H was fixed ("aged": none
+   * 83.22, hints 86.43; adapt: 85.30, 86.27). */
+  cr_assert_gt(right, none + 0.5, "hints %.2f, none %.2f", right, none);
   /* Wrong hints: at most what the judge takes to see them (2 points, as
    * auto's margin for the steps before its miniatures reach significance). */
   cr_assert_geq(stops, none - 2, "stops shuffled %.2f, none %.2f", stops, none);
