@@ -10,43 +10,23 @@
 
 #define NONE UINT32_MAX
 
-static uint64_t mix(uint64_t x) {
-  x ^= x >> 33;
-  x *= 0xff51afd7ed558ccdull;
-  x ^= x >> 33;
-  return x;
-}
-
 int kv_belady_prepare(kv_belady *b, const kv_trace *t) {
-  size_t cap = 64;
-  while (cap < t->nids * 2) cap <<= 1;
-  uint64_t *keys = malloc(cap * sizeof *keys);
-  uint32_t *vals = malloc(cap * sizeof *vals);
   b->dense = malloc((t->nids ? t->nids : 1) * sizeof *b->dense);
   b->next = malloc((t->nids ? t->nids : 1) * sizeof *b->next);
   uint64_t *last = NULL;
+  size_t nu = 0;
   int rc = -ENOMEM;
-  if (!keys || !vals || !b->dense || !b->next) goto out;
-  for (size_t i = 0; i < cap; i++) vals[i] = NONE;
-  uint32_t n = 0;
-  for (size_t i = 0; i < t->nids; i++) {
-    size_t h = mix(t->ids[i]) & (cap - 1);
-    while (vals[h] != NONE && keys[h] != t->ids[i]) h = (h + 1) & (cap - 1);
-    if (vals[h] == NONE) keys[h] = t->ids[i], vals[h] = n++;
-    b->dense[i] = vals[h];
-  }
-  b->nunique = n;
-  last = malloc((n ? n : 1) * sizeof *last);
+  if (!b->dense || !b->next || kv_trace_dense(t, b->dense, &nu)) goto out;
+  b->nunique = (uint32_t)nu;
+  last = malloc((nu ? nu : 1) * sizeof *last);
   if (!last) goto out;
-  for (uint32_t d = 0; d < n; d++) last[d] = UINT64_MAX;
+  for (uint32_t d = 0; d < b->nunique; d++) last[d] = UINT64_MAX;
   for (size_t i = t->nids; i-- > 0;) {
     b->next[i] = last[b->dense[i]];
     last[b->dense[i]] = i;
   }
   rc = 0;
 out:
-  free(keys);
-  free(vals);
   free(last);
   if (rc) kv_belady_free(b);
   return rc;

@@ -35,10 +35,6 @@ typedef struct replay_result {
   uint64_t meta_bytes; /* the core's metadata at the end (kv_meta_bytes: index, policies, hints) */
 } replay_result;
 
-static void account(replay_result *r, const kv_trace_req *q, uint32_t prefix, uint32_t any) {
-  kv_trace_count(&r->h, q, prefix, any);
-}
-
 /* ---- the reference: plain LRU over block ids ----------------------------- */
 typedef struct lru_ref {
   uint64_t *key;
@@ -108,7 +104,7 @@ static replay_result replay_lru_ref(const kv_trace *t, uint32_t cap) {
       if (run && hit) prefix++;
       else run = 0;
     }
-    account(&r, q, prefix, any);
+    kv_trace_count(&r.h, q, prefix, any);
     for (uint32_t i = 0; i < q->n; i++) {
       uint32_t *s = lru_find(&l, q->ids[i]);
       if (*s) {
@@ -273,7 +269,7 @@ static int replay_core(const kv_trace *t, const char *policy, uint32_t cap, cons
       any++;
       if (sid) kv_core_hint_session(cr.core, ns, sid, kv_core_find(cr.core, ns, &keys[i]), 0);
     }
-    account(&r, q, (uint32_t)prefix, any);
+    kv_trace_count(&r.h, q, (uint32_t)prefix, any);
     for (uint32_t i = 0; i < q->n; i++) {
       kv_block *b = kv_core_find(cr.core, ns, &keys[i]);
       if (b) {
@@ -431,7 +427,7 @@ static int replay_g3(const kv_trace *t, const char *dir, const char *policy, kv_
       any += tiers[i] != KV_TIER_NONE;
       if (i < (uint32_t)prefix && tiers[i] == KV_G3) out->hits_g3++;
     }
-    account(&out->r, q, (uint32_t)prefix, any);
+    kv_trace_count(&out->r.h, q, (uint32_t)prefix, any);
     for (uint32_t i = 0; i < n && !rc; i++) {
       kv_block *b = kv_core_find(core, (uint32_t)ns, &keys[i]);
       if (b) {

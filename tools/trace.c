@@ -21,29 +21,34 @@ static int grow(void **p, size_t *cap, size_t need, size_t elem) {
   return 0;
 }
 
-static size_t count_unique(const uint64_t *ids, size_t n) {
+/* Numbers ids[0..n) by block, 0.. in order of first reference, into
+ * dense (NULL: only counted); the count in *nunique. 0 or -ENOMEM. */
+static int number_ids(const uint64_t *ids, size_t n, uint32_t *dense, size_t *nunique) {
   size_t cap = 64;
   while (cap < n * 2) cap <<= 1;
   uint64_t *set = malloc(cap * sizeof *set);
-  uint8_t *used = calloc(cap, 1);
-  size_t u = 0;
-  if (!set || !used) {
+  uint32_t *num = malloc(cap * sizeof *num);
+  if (!set || !num) {
     free(set);
-    free(used);
-    return 0;
+    free(num);
+    return -ENOMEM;
   }
+  memset(num, 0xff, cap * sizeof *num); /* UINT32_MAX: empty */
+  uint32_t u = 0;
   for (size_t i = 0; i < n; i++) {
     size_t h = XXH3_64bits(&ids[i], 8) & (cap - 1);
-    while (used[h] && set[h] != ids[i]) h = (h + 1) & (cap - 1);
-    if (!used[h]) {
-      used[h] = 1;
-      set[h] = ids[i];
-      u++;
-    }
+    while (num[h] != UINT32_MAX && set[h] != ids[i]) h = (h + 1) & (cap - 1);
+    if (num[h] == UINT32_MAX) set[h] = ids[i], num[h] = u++;
+    if (dense) dense[i] = num[h];
   }
   free(set);
-  free(used);
-  return u;
+  free(num);
+  *nunique = u;
+  return 0;
+}
+
+int kv_trace_dense(const kv_trace *t, uint32_t *dense, size_t *nunique) {
+  return number_ids(t->ids, t->nids, dense, nunique);
 }
 
 /* What an API server knows of the request: its session (and sub-agent)
@@ -129,7 +134,7 @@ int kv_trace_load(kv_trace *t, const char *path, size_t *bad_line) {
   fclose(f);
   if (!rc) {
     for (size_t i = 0; i < t->nreq; i++) t->req[i].ids = t->ids + offs[i];
-    t->nunique = count_unique(t->ids, t->nids);
+    if (number_ids(t->ids, t->nids, NULL, &t->nunique)) t->nunique = 0;
     if (t->nreq == 0) rc = -EINVAL;
   } else if (bad_line) {
     *bad_line = lineno;

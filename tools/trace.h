@@ -52,6 +52,11 @@ static inline void kv_trace_count(kv_trace_hits *h, const kv_trace_req *q, uint3
   h->prefix_tokens += tok < q->input_len ? tok : q->input_len;
 }
 
+/* Numbers t's references by block: dense[i] (t->nids of them) is in
+ * 0..*nunique-1, blocks numbered in order of first reference. 0 or
+ * -ENOMEM. */
+int kv_trace_dense(const kv_trace *t, uint32_t *dense, size_t *nunique);
+
 /* Loads a trace. 0, -errno, or -EINVAL with the line number in *bad_line. */
 int kv_trace_load(kv_trace *t, const char *path, size_t *bad_line);
 void kv_trace_free(kv_trace *t);
