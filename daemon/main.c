@@ -15,6 +15,7 @@
  */
 #include <errno.h>
 #include <getopt.h>
+#include <malloc.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -24,6 +25,20 @@
 #include "base/log.h"
 #include "daemon/config.h"
 #include "daemon/kvd.h"
+
+/* The heap keeps what it freed, up to HEAP_KEEP bytes at its top, and
+ * serves from it every allocation under HEAP_MMAP_MIN (glibc's own choice
+ * moves with the sizes freed, and gives memory back as soon as 2x the
+ * largest lies free at the top). The daemon's large buffers come and go in
+ * bursts: a LOOKUP that reads G4 holds up to g4.lookup_blocks values of a
+ * block each (hiredis' reply strings and its read buffer), all freed when
+ * it is answered; with glibc's choice each burst gave its pages back and
+ * the next one took them again, a page fault and a cleared page per 4 KiB
+ * (a sixth of loads' time from G4 at 1 MiB blocks: tiers/G4.md). What the
+ * daemon holds longer (the G2 arena, the index, G3's buffers) is mapped on
+ * its own and not counted here. */
+#define HEAP_KEEP     (64u << 20)
+#define HEAP_MMAP_MIN (32u << 20) /* glibc's largest: a block bigger than this is mapped */
 
 /* What the command line says: the configuration, and its file if any. */
 typedef struct args {
@@ -136,6 +151,8 @@ int main(int argc, char **argv) {
   int rc = parse_args(&a, argc, argv);
   if (rc) return rc;
   kv_log_threshold = a.cfg.log_level;
+  if (!mallopt(M_MMAP_THRESHOLD, HEAP_MMAP_MIN) || !mallopt(M_TRIM_THRESHOLD, HEAP_KEEP))
+    kv_info("daemon", "the heap's thresholds were not taken (another allocator): its own stay");
   kv_info("daemon", "kvcached %s starting (pid %d)", KV_VERSION, (int)getpid());
   return kvd_main(&a.cfg, a.config_path);
 }

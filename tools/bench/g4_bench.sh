@@ -87,7 +87,7 @@ metric() { # metric NAME SELECTOR: a value from node NAME's /metrics
   curl -sf --unix-socket "$T/$1/kvcached-stats.sock" http://localhost/metrics |
     awk -v m="$2" '$1 == m { print $2 }'
 }
-gbps() { awk -v b="$1" -v s="$2" 'BEGIN { if (s > 0) printf "%.2f", b / s / 1e9; else print "-" }'; }
+gbps() { awk -v b="$1" -v s="$2" 'BEGIN { if (s > 0) printf "%.3f", b / s / 1e9; else print "-" }'; }
 
 machine "$T"
 echo "- cluster: 3 masters + 3 replicas on loopback, redis-server $(redis-server --version | awk '{print $3}' | cut -d= -f2)"
@@ -117,9 +117,9 @@ if [[ " $parts " == *" 1 "* ]]; then
     have=0
     for p in "${ports[@]:0:3}"; do have=$((have + $(redis-cli -p "$p" DBSIZE))); done
     get_rps=$("${rb[@]}" -t get 2>/dev/null | awk -F'"' '$2 == "GET" { print $4 }')
-    set_gbps=$(awk -v r="$set_rps" -v b="$sb" 'BEGIN { printf "%.2f", r * b / 1e9 }')
+    set_gbps=$(awk -v r="$set_rps" -v b="$sb" 'BEGIN { printf "%.3f", r * b / 1e9 }')
     get_gbps=$(awk -v r="$get_rps" -v b="$sb" -v h="$have" -v k="$space" \
-      'BEGIN { f = h / k; if (f > 1) f = 1; printf "%.2f", r * b * f / 1e9 }')
+      'BEGIN { f = h / k; if (f > 1) f = 1; printf "%.3f", r * b * f / 1e9 }')
     flush
     g2=$(((n * sb * 5 / 4 + 4194303) / 4194304 * 4194304))
     node a "$g2" on
