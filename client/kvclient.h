@@ -241,8 +241,9 @@ int kvc_set_priority(kvc *c, uint8_t prio, const kvc_key *keys, uint32_t n, int3
  *
  * A session is what the engine's API layer groups requests by: a
  * conversation, an agent run (OpenAI's prompt_cache_key, a chat id). Tell
- * the daemon which session stored or loaded blocks (kvc_hint_session,
- * after their COMMIT or LOAD), that a request finished and why
+ * the daemon which session stores or loaded blocks (kvc_hint_session,
+ * after their ALLOC - before the COMMIT, so that they come in with their
+ * session - or their LOAD), that a request finished and why
  * (kvc_hint_finished, from wherever the engine learns it; no keys needed),
  * and that a session is over (kvc_hint_end). The daemon uses them to keep
  * the blocks of sessions likely to come back and let go first those of
@@ -250,8 +251,9 @@ int kvc_set_priority(kvc *c, uint8_t prio, const kvc_key *keys, uint32_t n, int3
  * little hit rate at most, never bytes or correctness. retain_s asks that
  * the session's blocks be kept that long after its last request (0: no
  * ask); the daemon caps it. Hints reach only the handle's namespace.
- * Each returns how many of the keys were committed blocks (0 when n is 0),
- * or an error: -EOPNOTSUPP when the daemon predates protocol 1.3, -EINVAL
+ * Each returns how many of the keys were blocks committed or being written
+ * (0 when n is 0), or an error: -EOPNOTSUPP when the daemon predates
+ * protocol 1.3, -EINVAL
  * for session 0 or a stop reason out of range. status (may be NULL): per
  * key, 0 or KV_ENOTFOUND.
  */

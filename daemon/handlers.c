@@ -338,7 +338,7 @@ static int op_hint(kvd *d, kvd_sink *sink, const kv_msg *req, kv_buf *out, int f
   int rc = kvd_load_keys(d, &h->keys);
   if (rc) return kvd_fail(out, req, rc, NULL);
   for (uint32_t i = 0; i < h->keys.n; i++) {
-    kv_block *b = kv_core_find(d->core, ns, &d->keys[i]);
+    kv_block *b = kv_core_find_hintable(d->core, ns, &d->keys[i]);
     d->status[i] = b ? kv_core_hint_session(d->core, ns, h->session, b, h->retain_s) : KV_ENOTFOUND;
     d->st.hints_unmatched += b == NULL;
   }

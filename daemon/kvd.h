@@ -43,7 +43,7 @@ typedef struct kvd_stats {
   uint64_t ops[KV_OP_COUNT];
   uint64_t hints[KV_HINT_KIND_COUNT];  /* HINT requests by kind */
   uint64_t hint_stops[KV_STOP_COUNT];  /* FINISHED hints by stop reason */
-  uint64_t hints_unmatched;            /* hinted keys with no committed block */
+  uint64_t hints_unmatched;            /* hinted keys with no block committed or being written */
   uint64_t frames_over_limit; /* refused from the header: over frame_limit() (server.c) */
   uint64_t conns_refused[KVD_REFUSED_COUNT];
   uint64_t hello_timeouts; /* connections closed without a session in time */

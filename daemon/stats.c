@@ -519,7 +519,7 @@ int kvd_render_metrics(kvd *d, kv_buf *out) {
     "Sessions forgotten to make room (cache.hint_sessions).");
   P("kvcached_hint_sessions_forgotten_total %llu\n", U(hs.forgotten));
   H("kvcached_hint_keys_unmatched_total", "counter",
-    "Keys named by hints that had no committed block in the namespace.");
+    "Keys named by hints that had no block committed or being written in the namespace.");
   P("kvcached_hint_keys_unmatched_total %llu\n", U(d->st.hints_unmatched));
   H("kvcached_request_duration_seconds", "histogram",
     "Time from a decoded request to its reply (LOOKUP; LOAD, waits on the SSD included).");

@@ -308,6 +308,10 @@ int kv_core_promote(kv_core *c, kv_block *b, kv_promote_cb cb, void *arg);
 
 /* The visible (committed) block for a key, or NULL. No side effect. */
 kv_block *kv_core_find(kv_core *c, uint32_t ns, const kv_key *key);
+/* The block a hint may name for a key: committed, or allocated and not
+ * yet committed (an engine names a request's blocks as it allocates them,
+ * so that they have their session when they come in). NULL otherwise. */
+kv_block *kv_core_find_hintable(kv_core *c, uint32_t ns, const kv_key *key);
 
 /* Looks up a chain of keys. tier_out[i] (if not NULL) is the fastest tier
  * holding key i, or KV_TIER_NONE. Returns the length of the longest leading

@@ -16,7 +16,11 @@
  *            the mapped G2 slot, checked against its committed CRC
  *            (kvc_verify, in place) and against the payload pattern of
  *            its hash id (a wrong block is counted in verify_failures and
- *            ends the hit); RELEASE. Hit blocks: the leading run served and
+ *            ends the hit); RELEASE. Keys refused KV_ESHARE (the
+ *            connection pins its limits.session_share of G2: a prefix of
+ *            over half a small G2) are loaded after that RELEASE, as a
+ *            connector would (`share_rounds` counts the LOADs and ALLOCs
+ *            asked again so). Hit blocks: the leading run served and
  *            verified; hit tokens: min(hit blocks x 512, input_length)
  *   store    the blocks after the hit: ALLOC (parent: the previous key),
  *            write the payload of --block-bytes, COMMIT with its CRC
@@ -24,16 +28,20 @@
  *            client holds or already stored (KV_EEXISTS) is counted as
  *            `exists`; a slot refused (-EAGAIN while G2 victims are being
  *            written to G3, KV_EALLPINNED) as `refused`: not stored, unless
- *            --alloc-wait-ms asks for it again for a while
+ *            --alloc-wait-ms asks for it again for a while; one refused
+ *            KV_ESHARE is asked for after the COMMIT of those before it
  *
  *   hints    with --hints, for a request of a session (the trace's
  *            "session", or its sub-agent's own id where "agent" is set):
  *            HINT SESSION of its hit keys once they are loaded (before
  *            the stores, which may evict: the session is known when the
- *            request arrives), of the keys it stored after the store,
- *            then HINT FINISHED with its stop reason (which an API server
- *            knows once the response ends: nothing from a later request
- *            is used)
+ *            request arrives), of the keys it stores once their ALLOC
+ *            answers (the slots allocated and the keys found there, before
+ *            the blocks are written and committed, so that they come in
+ *            with their session: tiers/EVICTION.md, "Through the
+ *            daemon"), then HINT FINISHED with its stop reason (which an
+ *            API server knows once the response ends: nothing from a
+ *            later request is used)
  *
  * The parent takes the daemon's STATUS before and after the run and
  * reports the difference of its counters beside the clients' own counts
@@ -86,6 +94,7 @@ typedef struct rres {
   uint64_t load_failed; /* resident at LOOKUP, not served by LOAD */
   uint64_t verify_failures;
   uint64_t allocs, stored, exists, refused, commit_failed, alloc_retries;
+  uint64_t share_rounds; /* LOADs and ALLOCs asked again after KV_ESHARE (load_run) */
   uint64_t hints, hint_keys_unmatched;
   uint64_t bytes_read, bytes_written;
   double late_s; /* the most a request started behind its time */
@@ -153,11 +162,26 @@ typedef struct client {
   rres *res;        /* one result per client, shared with the parent */
 } client;
 
+/* HINT SESSION sid of keys[0..n), none when n is 0: counted, with the keys
+ * the daemon did not find. 0 or the error. */
+static int hint_keys(client *x, rres *r, uint64_t sid, const kvc_key *keys, uint32_t n) {
+  if (!n) return 0;
+  int got = kvc_hint_session(x->c, sid, keys, n, 0, NULL);
+  if (got < 0) return got;
+  r->hint_keys_unmatched += n - (uint32_t)got;
+  r->hints++;
+  return 0;
+}
+
 /* Stores blocks [from, n) of request q (the ones after its hit). A slot
  * refused for want of room is asked for again until --alloc-wait-ms have
- * passed (by default not at all). 0, or the error of a whole request (the
- * connection is then unusable). */
-static int store_tail(client *x, const kv_trace_req *q, uint32_t from, rres *r) {
+ * passed (by default not at all); one refused with KV_ESHARE (this
+ * connection holds its share of G2) once the slots allocated before it are
+ * committed. sid (0: none): the session the slots allocated are hinted to,
+ * before they are written, as an engine that knows its request's session
+ * names the blocks it allocates, so that they have it when committed. 0,
+ * or the error of a whole request (the connection is then unusable). */
+static int store_tail(client *x, const kv_trace_req *q, uint32_t from, uint64_t sid, rres *r) {
   const ropts *o = x->o;
   uint32_t m = 0;
   for (uint32_t i = from; i < q->n; i++) x->idx[m++] = i;
@@ -171,11 +195,12 @@ static int store_tail(client *x, const kv_trace_req *q, uint32_t from, rres *r) 
     int got = kvc_alloc(x->c, KVC_G2, STORE_PRIO, x->ak, x->ap, m, x->blk);
     if (got < 0) return got;
     int again = o->alloc_wait_ms > 0 && kv_now_s() < give_up;
-    uint32_t k = 0, left = 0;
+    uint32_t k = 0, left = 0, waiting = 0, e = 0;
     for (uint32_t i = 0; i < m; i++) {
       const kvc_block *b = &x->blk[i];
       if (b->status == KV_EEXISTS) {
         r->exists++;
+        x->ap[e++] = x->ak[i]; /* ap's parents are sent: it keeps the keys found, to hint */
       } else if (b->status == 0) {
         r->allocs++;
         fill_block(b->ptr, o->block_bytes / 8, q->ids[x->idx[i]]);
@@ -183,10 +208,15 @@ static int store_tail(client *x, const kv_trace_req *q, uint32_t from, rres *r) 
         x->ak[k++] = x->ak[i];
       } else if (again && (b->status == -EAGAIN || b->status == KV_EALLPINNED)) {
         x->idx[left++] = x->idx[i];
+        waiting++;
+      } else if (b->status == KV_ESHARE && k) { /* the rest, once these are committed */
+        x->idx[left++] = x->idx[i];
       } else {
         r->refused++;
       }
     }
+    memcpy(x->ak + k, x->ap, e * sizeof *x->ak); /* after the ones to commit */
+    if (k + e && sid && (got = hint_keys(x, r, sid, x->ak, k + e)) < 0) return got;
     if (k) {
       got = kvc_commit_crc(x->c, x->ak, x->crc, k, x->st);
       if (got < 0) return got;
@@ -195,20 +225,71 @@ static int store_tail(client *x, const kv_trace_req *q, uint32_t from, rres *r) 
       r->bytes_written += (uint64_t)got * o->block_bytes;
     }
     if (left && left == m) usleep(200); /* nothing moved: give the SSD a moment */
-    r->alloc_retries += left;
+    r->alloc_retries += waiting;
+    r->share_rounds += left > waiting;
     m = left;
   }
   return 0;
 }
 
-/* HINT SESSION sid of keys[0..n), none when n is 0: counted, with the keys
- * the daemon did not find. 0 or the error. */
-static int hint_keys(client *x, rres *r, uint64_t sid, const kvc_key *keys, uint32_t n) {
-  if (!n) return 0;
-  int got = kvc_hint_session(x->c, sid, keys, n, 0, NULL);
-  if (got < 0) return got;
-  r->hint_keys_unmatched += n - (uint32_t)got;
-  r->hints++;
+
+/* LOADs the prefix the LOOKUP found, keys [0, h) of request q, and reads
+ * it: *hit is the run of blocks that loaded and verified. Keys the daemon
+ * refused with KV_ESHARE (this connection pins its share of G2:
+ * limits.session_share) are asked again once the blocks loaded before them
+ * are read and released, as an engine's connector does with a prefix
+ * longer than its share (over half a small G2 is). 0, or the error of a
+ * LOAD or RELEASE (reported). */
+static int load_run(client *x, size_t qi, uint32_t h, rres *r, uint32_t *hit) {
+  const ropts *o = x->o;
+  const kv_trace_req *q = &x->t->req[qi];
+  int run = 1;
+  uint64_t ns = 0;
+  for (uint32_t from = 0; from < h;) {
+    uint64_t t = kv_now_ns();
+    int got = kvc_load(x->c, KVC_G2, x->keys + from, h - from, x->blk);
+    ns += kv_now_ns() - t;
+    if (got < 0) {
+      fail(r, got, "load", qi);
+      return got;
+    }
+    uint32_t m = h - from, pinned = 0;
+    for (uint32_t i = 0; i < m; i++) {
+      kvc_block *b = &x->blk[i];
+      uint32_t k = from + i;
+      if (b->status == KV_ESHARE && pinned) { /* the rest, once these are released */
+        m = i;
+        break;
+      }
+      if (b->status) {
+        r->load_failed++;
+        run = 0;
+        continue;
+      }
+      pinned++;
+      if (!run) continue;
+      /* A block failing its CRC is reported (its pin goes with the report). */
+      if (b->length != o->block_bytes || kvc_verify(x->c, &x->keys[k], b) != 0 ||
+          check_block(b->ptr, o->block_bytes / 8, q->ids[k])) {
+        r->verify_failures++;
+        run = 0;
+        continue;
+      }
+      r->bytes_read += o->block_bytes;
+      (*hit)++;
+      if (x->tiers[k] == KVC_G3) r->hit_g3++;
+      else r->hit_g2++;
+    }
+    /* Pins of blocks that did not load are refused per key: harmless. */
+    int rel = pinned ? kvc_release(x->c, x->keys + from, m, x->st) : 0;
+    if (rel < 0) {
+      fail(r, rel, "release", qi);
+      return rel;
+    }
+    r->share_rounds += m < h - from;
+    from += m;
+  }
+  if (h) x->load_ns[qi] = ns;
   return 0;
 }
 
@@ -238,51 +319,13 @@ static int replay_one(client *x, size_t qi, rres *r) {
   r->lookup_keys += q->n;
 
   uint32_t hit = 0;
-  if (h > 0) {
-    t = kv_now_ns();
-    int got = kvc_load(x->c, KVC_G2, x->keys, (uint32_t)h, x->blk);
-    x->load_ns[qi] = kv_now_ns() - t;
-    if (got < 0) {
-      fail(r, got, "load", qi);
-      return got;
-    }
-    int run = 1;
-    uint32_t pinned = 0;
-    for (uint32_t i = 0; i < (uint32_t)h; i++) {
-      kvc_block *b = &x->blk[i];
-      if (b->status) {
-        r->load_failed++;
-        run = 0;
-        continue;
-      }
-      pinned++;
-      if (!run) continue;
-      /* A block failing its CRC is reported (its pin goes with the report). */
-      if (b->length != o->block_bytes || kvc_verify(x->c, &x->keys[i], b) != 0 ||
-          check_block(b->ptr, o->block_bytes / 8, q->ids[i])) {
-        r->verify_failures++;
-        run = 0;
-        continue;
-      }
-      r->bytes_read += o->block_bytes;
-      hit++;
-      if (x->tiers[i] == KVC_G3) r->hit_g3++;
-      else r->hit_g2++;
-    }
-    /* Pins of blocks that did not load are refused per key: harmless. */
-    if (pinned) {
-      int rel = kvc_release(x->c, x->keys, (uint32_t)h, x->st);
-      if (rel < 0) {
-        fail(r, rel, "release", qi);
-        return rel;
-      }
-    }
-  }
+  int rc = load_run(x, qi, (uint32_t)h, r, &hit);
+  if (rc) return rc;
   uint64_t sid = hint_session(q);
   /* The session is known when the request arrives: its hit blocks are
    * hinted before the stores, which may evict, as an engine's connector
    * does after its LOAD. */
-  int rc = o->hints && sid ? hint_keys(x, r, sid, x->keys, hit) : 0;
+  rc = o->hints && sid ? hint_keys(x, r, sid, x->keys, hit) : 0;
   if (rc) {
     fail(r, rc, "hint", qi);
     return rc;
@@ -290,14 +333,13 @@ static int replay_one(client *x, size_t qi, rres *r) {
   r->hit_blocks += hit;
   uint64_t ht = (uint64_t)hit * TOKENS_PER_BLOCK;
   r->hit_tokens += ht < q->input_len ? ht : q->input_len;
-  rc = store_tail(x, q, hit, r);
+  rc = store_tail(x, q, hit, o->hints ? sid : 0, r);
   if (rc) {
     fail(r, rc, "store", qi);
     return rc;
   }
   if (o->hints && sid) {
-    int n = hint_keys(x, r, sid, x->keys + hit, q->n - hit);
-    if (n == 0) n = kvc_hint_finished(x->c, sid, q->stop, NULL, 0, 0, NULL);
+    int n = kvc_hint_finished(x->c, sid, q->stop, NULL, 0, 0, NULL);
     if (n < 0) {
       fail(r, n, "hint", qi);
       return n;
@@ -598,6 +640,7 @@ int kvbench_replay(int argc, char **argv) {
     s.refused += r->refused;
     s.commit_failed += r->commit_failed;
     s.alloc_retries += r->alloc_retries;
+    s.share_rounds += r->share_rounds;
     s.hints += r->hints;
     s.hint_keys_unmatched += r->hint_keys_unmatched;
     s.bytes_read += r->bytes_read;
@@ -619,11 +662,12 @@ int kvbench_replay(int argc, char **argv) {
       j, "hits", json_pack("{s:I,s:I}", "g2", (json_int_t)s.hit_g2, "g3", (json_int_t)s.hit_g3));
   json_object_set_new(
       j, "blocks",
-      json_pack("{s:I,s:I,s:I,s:I,s:I,s:I,s:I,s:I,s:I}", "referenced", (json_int_t)s.blocks, "hit",
-                (json_int_t)s.hit_blocks, "load_failed", (json_int_t)s.load_failed, "allocated",
+      json_pack("{s:I,s:I,s:I,s:I,s:I,s:I,s:I,s:I,s:I,s:I}", "referenced", (json_int_t)s.blocks,
+                "hit", (json_int_t)s.hit_blocks, "load_failed", (json_int_t)s.load_failed, "allocated",
                 (json_int_t)s.allocs, "committed", (json_int_t)s.stored, "commit_failed",
                 (json_int_t)s.commit_failed, "exists", (json_int_t)s.exists, "refused",
-                (json_int_t)s.refused, "alloc_retries", (json_int_t)s.alloc_retries));
+                (json_int_t)s.refused, "alloc_retries", (json_int_t)s.alloc_retries,
+                "share_rounds", (json_int_t)s.share_rounds));
   json_object_set_new(
       j, "tokens",
       json_pack("{s:I,s:I}", "input", (json_int_t)s.tokens, "hit", (json_int_t)s.hit_tokens));

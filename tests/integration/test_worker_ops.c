@@ -280,8 +280,9 @@ Test(daemon, delete_and_priority) {
   kvc_close(c);
 }
 
-/* Protocol 1.3: hints reach committed blocks of the caller's namespace
- * only, are checked field by field, and show in STATUS and /metrics. */
+/* Protocol 1.3: hints reach blocks of the caller's namespace only
+ * (committed, or allocated and being written), are checked field by
+ * field, and show in STATUS and /metrics. */
 Test(daemon, hints_are_scoped_checked_and_counted) {
   kvc *c = open_one(), *other = open_as("t2", 0, 1, NULL); /* another namespace */
   kvc_key keys[3] = {KC(1), KC(2), KC(3)}, absent = KC(9);
@@ -296,6 +297,14 @@ Test(daemon, hints_are_scoped_checked_and_counted) {
   cr_assert_eq(st[2], KV_ENOTFOUND);
   cr_assert_eq(kvc_hint_session(other, s, keys, 2, 0, st), 0, "another namespace's blocks");
   cr_assert_eq(st[0], KV_ENOTFOUND);
+  /* a block allocated and not yet committed: its session comes with it */
+  kvc_key k7 = KC(7);
+  kvc_block nb;
+  cr_assert_eq(kvc_alloc(c, KVC_G2, 128, &k7, NULL, 1, &nb), 1);
+  cr_assert_eq(kvc_hint_session(c, s, &k7, 1, 0, st), 1, "a block being written");
+  cr_assert_eq(kvc_hint_session(other, s, &k7, 1, 0, st), 0, "not another namespace's");
+  cr_assert_eq(kvc_abort(c, &k7, 1, NULL), 1);
+  cr_assert_eq(kvc_hint_session(c, s, &k7, 1, 0, st), 0, "aborted: gone");
   cr_assert_eq(kvc_hint_finished(c, s, KVC_STOP_TOOL_USE, NULL, 0, 0, NULL), 0);
   cr_assert_eq(kvc_hint_finished(c, s, kvc_stop_parse("end_turn"), &absent, 1, 60, st), 0);
   cr_assert_eq(st[0], KV_ENOTFOUND);
@@ -316,13 +325,13 @@ Test(daemon, hints_are_scoped_checked_and_counted) {
   cr_assert(kvt_json_num(o, "hints.finished_by_stop.tool_use", &v) == 0 && v == 1, "%s", body);
   cr_assert(kvt_json_num(o, "hints.finished_by_stop.end_turn", &v) == 0 && v == 1);
   cr_assert(kvt_json_num(o, "hints.end", &v) == 0 && v == 2);
-  cr_assert(kvt_json_num(o, "hints.keys_unmatched", &v) == 0 && v == 4);
+  cr_assert(kvt_json_num(o, "hints.keys_unmatched", &v) == 0 && v == 6);
   cr_assert(kvt_json_num(o, "hints.sessions", &v) == 0 && v == 1, "one session, in one namespace");
   json_decref(o);
   cr_assert_eq(kvt_http(kd.stats, "GET", "/metrics", resp, sizeof resp, &body), 200);
-  cr_assert_eq(kvt_metric_value(body, "kvcached_hints_total{kind=\"session\"}"), 2, "%s", body);
+  cr_assert_eq(kvt_metric_value(body, "kvcached_hints_total{kind=\"session\"}"), 5, "%s", body);
   cr_assert_eq(kvt_metric_value(body, "kvcached_hint_finished_total{stop=\"tool_use\"}"), 1);
-  cr_assert_eq(kvt_metric_value(body, "kvcached_hint_keys_unmatched_total"), 4);
+  cr_assert_eq(kvt_metric_value(body, "kvcached_hint_keys_unmatched_total"), 6);
   kvc_close(other);
   kvc_close(c);
 }

@@ -7,7 +7,9 @@
 # same requests hits what the first stored, a block stored under a trace
 # key with the wrong bytes is caught as a verify failure, and usage errors
 # and a missing daemon are reported; --hints sends a session trace's hints
-# (counted by the daemon). Performance is printed, never asserted.
+# (counted by the daemon); a request longer than a connection's share of
+# G2 is stored and loaded whole, a share at a time. Performance is
+# printed, never asserted.
 source "$(dirname "$0")/lib.bash"
 
 KVB=$BIN/kvbench
@@ -62,9 +64,10 @@ echo "# second: $(jq -c '{prefix_hit_rate, block_hit_rate, hits}' "$T/out")"
 
 # Engine hints from a trace with sessions (the agentic format: session,
 # agent, stop): every request of a session sends SESSION of its hit keys
-# (before its stores: requests 2 and 3 hit), SESSION of the keys it stored
-# and FINISHED; the daemon counts them by kind and stop reason, and a
-# request without a session sends none.
+# (before its stores: requests 2 and 3 hit), SESSION of the keys it
+# stores (after their ALLOC, before their COMMIT: the daemon takes them
+# uncommitted) and FINISHED; the daemon counts them by kind and stop
+# reason, and a request without a session sends none.
 cat >"$T/sessions.jsonl" <<'TRACE'
 {"timestamp": 0, "input_length": 1500, "output_length": 5, "hash_ids": [1, 2, 3], "session": 1, "agent": "", "stop": "tool_use"}
 {"timestamp": 5, "input_length": 1000, "output_length": 5, "hash_ids": [50, 51], "session": 2, "agent": "", "stop": "end_turn"}
@@ -91,6 +94,28 @@ fi
 expect_exit 0 "the same trace without --hints" \
   "$KVB" replay --trace "$T/sessions.jsonl" --socket-dir "$RUN" --json --time-scale 0
 check "sends none" num '(.hints.on | not) and .hints.sent == 0'
+
+# A request longer than the connection's share of G2 (limits.session_share,
+# 50%: 32 of a 4 MiB G2's 64 slots of 64 KiB): its 48 blocks are stored,
+# and loaded by its second run, a share at a time (KV_ESHARE, then the
+# rest after a COMMIT or a RELEASE), as a connector would; none refused.
+"$BIN/kvcached" --socket-dir "$T/run3" --g2-capacity 4M --set g2.page_size=4M --set g2.lock=no \
+  --g3-path "" 2>"$T/log3" &
+pid3=$!
+PIDS+=("$pid3")
+wait_for "$T/log3" "ready:" 10 || bad "third kvcached ready: $(cat "$T/log3")"
+ids=$(seq -s, 1001 1048)
+for ts in 0 1; do
+  echo "{\"timestamp\": $ts, \"input_length\": 24576, \"output_length\": 1, \"hash_ids\": [$ids]}"
+done >"$T/long.jsonl"
+expect_exit 0 "replay of a request of 48 blocks, twice, into 64 slots" \
+  "$KVB" replay --trace "$T/long.jsonl" --socket-dir "$T/run3" --json --time-scale 0 --block-bytes 64K
+check "stored whole and loaded whole, a share at a time" \
+  num '.blocks.committed == 48 and .blocks.refused == 0 and .blocks.hit == 48 and .blocks.load_failed == 0 and .blocks.share_rounds == 2 and .verify_failures == 0'
+grep -q "may allocate no more" "$T/log3" && ok "the daemon said why it refused" ||
+  bad "no share warning: $(cat "$T/log3")"
+kill -TERM "$pid3"
+wait "$pid3"
 
 # A wrong block under the key of a trace block (the first block of
 # request 0, stored with zeros through the inline path): served, but not

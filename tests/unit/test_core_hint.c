@@ -226,6 +226,50 @@ Test(core_hint, the_latest_session_owns_a_block) {
   teardown(&f);
 }
 
+/* A block stored after a block of a session is that session's until a
+ * hint says otherwise: engines hint a request's blocks after storing them
+ * all, and the stores in between evict as if the session had them
+ * (tiers/EVICTION.md, "Through the daemon"). A parent without a session,
+ * or whose session was forgotten, gives none. */
+Test(core_hint, a_block_stored_after_a_sessions_block_is_that_sessions) {
+  fixture f;
+  setup(&f, 8);
+  kv_block *a = store(&f, 1, 0);
+  cr_assert_eq(kv_core_hint_session(f.core, (uint32_t)f.ns, 9, a, 0), 0);
+  kv_block *b = store(&f, 2, 1), *c = store(&f, 3, 2);
+  cr_assert_not_null(owner(&f, b), "the parent's session");
+  cr_assert_eq(owner(&f, b)->id, 9);
+  cr_assert_eq(owner(&f, c)->id, 9, "down the chain");
+  cr_assert_eq(kv_core_hint_session(f.core, (uint32_t)f.ns, 10, c, 0), 0);
+  cr_assert_eq(owner(&f, c)->id, 10, "a hint still decides");
+  cr_assert_eq(owner(&f, b)->id, 9);
+  kv_block *d = store(&f, 4, 0), *e = store(&f, 5, 4);
+  cr_assert_null(owner(&f, d));
+  cr_assert_null(owner(&f, e), "no session above: none");
+  cr_assert_eq(kv_core_hint_end(f.core, (uint32_t)f.ns, 9), 0);
+  teardown(&f);
+}
+
+/* A hint may name a block allocated and not yet committed (an engine names
+ * the blocks of its request as it allocates them): the block has its
+ * session when it comes in, and keeps it. The daemon finds such blocks for
+ * a hint (kv_core_find_hintable), not for a lookup. */
+Test(core_hint, a_block_being_written_takes_its_session_in) {
+  fixture f;
+  setup(&f, 8);
+  kv_key k = K(7);
+  kv_block *b;
+  cr_assert_eq(kv_core_alloc(f.core, (uint32_t)f.ns, &k, NULL, KV_PRIO_DEFAULT, &b), 0);
+  cr_assert_null(kv_core_find(f.core, (uint32_t)f.ns, &k), "not visible yet");
+  cr_assert_eq(kv_core_find_hintable(f.core, (uint32_t)f.ns, &k), b);
+  cr_assert_eq(kv_core_hint_session(f.core, (uint32_t)f.ns, 11, b, 0), 0);
+  cr_assert_eq(kv_core_commit(f.core, b, 0), 0);
+  cr_assert_eq(owner(&f, b)->id, 11);
+  kv_key none = K(8);
+  cr_assert_null(kv_core_find_hintable(f.core, (uint32_t)f.ns, &none));
+  teardown(&f);
+}
+
 /* Predictions: an idle session is expected back after the median of its
  * namespace's gaps after the same stop reason, among those at least as
  * long as it has waited; one that has waited past every gap seen, or that

@@ -750,11 +750,13 @@ class Client:
     # --- engine hints (protocol 1.3): advice for eviction -----------------
     def hint_session(self, session, keys, retain_s: int = 0) -> list[int]:
         """These blocks belong to `session` (a name or an id: session_id());
-        say it after committing or loading them. retain_s asks that the
-        session's blocks be kept that long after its last request (the
-        daemon caps it). Per-key statuses: 0, or KV_ENOTFOUND (not a
-        committed block of this namespace). Raises KvError(-EOPNOTSUPP)
-        with a daemon before protocol 1.3."""
+        say it once they are allocated (before their commit: they then come
+        in with their session, which eviction weighs at once) or loaded.
+        retain_s asks that the session's blocks be kept that long after its
+        last request (the daemon caps it). Per-key statuses: 0, or
+        KV_ENOTFOUND (no block of this namespace committed or being
+        written). Raises KvError(-EOPNOTSUPP) with a daemon before protocol
+        1.3."""
         keys = self._keys(keys)
         st = (ctypes.c_int32 * max(len(keys), 1))()
         check(self._L.kvc_hint_session(self._handle(), session_id(session),
