@@ -208,11 +208,21 @@ static kv_evict *policy_of(kv_core *c, const kv_block *b, kv_tier t) {
  * small G2 in front of G3, dropping the SSD copy of a block whose child
  * was just promoted would cut the chain at that block, and every block
  * after it would be stored but never reached by a prefix lookup. */
-static int strands_children(const kv_core *c, const kv_block *b, kv_tier t) {
+static int strands_children(kv_core *c, const kv_block *b, kv_tier t) {
   if (t == KV_G1 || (t == KV_G2 && (c->g3 || c->demote))) return 0; /* demoted, not dropped */
   if (b->tiers & (uint8_t)~KV_TIER_BIT(t)) return 0;
   for (int u = 0; u < (int)t; u++)
     if (b->rchild[u]) return 1;
+  /* G2 with nothing below: a child being written would be committed under
+   * no parent. A request that allocates its blocks after its loaded prefix
+   * at once would otherwise make room by evicting that prefix from its end
+   * (its last block is a leaf until a child is committed), and every block
+   * it then commits would be cut off (tiers/EVICTION.md, "Through the
+   * daemon"). Only a G2 leaf's children are walked here: none is valid in
+   * G2 or G1, so they are being written or gone. */
+  if (t == KV_G2)
+    for (kv_block *ch = kv_index_at(&c->ix, b->child); ch; ch = kv_index_at(&c->ix, ch->next))
+      if (ch->state == KV_BS_WRITING) return 1;
   return 0;
 }
 
@@ -487,6 +497,7 @@ int kv_core_alloc(kv_core *c, uint32_t ns, const kv_key *key, const kv_key *pare
   if (parent && parent->len) {
     kv_block *p = kv_index_find(&c->ix, ns, parent->b, parent->len);
     if (p) link_parent(c, b, p);
+    if (p) sync_evictable(c, p, KV_G2); /* a child being written: strands_children */
     /* Engine hints: until a hint names b's session, b is its parent's (a
      * request stores the blocks after its prefix; an engine that hints
      * them after their COMMIT leaves them none meanwhile: tiers/
@@ -514,7 +525,9 @@ int kv_core_commit(kv_core *c, kv_block *b, uint32_t crc) {
 int kv_core_abort(kv_core *c, kv_block *b) {
   if (b->state != KV_BS_WRITING) return KV_EBADSTATE;
   c->st.aborts++;
-  drop_g2(c, b);
+  kv_block *p = kv_index_at(&c->ix, b->parent);
+  drop_g2(c, b); /* reaps b: p no longer has it as a child */
+  if (p) sync_evictable(c, p, KV_G2);
   return 0;
 }
 

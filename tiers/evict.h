@@ -7,8 +7,9 @@
  * bytes are valid in the same tier (leaf-first: a prefix chain is cut from
  * its end; G3's copy of a block G2 holds too is exempt, the chain staying
  * whole through G2), and, in the last tier a block can go to, no child in a faster
- * tier unless the block has another copy (a chain is not cut above G2) -
- * and tells the policy as blocks enter and leave that set. The
+ * tier unless the block has another copy (a chain is not cut above G2) and,
+ * when that tier is G2, no child being written (it would be committed under
+ * no parent) - and tells the policy as blocks enter and leave that set. The
  * policy only ranks: priority class first (lower goes first), then its own
  * order. So every policy keeps chains whole and never offers a pinned block.
  *

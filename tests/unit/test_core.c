@@ -251,6 +251,44 @@ static int demote_cb(kv_core *c, kv_block *b, kv_tier from, void *arg) {
   return d->mode;
 }
 
+/* A block being written keeps its parent in G2 when nothing is below G2:
+ * committed, it would have no parent anywhere (a request that allocates
+ * its blocks after a loaded prefix would make room by evicting the prefix
+ * from its end). Its COMMIT makes the parent internal; its ABORT makes it
+ * a leaf again. With a tier below G2 the parent may go: it is demoted. */
+Test(core, a_child_being_written_keeps_its_parent) {
+  fixture f;
+  setup(&f, 3, NULL, NULL, NULL);
+  store(&f, 1, 0);
+  store(&f, 2, 1);
+  kv_key k = K(3), pk = K(2), x = K(9);
+  kv_block *c, *n;
+  cr_assert_eq(kv_core_alloc(f.core, (uint32_t)f.ns, &k, &pk, KV_PRIO_DEFAULT, &c), 0);
+  /* 1 and 2 are the whole evictable chain, 2 a leaf with a child being
+   * written: nothing can go for another block */
+  cr_assert_eq(kv_core_alloc(f.core, (uint32_t)f.ns, &x, NULL, KV_PRIO_DEFAULT, &n), KV_EALLPINNED);
+  cr_assert(resident(&f, 1) && resident(&f, 2), "the prefix stays");
+  cr_assert_eq(kv_core_abort(f.core, c), 0);
+  store(&f, 9, 0); /* the aborted block's slot */
+  cr_assert(resident(&f, 1) && resident(&f, 2));
+  kv_key y = K(10);
+  cr_assert_eq(kv_core_alloc(f.core, (uint32_t)f.ns, &y, NULL, KV_PRIO_DEFAULT, &n), 0,
+               "aborted: the leaf may go again");
+  cr_assert(!resident(&f, 2), "the leaf went");
+  cr_assert_eq(kv_core_commit(f.core, n, 0), 0);
+  teardown(&f);
+
+  demote_log d = {.mode = KV_DEMOTE_DONE};
+  setup(&f, 3, NULL, demote_cb, &d);
+  store(&f, 1, 0);
+  store(&f, 2, 1);
+  cr_assert_eq(kv_core_alloc(f.core, (uint32_t)f.ns, &k, &pk, KV_PRIO_DEFAULT, &c), 0);
+  cr_assert_eq(kv_core_alloc(f.core, (uint32_t)f.ns, &x, NULL, KV_PRIO_DEFAULT, &n), 0,
+               "with a tier below, the parent is demoted");
+  cr_assert_eq(d.calls, 1);
+  teardown(&f);
+}
+
 Test(core, victims_go_to_the_demotion_callback_with_their_bytes) {
   fixture f;
   demote_log d = {.mode = KV_DEMOTE_DONE};
