@@ -419,6 +419,29 @@ int kvd_render_metrics(kvd *d, kv_buf *out) {
   P("kvcached_pinned_blocks %llu\n", U(s.pinned));
   H("kvcached_uncommitted_allocations", "gauge", "Blocks allocated and not yet committed.");
   P("kvcached_uncommitted_allocations %llu\n", U(s.uncommitted));
+  kv_core_policy_view pv[KV_NTIERS];
+  int have[KV_NTIERS];
+  for (int t = 0; t < KV_NTIERS; t++)
+    have[t] = kv_core_policy_view_get(d->core, (kv_tier)t, &pv[t]) == 0;
+  H("kvcached_eviction_order", "gauge",
+    "The order the tier's eviction policy follows now (1), read from its instance holding the most "
+    "blocks: hints while the default follows engine hints, else the policy's own.");
+  for (int t = 0; t < KV_NTIERS; t++)
+    if (have[t])
+      P("kvcached_eviction_order{tier=\"%s\",order=\"%s\"} 1\n", tier_names[t], pv[t].following);
+  H("kvcached_eviction_order_switches_total", "counter",
+    "Times the tier's eviction policy changed the order it follows (the default's judge between "
+    "engine hints and its order without them; auto's between its experts).");
+  for (int t = 0; t < KV_NTIERS; t++)
+    if (have[t])
+      P("kvcached_eviction_order_switches_total{tier=\"%s\"} %llu\n", tier_names[t],
+        U(pv[t].switches));
+  H("kvcached_eviction_bonus_capacities", "gauge",
+    "The default policy's H: how much later than its last use a block used again ranks, in "
+    "capacities of accesses (0: LRU's order; tiers/EVICTION.md).");
+  for (int t = 0; t < KV_NTIERS; t++)
+    if (have[t] && pv[t].bonus >= 0)
+      P("kvcached_eviction_bonus_capacities{tier=\"%s\"} %.3f\n", tier_names[t], pv[t].bonus);
   H("kvcached_session_limit_refused_total", "counter",
     "Keys refused because their connection held limits.pins_per_session pins or "
     "limits.allocs_per_session allocations (-EDQUOT), or its limits.session_share of its "

@@ -433,6 +433,21 @@ kv_index *kv_core_index(kv_core *c);
 /* The name of the eviction policy in use. */
 const char *kv_core_policy_name(const kv_core *c);
 
+/* What tier t's eviction policy does now, for operators: read from its
+ * instance holding the most blocks (one per size class, or per tenant in
+ * G3). following: the order it follows ("hints" while the default follows
+ * engine hints, else the policy's own name or, for "auto", its expert);
+ * switches: how often that changed; bonus: adapt's H in capacities
+ * (evict_adapt.c), -1 for a policy without one. 0, or -ENOENT (the tier
+ * has no policy). */
+typedef struct kv_core_policy_view {
+  const char *following;
+  double bonus;
+  uint64_t switches;
+  uint32_t instances;
+} kv_core_policy_view;
+int kv_core_policy_view_get(kv_core *c, kv_tier t, kv_core_policy_view *out);
+
 /* The soft limit on tier t's bytes (kv_core_set_limit; 0: none). */
 uint64_t kv_core_limit(const kv_core *c, kv_tier t);
 

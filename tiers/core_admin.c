@@ -15,6 +15,7 @@
 
 #include "base/log.h"
 #include "tiers/core_int.h"
+#include "tiers/evict_impl.h"
 
 /* Block ids of every record for which keep(b) holds; *out is malloc'd. */
 static int64_t collect(kv_core *c, int (*keep)(const kv_block *b, const void *arg), const void *arg,
@@ -31,6 +32,28 @@ static int64_t collect(kv_core *c, int (*keep)(const kv_block *b, const void *ar
   }
   *out = v;
   return n;
+}
+
+/* --- what the policies do, for operators ------------------------------------ */
+
+int kv_core_policy_view_get(kv_core *c, kv_tier t, kv_core_policy_view *out) {
+  enum { MAXPOL = KV_ARENA_MAX_CLASSES * 64 };
+  static kv_evict *pol[MAXPOL]; /* the loop's thread only */
+  uint32_t n = kv_core__tier_policies(c, t, pol, MAXPOL);
+  kv_evict *e = NULL;
+  for (uint32_t i = 0; i < n; i++)
+    if (!e || pol[i]->count > e->count) e = pol[i];
+  *out = (kv_core_policy_view){.bonus = -1, .instances = n};
+  if (!e) return -ENOENT;
+  const char *name = e->ops->name;
+  out->following = name;
+  if (!strcmp(name, "adapt") || !strcmp(name, "aged") || !strcmp(name, "aged0")) {
+    out->following = kv_evict_adapt_following(e, &out->switches);
+    out->bonus = kv_evict_adapt_bonus(e);
+  } else if (!strcmp(name, "auto")) {
+    out->following = kv_evict_auto_following(e, &out->switches);
+  }
+  return 0;
 }
 
 /* --- policy switch -------------------------------------------------------------- */

@@ -51,6 +51,10 @@ Test(stats, miss_reasons_and_request_latency) {
   cr_assert_eq(kvt_metric_value(m, "kvcached_sessions"), 1);
   cr_assert_eq(kvt_metric_value(m, "kvcached_g3_state{state=\"off\"}"), 1);
   cr_assert_eq(kvt_metric_value(m, "kvcached_copy_ops_total{direction=\"g2_to_g3\"}"), 0);
+  /* what the default policy does: its own order (no hints yet), H from 0 */
+  cr_assert_eq(kvt_metric_value(m, "kvcached_eviction_order{tier=\"g2\",order=\"adapt\"}"), 1);
+  cr_assert_eq(kvt_metric_value(m, "kvcached_eviction_order_switches_total{tier=\"g2\"}"), 0);
+  cr_assert_not_null(strstr(m, "\nkvcached_eviction_bonus_capacities{tier=\"g2\"} "));
   json_t *s = ops_json(ops_d.stats, "GET", "/stats", 200);
   cr_assert_eq(ops_num(s, "misses.evicted"), 3);
   cr_assert_eq(ops_num(s, "latency_us.lookup.count"), 2);
