@@ -30,7 +30,7 @@ echo "== a block stored and read back through the daemon (kvctl)"
 
 echo
 echo "== the cache core on a real workload trace (kvbench core-replay)"
-trace=../shared/data/mooncake_synthetic_trace.jsonl
+trace=bench/traces/mooncake_synthetic_trace.jsonl
 if [ -f "$trace" ]; then
   ./build/bin/kvbench core-replay --trace "$trace" >/dev/null
 else

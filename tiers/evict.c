@@ -24,7 +24,7 @@ const kv_evict_ops *const kv_evict_policies[] = {
     &kv_evict_aged0_ops,  NULL,
 };
 
-/* Chosen by `kvbench core-replay` on both traces of ../shared/data
+/* Chosen by `kvbench core-replay` on both traces of bench/traces
  * (tiers/EVICTION.md, "The default: adapt"). */
 const char kv_evict_default[] = "adapt";
 

@@ -2,8 +2,8 @@
  * bench_core.c - `kvbench core-replay`: a Mooncake trace through the cache
  * core alone (no daemon, no sockets), at several capacities.
  *
- * Replay rule (the one ../shared/data/README.md uses for its reference
- * figures): for each request, look up its blocks in order - a block is a
+ * Replay rule (the one the traces' publishers used for their reference
+ * figures, bench/traces/README.md): for each request, look up its blocks in order - a block is a
  * prefix hit only while every earlier block of the request hit - then insert
  * or touch every block of the request. A plain LRU over block ids (no
  * prefix awareness) runs beside the core in the same process as the

@@ -42,11 +42,11 @@ finish() {
   [ "$FAIL" -eq 0 ]
 }
 
-# mooncake_trace: prints the path of the Mooncake trace beside the checkout
-# (../shared/data), or, when there is none, of a small trace of the same
+# mooncake_trace: prints the path of the Mooncake trace in the tree
+# (bench/traces), or, when there is none, of a small trace of the same
 # format with shared prefixes, generated into $T (and says so on stderr).
 mooncake_trace() {
-  local shared="$SRC/../shared/data/mooncake_synthetic_trace.jsonl"
+  local shared="$SRC/bench/traces/mooncake_synthetic_trace.jsonl"
   if [ -r "$shared" ]; then echo "$shared"; return; fi
   awk 'BEGIN { srand(3); id = 0;
     for (r = 0; r < 800; r++) {

@@ -33,7 +33,7 @@
 #   -c, -P  redis-benchmark's clients and pipeline depth (default 1 and 16: one
 #       connection per node and 16 commands in flight, as one replayed request
 #       of 16 blocks has through the daemon)
-#   -t  trace of part 2 (default ../shared/data/agentic_sessions_dev.jsonl.gz)
+#   -t  trace of part 2 (default bench/traces/agentic_sessions_dev.jsonl.gz)
 #   -e  every M-th session (default 1: all of them)
 #   -x  time scale of part 2 (default 0.001)
 #   -f  each node's G2 as a share of its half's unique blocks (default 0.05)
@@ -154,7 +154,7 @@ fi
 
 if [[ " $parts " == *" 2 "* ]]; then
   if [ -z "$trace" ]; then
-    trace=$bench_root/../shared/data/agentic_sessions_dev.jsonl.gz
+    trace=$bench_root/bench/traces/agentic_sessions_dev.jsonl.gz
   fi
   [ -r "$trace" ] || die "no trace at $trace (-t TRACE)"
   { case $trace in *.gz) zcat "$trace" ;; *) cat "$trace" ;; esac; } |

@@ -40,7 +40,7 @@ bin=$(find_bin "$bindir") || exit 2
 need jq
 bench_tmp
 if [ -z "$trace" ]; then
-  gz=$bench_root/../shared/data/agentic_sessions_dev.jsonl.gz
+  gz=$bench_root/bench/traces/agentic_sessions_dev.jsonl.gz
   [ -r "$gz" ] || die "no trace at $gz (-t TRACE)"
   trace=$gz
 fi

@@ -21,7 +21,7 @@ prog=replay_scaling
 source "$(dirname "$0")/lib.sh"
 
 bindir="" g2=1G g3=0 dir="" counts="1 2 4 8" limit="" block=64K scale=0 reps=1 wait_ms=0
-trace=$bench_root/../shared/data/mooncake_synthetic_trace.jsonl
+trace=$bench_root/bench/traces/mooncake_synthetic_trace.jsonl
 while getopts "b:g:G:d:c:l:B:x:r:w:t:h" o; do
   case $o in
     b) bindir=$OPTARG ;; g) g2=$OPTARG ;; G) g3=$OPTARG ;; d) dir=$OPTARG ;; c) counts=$OPTARG ;;
