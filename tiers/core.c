@@ -360,7 +360,7 @@ kv_block *kv_core_find(kv_core *c, uint32_t ns, const kv_key *key) {
 
 kv_block *kv_core_find_hintable(kv_core *c, uint32_t ns, const kv_key *key) {
   kv_block *b = kv_index_find(&c->ix, ns, key->b, key->len);
-  return b && b->state == KV_BS_WRITING ? b : kv_core_find(c, ns, key);
+  return b && (b->state == KV_BS_WRITING || (b->state == KV_BS_READY && b->tiers)) ? b : NULL;
 }
 
 int kv_core_lookup(kv_core *c, uint32_t ns, const kv_key *keys, uint32_t n, uint8_t *tier_out) {
@@ -496,15 +496,17 @@ int kv_core_alloc(kv_core *c, uint32_t ns, const kv_key *key, const kv_key *pare
   b->prio = prio;
   if (parent && parent->len) {
     kv_block *p = kv_index_find(&c->ix, ns, parent->b, parent->len);
-    if (p) link_parent(c, b, p);
-    if (p) sync_evictable(c, p, KV_G2); /* a child being written: strands_children */
-    /* Engine hints: until a hint names b's session, b is its parent's (a
-     * request stores the blocks after its prefix; an engine that hints
-     * them after their COMMIT leaves them none meanwhile: tiers/
-     * EVICTION.md, "Through the daemon"). Out of memory: no owner, as
-     * before any hint. */
-    if (p && kv_sessions_owner_slot(&c->sess, &c->ix, p->id) != UINT32_MAX)
-      (void)kv_sessions_set_owner(&c->ix, b->id, c->ix.owner[p->id]);
+    if (p) {
+      link_parent(c, b, p);
+      sync_evictable(c, p, KV_G2); /* a child being written: strands_children */
+      /* Engine hints: until a hint names b's session, b is its parent's (a
+       * request stores the blocks after its prefix; an engine that hints
+       * them after their COMMIT leaves them none meanwhile: tiers/
+       * EVICTION.md, "Through the daemon"). Out of memory: no owner, as
+       * before any hint. */
+      if (kv_sessions_owner_slot(&c->sess, &c->ix, p->id) != UINT32_MAX)
+        (void)kv_sessions_set_owner(&c->ix, b->id, c->ix.owner[p->id]);
+    }
   }
   c->st.allocs++;
   *out = b;

@@ -361,66 +361,36 @@ const char *kv_evict_adapt_following(const kv_evict *e, uint64_t *switches) {
   return !a->fixed ? "adapt" : a->h > 0 ? "aged" : "aged0";
 }
 
-const kv_evict_ops kv_evict_adapt_ops = {
+/* The family's tables: one order (adapt, or H fixed: aged, aged0), with
+ * hints (hinted, session) or without them (NULL, NULL). */
+#define ADAPT_OPS(name, doc, init, hinted, session)                                          \
+  {name, doc, init, adapt_fini, adapt_add, adapt_remove, adapt_touch, adapt_peek, adapt_seen, \
+   hinted, session}
+
+const kv_evict_ops kv_evict_adapt_ops = ADAPT_OPS(
     "adapt",
     "blocks used once before blocks used again, that protection aging out after H accesses, H "
     "moving toward the queue whose victims come back; with engine hints, the block of the "
     "session expected back last, while miniature simulations do not find that worse",
-    adapt_init,
-    adapt_fini,
-    adapt_add,
-    adapt_remove,
-    adapt_touch,
-    adapt_peek,
-    adapt_seen,
-    adapt_hinted,
-    adapt_session,
-};
+    adapt_init, adapt_hinted, adapt_session);
 
-const kv_evict_ops kv_evict_aged_ops = {
+const kv_evict_ops kv_evict_aged_ops = ADAPT_OPS(
     "aged",
     "adapt's order with H fixed at 4 capacities of accesses (the default before H moved); "
     "hints as adapt's",
-    aged_init,
-    adapt_fini,
-    adapt_add,
-    adapt_remove,
-    adapt_touch,
-    adapt_peek,
-    adapt_seen,
-    adapt_hinted,
-    adapt_session,
-};
+    aged_init, adapt_hinted, adapt_session);
 
-const kv_evict_ops kv_evict_aged0_ops = {
+const kv_evict_ops kv_evict_aged0_ops = ADAPT_OPS(
     "aged0",
     "adapt's order with H fixed at 0: LRU's order, with the rule for the newest block; hints as "
     "adapt's",
-    aged0_init,
-    adapt_fini,
-    adapt_add,
-    adapt_remove,
-    adapt_touch,
-    adapt_peek,
-    adapt_seen,
-    adapt_hinted,
-    adapt_session,
-};
+    aged0_init, adapt_hinted, adapt_session);
 
 /* The orders without hints, as the judge's experts: adapt, aged and aged0
  * that ignore hints (so a miniature of one starts no miniatures of its own). */
-static const kv_evict_ops kv_evict_unhinted_ops = {
-    "adapt",      "adapt without hints", adapt_init, adapt_fini, adapt_add,
-    adapt_remove, adapt_touch,           adapt_peek, adapt_seen, NULL,
-    NULL,
-};
-static const kv_evict_ops kv_evict_aged_unhinted_ops = {
-    "aged",       "aged without hints", aged_init, adapt_fini, adapt_add,
-    adapt_remove, adapt_touch,          adapt_peek, adapt_seen, NULL,
-    NULL,
-};
-static const kv_evict_ops kv_evict_aged0_unhinted_ops = {
-    "aged0",      "aged0 without hints", aged0_init, adapt_fini, adapt_add,
-    adapt_remove, adapt_touch,           adapt_peek, adapt_seen, NULL,
-    NULL,
-};
+static const kv_evict_ops kv_evict_unhinted_ops =
+    ADAPT_OPS("adapt", "adapt without hints", adapt_init, NULL, NULL);
+static const kv_evict_ops kv_evict_aged_unhinted_ops =
+    ADAPT_OPS("aged", "aged without hints", aged_init, NULL, NULL);
+static const kv_evict_ops kv_evict_aged0_unhinted_ops =
+    ADAPT_OPS("aged0", "aged0 without hints", aged0_init, NULL, NULL);
