@@ -838,7 +838,7 @@ err:
 void kvc_close(kvc *c) {
   if (!c) return;
   kvc__g1_release(&c->g1);
-  kvc__g2_release(&c->g2); /* the registration goes before the mapping */
+  if (c->g2.release) c->g2.release(&c->g2); /* the registration goes before the mapping */
   if (c->arena) munmap(c->arena, c->arena_bytes);
   if (c->fd >= 0) close(c->fd);
   kv_reader_free(&c->rd);

@@ -7,7 +7,9 @@
  * kv_dev owned by the handle (CUDA on the calling thread's current device,
  * or SIM with KV_DEV_BACKEND=sim) and kv_dev_host_register_mapped on it,
  * so the CUDA calls are dev_cuda.c's and the simulation records the range
- * in CI. kvc_close closes that kv_dev, which undoes the registration.
+ * in CI. The registration leaves g2_release in the handle's kvc__g2 (see
+ * engine.h); kvc_close calls it, which closes that kv_dev and so undoes
+ * the registration.
  *
  * Every block and copy side is placed before anything runs: inside the
  * handle's G2 mapping (translated to its device-side address for a kernel;
@@ -87,6 +89,20 @@ static int reg_fail(kvc__g2 *g, int rc, const char *why, const char *detail) {
   return rc;
 }
 
+/* The registration's undoing, left in g->release for kvc_close. */
+static void g2_release(kvc__g2 *g) {
+  if (g->dev) {
+    cur_dev cur;
+    cur_save(&cur);
+    kv_dev_close(g->dev); /* unregisters what it registered */
+    cur_restore(&cur);
+  }
+  g->dev = NULL;
+  g->dbase = 0;
+  g->release = NULL;
+  g->info.registered = 0;
+}
+
 int kvc_g2_register_cuda(kvc *c) {
   if (!c) return -EINVAL;
   cuda_err[0] = 0;
@@ -129,23 +145,12 @@ int kvc_g2_register_cuda(kvc *c) {
   }
   g->dev = dev;
   g->dbase = (uintptr_t)dbase;
+  g->release = g2_release;
   g->info.registered = sim ? KVC_G1_SIM : KVC_G1_CUDA;
   g->info.reason[0] = 0;
 out:
   cur_restore(&cur);
   return rc;
-}
-
-void kvc__g2_release(kvc__g2 *g) {
-  if (g->dev) {
-    cur_dev cur;
-    cur_save(&cur);
-    kv_dev_close(g->dev); /* unregisters what it registered */
-    cur_restore(&cur);
-  }
-  g->dev = NULL;
-  g->dbase = 0;
-  g->info.registered = 0;
 }
 
 /* ---- where a block lies --------------------------------------------------------- */

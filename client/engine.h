@@ -7,8 +7,11 @@
  * kvc_g2_register_cuda succeeded, the device that holds the registration
  * (a cuda/dev.h kv_dev owned by the handle: CUDA on the calling thread's
  * current device, or SIM with KV_DEV_BACKEND=sim) and the device-side
- * address of the mapping's base. kvc__g2_release (from kvc_close, before
- * the mapping goes) closes that device, which undoes the registration.
+ * address of the mapping's base. A registration leaves its undoing in
+ * `release` (engine.c's, set by kvc_g2_register_cuda once it succeeded):
+ * kvc_close calls it, if set, before the mapping goes; it closes that
+ * device, which undoes the registration, and clears dev, dbase, release and
+ * info.registered, so that client.c never names engine.c's functions.
  */
 #ifndef KV_CLIENT_ENGINE_H
 #define KV_CLIENT_ENGINE_H
@@ -22,13 +25,13 @@ typedef struct kvc__g2 {
   kvc_g2 info;     /* base, bytes: the mapping; registered, reason */
   kv_dev *dev;     /* holds the registration; NULL when not registered */
   uintptr_t dbase; /* device-side address of info.base (registered only) */
+  /* Undoes the registration (engine.c); NULL when not registered. */
+  void (*release)(struct kvc__g2 *g);
 } kvc__g2;
 
 /* The handle's G2 state (client.c). */
 kvc__g2 *kvc__g2_of(kvc *c);
 /* The handle's G1 state as kvc_g1_info gives it, without the copy. */
 const kvc_g1 *kvc__g1_of(const kvc *c);
-/* Undoes the registration, if any (engine.c). */
-void kvc__g2_release(kvc__g2 *g);
 
 #endif

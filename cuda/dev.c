@@ -1,11 +1,11 @@
 /*
  * dev.c - the G1 device's backend-independent half: backend selection,
  * checks of every argument and address, the range registry, the export
- * codec, the completion queue. Contract in dev.h, internals in dev_int.h.
+ * codec, the completion queue (its reaping; the backends push onto it
+ * through dev_done.c). Contract in dev.h, internals in dev_int.h.
  */
 #include <errno.h>
 #include <poll.h>
-#include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -16,14 +16,6 @@
 #include "base/hex.h"
 #include "base/le.h"
 #include "cuda/dev_int.h"
-
-int kv__dev_fail(kv_dev *dev, int rc, const char *fmt, ...) {
-  va_list ap;
-  va_start(ap, fmt);
-  vsnprintf(dev->reason, sizeof dev->reason, fmt, ap);
-  va_end(ap);
-  return rc;
-}
 
 const char *kv_dev_backend_name(kv_dev_backend b) {
   switch (b) {
@@ -456,19 +448,6 @@ int kv_dev_submit(kv_dev *dev, kv_dev_dir dir, const kv_dev_copy *v, unsigned n,
   dev->fail_next = 0;
   dev->inflight++;
   return 0;
-}
-
-void kv__dev_complete(kv_dev *dev, kv__sub *s) {
-  if (s->fail && s->status == 0) s->status = s->fail;
-  s->next = NULL;
-  pthread_mutex_lock(&dev->qmu);
-  if (dev->done_tail) dev->done_tail->next = s;
-  else dev->done_head = s;
-  dev->done_tail = s;
-  pthread_mutex_unlock(&dev->qmu);
-  uint64_t one = 1;
-  /* Only EAGAIN (counter at its maximum) can fail: it is readable anyway. */
-  while (write(dev->efd, &one, sizeof one) < 0 && errno == EINTR) {}
 }
 
 int kv_dev_completion_fd(const kv_dev *dev) { return dev->efd; }

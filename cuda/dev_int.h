@@ -10,7 +10,8 @@
  * copy-side code (a SIM thread, a CUDA host function) finishes a
  * submission by calling kv__dev_complete(), which takes the queue lock,
  * links the submission (no allocation) and writes the eventfd: no CUDA
- * call, no callback into the caller.
+ * call, no callback into the caller. kv__dev_complete and kv__dev_fail live
+ * in dev_done.c, below dev.c and the backends, which all use them.
  */
 #ifndef KV_CUDA_DEV_INT_H
 #define KV_CUDA_DEV_INT_H
@@ -110,9 +111,10 @@ struct kv_dev {
 extern const kv__backend kv__dev_sim;
 extern const kv__backend kv__dev_cuda; /* dev_cuda.c, or dev_none.c */
 
-/* Called from any thread when s's copies are done (s->status set). */
+/* Called from any thread when s's copies are done (s->status set);
+ * an injected failure (s->fail) becomes the status (dev_done.c). */
 void kv__dev_complete(kv_dev *dev, kv__sub *s);
-/* printf into dev->reason; returns rc (for `return kv__dev_fail(...)`). */
+/* printf into dev->reason (dev_done.c); returns rc (for `return kv__dev_fail(...)`). */
 int kv__dev_fail(kv_dev *dev, int rc, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
 /* The copies a submission actually performs: all, or half if injected. */
 static inline unsigned kv__sub_ncopy(const kv__sub *s) { return s->fail ? s->n / 2 : s->n; }

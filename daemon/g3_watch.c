@@ -3,7 +3,9 @@
 #include "daemon/g3_watch.h"
 
 #include <errno.h>
+#include <stdio.h>
 #include <string.h>
+#include <sys/stat.h>
 
 #include "base/clock.h"
 #include "base/errors.h"
@@ -62,6 +64,79 @@ void kvd_g3_unavailable(kvd *d, int rc) {
   if (!w->why[0]) snprintf(w->why, sizeof w->why, "%s", kv_strerror(rc));
   kv_error("g3", "the SSD tier in %s is unavailable: %s; running on G2 alone%s", d->cfg.g3_path,
            w->why, w->backoff_ms ? ", trying again from time to time" : " until restarted");
+}
+
+/* Opens the SSD tier on the configured directories and attaches it
+ * (g3_watch.h). */
+int kvd_g3_open(kvd *d, int lock_wait_ms, char *why, size_t whylen) {
+  char paths[sizeof d->cfg.g3_path];
+  const char *names[KV_G3_MAX_DIRS];
+  kv_g3_dir dirs[KV_G3_MAX_DIRS];
+  int nd = kv_config_g3_dirs(&d->cfg, paths, names, KV_G3_MAX_DIRS); /* checked at start */
+  unsigned n = nd > 0 ? (unsigned)nd : 0;
+  why[0] = 0;
+  for (unsigned i = 0; i < n; i++) {
+    if (mkdir(names[i], 0750) < 0 && errno != EEXIST) {
+      int rc = -errno;
+      snprintf(why, whylen, "cannot create %s: %s", names[i], strerror(-rc));
+      return rc;
+    }
+    dirs[i] = (kv_g3_dir){names[i], d->cfg.g3_capacity};
+  }
+  if (n == 0) return 0;
+  kv_g3_opts o = {.dirs = dirs,
+                  .ndirs = n,
+                  .block_bytes = (uint32_t)d->cfg.g3_block_bytes,
+                  .queue_depth = d->cfg.g3_queue_depth,
+                  .backend = d->cfg.g3_backend,
+                  .lock_wait_ms = lock_wait_ms,
+                  /* No G2 arena is registered as io_uring fixed buffers:
+                   * workers hold the memfd writable and can punch holes in
+                   * it (fallocate, MADV_REMOVE), which would leave the
+                   * registration pinning pages no longer in the file, and
+                   * every later G3 read landing where G2 cannot see it.
+                   * Plain reads map the arena's current pages per I/O. */
+                  .arena = NULL};
+  kv_g3_open_info info;
+  int rc = kv_g3_open(&d->g3, &o, &info);
+  if (rc == -EINVAL) {
+    /* Existing files made with another slot size: keep theirs. */
+    o.block_bytes = 0;
+    rc = kv_g3_open(&d->g3, &o, &info);
+    if (rc == 0)
+      kv_warn("g3", "existing files use %u-byte slots, not g3.block_bytes; keeping theirs",
+              info.slot_bytes);
+  }
+  if (rc) {
+    snprintf(why, whylen, "%s", info.why[0] ? info.why : kv_strerror(rc));
+    return rc;
+  }
+  kv_core_g3_opts go = {.admit = d->cfg.g3_admit, .min_prio = (uint8_t)d->cfg.g3_min_prio};
+  rc = kv_core_attach_g3(d->core, d->g3, &go);
+  if (rc >= 0) {
+    kv_g3_stats gs;
+    kv_g3_get_stats(d->g3, &gs);
+    int sr = kvd_registry_g3_shares(&d->reg, &d->cfg, gs.capacity_bytes);
+    if (sr) rc = sr;
+  }
+  if (rc < 0) {
+    snprintf(why, whylen, "cannot attach the SSD tier to the cache core: %s", kv_strerror(rc));
+    kv_g3_close(d->g3);
+    d->g3 = NULL;
+    return rc;
+  }
+  kv_info("g3", "%u slots of %u bytes in %u file(s), %llu blocks served from before (warm)%s",
+          info.slots, info.slot_bytes, n, (unsigned long long)info.indexed,
+          info.rebuilt ? ", index rebuilt from the records" : "");
+  return 0;
+}
+
+void kvd_g3_poll(kvd *d) {
+  if (!d->g3) return;
+  kv_g3_poll(d->g3);
+  kvd_defer_retry(&d->load_wait);
+  kvd_defer_retry(&d->alloc_wait);
+  if (kv_core_limit(d->core, KV_G2)) kv_core_enforce_limits(d->core); /* a soft g2.capacity */
 }
 
 static void on_poll(uv_poll_t *h, int status, int events) {

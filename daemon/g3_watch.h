@@ -6,8 +6,8 @@
  * checks every half second that its files are still there (kv_g3_check: a
  * removed directory turns it degraded) and, while it is full, lets a probe
  * write through every g3.retry_ms (kv_g3_retry): it becomes ok by itself
- * once space returns. The timer and the completion poll live here.
- * Loop thread only.
+ * once space returns. Opening it, the timer and the completion poll live
+ * here. Loop thread only.
  */
 #ifndef KV_DAEMON_G3_WATCH_H
 #define KV_DAEMON_G3_WATCH_H
@@ -47,7 +47,7 @@ typedef struct kvd_g3w {
 } kvd_g3w;
 
 /* Opens the SSD tier on the configured directories and attaches it to the
- * core (kvd.c). lock_wait_ms as in kv_g3_opts. 0, or an error with
+ * core. lock_wait_ms as in kv_g3_opts. 0, or an error with
  * nothing left open and why[0..n) saying what failed. */
 int kvd_g3_open(struct kvd *d, int lock_wait_ms, char *why, size_t n);
 
@@ -63,5 +63,9 @@ void kvd_g3w_stop(struct kvd *d);
 
 /* The current problem (KVD_G3P_NONE when G3 is ok or not configured). */
 kvd_g3_problem kvd_g3_problem_of(const struct kvd *d);
+
+/* Delivers G3 completions, then retries what waits for room (LOADs, then
+ * ALLOCs) and keeps a soft g2.capacity. */
+void kvd_g3_poll(struct kvd *d);
 
 #endif

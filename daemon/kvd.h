@@ -117,7 +117,7 @@ int kvd_handle(kvd *d, kvd_sink *sink, const kv_msg *req, kv_buf *out, int fd_ou
  * KVD_DEFERRED (the reply goes through the sink). */
 typedef int kvd_op_fn(kvd *d, kvd_sink *sink, const kv_msg *req, kv_buf *out, int fd_out[2]);
 
-/* Shared by the handlers: a reply header for req; an ERROR reply to req
+/* Shared by the handlers (reply.c): a reply header for req; an ERROR reply to req
  * with status and its text (for a sink); an ERROR reply appended to out
  * (msg NULL: the code's own text); the request's keys copied into
  * d->keys. */
@@ -133,7 +133,7 @@ void kvd_share_refused(kvd *d, kvd_session *s, const char *what);
  * namespace core_ns): the hit length and each key's tier (in d->tiers,
  * which the reply points to), the misses classified; an ERROR reply when
  * the lookup fails. Used as soon as the keys are looked up, and by G4 once
- * its blocks are in (g4.c). */
+ * its blocks are in (g4.c). reply.c. */
 kv_msg kvd_lookup_answer(kvd *d, int reg_ns, uint32_t core_ns, const kv_key *keys, uint32_t n,
                          const kv_msg *req);
 
@@ -155,9 +155,6 @@ kvd_op_fn kvd_op_alloc;
  * keys -EAGAIN) or cancelled (-ECANCELED): d->load_wait's and
  * d->alloc_wait's (defer.h). */
 extern const kvd_defer_ops kvd_load_defer_ops, kvd_alloc_defer_ops;
-/* Delivers G3 completions, then retries what waits for room (LOADs, then
- * ALLOCs) and keeps a soft g2.capacity. */
-void kvd_g3_poll(kvd *d);
 /* The G1 completion hook (kvd_g1.done, arg the kvd): ends the core's copy
  * and retries the LOADs waiting for room. */
 void kvd_g1_copied(void *arg, uint64_t tag, int status);

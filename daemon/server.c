@@ -37,8 +37,6 @@ struct kvd_conn {
   kvd_conn *next, **pprev;
 };
 
-const char *const kvd_refused_names[KVD_REFUSED_COUNT] = {"fd_limit", "total", "per_uid",
-                                                          "no_credentials"};
 
 static void on_conn(uv_poll_t *h, int status, int events);
 static void conn_close(kvd_conn *c, const char *why);

@@ -201,6 +201,30 @@ static kv_evict *policy_of(kv_core *c, const kv_block *b, kv_tier t) {
   return kv_core__policy_of(c, b, t);
 }
 
+/* --- a block's G3 slot (the core's files share these) --- */
+
+void kv_core__g3_key_of(kv_core *c, const kv_block *b, kv_g3_key *k) {
+  memcpy(k->ns, c->ns[b->ns].digest, KV_G3_NS_BYTES);
+  k->len = (uint8_t)kv_block_keylen(b);
+  memcpy(k->b, b->key, k->len);
+}
+
+void kv_core__set_g3_slot(kv_core *c, kv_block *b, uint32_t slot) {
+  kv_core_ns *n = &c->ns[b->ns];
+  int had = b->slot[KV_G3] != KV_SLOT_NONE, has = slot != KV_SLOT_NONE;
+  b->slot[KV_G3] = slot;
+  if (had == has) return;
+  n->g3_slots += has ? 1 : (uint32_t)-1;
+  if (n->owner >= 0) c->g3_own_slots[n->owner] += has ? 1 : (uint64_t)-1;
+}
+
+uint64_t kv_core__g3_free(kv_core *c) {
+  if (!c->g3) return 0;
+  kv_g3_stats gs;
+  kv_g3_get_stats(c->g3, &gs);
+  return gs.slots_free;
+}
+
 /* Whether evicting b from tier t would leave children of b in a faster
  * tier with no parent anywhere: t is the last tier a copy of b can go to
  * (G3, or G2 with nothing to demote into), b has no copy in another tier,
@@ -398,10 +422,9 @@ void kv_core_touch(kv_core *c, kv_block *b) {
 /* Evicts G2 victim v: demoted (maybe asynchronously) or dropped. */
 static int evict_victim(kv_core *c, kv_block *v) {
   c->st.evictions[KV_G2]++;
-  kv_demote_fn demote = c->demote ? c->demote : c->g3 ? kv_core__g3_demote : NULL;
-  if (demote) {
+  if (c->demote) { /* the caller's (kv_core_opts) or G3's (kv_core_attach_g3) */
     c->st.demotions++;
-    int r = demote(c, v, KV_G2, c->demote_arg);
+    int r = c->demote(c, v, KV_G2, c->demote_arg);
     if (r == KV_DEMOTE_ASYNC) {
       v->busy |= (uint8_t)KV_TIER_BIT(KV_G2);
       sync_evictable(c, v, KV_G2);

@@ -11,21 +11,6 @@
 #include "tiers/core_int.h"
 #include "tiers/evict_heap.h"
 
-void kv_core__g3_key_of(kv_core *c, const kv_block *b, kv_g3_key *k) {
-  memcpy(k->ns, c->ns[b->ns].digest, KV_G3_NS_BYTES);
-  k->len = (uint8_t)kv_block_keylen(b);
-  memcpy(k->b, b->key, k->len);
-}
-
-void kv_core__set_g3_slot(kv_core *c, kv_block *b, uint32_t slot) {
-  kv_core_ns *n = &c->ns[b->ns];
-  int had = b->slot[KV_G3] != KV_SLOT_NONE, has = slot != KV_SLOT_NONE;
-  b->slot[KV_G3] = slot;
-  if (had == has) return;
-  n->g3_slots += has ? 1 : (uint32_t)-1;
-  if (n->owner >= 0) c->g3_own_slots[n->owner] += has ? 1 : (uint64_t)-1;
-}
-
 /* --- the SSD copies of blocks G2 holds too -------------------------------------
  *
  * Dropping one loses no block, so they are G3's first victims (tiers/G3.md).
@@ -48,13 +33,6 @@ static const kv_evict_ops g3_dup_ops = {
     .touch = kv_heap_touch,
     .peek = kv_heap_peek,
 };
-
-uint64_t kv_core__g3_free(kv_core *c) {
-  if (!c->g3) return 0;
-  kv_g3_stats gs;
-  kv_g3_get_stats(c->g3, &gs);
-  return gs.slots_free;
-}
 
 typedef struct g3_op {
   kv_core *c;
@@ -204,6 +182,7 @@ int kv_core_attach_g3(kv_core *c, kv_g3 *g3, const kv_core_g3_opts *o) {
     return rc;
   }
   c->g3 = g3;
+  c->demote = kv_core__g3_demote; /* G2's victims come here (kv_demote_fn) */
   if (o) c->g3o = *o;
   if (!c->g3o.low_water) c->g3o.low_water = 64;
   c->g3_seq = kv_g3_max_seq(g3);

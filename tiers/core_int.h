@@ -1,7 +1,10 @@
 /*
  * core_int.h - what the core's files (core.c, core_g1.c, core_g3.c,
- * core_admin.c) share: the core and namespace structures, the operator
- * state, and the helpers one file exports to the others.
+ * core_admin.c, core_hint.c) share: the core and namespace structures, the
+ * operator state, and the helpers one file exports to the others. They
+ * call one way (tools/dev/layers.sh): core_hint.c, core_admin.c, core_g1.c
+ * and core_g3.c on top of core.c, which holds every block's state and
+ * reaches G3 only through the demotion callback core_g3.c leaves it.
  *
  * Nothing outside tiers/ includes it but the unit tests of the core that
  * must look at its insides (each says so in its header comment); the
@@ -57,10 +60,8 @@ uint32_t kv_core__tier_policies(kv_core *c, kv_tier t, kv_evict **out, uint32_t 
 /* Adds a namespace like proto; returns its id, or -ENOSPC / -ENOMEM. */
 int kv_core__ns_add(kv_core *c, kv_core_ns *proto);
 
-/* --- the SSD tier (tiers/core_g3.c) --- */
+/* --- a block's G3 slot (core.c) --- */
 
-/* The demotion callback the core uses once G3 is attached (kv_demote_fn). */
-int kv_core__g3_demote(kv_core *c, kv_block *v, kv_tier from, void *unused);
 /* G3 slots free for a write now (slots being retired are not yet); 0
  * without G3. */
 uint64_t kv_core__g3_free(kv_core *c);
@@ -69,6 +70,12 @@ void kv_core__g3_key_of(kv_core *c, const kv_block *b, kv_g3_key *k);
 /* b's G3 slot is now `slot` (KV_SLOT_NONE: it has none): the count of its
  * namespace, and of the namespace's owner. */
 void kv_core__set_g3_slot(kv_core *c, kv_block *b, uint32_t slot);
+
+/* --- the SSD tier (tiers/core_g3.c) --- */
+
+/* The demotion callback kv_core_attach_g3 leaves in kv_core.demote: core.c
+ * reaches G3 only through it (core_g3.c is above core.c, tools/dev/layers.sh). */
+int kv_core__g3_demote(kv_core *c, kv_block *v, kv_tier from, void *unused);
 
 struct kv_core_ns {
   kv_arena *arena;             /* NULL while dormant (known from G3, no HELLO yet) */
@@ -95,7 +102,7 @@ struct kv_core {
   uint64_t ns_emptied; /* times a namespace's last block went */
   kv_arena **g2a;      /* the G2 arenas whose classes have policies of the core */
   uint32_t ng2a, capg2a;
-  kv_demote_fn demote;
+  kv_demote_fn demote; /* G2's victims: the caller's, G3's once attached, or NULL */
   void *demote_arg;
   uint32_t demoting; /* asynchronous demotions in flight */
   kv_core_stats_t st;

@@ -1,38 +1,10 @@
-/* evict.c - the table of eviction policies (see evict.h). */
+/*
+ * evict.c - a policy instance's life (see evict.h): kv_evict_init binds an
+ * instance to its policy, index and tier, kv_evict_fini undoes it. Used by
+ * the core and by the policies that run sub-instances (evict_auto.c,
+ * evict_mini.c); the table of policies by name is evict_policies.c's.
+ */
 #include "tiers/evict.h"
-
-#include <string.h>
-
-extern const kv_evict_ops kv_evict_lru_ops;
-extern const kv_evict_ops kv_evict_lru2_ops;
-extern const kv_evict_ops kv_evict_lfuda_ops;
-extern const kv_evict_ops kv_evict_arc_ops;
-extern const kv_evict_ops kv_evict_s3fifo_ops;
-extern const kv_evict_ops kv_evict_tinylfu_ops;
-extern const kv_evict_ops kv_evict_auto_ops;
-extern const kv_evict_ops kv_evict_reuse_ops;
-extern const kv_evict_ops kv_evict_adapt_ops;
-extern const kv_evict_ops kv_evict_aged_ops;
-extern const kv_evict_ops kv_evict_aged0_ops;
-
-const kv_evict_ops *const kv_evict_policies[] = {
-    &kv_evict_lru_ops,    &kv_evict_lru2_ops,
-    &kv_evict_lfuda_ops,  &kv_evict_arc_ops,
-    &kv_evict_s3fifo_ops, &kv_evict_tinylfu_ops,
-    &kv_evict_auto_ops,   &kv_evict_reuse_ops,
-    &kv_evict_adapt_ops,  &kv_evict_aged_ops,
-    &kv_evict_aged0_ops,  NULL,
-};
-
-/* Chosen by `kvbench core-replay` on both traces of bench/traces
- * (tiers/EVICTION.md, "The default: adapt"). */
-const char kv_evict_default[] = "adapt";
-
-const kv_evict_ops *kv_evict_lookup(const char *name) {
-  for (int i = 0; kv_evict_policies[i]; i++)
-    if (strcmp(kv_evict_policies[i]->name, name) == 0) return kv_evict_policies[i];
-  return NULL;
-}
 
 int kv_evict_init(kv_evict *e, const kv_evict_ops *ops, kv_index *ix, kv_tier tier) {
   e->ops = ops;

@@ -23,8 +23,8 @@
  * remembering what it offered.
  *
  * This is what the core and the daemon use: the table of operations, the
- * registry of policies by name, and the default. Writing a policy takes
- * evict_impl.h as well.
+ * registry of policies by name, and the default (evict_policies.c), and an
+ * instance's life (evict.c). Writing a policy takes evict_impl.h as well.
  */
 #ifndef KV_TIERS_EVICT_H
 #define KV_TIERS_EVICT_H

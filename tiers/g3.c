@@ -269,7 +269,8 @@ static int verify_read(kv_g3 *g, g3_op *op) {
   return KV_ECORRUPT;
 }
 
-void g3_io_finished(kv_g3 *g, g3_op *op) {
+/* The engines' g3_io_done_fn (handed to them by start_engine). */
+static void io_finished(kv_g3 *g, g3_op *op) {
   if (op->kind == G3_OP_READ) {
     op->res = verify_read(g, op);
   } else {
@@ -859,7 +860,7 @@ static int start_engine(kv_g3 *g, const kv_g3_opts *o) {
   int rc;
   if (o->backend != KV_G3_BACKEND_THREADS) {
     g->eng = &g3_engine_uring;
-    rc = g->eng->start(g);
+    rc = g->eng->start(g, io_finished);
     if (rc == 0) {
       g->eng_started = 1;
       return 0;
@@ -871,7 +872,7 @@ static int start_engine(kv_g3 *g, const kv_g3_opts *o) {
     kv_warn(G3_SUB, "io_uring unavailable (%s): using the thread-pool backend", strerror(-rc));
   }
   g->eng = &g3_engine_threads;
-  if ((rc = g->eng->start(g))) return rc;
+  if ((rc = g->eng->start(g, io_finished))) return rc;
   g->eng_started = 1;
   return 0;
 }

@@ -97,14 +97,21 @@ static inline g3_op *g3_q_pop(g3_queue *q) {
 }
 
 /* ---- I/O engines ------------------------------------------------------------- */
+/* Called by the engine, on its thread, when both transfers of op are done
+ * (op->io_err, op->io_short, op->hdr for reads set): g3.c's, which
+ * verifies a read or passes a write to the committer; the op then reaches
+ * the done list. The engine gives op up with the call. */
+typedef void (*g3_io_done_fn)(kv_g3 *g, g3_op *op);
+
 typedef struct g3_engine_ops {
   const char *name;
   kv_g3_backend kind;
-  /* Starts the engine. 0, or -errno with nothing left running. */
-  int (*start)(kv_g3 *g);
+  /* Starts the engine, which reports each finished op to done (kept until
+   * stop). 0, or -errno with nothing left running. */
+  int (*start)(kv_g3 *g, g3_io_done_fn done);
   /* Queues op for its transfers (header and payload: one vectored write,
-   * or two reads); never fails. When they are done the engine calls
-   * g3_io_finished(). Any thread. */
+   * or two reads); never fails. When they are done the engine calls the
+   * done given to start. Any thread. */
   void (*submit)(kv_g3 *g, g3_op *op);
   /* Finishes every submitted op, then stops and frees the engine. */
   void (*stop)(kv_g3 *g);
@@ -181,11 +188,6 @@ struct kv_g3 {
   g3_queue dq;
   int efd;
 };
-
-/* Engine thread: both transfers of op are done (op->io_err, op->io_short,
- * op->hdr for reads set). Verifies a read, or passes a write to the
- * committer; the op then reaches the done list. */
-void g3_io_finished(kv_g3 *g, g3_op *op);
 
 /* Runs the fault hook for one transfer: 0 or the -errno to fail it with. */
 static inline int g3_fault_io(kv_g3 *g, const g3_op *op, int is_header, uint64_t off,

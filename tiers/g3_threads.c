@@ -23,6 +23,7 @@ typedef struct thr_eng {
   g3_queue q;
   int stop;
   kv_g3 *g;
+  g3_io_done_fn done; /* where a finished op goes (start's) */
 } thr_eng;
 
 /* Moves op's header sector and payload - adjacent on disk - with one
@@ -84,7 +85,7 @@ static void *worker(void *arg) {
       xfer(g, op, hbuf);
       if (op->kind == G3_OP_READ) memcpy(op->hdr, hbuf, G3_REC_LEN);
     }
-    g3_io_finished(g, op);
+    t->done(g, op);
   }
   free(hbuf);
   return NULL;
@@ -105,11 +106,12 @@ static void thr_stop(kv_g3 *g) {
   g->eng_priv = NULL;
 }
 
-static int thr_start(kv_g3 *g) {
+static int thr_start(kv_g3 *g, g3_io_done_fn done) {
   thr_eng *t = calloc(1, sizeof *t);
   if (!t) return -ENOMEM;
   unsigned n = g->qd < MAX_THREADS ? g->qd : MAX_THREADS;
   t->g = g;
+  t->done = done;
   t->t = calloc(n, sizeof *t->t);
   pthread_mutex_init(&t->mu, NULL);
   pthread_cond_init(&t->cv, NULL);

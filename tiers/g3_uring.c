@@ -56,6 +56,7 @@ typedef struct uring_eng {
   int start_rc;    /* the ring thread's set-up result, 1 while pending */
   pthread_cond_t start_cv;
   kv_g3 *g;
+  g3_io_done_fn done; /* where a finished op goes (start's) */
 } uring_eng;
 
 static int buf_index(const uring_eng *u, const uint8_t *p, uint32_t len) {
@@ -242,7 +243,7 @@ static void *ring_main(void *arg) {
      * over the payload) overlaps the next transfers. */
     take_ops(u);
     io_uring_submit(&u->ring);
-    for (g3_op *op; (op = g3_q_pop(&u->fin));) g3_io_finished(u->g, op);
+    for (g3_op *op; (op = g3_q_pop(&u->fin));) u->done(u->g, op);
   }
   /* The registered ring fd belongs to this thread: give it back here. */
   io_uring_unregister_ring_fd(&u->ring);
@@ -346,11 +347,12 @@ static void ur_free(uring_eng *u) {
   free(u);
 }
 
-static int ur_start(kv_g3 *g) {
+static int ur_start(kv_g3 *g, g3_io_done_fn done) {
   uring_eng *u = calloc(1, sizeof *u);
   if (!u) return -ENOMEM;
   int rc;
   u->g = g;
+  u->done = done;
   u->kickfd = -1;
   u->start_rc = 1;
   pthread_mutex_init(&u->mu, NULL);

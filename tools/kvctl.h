@@ -5,7 +5,9 @@
  * kvctl.c holds main(), the option parser and the commands that speak the
  * worker protocol (lookup, put, get, status --worker); kvctl_ops.c the
  * commands that speak HTTP to the daemon's stats and admin sockets
- * (daemon/OPS.md); kvctl_http.c the HTTP client they use.
+ * (daemon/OPS.md); kvctl_cli.c the command-line helpers below (usage
+ * errors, option checks, hex and byte counts), which both use and which
+ * call neither; kvctl_http.c the HTTP client.
  */
 #ifndef KVCTL_H
 #define KVCTL_H
@@ -73,6 +75,11 @@ typedef struct ctl {
   int nargs;
   char **args;
 } ctl;
+
+/* The command-line helpers (kvctl_cli.c). */
+
+/* Makes cmd's usage line (if it has one) the one bad_usage prints. */
+void kvctl_set_usage(const char *cmd);
 
 /* Prints "kvctl: <message>" and the current command's usage line;
  * returns EXIT_USAGE. */

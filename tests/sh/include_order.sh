@@ -5,6 +5,11 @@
 # logger, the protocol including a tier's header, the daemon including the
 # core's internal header, a folder's CMakeLists
 # compiling another folder's source, a library linking one beside it.
+# Calls too, read from this build's objects: the build passes, and a copy
+# of its objects with one call back up planted (linked into the caller's
+# object with ld -r) fails, naming the caller: each of the knots the tree
+# once had, inside the daemon, the core and libkvclient, and a tier calling
+# the daemon; a new source not placed in its folder's order fails too.
 source "$(dirname "$0")/lib.bash"
 
 expect_exit 0 "the tree depends one way" bash "$SRC/tools/dev/layers.sh" "$SRC"
@@ -33,4 +38,40 @@ breaks "client/ compiling the protocol's source" client/CMakeLists.txt 'set(X ${
 breaks "tiers/ linking the daemon" tiers/CMakeLists.txt 'target_link_libraries(kvtiers PUBLIC kvdaemon)'
 copy
 expect_exit 0 "an untouched copy passes" bash "$SRC/tools/dev/layers.sh" "$T/tree"
+copy
+touch "$T/tree/daemon/newpart.c"
+expect_exit 1 "a source not placed in daemon/'s order is refused" \
+  bash "$SRC/tools/dev/layers.sh" "$T/tree"
+check "  and the report names it" grep -q "^daemon/newpart.c: not placed" "$T/out"
+
+B=$(dirname "$BIN")
+expect_exit 0 "the build's objects call one way" bash "$SRC/tools/dev/layers.sh" "$SRC" "$B"
+objects() { # a copy of the build's objects (not the tests') in $T/b
+  rm -rf "$T/b" && mkdir -p "$T/b"
+  (cd "$B" && find . -path ./tests -prune -o -path '*/CMakeFiles/*.dir/*.o' -print |
+     tar -cf - -T -) | tar -C "$T/b" -xf - || exit 1
+}
+plants() { # plants "description" OBJECT SYMBOL CALLER: OBJECT calls SYMBOL; refused, naming CALLER
+  objects
+  printf 'extern void %s(void);\nvoid kv_planted_call(void) { %s(); }\n' "$3" "$3" >"$T/plant.c"
+  cc -c -o "$T/plant.o" "$T/plant.c" && ld -r -o "$T/merged.o" "$T/b/$2" "$T/plant.o" &&
+    mv "$T/merged.o" "$T/b/$2" || exit 1
+  expect_exit 1 "$1 is refused" bash "$SRC/tools/dev/layers.sh" "$SRC" "$T/b"
+  check "  and the report names $4 calling $3" grep -q "^$4: calls $3 of " "$T/out"
+}
+D=daemon/CMakeFiles/kvdaemon.dir
+plants "G3's watch calling the daemon's start (kvd.c)" $D/g3_watch.c.o kvd_init daemon/g3_watch
+plants "G4 calling LOOKUP's handler" $D/g4.c.o kvd_handle daemon/g4
+plants "a metric calling the stats routes" $D/metrics.c.o kvd_stats_json daemon/metrics
+plants "the worker socket calling the loop" $D/server.c.o kvd_main daemon/server
+plants "LOAD calling the opcode table" $D/load.c.o kvd_handle daemon/load
+plants "the core calling G3's moves" tiers/CMakeFiles/kvtiers.dir/core.c.o kv_core_attach_g3 \
+  tiers/core
+plants "libkvclient's session calling the engine's side" \
+  client/CMakeFiles/kvclient.dir/client.c.o kvc_g2_register_cuda client/client
+plants "the core calling the daemon" tiers/CMakeFiles/kvtiers.dir/core.c.o kvd_main tiers/core
+check "  (said as a folder not below)" grep -q "daemon/ is not below tiers/" "$T/out"
+objects
+expect_exit 0 "an untouched copy of the objects passes" \
+  bash "$SRC/tools/dev/layers.sh" "$SRC" "$T/b"
 finish
