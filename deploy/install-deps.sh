@@ -15,6 +15,7 @@ pkgs=(
   fio redis-server redis-tools libhiredis-dev jq
   libhttp-parser-dev libsystemd-dev prometheus curl
   systemd python3-yaml python3-venv
+  dpkg-dev file man-db adduser   # cpack -G DEB (dpkg-shlibdeps), the packages' test
 )
 
 missing=()
