@@ -354,11 +354,20 @@ static int64_t batch(kvc *c, int op, uint8_t tier, uint8_t prio, uint8_t flags, 
   return submit(c, &m, p);
 }
 
-int64_t kvc_submit_lookup(kvc *c, const kvc_key *keys, uint32_t n, uint8_t *tiers, void *user) {
+static int64_t submit_lookup(kvc *c, uint8_t flags, const kvc_key *keys, uint32_t n,
+                             uint8_t *tiers, void *user) {
   pending *p;
-  int64_t id = batch(c, KV_OP_LOOKUP, 0, 0, 0, keys, n, &p, user);
+  int64_t id = batch(c, KV_OP_LOOKUP, 0, 0, flags, keys, n, &p, user);
   if (id > 0) c->pend[c->npend - 1].tiers = tiers;
   return id;
+}
+int64_t kvc_submit_lookup(kvc *c, const kvc_key *keys, uint32_t n, uint8_t *tiers, void *user) {
+  return submit_lookup(c, 0, keys, n, tiers, user);
+}
+int64_t kvc_submit_lookup_all(kvc *c, const kvc_key *keys, uint32_t n, uint8_t *tiers,
+                              void *user) {
+  /* 1.4: KV_LOOKUP_ALL; a daemon before it refuses the bit, and answers as without it */
+  return submit_lookup(c, c->minor >= 4 ? KV_LOOKUP_ALL : 0, keys, n, tiers, user);
 }
 
 int64_t kvc_submit_load(kvc *c, uint8_t tier, const kvc_key *keys, uint32_t n, kvc_block *out,
@@ -494,6 +503,9 @@ int64_t kvc_submit_alloc(kvc *c, uint8_t tier, uint8_t prio, const kvc_key *keys
 
 int kvc_lookup(kvc *c, const kvc_key *keys, uint32_t n, uint8_t *tiers) {
   BLOCK_ON(kvc_submit_lookup(c, keys, n, tiers, NULL));
+}
+int kvc_lookup_all(kvc *c, const kvc_key *keys, uint32_t n, uint8_t *tiers) {
+  BLOCK_ON(kvc_submit_lookup_all(c, keys, n, tiers, NULL));
 }
 int kvc_load(kvc *c, uint8_t tier, const kvc_key *keys, uint32_t n, kvc_block *out) {
   BLOCK_ON(kvc_submit_load(c, tier, keys, n, out, NULL));

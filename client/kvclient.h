@@ -153,6 +153,11 @@ typedef struct kvc_block {
  * error; tiers (may be NULL) gets each key's tier or KVC_TIER_NONE. For a
  * TP group the length is one every rank has. */
 int kvc_lookup(kvc *c, const kvc_key *keys, uint32_t n, uint8_t *tiers);
+/* As kvc_lookup, for a worker that computes the holes of a prefix alone:
+ * tiers names every block found, and a daemon with G4 asks it past its
+ * first miss too (protocol 1.4, KV_LOOKUP_ALL; an older daemon answers as
+ * kvc_lookup, which names the local tiers' blocks after a hole too). */
+int kvc_lookup_all(kvc *c, const kvc_key *keys, uint32_t n, uint8_t *tiers);
 
 /* Pins each block in `tier` (KVC_G2, or KVC_G1 when kvc_g1_info says G1 is
  * available: else -ENODEV) and fills out[i]. Returns how many blocks are
@@ -317,6 +322,8 @@ typedef struct kvc_completion {
  * Return the request id (> 0) or an error. The request may block for at
  * most the handle's timeout when the socket's send buffer is full. */
 int64_t kvc_submit_lookup(kvc *c, const kvc_key *keys, uint32_t n, uint8_t *tiers, void *user);
+int64_t kvc_submit_lookup_all(kvc *c, const kvc_key *keys, uint32_t n, uint8_t *tiers,
+                              void *user);
 int64_t kvc_submit_load(kvc *c, uint8_t tier, const kvc_key *keys, uint32_t n, kvc_block *out,
                         void *user);
 int64_t kvc_submit_release(kvc *c, const kvc_key *keys, uint32_t n, int32_t *status, void *user);

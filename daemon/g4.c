@@ -373,9 +373,11 @@ struct g4_lookup {
   uint32_t block_bytes;
   const kv_g4_keys *secrets; /* g4.keys, which outlives every callback of the client */
   uint32_t n, hit, nask, pending;
+  int past_holes; /* KV_LOOKUP_ALL: every key asked is stored, not only the run */
   uint64_t t0, g4_t0;
   kv_key *keys; /* the LOOKUP's n keys */
-  g4_get *get;  /* nask, for keys hit..hit+nask-1 */
+  g4_get *get;  /* nask, for keys at[0..nask-1] */
+  uint32_t *at; /* nask: the key index each GET is for (hit, hit+1, ... without past_holes) */
 };
 
 static void lookup_free(g4_lookup *lk) {
@@ -383,11 +385,13 @@ static void lookup_free(g4_lookup *lk) {
   kvd_sink_put(lk->sink);
   free(lk->keys);
   free(lk->get);
+  free(lk->at);
   free(lk);
 }
 
-/* The verified run into G2: alloc (chained to the previous key), copy,
- * commit with the value's CRC. Counts each key asked once. */
+/* The verified run into G2 (with past_holes, every verified value): alloc
+ * (chained to the previous key when it is known), copy, commit with the
+ * value's CRC. Counts each key asked once. */
 static void store_run(g4_lookup *lk) {
   kvd *d = lk->d;
   kvd_g4 *g = &d->g4;
@@ -396,21 +400,21 @@ static void store_run(g4_lookup *lk) {
     g4_get *x = &lk->get[i];
     if (x->miss >= 0) {
       g->misses[x->miss]++;
-      ended = 1;
+      ended = !lk->past_holes;
       continue;
     }
     if (ended) {
       g->misses[KVD_G4_MISS_GAP]++;
       continue;
     }
-    uint32_t at = lk->hit + i;
+    uint32_t at = lk->at[i];
     const kv_key *key = &lk->keys[at], *parent = at ? &lk->keys[at - 1] : NULL;
     kv_block *b = NULL;
     int rc = kv_core_alloc(d->core, lk->core_ns, key, parent, KV_PRIO_DEFAULT, &b);
     if (rc == KV_EEXISTS && b && b->state == KV_BS_READY) continue; /* stored here meanwhile */
     if (rc) {
       g->misses[KVD_G4_MISS_NO_ROOM]++;
-      ended = 1;
+      ended = !lk->past_holes;
       continue;
     }
     memcpy(kv_core_g2_ptr(d->core, b), x->val + KV_G4_HDR_LEN, b->size);
@@ -452,7 +456,7 @@ static void on_get(kv_g4c *c, const kv_g4c_reply *r, void *arg) {
     x->miss = r->reason == KV_G4C_R_TIMEOUT ? KVD_G4_MISS_TIMEOUT : KVD_G4_MISS_ERROR;
   } else {
     kv_g4_key k;
-    const kv_key *key = &lk->keys[lk->hit + i];
+    const kv_key *key = &lk->keys[lk->at[i]];
     g4_key(&k, lk->digest, key->b, key->len);
     kv_g4_view v;
     kv_g4_miss why = KV_G4_MISS_SHORT;
@@ -473,21 +477,26 @@ int kvd_g4_lookup(kvd *d, kvd_sink *sink, const kv_msg *req, uint32_t n, uint32_
                   uint64_t t0) {
   kvd_g4 *g = &d->g4;
   if (!g->c || g->closing || hit >= n) return 0;
-  uint32_t nask = n - hit;
-  if (nask > d->cfg.g4_lookup_blocks) nask = d->cfg.g4_lookup_blocks;
+  kvd_session *s = sink->sess;
+  kvd_ns *ns = kvd_registry_ns(&d->reg, s->ns);
+  int past_holes = (req->batch.flags & KV_LOOKUP_ALL) != 0;
+  uint32_t nask = 0; /* the keys past the run that no local tier holds (all of them, unless
+                      * past_holes: then a local block after a hole is not asked for) */
+  for (uint32_t i = hit; i < n && nask < d->cfg.g4_lookup_blocks; i++)
+    if (!past_holes || !kv_core_find(d->core, (uint32_t)ns->core_ns, &d->keys[i])) nask++;
+  if (nask == 0) return 0;
   if (kv_g4c_get_state(g->c) == KV_G4C_DOWN) {
     g->misses[KVD_G4_MISS_DOWN] += nask;
     return 0;
   }
-  kvd_session *s = sink->sess;
-  kvd_ns *ns = kvd_registry_ns(&d->reg, s->ns);
   g4_lookup *lk = calloc(1, sizeof *lk);
   if (lk) {
     lk->keys = malloc(n * sizeof *lk->keys);
     lk->get = calloc(nask, sizeof *lk->get);
+    lk->at = malloc(nask * sizeof *lk->at);
   }
-  if (!lk || !lk->keys || !lk->get) {
-    if (lk) free(lk->keys), free(lk->get);
+  if (!lk || !lk->keys || !lk->get || !lk->at) {
+    if (lk) free(lk->keys), free(lk->get), free(lk->at);
     free(lk);
     g->misses[KVD_G4_MISS_ERROR] += nask;
     return 0;
@@ -504,6 +513,9 @@ int kvd_g4_lookup(kvd *d, kvd_sink *sink, const kv_msg *req, uint32_t n, uint32_
   lk->n = n;
   lk->hit = hit;
   lk->nask = nask;
+  lk->past_holes = past_holes;
+  for (uint32_t i = hit, j = 0; j < nask; i++)
+    if (!past_holes || !kv_core_find(d->core, lk->core_ns, &d->keys[i])) lk->at[j++] = i;
   lk->t0 = t0;
   lk->g4_t0 = kv_now_ns();
   memcpy(lk->keys, d->keys, n * sizeof *lk->keys);
@@ -517,7 +529,7 @@ int kvd_g4_lookup(kvd *d, kvd_sink *sink, const kv_msg *req, uint32_t n, uint32_
     x->miss = KVD_G4_MISS_ERROR;
     kv_g4_key k;
     char rkey[KV_G4_RKEY_MAX];
-    const kv_key *key = &lk->keys[hit + i];
+    const kv_key *key = &lk->keys[lk->at[i]];
     int rl = g4_name(d, lk->digest, key->b, key->len, &k, rkey);
     const char *argv[] = {"GET", rkey};
     size_t lens[] = {3, rl > 0 ? (size_t)rl : 0};

@@ -129,9 +129,12 @@ void kvd_g4_del(struct kvd *d, const struct kvd_ns *n, const kv_key *key);
 /* A LOOKUP of session sink->sess whose local run, `hit` of the n keys
  * in d->keys, is short: when G4 is up, asks it for the next keys (at most
  * g4.lookup_blocks), stores the verified run into G2 and answers the
- * LOOKUP through the sink later: KVD_DEFERRED. 0 when G4 is off or down
- * (nothing asked, the caller answers now). t0: when the request was
- * taken, for the LOOKUP's latency. */
+ * LOOKUP through the sink later: KVD_DEFERRED. With KV_LOOKUP_ALL in the
+ * request's flags, asks for the keys past the run that no local tier
+ * holds and stores every verified value, past a miss too (each chained
+ * to the key before it when that is known). 0 when G4 is off or down, or
+ * nothing is to be asked (the caller answers now). t0: when the request
+ * was taken, for the LOOKUP's latency. */
 int kvd_g4_lookup(struct kvd *d, struct kvd_sink *sink, const struct kv_msg *req, uint32_t n,
                   uint32_t hit, uint64_t t0);
 

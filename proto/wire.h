@@ -39,8 +39,8 @@
 #define KV_PROTO_MAGIC 0x4443564Bu /* bytes "KVCD" */
 #define KV_PROTO_MAJOR 1           /* in every header; a change breaks peers */
 /* negotiated by HELLO; additions only (1: G1_SELECT; 2: COMMIT with CRCs,
- * corrupt reports, LOAD2; 3: HINT) */
-#define KV_PROTO_MINOR 3
+ * corrupt reports, LOAD2; 3: HINT; 4: LOOKUP with KV_LOOKUP_ALL) */
+#define KV_PROTO_MINOR 4
 
 #define KV_HDR_SIZE 32
 
@@ -109,6 +109,9 @@ typedef enum kv_op {
 #define KV_REL_CORRUPT \
   0x04u /* RELEASE (1.2): the reader found these blocks' bytes
                               * failing their committed CRC (the daemon re-checks) */
+#define KV_LOOKUP_ALL \
+  0x08u /* LOOKUP (1.4): G4 is asked past its first miss too, and \
+         * every block it has is brought in, not only a leading run */
 
 /* Tier-info kinds (HELLO reply). Unknown kinds are skipped by clients. */
 #define KV_TI_G1_VMM_FD     1 /* G1 pool, CUDA VMM POSIX-fd handle (the fd: KV_F_FD2) */
@@ -310,7 +313,8 @@ void kv_hello_tierinfo(const kv_hello_rep *r, unsigned i, kv_tierinfo *out);
  *   tier:  LOAD, LOAD2, PREFETCH: the target tier, KV_G1 or KV_G2.
  *   prio:  SET_PRIORITY: the new priority (0..255, lower evicted first).
  *   flags: DELETE: KV_DEL_ALL (then keys.n must be 0); COMMIT:
- *          KV_COMMIT_CRC (then crcs.n == keys.n); RELEASE: KV_REL_CORRUPT.
+ *          KV_COMMIT_CRC (then crcs.n == keys.n); RELEASE: KV_REL_CORRUPT;
+ *          LOOKUP: KV_LOOKUP_ALL.
  *   crcs:  COMMIT with KV_COMMIT_CRC: the CRC-32C of each key's block, after
  *          the keys on the wire; otherwise n == 0.
  */

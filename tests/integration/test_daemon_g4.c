@@ -141,18 +141,22 @@ static void store_chain(kvc *c, uint64_t first, uint64_t last) {
   }
 }
 
-/* LOOKUP of KC(first)..KC(last) through c: the hit length, and its time
- * in ms in *ms (may be NULL). */
-static int lookup(kvc *c, uint64_t first, uint64_t last, uint8_t *tiers, int64_t *ms) {
+/* LOOKUP of KC(first)..KC(last) through c (all: kvc_lookup_all): the hit
+ * length, and its time in ms in *ms (may be NULL). */
+static int lookup_as(int all, kvc *c, uint64_t first, uint64_t last, uint8_t *tiers,
+                     int64_t *ms) {
   kvc_key k[64];
   uint32_t n = (uint32_t)(last - first + 1);
   cr_assert_leq(n, 64);
   for (uint32_t i = 0; i < n; i++) k[i] = KC(first + i);
   int64_t t = kv_now_ms();
-  int hit = kvc_lookup(c, k, n, tiers);
+  int hit = (all ? kvc_lookup_all : kvc_lookup)(c, k, n, tiers);
   if (ms) *ms = kv_now_ms() - t;
   cr_assert_geq(hit, 0, "lookup: %s", kvc_strerror(hit));
   return hit;
+}
+static int lookup(kvc *c, uint64_t first, uint64_t last, uint8_t *tiers, int64_t *ms) {
+  return lookup_as(0, c, first, last, tiers, ms);
 }
 
 /* LOADs KC(v) through c and checks its bytes (verified by kvc_read too). */
@@ -501,6 +505,56 @@ Test(daemon_g4, forged_values_are_refused_deleted_ones_miss, .init = setup, .fin
   cr_assert_eq(metric(&nb, "kvcached_g4_misses_total{reason=\"mac\"}"), 2);
   /* node A, which holds them, still serves its own blocks */
   for (uint64_t v = 1; v <= 6; v++) load_check(a, v);
+  kvc_close(a);
+  kvc_close(b);
+}
+
+/* Holes in G4 (values of a chain gone from the cluster, as when a master
+ * fails or evicts): a LOOKUP stops G4 at its first miss, as before; with
+ * KV_LOOKUP_ALL it asks for every key no local tier holds and brings in
+ * each block G4 still has, with its own bytes; the holes stay misses. */
+Test(daemon_g4, lookup_all_brings_in_the_blocks_after_a_hole, .init = setup, .fini = teardown,
+     .timeout = 60) {
+  kvc *a, *b;
+  both_ok(&a, &b);
+  store_chain(a, 1, 8);
+  cr_assert_eq(wait_metric(&na, "kvcached_g4_writes_total{result=\"ok\"}", 8, 5000), 8);
+  for (uint64_t v = 3; v <= 6; v += 3) {
+    char name[160];
+    rkey_of(v, name, sizeof name);
+    redisReply *r = adm(owner_of(name), "DEL %s", name);
+    cr_assert_eq(r->integer, 1);
+    freeReplyObject(r);
+  }
+  uint8_t t[64];
+  cr_assert_eq(lookup(b, 1, 8, t, NULL), 2, "G4's run ends at the hole");
+  for (int i = 2; i < 8; i++) cr_assert_eq(t[i], KVC_TIER_NONE, "key %d", i + 1);
+  cr_assert_eq(metric(&nb, "kvcached_g4_hits_total"), 2);
+  cr_assert_eq(metric(&nb, "kvcached_g4_misses_total{reason=\"gap\"}"), 4); /* 4, 5, 7, 8 */
+
+  long long asked = metric(&nb, "kvcached_g4_misses_total{reason=\"absent\"}");
+  cr_assert_eq(lookup_as(1, b, 1, 8, t, NULL), 2, "the hit length is still the leading run");
+  static const uint8_t want[8] = {KVC_G2, KVC_G2, KVC_TIER_NONE, KVC_G2,
+                                  KVC_G2, KVC_TIER_NONE, KVC_G2, KVC_G2};
+  for (int i = 0; i < 8; i++) cr_assert_eq(t[i], want[i], "key %d in tier %d", i + 1, t[i]);
+  cr_assert_eq(metric(&nb, "kvcached_g4_hits_total"), 6);
+  cr_assert_eq(metric(&nb, "kvcached_g4_misses_total{reason=\"absent\"}"), asked + 2,
+               "only keys 3 and 6 asked again and missed: 1 and 2 are local");
+  for (uint64_t v = 1; v <= 8; v++) {
+    if (v == 3 || v == 6) {
+      kvc_key k = KC(v);
+      kvc_block blk;
+      cr_assert_eq(kvc_load(b, KVC_G2, &k, 1, &blk), 0, "hole %llu", (unsigned long long)v);
+      cr_assert_eq(blk.status, KV_ENOTFOUND);
+    } else {
+      load_check(b, v);
+    }
+  }
+  /* 4, 5, 7 and 8 are local now: of 4..8 only 6 is asked for again */
+  cr_assert_eq(lookup_as(1, b, 4, 8, t, NULL), 2);
+  cr_assert_eq(t[2], KVC_TIER_NONE);
+  cr_assert_eq(metric(&nb, "kvcached_g4_misses_total{reason=\"absent\"}"), asked + 3);
+  cr_assert_eq(metric(&nb, "kvcached_g4_hits_total"), 6);
   kvc_close(a);
   kvc_close(b);
 }

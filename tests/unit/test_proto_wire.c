@@ -1162,6 +1162,28 @@ Test(wire_bad, v1_2_fields) {
   kv_buf_free(&b);
 }
 
+Test(wire_bad, v1_4_lookup_all) {
+  /* LOOKUP past holes: LOOKUP's flag only, and no other bit beside it */
+  batch_body(0, 0, KV_LOOKUP_ALL, 2, 8);
+  cr_assert_eq(REQ(KV_OP_LOOKUP), 0);
+  batch_body(0, 0, 0, 2, 8);
+  cr_assert_eq(REQ(KV_OP_LOOKUP), 0, "a LOOKUP without it, as before");
+  batch_body(0, 0, KV_LOOKUP_ALL | KV_REL_CORRUPT, 2, 8);
+  cr_assert_eq(REQ(KV_OP_LOOKUP), KV_EBADFRAME, "KV_REL_CORRUPT on LOOKUP");
+  batch_body(0, 0, 0x10, 2, 8);
+  cr_assert_eq(REQ(KV_OP_LOOKUP), KV_EBADFRAME, "an unknown bit on LOOKUP");
+  batch_body(KV_G2, 0, KV_LOOKUP_ALL, 2, 8);
+  cr_assert_eq(REQ(KV_OP_LOOKUP), KV_EBADFRAME, "a tier on LOOKUP");
+  static const uint16_t not_lookup[] = {KV_OP_LOAD, KV_OP_RELEASE, KV_OP_COMMIT, KV_OP_DELETE,
+                                        KV_OP_PREFETCH, KV_OP_SET_PRIORITY};
+  for (size_t i = 0; i < sizeof not_lookup / sizeof not_lookup[0]; i++) {
+    batch_body(not_lookup[i] == KV_OP_LOAD || not_lookup[i] == KV_OP_PREFETCH ? KV_G2 : 0, 0,
+               KV_LOOKUP_ALL, 1, 8);
+    cr_assert_eq(REQ(not_lookup[i]), KV_EBADFRAME, "KV_LOOKUP_ALL on %s",
+                 kv_op_name(not_lookup[i]));
+  }
+}
+
 /* ---- 1.3: HINT ---------------------------------------------------------------------- */
 
 static void hint_body(uint8_t kind, uint8_t stop, uint16_t rsv, uint32_t retain, uint64_t session,

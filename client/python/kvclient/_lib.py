@@ -97,6 +97,7 @@ _SIGS = {
     "kvc_g1_info": (c_int, [c_void_p, _P(KvcG1)]),
     "kvc_g1_ptr": (c_int, [c_void_p, c_uint64, c_uint64, _P(c_void_p)]),
     "kvc_lookup": (c_int, [c_void_p, _P(KvcKey), c_uint32, _P(c_uint8)]),
+    "kvc_lookup_all": (c_int, [c_void_p, _P(KvcKey), c_uint32, _P(c_uint8)]),
     "kvc_load": (c_int, [c_void_p, c_uint8, _P(KvcKey), c_uint32, _P(KvcBlock)]),
     "kvc_release": (c_int, [c_void_p, _P(KvcKey), c_uint32, _P(c_int32)]),
     "kvc_alloc": (c_int, [c_void_p, c_uint8, c_uint8, _P(KvcKey), _P(KvcKey), c_uint32,

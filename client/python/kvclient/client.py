@@ -676,13 +676,16 @@ class Client:
         return keys
 
     # --- operations --------------------------------------------------------------
-    def lookup(self, keys) -> tuple[int, list[int]]:
+    def lookup(self, keys, past_holes: bool = False) -> tuple[int, list[int]]:
         """(hit, tiers): the longest resident prefix of keys, and each key's
-        tier (G1, G2, G3 or TIER_NONE)."""
+        tier (G1, G2, G3 or TIER_NONE), past the prefix too. past_holes: a
+        daemon with G4 asks it past its first miss as well, for a caller that
+        loads the blocks after a hole (kvc_lookup_all)."""
         keys = self._keys(keys)
         ka = _lib.keys_array(keys)
         tiers = (ctypes.c_uint8 * max(len(keys), 1))()
-        hit = check(self._L.kvc_lookup(self._handle(), ka, len(keys), tiers), "lookup")
+        fn = self._L.kvc_lookup_all if past_holes else self._L.kvc_lookup
+        hit = check(fn(self._handle(), ka, len(keys), tiers), "lookup")
         return hit, list(tiers[:len(keys)])
 
     def load(self, keys, tier: int = G2) -> Loaded:

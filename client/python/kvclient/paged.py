@@ -80,7 +80,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 
 from . import _lib
-from .client import G1, G2, Client, Layout, _blocks
+from .client import G1, G2, TIER_NONE, Client, Layout, _blocks
 from .errors import CODES, KvError
 
 log = logging.getLogger("kvclient.paged")
@@ -424,6 +424,10 @@ class LoadResult:
     failed: list = field(default_factory=list)  # [(block index, KvError)] of blocks that failed
     failed_pages: list = field(default_factory=list)  # the engine pages those blocks were for
     timings: dict = field(default_factory=dict)  # seconds: lookup, load, verify, copy, release
+    # With load(holes=True): every block that came, the leading run or not.
+    loaded: int = 0        # blocks loaded in all
+    filled: list = field(default_factory=list)  # [(first token, end token)] now in the pages
+    holes: list = field(default_factory=list)   # [(first token, end token)] of the keys' span not
 
 
 @dataclass
@@ -690,13 +694,22 @@ class PagedKV:
             return False
 
     def load(self, token_ids, page_ids, extra: bytes = b"", tier: int = G2,
-             max_tokens: int | None = None, session=None, retain_s: int = 0) -> LoadResult:
+             max_tokens: int | None = None, session=None, retain_s: int = 0,
+             holes: bool = False) -> LoadResult:
         """Loads the longest stored prefix of token_ids into pages page_ids:
         LOOKUP, LOAD, scatter, RELEASE. At most max_tokens tokens (default:
         all but the last token, which the engine computes for its logits).
         Returns how many leading tokens are now valid; a failed block ends
         the prefix and is reported with its pages. With a session, the
-        loaded blocks are then hinted as the session's (hint())."""
+        loaded blocks are then hinted as the session's (hint()).
+
+        holes: load every block found, past a missing or failed one too
+        (a block's key names its whole prefix, so a block after a hole is
+        still the KV of this sequence at its place; Llama.prefill(filled=)
+        computes the holes alone). The LOOKUP asks G4 past its first miss
+        too (Client.lookup(past_holes=True)). res.filled and res.holes say
+        which token ranges of the keys' span came and which did not;
+        res.tokens and res.blocks still count the leading run."""
         tokens, page_ids = _tolist(token_ids), _tolist(page_ids)
         if max_tokens is None:
             max_tokens = max(len(tokens) - 1, 0)
@@ -710,7 +723,7 @@ class PagedKV:
         if tier == G1 and not self.client.g1.available:
             tier = G2  # no pool in this process: the blocks come through G2
         t0 = time.perf_counter()
-        hit, _ = self.client.lookup(keys)
+        hit, tiers = self.client.lookup(keys, past_holes=True) if holes else self.client.lookup(keys)
         res.hit = hit
         t1 = time.perf_counter()
         res.timings = {"lookup": t1 - t0, "load": 0.0, "verify": 0.0, "copy": 0.0, "release": 0.0}
@@ -722,8 +735,21 @@ class PagedKV:
         def ready(first: int, blocks) -> None:
             self._into_pages(blocks, page_ids, first)
 
-        for lo in range(0, hit, self.load_batch):
-            hi = min(lo + self.load_batch, hit)
+        # Runs of blocks found, load_batch at most each: the leading run
+        # alone, or with holes every run, a block that fails ending its run
+        # (the rest of it is asked for again, less what failed with it).
+        found = [t != TIER_NONE for t in tiers] if holes else [True] * hit + [False] * (
+            len(keys) - hit)
+        got = []  # sequence indices of the blocks now in the pages
+        lo = 0
+        while lo < len(keys):
+            if not found[lo]:
+                lo += 1
+                continue
+            hi = lo
+            while hi < len(keys) and found[hi] and hi - lo < self.load_batch:
+                hi += 1
+            nfailed = len(res.failed)
             p = self.load_pinned(keys, lo, hi, page_ids, tier, res, ready if piped else None)
             tc = time.perf_counter()
             try:
@@ -737,11 +763,21 @@ class PagedKV:
             res.timings["copy"] += td - tc
             res.timings["release"] += time.perf_counter() - td
             res.tiers += [t for t, _ in p.blocks]
-            res.blocks += len(p.blocks)
+            got += range(lo, lo + len(p.blocks))
             if len(p.blocks) < hi - lo:
-                break
+                if not holes:
+                    break
+                for i, _ in res.failed[nfailed:]:
+                    found[i] = False
+                lo += len(p.blocks) + 1  # past the first that failed
+            else:
+                lo = hi
+        res.loaded = len(got)
+        res.blocks = next((j for j, i in enumerate(got) if i != j), len(got))
         res.tokens = res.blocks * self.block_tokens
-        self.hint(session, keys[:res.blocks], retain_s)
+        if holes:
+            res.filled, res.holes = _ranges(got, len(keys), self.block_tokens)
+        self.hint(session, [keys[i] for i in got] if holes else keys[:res.blocks], retain_s)
         res.timings["total"] = time.perf_counter() - t0
         return res
 
@@ -897,6 +933,23 @@ def _pool(threads: int) -> ThreadPoolExecutor:
             if old is not None:
                 old.shutdown(wait=False)
         return _pool_exec
+
+
+def _ranges(got, n: int, per: int):
+    """(filled, holes): the token ranges [a, b) of blocks 0..n-1 (per tokens
+    each) that are in got (sorted block indices), and those that are not."""
+    filled, holes, at = [], [], 0
+    for i in got:
+        if i > at:
+            holes.append((at * per, i * per))
+        if filled and filled[-1][1] == i * per:
+            filled[-1] = (filled[-1][0], (i + 1) * per)
+        else:
+            filled.append((i * per, (i + 1) * per))
+        at = i + 1
+    if at < n:
+        holes.append((at * per, n * per))
+    return filled, holes
 
 
 def _tolist(x):

@@ -7,10 +7,13 @@ SPEC: socket, tenant, salt (hex), preset, seed, page_tokens, pages_per_block,
 prompt (token ids), new_tokens, load (bool: load the stored prefix first),
 save (bool: store the prompt's blocks after prefill), tp (optional
 [rank, size, group]: keep only this rank's KV heads in kvcached), verify
-(optional bool, default true: PagedKV's check of each loaded block).
+(optional bool, default true: PagedKV's check of each loaded block), holes
+(optional bool: load every block found, past a hole too, and compute the
+holes alone).
 OUT (torch.save): {"loaded": tokens loaded, "hit": blocks LOOKUP found,
 "failed": [[block, error name]], "logits": last-token logits,
-"tokens": greedy continuation, "save": [present, stored, existed, failed]}.
+"tokens": greedy continuation, "save": [present, stored, existed, failed],
+"filled": token ranges loaded, "computed": tokens the prefill computed}.
 """
 import json
 import os
@@ -21,7 +24,7 @@ sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."
 import torch  # noqa: E402
 
 from kvclient import Client  # noqa: E402
-from kvclient.examples.llama import Llama, LlamaConfig, PagedKVCache  # noqa: E402
+from kvclient.examples.llama import Llama, LlamaConfig, PagedKVCache, gaps  # noqa: E402
 from kvclient.paged import PagedKV, PagedLayout  # noqa: E402
 
 
@@ -49,14 +52,15 @@ def main(spec_path: str, out_path: str) -> int:
     with Client(s["socket"], tenant=s.get("tenant", "t"), salt=bytes.fromhex(s.get("salt", "")),
                 layout=layout.client_layout(ppb, rank, size), group=group) as c:
         pk = PagedKV(c, layout, pages_per_block=ppb, verify=s.get("verify", True))
-        start = 0
+        start, filled = 0, []
         if s.get("load"):
-            r = pk.load(prompt, pages)
+            r = pk.load(prompt, pages, holes=s.get("holes", False))
             out.update(loaded=r.tokens, hit=r.hit,
-                       failed=[[i, e.name] for i, e in r.failed])
+                       failed=[[i, e.name] for i, e in r.failed], filled=r.filled)
             if heads is None:
-                start = r.tokens
-        logits = model.prefill(cache, pages, prompt, start=start)
+                start, filled = r.tokens, r.filled
+        out["computed"] = sum(b - a for a, b in gaps(start, len(prompt), filled))
+        logits = model.prefill(cache, pages, prompt, start=start, filled=filled)
         out["logits"] = logits
         if s.get("save"):
             if heads is not None:

@@ -203,6 +203,63 @@ def test_a_corrupted_ssd_block_shortens_the_prefix_and_output_stays_exact(g3daem
     assert_exact(e, prompt(4))
 
 
+def test_a_corrupted_ssd_block_is_a_hole_computed_alone(g3daemon, tmp_root, work):
+    """Block 3 corrupt on the SSD: a worker loading past holes gets blocks
+    0..2 and 4..5, block 3 fails its checksum and is the only block it
+    computes, and the output is a full recompute's."""
+    d = g3daemon
+    worker(work, d, prompt=prompt(1), save=True)
+    with Client(d.socket, tenant="t", layout=layout_of()) as c:
+        keys = c.chain_keys(prompt(1))
+    victim = block_bytes_of(d, keys[3])
+    push_to_g3(d, keys)
+    d.stop()
+    corrupt_on_disk(os.path.join(tmp_root, "g3"), victim)
+    d.start()
+    p = prompt(2)
+    b = worker(work, d, prompt=p, load=True, holes=True)
+    assert b["hit"] == 6  # LOOKUP found it: the check on the way up failed
+    assert b["failed"] == [[3, "KV_ECORRUPT"]]
+    assert b["filled"] == [(0, 3 * T), (4 * T, 6 * T)]
+    assert b["computed"] == T + len(p) - PREFIX
+    assert_exact(b, p)
+
+
+@pytest.mark.parametrize("holes", [[0], [2], [5], [1, 3, 4]],
+                         ids=["start", "middle", "end", "several"])
+def test_holes_are_computed_alone_and_output_stays_exact(daemon, work, holes):
+    """Blocks of the stored prefix deleted (holes): a worker that loads
+    past holes gets every other block, computes only the holes' tokens
+    (and the prompt's own tail), and its logits and greedy tokens equal a
+    full recompute; one that stops at the first hole computes from there."""
+    worker(work, daemon, prompt=prompt(1), save=True)
+    with Client(daemon.socket, tenant="t", layout=layout_of()) as c:
+        keys = c.chain_keys(prompt(1))
+        assert c.delete([keys[i] for i in holes]) == len(holes)
+    p = prompt(2)
+    tail = len(p) - PREFIX  # the tokens past the shared prefix, never stored for p
+    b = worker(work, daemon, prompt=p, load=True, holes=True)
+    kept = [i for i in range(6) if i not in holes]
+    assert b["filled"] == merged([(i * T, (i + 1) * T) for i in kept])
+    assert b["loaded"] == (holes[0] * T)
+    assert b["computed"] == len(holes) * T + tail
+    assert not b["failed"]
+    assert_exact(b, p)
+    a = worker(work, daemon, prompt=p, load=True)
+    assert a["loaded"] == holes[0] * T and a["computed"] == len(p) - holes[0] * T
+    assert_exact(a, p)
+
+
+def merged(ranges):
+    out = []
+    for a, b in ranges:
+        if out and out[-1][1] == a:
+            out[-1] = (out[-1][0], b)
+        else:
+            out.append((a, b))
+    return out
+
+
 def test_blocks_evicted_between_lookup_and_load(daemon, work):
     """In-process worker: between its LOOKUP and its LOAD the operator
     evicts blocks; the LOAD answers them as missing, the engine recomputes
@@ -292,3 +349,24 @@ def test_a_block_changed_in_g2_after_commit_is_caught_and_recomputed(daemon, wor
     assert_exact(b, prompt(2))
     assert daemon.metric('kvcached_corrupt_reported_total{verdict="confirmed"}') == 1
     assert daemon.metric("kvcached_pinned_blocks") == 0
+
+
+def test_holes_ttft_benchmark_runs(tmp_root):
+    """tools/bench/holes_ttft.py end to end at a small size: its JSON says
+    the hole's block and the last one were all it computed, and every way
+    gave the recompute's greedy token."""
+    out = os.path.join(tmp_root, "holes.json")
+    script = os.path.join(HERE, "..", "..", "..", "tools", "bench", "holes_ttft.py")
+    r = subprocess.run([sys.executable, script, "--device", "cpu", "--preset", "tiny",
+                        "--lengths", "512", "--runs", "1", "--json", out],
+                       capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert "| 512 |" in r.stdout
+    with open(out) as f:
+        row = json.load(f)["rows"][0]
+    assert row["hole_block"] == 15 and row["stored_blocks"] == 31
+    assert row["holes"]["computed_tokens"] == 2 * T
+    assert row["from_hole"]["computed_tokens"] == 512 - 15 * T
+    assert row["recompute"]["computed_tokens"] == 512
+    for way in ("holes", "from_hole"):
+        assert row[way]["same_argmax"] and row[way]["max_rel_logit_diff"] < 1e-5

@@ -11,7 +11,7 @@ import torch
 import torch.nn.functional as F
 
 from kvclient.examples.llama import (HAVE_SDPA, Llama, LlamaConfig, PagedKVCache,
-                                     causal_attention)
+                                     causal_attention, gaps)
 
 CFG = LlamaConfig.preset("tiny")
 PAGE_TOKENS = 8
@@ -123,6 +123,60 @@ def test_prefix_copied_to_other_pages(model: Llama) -> None:
             kv_dst[:, d] = kv_src[:, s]
     out = model.prefill(dst, dst_pages, toks, start=prefix_pages * PAGE_TOKENS)
     assert rel(out, dense_logits(model, toks)[-1]) < 1e-5
+
+
+@pytest.mark.parametrize("filled", [
+    [(8, 48)],                    # a hole at the start (tokens 0..7)
+    [(0, 16), (24, 80)],          # one in the middle
+    [(0, 64)],                    # one at the end (tokens 64..89: the tail)
+    [(0, 8), (16, 24), (40, 88)], # several, the last token loaded
+    [(0, 90)],                    # none: the last token is computed again
+])
+def test_holes_computed_alone(model: Llama, filled) -> None:
+    """K/V copied into a second cache for the filled ranges only (what
+    PagedKV.load(holes=True) leaves), NaN everywhere else: prefill with
+    filled computes the rest alone, each gap before any later one reads it
+    (a NaN read would spread to the logits), and its logits, K/V and
+    greedy tokens equal a full prefill's."""
+    toks = tokens(90, seed=11)
+    src, dst = new_cache(), new_cache()
+    src_pages, dst_pages = shuffled_pages(12, 6), shuffled_pages(12, 7)
+    full = model.prefill(src, src_pages, toks)
+    for kv in dst.kv:
+        kv.fill_(float("nan"))
+    kv_src = seq_kv(src, src_pages, 90)
+    for a, b in filled:
+        for t in range(a, b):
+            for kv_s, kv_d in zip(src.kv, dst.kv):
+                kv_d[:, dst_pages[t // PAGE_TOKENS], t % PAGE_TOKENS] = \
+                    kv_s[:, src_pages[t // PAGE_TOKENS], t % PAGE_TOKENS]
+    out = model.prefill(dst, dst_pages, toks, filled=filled)
+    assert rel(out, full) < 1e-5
+    assert torch.allclose(seq_kv(dst, dst_pages, 90), kv_src, rtol=1e-5, atol=1e-5)
+    ref_tokens = model.generate(src, src_pages, toks, 3, start=90)
+    assert model.generate(dst, dst_pages, toks, 3, start=90) == ref_tokens
+
+
+def test_holes_logits_all_rows_of_computed_tokens(model: Llama) -> None:
+    toks = tokens(40, seed=12)
+    src, dst = new_cache(), new_cache()
+    pages = shuffled_pages(5, 8)
+    ref = model.prefill(src, pages, toks, logits="all")
+    for s, d in zip(src.kv, dst.kv):
+        d.copy_(s)
+    out = model.prefill(dst, pages, toks, logits="all", filled=[(8, 16), (24, 39)])
+    rows = list(range(0, 8)) + list(range(16, 24)) + [39]
+    assert out.shape == (len(rows), CFG.vocab_size)
+    assert rel(out, ref[rows]) < 1e-5
+
+
+def test_gaps() -> None:
+    assert gaps(0, 10) == [(0, 10)]
+    assert gaps(3, 10, [(0, 5)]) == [(5, 10)]
+    assert gaps(0, 10, [(2, 4), (6, 10)]) == [(0, 2), (4, 6), (9, 10)]
+    assert gaps(0, 10, [(2, 4), (6, 9)]) == [(0, 2), (4, 6), (9, 10)]
+    assert gaps(0, 10, [(0, 10)]) == [(9, 10)]
+    assert gaps(0, 10, [(4, 6), (0, 5)]) == [(6, 10)]
 
 
 def test_greedy_generate(model: Llama) -> None:

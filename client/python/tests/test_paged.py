@@ -286,6 +286,50 @@ def test_a_block_gone_between_lookup_and_load_ends_the_prefix(daemon):
         assert other.status()["g2"]["blocks"] == 5
 
 
+@pytest.mark.parametrize("load_batch", [4096, 2])
+def test_holes_load_every_block_found_and_report_the_rest(daemon, load_batch):
+    """load(holes=True): block 1 deleted before the LOOKUP (a hole it
+    sees), block 4 lost between LOOKUP and LOAD (KV_ENOTFOUND) and block 6
+    scribbled (KV_ECORRUPT): every other block lands in its own pages, the
+    three holes' pages stay untouched, filled and holes say which tokens
+    are which, and every pin is released. In LOADs of 2 blocks too."""
+    kv = vllm_caches(seed=3)
+    lay = PagedLayout.vllm(kv)
+    toks = tokens(8 * T + 1)
+    with open_for(daemon, lay) as c, open_for(daemon, lay) as other:
+        pk = PagedKV(c, lay, load_batch=load_batch)
+        assert pk.save(toks, list(range(8))).stored == 8
+        keys = pk.keys(toks)
+        assert other.delete([keys[1]]) == 1
+        scribble(daemon, lay, keys[6])
+        look = c.lookup
+
+        def lookup_then_lose_block_4(ks, **kw):
+            r = look(ks, **kw)
+            assert other.delete([keys[4]]) == 1
+            return r
+        c.lookup = lookup_then_lose_block_4
+        for t in kv:
+            t[:, 8:].fill_(-5.0)
+        dst = list(range(8, 16))
+        r = pk.load(toks, dst, holes=True)
+        assert (r.hit, r.blocks, r.tokens, r.loaded) == (1, 1, T, 5)
+        assert sorted((i, e.name) for i, e in r.failed) == [(4, "KV_ENOTFOUND"),
+                                                            (6, "KV_ECORRUPT")]
+        assert r.filled == [(0, T), (2 * T, 4 * T), (5 * T, 6 * T), (7 * T, 8 * T)]
+        assert r.holes == [(T, 2 * T), (4 * T, 5 * T), (6 * T, 7 * T)]
+        for l in range(L):
+            for i in (0, 2, 3, 5, 7):
+                assert torch.equal(kv[l][:, dst[i]], kv[l][:, i])
+            for i in (1, 4, 6):
+                assert bool((kv[l][:, dst[i]] == -5.0).all())
+        assert daemon.metric("kvcached_pinned_blocks") == 0
+        c.lookup = look
+        # without holes: the leading run, as before
+        r = pk.load(toks, dst)
+        assert (r.blocks, r.loaded, r.filled, r.holes) == (1, 1, [], [])
+
+
 def scribble(daemon, lay, key, at=10):
     """A worker of the tenant writes into a committed block through its own
     G2 mapping: nothing in the daemon can stop it."""

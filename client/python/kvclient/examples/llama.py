@@ -28,7 +28,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import List, Sequence, Union
+from typing import List, Sequence, Tuple, Union
 
 import torch
 import torch.nn.functional as F
@@ -124,6 +124,24 @@ class _Layer:
     mlp_norm: torch.Tensor  # [hidden]
     w_gate_up: torch.Tensor  # [hidden, 2 * intermediate]: gate, then up
     w_down: torch.Tensor  # [intermediate, hidden]
+
+
+def gaps(start: int, end: int, filled: Sequence[Tuple[int, int]] = ()) -> List[Tuple[int, int]]:
+    """The ranges [a, b) of [start, end) outside every range of filled (in
+    order), the last token always in the last one (its logits are wanted)."""
+    out, at = [], start
+    for a, b in sorted((max(a, start), min(b, end)) for a, b in filled):
+        if a >= b:
+            continue
+        if a > at:
+            out.append((at, a))
+        at = max(at, b)
+    if at >= end:  # filled to the end: the last token again, for its logits
+        at = end - 1
+        if out and out[-1][1] == end - 1:
+            at = out.pop()[0]
+    out.append((at, end))
+    return out
 
 
 def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
@@ -234,22 +252,39 @@ class Llama:
 
     @torch.no_grad()
     def prefill(self, cache: PagedKVCache, page_ids: List[int], token_ids: TokenIds,
-                start: int = 0, logits: str = "last") -> torch.Tensor:
+                start: int = 0, logits: str = "last",
+                filled: Sequence[Tuple[int, int]] = ()) -> torch.Tensor:
         """Compute tokens [start, len(token_ids)) of the sequence token_ids.
 
         K/V of tokens [0, start) must already be in the pages (computed
         earlier, or loaded from kvcached); those of the computed tokens are
         written there. Returns fp32 logits: of the last token ([vocab]), or
         with logits="all" of every computed position ([len - start, vocab]).
+
+        filled: token ranges [a, b) past start whose K/V are in the pages
+        too (blocks loaded after a hole: PagedKV.load(holes=True)). Only
+        the tokens in neither are computed, each gap attending to all
+        before it, loaded or computed: the K/V of a position depend on the
+        tokens up to it alone, so the result is a full prefill's. The last
+        token is always computed, for its logits; logits="all" has the
+        rows of the computed positions, in order.
         """
         if logits not in ("last", "all"):
             raise ValueError(f"logits must be 'last' or 'all', not {logits!r}")
-        c, T = self.cfg, cache.page_tokens
         if not 0 <= start < len(token_ids):
             raise ValueError(f"nothing to compute: start {start}, {len(token_ids)} tokens")
-        ids = torch.as_tensor(token_ids[start:], dtype=torch.long)
+        out = [self._forward(cache, page_ids, token_ids, a, b, logits if b == len(token_ids)
+                             else "all" if logits == "all" else None)
+               for a, b in gaps(start, len(token_ids), filled)]
+        return out[-1] if logits == "last" else torch.cat(out)
+
+    def _forward(self, cache: PagedKVCache, page_ids: List[int], token_ids: TokenIds,
+                 start: int, end: int, logits) -> torch.Tensor:
+        """Tokens [start, end) of token_ids, the K/V of [0, start) in the
+        pages: writes theirs; logits "last", "all" or None (none)."""
+        c, T = self.cfg, cache.page_tokens
+        ids = torch.as_tensor(token_ids[start:end], dtype=torch.long)
         n = ids.numel()
-        end = start + n
         if int(ids.min()) < 0 or int(ids.max()) >= c.vocab_size:
             raise ValueError("token id out of range")
         if len(page_ids) < cache.pages_for(end):
@@ -283,6 +318,8 @@ class Llama:
             gate, up = torch.matmul(h, layer.w_gate_up).chunk(2, dim=-1)
             x = x + torch.matmul(F.silu(gate) * up, layer.w_down)
 
+        if logits is None:
+            return None
         if logits == "last":
             x = x[-1:]  # never [n, vocab] when one row is asked for
         out = torch.matmul(rms_norm(x, self.norm, c.rms_eps), self.embed.t()).float()
