@@ -85,6 +85,16 @@ batch_set_v1 answers True for a page stored now or already stored (and
 committed) by another worker, False for one that could not be stored or
 that another worker is still writing (it may abort: one LOOKUP tells).
 
+Holes (a page missing or failed in the middle of a prefix): batch_get_v1
+loads every page it is asked for, past a failed one too, and answers
+each page for itself, so an engine able to use the pages after a hole
+has them. SGLang 0.5.23 does not: batch_exists answers one count of
+leading pages (its interface), HiCacheController._page_get_zero_copy
+counts the pages up to the first False, _page_transfer asks for no later
+batch, and the radix cache inserts only that leading run and frees the
+host pages after it (client/python/ENGINES.md, "Holes in a cached
+prefix").
+
 Extra config keys: socket (default $KVCACHED_SOCKET, else
 /run/kvcached/kvcached.sock), tenant ("default"), salt (a string), group
 (the TP group's name; default one per model, DP rank and PP rank when

@@ -67,6 +67,19 @@ Worker side (one Client per worker, opened at register_kv_caches):
       blocks after it are reported too (vLLM's kv_load_failure_policy then
       recomputes them; nothing is served from garbage).
 
+Holes (a block missing or failed in the middle of a request's cached
+prefix): the load stops at the first failed block and does not load the
+blocks after it, because vLLM 0.32.0 cannot use them.
+get_num_new_matched_tokens answers one count of tokens past what vLLM
+has (a leading run), and on a reported block
+Scheduler._update_requests_with_invalid_blocks sets the request's
+num_computed_tokens to that block's first token and computes every token
+after it, rewriting the pages of the blocks past the hole whether they
+were loaded or not (tests/test_vllm.py runs it: a connector that fills
+them with noise and reports the hole alone gets an exact output).
+client/python/ENGINES.md, "Holes in a cached prefix", says what vLLM would
+need to compute only the hole.
+
 Hints (protocol 1.3; tiers/EVICTION.md says what the daemon does with
 them): a request's session is what vLLM's API layer passes in the request's
 kv_transfer_params (vLLM's Request.kv_transfer_params, from the API

@@ -176,10 +176,12 @@ class Stack:
         assert op.id == op_id
         return op.completed_tokens
 
-    def prefetch(self, tokens, last_hash=None, prefix_keys=None, extra_pools=None):
+    def prefetch(self, tokens, last_hash=None, prefix_keys=None, extra_pools=None,
+                 between=None):
         """prefetch, the hit query, the host allocation the scheduler makes
         (_try_alloc_storage_hit) and the transfer; (hit tokens, tokens
-        loaded, host indices)."""
+        loaded, host indices). between(), when given, runs after the hit
+        query and before the transfer."""
         self._rid += 1
         op = self.ctl.prefetch(CacheRequestHandle(rid=f"r{self._rid}", attempt_id=0), tokens,
                                last_hash, prefix_keys, extra_pools=extra_pools)
@@ -194,6 +196,8 @@ class Stack:
         op.storage_hit_count = alloc_len
         op.hash_value = op.hash_value[:alloc_len // T]
         op.host_indices = hidx
+        if between is not None:
+            between()
         self.ctl.prefetch_buffer.put(op)
         done = 0
         while True:
@@ -580,6 +584,33 @@ def test_many_pages_in_sglang_batches_of_128(stacks):
     more = get_storage_hash_str(tokens[261 * T:], keys[260], page_size=T)
     assert more == keys[261:]
     assert s.prefetch(tokens[261 * T:], last_hash=keys[260], prefix_keys=keys[:261])[0] == 39 * T
+
+
+def test_a_hole_after_the_hit_query_ends_what_sglang_takes(stacks):
+    """A hole in a prefix: page 5 of 300 deleted after SGLang's hit query
+    found all 300, before the prefetch. batch_get_v1 loads every other page
+    of its 128 (the backend passes on every page that came: True, bytes
+    right); SGLang 0.5.23 takes the 5 before the hole
+    (HiCacheController._page_get_zero_copy counts up to the first False),
+    and asks no later batch (_page_transfer stops after a short one). Its
+    radix cache (not run here) then inserts host pages [0, completed_tokens)
+    and frees the rest (UnifiedRadixCache._handle_prefetch_result,
+    _drain_ack_prefetch): the 122 pages that came past the hole are not
+    used."""
+    n = 300
+    s = stacks(pages=2 * n + 8)
+    tokens, keys = hashes_of(n, seed=21)
+    src = s.alloc(n)
+    data = s.fill(src, 21)
+    assert s.backup(src, keys) == n * T
+    s.calls.clear()
+    hit, done, dst = s.prefetch(tokens, between=lambda: s.backend.client.delete(
+        [page_key(keys[5])]))
+    assert (hit, done) == (n * T, 5 * T)
+    got = answers(s.calls, "batch_get_v1")
+    assert got == [[True] * 5 + [False] + [True] * 122]  # one call: no later batch
+    assert same([s.page(dst, i) for i in (0, 4, 6, 127)], [data[i] for i in (0, 4, 6, 127)])
+    assert s.backend.counters()["get_missing"] == 1
 
 
 def test_exists_counts_from_the_start_and_pages_stored_twice_are_stored(stacks):

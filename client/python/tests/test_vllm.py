@@ -86,12 +86,14 @@ def run_engines(env, specs, timeout=600):
             pytest.fail(f"engine exited {rc}:\n{run.log_text()[-6000:]}")
         where = out["kvclient"]
         assert where.startswith(WHEEL_VENV or PKG), f"kvclient imported from {where}"
+        out["log"] = run.log_text()
         results.append(out)
     return results
 
 
 def connector(env, cls="KvcachedConnector", module="kvclient.vllm", **extra):
-    return {"module": module, "class": cls, "extra": dict({"socket": env["daemon"].socket}, **extra)}
+    return {"module": module, "class": cls,
+            "extra": dict({"socket": env["daemon"].socket}, **extra)}
 
 
 def reqs(*names, params=None):
@@ -152,7 +154,8 @@ def env():
         g3 = os.path.join(d, "g3")
         os.makedirs(g3)
         daemon = Daemon(d, g2="128M", g3=g3, g3_capacity="64M", g3_block="64K").start()
-        e = {"dir": os.path.join(d, "runs"), "model": vllm_engine.model_dir(os.path.join(d, "model")),
+        e = {"dir": os.path.join(d, "runs"),
+             "model": vllm_engine.model_dir(os.path.join(d, "model")),
              "daemon": daemon, "g3": g3, "pkg": PKG}
         os.makedirs(e["dir"])
         try:
@@ -237,6 +240,39 @@ def test_the_checks_catch_a_broken_connector(env, mutant, salt, names, params):
     assert out["metrics"]["vllm:kvcached_loaded_blocks"] >= 20, out["metrics"]
     assert not mismatch(env, out, names[:1]), mismatch(env, out, names[:1])
     assert mismatch(env, out, names[1:]), f"{mutant}: outputs equal the engine without kvcached"
+
+
+def test_a_hole_is_recomputed_with_every_block_after_it(env):
+    """What vLLM 0.32.0 does with the blocks after a hole in a loaded
+    prefix (block 10 of B2's 36 deleted between LOOKUP and LOAD): a
+    connector (vllm_faults.HoleOnly) that reports the hole's engine blocks
+    alone, and fills the pages of the 25 blocks after it with noise, still
+    gets an exact output, asynchronous load or not: vLLM's scheduler
+    (Scheduler._update_requests_with_invalid_blocks) cuts the request's
+    computed tokens at the first reported block and computes every token
+    after it, rewriting those pages, so a block past a hole is never used,
+    whether the connector loads it or not. vLLM logs how many: 26 blocks'
+    tokens. The control, which reports nothing, shows that the noise is
+    seen when vLLM does use the pages. The real connector loads the 10
+    blocks before the hole and reports the 26 from it on."""
+    params = {"B2": {"kvtest_delete": 10}}
+    ea, es, ctl = run_engines(env, [
+        {"tag": f"hole-{name}", "policy": "recompute", "engine": {"enable_prefix_caching": False},
+         "connector": connector(env, "HoleOnly", "vllm_faults", salt=salt, **more),
+         "requests": reqs("A1", "B2", params=params)}
+        for name, salt, more in (("async", "03", {}), ("sync", "04", {"load_async": False}),
+                                 ("control", "05", {"kvtest_report": "none"}))])
+    for out in (ea, es):
+        assert not mismatch(env, out, ["A1", "B2"]), mismatch(env, out, ["A1", "B2"])
+        m = out["metrics"]
+        assert m["vllm:kvcached_hit_blocks"] == 36, m   # B2's LOOKUP: A1's 36 blocks
+        assert m["vllm:kvcached_loaded_blocks"] == 10, m
+        assert m["vllm:kvcached_failed_blocks"] == 26, m
+        # vLLM's own account: what it recomputes starts at the hole
+        assert f"1 request(s) rescheduled ({26 * T} tokens affected)" in out["log"], \
+            out["log"][-3000:]
+    assert not mismatch(env, ctl, ["A1"]), mismatch(env, ctl, ["A1"])
+    assert mismatch(env, ctl, ["B2"]), "the noise past the hole was never seen"
 
 
 def _restart_with_g3_only(env):

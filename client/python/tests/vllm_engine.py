@@ -36,7 +36,8 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 # tokens), "small" for tools/bench/vllm_ttft.py (prefill compute per KV byte
 # nearer a real model's)
 MODELS = {
-    "tiny": dict(hidden=128, intermediate=256, layers=2, heads=4, kv_heads=2, head_dim=32, vocab=512),
+    "tiny": dict(hidden=128, intermediate=256, layers=2, heads=4, kv_heads=2, head_dim=32,
+                 vocab=512),
     "small": dict(hidden=512, intermediate=2048, layers=4, heads=8, kv_heads=2, head_dim=64,
                   vocab=512),
 }

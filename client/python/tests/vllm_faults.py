@@ -10,6 +10,10 @@ NoLoadErrors       a mutant: never reports a block that failed to load.
 PageFromNextBlock  a mutant: fills page i from block i + 1 (and leaves the
     last page of a load unfilled).
 The tests check that they catch both mutants.
+HoleOnly           reports only the engine blocks of the first block that
+    failed in a load (the hole), not those after it, whose pages it fills
+    with noise: what vLLM does with blocks past a hole that a connector
+    says were loaded (test_vllm.py: vLLM 0.32.0 recomputes them too).
 """
 from kvclient.vllm import KvcachedConnector, request_extra
 
@@ -43,3 +47,44 @@ class PageFromNextBlock(DeleteAfterLookup):
         # see (the keys carry their positions)
         shifted = list(page_ids[:self.ppb]) + list(page_ids[:-self.ppb])
         return super()._load_batch(keys, lo, hi, shifted, tier, res)
+
+
+
+class HoleOnly(DeleteAfterLookup):
+    """Blocks past the first failed block of a load: not loaded, filled with
+    noise, and not reported (extra config "kvtest_report": "hole", the
+    default); "none" reports the hole either (the control: the noise in
+    the pages changes the output when vLLM uses them)."""
+
+    def __init__(self, *a, **k):
+        super().__init__(*a, **k)
+        self._past_hole: set = set()
+        self._report = self._kv_transfer_config.get_from_extra_config("kvtest_report", "hole")
+
+    def register_kv_caches(self, kv_caches: dict):
+        super().register_kv_caches(kv_caches)
+        self._caches = list(kv_caches.values())
+
+    def _load(self, spec):
+        got = super()._load(spec)
+        if got < spec.end:
+            ids = [int(b) for b in spec.block_ids[(got + 1) * self.ppb:spec.end * self.ppb]]
+            if self._report == "none":
+                ids += [int(b) for b in spec.block_ids[got * self.ppb:(got + 1) * self.ppb]]
+            self._past_hole.update(ids)
+            import torch
+            g = torch.Generator().manual_seed(got)
+            for t in self._caches:  # [2, blocks, ...] or blocks first (the CPU backend's)
+                v = t[:, ids] if t.dim() == 5 and t.shape[0] == 2 else t[ids]
+                v = torch.randn(v.shape, generator=g, dtype=torch.float32).to(t.dtype)
+                if t.dim() == 5 and t.shape[0] == 2:
+                    t[:, ids] = v
+                else:
+                    t[ids] = v
+        return got
+
+    def get_block_ids_with_load_errors(self) -> set:
+        bad = super().get_block_ids_with_load_errors()
+        out = bad - self._past_hole
+        self._past_hole -= bad
+        return out
