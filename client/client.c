@@ -397,22 +397,35 @@ int64_t kvc_submit_commit(kvc *c, const kvc_key *keys, uint32_t n, int32_t *stat
   return submit_status_op(c, KV_OP_COMMIT, 0, keys, n, status, user);
 }
 
+/* A COMMIT with flags (KV_COMMIT_CRC: crcs, n of them; KV_COMMIT_G4). */
+static int64_t submit_commit(kvc *c, uint8_t flags, const kvc_key *keys, const uint32_t *crcs,
+                             uint32_t n, int32_t *status, void *user) {
+  kv_msg m;
+  memset(&m, 0, sizeof m);
+  m.op = KV_OP_COMMIT;
+  m.batch.flags = flags;
+  int rc = keyvec(&m.batch.keys, keys, n);
+  if (rc) return rc;
+  if (flags & KV_COMMIT_CRC) m.batch.crcs = (kv_u32vec){.n = n, .v = crcs};
+  pending *p = add_pending(c, KV_OP_COMMIT, n, user);
+  if (!p) return -ENOMEM;
+  p->status = status;
+  return submit(c, &m, p);
+}
+
 int64_t kvc_submit_commit_crc(kvc *c, const kvc_key *keys, const uint32_t *crcs, uint32_t n,
                               int32_t *status, void *user) {
   if (n && !crcs) return -EINVAL;
   if (c->minor < 2) /* the daemon predates 1.2: it checksums the blocks itself */
     return kvc_submit_commit(c, keys, n, status, user);
-  kv_msg m;
-  memset(&m, 0, sizeof m);
-  m.op = KV_OP_COMMIT;
-  m.batch.flags = KV_COMMIT_CRC;
-  int rc = keyvec(&m.batch.keys, keys, n);
-  if (rc) return rc;
-  m.batch.crcs = (kv_u32vec){.n = n, .v = crcs};
-  pending *p = add_pending(c, KV_OP_COMMIT, n, user);
-  if (!p) return -ENOMEM;
-  p->status = status;
-  return submit(c, &m, p);
+  return submit_commit(c, KV_COMMIT_CRC, keys, crcs, n, status, user);
+}
+
+int64_t kvc_submit_commit_shared(kvc *c, const kvc_key *keys, const uint32_t *crcs, uint32_t n,
+                                 int32_t *status, void *user) {
+  if (c->minor < 4) return -EOPNOTSUPP; /* before 1.4 no COMMIT waits for G4 */
+  return submit_commit(c, KV_COMMIT_G4 | (crcs ? KV_COMMIT_CRC : 0), keys, crcs, n, status,
+                       user);
 }
 
 _Static_assert(KVC_STOP_OTHER == KV_STOP_OTHER && KVC_STOP_TOOL_USE == KV_STOP_TOOL_USE &&
@@ -522,6 +535,10 @@ int kvc_commit(kvc *c, const kvc_key *keys, uint32_t n, int32_t *status) {
 }
 int kvc_commit_crc(kvc *c, const kvc_key *keys, const uint32_t *crcs, uint32_t n, int32_t *status) {
   BLOCK_ON(kvc_submit_commit_crc(c, keys, crcs, n, status, NULL));
+}
+int kvc_commit_shared(kvc *c, const kvc_key *keys, const uint32_t *crcs, uint32_t n,
+                      int32_t *status) {
+  BLOCK_ON(kvc_submit_commit_shared(c, keys, crcs, n, status, NULL));
 }
 
 /* --- checksums ------------------------------------------------------------------ */

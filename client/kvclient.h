@@ -209,6 +209,16 @@ uint32_t kvc_crc32c(uint32_t crc, const void *p, size_t len);
  * readers reject the block. With a daemon before protocol 1.2 this is
  * kvc_commit (the daemon computes). crcs may be NULL only when n is 0. */
 int kvc_commit_crc(kvc *c, const kvc_key *keys, const uint32_t *crcs, uint32_t n, int32_t *status);
+/* kvc_commit_crc (crcs may be NULL: kvc_commit) answered once each block
+ * committed here has also been written to the fleet's tier, G4, so that
+ * another node's LOOKUP finds it (a prefill node handing a prompt to a
+ * decode node). status[i] 0: committed here and in G4; KV_EDEGRADED:
+ * committed here only (G4 off, down, busy, or the write failed); anything
+ * else as for kvc_commit. Returns how many are 0. The reply waits for the
+ * writes, at most about the daemon's g4.timeout_ms. -EOPNOTSUPP with a
+ * daemon before protocol 1.4 (nothing sent). */
+int kvc_commit_shared(kvc *c, const kvc_key *keys, const uint32_t *crcs, uint32_t n,
+                      int32_t *status);
 
 /*
  * Copies the loaded block b (key: its key) into dst (b->length bytes,
@@ -330,6 +340,8 @@ int64_t kvc_submit_release(kvc *c, const kvc_key *keys, uint32_t n, int32_t *sta
 int64_t kvc_submit_alloc(kvc *c, uint8_t tier, uint8_t prio, const kvc_key *keys,
                          const kvc_key *parents, uint32_t n, kvc_block *out, void *user);
 int64_t kvc_submit_commit(kvc *c, const kvc_key *keys, uint32_t n, int32_t *status, void *user);
+int64_t kvc_submit_commit_shared(kvc *c, const kvc_key *keys, const uint32_t *crcs, uint32_t n,
+                                 int32_t *status, void *user);
 int64_t kvc_submit_commit_crc(kvc *c, const kvc_key *keys, const uint32_t *crcs, uint32_t n,
                               int32_t *status, void *user);
 /* A hint without waiting (kind: 1 session, 2 finished, 3 end; the

@@ -196,6 +196,16 @@ static int g4_name(const kvd *d, const uint8_t digest[32], const uint8_t *key, u
 
 /* --- writes ------------------------------------------------------------------ */
 
+/* A COMMIT with KV_COMMIT_G4 waiting for its writes (kvd_g4_commit_wait). */
+typedef struct g4_commit {
+  kvd *d;
+  kvd_sink *sink;
+  kv_msg req; /* id and op, for the reply */
+  int reg_ns;
+  uint32_t n, pending;
+  int32_t st[]; /* the reply's statuses */
+} g4_commit;
+
 typedef struct g4_write {
   kvd_g4 *g;
   uint32_t bytes; /* the value's */
@@ -209,12 +219,21 @@ typedef struct g4_write {
   int cancelled;                  /* a DEL of its key came while it was signed */
   int signed_rc;                  /* kv_g4_encode_hdr's */
   struct g4_write *next, **pprev; /* g->signing */
+  g4_commit *cw;                  /* the COMMIT waiting for it, or NULL */
+  uint32_t ci;                    /* its key's index there */
 } g4_write;
 
-static void write_end(g4_write *w) {
+static void commit_done(g4_commit *cw);
+
+/* The write ended: in G4 (ok) or not. */
+static void write_end(g4_write *w, int ok) {
   kvd_g4 *g = w->g;
   g->writes_in_flight--;
   g->write_bytes_in_flight -= w->bytes;
+  if (w->cw) {
+    if (!ok) w->cw->st[w->ci] = KV_EDEGRADED;
+    if (--w->cw->pending == 0) commit_done(w->cw);
+  }
   free(w->val);
   free(w);
 }
@@ -225,7 +244,7 @@ static void on_set(kv_g4c *c, const kv_g4c_reply *r, void *arg) {
   if (r->kind == KV_G4C_VALUE) g->writes[KVD_G4_W_OK]++;
   else if (r->reason == KV_G4C_R_OOM) g->writes[KVD_G4_W_OOM]++;
   else g->writes[KVD_G4_W_ERROR]++;
-  write_end(w);
+  write_end(w, r->kind == KV_G4C_VALUE);
 }
 
 static void sign_work(uv_work_t *req) {
@@ -244,12 +263,12 @@ static void sign_done(uv_work_t *req, int status) {
   work_done(g);
   if (status || w->cancelled || !g->c) {
     g->writes[KVD_G4_W_SKIPPED]++;
-    write_end(w);
+    write_end(w, 0);
     return;
   }
   if (w->signed_rc) { /* KV_ECORRUPT: G2's bytes no longer match the commit's CRC */
     g->writes[w->signed_rc == KV_ECORRUPT ? KVD_G4_W_CORRUPT : KVD_G4_W_ERROR]++;
-    write_end(w);
+    write_end(w, 0);
     return;
   }
   char ttl[16];
@@ -261,23 +280,25 @@ static void sign_done(uv_work_t *req, int status) {
   w->val = NULL;
   if (rc) {
     g->writes[KVD_G4_W_ERROR]++;
-    write_end(w);
+    write_end(w, 0);
   }
 }
 
-/* Writes b to G4 now, when G4 is ok and the writes in flight leave room. */
-static void g4_put(kvd *d, const kvd_ns *n, const kv_block *b) {
+/* Writes b to G4 now, when G4 is ok and the writes in flight leave room;
+ * cw (may be NULL) is told when the write ends. 0 when the write is under
+ * way, -1 when it was not started (counted). */
+static int g4_put(kvd *d, const kvd_ns *n, const kv_block *b, g4_commit *cw, uint32_t ci) {
   kvd_g4 *g = &d->g4;
-  if (!g->c) return;
+  if (!g->c) return -1;
   if (kv_g4c_get_state(g->c) != KV_G4C_OK) {
     g->writes[KVD_G4_W_SKIPPED]++;
-    return;
+    return -1;
   }
   size_t vlen = kv_g4_value_len(b->size);
   if (g->writes_in_flight >= KVD_G4_WRITES_MAX ||
       g->write_bytes_in_flight + vlen > KVD_G4_WRITE_BYTES_MAX || b->size > KV_G4_PAYLOAD_MAX) {
     g->writes[KVD_G4_W_BUSY]++;
-    return;
+    return -1;
   }
   const uint8_t *src = kv_core_g2_ptr(d->core, b);
   g4_write *w = calloc(1, sizeof *w);
@@ -287,8 +308,11 @@ static void g4_put(kvd *d, const kvd_ns *n, const kv_block *b) {
     free(val);
     free(w);
     g->writes[KVD_G4_W_ERROR]++;
-    return;
+    return -1;
   }
+  w->cw = cw;
+  w->ci = ci;
+  if (cw) cw->pending++;
   /* the copy is what is signed and sent, whatever G2 holds by then */
   memcpy(val + KV_G4_HDR_LEN, src, b->size);
   w->g = g;
@@ -310,20 +334,60 @@ static void g4_put(kvd *d, const kvd_ns *n, const kv_block *b) {
     sign_work(&w->work); /* no thread pool: on the loop */
     sign_done(&w->work, 0);
   }
+  return 0;
 }
 
 void kvd_g4_committed(kvd *d, const kvd_ns *n, const kv_block *b) {
   /* second-use: a block committed again soon after its eviction is on its
    * second use already (the policy's history said so: hits 2); a LOAD will
    * not take its count to 2 again, so it goes now or never. */
-  if (d->cfg.g4_admit == KV_ADMIT_ALWAYS || b->hits >= 2) g4_put(d, n, b);
+  if (d->cfg.g4_admit == KV_ADMIT_ALWAYS || b->hits >= 2) g4_put(d, n, b, NULL, 0);
 }
 
 void kvd_g4_used(kvd *d, const kvd_ns *n, const kv_block *b) {
   /* second-use: this use took its count to two (a commit is its first;
    * the count saturates, so this is once), while it is in G2 */
   if (d->cfg.g4_admit == KV_ADMIT_SECOND_USE && b->hits == 2 && (b->tiers & KV_TIER_BIT(KV_G2)))
-    g4_put(d, n, b);
+    g4_put(d, n, b, NULL, 0);
+}
+
+/* --- COMMIT with KV_COMMIT_G4 -------------------------------------------------- */
+
+static void commit_done(g4_commit *cw) {
+  kvd_session *s = cw->sink->sess;
+  if (s && s->ns == cw->reg_ns) { /* else the session went: nobody is owed a reply */
+    kv_msg m = kvd_reply_to(&cw->req);
+    m.statuses.n = cw->n;
+    m.statuses.v = cw->st;
+    kvd_sink_reply(cw->sink, &m);
+  }
+  kvd_sink_put(cw->sink);
+  free(cw);
+}
+
+int kvd_g4_commit_wait(kvd *d, kvd_sink *sink, const kv_msg *req, const kvd_ns *n,
+                       kv_block *const *blocks, int32_t *st, uint32_t count) {
+  g4_commit *cw = calloc(1, sizeof *cw + count * sizeof cw->st[0]);
+  if (!cw) { /* answered now: committed here, not known to be in G4 */
+    for (uint32_t i = 0; i < count; i++)
+      if (st[i] == 0) st[i] = KV_EDEGRADED;
+    return 0;
+  }
+  cw->d = d;
+  cw->sink = sink;
+  kvd_sink_get(sink);
+  cw->req = *req;
+  cw->reg_ns = sink->sess->ns;
+  cw->n = count;
+  cw->pending = 1; /* held until every write is started: none ends it early */
+  memcpy(cw->st, st, count * sizeof *st);
+  for (uint32_t i = 0; i < count; i++)
+    if (cw->st[i] == 0 && g4_put(d, n, blocks[i], cw, i)) cw->st[i] = KV_EDEGRADED;
+  if (--cw->pending > 0) return KVD_DEFERRED;
+  memcpy(st, cw->st, count * sizeof *st); /* nothing under way: the caller answers now */
+  kvd_sink_put(sink);
+  free(cw);
+  return 0;
 }
 
 /* --- deletes ----------------------------------------------------------------- */

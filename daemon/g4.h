@@ -123,6 +123,18 @@ void kvd_g4_used(struct kvd *d, const struct kvd_ns *n, const kv_block *b);
  * use, as for a block back soon after its eviction). */
 void kvd_g4_committed(struct kvd *d, const struct kvd_ns *n, const kv_block *b);
 
+/* A COMMIT with KV_COMMIT_G4 of session sink->sess: st[i] (count of them)
+ * are its statuses, blocks[i] the block of key i where st[i] is 0. Writes
+ * each committed block to G4 (whatever g4.admit says: the writer asked)
+ * and answers the COMMIT through the sink once every write has ended:
+ * KVD_DEFERRED. A block committed here that did not reach G4 (G4 off, not
+ * ok, too many writes in flight, an error or a timeout) is answered
+ * KV_EDEGRADED. 0 when no write is under way: the caller answers now with
+ * st, which this has updated. */
+int kvd_g4_commit_wait(struct kvd *d, struct kvd_sink *sink, const struct kv_msg *req,
+                       const struct kvd_ns *n, kv_block *const *blocks, int32_t *st,
+                       uint32_t count);
+
 /* The key was deleted: DEL it in G4 too (fire and forget, counted). */
 void kvd_g4_del(struct kvd *d, const struct kvd_ns *n, const kv_key *key);
 

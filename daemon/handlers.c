@@ -188,10 +188,12 @@ static int op_release(kvd *d, kvd_sink *sink, const kv_msg *req, kv_buf *out, in
 static int op_commit_abort(kvd *d, kvd_sink *sink, const kv_msg *req, kv_buf *out, int fd_out[2]) {
   kvd_session *s = sink->sess;
   int commit = req->op == KV_OP_COMMIT;
+  int shared = commit && (req->batch.flags & KV_COMMIT_G4); /* answered once G4 has them */
   int rc = kvd_load_keys(d, &req->batch.keys);
   if (rc) return kvd_fail(out, req, rc, NULL);
   for (uint32_t i = 0; i < req->batch.keys.n; i++) {
     kv_block *b = any_block(d, s, i);
+    d->blocks[i] = b;
     if (!b) {
       d->status[i] = KV_ENOTFOUND;
     } else if (commit) {
@@ -204,12 +206,15 @@ static int op_commit_abort(kvd *d, kvd_sink *sink, const kv_msg *req, kv_buf *ou
       d->status[i] = kvd_session_commit(d->core, s, b, crc);
       if (d->status[i] == 0) {
         kvd_ghost_note(d, b->ns, &d->keys[i], 1);
-        kvd_g4_committed(d, session_ns(d, s), b);
+        if (!shared) kvd_g4_committed(d, session_ns(d, s), b);
       }
     } else {
       d->status[i] = kvd_session_abort(d->core, s, b);
     }
   }
+  if (shared && kvd_g4_commit_wait(d, sink, req, session_ns(d, s), d->blocks, d->status,
+                                   req->batch.keys.n) == KVD_DEFERRED)
+    return KVD_DEFERRED;
   return statuses(req, out, d->status, req->batch.keys.n);
 }
 

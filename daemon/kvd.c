@@ -33,6 +33,7 @@ static void scratch_free(kvd *d) {
   free(d->status);
   free(d->loads);
   free(d->allocs);
+  free(d->blocks);
   d->keys = NULL;
 }
 
@@ -47,7 +48,8 @@ int kvd_init(kvd *d) {
   d->status = malloc(KV_BATCH_MAX * sizeof *d->status);
   d->loads = malloc(KV_BATCH_MAX * sizeof *d->loads);
   d->allocs = malloc(KV_BATCH_MAX * sizeof *d->allocs);
-  if (!d->keys || !d->tiers || !d->status || !d->loads || !d->allocs) {
+  d->blocks = malloc(KV_BATCH_MAX * sizeof *d->blocks);
+  if (!d->keys || !d->tiers || !d->status || !d->loads || !d->allocs || !d->blocks) {
     rc = -ENOMEM;
     goto fail_scratch;
   }

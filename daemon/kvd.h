@@ -68,6 +68,7 @@ typedef struct kvd {
   int32_t *status;
   kv_load_ent *loads;
   kv_alloc_ent *allocs;
+  kv_block **blocks;
   kv_g3 *g3;            /* NULL when no SSD tier is configured */
   kvd_g1s g1;           /* the device pools; g1.on = 0 when G1 is off */
   kvd_defer load_wait;  /* LOADs waiting for room (load.c, defer.h) */

@@ -39,7 +39,7 @@
 #define KV_PROTO_MAGIC 0x4443564Bu /* bytes "KVCD" */
 #define KV_PROTO_MAJOR 1           /* in every header; a change breaks peers */
 /* negotiated by HELLO; additions only (1: G1_SELECT; 2: COMMIT with CRCs,
- * corrupt reports, LOAD2; 3: HINT; 4: LOOKUP with KV_LOOKUP_ALL) */
+ * corrupt reports, LOAD2; 3: HINT; 4: KV_LOOKUP_ALL, KV_COMMIT_G4) */
 #define KV_PROTO_MINOR 4
 
 #define KV_HDR_SIZE 32
@@ -109,6 +109,9 @@ typedef enum kv_op {
 #define KV_REL_CORRUPT \
   0x04u /* RELEASE (1.2): the reader found these blocks' bytes
                               * failing their committed CRC (the daemon re-checks) */
+#define KV_COMMIT_G4 \
+  0x10u /* COMMIT (1.4): answered once each block's G4 write has ended; \
+         * a block committed here but not written there: KV_EDEGRADED */
 #define KV_LOOKUP_ALL \
   0x08u /* LOOKUP (1.4): G4 is asked past its first miss too, and \
          * every block it has is brought in, not only a leading run */
@@ -313,7 +316,8 @@ void kv_hello_tierinfo(const kv_hello_rep *r, unsigned i, kv_tierinfo *out);
  *   tier:  LOAD, LOAD2, PREFETCH: the target tier, KV_G1 or KV_G2.
  *   prio:  SET_PRIORITY: the new priority (0..255, lower evicted first).
  *   flags: DELETE: KV_DEL_ALL (then keys.n must be 0); COMMIT:
- *          KV_COMMIT_CRC (then crcs.n == keys.n); RELEASE: KV_REL_CORRUPT;
+ *          KV_COMMIT_CRC (then crcs.n == keys.n), KV_COMMIT_G4; RELEASE:
+ *          KV_REL_CORRUPT;
  *          LOOKUP: KV_LOOKUP_ALL.
  *   crcs:  COMMIT with KV_COMMIT_CRC: the CRC-32C of each key's block, after
  *          the keys on the wire; otherwise n == 0.

@@ -52,7 +52,7 @@ static inline int kv__batch_ok(uint16_t op, const kv_batch_req *b) {
   case KV_OP_LOAD2:
   case KV_OP_PREFETCH: return kv__target_ok(b->tier) && b->prio == 0 && b->flags == 0;
   case KV_OP_COMMIT:
-    if (b->tier || b->prio || (b->flags & ~KV_COMMIT_CRC)) return 0;
+    if (b->tier || b->prio || (b->flags & ~(KV_COMMIT_CRC | KV_COMMIT_G4))) return 0;
     return !(b->flags & KV_COMMIT_CRC) || b->crcs.n == b->keys.n;
   case KV_OP_RELEASE: return b->tier == 0 && b->prio == 0 && (b->flags & ~KV_REL_CORRUPT) == 0;
   case KV_OP_LOOKUP: return b->tier == 0 && b->prio == 0 && (b->flags & ~KV_LOOKUP_ALL) == 0;

@@ -129,16 +129,29 @@ static void fill(uint8_t *p, uint64_t v) {
 }
 
 /* Stores the chain KC(first)..KC(last), each block the child of the one
- * before (the first a root). */
-static void store_chain(kvc *c, uint64_t first, uint64_t last) {
+ * before (the first a root). shared: each committed with kvc_commit_shared,
+ * its status into st[v - first] (st may be NULL: then each must be 0). */
+static void store_chain_as(int shared, kvc *c, uint64_t first, uint64_t last, int32_t *st) {
   for (uint64_t v = first; v <= last; v++) {
     kvc_key k = KC(v), parent = v == first ? (kvc_key){0} : KC(v - 1);
     kvc_block out;
     cr_assert_eq(kvc_alloc(c, KVC_G2, 128, &k, &parent, 1, &out), 1, "alloc %llu",
                  (unsigned long long)v);
     fill(out.ptr, v);
-    cr_assert_eq(kvc_commit(c, &k, 1, NULL), 1);
+    if (!shared) {
+      cr_assert_eq(kvc_commit(c, &k, 1, NULL), 1);
+      continue;
+    }
+    uint32_t crc = kvc_crc32c(0, out.ptr, out.length);
+    int32_t one = 1;
+    int n = kvc_commit_shared(c, &k, &crc, 1, &one);
+    cr_assert_geq(n, 0, "commit_shared %llu: %s", (unsigned long long)v, kvc_strerror(n));
+    if (st) st[v - first] = one;
+    else cr_assert_eq(one, 0, "key %llu: %s", (unsigned long long)v, kvc_strerror(one));
   }
+}
+static void store_chain(kvc *c, uint64_t first, uint64_t last) {
+  store_chain_as(0, c, first, last, NULL);
 }
 
 /* LOOKUP of KC(first)..KC(last) through c (all: kvc_lookup_all): the hit
@@ -379,6 +392,13 @@ Test(daemon_g4, cluster_down_nodes_serve_alone, .init = setup, .fini = teardown,
   cr_assert_geq(metric(&na, "kvcached_g4_writes_total{result=\"skipped\"}"), 4);
   load_check(a, 3);
   load_check(b, 12);
+  /* a COMMIT that waits for G4: committed here, answered KV_EDEGRADED at once */
+  int32_t st[4];
+  int64_t t0 = kv_now_ms();
+  store_chain_as(1, a, 31, 34, st);
+  cr_assert_lt(kv_now_ms() - t0, 1000);
+  for (int i = 0; i < 4; i++) cr_assert_eq(st[i], KV_EDEGRADED, "key %d: %d", 31 + i, st[i]);
+  load_check(a, 33);
 
   /* the cluster back (empty: no persistence): both nodes see it by themselves */
   for (int i = 0; i < rc.nports; i++) cr_assert_eq(kvt_rc_do(&rc, "start-node", rc.ports[i]), 0);
@@ -389,6 +409,12 @@ Test(daemon_g4, cluster_down_nodes_serve_alone, .init = setup, .fini = teardown,
   cr_assert_eq(wait_metric(&na, "kvcached_g4_writes_total{result=\"ok\"}", 4, 5000), 4);
   cr_assert_eq(lookup(b, 21, 24, t, NULL), 4);
   for (uint64_t v = 21; v <= 24; v++) load_check(b, v);
+  /* once the COMMIT that waits for G4 is answered 0, node B finds the blocks
+   * (no wait for the writes: the answer is the wait) */
+  store_chain_as(1, a, 41, 48, NULL);
+  cr_assert_eq(metric(&na, "kvcached_g4_writes_total{result=\"ok\"}"), 12);
+  cr_assert_eq(lookup(b, 41, 48, t, NULL), 8);
+  for (uint64_t v = 41; v <= 48; v++) load_check(b, v);
   kvc_close(a);
   kvc_close(b);
 }
@@ -555,6 +581,40 @@ Test(daemon_g4, lookup_all_brings_in_the_blocks_after_a_hole, .init = setup, .fi
   cr_assert_eq(t[2], KVC_TIER_NONE);
   cr_assert_eq(metric(&nb, "kvcached_g4_misses_total{reason=\"absent\"}"), asked + 3);
   cr_assert_eq(metric(&nb, "kvcached_g4_hits_total"), 6);
+  kvc_close(a);
+  kvc_close(b);
+}
+
+/* A COMMIT that waits for G4 is answered with what became of each write:
+ * the cluster out of memory (maxmemory reached, noeviction), the blocks
+ * are committed on A, answered KV_EDEGRADED, and counted as oom; with
+ * room again, answered 0 only once written (the writes are counted by
+ * then, and node B finds them). */
+Test(daemon_g4, commit_shared_answers_what_became_of_the_writes, .init = setup,
+     .fini = teardown, .timeout = 60) {
+  kvc *a, *b;
+  both_ok(&a, &b);
+  for (int i = 0; i < rc.nports; i++) {
+    redisReply *r = adm(rc.ports[i], "CONFIG SET maxmemory 1");
+    cr_assert(r && r->type == REDIS_REPLY_STATUS, "CONFIG SET on %d", rc.ports[i]);
+    freeReplyObject(r);
+    r = adm(rc.ports[i], "CONFIG SET maxmemory-policy noeviction");
+    freeReplyObject(r);
+  }
+  int32_t st[4];
+  store_chain_as(1, a, 1, 4, st);
+  for (int i = 0; i < 4; i++) cr_assert_eq(st[i], KV_EDEGRADED, "key %d: %d", 1 + i, st[i]);
+  cr_assert_eq(metric(&na, "kvcached_g4_writes_total{result=\"oom\"}"), 4);
+  for (uint64_t v = 1; v <= 4; v++) load_check(a, v);
+  for (int i = 0; i < rc.nports; i++) {
+    redisReply *r = adm(rc.ports[i], "CONFIG SET maxmemory 0");
+    freeReplyObject(r);
+  }
+  store_chain_as(1, a, 11, 18, NULL);
+  cr_assert_eq(metric(&na, "kvcached_g4_writes_total{result=\"ok\"}"), 8);
+  uint8_t t[64];
+  cr_assert_eq(lookup(b, 11, 18, t, NULL), 8);
+  for (uint64_t v = 11; v <= 18; v++) load_check(b, v);
   kvc_close(a);
   kvc_close(b);
 }

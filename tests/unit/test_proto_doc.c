@@ -114,7 +114,8 @@ Test(protocol_md, documents_the_batch_flags) {
   } fl[] = {{"`KV_DEL_ALL`", KV_DEL_ALL},
             {"`KV_COMMIT_CRC`", KV_COMMIT_CRC},
             {"`KV_REL_CORRUPT`", KV_REL_CORRUPT},
-            {"`KV_LOOKUP_ALL`", KV_LOOKUP_ALL}};
+            {"`KV_LOOKUP_ALL`", KV_LOOKUP_ALL},
+            {"`KV_COMMIT_G4`", KV_COMMIT_G4}};
   for (size_t i = 0; i < sizeof fl / sizeof fl[0]; i++) {
     char v[16];
     snprintf(v, sizeof v, "0x%02x", fl[i].value);

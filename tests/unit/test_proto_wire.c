@@ -1162,6 +1162,23 @@ Test(wire_bad, v1_2_fields) {
   kv_buf_free(&b);
 }
 
+Test(wire_bad, v1_4_commit_g4) {
+  /* COMMIT's wait for G4: with or without CRCs, COMMIT's flag only */
+  batch_body(0, 0, KV_COMMIT_G4, 2, 8);
+  cr_assert_eq(REQ(KV_OP_COMMIT), 0);
+  batch_body(0, 0, KV_COMMIT_G4 | KV_COMMIT_CRC, 2, 8), pb32(1), pb32(2);
+  cr_assert_eq(REQ(KV_OP_COMMIT), 0, "with CRCs");
+  batch_body(0, 0, KV_COMMIT_G4, 2, 8), pb32(1), pb32(2);
+  cr_assert_eq(REQ(KV_OP_COMMIT), KV_EBADFRAME, "CRCs without KV_COMMIT_CRC");
+  static const uint16_t not_commit[] = {KV_OP_LOOKUP, KV_OP_RELEASE, KV_OP_ABORT, KV_OP_DELETE,
+                                        KV_OP_SET_PRIORITY};
+  for (size_t i = 0; i < sizeof not_commit / sizeof not_commit[0]; i++) {
+    batch_body(0, 0, KV_COMMIT_G4, 1, 8);
+    cr_assert_eq(REQ(not_commit[i]), KV_EBADFRAME, "KV_COMMIT_G4 on %s",
+                 kv_op_name(not_commit[i]));
+  }
+}
+
 Test(wire_bad, v1_4_lookup_all) {
   /* LOOKUP past holes: LOOKUP's flag only, and no other bit beside it */
   batch_body(0, 0, KV_LOOKUP_ALL, 2, 8);

@@ -24,7 +24,6 @@ Starts its own kvcached (temporary socket directory) and stops it at the end.
   python3 tools/bench/holes_ttft.py --device cuda --preset 1b --dtype bf16 \\
       --lengths 8192,16384,32768
 """
-import argparse
 import json
 import os
 import shutil
@@ -34,7 +33,7 @@ import tempfile
 import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from ttft import sync  # noqa: E402  (puts client/python on the path, imports torch)
+from ttft import bench_args, dump, model_args, sync, timed_prefill  # noqa: E402
 
 import torch  # noqa: E402
 
@@ -47,11 +46,7 @@ WAYS = ("holes", "from_hole", "recompute")
 
 
 def main():
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
-                                 formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
-    ap.add_argument("--preset", default=None, help="model shape (default: small on CPU, 1b on CUDA)")
-    ap.add_argument("--dtype", default=None, help="fp32 or bf16 (default: fp32 CPU, bf16 CUDA)")
+    ap = bench_args(__doc__)
     ap.add_argument("--lengths", default=None,
                     help="prompt lengths (default 8192 CPU; 8192,16384,32768 CUDA)")
     ap.add_argument("--runs", type=int, default=3)
@@ -60,11 +55,8 @@ def main():
                     help="the daemon (default $KVCACHED_BIN, else <repo>/build/bin/kvcached)")
     ap.add_argument("--json", default=None, help="also write the results here")
     a = ap.parse_args()
-    dev = torch.device(a.device)
+    dev, preset, dtype = model_args(a)
     cuda = dev.type == "cuda"
-    preset = a.preset or ("1b" if cuda else "small")
-    dtype = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}[
-        a.dtype or ("bf16" if cuda else "fp32")]
     lengths = [int(x) for x in (a.lengths or ("8192,16384,32768" if cuda else "8192")).split(",")]
     cfg = LlamaConfig.preset(preset)
     T = a.page_tokens
@@ -91,11 +83,7 @@ def main():
         set_a, set_b = list(range(npages // 2)), list(range(npages // 2, npages))
 
         def prefill(tokens, pages, start=0, filled=()):
-            sync(dev)
-            t = time.perf_counter()
-            lg = model.prefill(cache, pages, tokens, start=start, filled=filled)
-            sync(dev)
-            return time.perf_counter() - t, lg
+            return timed_prefill(model, cache, pages, tokens, start, filled)
 
         def timed(way, prompt):
             sync(dev)
@@ -152,9 +140,7 @@ def main():
               f"| {c['ttft_s'] / h['ttft_s']:.1f}x | {f['ttft_s'] / h['ttft_s']:.1f}x "
               f"| {max(h['max_rel_logit_diff'], f['max_rel_logit_diff']):.1e}"
               f"{'' if h['same_argmax'] and f['same_argmax'] else ' (argmax differs)'} |")
-    if a.json:
-        with open(a.json, "w") as f:
-            json.dump({"env": env, "rows": rows}, f, indent=1)
+    dump(a.json, env, rows)
 
 
 if __name__ == "__main__":

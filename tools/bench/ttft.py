@@ -56,6 +56,45 @@ def sync(dev):
         torch.cuda.synchronize(dev)
 
 
+def bench_args(doc):
+    """An argument parser described by doc's first paragraph, with the
+    model's --device, --preset and --dtype (model_args reads them)."""
+    ap = argparse.ArgumentParser(description=doc.split("\n\n")[0],
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    ap.add_argument("--preset", default=None, help="model shape (default: small on CPU, 1b on CUDA)")
+    ap.add_argument("--dtype", default=None, help="fp32 or bf16 (default: fp32 CPU, bf16 CUDA)")
+    return ap
+
+
+def model_args(a):
+    """(device, preset, dtype) from the arguments --device, --preset and
+    --dtype, the defaults filled in: "small" fp32 on the CPU, "1b" bf16 on
+    CUDA."""
+    dev = torch.device(a.device)
+    cuda = dev.type == "cuda"
+    dtype = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}[
+        a.dtype or ("bf16" if cuda else "fp32")]
+    return dev, a.preset or ("1b" if cuda else "small"), dtype
+
+
+def timed_prefill(model, cache, pages, tokens, start=0, filled=()):
+    """(seconds, logits) of model.prefill, the device synchronised around it
+    (the benchmarks of this folder time every prefill so)."""
+    sync(model.device)
+    t = time.perf_counter()
+    lg = model.prefill(cache, pages, tokens, start=start, filled=filled)
+    sync(model.device)
+    return time.perf_counter() - t, lg
+
+
+def dump(path, env, rows):
+    """Writes {"env": env, "rows": rows} as JSON to path (None: nothing)."""
+    if path:
+        with open(path, "w") as f:
+            json.dump({"env": env, "rows": rows}, f, indent=1)
+
+
 def ref_bandwidth(dev, nbytes, runs=5):
     """Bytes/s of the reference copy: pinned host -> device (CUDA), memcpy (CPU)."""
     nbytes = max(nbytes, 64 << 20)
@@ -119,11 +158,7 @@ def ref_disk_bandwidth(directory, nbytes, threads=8, chunk=1 << 20):
 
 
 def main():
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
-                                 formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
-    ap.add_argument("--preset", default=None, help="model shape (default: small on CPU, 1b on CUDA)")
-    ap.add_argument("--dtype", default=None, help="fp32 or bf16 (default: fp32 CPU, bf16 CUDA)")
+    ap = bench_args(__doc__)
     ap.add_argument("--lengths", default=None, help="prompt lengths (default 1024,4096,16384 CPU; "
                                                     "4096,16384,32768 CUDA)")
     ap.add_argument("--shares", default=None, help="shared prefix fractions (default 0.5,0.9 CPU; 0.9 CUDA)")
@@ -142,11 +177,8 @@ def main():
                     help="the daemon (default $KVCACHED_BIN, else <repo>/build/bin/kvcached)")
     ap.add_argument("--json", default=None, help="also write the results here")
     a = ap.parse_args()
-    dev = torch.device(a.device)
+    dev, preset, dtype = model_args(a)
     cuda = dev.type == "cuda"
-    preset = a.preset or ("1b" if cuda else "small")
-    dtype = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}[
-        a.dtype or ("bf16" if cuda else "fp32")]
     lengths = [int(x) for x in (a.lengths or ("4096,16384,32768" if cuda else "1024,4096,16384")).split(",")]
     shares = [float(x) for x in (a.shares or ("0.9" if cuda else "0.5,0.9")).split(",")]
     tiers = (a.tiers or ("g1,g2,g3" if cuda else "g2,g3")).split(",")
@@ -199,11 +231,7 @@ def main():
         set_b = list(range(npages // 2, npages))
 
         def prefill(tokens, pages, start):
-            sync(dev)
-            t = time.perf_counter()
-            lg = model.prefill(cache, pages, tokens, start=start)
-            sync(dev)
-            return time.perf_counter() - t, lg
+            return timed_prefill(model, cache, pages, tokens, start)
 
         for n in lengths:
             # warm-up at this length (allocator, kernels, caches)
@@ -289,9 +317,7 @@ def main():
         cells += [f"{r['recompute_s'] / best:.1f}x",
                   f"{max(r[t]['max_rel_logit_diff'] for t in tiers):.1e}"]
         print("| " + " | ".join(cells) + " |")
-    if a.json:
-        with open(a.json, "w") as f:
-            json.dump({"env": env, "rows": rows}, f, indent=1)
+    dump(a.json, env, rows)
 
 
 if __name__ == "__main__":

@@ -104,6 +104,7 @@ _SIGS = {
                           _P(KvcBlock)]),
     "kvc_commit": (c_int, [c_void_p, _P(KvcKey), c_uint32, _P(c_int32)]),
     "kvc_commit_crc": (c_int, [c_void_p, _P(KvcKey), _P(c_uint32), c_uint32, _P(c_int32)]),
+    "kvc_commit_shared": (c_int, [c_void_p, _P(KvcKey), _P(c_uint32), c_uint32, _P(c_int32)]),
     "kvc_copy_crc": (c_uint32, [c_void_p, c_void_p, c_size_t]),
     "kvc_crc32c": (c_uint32, [c_uint32, c_void_p, c_size_t]),
     "kvc_read": (c_int, [c_void_p, _P(KvcKey), _P(KvcBlock), c_void_p]),

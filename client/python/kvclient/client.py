@@ -438,10 +438,11 @@ class Allocation(_Blocks):
     Leaving a `with` block without commit() aborts what is left (so an
     exception never publishes half-written blocks)."""
 
-    def commit(self, which: Iterable[int] | None = None) -> list[int]:
+    def commit(self, which: Iterable[int] | None = None, shared: bool = False) -> list[int]:
         """Makes the allocated blocks (or those at indices `which`; the others
         are aborted) visible, with their CRCs (write()'s, or computed here
-        over the slot for blocks written in place). Per-key statuses."""
+        over the slot for blocks written in place). Per-key statuses.
+        shared: see Client.commit."""
         idx = None if which is None else sorted(set(which))
         for i in idx or []:
             if not self.blocks[i].ok:
@@ -451,7 +452,7 @@ class Allocation(_Blocks):
         usable = self._take("commit", again_ok=False)
         keys = usable if chosen is None else [k for k in usable if k in chosen]
         rest = [] if chosen is None else [k for k in usable if k not in chosen]
-        st = self._client.commit(keys, [crcs[k] for k in keys]) if keys else []
+        st = self._client.commit(keys, [crcs[k] for k in keys], shared=shared) if keys else []
         if rest:  # the ones the caller chose not to commit: give their slots back
             self._client.abort(rest)
         return st
@@ -724,19 +725,22 @@ class Client:
         check(self._L.kvc_alloc(self._handle(), tier, prio, ka, pa, len(keys), out), "alloc")
         return Allocation(self, keys, _new_blocks(self, keys, out, True))
 
-    def commit(self, keys, crcs=None) -> list[int]:
+    def commit(self, keys, crcs=None, shared: bool = False) -> list[int]:
         """Makes allocated blocks visible; per-key statuses. crcs: the
         CRC-32C of each key's block as written (the daemon keeps it without
-        reading the bytes); None: the daemon computes them."""
-        if crcs is None:
+        reading the bytes); None: the daemon computes them. shared: answered
+        once each block is in the fleet's tier (G4) too, so that another
+        node finds it (kvc_commit_shared, protocol 1.4): status 0 there and
+        here, KV_EDEGRADED committed here only."""
+        if crcs is None and not shared:
             return self._status_op("kvc_commit", "commit", keys)
         keys = self._keys(keys)
-        if len(crcs) != len(keys):
+        if crcs is not None and len(crcs) != len(keys):
             raise ValueError(f"{len(crcs)} CRCs for {len(keys)} keys")
-        ca = (ctypes.c_uint32 * max(len(keys), 1))(*crcs)
+        ca = None if crcs is None else (ctypes.c_uint32 * max(len(keys), 1))(*crcs)
         st = (ctypes.c_int32 * max(len(keys), 1))()
-        check(self._L.kvc_commit_crc(self._handle(), _lib.keys_array(keys), ca, len(keys), st),
-              "commit")
+        fn = self._L.kvc_commit_shared if shared else self._L.kvc_commit_crc
+        check(fn(self._handle(), _lib.keys_array(keys), ca, len(keys), st), "commit")
         return list(st[:len(keys)])
 
     def abort(self, keys) -> list[int]:

@@ -86,6 +86,7 @@ from .errors import CODES, KvError
 log = logging.getLogger("kvclient.paged")
 
 KV_EEXISTS = CODES["KV_EEXISTS"]
+KV_EDEGRADED = CODES["KV_EDEGRADED"]
 KV_ECORRUPT = CODES["KV_ECORRUPT"]
 
 MEM_HOST, MEM_CUDA = 0, 1
@@ -410,6 +411,7 @@ class SaveResult:
     present: int = 0       # already stored before this call (the lookup's prefix)
     stored: int = 0        # written and committed by this call
     existed: int = 0       # another worker had stored or was storing them (KV_EEXISTS)
+    shared: int = 0        # with save(shared=True): stored blocks now in G4 too
     failed: list = field(default_factory=list)  # [(block index, KvError)]
     timings: dict = field(default_factory=dict)
     keys: list = field(default_factory=list)    # the full blocks' keys
@@ -631,11 +633,17 @@ class PagedKV:
 
     # --- the two operations ------------------------------------------------------
     def save(self, token_ids, page_ids, extra: bytes = b"", prio: int = 128, session=None,
-             retain_s: int = 0) -> SaveResult:
+             retain_s: int = 0, shared: bool = False) -> SaveResult:
         """Stores the full blocks of token_ids (their KV in pages page_ids)
         that kvcached does not hold yet: ALLOC, gather, COMMIT. With a
         session (a name or id: kvclient.session_id), every full block of
-        the sequence is then hinted as the session's (hint())."""
+        the sequence is then hinted as the session's (hint()). shared: each
+        COMMIT is answered once its blocks are in the fleet's tier (G4)
+        too, so that when save returns another node's LOOKUP finds them (a
+        prefill node handing the prompt to a decode node): res.shared of
+        res.stored made it (the others are stored here only: G4 off, down
+        or failing; blocks already held, res.present, went to G4 when they
+        were stored)."""
         tokens, page_ids = _tolist(token_ids), _tolist(page_ids)
         keys = self.keys(tokens, extra)
         res = SaveResult(blocks=len(keys), keys=keys)
@@ -663,10 +671,11 @@ class PagedKV:
                 self._from_pages([b for _, b in got], page_ids, [lo + j for j, _ in got])
                 self._sync()  # commit() checksums the slots: the bytes must be there
                 t_copy += time.perf_counter() - t1
-                st = a.commit([j for j, _ in got])
+                st = a.commit([j for j, _ in got], shared=shared)
                 for (j, b), s in zip(got, st):
-                    if s == 0:
+                    if s == 0 or (shared and s == KV_EDEGRADED):  # EDEGRADED: here, not in G4
                         res.stored += 1
+                        res.shared += shared and s == 0
                     elif s == KV_EEXISTS:
                         res.existed += 1
                     else:
@@ -695,7 +704,7 @@ class PagedKV:
 
     def load(self, token_ids, page_ids, extra: bytes = b"", tier: int = G2,
              max_tokens: int | None = None, session=None, retain_s: int = 0,
-             holes: bool = False) -> LoadResult:
+             holes: bool = False, lookups: int = 1) -> LoadResult:
         """Loads the longest stored prefix of token_ids into pages page_ids:
         LOOKUP, LOAD, scatter, RELEASE. At most max_tokens tokens (default:
         all but the last token, which the engine computes for its logits).
@@ -709,7 +718,14 @@ class PagedKV:
         computes the holes alone). The LOOKUP asks G4 past its first miss
         too (Client.lookup(past_holes=True)). res.filled and res.holes say
         which token ranges of the keys' span came and which did not;
-        res.tokens and res.blocks still count the leading run."""
+        res.tokens and res.blocks still count the leading run.
+
+        lookups: LOOKUPs at most. A daemon with G4 brings at most
+        g4.lookup_blocks blocks in per LOOKUP, so a node loading a long
+        prompt that another node stored (decode after a remote prefill)
+        asks again from the end of the run while a LOOKUP extends it (each
+        further one starts at the run's last block, which keeps the chain
+        whole). Not with holes."""
         tokens, page_ids = _tolist(token_ids), _tolist(page_ids)
         if max_tokens is None:
             max_tokens = max(len(tokens) - 1, 0)
@@ -723,7 +739,16 @@ class PagedKV:
         if tier == G1 and not self.client.g1.available:
             tier = G2  # no pool in this process: the blocks come through G2
         t0 = time.perf_counter()
-        hit, tiers = self.client.lookup(keys, past_holes=True) if holes else self.client.lookup(keys)
+        look = self.client.lookup
+        hit, tiers = look(keys, past_holes=True) if holes else look(keys)
+        for _ in range(lookups - 1):
+            if holes or not 0 < hit < len(keys):
+                break
+            more, t2 = self.client.lookup(keys[hit - 1:])
+            if more <= 1:
+                break
+            tiers[hit - 1:] = t2
+            hit += more - 1
         res.hit = hit
         t1 = time.perf_counter()
         res.timings = {"lookup": t1 - t0, "load": 0.0, "verify": 0.0, "copy": 0.0, "release": 0.0}

@@ -9,11 +9,13 @@ save (bool: store the prompt's blocks after prefill), tp (optional
 [rank, size, group]: keep only this rank's KV heads in kvcached), verify
 (optional bool, default true: PagedKV's check of each loaded block), holes
 (optional bool: load every block found, past a hole too, and compute the
-holes alone).
+holes alone), shared (optional bool: save's COMMITs answered once the
+blocks are in G4 too), lookups (optional int: PagedKV.load's LOOKUPs at most).
 OUT (torch.save): {"loaded": tokens loaded, "hit": blocks LOOKUP found,
 "failed": [[block, error name]], "logits": last-token logits,
 "tokens": greedy continuation, "save": [present, stored, existed, failed],
-"filled": token ranges loaded, "computed": tokens the prefill computed}.
+"filled": token ranges loaded, "computed": tokens the prefill computed,
+"shared": blocks save put in G4 too}.
 """
 import json
 import os
@@ -54,7 +56,7 @@ def main(spec_path: str, out_path: str) -> int:
         pk = PagedKV(c, layout, pages_per_block=ppb, verify=s.get("verify", True))
         start, filled = 0, []
         if s.get("load"):
-            r = pk.load(prompt, pages, holes=s.get("holes", False))
+            r = pk.load(prompt, pages, holes=s.get("holes", False), lookups=s.get("lookups", 1))
             out.update(loaded=r.tokens, hit=r.hit,
                        failed=[[i, e.name] for i, e in r.failed], filled=r.filled)
             if heads is None:
@@ -66,8 +68,9 @@ def main(spec_path: str, out_path: str) -> int:
             if heads is not None:
                 for t, shard in zip(cache.kv, kv_tensors):
                     shard.copy_(t[:, :, :, heads])
-            r = pk.save(prompt, pages)
+            r = pk.save(prompt, pages, shared=s.get("shared", False))
             out["save"] = [r.present, r.stored, r.existed, len(r.failed)]
+            out["shared"] = r.shared
         if s.get("new_tokens"):
             out["tokens"] = model.generate(cache, pages, prompt, s["new_tokens"], start=len(prompt))
     torch.save(out, out_path)
