@@ -146,6 +146,10 @@ static const opt opts[] = {
      "G4 reads may go to replicas (may be older or missing, never wrong: values are checked)"},
     {"g4", "lookup_blocks", OPT_U32, O(g4_lookup_blocks), 0, "256",
      "keys past the local prefix a LOOKUP asks G4 for at most (1..1024)"},
+    {"g4", "backlog_blocks", OPT_U32, O(g4_backlog_blocks), 0, "16384",
+     "blocks whose G4 write is owed (committed while G4 was not ok) kept, oldest dropped first"},
+    {"g4", "absent_ms", OPT_U32, O(g4_absent_ms), 0, "250",
+     "a key G4 answered absent is not asked again for this long (0: always asked)"},
     {"g4", "admit", OPT_ENUM, O(g4_admit), 0, "always",
      "which committed blocks are written to G4: always (at commit), or second-use (when a "
      "LOAD or GET uses them a second time)",
@@ -853,6 +857,9 @@ static void check_g4(const kv_config *c, chk *k) {
     REFUSE("g4.timeout_ms: %u is not 1..60000", c->g4_timeout_ms);
   if (c->g4_lookup_blocks == 0 || c->g4_lookup_blocks > KV_CFG_G4_LOOKUP_MAX)
     REFUSE("g4.lookup_blocks: %u is not 1..%d", c->g4_lookup_blocks, KV_CFG_G4_LOOKUP_MAX);
+  if (c->g4_backlog_blocks > KV_CFG_G4_BACKLOG_MAX)
+    REFUSE("g4.backlog_blocks: %u is not 0..%u", c->g4_backlog_blocks, KV_CFG_G4_BACKLOG_MAX);
+  if (c->g4_absent_ms > 60000) REFUSE("g4.absent_ms: %u is not 0..60000", c->g4_absent_ms);
   /* Values are authenticated with the fleet's secret (tiers/G4.md): without
    * one, anything that reaches the cluster could write blocks readers take. */
   if (!c->g4_key_file[0])

@@ -105,6 +105,8 @@ typedef struct kv_config {
   uint32_t g4_timeout_ms;               /* [g4] timeout_ms: per Redis command */
   int g4_replica_reads;                 /* [g4] replica_reads */
   uint32_t g4_lookup_blocks;            /* [g4] lookup_blocks: keys asked per LOOKUP at most */
+  uint32_t g4_backlog_blocks;           /* [g4] backlog_blocks: owed writes kept at most */
+  uint32_t g4_absent_ms;                /* [g4] absent_ms: a key G4 lacked is not asked again */
   kv_admit g4_admit;                    /* [g4] admit: always, second-use */
   char g4_key_file[256];                /* [g4] key_file: the fleet's secret (kv_config_g4_keys) */
   char g4_old_key_file[256];            /* [g4] old_key_file: the previous one, while rotating */
@@ -115,6 +117,7 @@ typedef struct kv_config {
 
 #define KV_CFG_G1_DEVICES_MAX 8 /* devices in g1.device */
 #define KV_CFG_G4_LOOKUP_MAX  1024 /* g4.lookup_blocks at most */
+#define KV_CFG_G4_BACKLOG_MAX (1u << 20) /* g4.backlog_blocks at most (72 MiB) */
 
 /* The seeds of g4.seeds, in its order, each "ip:port" without its
  * surrounding spaces, pointing into buf (at least sizeof g4_seeds). Returns

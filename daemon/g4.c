@@ -143,6 +143,12 @@ int kvd_g4_start(kvd *d, uv_loop_t *loop) {
     g->keys = NULL;
     return rc;
   }
+  if (kvd_g4_backlog_init(&g->backlog, d->cfg.g4_backlog_blocks) ||
+      kvd_g4_absent_init(&g->absent, KVD_G4_ABSENT_SLOTS, d->cfg.g4_absent_ms)) {
+    kv_error("g4", "no memory for the backlog of writes: running without G4");
+    kvd_g4_stop(d);
+    return -ENOMEM;
+  }
   g->logged = KV_G4C_DOWN;
   g->logged_ms = kv_now_ms();
   kv_info("g4", "Redis Cluster at %s (prefix '%s', ttl %u s, timeout %u ms): connecting",
@@ -158,12 +164,17 @@ void kvd_g4_stop(kvd *d) {
   kv_g4c_close(g->c, on_closed, g);
   g->c = NULL;
   g->keys = NULL;
+  kvd_g4_backlog_fini(&g->backlog); /* owed writes not made by now are not made */
+  kvd_g4_absent_fini(&g->absent);
 }
+
+static void drain(kvd *d);
 
 void kvd_g4_tick(kvd *d) {
   kvd_g4 *g = &d->g4;
   if (!g->c) return;
   kv_g4c_state s = kv_g4c_get_state(g->c);
+  if (s == KV_G4C_OK && g->backlog.n) drain(d);
   int64_t now = kv_now_ms();
   if (s == g->logged || now - g->logged_ms < 1000) return;
   kv_g4c_stats st;
@@ -221,6 +232,8 @@ typedef struct g4_write {
   struct g4_write *next, **pprev; /* g->signing */
   g4_commit *cw;                  /* the COMMIT waiting for it, or NULL */
   uint32_t ci;                    /* its key's index there */
+  uint32_t core_ns;               /* the block's, to owe the write again */
+  uint8_t tries;                  /* earlier writes of the block that failed */
 } g4_write;
 
 static void commit_done(g4_commit *cw);
@@ -241,9 +254,24 @@ static void write_end(g4_write *w, int ok) {
 static void on_set(kv_g4c *c, const kv_g4c_reply *r, void *arg) {
   g4_write *w = arg;
   kvd_g4 *g = w->g;
-  if (r->kind == KV_G4C_VALUE) g->writes[KVD_G4_W_OK]++;
-  else if (r->reason == KV_G4C_R_OOM) g->writes[KVD_G4_W_OOM]++;
-  else g->writes[KVD_G4_W_ERROR]++;
+  if (r->kind == KV_G4C_VALUE) {
+    g->writes[KVD_G4_W_OK]++;
+  } else if (r->reason == KV_G4C_R_OOM) {
+    g->writes[KVD_G4_W_OOM]++;
+  } else {
+    g->writes[KVD_G4_W_ERROR]++;
+    /* owed again: while the cluster says it is down (CLUSTERDOWN, LOADING, a
+     * node unreachable: as after a restart, until its nodes agree) each
+     * second; after any other failure a few times, each later */
+    int down = r->reason == KV_G4C_R_DOWN || r->reason == KV_G4C_R_CONN;
+    uint8_t tries = (uint8_t)(w->tries + !down);
+    if (tries < KVD_G4_WRITE_TRIES && g->c) {
+      kv_key key;
+      kv_key_set(&key, w->k.b, w->k.len);
+      kvd_g4_backlog_push(&g->backlog, w->k.ns, w->core_ns, &key, tries,
+                          kv_now_ms() + ((int64_t)KVD_G4_RETRY_MS << (down ? 0 : w->tries)));
+    }
+  }
   write_end(w, r->kind == KV_G4C_VALUE);
 }
 
@@ -284,27 +312,34 @@ static void sign_done(uv_work_t *req, int status) {
   }
 }
 
-/* Writes b to G4 now, when G4 is ok and the writes in flight leave room;
- * cw (may be NULL) is told when the write ends. 0 when the write is under
- * way, -1 when it was not started (counted). */
-static int g4_put(kvd *d, const kvd_ns *n, const kv_block *b, g4_commit *cw, uint32_t ci) {
+/* Writes b (of the namespace whose digest is given) to G4 now, when G4 is
+ * ok and the writes in flight leave room; else its write is owed (the
+ * backlog). cw (may be NULL) is told when the write ends. 0 when the
+ * write is under way, -1 when it was not started (counted). */
+static int g4_put(kvd *d, const uint8_t digest[32], const kv_block *b, g4_commit *cw,
+                  uint32_t ci, uint8_t tries) {
   kvd_g4 *g = &d->g4;
   if (!g->c) return -1;
-  if (kv_g4c_get_state(g->c) != KV_G4C_OK) {
-    g->writes[KVD_G4_W_SKIPPED]++;
+  kv_key key;
+  kv_key_set(&key, b->key, kv_block_keylen(b));
+  size_t vlen = kv_g4_value_len(b->size);
+  int busy = g->writes_in_flight >= KVD_G4_WRITES_MAX ||
+             g->write_bytes_in_flight + vlen > KVD_G4_WRITE_BYTES_MAX;
+  if (kv_g4c_get_state(g->c) != KV_G4C_OK || busy) {
+    g->writes[busy ? KVD_G4_W_BUSY : KVD_G4_W_SKIPPED]++;
+    kvd_g4_backlog_push(&g->backlog, digest, b->ns, &key, tries, 0);
     return -1;
   }
-  size_t vlen = kv_g4_value_len(b->size);
-  if (g->writes_in_flight >= KVD_G4_WRITES_MAX ||
-      g->write_bytes_in_flight + vlen > KVD_G4_WRITE_BYTES_MAX || b->size > KV_G4_PAYLOAD_MAX) {
+  if (b->size > KV_G4_PAYLOAD_MAX) {
     g->writes[KVD_G4_W_BUSY]++;
     return -1;
   }
+  kvd_g4_absent_forget(&g->absent, kvd_g4_absent_fp(digest, &key));
   const uint8_t *src = kv_core_g2_ptr(d->core, b);
   g4_write *w = calloc(1, sizeof *w);
   uint8_t *val = malloc(vlen);
   if (!src || !val || !w ||
-      (w->rl = g4_name(d, n->digest, b->key, kv_block_keylen(b), &w->k, w->rkey)) <= 0) {
+      (w->rl = g4_name(d, digest, b->key, kv_block_keylen(b), &w->k, w->rkey)) <= 0) {
     free(val);
     free(w);
     g->writes[KVD_G4_W_ERROR]++;
@@ -312,6 +347,8 @@ static int g4_put(kvd *d, const kvd_ns *n, const kv_block *b, g4_commit *cw, uin
   }
   w->cw = cw;
   w->ci = ci;
+  w->core_ns = b->ns;
+  w->tries = tries;
   if (cw) cw->pending++;
   /* the copy is what is signed and sent, whatever G2 holds by then */
   memcpy(val + KV_G4_HDR_LEN, src, b->size);
@@ -341,14 +378,38 @@ void kvd_g4_committed(kvd *d, const kvd_ns *n, const kv_block *b) {
   /* second-use: a block committed again soon after its eviction is on its
    * second use already (the policy's history said so: hits 2); a LOAD will
    * not take its count to 2 again, so it goes now or never. */
-  if (d->cfg.g4_admit == KV_ADMIT_ALWAYS || b->hits >= 2) g4_put(d, n, b, NULL, 0);
+  if (d->cfg.g4_admit == KV_ADMIT_ALWAYS || b->hits >= 2) g4_put(d, n->digest, b, NULL, 0, 0);
 }
 
 void kvd_g4_used(kvd *d, const kvd_ns *n, const kv_block *b) {
   /* second-use: this use took its count to two (a commit is its first;
    * the count saturates, so this is once), while it is in G2 */
   if (d->cfg.g4_admit == KV_ADMIT_SECOND_USE && b->hits == 2 && (b->tiers & KV_TIER_BIT(KV_G2)))
-    g4_put(d, n, b, NULL, 0);
+    g4_put(d, n->digest, b, NULL, 0, 0);
+}
+
+/* The owed writes, oldest first, while G4 is ok and writes have room
+ * (half the cap: commits keep the rest); each once per call. A block no
+ * longer in G2 under the namespace it was committed in is gone: its bytes
+ * are not read back from G3 for it. */
+static void drain(kvd *d) {
+  kvd_g4 *g = &d->g4;
+  kvd_g4_owed e;
+  int64_t now = kv_now_ms();
+  for (uint32_t budget = g->backlog.n; budget && g->writes_in_flight < KVD_G4_WRITES_MAX / 2 &&
+                                       kvd_g4_backlog_pop(&g->backlog, &e, now);
+       budget--) {
+    kv_block *b = kv_core_find(d->core, e.core_ns, &e.key);
+    kv_core_ns_info ni;
+    if (!b || !(b->tiers & KV_TIER_BIT(KV_G2)) ||
+        kv_core_ns_info_get(d->core, e.core_ns, &ni) || !ni.digest ||
+        memcmp(ni.digest, e.digest, KV_G3_NS_BYTES)) {
+      g->backlog_gone++;
+      continue;
+    }
+    if (g4_put(d, e.digest, b, NULL, 0, e.tries)) break; /* owed again, at the end */
+    g->backlog_written++;
+  }
 }
 
 /* --- COMMIT with KV_COMMIT_G4 -------------------------------------------------- */
@@ -382,7 +443,7 @@ int kvd_g4_commit_wait(kvd *d, kvd_sink *sink, const kv_msg *req, const kvd_ns *
   cw->pending = 1; /* held until every write is started: none ends it early */
   memcpy(cw->st, st, count * sizeof *st);
   for (uint32_t i = 0; i < count; i++)
-    if (cw->st[i] == 0 && g4_put(d, n, blocks[i], cw, i)) cw->st[i] = KV_EDEGRADED;
+    if (cw->st[i] == 0 && g4_put(d, n->digest, blocks[i], cw, i, 0)) cw->st[i] = KV_EDEGRADED;
   if (--cw->pending > 0) return KVD_DEFERRED;
   memcpy(st, cw->st, count * sizeof *st); /* nothing under way: the caller answers now */
   kvd_sink_put(sink);
@@ -516,6 +577,9 @@ static void on_get(kv_g4c *c, const kv_g4c_reply *r, void *arg) {
   uint32_t i = (uint32_t)(x - lk->get);
   if (r->kind == KV_G4C_NIL) {
     x->miss = KVD_G4_MISS_ABSENT;
+    kvd_g4_absent_note(&lk->d->g4.absent,
+                       kvd_g4_absent_fp(lk->digest, &lk->keys[lk->at[i]]),
+                       kv_now_ms());
   } else if (r->kind == KV_G4C_ERROR) {
     x->miss = r->reason == KV_G4C_R_TIMEOUT ? KVD_G4_MISS_TIMEOUT : KVD_G4_MISS_ERROR;
   } else {
@@ -544,10 +608,20 @@ int kvd_g4_lookup(kvd *d, kvd_sink *sink, const kv_msg *req, uint32_t n, uint32_
   kvd_session *s = sink->sess;
   kvd_ns *ns = kvd_registry_ns(&d->reg, s->ns);
   int past_holes = (req->batch.flags & KV_LOOKUP_ALL) != 0;
-  uint32_t nask = 0; /* the keys past the run that no local tier holds (all of them, unless
-                      * past_holes: then a local block after a hole is not asked for) */
-  for (uint32_t i = hit; i < n && nask < d->cfg.g4_lookup_blocks; i++)
-    if (!past_holes || !kv_core_find(d->core, (uint32_t)ns->core_ns, &d->keys[i])) nask++;
+  /* The keys to ask: past the run, up to the first G4 answered absent
+   * within g4.absent_ms (which ends the run: not asked; with past_holes,
+   * every such key is skipped, and so is every key a local tier holds). */
+  int64_t now = kv_now_ms();
+  uint32_t nask = 0;
+  for (uint32_t i = hit; i < n && nask < d->cfg.g4_lookup_blocks; i++) {
+    if (past_holes && kv_core_find(d->core, (uint32_t)ns->core_ns, &d->keys[i])) continue;
+    if (kvd_g4_absent_recent(&g->absent, kvd_g4_absent_fp(ns->digest, &d->keys[i]), now)) {
+      g->misses[KVD_G4_MISS_RECENT]++;
+      if (past_holes) continue;
+      break;
+    }
+    nask++;
+  }
   if (nask == 0) return 0;
   if (kv_g4c_get_state(g->c) == KV_G4C_DOWN) {
     g->misses[KVD_G4_MISS_DOWN] += nask;
@@ -579,7 +653,10 @@ int kvd_g4_lookup(kvd *d, kvd_sink *sink, const kv_msg *req, uint32_t n, uint32_
   lk->nask = nask;
   lk->past_holes = past_holes;
   for (uint32_t i = hit, j = 0; j < nask; i++)
-    if (!past_holes || !kv_core_find(d->core, lk->core_ns, &d->keys[i])) lk->at[j++] = i;
+    if (!past_holes || (!kv_core_find(d->core, lk->core_ns, &d->keys[i]) &&
+                        !kvd_g4_absent_recent(&g->absent,
+                                              kvd_g4_absent_fp(ns->digest, &d->keys[i]), now)))
+      lk->at[j++] = i;
   lk->t0 = t0;
   lk->g4_t0 = kv_now_ns();
   memcpy(lk->keys, d->keys, n * sizeof *lk->keys);

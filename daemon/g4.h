@@ -17,6 +17,7 @@
 #include <stdint.h>
 #include <uv.h>
 
+#include "daemon/g4_owed.h"
 #include "daemon/stats.h"
 #include "tiers/block.h"
 #include "tiers/g4_cluster.h"
@@ -44,6 +45,8 @@ struct kv_buf;
   X(DOWN, "down")               /* G4 was down: not asked at all */             \
   X(NO_ROOM, "no_room")         /* verified, but G2 had no slot for it */       \
   X(GAP, "gap")                 /* verified, but an earlier key missed */       \
+  X(RECENT, "recent")           /* not asked: G4 answered it absent within    \
+                                   g4.absent_ms */                             \
   X(MAC, "mac")                 /* refused by kv_g4_check: not signed by the  \
                                    fleet's secret (forged, or an old secret    \
                                    past g4.old_key_until) */
@@ -76,6 +79,15 @@ extern const char *const kvd_g4_write_names[KVD_G4_W_COUNT];
  * written (busy) rather than queued without bound in hiredis' buffers. */
 #define KVD_G4_WRITES_MAX      4096u
 #define KVD_G4_WRITE_BYTES_MAX (256ull << 20)
+/* Keys remembered absent (g4_owed.h), at most: 256 KiB. */
+#define KVD_G4_ABSENT_SLOTS 16384u
+/* A write that fails is owed again (g4_owed.h): after KVD_G4_RETRY_MS
+ * while the cluster says it is down or a node is unreachable (as after a
+ * restart, until its nodes agree), for as long as the backlog keeps it;
+ * after any other failure (a timeout, an error) KVD_G4_WRITE_TRIES writes
+ * at most, each retry twice as late as the one before. */
+#define KVD_G4_WRITE_TRIES 3
+#define KVD_G4_RETRY_MS    1000
 
 typedef struct kvd_g4 {
   kv_g4c *c;             /* NULL: G4 off (or closed) */
@@ -98,6 +110,9 @@ typedef struct kvd_g4 {
   kv_g4_keys *keys_closed;   /* the secrets of a closing client, freed once it is closed
                                 and the last work is done */
   int closed;                /* the client's close callback came */
+  kvd_g4_backlog backlog;    /* blocks whose write is owed (g4.backlog_blocks) */
+  uint64_t backlog_written, backlog_gone; /* owed writes started; gone from G2 first */
+  kvd_g4_absent absent;      /* keys G4 lacked lately (g4.absent_ms) */
 } kvd_g4;
 
 /* Reads the key files and opens the client on loop when g4.seeds is set

@@ -219,6 +219,15 @@ static int g4_metrics(kvd *d, kv_buf *out) {
   H("kvcached_g4_replies_refused_total", "counter",
     "Replies from cluster nodes over the reply limits (tiers/G4.md): the connection was dropped.");
   P("kvcached_g4_replies_refused_total %llu\n", U(cs.replies_refused));
+  H("kvcached_g4_backlog_blocks", "gauge",
+    "Blocks whose G4 write is owed (committed while G4 was not ok, or busy): written once it is.");
+  P("kvcached_g4_backlog_blocks %u\n", g->backlog.n);
+  H("kvcached_g4_backlog_total", "counter",
+    "Owed G4 writes by what became of them: written (started once G4 was ok), gone (no longer "
+    "in G2 by then), dropped (the backlog was full: the oldest).");
+  P("kvcached_g4_backlog_total{result=\"written\"} %llu\n", U(g->backlog_written));
+  P("kvcached_g4_backlog_total{result=\"gone\"} %llu\n", U(g->backlog_gone));
+  P("kvcached_g4_backlog_total{result=\"dropped\"} %llu\n", U(g->backlog.dropped));
   H("kvcached_g4_lookups_waiting", "gauge", "LOOKUPs whose reply waits for G4.");
   P("kvcached_g4_lookups_waiting %llu\n", U(g->waiting));
   H("kvcached_g4_lookup_seconds", "histogram",
@@ -238,13 +247,16 @@ static json_t *g4_json(kvd *d) {
     json_object_set_new(m, kvd_g4_miss_names[i], json_integer((json_int_t)g->misses[i]));
   for (int i = 0; i < KVD_G4_W_COUNT; i++)
     json_object_set_new(w, kvd_g4_write_names[i], json_integer((json_int_t)g->writes[i]));
-  return json_pack("{s:s,s:I,s:I,s:I,s:o,s:o,s:I,s:I,s:I,s:I,s:I,s:o}", "state",
+  json_t *bl = json_pack("{s:I,s:I,s:I,s:I}", "blocks", (json_int_t)g->backlog.n, "written",
+                          (json_int_t)g->backlog_written, "gone", (json_int_t)g->backlog_gone,
+                          "dropped", (json_int_t)g->backlog.dropped);
+  return json_pack("{s:s,s:I,s:I,s:I,s:o,s:o,s:I,s:I,s:I,s:I,s:I,s:o,s:o}", "state",
                    kv_g4c_state_name(cs.state), "masters", (json_int_t)cs.masters, "slots",
                    (json_int_t)cs.slots, "hits", (json_int_t)g->hits, "misses", m, "writes", w,
                    "deletes", (json_int_t)(g->deletes[0] + g->deletes[1]), "lookups",
                    (json_int_t)g->lookups, "bytes_in", (json_int_t)cs.bytes_in, "bytes_out",
                    (json_int_t)cs.bytes_out, "in_flight", (json_int_t)cs.in_flight, "latency_us",
-                   lat_json(&g->lookup));
+                   lat_json(&g->lookup), "backlog", bl);
 }
 
 int kvd_render_metrics(kvd *d, kv_buf *out) {

@@ -108,7 +108,7 @@ declare -A order=(
             admin server
             handlers stats load alloc
             g4 g3_watch trust
-            reply defer g1
+            reply defer g1 g4_owed
             session sink registry http accept
             metrics ghost config"
   [tools]="kvbench bench_replay bench_daemon bench_clients bench_scale bench_g3
