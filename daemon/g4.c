@@ -498,7 +498,9 @@ struct g4_lookup {
   uint32_t block_bytes;
   const kv_g4_keys *secrets; /* g4.keys, which outlives every callback of the client */
   uint32_t n, hit, nask, pending;
-  int past_holes; /* KV_LOOKUP_ALL: every key asked is stored, not only the run */
+  int past_holes; /* KV_LOOKUP_ALL, or a LOAD: every key asked is stored, not only the run */
+  kvd_g4_then then; /* a LOAD or GET's: called instead of the LOOKUP's answer */
+  uint8_t target;   /* ... with this target tier */
   uint64_t t0, g4_t0;
   kv_key *keys; /* the LOOKUP's n keys */
   g4_get *get;  /* nask, for keys at[0..nask-1] */
@@ -561,6 +563,12 @@ static void lookup_done(g4_lookup *lk) {
   }
   store_run(lk);
   if (kv_core_limit(d->core, KV_G2)) kv_core_enforce_limits(d->core); /* a soft g2.capacity */
+  if (lk->then) { /* a LOAD or GET: taken up again with its keys in d->keys */
+    memcpy(d->keys, lk->keys, lk->n * sizeof *lk->keys);
+    lk->then(d, lk->sink, &lk->req, lk->n, lk->target);
+    lookup_free(lk);
+    return;
+  }
   kv_msg m = kvd_lookup_answer(d, lk->reg_ns, lk->core_ns, lk->keys, lk->n, &lk->req);
   kvd_sink_reply(lk->sink, &m);
   kvd_req_done(d, KVD_REQ_LOOKUP, lk->t0);
@@ -601,13 +609,16 @@ static void on_get(kv_g4c *c, const kv_g4c_reply *r, void *arg) {
   if (--lk->pending == 0) lookup_done(lk);
 }
 
-int kvd_g4_lookup(kvd *d, kvd_sink *sink, const kv_msg *req, uint32_t n, uint32_t hit,
-                  uint64_t t0) {
+/* Asks G4 for keys hit..n-1 of d->keys (past_holes: each no local tier
+ * holds; else the run past hit) and, once answered, stores what came into
+ * G2 and answers the LOOKUP, or calls then. KVD_DEFERRED, or 0 when
+ * nothing was asked. */
+static int ask(kvd *d, kvd_sink *sink, const kv_msg *req, uint32_t n, uint32_t hit,
+               uint64_t t0, int past_holes, kvd_g4_then then, uint8_t target) {
   kvd_g4 *g = &d->g4;
   if (!g->c || g->closing || hit >= n) return 0;
   kvd_session *s = sink->sess;
   kvd_ns *ns = kvd_registry_ns(&d->reg, s->ns);
-  int past_holes = (req->batch.flags & KV_LOOKUP_ALL) != 0;
   /* The keys to ask: past the run, up to the first G4 answered absent
    * within g4.absent_ms (which ends the run: not asked; with past_holes,
    * every such key is skipped, and so is every key a local tier holds). */
@@ -652,6 +663,8 @@ int kvd_g4_lookup(kvd *d, kvd_sink *sink, const kv_msg *req, uint32_t n, uint32_
   lk->hit = hit;
   lk->nask = nask;
   lk->past_holes = past_holes;
+  lk->then = then;
+  lk->target = target;
   for (uint32_t i = hit, j = 0; j < nask; i++)
     if (!past_holes || (!kv_core_find(d->core, lk->core_ns, &d->keys[i]) &&
                         !kvd_g4_absent_recent(&g->absent,
@@ -685,4 +698,14 @@ int kvd_g4_lookup(kvd *d, kvd_sink *sink, const kv_msg *req, uint32_t n, uint32_
     return 0;
   }
   return KVD_DEFERRED;
+}
+
+int kvd_g4_lookup(kvd *d, kvd_sink *sink, const kv_msg *req, uint32_t n, uint32_t hit,
+                  uint64_t t0) {
+  return ask(d, sink, req, n, hit, t0, (req->batch.flags & KV_LOOKUP_ALL) != 0, NULL, 0);
+}
+
+int kvd_g4_fetch(kvd *d, kvd_sink *sink, const kv_msg *req, uint32_t n, uint8_t target,
+                 kvd_g4_then then) {
+  return ask(d, sink, req, n, 0, kv_now_ns(), 1, then, target);
 }

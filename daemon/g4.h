@@ -138,6 +138,20 @@ void kvd_g4_used(struct kvd *d, const struct kvd_ns *n, const kv_block *b);
  * use, as for a block back soon after its eviction). */
 void kvd_g4_committed(struct kvd *d, const struct kvd_ns *n, const kv_block *b);
 
+/* What a LOAD or GET does once G4 answered (kvd_g4_fetch): its n keys are
+ * in d->keys again; req is the request (id and op); reply through sink. */
+typedef void (*kvd_g4_then)(struct kvd *d, struct kvd_sink *sink, const struct kv_msg *req,
+                            uint32_t n, uint8_t target);
+
+/* A LOAD or GET of session sink->sess whose keys (the n of d->keys) a
+ * local tier does not all hold: when G4 is up, asks it for each key no
+ * local tier holds (not one it answered absent within g4.absent_ms),
+ * stores every verified value into G2 (as a LOOKUP with KV_LOOKUP_ALL),
+ * then calls then: KVD_DEFERRED. 0 when G4 is off or down or nothing is
+ * to be asked (the caller goes on now). */
+int kvd_g4_fetch(struct kvd *d, struct kvd_sink *sink, const struct kv_msg *req, uint32_t n,
+                 uint8_t target, kvd_g4_then then);
+
 /* A COMMIT with KV_COMMIT_G4 of session sink->sess: st[i] (count of them)
  * are its statuses, blocks[i] the block of key i where st[i] is 0. Writes
  * each committed block to G4 (whatever g4.admit says: the writer asked)

@@ -18,6 +18,11 @@
  * still waiting with -ETIMEDOUT (the queue's expiry, from the daemon's
  * tick).
  *
+ * A block no local tier holds is asked of G4 first, when it is up (g4.h,
+ * kvd_g4_fetch: every verified value into G2, then the LOAD goes on as
+ * here, answered through the sink), so a LOAD finds what another node
+ * stored without a LOOKUP first.
+ *
  * GET (the inline slow path) is a LOAD of one block to G2 whose reply
  * carries the bytes instead of an offset: the same promotion, waiting and
  * timeout; its pin is dropped once the bytes are in the reply, and a
@@ -236,7 +241,10 @@ static int load_keys(kvd *d, kvd_sink *sink, const kv_msg *req, uint32_t n, uint
       free(ld->found);
       free(ld);
     }
-    return kvd_fail(out, req, -ENOMEM, NULL);
+    if (out) return kvd_fail(out, req, -ENOMEM, NULL);
+    kv_msg m = kvd_error_to(req, -ENOMEM); /* taken up after G4: through the sink */
+    kvd_sink_reply(sink, &m);
+    return 0;
   }
   ld->d = d;
   ld->t0 = kv_now_ns();
@@ -294,6 +302,23 @@ static int load_keys(kvd *d, kvd_sink *sink, const kv_msg *req, uint32_t n, uint
   return answer(ld, out); /* everything was final: answer now, in the reply stream */
 }
 
+/* A LOAD or GET taken up once G4 answered (kvd_g4_fetch): answered
+ * through the sink. */
+static void load_after_g4(kvd *d, kvd_sink *sink, const kv_msg *req, uint32_t n,
+                          uint8_t target) {
+  load_keys(d, sink, req, n, target, NULL);
+}
+
+/* The first n keys of d->keys, some held by no local tier: G4 is asked
+ * for those first when it is up (KVD_DEFERRED), else 0. */
+static int from_g4(kvd *d, kvd_sink *sink, const kv_msg *req, uint32_t n, uint8_t target) {
+  if (!d->g4.c) return 0;
+  uint32_t core_ns = (uint32_t)kvd_registry_ns(&d->reg, sink->sess->ns)->core_ns;
+  uint32_t i = 0;
+  while (i < n && kv_core_find(d->core, core_ns, &d->keys[i])) i++;
+  return i < n ? kvd_g4_fetch(d, sink, req, n, target, load_after_g4) : 0;
+}
+
 int kvd_op_load(kvd *d, kvd_sink *sink, const kv_msg *req, kv_buf *out, int fd_out[2]) {
   const kv_batch_req *br = &req->batch;
   kvd_session *s = sink->sess;
@@ -305,11 +330,13 @@ int kvd_op_load(kvd *d, kvd_sink *sink, const kv_msg *req, kv_buf *out, int fd_o
                         ? (d->g1.reason[0] ? d->g1.reason : "G1 is off")
                         : "this session has no G1 pool (G1_SELECT named a device without one)");
   if (br->tier == KV_G1) s->g1_loaded = 1;
+  if (from_g4(d, sink, req, br->keys.n, br->tier) == KVD_DEFERRED) return KVD_DEFERRED;
   return load_keys(d, sink, req, br->keys.n, br->tier, out);
 }
 
 int kvd_op_get(kvd *d, kvd_sink *sink, const kv_msg *req, kv_buf *out, int fd_out[2]) {
   kv_key_set(&d->keys[0], req->get_key.p, req->get_key.len);
+  if (from_g4(d, sink, req, 1, KV_G2) == KVD_DEFERRED) return KVD_DEFERRED;
   return load_keys(d, sink, req, 1, KV_G2, out);
 }
 

@@ -228,7 +228,7 @@ static int g4_metrics(kvd *d, kv_buf *out) {
   P("kvcached_g4_backlog_total{result=\"written\"} %llu\n", U(g->backlog_written));
   P("kvcached_g4_backlog_total{result=\"gone\"} %llu\n", U(g->backlog_gone));
   P("kvcached_g4_backlog_total{result=\"dropped\"} %llu\n", U(g->backlog.dropped));
-  H("kvcached_g4_lookups_waiting", "gauge", "LOOKUPs whose reply waits for G4.");
+  H("kvcached_g4_lookups_waiting", "gauge", "LOOKUPs, LOADs and GETs whose reply waits for G4.");
   P("kvcached_g4_lookups_waiting %llu\n", U(g->waiting));
   H("kvcached_g4_lookup_seconds", "histogram",
     "Time a LOOKUP waited for G4: from its first GET to its last answer.");
