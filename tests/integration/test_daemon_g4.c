@@ -604,7 +604,7 @@ Test(daemon_g4, lookup_all_brings_in_the_blocks_after_a_hole, .init = setup, .fi
 
 /* A LOAD or GET of blocks only G4 holds finds them without a LOOKUP first:
  * each block no local tier holds is asked of G4, stored into G2 verified,
- * then served, with its own bytes; a forged value is still a miss. */
+ * then served, with its own bytes (forged values: forged_values_... above). */
 Test(daemon_g4, load_and_get_find_what_only_g4_holds, .init = setup, .fini = teardown,
      .timeout = 60) {
   kvc *a, *b;
