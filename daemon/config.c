@@ -150,6 +150,8 @@ static const opt opts[] = {
      "blocks whose G4 write is owed (committed while G4 was not ok) kept, oldest dropped first"},
     {"g4", "absent_ms", OPT_U32, O(g4_absent_ms), 0, "250",
      "a key G4 answered absent is not asked again for this long (0: always asked)"},
+    {"g4", "map_refresh_ms", OPT_U32, O(g4_map_refresh_ms), 0, "30000",
+     "the slot map is re-read this often while all is well (replicas join it so: replica_reads)"},
     {"g4", "admit", OPT_ENUM, O(g4_admit), 0, "always",
      "which committed blocks are written to G4: always (at commit), or second-use (when a "
      "LOAD or GET uses them a second time)",
@@ -860,6 +862,8 @@ static void check_g4(const kv_config *c, chk *k) {
   if (c->g4_backlog_blocks > KV_CFG_G4_BACKLOG_MAX)
     REFUSE("g4.backlog_blocks: %u is not 0..%u", c->g4_backlog_blocks, KV_CFG_G4_BACKLOG_MAX);
   if (c->g4_absent_ms > 60000) REFUSE("g4.absent_ms: %u is not 0..60000", c->g4_absent_ms);
+  if (c->g4_map_refresh_ms < 100 || c->g4_map_refresh_ms > 3600000)
+    REFUSE("g4.map_refresh_ms: %u is not 100..3600000", c->g4_map_refresh_ms);
   /* Values are authenticated with the fleet's secret (tiers/G4.md): without
    * one, anything that reaches the cluster could write blocks readers take. */
   if (!c->g4_key_file[0])

@@ -107,6 +107,7 @@ typedef struct kv_config {
   uint32_t g4_lookup_blocks;            /* [g4] lookup_blocks: keys asked per LOOKUP at most */
   uint32_t g4_backlog_blocks;           /* [g4] backlog_blocks: owed writes kept at most */
   uint32_t g4_absent_ms;                /* [g4] absent_ms: a key G4 lacked is not asked again */
+  uint32_t g4_map_refresh_ms;           /* [g4] map_refresh_ms: slot map re-read while healthy */
   kv_admit g4_admit;                    /* [g4] admit: always, second-use */
   char g4_key_file[256];                /* [g4] key_file: the fleet's secret (kv_config_g4_keys) */
   char g4_old_key_file[256];            /* [g4] old_key_file: the previous one, while rotating */

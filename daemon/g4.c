@@ -133,7 +133,8 @@ int kvd_g4_start(kvd *d, uv_loop_t *loop) {
                    .user = d->cfg.g4_user[0] ? d->cfg.g4_user : NULL,
                    .password = d->cfg.g4_password[0] ? d->cfg.g4_password : NULL,
                    .timeout_ms = (int)d->cfg.g4_timeout_ms,
-                   .read_replicas = d->cfg.g4_replica_reads};
+                   .read_replicas = d->cfg.g4_replica_reads,
+                   .refresh_ms = (int)d->cfg.g4_map_refresh_ms};
   g->loop = loop;
   int rc = kv_g4c_open(loop, &o, &g->c);
   if (rc) {

@@ -210,6 +210,18 @@ static int owner_of(const char *key) {
   return 0;
 }
 
+/* Node port's pid (redis_cluster.sh writes its DIR/PORT/redis.pid; DIR is rc.dir/c). */
+static pid_t node_pid(int port) {
+  char p[400];
+  snprintf(p, sizeof p, "%s/c/%d/redis.pid", rc.dir, port);
+  FILE *f = fopen(p, "r");
+  cr_assert(f, "%s", p);
+  int pid = 0;
+  cr_assert_eq(fscanf(f, "%d", &pid), 1);
+  fclose(f);
+  return (pid_t)pid;
+}
+
 /* The Redis key name of block v (of whichever namespace wrote it: the
  * tests write each key under one namespace), found by SCAN on the masters. */
 static void rkey_of(uint64_t v, char *out, size_t n) {
@@ -334,14 +346,9 @@ Test(daemon_g4, overwritten_values_are_refused, .init = setup, .fini = teardown,
   store_chain(a, 31, 32);
   cr_assert_eq(wait_metric(&na, "kvcached_g4_writes_total{result=\"ok\"}", 8, 5000), 8);
   for (int i = 0; i < 3; i++) freeReplyObject(adm(rc.ports[i], "WAIT 1 2000"));
-  char k31[160], pidf[400];
+  char k31[160];
   rkey_of(31, k31, sizeof k31);
-  snprintf(pidf, sizeof pidf, "%s/c/%d/redis.pid", rc.dir, owner_of(k31));
-  FILE *f = fopen(pidf, "r");
-  cr_assert(f, "%s", pidf);
-  int pid = 0;
-  cr_assert_eq(fscanf(f, "%d", &pid), 1);
-  fclose(f);
+  pid_t pid = node_pid(owner_of(k31));
   kvc *gone = worker(&nb, "t1", NULL);
   kvc_key ks[2] = {KC(31), KC(32)};
   uint8_t gt[2];
@@ -634,6 +641,115 @@ Test(daemon_g4, load_and_get_find_what_only_g4_holds, .init = setup, .fini = tea
   cr_assert_eq(kvc_load(b, KVC_G2, &k[2], 1, blk), 0);
   cr_assert_eq(metric(&nb, "kvcached_g4_misses_total{reason=\"absent\"}"), absent);
   cr_assert_eq(metric(&nb, "kvcached_g4_misses_total{reason=\"recent\"}"), 1);
+  kvc_close(a);
+  kvc_close(b);
+}
+
+/* The replicas of the cluster (every node whose ROLE says slave). */
+static int replicas(int *ports) {
+  int n = 0;
+  for (int i = 0; i < rc.nports; i++) {
+    redisReply *r = adm(rc.ports[i], "ROLE");
+    if (r && r->type == REDIS_REPLY_ARRAY && r->elements && !strcmp(r->element[0]->str, "slave"))
+      ports[n++] = rc.ports[i];
+    freeReplyObject(r);
+  }
+  return n;
+}
+
+
+/* The values n nodes hold in all. */
+static long long dbsize(const int *ports, int n) {
+  long long sum = 0;
+  for (int i = 0; i < n; i++) {
+    redisReply *r = adm(ports[i], "DBSIZE");
+    sum += r && r->type == REDIS_REPLY_INTEGER ? r->integer : 0;
+    freeReplyObject(r);
+  }
+  return sum;
+}
+
+/* Node B reads from replicas, and re-reads the slot map every 200 ms:
+ * CLUSTER SLOTS lists a replica only once it has replicated something, so
+ * the map B read at its start, of an empty cluster, lists none. */
+static void setup_replica_reads(void) {
+  make_keys();
+  start_cluster();
+  start_node(&na);
+  cr_assert_eq(run_node(&nb, "k1", "g4.replica_reads=yes", "g4.map_refresh_ms=200"), 0);
+}
+
+/* Replica reads on, and replicas that lag: stopped (SIGSTOP), they take no
+ * replication and answer nothing, while the masters take new values. A
+ * LOOKUP on B then misses (timeout) within g4.timeout_ms and a LOAD serves
+ * nothing, although the masters hold every value; once the replicas run
+ * and catch up, every block is found with its own bytes. */
+Test(daemon_g4, replica_reads_from_lagging_replicas_are_misses_never_wrong,
+     .init = setup_replica_reads, .fini = teardown, .timeout = 60) {
+  kvc *a, *b;
+  both_ok(&a, &b);
+  int rep[KVT_RC_NODES_MAX];
+  int nrep = replicas(rep);
+  cr_assert_eq(nrep, 3);
+  /* 24 blocks over every master; B reads them from the replicas, which
+   * connects it to each */
+  store_chain(a, 1, 24);
+  cr_assert_eq(wait_metric(&na, "kvcached_g4_writes_total{result=\"ok\"}", 24, 5000), 24);
+  for (int64_t end = kv_now_ms() + 15000; dbsize(rep, nrep) < 24; usleep(50000))
+    cr_assert_lt(kv_now_ms(), end, "the replicas hold %lld of 24 values", dbsize(rep, nrep));
+  for (int64_t end = kv_now_ms() + 15000;; usleep(50000)) { /* replicas in every node's map */
+    redisReply *r = adm(rc.ports[0], "CLUSTER SLOTS");
+    size_t listed = 0;
+    for (size_t i = 0; i < r->elements; i++) listed += r->element[i]->elements > 3;
+    freeReplyObject(r);
+    if (listed == 3) break;
+    cr_assert_lt(kv_now_ms(), end, "CLUSTER SLOTS lists %zu replicas", listed);
+  }
+  usleep(500000); /* B's next map re-read */
+  uint8_t t[64];
+  /* a first read of each slot range opens B's connection to its replica (it
+   * goes to the master meanwhile): keys no node wrote, all over the slots */
+  cr_assert_eq(lookup_as(1, b, 100, 163, t, NULL), 0);
+  usleep(200000);
+  cr_assert_eq(lookup(b, 1, 24, t, NULL), 24);
+  for (uint64_t v = 1; v <= 24; v++) load_check(b, v);
+
+  long long gets = 0; /* B read them from the replicas */
+  for (int i = 0; i < nrep; i++) {
+    redisReply *r = adm(rep[i], "INFO commandstats");
+    const char *g = strstr(r->str, "cmdstat_get:calls=");
+    gets += g ? atoll(g + strlen("cmdstat_get:calls=")) : 0;
+    freeReplyObject(r);
+  }
+  cr_assert_eq(gets, 24, "the replicas served %lld GETs", gets);
+  for (int i = 0; i < nrep; i++) cr_assert_eq(kill(node_pid(rep[i]), SIGSTOP), 0);
+  store_chain(a, 31, 38); /* the masters take them; the replicas do not */
+  cr_assert_eq(wait_metric(&na, "kvcached_g4_writes_total{result=\"ok\"}", 32, 5000), 32);
+  cr_assert_eq(dbsize(rc.ports, 3), 32, "the masters hold every value");
+  int64_t ms;
+  cr_assert_eq(lookup(b, 31, 38, t, &ms), 0, "every read went to a stopped replica");
+  cr_assert_lt(ms, 2000, "a LOOKUP waited %lld ms", (long long)ms);
+  cr_assert_geq(metric(&nb, "kvcached_g4_misses_total{reason=\"timeout\"}"), 1);
+  cr_assert_eq(metric(&nb, "kvcached_g4_hits_total"), 24);
+  /* a LOAD now: the stopped replica's connection timed out, so the read may
+   * go to the master: served, then with its own bytes, or not at all */
+  kvc_key k = KC(33);
+  kvc_block blk;
+  if (kvc_load(b, KVC_G2, &k, 1, &blk) == 1) {
+    static uint8_t want[OPS_BLOCK], got[OPS_BLOCK];
+    cr_assert_eq(kvc_read(b, &k, &blk, got), 0);
+    fill(want, 33);
+    cr_assert(!memcmp(got, want, OPS_BLOCK));
+    kvc_release(b, &k, 1, NULL);
+  }
+
+  /* the replicas run again and catch up: every block found, its own bytes */
+  for (int i = 0; i < nrep; i++) cr_assert_eq(kill(node_pid(rep[i]), SIGCONT), 0);
+  for (int64_t end = kv_now_ms() + 15000; dbsize(rep, nrep) < 32; usleep(50000))
+    cr_assert_lt(kv_now_ms(), end, "the replicas hold %lld of 32 values", dbsize(rep, nrep));
+  for (int64_t end = kv_now_ms() + 10000; lookup(b, 31, 38, t, NULL) < 8; usleep(100000))
+    cr_assert_lt(kv_now_ms(), end, "B does not find what the replicas hold again");
+  for (uint64_t v = 31; v <= 38; v++) load_check(b, v);
   kvc_close(a);
   kvc_close(b);
 }

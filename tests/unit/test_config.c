@@ -585,6 +585,7 @@ Test(config, g4_options_are_checked) {
   cr_assert_eq(c.g4_lookup_blocks, 256);
   cr_assert_eq(c.g4_backlog_blocks, 16384);
   cr_assert_eq(c.g4_absent_ms, 250);
+  cr_assert_eq(c.g4_map_refresh_ms, 30000);
   cr_assert_eq(c.g4_admit, KV_ADMIT_ALWAYS);
   cr_assert_eq(kv_config_set(&c, "g4.seeds", "127.0.0.1:7000, 10.0.0.2:7001,[::1]:7002", err,
                              sizeof err),
@@ -615,6 +616,7 @@ Test(config, g4_options_are_checked) {
       {"g4.lookup_blocks", "5000", "g4.lookup_blocks"},
       {"g4.backlog_blocks", "2000000", "g4.backlog_blocks"},
       {"g4.absent_ms", "60001", "g4.absent_ms"},
+      {"g4.map_refresh_ms", "50", "g4.map_refresh_ms"},
       {"g4.user", "alice", "g4.user"}, /* without a password */
   };
   for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
