@@ -566,7 +566,7 @@ static void lookup_done(g4_lookup *lk) {
   if (kv_core_limit(d->core, KV_G2)) kv_core_enforce_limits(d->core); /* a soft g2.capacity */
   if (lk->then) { /* a LOAD or GET: taken up again with its keys in d->keys */
     memcpy(d->keys, lk->keys, lk->n * sizeof *lk->keys);
-    lk->then(d, lk->sink, &lk->req, lk->n, lk->target);
+    lk->then(d, lk->sink, &lk->req, lk->n, lk->target, lk->t0);
     lookup_free(lk);
     return;
   }

@@ -139,9 +139,10 @@ void kvd_g4_used(struct kvd *d, const struct kvd_ns *n, const kv_block *b);
 void kvd_g4_committed(struct kvd *d, const struct kvd_ns *n, const kv_block *b);
 
 /* What a LOAD or GET does once G4 answered (kvd_g4_fetch): its n keys are
- * in d->keys again; req is the request (id and op); reply through sink. */
+ * in d->keys again; req is the request (id and op); reply through sink;
+ * t0: when kvd_g4_fetch was called (kv_now_ns), for its latency. */
 typedef void (*kvd_g4_then)(struct kvd *d, struct kvd_sink *sink, const struct kv_msg *req,
-                            uint32_t n, uint8_t target);
+                            uint32_t n, uint8_t target, uint64_t t0);
 
 /* A LOAD or GET of session sink->sess whose keys (the n of d->keys) a
  * local tier does not all hold: when G4 is up, asks it for each key no

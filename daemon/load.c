@@ -221,10 +221,11 @@ static void wait_for_room(kvd_load *ld) {
 
 /* Brings up the first n keys of d->keys for sink's session: each block
  * pinned, then answered at once when it is in the target tier, else
- * brought up (answered when the last one is). Returns the reply's encoding
- * result (0: appended to out), or KVD_DEFERRED. */
+ * brought up (answered when the last one is). t0: when the request was
+ * taken (kv_now_ns). Returns the reply's encoding result (0: appended to
+ * out; out NULL: through the sink), or KVD_DEFERRED. */
 static int load_keys(kvd *d, kvd_sink *sink, const kv_msg *req, uint32_t n, uint8_t target,
-                     kv_buf *out) {
+                     uint64_t t0, kv_buf *out) {
   kvd_session *s = sink->sess;
   kvd_load *ld = calloc(1, sizeof *ld);
   if (ld) {
@@ -247,7 +248,7 @@ static int load_keys(kvd *d, kvd_sink *sink, const kv_msg *req, uint32_t n, uint
     return 0;
   }
   ld->d = d;
-  ld->t0 = kv_now_ns();
+  ld->t0 = t0;
   ld->sink = sink;
   kvd_sink_get(sink);
   kvd_waiter_init(&ld->w, sink);
@@ -305,8 +306,8 @@ static int load_keys(kvd *d, kvd_sink *sink, const kv_msg *req, uint32_t n, uint
 /* A LOAD or GET taken up once G4 answered (kvd_g4_fetch): answered
  * through the sink. */
 static void load_after_g4(kvd *d, kvd_sink *sink, const kv_msg *req, uint32_t n,
-                          uint8_t target) {
-  load_keys(d, sink, req, n, target, NULL);
+                          uint8_t target, uint64_t t0) {
+  load_keys(d, sink, req, n, target, t0, NULL);
 }
 
 /* The first n keys of d->keys, some held by no local tier: G4 is asked
@@ -331,13 +332,13 @@ int kvd_op_load(kvd *d, kvd_sink *sink, const kv_msg *req, kv_buf *out, int fd_o
                         : "this session has no G1 pool (G1_SELECT named a device without one)");
   if (br->tier == KV_G1) s->g1_loaded = 1;
   if (from_g4(d, sink, req, br->keys.n, br->tier) == KVD_DEFERRED) return KVD_DEFERRED;
-  return load_keys(d, sink, req, br->keys.n, br->tier, out);
+  return load_keys(d, sink, req, br->keys.n, br->tier, kv_now_ns(), out);
 }
 
 int kvd_op_get(kvd *d, kvd_sink *sink, const kv_msg *req, kv_buf *out, int fd_out[2]) {
   kv_key_set(&d->keys[0], req->get_key.p, req->get_key.len);
   if (from_g4(d, sink, req, 1, KV_G2) == KVD_DEFERRED) return KVD_DEFERRED;
-  return load_keys(d, sink, req, 1, KV_G2, out);
+  return load_keys(d, sink, req, 1, KV_G2, kv_now_ns(), out);
 }
 
 /* The queue's callbacks (defer.h) for a LOAD waiting for room. */
