@@ -82,6 +82,19 @@ static int note_g2_arena(kv_core *c, kv_arena *arena) {
   return 0;
 }
 
+/* G2 policy e ranks with G3's (kv_evict.lead: the tiers as one cache),
+ * whose reach counts e's capacity. */
+static void follow_g3(kv_core *c, kv_evict *e) {
+  e->lead = &c->g3_evict;
+  c->g3_evict.reach += e->capacity;
+}
+
+void kv_core__follow_g3(kv_core *c) {
+  for (uint32_t i = 0; i < c->ng2a; i++)
+    for (uint32_t k = 0; k < c->g2a[i]->nclasses; k++)
+      if (c->g2a[i]->cls[k].user) follow_g3(c, c->g2a[i]->cls[k].user);
+}
+
 /* Makes sure the arena class for block_bytes has its policy for tier t
  * (G2's arenas, G1's pool). Returns the class or an error. */
 int kv_core__class(kv_core *c, kv_arena *arena, uint32_t block_bytes, kv_tier t) {
@@ -101,6 +114,7 @@ int kv_core__class(kv_core *c, kv_arena *arena, uint32_t block_bytes, kv_tier t)
       free(e);
       return rc;
     }
+    if (t == KV_G2 && c->g3) follow_g3(c, e);
     k->user = e;
   }
   return cls;

@@ -183,6 +183,8 @@ int kv_core_attach_g3(kv_core *c, kv_g3 *g3, const kv_core_g3_opts *o) {
   }
   c->g3 = g3;
   c->demote = kv_core__g3_demote; /* G2's victims come here (kv_demote_fn) */
+  c->g3_evict.reach = c->g3_evict.capacity; /* and G2's: the tiers as one cache */
+  kv_core__follow_g3(c);
   if (o) c->g3o = *o;
   if (!c->g3o.low_water) c->g3o.low_water = 64;
   c->g3_seq = kv_g3_max_seq(g3);

@@ -38,6 +38,11 @@
  *            only on evidence, and as fast where victims are few (a large
  *            cache) as where they are many. HMAX bounds it (a cap: no
  *            figure measured moved with it; EVICTION.md).
+ *   series   tiers in series as one cache (G2, then G3: evict.h, lead and
+ *            reach): an instance with a lead ranks with the lead's H, the
+ *            last tier's, whose victims are the whole cache's (a victim of
+ *            G2 mostly stays in G3), and the lead counts H, and its steps,
+ *            in the whole cache's capacity, as one tier of that size would.
  *   newest   reuse's rule: the block added last (the leaf a chain being
  *            stored grows from) goes only when no other block of its
  *            class is held.
@@ -161,21 +166,38 @@ static void hdel(kv_evict *e, adapt *a, kv_block *b) {
 
 /* ---- the orders ---------------------------------------------------------------- */
 
-/* The capacity H counts in: the tier's, or while that is unknown, what
- * the history is sized for. */
+/* The tier's capacity, or while that is unknown, what the history is
+ * sized for. */
 static inline double capacity(const kv_evict *e, const adapt *a) {
   return e->capacity ? e->capacity : a->seen.n;
 }
 
-/* H, in accesses. */
-static inline uint64_t age_bonus(const kv_evict *e, const adapt *a) {
-  return (uint64_t)(a->h * capacity(e, a));
+/* The capacity H counts in: the whole cache's where this instance leads
+ * tiers in series (evict.h: reach), else the tier's. */
+static inline double span(const kv_evict *e, const adapt *a) {
+  return e->reach > capacity(e, a) ? e->reach : capacity(e, a);
+}
+
+static kv_block *adapt_peek(kv_evict *e);
+
+/* The instance whose H e ranks with: its lead when that is of this family
+ * (the last tier of a series sees the whole cache's victims), else e. */
+static inline const kv_evict *ranker(const kv_evict *e) {
+  const kv_evict *l = e->lead;
+  return l && l != e && l->ops && l->ops->peek == adapt_peek && l->priv ? l : e;
+}
+
+/* H, in accesses: the ranker's. */
+static inline uint64_t age_bonus(const kv_evict *e) {
+  const kv_evict *r = ranker(e);
+  const adapt *a = r->priv;
+  return (uint64_t)(a->h * span(r, a));
 }
 
 /* A victim of heap cls is back (the history held its key): H moves away
  * from the order that let it go, by a block's worth (see the top). */
 static void victim_back(kv_evict *e, adapt *a, int cls) {
-  double c = capacity(e, a);
+  double c = span(e, a);
   if (a->fixed || c <= 0) return;
   double n0 = kv_seen_count(&a->seen, 0), n1 = kv_seen_count(&a->seen, 1);
   if (n0 < 1) n0 = 1;
@@ -311,7 +333,7 @@ static kv_block *adapt_peek(kv_evict *e) {
   adapt *a = e->priv;
   kv_block *v;
   if (a->hr && a->mm.cur == X_HINTS) v = kv_hrank_pick(a->hr, first_in(e, a, 0), a->newest);
-  else v = first_in(e, a, age_bonus(e, a));
+  else v = first_in(e, a, age_bonus(e));
   a->offered = v ? v->id : KV_BID_NONE;
   return v;
 }

@@ -28,7 +28,7 @@ typedef struct fx {
 
 static const uint8_t DIGEST[KV_G3_NS_BYTES] = {1, 2, 3, 4, 5, 6, 7, 8};
 
-static void open_g3(fx *f, uint32_t g3_slots, kv_admit admit) {
+static void open_store(fx *f, uint32_t g3_slots) {
   /* The data area starts at 1 MiB (headers before it): exactly g3_slots. */
   kv_g3_dir d = {f->dir, (1u << 20) + (uint64_t)g3_slots * BLK};
   kv_g3_opts o = {.dirs = &d,
@@ -41,10 +41,14 @@ static void open_g3(fx *f, uint32_t g3_slots, kv_admit admit) {
   kv_g3_open_info info;
   int rc = kv_g3_open(&f->g3, &o, &info);
   cr_assert_eq(rc, 0, "kv_g3_open: %s", kv_strerror(rc));
+}
+
+static void open_g3(fx *f, uint32_t g3_slots, kv_admit admit) {
+  open_store(f, g3_slots);
   kv_core_opts co = {.policy = "lru"};
   cr_assert_eq(kv_core_new(&f->core, &co), 0);
   kv_core_g3_opts go = {.admit = admit, .low_water = 1};
-  rc = kv_core_attach_g3(f->core, f->g3, &go);
+  int rc = kv_core_attach_g3(f->core, f->g3, &go);
   cr_assert_geq(rc, 0, "attach: %s", kv_strerror(rc));
   f->ns = kv_core_ns_register_digest(f->core, &f->arena, BLK, DIGEST);
   cr_assert_geq(f->ns, 0);
@@ -149,6 +153,35 @@ Test(core_g3, victims_are_demoted_and_promoted_back_verified) {
   cr_assert(b->tiers & KV_TIER_BIT(KV_G3), "the G3 copy stays after promotion");
   kv_core_unpin(f.core, b);
   cr_assert_eq(f.core->st.promotions, 1);
+  teardown(&f);
+}
+
+/* G2 and G3 as one cache: each G2 class's policy ranks with G3's shared
+ * one (kv_evict.lead), whose reach is both tiers' capacity, for a class
+ * made before G3 is attached as for one made after. */
+Test(core_g3, g2_policies_rank_with_g3s_sized_on_both_tiers) {
+  fx f;
+  setup(&f, 4, 32, KV_ADMIT_ALWAYS); /* the class made after the attach */
+  kv_evict *g2 = kv_core__policy(f.core, (uint32_t)f.ns, KV_G2, 0);
+  cr_assert_eq(g2->lead, &f.core->g3_evict);
+  cr_assert_eq(f.core->g3_evict.reach, f.core->g3_evict.capacity + g2->capacity);
+  teardown(&f);
+
+  cr_assert_eq(kvt_mkdtemp(f.dir, sizeof f.dir, "kvcore-g3"), 0); /* a class made before */
+  kv_arena_opts ao = {.capacity = (size_t)4 * BLK, .page_bytes = BLK, .no_lock = 1};
+  cr_assert_eq(kv_arena_init(&f.arena, &ao), 0);
+  kv_core_opts co = {.policy = "adapt"};
+  cr_assert_eq(kv_core_new(&f.core, &co), 0);
+  f.ns = kv_core_ns_register_digest(f.core, &f.arena, BLK, DIGEST);
+  cr_assert_geq(f.ns, 0);
+  g2 = kv_core__policy(f.core, (uint32_t)f.ns, KV_G2, 0);
+  cr_assert_null(g2->lead, "no G3 yet");
+  open_store(&f, 32);
+  kv_core_g3_opts go = {.admit = KV_ADMIT_ALWAYS, .low_water = 1};
+  int rc = kv_core_attach_g3(f.core, f.g3, &go);
+  cr_assert_geq(rc, 0, "attach: %s", kv_strerror(rc));
+  cr_assert_eq(g2->lead, &f.core->g3_evict);
+  cr_assert_eq(f.core->g3_evict.reach, f.core->g3_evict.capacity + g2->capacity);
   teardown(&f);
 }
 

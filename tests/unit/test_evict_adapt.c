@@ -152,6 +152,34 @@ Test(adapt, h_moves_toward_the_queue_whose_victims_come_back) {
   kv_index_fini(&ix);
 }
 
+/* Tiers in series: an instance with a lead (G2's, G3's adapt its lead)
+ * ranks with the lead's H, not its own; a lead of another policy is
+ * ignored. */
+Test(adapt, an_instance_ranks_with_its_leads_h) {
+  kv_index ix;
+  kv_index_init(&ix, 64);
+  kv_evict g3 = {.capacity = 100, .reach = 110};
+  kv_evict g2 = {.capacity = 10, .lead = &g3};
+  cr_assert_eq(kv_evict_init(&g3, kv_evict_lookup("adapt"), &ix, KV_G3), 0);
+  cr_assert_eq(kv_evict_init(&g2, kv_evict_lookup("adapt"), &ix, KV_G2), 0);
+  uint64_t t = 1000;
+  cr_assert_str_eq(first_of_two(&g2, &ix, &t), "again", "H 0 in both: the older goes");
+  for (uint64_t k = 0; k < 100; k++) evict_and_return(&g3, &ix, 1000 + k, &t, 2);
+  cr_assert_gt(kv_evict_adapt_bonus(&g3), 0.5, "the lead's H grew");
+  cr_assert_float_eq(kv_evict_adapt_bonus(&g2), 0.0, 1e-12, "its own did not");
+  cr_assert_str_eq(first_of_two(&g2, &ix, &t), "once", "G2 ranks with the lead's H");
+  kv_evict_fini(&g2);
+  kv_evict lru = {.capacity = 100};
+  cr_assert_eq(kv_evict_init(&lru, kv_evict_lookup("lru"), &ix, KV_G3), 0);
+  kv_evict g2b = {.capacity = 10, .lead = &lru};
+  cr_assert_eq(kv_evict_init(&g2b, kv_evict_lookup("adapt"), &ix, KV_G2), 0);
+  cr_assert_str_eq(first_of_two(&g2b, &ix, &t), "again", "a lead of another policy: its own");
+  kv_evict_fini(&g2b);
+  kv_evict_fini(&lru);
+  kv_evict_fini(&g3);
+  kv_index_fini(&ix);
+}
+
 /* A block evicted lately comes back as used again (reuse's history). */
 Test(adapt, a_victim_that_comes_back_counts_as_used_again) {
   kv_index ix;
