@@ -327,6 +327,10 @@ int kvd_render_metrics(kvd *d, kv_buf *out) {
     "G2 victims not written to G3 because their tenant held its g3_share and none of its G3 blocks "
     "could go.");
   P("kvcached_g3_share_refused_total %llu\n", U(c->g3_share_refused));
+  H("kvcached_g3_outranked_total", "counter",
+    "G2 victims not written to G3 because G3's policy ranked them before its own next victim "
+    "(they would have gone next).");
+  P("kvcached_g3_outranked_total %llu\n", U(c->g3_outranked));
   H("kvcached_pinned_blocks", "gauge", "Blocks pinned by workers or the operator.");
   P("kvcached_pinned_blocks %llu\n", U(s.pinned));
   H("kvcached_uncommitted_allocations", "gauge", "Blocks allocated and not yet committed.");

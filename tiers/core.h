@@ -101,6 +101,8 @@ typedef struct kv_core_stats_t {
   uint64_t g3_admitted;      /* demotions written to G3 */
   uint64_t g3_refused;       /* victims not admitted (policy, state, space) */
   uint64_t g3_share_refused; /* ... of those, because their owner held its G3 share */
+  uint64_t g3_outranked;     /* ... because G3's policy ranked them before its own next
+                              * victim (kv_evict_ops.admit): they would have gone next */
   uint64_t ns_freed;         /* namespace ids freed (kv_core_ns_free, empty dormant ones) */
   uint64_t g3_write_failed;
   uint64_t promotions;     /* G3 -> G2 reads that verified */

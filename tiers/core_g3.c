@@ -83,6 +83,19 @@ static void g3_written(int status, void *arg) {
   kv_core_demote_done(c, b, KV_G2, status == 0);
 }
 
+/* G2 victim v would take the room of G3's next victim, which the shared
+ * policy ranks (no copy G2 holds too goes first, v's namespace has no
+ * share), and that policy ranks v before it (kv_evict_ops.admit): v would
+ * be the next to go anyway. Only a leaf of the whole cache (no child in
+ * any tier, nor on its way to one): dropping a parent would cut a chain. */
+static int outranked(kv_core *c, const kv_block *v) {
+  kv_evict *e = &c->g3_evict;
+  if (!e->ops->admit || v->child != KV_BID_NONE || kv_core__policy(c, v->ns, KV_G3, 0) != e) return 0;
+  kv_block *x = kv_core__g3_victim(c);
+  return x && kv_core__policy_of(c, x, KV_G3) == e &&
+         !e->ops->admit(e, kv_core__policy_of(c, v, KV_G2), v);
+}
+
 /* The demotion callback when G3 is attached: the G2 victim's bytes are
  * written to an SSD slot, and its G2 slot is freed when they are durable. */
 int kv_core__g3_demote(kv_core *c, kv_block *v, kv_tier from, void *unused) {
@@ -111,7 +124,13 @@ int kv_core__g3_demote(kv_core *c, kv_block *v, kv_tier from, void *unused) {
    * from evicting low_water blocks each. */
   kv_g3_stats gs;
   kv_g3_get_stats(c->g3, &gs);
-  for (uint64_t f = gs.slots_free + gs.slots_retiring; f < c->g3o.low_water; f++)
+  uint64_t f = gs.slots_free + gs.slots_retiring;
+  if (f < c->g3o.low_water && outranked(c, v)) {
+    c->st.g3_refused++;
+    c->st.g3_outranked++;
+    return KV_DEMOTE_DONE;
+  }
+  for (; f < c->g3o.low_water; f++)
     if (evict_g3_one(c)) break;
   uint32_t slot;
   g3_op *op = malloc(sizeof *op);

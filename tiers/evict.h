@@ -56,6 +56,12 @@ typedef struct kv_evict_ops {
    * started or finished, it ended, it asked for retention). */
   void (*hinted)(kv_evict *e, kv_block *b, uint32_t old_ref);
   void (*session)(kv_evict *e, uint32_t slot);
+  /* Optional (NULL: every one enters): whether b, the victim of instance
+   * `from` in the tier above, should enter this tier, taking the room of
+   * this tier's next victim: 1, or 0 when the policy ranks b before that
+   * victim (b would be the next to go anyway). b is not in the tier yet
+   * and is still in `from`; nothing changes. */
+  int (*admit)(kv_evict *e, kv_evict *from, const kv_block *b);
 } kv_evict_ops;
 
 struct kv_evict {

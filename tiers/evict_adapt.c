@@ -43,6 +43,11 @@
  *            last tier's, whose victims are the whole cache's (a victim of
  *            G2 mostly stays in G3), and the lead counts H, and its steps,
  *            in the whole cache's capacity, as one tier of that size would.
+ *   admit    a victim of the tier above that ranks before this tier's
+ *            next victim would be the next to go: declined (the core drops
+ *            it instead of writing it; G3.md), and remembered in the
+ *            history as this tier's victim; a leaf of a chain being stored
+ *            (the newest above) always enters.
  *   newest   reuse's rule: the block added last (the leaf a chain being
  *            stored grows from) goes only when no other block of its
  *            class is held.
@@ -295,12 +300,17 @@ static int adapt_add(kv_evict *e, kv_block *b) {
   return 0;
 }
 
+/* A victim went, from heap cls: counted, and its key remembered. */
+static void victim_gone(kv_evict *e, adapt *a, uint32_t fp, int cls) {
+  if (++a->vic >= 2 * capacity(e, a)) a->vic /= 2, a->acc /= 2; /* the last C..2C */
+  kv_seen_add(&a->seen, fp, cls);
+}
+
 static void adapt_remove(kv_evict *e, kv_block *b) {
   adapt *a = e->priv;
   int victim = b->id == a->offered;
-  if (victim && ++a->vic >= 2 * capacity(e, a)) a->vic /= 2, a->acc /= 2; /* the last C..2C */
   if (victim) { /* the victim peek offered: remember its key, and its heap */
-    kv_seen_add(&a->seen, kv_fingerprint(b), (b->hpos[e->tier] & QBIT) != 0);
+    victim_gone(e, a, kv_fingerprint(b), (b->hpos[e->tier] & QBIT) != 0);
     a->offered = KV_BID_NONE;
   }
   if (a->hr) kv_hrank_remove(a->hr, b);
@@ -336,6 +346,26 @@ static kv_block *adapt_peek(kv_evict *e) {
   else v = first_in(e, a, age_bonus(e));
   a->offered = v ? v->id : KV_BID_NONE;
   return v;
+}
+
+/* A victim of the tier above enters unless it ranks before this tier's
+ * next victim in the order without hints (with hints: always), as it
+ * would rank on adding it (its class by its hits or the history); the
+ * newest block of an instance of this family above (the leaf a chain
+ * being stored grows from, which goes there only when alone) enters. */
+static int adapt_admit(kv_evict *e, kv_evict *from, const kv_block *b) {
+  adapt *a = e->priv;
+  if (a->hr) return 1;
+  if (from && from->ops && from->ops->peek == adapt_peek && from->priv &&
+      ((adapt *)from->priv)->newest == b->id)
+    return 1;
+  uint64_t h = age_bonus(e);
+  kv_block *v = first_in(e, a, h);
+  if (!v) return 1;
+  int qi = b->hits >= 2 || kv_seen_has(&a->seen, kv_fingerprint(b));
+  if (order_key(b, qi, h) >= order_key(v, (v->hpos[e->tier] & QBIT) != 0, h)) return 1;
+  victim_gone(e, a, kv_fingerprint(b), qi); /* the cache's victim: remembered as this tier's */
+  return 0;
 }
 
 /* The first hint: the hints' ranking and the judge start, and the hints
@@ -387,7 +417,7 @@ const char *kv_evict_adapt_following(const kv_evict *e, uint64_t *switches) {
  * hints (hinted, session) or without them (NULL, NULL). */
 #define ADAPT_OPS(name, doc, init, hinted, session)                                          \
   {name, doc, init, adapt_fini, adapt_add, adapt_remove, adapt_touch, adapt_peek, adapt_seen, \
-   hinted, session}
+   hinted, session, adapt_admit}
 
 const kv_evict_ops kv_evict_adapt_ops = ADAPT_OPS(
     "adapt",

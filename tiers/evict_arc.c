@@ -147,4 +147,5 @@ const kv_evict_ops kv_evict_arc_ops = {
     arc_touch, arc_peek,
     NULL,      NULL,
     NULL,
+    NULL,
 };

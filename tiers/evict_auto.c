@@ -178,4 +178,5 @@ const kv_evict_ops kv_evict_auto_ops = {
     auto_touch, auto_peek,
     auto_seen,  NULL,
     NULL,
+    NULL,
 };

@@ -202,6 +202,7 @@ const kv_evict_ops kv_evict_lru_ops = {
     kv_heap_touch, kv_heap_peek,
     NULL,          NULL,
     NULL,
+    NULL,
 };
 
 const kv_evict_ops kv_evict_lru2_ops = {
@@ -211,6 +212,7 @@ const kv_evict_ops kv_evict_lru2_ops = {
     lru2_touch, kv_heap_peek,
     lru2_seen,  NULL,
     NULL,
+    NULL,
 };
 
 const kv_evict_ops kv_evict_lfuda_ops = {
@@ -219,5 +221,6 @@ const kv_evict_ops kv_evict_lfuda_ops = {
     kv_heap_add,   kv_heap_remove,
     kv_heap_touch, kv_heap_peek,
     NULL,          NULL,
+    NULL,
     NULL,
 };

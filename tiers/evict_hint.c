@@ -372,4 +372,5 @@ const kv_evict_ops kv_evict_hints_ops = {
     NULL,
     hints_hinted,
     hints_session,
+    NULL,
 };

@@ -100,4 +100,5 @@ const kv_evict_ops kv_evict_reuse_ops = {
     NULL,
     NULL,
     NULL,
+    NULL,
 };

@@ -152,4 +152,5 @@ const kv_evict_ops kv_evict_s3fifo_ops = {
     s3_touch, s3_peek,
     NULL,     NULL,
     NULL,
+    NULL,
 };

@@ -234,4 +234,5 @@ const kv_evict_ops kv_evict_tinylfu_ops = {
     tlfu_touch, tlfu_peek,
     tlfu_seen,  NULL,
     NULL,
+    NULL,
 };

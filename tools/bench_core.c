@@ -326,6 +326,7 @@ typedef struct g3_result {
   uint64_t promotions, promote_failed; /* G3 -> G2 reads that verified, and not */
   uint64_t g3_slots;                   /* the store's slots */
   uint64_t g3_refused;                 /* G2 victims G3 did not take (dropped) */
+  uint64_t g3_outranked;               /* ... of those, ranked before G3's next victim */
   uint64_t held, both;                 /* at the end: blocks held, and held in G2 and G3 */
 } g3_result;
 
@@ -485,6 +486,7 @@ static int replay_g3(const kv_trace *t, const char *dir, const char *policy, kv_
   out->promotions = cs.promotions;
   out->promote_failed = cs.promote_failed;
   out->g3_refused = cs.g3_refused;
+  out->g3_outranked = cs.g3_outranked;
   uint64_t held[2] = {0, 0};
   kv_core_sample(core, KV_TIER_NONE, KV_NS_ANY, count_held, held);
   out->held = held[0];
@@ -519,6 +521,7 @@ static json_t *g3_json(const g3_result *r, uint32_t g2cap, uint32_t g3cap) {
   json_object_set_new(o, "g3_promote_failed", json_integer((json_int_t)r->promote_failed));
   json_object_set_new(o, "g3_slots", json_integer((json_int_t)r->g3_slots));
   json_object_set_new(o, "g3_refused", json_integer((json_int_t)r->g3_refused));
+  json_object_set_new(o, "g3_outranked", json_integer((json_int_t)r->g3_outranked));
   json_object_set_new(o, "blocks_held_at_end", json_integer((json_int_t)r->held));
   json_object_set_new(o, "blocks_in_g2_and_g3_at_end", json_integer((json_int_t)r->both));
   return o;

@@ -185,6 +185,45 @@ Test(core_g3, g2_policies_rank_with_g3s_sized_on_both_tiers) {
   teardown(&f);
 }
 
+/* A G2 victim that G3's policy ranks before its own next victim would be
+ * the next to go: it is not written (g3_outranked), and G3 keeps what it
+ * holds. With lru (no admit op) it is written as before. */
+Test(core_g3, a_g2_victim_g3_would_evict_next_is_not_written) {
+  const char *pol[] = {"adapt", "lru"};
+  for (int p = 0; p < 2; p++) {
+    fx f;
+    setup(&f, 2, 8, KV_ADMIT_ALWAYS);
+    cr_assert_eq(kv_core_set_policy(f.core, pol[p]), 0);
+    f.core->g3o.low_water = 2; /* a slot free for the demotion that evicts */
+    for (uint64_t v = 1; v <= 10; v++) {
+      store(&f, v);
+      kv_g3_drain(f.g3);
+    }
+    uint32_t held = 0;
+    for (uint64_t v = 1; v <= 8; v++) { /* G3's blocks used since G2's */
+      if (tier_of(&f, v) != KV_G3) continue;
+      kv_key k = K(v);
+      kv_core_touch(f.core, kv_core_find(f.core, (uint32_t)f.ns, &k));
+      held++;
+    }
+    cr_assert_gt(held, 4);
+    cr_assert_eq(tier_of(&f, 9), KV_G2);
+    store(&f, 11); /* G2's victim, 9, is older than any G3 block */
+    kv_g3_drain(f.g3);
+    uint32_t in_g3 = 0;
+    for (uint64_t v = 1; v <= 8; v++) in_g3 += tier_of(&f, v) == KV_G3;
+    if (p == 0) {
+      cr_assert_eq(f.core->st.g3_outranked, 1);
+      cr_assert_eq(tier_of(&f, 9), KV_TIER_NONE, "dropped");
+      cr_assert_eq(in_g3, held, "G3 kept its blocks");
+    } else {
+      cr_assert_eq(f.core->st.g3_outranked, 0);
+      cr_assert_eq(tier_of(&f, 9), KV_G3, "written");
+    }
+    teardown(&f);
+  }
+}
+
 /* Issue 19 item 6: a block promoted to G2 keeps its SSD copy, and the two
  * tiers used to rank both copies like any other (a hit made the block the
  * most recent in each), so the copies of G2's blocks held G3 slots while

@@ -180,6 +180,41 @@ Test(adapt, an_instance_ranks_with_its_leads_h) {
   kv_index_fini(&ix);
 }
 
+/* A victim of the tier above that ranks before this tier's next victim
+ * is declined (it would go next anyway); one that ranks after enters. */
+Test(adapt, a_victim_from_above_ranked_before_the_next_victim_is_declined) {
+  kv_index ix;
+  kv_index_init(&ix, 16);
+  kv_evict e = {.capacity = 100};
+  cr_assert_eq(kv_evict_init(&e, kv_evict_lookup("adapt"), &ix, KV_G3), 0);
+  cr_assert_not_null(e.ops->admit);
+  kv_block *older = mk(&ix, 1, 5, 1), *newer = mk(&ix, 2, 600, 1);
+  cr_assert_eq(e.ops->admit(&e, NULL, older), 1, "an empty tier takes anything");
+  kv_block *held[] = {mk(&ix, 3, 100, 1), mk(&ix, 4, 500, 1)};
+  for (int i = 0; i < 2; i++) cr_assert_eq(e.ops->add(&e, held[i]), 0);
+  cr_assert_eq(e.ops->admit(&e, NULL, older), 0, "older than the next victim: declined");
+  cr_assert_eq(e.ops->admit(&e, NULL, newer), 1, "younger: enters");
+  kv_evict up = {.capacity = 10, .lead = &e}; /* the tier above */
+  cr_assert_eq(kv_evict_init(&up, kv_evict_lookup("adapt"), &ix, KV_G2), 0);
+  kv_block *tip = mk(&ix, 5, 6, 1);
+  cr_assert_eq(up.ops->add(&up, tip), 0);
+  cr_assert_eq(e.ops->admit(&e, &up, tip), 1, "the newest above (a chain's growing leaf) enters");
+  up.ops->remove(&up, tip);
+  kv_evict_fini(&up);
+  for (int i = 0; i < 2; i++) e.ops->remove(&e, held[i]);
+  kv_index_remove(&ix, older);
+  older = mk(&ix, 1, 700, 1);
+  cr_assert_eq(e.ops->add(&e, older), 0);
+  cr_assert_eq(older->hits, 2, "declined, it was the cache's victim: back, it is used again");
+  kv_block *fresh = mk(&ix, 9, 701, 1);
+  cr_assert_eq(e.ops->add(&e, fresh), 0);
+  cr_assert_eq(fresh->hits, 1);
+  e.ops->remove(&e, older);
+  e.ops->remove(&e, fresh);
+  kv_evict_fini(&e);
+  kv_index_fini(&ix);
+}
+
 /* A block evicted lately comes back as used again (reuse's history). */
 Test(adapt, a_victim_that_comes_back_counts_as_used_again) {
   kv_index ix;
