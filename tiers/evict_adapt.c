@@ -43,6 +43,12 @@
  *            last tier's, whose victims are the whole cache's (a victim of
  *            G2 mostly stays in G3), and the lead counts H, and its steps,
  *            in the whole cache's capacity, as one tier of that size would.
+ *            A lead's victim that comes back has come back through the
+ *            tier above (stored again, and let go by it): it counts as a
+ *            block used again, whichever heap it left, so H climbs on the
+ *            evidence of G2 storing again what G3 evicted (what G3 holds
+ *            is what G2 let go, so its heap of blocks used once holds most
+ *            of the blocks that come back: EVICTION.md, "G2 + G3").
  *   admit    a victim of the tier above that ranks before this tier's
  *            next victim would be the next to go: declined (the core drops
  *            it instead of writing it; G3.md), and remembered in the
@@ -290,7 +296,7 @@ static int adapt_add(kv_evict *e, kv_block *b) {
   int again = fresh || b->hpos[e->tier] == EVICTED; /* not back from a pin, or from inside a chain */
   size_history(e, a);
   int back = again || b->hits < 2 ? kv_seen_class(&a->seen, kv_fingerprint(b)) : -1;
-  if (again && back >= 0) victim_back(e, a, back);
+  if (again && back >= 0) victim_back(e, a, e->reach ? 1 : back); /* a lead's: used again */
   if (b->hits < 2 && back >= 0) b->hits = 2; /* evicted lately, and back: its second use */
   if (hpush(e, a, b->hits >= 2, b)) return -ENOMEM;
   e->count++;

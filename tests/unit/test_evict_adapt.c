@@ -180,6 +180,26 @@ Test(adapt, an_instance_ranks_with_its_leads_h) {
   kv_index_fini(&ix);
 }
 
+/* A lead (the last tier of a series, reach set) counts a victim that
+ * comes back as used again, whichever heap it left: it came back through
+ * the tier above. On its own, victims used once that come back keep H 0. */
+Test(adapt, a_leads_victims_that_come_back_count_as_used_again) {
+  kv_index ix;
+  kv_index_init(&ix, 64);
+  uint64_t t = 1000;
+  uint32_t reach[] = {0, 110};
+  for (int i = 0; i < 2; i++) {
+    kv_evict e = {.capacity = 100, .reach = reach[i]};
+    cr_assert_eq(kv_evict_init(&e, kv_evict_lookup("adapt"), &ix, KV_G3), 0);
+    for (uint64_t k = 0; k < 50; k++) evict_and_return(&e, &ix, 7000 + 100 * i + k, &t, 1);
+    double h = kv_evict_adapt_bonus(&e);
+    if (i == 0) cr_assert_float_eq(h, 0.0, 1e-12, "on its own: H stays at LRU's order");
+    else cr_assert_gt(h, 0.1, "a lead: H climbs (%g)", h);
+    kv_evict_fini(&e);
+  }
+  kv_index_fini(&ix);
+}
+
 /* A victim of the tier above that ranks before this tier's next victim
  * is declined (it would go next anyway); one that ranks after enters. */
 Test(adapt, a_victim_from_above_ranked_before_the_next_victim_is_declined) {
