@@ -205,7 +205,9 @@ int kv_core_attach_g3(kv_core *c, kv_g3 *g3, const kv_core_g3_opts *o) {
   c->g3_evict.reach = c->g3_evict.capacity; /* and G2's: the tiers as one cache */
   kv_core__follow_g3(c);
   if (o) c->g3o = *o;
-  if (!c->g3o.low_water) c->g3o.low_water = 64;
+  uint64_t most = gs.slots / 64 > 2 ? gs.slots / 64 : 2; /* a small store not left empty */
+  uint32_t lw = c->g3o.low_water ? c->g3o.low_water : 64;
+  c->g3o.low_water = lw < most ? lw : (uint32_t)most;
   c->g3_seq = kv_g3_max_seq(g3);
   warm_ctx w = {c, 0};
   rc = kv_g3_foreach(g3, learn_entry, &w);

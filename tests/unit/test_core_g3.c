@@ -185,6 +185,32 @@ Test(core_g3, g2_policies_rank_with_g3s_sized_on_both_tiers) {
   teardown(&f);
 }
 
+/* G3's low water is at most 1/64 of the store's slots (and that at least
+ * 2): kvbench's 32 left a tenth of a 300-slot G3 empty. A smaller value
+ * given is kept. */
+Test(core_g3, low_water_is_at_most_a_64th_of_the_store) {
+  fx f;
+  setup(&f, 4, 256, KV_ADMIT_ALWAYS);
+  kv_g3_stats gs;
+  kv_g3_get_stats(f.g3, &gs);
+  uint64_t most = gs.slots / 64 > 2 ? gs.slots / 64 : 2;
+  cr_assert_lt(most, 32);
+  cr_assert_eq(f.core->g3o.low_water, 1, "1 given: kept");
+  uint32_t given[] = {0, 32, 3};
+  uint64_t want[] = {most, most, 3 < most ? 3 : most};
+  for (int i = 0; i < 3; i++) {
+    kv_core_free(f.core);
+    kv_core_opts co = {.policy = "lru"};
+    cr_assert_eq(kv_core_new(&f.core, &co), 0);
+    kv_core_g3_opts go = {.admit = KV_ADMIT_ALWAYS, .low_water = given[i]};
+    int rc = kv_core_attach_g3(f.core, f.g3, &go);
+    cr_assert_geq(rc, 0, "attach: %s", kv_strerror(rc));
+    cr_assert_eq(f.core->g3o.low_water, want[i], "%u given: %u", given[i],
+                 f.core->g3o.low_water);
+  }
+  teardown(&f);
+}
+
 /* A G2 victim that G3's policy ranks before its own next victim would be
  * the next to go: it is not written (g3_outranked), and G3 keeps what it
  * holds. With lru (no admit op) it is written as before. */
