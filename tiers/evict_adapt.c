@@ -42,7 +42,11 @@
  *            reach): an instance with a lead ranks with the lead's H, the
  *            last tier's, whose victims are the whole cache's (a victim of
  *            G2 mostly stays in G3), and the lead counts H, and its steps,
- *            in the whole cache's capacity, as one tier of that size would.
+ *            in the whole cache's capacity, as one tier of that size would,
+ *            and in the whole cache's accesses per victim: the accesses an
+ *            instance that follows it is told of count in the lead too,
+ *            and the blocks that enter the lead from above do not (their
+ *            accesses were counted there).
  *            A lead's victim that comes back has come back through the
  *            tier above (stored again, and let go by it): it counts as a
  *            block used again, whichever heap it left, so H climbs on the
@@ -205,6 +209,14 @@ static inline uint64_t age_bonus(const kv_evict *e) {
   return (uint64_t)(a->h * span(r, a));
 }
 
+/* An access, counted by e and by the lead e ranks with: its steps are in
+ * the whole cache's accesses per victim. */
+static void accessed(const kv_evict *e, adapt *a) {
+  a->acc++;
+  const kv_evict *r = ranker(e);
+  if (r != e) ((adapt *)r->priv)->acc++;
+}
+
 /* A victim of heap cls is back (the history held its key): H moves away
  * from the order that let it go, by a block's worth (see the top). */
 static void victim_back(kv_evict *e, adapt *a, int cls) {
@@ -291,7 +303,7 @@ static void adapt_fini(kv_evict *e) {
 
 static int adapt_add(kv_evict *e, kv_block *b) {
   adapt *a = e->priv;
-  a->acc++;
+  if (!e->reach) accessed(e, a); /* a lead's blocks enter from above, their accesses counted */
   int fresh = b->hpos[e->tier] == KV_SLOT_NONE;
   int again = fresh || b->hpos[e->tier] == EVICTED; /* not back from a pin, or from inside a chain */
   size_history(e, a);
@@ -327,7 +339,7 @@ static void adapt_remove(kv_evict *e, kv_block *b) {
 
 static void adapt_touch(kv_evict *e, kv_block *b) {
   adapt *a = e->priv;
-  a->acc++;
+  accessed(e, a);
   if (!(b->hpos[e->tier] & QBIT) && b->hits >= 2) { /* used again: to the other heap */
     hdel(e, a, b);
     if (hpush(e, a, 1, b)) (void)hpush(e, a, 0, b); /* no room there: stays where it was */
@@ -341,7 +353,7 @@ static void adapt_touch(kv_evict *e, kv_block *b) {
 
 static void adapt_seen(kv_evict *e, kv_block *b) {
   adapt *a = e->priv;
-  a->acc++;
+  accessed(e, a);
   if (a->hr) kv_minis_observe(&a->mm, e->ix, b);
 }
 

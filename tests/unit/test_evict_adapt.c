@@ -158,7 +158,7 @@ Test(adapt, h_moves_toward_the_queue_whose_victims_come_back) {
 Test(adapt, an_instance_ranks_with_its_leads_h) {
   kv_index ix;
   kv_index_init(&ix, 64);
-  kv_evict g3 = {.capacity = 100, .reach = 110};
+  kv_evict g3 = {.capacity = 100}; /* no reach: its adds count as accesses */
   kv_evict g2 = {.capacity = 10, .lead = &g3};
   cr_assert_eq(kv_evict_init(&g3, kv_evict_lookup("adapt"), &ix, KV_G3), 0);
   cr_assert_eq(kv_evict_init(&g2, kv_evict_lookup("adapt"), &ix, KV_G2), 0);
@@ -191,13 +191,50 @@ Test(adapt, a_leads_victims_that_come_back_count_as_used_again) {
   for (int i = 0; i < 2; i++) {
     kv_evict e = {.capacity = 100, .reach = reach[i]};
     cr_assert_eq(kv_evict_init(&e, kv_evict_lookup("adapt"), &ix, KV_G3), 0);
-    for (uint64_t k = 0; k < 50; k++) evict_and_return(&e, &ix, 7000 + 100 * i + k, &t, 1);
+    kv_evict up = {.capacity = 10, .lead = &e}; /* the accesses happen above */
+    cr_assert_eq(kv_evict_init(&up, kv_evict_lookup("adapt"), &ix, KV_G2), 0);
+    kv_block *hot = mk(&ix, 6000 + (uint64_t)i, t++, 1);
+    cr_assert_eq(up.ops->add(&up, hot), 0);
+    for (uint64_t k = 0; k < 50; k++) {
+      up.ops->touch(&up, hot);
+      evict_and_return(&e, &ix, 7000 + 100 * i + k, &t, 1);
+    }
     double h = kv_evict_adapt_bonus(&e);
     if (i == 0) cr_assert_float_eq(h, 0.0, 1e-12, "on its own: H stays at LRU's order");
     else cr_assert_gt(h, 0.1, "a lead: H climbs (%g)", h);
+    up.ops->remove(&up, hot);
+    kv_evict_fini(&up);
     kv_evict_fini(&e);
   }
   kv_index_fini(&ix);
+}
+
+/* A lead's steps are the whole cache's accesses per victim: the accesses
+ * of the instances that follow it count, the blocks that enter it from
+ * above do not (their accesses were counted there). */
+Test(adapt, a_leads_steps_count_the_accesses_above) {
+  double h[2];
+  uint64_t t = 1000;
+  for (int i = 0; i < 2; i++) {
+    kv_index ix;
+    kv_index_init(&ix, 64);
+    kv_evict e = {.capacity = 100, .reach = 110};
+    cr_assert_eq(kv_evict_init(&e, kv_evict_lookup("adapt"), &ix, KV_G3), 0);
+    kv_evict up = {.capacity = 10, .lead = &e};
+    cr_assert_eq(kv_evict_init(&up, kv_evict_lookup("adapt"), &ix, KV_G2), 0);
+    kv_block *hot = mk(&ix, 1, t++, 1);
+    cr_assert_eq(up.ops->add(&up, hot), 0);
+    for (uint64_t k = 0; k < 20; k++) {
+      for (int n = 0; n < 1 + 9 * i; n++) up.ops->touch(&up, hot);
+      evict_and_return(&e, &ix, 100 + k, &t, 2);
+    }
+    h[i] = kv_evict_adapt_bonus(&e);
+    up.ops->remove(&up, hot);
+    kv_evict_fini(&up);
+    kv_evict_fini(&e);
+    kv_index_fini(&ix);
+  }
+  cr_assert_gt(h[1], 5 * h[0], "ten times the accesses above: H %g against %g", h[1], h[0]);
 }
 
 /* A victim of the tier above that ranks before this tier's next victim
