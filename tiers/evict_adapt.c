@@ -47,12 +47,14 @@
  *            instance that follows it is told of count in the lead too,
  *            and the blocks that enter the lead from above do not (their
  *            accesses were counted there).
- *            A lead's victim that comes back has come back through the
- *            tier above (stored again, and let go by it): it counts as a
- *            block used again, whichever heap it left, so H climbs on the
- *            evidence of G2 storing again what G3 evicted (what G3 holds
- *            is what G2 let go, so its heap of blocks used once holds most
- *            of the blocks that come back: EVICTION.md, "G2 + G3").
+ *            A lead's victim comes back through the tier above: a block
+ *            new there whose key the lead's history holds (stored again)
+ *            is counted back by the lead at once, as one tier counts it,
+ *            and is used again; it is not counted again when it enters
+ *            the lead. A lead counts a victim back as used again,
+ *            whichever heap it left: what G3 holds is what G2 let go, so
+ *            its heap of blocks used once holds most of those that come
+ *            back (EVICTION.md, "G2 + G3").
  *   admit    a victim of the tier above that ranks before this tier's
  *            next victim would be the next to go: declined (the core drops
  *            it instead of writing it; G3.md), and remembered in the
@@ -98,6 +100,7 @@ static const kv_evict_ops *const aged0_experts[NX] = {&kv_evict_aged0_unhinted_o
 
 #define QBIT      (1u << 31) /* hpos: in the used-again heap */
 #define EVICTED   (QBIT - 1) /* hpos: out of the tier as this policy's victim (no heap is that big) */
+#define COUNTED   (QBIT - 2) /* hpos in a lead's tier: back in the tier above, counted there */
 #define TIME_MASK ((1ull << 55) - 1)
 #define AGE_CAPS  4  /* aged's H in capacities: the history's reach, 2C..4C victims */
 #define HMAX      16 /* adapt's H at most, in capacities: a cap (tiers/EVICTION.md) */
@@ -197,9 +200,9 @@ static kv_block *adapt_peek(kv_evict *e);
 
 /* The instance whose H e ranks with: its lead when that is of this family
  * (the last tier of a series sees the whole cache's victims), else e. */
-static inline const kv_evict *ranker(const kv_evict *e) {
-  const kv_evict *l = e->lead;
-  return l && l != e && l->ops && l->ops->peek == adapt_peek && l->priv ? l : e;
+static inline kv_evict *ranker(const kv_evict *e) {
+  kv_evict *l = e->lead;
+  return l && l != e && l->ops && l->ops->peek == adapt_peek && l->priv ? l : (kv_evict *)e;
 }
 
 /* H, in accesses: the ranker's. */
@@ -301,12 +304,28 @@ static void adapt_fini(kv_evict *e) {
   e->priv = NULL;
 }
 
+/* b is new to e, which follows a lead: if the lead's history holds its key
+ * it was the whole cache's victim lately, and it is back now (stored
+ * again), as one tier would count it: the lead counts it (as used again,
+ * see the top), and not again when b enters the lead's tier (COUNTED). */
+static void back_above(kv_evict *e, kv_block *b) {
+  kv_evict *l = ranker(e);
+  if (l == e || b->hpos[l->tier] != KV_SLOT_NONE) return; /* already in the lead's tier */
+  adapt *la = l->priv;
+  int cls = kv_seen_class(&la->seen, kv_fingerprint(b));
+  if (cls < 0) return;
+  victim_back(l, la, l->reach ? 1 : cls);
+  if (b->hits < 2) b->hits = 2;
+  b->hpos[l->tier] = COUNTED;
+}
+
 static int adapt_add(kv_evict *e, kv_block *b) {
   adapt *a = e->priv;
   if (!e->reach) accessed(e, a); /* a lead's blocks enter from above, their accesses counted */
   int fresh = b->hpos[e->tier] == KV_SLOT_NONE;
   int again = fresh || b->hpos[e->tier] == EVICTED; /* not back from a pin, or from inside a chain */
   size_history(e, a);
+  if (fresh) back_above(e, b);
   int back = again || b->hits < 2 ? kv_seen_class(&a->seen, kv_fingerprint(b)) : -1;
   if (again && back >= 0) victim_back(e, a, e->reach ? 1 : back); /* a lead's: used again */
   if (b->hits < 2 && back >= 0) b->hits = 2; /* evicted lately, and back: its second use */

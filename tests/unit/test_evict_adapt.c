@@ -152,16 +152,23 @@ Test(adapt, h_moves_toward_the_queue_whose_victims_come_back) {
   kv_index_fini(&ix);
 }
 
+/* Two adapt instances in series: g3 the lead (capacity 100, reach given),
+ * up (capacity 10) following it. */
+static void series(kv_index *ix, kv_evict *g3, kv_evict *up, uint32_t reach) {
+  *g3 = (kv_evict){.capacity = 100, .reach = reach};
+  cr_assert_eq(kv_evict_init(g3, kv_evict_lookup("adapt"), ix, KV_G3), 0);
+  *up = (kv_evict){.capacity = 10, .lead = g3};
+  cr_assert_eq(kv_evict_init(up, kv_evict_lookup("adapt"), ix, KV_G2), 0);
+}
+
 /* Tiers in series: an instance with a lead (G2's, G3's adapt its lead)
  * ranks with the lead's H, not its own; a lead of another policy is
  * ignored. */
 Test(adapt, an_instance_ranks_with_its_leads_h) {
   kv_index ix;
   kv_index_init(&ix, 64);
-  kv_evict g3 = {.capacity = 100}; /* no reach: its adds count as accesses */
-  kv_evict g2 = {.capacity = 10, .lead = &g3};
-  cr_assert_eq(kv_evict_init(&g3, kv_evict_lookup("adapt"), &ix, KV_G3), 0);
-  cr_assert_eq(kv_evict_init(&g2, kv_evict_lookup("adapt"), &ix, KV_G2), 0);
+  kv_evict g3, g2;
+  series(&ix, &g3, &g2, 0); /* no reach: its adds count as accesses */
   uint64_t t = 1000;
   cr_assert_str_eq(first_of_two(&g2, &ix, &t), "again", "H 0 in both: the older goes");
   for (uint64_t k = 0; k < 100; k++) evict_and_return(&g3, &ix, 1000 + k, &t, 2);
@@ -189,10 +196,8 @@ Test(adapt, a_leads_victims_that_come_back_count_as_used_again) {
   uint64_t t = 1000;
   uint32_t reach[] = {0, 110};
   for (int i = 0; i < 2; i++) {
-    kv_evict e = {.capacity = 100, .reach = reach[i]};
-    cr_assert_eq(kv_evict_init(&e, kv_evict_lookup("adapt"), &ix, KV_G3), 0);
-    kv_evict up = {.capacity = 10, .lead = &e}; /* the accesses happen above */
-    cr_assert_eq(kv_evict_init(&up, kv_evict_lookup("adapt"), &ix, KV_G2), 0);
+    kv_evict e, up; /* the accesses happen above */
+    series(&ix, &e, &up, reach[i]);
     kv_block *hot = mk(&ix, 6000 + (uint64_t)i, t++, 1);
     cr_assert_eq(up.ops->add(&up, hot), 0);
     for (uint64_t k = 0; k < 50; k++) {
@@ -209,6 +214,42 @@ Test(adapt, a_leads_victims_that_come_back_count_as_used_again) {
   kv_index_fini(&ix);
 }
 
+/* A block stored again in the tier above whose key the lead's history
+ * holds (the whole cache's victim lately) is back, as one tier would
+ * count it: the lead counts it then (H climbs), it is used again, and it
+ * is not counted again when it enters the lead's tier. */
+Test(adapt, a_block_stored_again_above_is_counted_back_by_the_lead) {
+  kv_index ix;
+  kv_index_init(&ix, 64);
+  kv_evict g3, up;
+  series(&ix, &g3, &up, 110);
+  uint64_t t = 1000;
+  kv_block *hot = mk(&ix, 1, t++, 1);
+  cr_assert_eq(up.ops->add(&up, hot), 0);
+  for (uint64_t k = 100; k < 120; k++) {
+    kv_block *b = mk(&ix, k, t++, 1);
+    cr_assert_eq(g3.ops->add(&g3, b), 0);
+    cr_assert_eq(g3.ops->peek(&g3), b);
+    g3.ops->remove(&g3, b); /* the cache's victim */
+    kv_index_remove(&ix, b);
+    for (int n = 0; n < 5; n++) up.ops->touch(&up, hot);
+    b = mk(&ix, k, t++, 1); /* stored again, above */
+    cr_assert_eq(up.ops->add(&up, b), 0);
+    cr_assert_eq(b->hits, 2, "back: its second use");
+    up.ops->remove(&up, b);
+    double h = kv_evict_adapt_bonus(&g3);
+    cr_assert_eq(g3.ops->add(&g3, b), 0); /* let go by the tier above */
+    cr_assert_float_eq(kv_evict_adapt_bonus(&g3), h, 1e-12, "counted once");
+    g3.ops->remove(&g3, b);
+    kv_index_remove(&ix, b);
+  }
+  cr_assert_gt(kv_evict_adapt_bonus(&g3), 0.1, "the lead's H climbed");
+  up.ops->remove(&up, hot);
+  kv_evict_fini(&up);
+  kv_evict_fini(&g3);
+  kv_index_fini(&ix);
+}
+
 /* A lead's steps are the whole cache's accesses per victim: the accesses
  * of the instances that follow it count, the blocks that enter it from
  * above do not (their accesses were counted there). */
@@ -218,10 +259,8 @@ Test(adapt, a_leads_steps_count_the_accesses_above) {
   for (int i = 0; i < 2; i++) {
     kv_index ix;
     kv_index_init(&ix, 64);
-    kv_evict e = {.capacity = 100, .reach = 110};
-    cr_assert_eq(kv_evict_init(&e, kv_evict_lookup("adapt"), &ix, KV_G3), 0);
-    kv_evict up = {.capacity = 10, .lead = &e};
-    cr_assert_eq(kv_evict_init(&up, kv_evict_lookup("adapt"), &ix, KV_G2), 0);
+    kv_evict e, up;
+    series(&ix, &e, &up, 110);
     kv_block *hot = mk(&ix, 1, t++, 1);
     cr_assert_eq(up.ops->add(&up, hot), 0);
     for (uint64_t k = 0; k < 20; k++) {
