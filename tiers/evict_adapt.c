@@ -49,12 +49,9 @@
  *            accesses were counted there).
  *            A lead's victim comes back through the tier above: a block
  *            new there whose key the lead's history holds (stored again)
- *            is counted back by the lead at once, as one tier counts it,
- *            and is used again; it is not counted again when it enters
- *            the lead. A lead counts a victim back as used again,
- *            whichever heap it left: what G3 holds is what G2 let go, so
- *            its heap of blocks used once holds most of those that come
- *            back (EVICTION.md, "G2 + G3").
+ *            is counted back by the lead at once, as one tier counts it
+ *            (by the heap it left), and is used again; it is not counted
+ *            again when it enters the lead.
  *   admit    a victim of the tier above that ranks before this tier's
  *            next victim would be the next to go: declined (the core drops
  *            it instead of writing it; G3.md), and remembered in the
@@ -306,15 +303,15 @@ static void adapt_fini(kv_evict *e) {
 
 /* b is new to e, which follows a lead: if the lead's history holds its key
  * it was the whole cache's victim lately, and it is back now (stored
- * again), as one tier would count it: the lead counts it (as used again,
- * see the top), and not again when b enters the lead's tier (COUNTED). */
+ * again), as one tier would count it: the lead counts it, and not again
+ * when b enters the lead's tier (COUNTED). */
 static void back_above(kv_evict *e, kv_block *b) {
   kv_evict *l = ranker(e);
   if (l == e || b->hpos[l->tier] != KV_SLOT_NONE) return; /* already in the lead's tier */
   adapt *la = l->priv;
   int cls = kv_seen_class(&la->seen, kv_fingerprint(b));
   if (cls < 0) return;
-  victim_back(l, la, l->reach ? 1 : cls);
+  victim_back(l, la, cls);
   if (b->hits < 2) b->hits = 2;
   b->hpos[l->tier] = COUNTED;
 }
@@ -327,7 +324,7 @@ static int adapt_add(kv_evict *e, kv_block *b) {
   size_history(e, a);
   if (fresh) back_above(e, b);
   int back = again || b->hits < 2 ? kv_seen_class(&a->seen, kv_fingerprint(b)) : -1;
-  if (again && back >= 0) victim_back(e, a, e->reach ? 1 : back); /* a lead's: used again */
+  if (again && back >= 0) victim_back(e, a, back);
   if (b->hits < 2 && back >= 0) b->hits = 2; /* evicted lately, and back: its second use */
   if (hpush(e, a, b->hits >= 2, b)) return -ENOMEM;
   e->count++;
