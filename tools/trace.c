@@ -3,10 +3,13 @@
 
 #include <errno.h>
 #include <jansson.h>
+#include <limits.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/types.h>
 #include <xxhash.h>
+#include <zlib.h>
 
 #include "base/hint.h"
 
@@ -73,16 +76,45 @@ static void hint_fields(kv_trace_req *r, json_t *o) {
   r->stop = (uint8_t)kv_stop_parse(json_is_string(stop) ? json_string_value(stop) : NULL);
 }
 
+/* The next line of f (gzip, or plain: zlib reads a file that is not gzip
+ * as it is) into *buf, grown as needed: its length, 0 at the end, or
+ * -EIO (a damaged or cut gzip stream) / -ENOMEM. */
+static ssize_t gz_line(gzFile f, char **buf, size_t *cap) {
+  size_t len = 0;
+  for (;;) {
+    if (*cap - len < 2) {
+      size_t ncap = *cap ? 2 * *cap : 4096;
+      char *nb = ncap > INT_MAX ? NULL : realloc(*buf, ncap);
+      if (!nb) return -ENOMEM;
+      *buf = nb;
+      *cap = ncap;
+    }
+    if (!gzgets(f, *buf + len, (int)(*cap - len))) {
+      int err = Z_OK;
+      gzerror(f, &err);
+      if (err != Z_OK && err != Z_STREAM_END) return -EIO;
+      return (ssize_t)len;
+    }
+    len += strlen(*buf + len);
+    if (len && (*buf)[len - 1] == '\n') return (ssize_t)len;
+  }
+}
+
 int kv_trace_load(kv_trace *t, const char *path, size_t *bad_line) {
   memset(t, 0, sizeof *t);
-  FILE *f = fopen(path, "r");
-  if (!f) return -errno;
+  gzFile f = gzopen(path, "rb");
+  if (!f) return errno ? -errno : -ENOMEM;
   size_t capreq = 0, capids = 0, lineno = 0, linecap = 0;
   char *line = NULL;
   ssize_t len;
   int rc = 0;
   size_t *offs = NULL, capoffs = 0;
-  while ((len = getline(&line, &linecap, f)) >= 0) {
+  while ((len = gz_line(f, &line, &linecap)) != 0) {
+    if (len < 0) {
+      rc = (int)len;
+      lineno++;
+      break;
+    }
     lineno++;
     if (len <= 1) continue;
     json_error_t je;
@@ -131,7 +163,7 @@ int kv_trace_load(kv_trace *t, const char *path, size_t *bad_line) {
     json_decref(o);
   }
   free(line);
-  fclose(f);
+  gzclose(f);
   if (!rc) {
     for (size_t i = 0; i < t->nreq; i++) t->req[i].ids = t->ids + offs[i];
     if (number_ids(t->ids, t->nids, NULL, &t->nunique)) t->nunique = 0;

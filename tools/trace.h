@@ -4,7 +4,8 @@
  *  "hash_ids": [block ids of the prompt, in order]}), with what an API
  * server knows of a request when the trace has it: "session" (a number or
  * a string), "agent" (a sub-agent's id; "" for the main agent) and "stop"
- * (its response's stop reason, known once the response ends).
+ * (its response's stop reason, known once the response ends). The file
+ * may be gzip-compressed (the tree's agentic trace is).
  */
 #ifndef KV_TOOLS_TRACE_H
 #define KV_TOOLS_TRACE_H
@@ -57,7 +58,8 @@ static inline void kv_trace_count(kv_trace_hits *h, const kv_trace_req *q, uint3
  * -ENOMEM. */
 int kv_trace_dense(const kv_trace *t, uint32_t *dense, size_t *nunique);
 
-/* Loads a trace. 0, -errno, or -EINVAL with the line number in *bad_line. */
+/* Loads a trace, plain or gzip. 0, -errno (-EIO: a damaged or cut gzip
+ * stream, at line *bad_line), or -EINVAL with the line number in *bad_line. */
 int kv_trace_load(kv_trace *t, const char *path, size_t *bad_line);
 void kv_trace_free(kv_trace *t);
 

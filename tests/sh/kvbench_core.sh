@@ -26,6 +26,18 @@ check "arc, s3fifo and tinylfu replayed at six capacities" \
 check "auto at or above plain LRU at every capacity" \
   test "$(jq '[.by_policy.auto[] | .prefix_hit_rate >= .reference_lru.prefix_hit_rate - 1e-9] | all' "$T/out")" = true
 
+# A gzip trace is read as the plain one (the tree's agentic trace is gzip);
+# a damaged one is refused with a reason.
+head -n 400 "$trace" > "$T/plain.jsonl"
+gzip -c "$T/plain.jsonl" > "$T/plain.jsonl.gz"
+expect_exit 0 "core-replay of a plain trace" "$BIN/kvbench" core-replay --trace "$T/plain.jsonl" --json
+jq -c '[.requests, .unique_blocks, [.results[].prefix_hit_rate]]' "$T/out" > "$T/plain.res"
+expect_exit 0 "core-replay of the same trace gzipped" "$BIN/kvbench" core-replay --trace "$T/plain.jsonl.gz" --json
+jq -c '[.requests, .unique_blocks, [.results[].prefix_hit_rate]]' "$T/out" > "$T/gz.res"
+check "the same requests, blocks and hit rates" cmp -s "$T/plain.res" "$T/gz.res"
+head -c "$(($(stat -c %s "$T/plain.jsonl.gz") / 2))" "$T/plain.jsonl.gz" > "$T/cut.jsonl.gz"
+expect_exit 1 "a cut gzip trace is refused" "$BIN/kvbench" core-replay --trace "$T/cut.jsonl.gz" --json
+
 # G2 + G3 with a real SSD tier, once per admission policy (a small trace:
 # the full one writes ~100k blocks and takes minutes).
 head -n 300 "$trace" > "$T/small.jsonl"
