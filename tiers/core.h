@@ -441,8 +441,9 @@ const char *kv_core_policy_name(const kv_core *c);
  * instance holding the most blocks (one per size class, or per tenant in
  * G3). following: the order it follows ("hints" while the default follows
  * engine hints, else the policy's own name or, for "auto", its expert);
- * switches: how often that changed; bonus: adapt's H in capacities
- * (evict_adapt.c), -1 for a policy without one. 0, or -ENOENT (the tier
+ * switches: how often that changed; bonus: the adapt H it ranks with, in
+ * capacities (evict_adapt.c; with G3, G2's is G3's), -1 for a policy
+ * without one. 0, or -ENOENT (the tier
  * has no policy). */
 typedef struct kv_core_policy_view {
   const char *following;

@@ -439,6 +439,10 @@ double kv_evict_adapt_bonus(const kv_evict *e) {
   return a ? a->h : 0;
 }
 
+double kv_evict_adapt_ranked_bonus(const kv_evict *e) {
+  return e->priv ? kv_evict_adapt_bonus(ranker(e)) : 0;
+}
+
 const char *kv_evict_adapt_following(const kv_evict *e, uint64_t *switches) {
   const adapt *a = e->priv;
   if (switches) *switches = a ? a->mm.switches : 0;

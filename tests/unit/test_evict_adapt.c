@@ -174,6 +174,8 @@ Test(adapt, an_instance_ranks_with_its_leads_h) {
   for (uint64_t k = 0; k < 100; k++) evict_and_return(&g3, &ix, 1000 + k, &t, 2);
   cr_assert_gt(kv_evict_adapt_bonus(&g3), 0.5, "the lead's H grew");
   cr_assert_float_eq(kv_evict_adapt_bonus(&g2), 0.0, 1e-12, "its own did not");
+  cr_assert_float_eq(kv_evict_adapt_ranked_bonus(&g2), kv_evict_adapt_bonus(&g3), 1e-12,
+                     "what operators see for it is the lead's");
   cr_assert_str_eq(first_of_two(&g2, &ix, &t), "once", "G2 ranks with the lead's H");
   kv_evict_fini(&g2);
   kv_evict lru = {.capacity = 100};
