@@ -623,6 +623,7 @@ static int ask(kvd *d, kvd_sink *sink, const kv_msg *req, uint32_t n, uint32_t h
   /* The keys to ask: past the run, up to the first G4 answered absent
    * within g4.absent_ms (which ends the run: not asked; with past_holes,
    * every such key is skipped, and so is every key a local tier holds). */
+  static uint32_t chosen[KV_CFG_G4_LOOKUP_MAX]; /* their indices (the loop's thread only) */
   int64_t now = kv_now_ms();
   uint32_t nask = 0;
   for (uint32_t i = hit; i < n && nask < d->cfg.g4_lookup_blocks; i++) {
@@ -632,7 +633,7 @@ static int ask(kvd *d, kvd_sink *sink, const kv_msg *req, uint32_t n, uint32_t h
       if (past_holes) continue;
       break;
     }
-    nask++;
+    chosen[nask++] = i;
   }
   if (nask == 0) return 0;
   if (kv_g4c_get_state(g->c) == KV_G4C_DOWN) {
@@ -666,11 +667,7 @@ static int ask(kvd *d, kvd_sink *sink, const kv_msg *req, uint32_t n, uint32_t h
   lk->past_holes = past_holes;
   lk->then = then;
   lk->target = target;
-  for (uint32_t i = hit, j = 0; j < nask; i++)
-    if (!past_holes || (!kv_core_find(d->core, lk->core_ns, &d->keys[i]) &&
-                        !kvd_g4_absent_recent(&g->absent,
-                                              kvd_g4_absent_fp(ns->digest, &d->keys[i]), now)))
-      lk->at[j++] = i;
+  memcpy(lk->at, chosen, nask * sizeof *lk->at);
   lk->t0 = t0;
   lk->g4_t0 = kv_now_ns();
   memcpy(lk->keys, d->keys, n * sizeof *lk->keys);
