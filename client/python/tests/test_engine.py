@@ -178,9 +178,9 @@ def corrupt_on_disk(g3dir, payload):
     raise AssertionError("block payload not found in the G3 files")
 
 
-def test_a_corrupted_ssd_block_shortens_the_prefix_and_output_stays_exact(g3daemon, tmp_root,
-                                                                          work):
-    d = g3daemon
+def block_3_corrupt_on_the_ssd(d, tmp_root, work):
+    """prompt(1) stored through d, pushed to its SSD, and block 3's bytes
+    there corrupted while d is stopped; d started again."""
     worker(work, d, prompt=prompt(1), save=True)
     with Client(d.socket, tenant="t", layout=layout_of()) as c:
         keys = c.chain_keys(prompt(1))
@@ -189,6 +189,12 @@ def test_a_corrupted_ssd_block_shortens_the_prefix_and_output_stays_exact(g3daem
     d.stop()
     corrupt_on_disk(os.path.join(tmp_root, "g3"), victim)
     d.start()
+
+
+def test_a_corrupted_ssd_block_shortens_the_prefix_and_output_stays_exact(g3daemon, tmp_root,
+                                                                          work):
+    d = g3daemon
+    block_3_corrupt_on_the_ssd(d, tmp_root, work)
     b = worker(work, d, prompt=prompt(2), load=True)
     assert b["loaded"] == 3 * T  # blocks 0..2; block 3 failed its checksum
     assert b["failed"][0] == [3, "KV_ECORRUPT"]
@@ -208,14 +214,7 @@ def test_a_corrupted_ssd_block_is_a_hole_computed_alone(g3daemon, tmp_root, work
     0..2 and 4..5, block 3 fails its checksum and is the only block it
     computes, and the output is a full recompute's."""
     d = g3daemon
-    worker(work, d, prompt=prompt(1), save=True)
-    with Client(d.socket, tenant="t", layout=layout_of()) as c:
-        keys = c.chain_keys(prompt(1))
-    victim = block_bytes_of(d, keys[3])
-    push_to_g3(d, keys)
-    d.stop()
-    corrupt_on_disk(os.path.join(tmp_root, "g3"), victim)
-    d.start()
+    block_3_corrupt_on_the_ssd(d, tmp_root, work)
     p = prompt(2)
     b = worker(work, d, prompt=p, load=True, holes=True)
     assert b["hit"] == 6  # LOOKUP found it: the check on the way up failed
