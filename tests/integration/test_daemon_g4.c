@@ -210,17 +210,8 @@ static int owner_of(const char *key) {
   return 0;
 }
 
-/* Node port's pid (redis_cluster.sh writes its DIR/PORT/redis.pid; DIR is rc.dir/c). */
-static pid_t node_pid(int port) {
-  char p[400];
-  snprintf(p, sizeof p, "%s/c/%d/redis.pid", rc.dir, port);
-  FILE *f = fopen(p, "r");
-  cr_assert(f, "%s", p);
-  int pid = 0;
-  cr_assert_eq(fscanf(f, "%d", &pid), 1);
-  fclose(f);
-  return (pid_t)pid;
-}
+/* Node port's pid. */
+static pid_t node_pid(int port) { return kvt_rc_node_pid(&rc, port); }
 
 /* The Redis key name of block v (of whichever namespace wrote it: the
  * tests write each key under one namespace), found by SCAN on the masters. */

@@ -552,16 +552,7 @@ Test(g4_cluster, master_killed_then_replica_serves, .init = setup, .fini = teard
 
 /* ---- a hung node, the whole cluster down and back ----------------------- */
 
-static pid_t node_pid(int port) {
-  char path[400];
-  snprintf(path, sizeof path, "%s/c/%d/redis.pid", rc.dir, port);
-  FILE *f = fopen(path, "r");
-  cr_assert(f, "%s", path);
-  int pid = 0;
-  cr_assert_eq(fscanf(f, "%d", &pid), 1);
-  fclose(f);
-  return pid;
-}
+static pid_t node_pid(int port) { return kvt_rc_node_pid(&rc, port); }
 
 Test(g4_cluster, hung_node_and_whole_cluster_down_then_back, .init = setup, .fini = teardown,
      .timeout = 120) {

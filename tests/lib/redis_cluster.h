@@ -8,6 +8,7 @@
 #define KV_TESTS_LIB_REDIS_CLUSTER_H
 
 #include <hiredis/hiredis.h>
+#include <sys/types.h>
 
 #define KVT_RC_NODES_MAX 16
 
@@ -40,5 +41,7 @@ redisReply *kvt_rc_adm(int port, const char *password, const char *fmt, ...);
 /* The port of the master serving slot, as node port's CLUSTER SLOTS says;
  * 0: none. */
 int kvt_rc_slot_owner(int port, const char *password, unsigned slot);
+/* The pid of rc's node on port (its pid file). */
+pid_t kvt_rc_node_pid(const kvt_rc *rc, int port);
 
 #endif

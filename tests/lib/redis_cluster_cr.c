@@ -2,6 +2,7 @@
  * redis_cluster.h): a failure fails the calling test. */
 #include <criterion/criterion.h>
 #include <stdarg.h>
+#include <stdio.h>
 
 #include "tests/lib/redis_cluster.h"
 
@@ -29,4 +30,15 @@ int kvt_rc_slot_owner(int port, const char *password, unsigned slot) {
   }
   freeReplyObject(r);
   return owner;
+}
+
+pid_t kvt_rc_node_pid(const kvt_rc *rc, int port) {
+  char path[400];
+  snprintf(path, sizeof path, "%s/c/%d/redis.pid", rc->dir, port);
+  FILE *f = fopen(path, "r");
+  cr_assert(f, "%s", path);
+  int pid = 0;
+  cr_assert_eq(fscanf(f, "%d", &pid), 1);
+  fclose(f);
+  return (pid_t)pid;
 }
