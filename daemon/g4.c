@@ -390,15 +390,19 @@ void kvd_g4_used(kvd *d, const kvd_ns *n, const kv_block *b) {
 }
 
 /* The owed writes, oldest first, while G4 is ok and writes have room
- * (half the cap: commits keep the rest); each once per call. A block no
+ * (half the cap: commits keep the rest); each once per call, and at most
+ * KVD_G4_DRAIN_BYTES of them (each is copied out of G2 on the loop, so a
+ * large backlog drains over several ticks rather than stall one). A block no
  * longer in G2 under the namespace it was committed in is gone: its bytes
  * are not read back from G3 for it. */
 static void drain(kvd *d) {
   kvd_g4 *g = &d->g4;
   kvd_g4_owed e;
   int64_t now = kv_now_ms();
-  for (uint32_t budget = g->backlog.n; budget && g->writes_in_flight < KVD_G4_WRITES_MAX / 2 &&
-                                       kvd_g4_backlog_pop(&g->backlog, &e, now);
+  uint64_t bytes = 0;
+  for (uint32_t budget = g->backlog.n;
+       budget && g->writes_in_flight < KVD_G4_WRITES_MAX / 2 && bytes < KVD_G4_DRAIN_BYTES &&
+       kvd_g4_backlog_pop(&g->backlog, &e, now);
        budget--) {
     kv_block *b = kv_core_find(d->core, e.core_ns, &e.key);
     kv_core_ns_info ni;
@@ -410,6 +414,7 @@ static void drain(kvd *d) {
     }
     if (g4_put(d, e.digest, b, NULL, 0, e.tries)) break; /* owed again, at the end */
     g->backlog_written++;
+    bytes += b->size;
   }
 }
 

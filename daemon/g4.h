@@ -88,6 +88,9 @@ extern const char *const kvd_g4_write_names[KVD_G4_W_COUNT];
  * at most, each retry twice as late as the one before. */
 #define KVD_G4_WRITE_TRIES 3
 #define KVD_G4_RETRY_MS    1000
+/* Owed writes started per housekeeping tick at most, in bytes (copied out
+ * of G2 on the loop): 16 MiB every 100 ms. */
+#define KVD_G4_DRAIN_BYTES (16ull << 20)
 
 typedef struct kvd_g4 {
   kv_g4c *c;             /* NULL: G4 off (or closed) */
