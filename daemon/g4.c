@@ -35,6 +35,7 @@
 
 #include <errno.h>
 #include <sodium.h>
+#include <stddef.h>
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
@@ -169,13 +170,13 @@ void kvd_g4_stop(kvd *d) {
   kvd_g4_absent_fini(&g->absent);
 }
 
-static void drain(kvd *d);
+static void drain(kvd *d, uint64_t max_bytes);
 
 void kvd_g4_tick(kvd *d) {
   kvd_g4 *g = &d->g4;
   if (!g->c) return;
   kv_g4c_state s = kv_g4c_get_state(g->c);
-  if (s == KV_G4C_OK && g->backlog.n) drain(d);
+  if (s == KV_G4C_OK && g->backlog.n) drain(d, KVD_G4_DRAIN_BYTES);
   int64_t now = kv_now_ms();
   if (s == g->logged || now - g->logged_ms < 1000) return;
   kv_g4c_stats st;
@@ -224,8 +225,10 @@ typedef struct g4_write {
   uv_work_t work; /* signing it, off the loop */
   const kv_g4_secret *secret;
   kv_g4_key k;
-  uint32_t size, crc, ttl_s;
-  uint8_t *val; /* header, then the payload copied out of G2 */
+  uint32_t size, crc;
+  char *cmd;     /* the SET, in RESP, its value built in place (kv_g4c_resp) */
+  size_t cmdlen;
+  uint8_t *val; /* in cmd: the header, then the payload copied out of G2 */
   int rl;
   char rkey[KV_G4_RKEY_MAX];
   int cancelled;                  /* a DEL of its key came while it was signed */
@@ -238,8 +241,10 @@ typedef struct g4_write {
 } g4_write;
 
 static void commit_done(g4_commit *cw);
+static void drain(kvd *d, uint64_t max_bytes);
 
-/* The write ended: in G4 (ok) or not. */
+/* The write ended: in G4 (ok) or not. Its room goes to owed writes, if
+ * any: a backlog streams at the cluster's pace, not the tick's. */
 static void write_end(g4_write *w, int ok) {
   kvd_g4 *g = w->g;
   g->writes_in_flight--;
@@ -248,8 +253,10 @@ static void write_end(g4_write *w, int ok) {
     if (!ok) w->cw->st[w->ci] = KV_EDEGRADED;
     if (--w->cw->pending == 0) commit_done(w->cw);
   }
-  free(w->val);
+  free(w->cmd);
   free(w);
+  if (g->backlog.n && g->c && kv_g4c_get_state(g->c) == KV_G4C_OK)
+    drain((kvd *)((char *)g - offsetof(kvd, g4)), KVD_G4_DRAIN_STEP);
 }
 
 static void on_set(kv_g4c *c, const kv_g4c_reply *r, void *arg) {
@@ -300,17 +307,27 @@ static void sign_done(uv_work_t *req, int status) {
     write_end(w, 0);
     return;
   }
-  char ttl[16];
-  snprintf(ttl, sizeof ttl, "%u", w->ttl_s);
-  const char *argv[] = {"SET", w->rkey, (const char *)w->val, "EX", ttl};
-  size_t lens[] = {3, (size_t)w->rl, w->bytes, 2, strlen(ttl)};
-  int rc = kv_g4c_command(g->c, w->rkey, (size_t)w->rl, 0, 5, argv, lens, on_set, w);
-  free(w->val); /* the command holds its own copy (RESP) */
-  w->val = NULL;
+  int rc = kv_g4c_command_resp(g->c, w->rkey, (size_t)w->rl, 0, w->cmd, w->cmdlen, on_set, w);
+  w->cmd = NULL;
+  w->val = NULL; /* the client's now */
   if (rc) {
     g->writes[KVD_G4_W_ERROR]++;
     write_end(w, 0);
   }
+}
+
+/* w's SET command with room for a value of vlen bytes (w->cmd, w->cmdlen),
+ * to expire in ttl_s: where the value goes in it, or NULL (no memory). */
+static uint8_t *set_command(g4_write *w, size_t vlen, unsigned ttl_s) {
+  char ttl[16];
+  snprintf(ttl, sizeof ttl, "%u", ttl_s);
+  const char *argv[] = {"SET", w->rkey, NULL, "EX", ttl};
+  size_t lens[] = {3, (size_t)w->rl, vlen, 2, strlen(ttl)};
+  size_t at = 0;
+  w->cmdlen = kv_g4c_resp(NULL, 5, argv, lens, 2, &at);
+  if (!(w->cmd = malloc(w->cmdlen))) return NULL;
+  kv_g4c_resp(w->cmd, 5, argv, lens, 2, &at);
+  return (uint8_t *)w->cmd + at;
 }
 
 /* Writes b (of the namespace whose digest is given) to G4 now, when G4 is
@@ -338,10 +355,9 @@ static int g4_put(kvd *d, const uint8_t digest[32], const kv_block *b, g4_commit
   kvd_g4_absent_forget(&g->absent, kvd_g4_absent_fp(digest, &key));
   const uint8_t *src = kv_core_g2_ptr(d->core, b);
   g4_write *w = calloc(1, sizeof *w);
-  uint8_t *val = malloc(vlen);
-  if (!src || !val || !w ||
-      (w->rl = g4_name(d, digest, b->key, kv_block_keylen(b), &w->k, w->rkey)) <= 0) {
-    free(val);
+  if (!src || !w ||
+      (w->rl = g4_name(d, digest, b->key, kv_block_keylen(b), &w->k, w->rkey)) <= 0 ||
+      !(w->val = set_command(w, vlen, d->cfg.g4_ttl_s))) {
     free(w);
     g->writes[KVD_G4_W_ERROR]++;
     return -1;
@@ -352,14 +368,12 @@ static int g4_put(kvd *d, const uint8_t digest[32], const kv_block *b, g4_commit
   w->tries = tries;
   if (cw) cw->pending++;
   /* the copy is what is signed and sent, whatever G2 holds by then */
-  memcpy(val + KV_G4_HDR_LEN, src, b->size);
+  memcpy(w->val + KV_G4_HDR_LEN, src, b->size);
   w->g = g;
   w->bytes = (uint32_t)vlen;
   w->secret = &g->keys->cur;
   w->size = b->size;
   w->crc = b->crc;
-  w->ttl_s = d->cfg.g4_ttl_s;
-  w->val = val;
   w->work.data = w;
   g->writes_in_flight++;
   g->write_bytes_in_flight += vlen;
@@ -390,18 +404,22 @@ void kvd_g4_used(kvd *d, const kvd_ns *n, const kv_block *b) {
 }
 
 /* The owed writes, oldest first, while G4 is ok and writes have room
- * (half the cap: commits keep the rest); each once per call, and at most
- * KVD_G4_DRAIN_BYTES of them (each is copied out of G2 on the loop, so a
- * large backlog drains over several ticks rather than stall one). A block no
- * longer in G2 under the namespace it was committed in is gone: its bytes
- * are not read back from G3 for it. */
-static void drain(kvd *d) {
+ * (half the caps: commits keep the rest); each once per call, and at most
+ * max_bytes of them (each is copied out of G2 on the loop, so a large
+ * backlog drains in steps: one per tick, one per write that ends). A block
+ * no longer in G2 under the namespace it was committed in is gone: its
+ * bytes are not read back from G3 for it. Not reentered (a write that ends
+ * inside one). */
+static void drain(kvd *d, uint64_t max_bytes) {
   kvd_g4 *g = &d->g4;
+  if (g->draining) return;
+  g->draining = 1;
   kvd_g4_owed e;
   int64_t now = kv_now_ms();
   uint64_t bytes = 0;
   for (uint32_t budget = g->backlog.n;
-       budget && g->writes_in_flight < KVD_G4_WRITES_MAX / 2 && bytes < KVD_G4_DRAIN_BYTES &&
+       budget && g->writes_in_flight < KVD_G4_WRITES_MAX / 2 &&
+       g->write_bytes_in_flight < KVD_G4_WRITE_BYTES_MAX / 2 && bytes < max_bytes &&
        kvd_g4_backlog_pop(&g->backlog, &e, now);
        budget--) {
     kv_block *b = kv_core_find(d->core, e.core_ns, &e.key);
@@ -416,6 +434,7 @@ static void drain(kvd *d) {
     g->backlog_written++;
     bytes += b->size;
   }
+  g->draining = 0;
 }
 
 /* --- COMMIT with KV_COMMIT_G4 -------------------------------------------------- */

@@ -89,8 +89,11 @@ extern const char *const kvd_g4_write_names[KVD_G4_W_COUNT];
 #define KVD_G4_WRITE_TRIES 3
 #define KVD_G4_RETRY_MS    1000
 /* Owed writes started per housekeeping tick at most, in bytes (copied out
- * of G2 on the loop): 16 MiB every 100 ms. */
-#define KVD_G4_DRAIN_BYTES (16ull << 20)
+ * of G2 on the loop: about a millisecond): 4 MiB every 100 ms; and each
+ * time a write ends, at most KVD_G4_DRAIN_STEP, so that a backlog keeps
+ * the writes in flight and drains at the cluster's pace. */
+#define KVD_G4_DRAIN_BYTES (4ull << 20)
+#define KVD_G4_DRAIN_STEP  (1ull << 20)
 
 typedef struct kvd_g4 {
   kv_g4c *c;             /* NULL: G4 off (or closed) */
@@ -115,6 +118,7 @@ typedef struct kvd_g4 {
   int closed;                /* the client's close callback came */
   kvd_g4_backlog backlog;    /* blocks whose write is owed (g4.backlog_blocks) */
   uint64_t backlog_written, backlog_gone; /* owed writes started; gone from G2 first */
+  int draining;              /* in drain(): a write ending inside it does not reenter */
   kvd_g4_absent absent;      /* keys G4 lacked lately (g4.absent_ms) */
 } kvd_g4;
 

@@ -68,6 +68,7 @@ typedef struct kvd_metrics {
   uint64_t misses[KVD_MISS_COUNT];
   kvd_hist req[KVD_REQ_COUNT];
   kvd_hist copy[KVD_DIR_COUNT];
+  kvd_hist loop; /* each turn of the event loop: its callbacks' time, not its waits */
   uint64_t copy_bytes[KVD_DIR_COUNT], copy_ops[KVD_DIR_COUNT];
   uint64_t admin_requests, stats_requests;
   kvd_ghost ghost;

@@ -466,6 +466,10 @@ int kvd_render_metrics(kvd *d, kv_buf *out) {
                 &d->m.req[KVD_REQ_LOOKUP]) ||
       histogram(out, "kvcached_request_duration_seconds", "op", "load", &d->m.req[KVD_REQ_LOAD]))
     return -ENOMEM;
+  H("kvcached_loop_turn_seconds", "histogram",
+    "Time the event loop spent in one turn's callbacks (not waiting for events): a long turn "
+    "delays every request behind it.");
+  if (histogram(out, "kvcached_loop_turn_seconds", "loop", "main", &d->m.loop)) return -ENOMEM;
   H("kvcached_g3_state", "gauge",
     "State of the SSD tier (1 for the current one; unavailable: configured but it could not be "
     "opened).");
@@ -686,10 +690,12 @@ static json_t *stats_json(kvd *d, const snapshot *s) {
   json_object_set_new(hj, "sessions_forgotten", json_integer((json_int_t)hst.forgotten));
   json_object_set_new(o, "hints", hj);
   json_object_set_new(o, "latency_us",
-                      json_pack("{s:o,s:o,s:o,s:o}", "lookup", lat_json(&d->m.req[KVD_REQ_LOOKUP]),
-                                "load", lat_json(&d->m.req[KVD_REQ_LOAD]), "g2_to_g3",
+                      json_pack("{s:o,s:o,s:o,s:o,s:o}", "lookup",
+                                lat_json(&d->m.req[KVD_REQ_LOOKUP]), "load",
+                                lat_json(&d->m.req[KVD_REQ_LOAD]), "g2_to_g3",
                                 lat_json(&d->m.copy[KVD_DIR_G2_TO_G3]), "g3_to_g2",
-                                lat_json(&d->m.copy[KVD_DIR_G3_TO_G2])));
+                                lat_json(&d->m.copy[KVD_DIR_G3_TO_G2]), "loop_turn",
+                                lat_json(&d->m.loop)));
   return o;
 }
 

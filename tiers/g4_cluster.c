@@ -23,6 +23,7 @@
 #include <errno.h>
 #include <hiredis/async.h>
 #include <hiredis/hiredis.h>
+#include <hiredis/sds.h>
 #include <limits.h>
 #include <netdb.h>
 #include <netinet/in.h>
@@ -30,6 +31,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/ioctl.h>
 #include <sys/socket.h>
 
 #include "base/clock.h"
@@ -51,6 +53,20 @@ _Static_assert(KV_G4C_STRING_MAX == (size_t)KV_G4_PAYLOAD_MAX + KV_G4_HDR_LEN,
 #define HOST_MAX     256 /* a DNS name is at most 253 bytes */
 #define IP_MAX       64  /* INET6_ADDRSTRLEN, and a margin */
 #define BUCKETS      (2 * KV_G4C_NODES_MAX) /* of the node hash, a power of 2 */
+/* A connection's unsent bytes (hiredis' output buffer) taken before further
+ * commands wait in its node's list: hiredis moves what is left to the
+ * buffer's front after each write, so a buffer of many values costs time
+ * quadratic in its size (and memory the kernel's socket buffer already
+ * bounds). One command is always taken, however long. */
+#define OBUF_MAX     (1u << 20)
+/* A readable connection is read up to this many times (16 KiB each, hiredis'
+ * read size) in one turn of the loop while the socket has bytes: one value
+ * of 256 KiB is not 16 turns of the loop. */
+#define READS_MAX    64
+/* A reader's buffer, once empty, is kept up to this size (hiredis' default
+ * is 16 KiB: a buffer that grew to hold a value is freed and grown again,
+ * realloc by realloc, for the next one). */
+#define READER_KEEP  (2u << 20)
 
 _Static_assert((BUCKETS & (BUCKETS - 1)) == 0, "BUCKETS is a power of 2");
 /* ---- CRC16 and slots ----------------------------------------------------- */
@@ -97,7 +113,8 @@ typedef struct node {
   uint64_t due;     /* RESOLVING, CONNECTING: deadline; BACKOFF: retry time */
   uint64_t last_rx; /* when a reply last came */
   lookup *lk;       /* RESOLVING: its host name lookup */
-  req *whead, *wtail; /* RESOLVING: commands waiting for the connection */
+  req *whead, *wtail; /* commands waiting: RESOLVING, for the connection;
+                       * connected, for room in its output (OBUF_MAX) */
   /* what holds the node in the table */
   int seed;
   unsigned nslots; /* slots it is the master of (c->slot_master) */
@@ -124,7 +141,7 @@ struct req {
   kv_g4c *c;
   req *prev, *next;   /* c's deadline list, in submission order, until done */
   req *dnext;         /* c's deferred list */
-  req *wprev, *wnext; /* the waiting list of to, while its host is resolved */
+  req *wprev, *wnext; /* the waiting list of to (node.whead) */
   int waiting;
   uint64_t deadline, sent_at;
   char *cmd;
@@ -247,14 +264,21 @@ typedef struct ev {
 
 static int reader_check(ev *p);
 
+static void node_pump(node *n);
+
 static void ev_poll(uv_poll_t *h, int status, int events) {
   ev *p = h->data;
   int e = status ? p->events : events;
-  if (p->ac && (e & UV_READABLE)) {
+  for (int i = 0; p->ac && (e & UV_READABLE) && i < READS_MAX; i++) {
     redisAsyncHandleRead(p->ac);
     if (p->ac && reader_check(p)) node_drop(p->ac->data, p->over);
+    int more = 0;
+    if (status || !p->ac || ioctl(p->ac->c.fd, FIONREAD, &more) || more <= 0) break;
   }
-  if (p->ac && (e & UV_WRITABLE)) redisAsyncHandleWrite(p->ac);
+  if (p->ac && (e & UV_WRITABLE)) {
+    redisAsyncHandleWrite(p->ac);
+    if (p->ac) node_pump(p->ac->data);
+  }
 }
 
 static void ev_set(ev *p, int add, int del) {
@@ -632,6 +656,8 @@ static void node_failed(node *n, const char *why) {
 }
 
 /* The connection of n failed or was lost (ac is the context it had). */
+static void node_flush(node *n, const char *why);
+
 static void node_lost(node *n, const redisAsyncContext *ac, const char *why) {
   kv_g4c *c = n->c;
   if (n->ac != ac) return;
@@ -641,6 +667,7 @@ static void node_lost(node *n, const redisAsyncContext *ac, const char *why) {
     return;
   }
   node_failed(n, why);
+  node_flush(n, why && why[0] ? why : "connection lost"); /* those waiting for room */
 }
 
 /* Drops n's connection now (a connect timeout, a node that stopped
@@ -703,6 +730,7 @@ static int node_connect(node *n, const char *ip) {
   }
   ac->c.reader->fn = &reply_fns; /* the reply limits */
   ac->c.reader->privdata = ac->ev.data;
+  ac->c.reader->maxbuf = READER_KEEP;
   redisAsyncSetConnectCallback(ac, on_connect);
   redisAsyncSetDisconnectCallback(ac, on_disconnect);
   n->ac = ac;
@@ -733,8 +761,8 @@ static void wait_del(req *r) {
   r->waiting = 0;
 }
 
-/* The commands waiting for n's lookup: written to its connection, or
- * failed (CONN, why) if it has none. */
+/* The commands waiting for n (its lookup, or room): written to its
+ * connection, or failed (CONN, why) if it has none. */
 static void node_flush(node *n, const char *why) {
   req *r;
   while ((r = n->whead)) {
@@ -743,6 +771,16 @@ static void node_flush(node *n, const char *why) {
       req_write(r);
     else
       req_fail(r, KV_G4C_R_CONN, why);
+  }
+}
+
+/* Moves the commands waiting for room in n's output into it, oldest first,
+ * while it has room (after hiredis wrote some of it). */
+static void node_pump(node *n) {
+  req *r;
+  while (n->ac && (r = n->whead) && sdslen(n->ac->c.obuf) < OBUF_MAX) {
+    wait_del(r);
+    req_write(r);
   }
 }
 
@@ -1002,7 +1040,9 @@ static void req_send(req *r) {
     req_fail(r, KV_G4C_R_CONN, "node unreachable");
     return;
   }
-  if (st > 0) { /* until the lookup ends, or r's deadline */
+  if (st > 0 || n->whead || sdslen(n->ac->c.obuf) >= OBUF_MAX) {
+    /* until the lookup ends or the output has room (node_pump), or r's
+     * deadline; behind those waiting already, in submission order */
     r->waiting = 1;
     r->wnext = NULL;
     r->wprev = n->wtail;
@@ -1161,16 +1201,16 @@ static void on_reply(redisAsyncContext *ac, void *rp, void *priv) {
   deliver(r, &rep, reply);
 }
 
-/* A request, appended to the deadline list. NULL: -ENOMEM. */
-static req *req_new(kv_g4c *c, int argc, const char *const *argv, const size_t *argvlen) {
+/* A request for cmd[0..len) (RESP, malloc'ed: r takes it, or frees it on
+ * failure), appended to the deadline list. NULL: -ENOMEM. */
+static req *req_new(kv_g4c *c, char *cmd, size_t len) {
   req *r = calloc(1, sizeof *r);
-  if (!r) return NULL;
-  int n = redisFormatCommandArgv(&r->cmd, argc, (const char **)argv, argvlen);
-  if (n < 0 || !r->cmd) {
-    free(r);
+  if (!r) {
+    free(cmd);
     return NULL;
   }
-  r->cmdlen = (size_t)n;
+  r->cmd = cmd;
+  r->cmdlen = len;
   r->c = c;
   r->deadline = now_ms(c) + (uint64_t)c->o.timeout_ms;
   r->prev = c->tail;
@@ -1183,11 +1223,31 @@ static req *req_new(kv_g4c *c, int argc, const char *const *argv, const size_t *
   return r;
 }
 
-int kv_g4c_command(kv_g4c *c, const void *key, size_t keylen, unsigned flags, int argc,
-                   const char *const *argv, const size_t *argvlen, kv_g4c_cb cb, void *arg) {
-  if (argc < 1 || !argv || !key || keylen == 0 || !cb) return -EINVAL;
-  if (c->closing) return -ESHUTDOWN;
-  req *r = req_new(c, argc, argv, argvlen);
+size_t kv_g4c_resp(char *out, int argc, const char *const *argv, const size_t *argvlen, int hole,
+                   size_t *hole_at) {
+  char line[32];
+  size_t at = (size_t)snprintf(line, sizeof line, "*%d\r\n", argc);
+  if (out) memcpy(out, line, at);
+  for (int i = 0; i < argc; i++) {
+    size_t len = argvlen ? argvlen[i] : strlen(argv[i]);
+    size_t ll = (size_t)snprintf(line, sizeof line, "$%zu\r\n", len);
+    if (out) memcpy(out + at, line, ll);
+    at += ll;
+    if (i == hole) {
+      if (hole_at) *hole_at = at;
+    } else if (out) {
+      memcpy(out + at, argv[i], len);
+    }
+    at += len;
+    if (out) memcpy(out + at, "\r\n", 2);
+    at += 2;
+  }
+  return at;
+}
+
+static int command(kv_g4c *c, const void *key, size_t keylen, unsigned flags, char *cmd,
+                   size_t len, kv_g4c_cb cb, void *arg) {
+  req *r = req_new(c, cmd, len);
   if (!r) return -ENOMEM;
   r->slot = kv_g4c_slot(key, keylen);
   r->flags = flags;
@@ -1200,6 +1260,26 @@ int kv_g4c_command(kv_g4c *c, const void *key, size_t keylen, unsigned flags, in
   req_send(r);
   c->in_api = saved;
   return 0;
+}
+
+int kv_g4c_command(kv_g4c *c, const void *key, size_t keylen, unsigned flags, int argc,
+                   const char *const *argv, const size_t *argvlen, kv_g4c_cb cb, void *arg) {
+  if (argc < 1 || !argv || !key || keylen == 0 || !cb) return -EINVAL;
+  if (c->closing) return -ESHUTDOWN;
+  size_t len = kv_g4c_resp(NULL, argc, argv, argvlen, -1, NULL);
+  char *cmd = malloc(len);
+  if (!cmd) return -ENOMEM;
+  kv_g4c_resp(cmd, argc, argv, argvlen, -1, NULL);
+  return command(c, key, keylen, flags, cmd, len, cb, arg);
+}
+
+int kv_g4c_command_resp(kv_g4c *c, const void *key, size_t keylen, unsigned flags, char *cmd,
+                        size_t len, kv_g4c_cb cb, void *arg) {
+  if (!cmd || len == 0 || !key || keylen == 0 || !cb || c->closing) {
+    free(cmd);
+    return c->closing ? -ESHUTDOWN : -EINVAL;
+  }
+  return command(c, key, keylen, flags, cmd, len, cb, arg);
 }
 
 /* A node that has answered nothing since r was sent has hung (or its host
@@ -1371,8 +1451,10 @@ static void refresh_start(kv_g4c *c) {
     c->refresh_due = c->refresh_last + REFRESH_FAIL;
     return;
   }
-  static const char *const argv[] = {"CLUSTER", "SLOTS"};
-  req *r = req_new(c, 2, argv, NULL);
+  static const char slots[] = "*2\r\n$7\r\nCLUSTER\r\n$5\r\nSLOTS\r\n";
+  char *cmd = malloc(sizeof slots - 1);
+  if (cmd) memcpy(cmd, slots, sizeof slots - 1);
+  req *r = cmd ? req_new(c, cmd, sizeof slots - 1) : NULL;
   if (!r) {
     c->refresh_due = c->refresh_last + REFRESH_FAIL;
     return;

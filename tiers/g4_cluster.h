@@ -190,6 +190,20 @@ int kv_g4c_open(uv_loop_t *loop, const kv_g4c_opts *o, kv_g4c **out);
 int kv_g4c_command(kv_g4c *c, const void *key, size_t keylen, unsigned flags, int argc,
                    const char *const *argv, const size_t *argvlen, kv_g4c_cb cb, void *arg);
 
+/* kv_g4c_command with the command already in RESP, cmd[0..len) (malloc'ed):
+ * the client takes it, and frees it whatever the outcome (an error return
+ * too). For a value built in place: see kv_g4c_resp. */
+int kv_g4c_command_resp(kv_g4c *c, const void *key, size_t keylen, unsigned flags, char *cmd,
+                        size_t len, kv_g4c_cb cb, void *arg);
+
+/* The RESP of argv[0..argc) (argvlen NULL: NUL-terminated strings), as a
+ * command is sent: its length; written to out unless out is NULL (then
+ * only measured). Argument hole (-1: none) is not written: its argvlen
+ * bytes' place is left at out + *hole_at, for the caller to fill (a value
+ * built there, not copied). */
+size_t kv_g4c_resp(char *out, int argc, const char *const *argv, const size_t *argvlen, int hole,
+                   size_t *hole_at);
+
 /* Closes the client: commands not answered yet get a CLOSED error, every
  * connection and handle is closed, host name lookups not started yet are
  * cancelled (one already running is waited for: the system resolver's own

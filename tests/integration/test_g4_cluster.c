@@ -692,3 +692,32 @@ Test(g4_cluster, auth_password_and_acl_user, .init = setup, .fini = teardown, .t
   res_clear(&x);
   close_client(c);
 }
+
+/* kv_g4c_resp frames a command as hiredis does (byte for byte), and with
+ * a hole leaves the argument's place at *hole_at, its framing around it:
+ * the daemon builds a value there instead of copying it in. */
+Test(g4_resp, frames_as_hiredis_and_leaves_the_hole_in_place) {
+  static char val[70000];
+  for (size_t i = 0; i < sizeof val; i++) val[i] = (char)(i * 7 + 1);
+  const char *argv[] = {"SET", "kv:{ab}x", val, "EX", "86400"};
+  size_t lens[] = {3, 8, sizeof val, 2, 5};
+  char *ref = NULL;
+  int rl = redisFormatCommandArgv(&ref, 5, argv, lens);
+  cr_assert_gt(rl, 0);
+  size_t n = kv_g4c_resp(NULL, 5, argv, lens, -1, NULL);
+  cr_assert_eq(n, (size_t)rl);
+  char *out = malloc(n);
+  cr_assert_eq(kv_g4c_resp(out, 5, argv, lens, -1, NULL), n);
+  cr_assert_eq(memcmp(out, ref, n), 0);
+  size_t at = 0;
+  memset(out, 0, n);
+  cr_assert_eq(kv_g4c_resp(out, 5, argv, lens, 2, &at), n);
+  cr_assert_eq(memcmp(out + at - 8, "$70000\r\n", 8), 0, "the hole's length line precedes it");
+  for (size_t i = 0; i < sizeof val; i++) cr_assert_eq(out[at + i], 0, "byte %zu written", i);
+  memcpy(out + at, val, sizeof val);
+  cr_assert_eq(memcmp(out, ref, n), 0, "filled, it is the command");
+  const char *nul[] = {"GET", "k"};
+  cr_assert_eq(kv_g4c_resp(NULL, 2, nul, NULL, -1, NULL), strlen("*2\r\n$3\r\nGET\r\n$1\r\nk\r\n"));
+  free(out);
+  free(ref);
+}

@@ -59,8 +59,33 @@ Test(stats, miss_reasons_and_request_latency) {
   cr_assert_eq(ops_num(s, "misses.evicted"), 3);
   cr_assert_eq(ops_num(s, "latency_us.lookup.count"), 2);
   cr_assert_gt(ops_num(s, "latency_us.lookup.p99"), 0);
+  cr_assert_gt(ops_num(s, "latency_us.loop_turn.count"), 0);
   cr_assert_eq(ops_num(s, "pid"), ops_d.pid);
   json_decref(s);
+  kvc_close(c);
+}
+
+/* kvcached_loop_turn_seconds counts the time the loop's callbacks held
+ * it, not its waits: a second of quiet between two requests adds turns
+ * (the requests, the scrape, the tick) but far less than a second. */
+Test(stats, loop_turns_count_callbacks_not_waits) {
+  kvc *c = ops_open("t1");
+  ops_store(c, 1, 2);
+  const char *m = scrape();
+  double n0 = kvt_metric_value(m, "kvcached_loop_turn_seconds_count{loop=\"main\"}");
+  double s0 = kvt_metric_value(m, "kvcached_loop_turn_seconds_sum{loop=\"main\"}");
+  cr_assert_gt(n0, 0, "%s", m);
+  usleep(1000 * 1000);
+  kvc_key k = KC(1);
+  uint8_t tiers[1];
+  cr_assert_eq(kvc_lookup(c, &k, 1, tiers), 1);
+  m = scrape();
+  double n1 = kvt_metric_value(m, "kvcached_loop_turn_seconds_count{loop=\"main\"}");
+  double s1 = kvt_metric_value(m, "kvcached_loop_turn_seconds_sum{loop=\"main\"}");
+  cr_assert_gt(n1, n0 + 1, "turns %g -> %g", n0, n1);
+  cr_assert_lt(s1 - s0, 0.5, "the turns took %g s of a quiet second", s1 - s0);
+  cr_assert_eq(
+      kvt_metric_value(m, "kvcached_loop_turn_seconds_bucket{loop=\"main\",le=\"+Inf\"}"), n1);
   kvc_close(c);
 }
 

@@ -14,6 +14,15 @@
 #    from the replay's start until G4 acknowledged the last write; load: the
 #    bytes node B read over its replay's time. Both through one client and
 #    one connection per node (the reference: -c clients, -P pipeline).
+#    Beside each: the daemon's loop turns meanwhile (kvcached_loop_turn_
+#    seconds, daemon/OPS.md: the time callbacks held its event loop, which
+#    every request waits behind), p99 and the longest, in ms (the upper
+#    bounds of their histogram buckets).
+#    The references are SET of new keys (what the daemon does: every block
+#    it stores is new to the cluster), SET over a small keyspace (Redis
+#    overwriting values, faster: their memory is reused) and GET (see the
+#    comment in part 1). Each daemon runs as deployed: G2 locked in memory
+#    (g2.lock = yes), so its pages are in place before the clock starts.
 # 2. Cross-node hit rate: the agentic trace's requests dealt between two
 #    nodes, by session (even and odd session numbers: a session stays on
 #    its node) and by request (alternating: a session's next request lands
@@ -80,12 +89,32 @@ node() {
   [ "$g4" = own ] && args+=(--set "g4.prefix=kv$name:")
   mkdir -p "$T/$name"
   start_kvcached "$T/$name.log" --socket-dir "$T/$name" --g2-capacity "$g2" --set g2.page_size=4M \
-    --set g2.lock=no --g3-path "" "${args[@]}"
+    --set g2.lock=yes --g3-path "" "${args[@]}"
   eval "pid_$name=$kpid"
 }
 metric() { # metric NAME SELECTOR: a value from node NAME's /metrics
   curl -sf --unix-socket "$T/$1/kvcached-stats.sock" http://localhost/metrics |
     awk -v m="$2" '$1 == m { print $2 }'
+}
+# turns NAME: node NAME's loop-turn histogram (kvcached_loop_turn_seconds),
+# "le count" per bucket, cumulative
+turns() {
+  curl -sf --unix-socket "$T/$1/kvcached-stats.sock" http://localhost/metrics |
+    sed -n 's/^kvcached_loop_turn_seconds_bucket{loop="main",le="\([^"]*\)"} \(.*\)$/\1 \2/p'
+}
+# turns_between BEFORE AFTER: the turns taken meanwhile, "p99 max" in ms
+# (the upper bounds of the buckets holding them)
+turns_between() {
+  paste -d' ' "$1" "$2" | awk '{ le[NR] = $1; d[NR] = $4 - $2 } END {
+    n = d[NR]; p = "-"; m = "-"
+    for (i = 1; i <= NR; i++) {
+      if (p == "-" && d[i] >= 0.99 * n) p = le[i]
+      if (m == "-" && d[i] >= n) m = le[i]
+    }
+    f = "%.3g"
+    printf (p == "+Inf" ? "%s" : f) " " (m == "+Inf" ? "%s" : f) "\n",
+      p == "+Inf" ? p : p * 1000, m == "+Inf" ? m : m * 1000
+  }'
 }
 gbps() { awk -v b="$1" -v s="$2" 'BEGIN { if (s > 0) printf "%.3f", b / s / 1e9; else print "-" }'; }
 
@@ -94,8 +123,8 @@ echo "- cluster: 3 masters + 3 replicas on loopback, redis-server $(redis-server
 echo
 
 if [[ " $parts " == *" 1 "* ]]; then
-  echo "| block | redis-benchmark SET GB/s | kvcached store to G4 GB/s | ratio | redis-benchmark GET GB/s | kvcached load from G4 GB/s | ratio | blocks from G4 |"
-  echo "|---|---|---|---|---|---|---|---|"
+  echo "| block | redis-benchmark SET new keys GB/s | SET over GB/s | kvcached store to G4 GB/s | ratio to SET new | A's loop turns p99 / max ms | redis-benchmark GET GB/s | kvcached load from G4 GB/s | ratio | B's loop turns p99 / max ms | blocks from G4 |"
+  echo "|---|---|---|---|---|---|---|---|---|---|---|"
   for s in $sizes; do
     sb=$(bytes_of "$s")
     n=$((mib * 1048576 / sb))
@@ -105,24 +134,34 @@ if [[ " $parts " == *" 1 "* ]]; then
     # requests of 16 blocks each, every block new (ids per request)
     awk -v r="$reqs" -v p="$per" 'BEGIN { for (i = 0; i < r; i++) { s = ""; for (j = 0; j < p; j++) s = s (j ? "," : "") (i * p + j + 1); printf "{\"timestamp\":%d,\"input_length\":%d,\"output_length\":1,\"hash_ids\":[%s]}\n", i, p * 512, s } }' >"$T/bw.jsonl"
     flush
-    # The reference: 8n SETs over a keyspace of n/4 keys (every key
-    # written; 8 times the bytes, so that a run lasts seconds: redis-
-    # benchmark's rate of a run shorter than a second is coarse), then 8n
-    # GETs over the same keys; a GET of a key no SET reached would return
-    # nil, so GET's bytes are counted for the keys that exist only.
+    # The references. SET: n SETs into the emptied cluster, each of a key
+    # not there yet (random among 10^12), as each block node A stores is
+    # new: Redis allocates (and its replicas copy) n values, as it does
+    # for the daemon. Beside it, SET over: 8n SETs over a keyspace of n/4
+    # keys (each written about 32 times: after the first, Redis reuses the
+    # memory of the value it replaces, which makes it faster than storing
+    # new values). GET: 8n GETs over those n/4 keys; a GET of a key no
+    # SET reached would return nil, so GET's bytes are counted for the
+    # keys that exist only.
     space=$((n / 4 > 0 ? n / 4 : 1))
-    rb=(redis-benchmark --cluster -h 127.0.0.1 -p "${ports[0]}" -d "$sb" -n $((8 * n)) -c "$clients"
-      -P "$pipe" -r "$space" --csv)
+    rb=(redis-benchmark --cluster -h 127.0.0.1 -p "${ports[0]}" -d "$sb" -c "$clients" -P "$pipe"
+      --csv)
+    new_rps=$("${rb[@]}" -n "$n" -r 1000000000000 -t set 2>/dev/null |
+      awk -F'"' '$2 == "SET" { print $4 }')
+    flush
+    rb+=(-n $((8 * n)) -r "$space")
     set_rps=$("${rb[@]}" -t set 2>/dev/null | awk -F'"' '$2 == "SET" { print $4 }')
     have=0
     for p in "${ports[@]:0:3}"; do have=$((have + $(redis-cli -p "$p" DBSIZE))); done
     get_rps=$("${rb[@]}" -t get 2>/dev/null | awk -F'"' '$2 == "GET" { print $4 }')
     set_gbps=$(awk -v r="$set_rps" -v b="$sb" 'BEGIN { printf "%.3f", r * b / 1e9 }')
+    new_gbps=$(awk -v r="$new_rps" -v b="$sb" 'BEGIN { printf "%.3f", r * b / 1e9 }')
     get_gbps=$(awk -v r="$get_rps" -v b="$sb" -v h="$have" -v k="$space" \
       'BEGIN { f = h / k; if (f > 1) f = 1; printf "%.3f", r * b * f / 1e9 }')
     flush
     g2=$(((n * sb * 5 / 4 + 4194303) / 4194304 * 4194304))
     node a "$g2" on
+    turns a >"$T/turns0"
     t0=$(date +%s.%N)
     "$bin/kvbench" replay --trace "$T/bw.jsonl" --socket-dir "$T/a" --json --block-bytes "$s" \
       --no-timestamps >"$T/a.json" 2>"$T/a.err" || die "replay on A: $(tail -3 "$T/a.err")"
@@ -137,17 +176,23 @@ if [[ " $parts " == *" 1 "* ]]; then
     ok=$(metric a 'kvcached_g4_writes_total{result="ok"}')
     [ "${ok:-0}" -ge "$n" ] || echo "# $s: G4 acknowledged ${ok:-0} of $n writes" >&2
     store_gbps=$(gbps "$(( ${ok:-0} * sb ))" "$(awk -v a="$t0" -v b="$t1" 'BEGIN { print b - a }')")
+    turns a >"$T/turns1"
+    read -r store_p99 store_max < <(turns_between "$T/turns0" "$T/turns1")
     node b "$g2" on
+    turns b >"$T/turns0"
     "$bin/kvbench" replay --trace "$T/bw.jsonl" --socket-dir "$T/b" --json --block-bytes "$s" \
       --no-timestamps >"$T/b.json" 2>"$T/b.err" || die "replay on B: $(tail -3 "$T/b.err")"
     g4hits=$(metric b kvcached_g4_hits_total)
+    turns b >"$T/turns1"
+    read -r load_p99 load_max < <(turns_between "$T/turns0" "$T/turns1")
     load_gbps=$(gbps "$(jq '.bytes.client_read' "$T/b.json")" "$(jq '.elapsed_s' "$T/b.json")")
     [ "$(jq '.verify_failures' "$T/b.json")" = 0 ] || die "$s: node B read wrong bytes"
     stop_pid "$pid_a"
     stop_pid "$pid_b"
-    printf "| %s | %s | %s | %s | %s | %s | %s | %s of %s |\n" "$s" "$set_gbps" "$store_gbps" \
-      "$(ratio "$store_gbps" "$set_gbps")" "$get_gbps" "$load_gbps" "$(ratio "$load_gbps" "$get_gbps")" \
-      "${g4hits:-0}" "$n"
+    printf "| %s | %s | %s | %s | %s | %s / %s | %s | %s | %s | %s / %s | %s of %s |\n" "$s" \
+      "$new_gbps" "$set_gbps" "$store_gbps" "$(ratio "$store_gbps" "$new_gbps")" "$store_p99" \
+      "$store_max" "$get_gbps" "$load_gbps" "$(ratio "$load_gbps" "$get_gbps")" "$load_p99" \
+      "$load_max" "${g4hits:-0}" "$n"
   done
   echo
 fi
