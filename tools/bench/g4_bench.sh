@@ -116,6 +116,18 @@ turns_between() {
       p == "+Inf" ? p : p * 1000, m == "+Inf" ? m : m * 1000
   }'
 }
+# rb_rps N CMD...: requests per second of redis-benchmark run as CMD (N
+# requests), from its process's wall time: its own figure comes from time
+# in quarter seconds (runs of 0.5 to 1 s read 1.5 or 2 times apart). The
+# wall time includes its start (a few ms of connecting to the masters).
+rb_rps() {
+  local nreq=$1 t0 t1
+  shift
+  t0=$(date +%s.%N)
+  "$@" >/dev/null 2>&1 || { echo 0; return; }
+  t1=$(date +%s.%N)
+  awk -v n="$nreq" -v a="$t0" -v b="$t1" 'BEGIN { printf "%.1f", n / (b - a) }'
+}
 gbps() { awk -v b="$1" -v s="$2" 'BEGIN { if (s > 0) printf "%.3f", b / s / 1e9; else print "-" }'; }
 
 machine "$T"
@@ -146,14 +158,13 @@ if [[ " $parts " == *" 1 "* ]]; then
     space=$((n / 4 > 0 ? n / 4 : 1))
     rb=(redis-benchmark --cluster -h 127.0.0.1 -p "${ports[0]}" -d "$sb" -c "$clients" -P "$pipe"
       --csv)
-    new_rps=$("${rb[@]}" -n "$n" -r 1000000000000 -t set 2>/dev/null |
-      awk -F'"' '$2 == "SET" { print $4 }')
+    new_rps=$(rb_rps "$n" "${rb[@]}" -n "$n" -r 1000000000000 -t set)
     flush
     rb+=(-n $((8 * n)) -r "$space")
-    set_rps=$("${rb[@]}" -t set 2>/dev/null | awk -F'"' '$2 == "SET" { print $4 }')
+    set_rps=$(rb_rps $((8 * n)) "${rb[@]}" -t set)
     have=0
     for p in "${ports[@]:0:3}"; do have=$((have + $(redis-cli -p "$p" DBSIZE))); done
-    get_rps=$("${rb[@]}" -t get 2>/dev/null | awk -F'"' '$2 == "GET" { print $4 }')
+    get_rps=$(rb_rps $((8 * n)) "${rb[@]}" -t get)
     set_gbps=$(awk -v r="$set_rps" -v b="$sb" 'BEGIN { printf "%.3f", r * b / 1e9 }')
     new_gbps=$(awk -v r="$new_rps" -v b="$sb" 'BEGIN { printf "%.3f", r * b / 1e9 }')
     get_gbps=$(awk -v r="$get_rps" -v b="$sb" -v h="$have" -v k="$space" \
