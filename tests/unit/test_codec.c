@@ -221,6 +221,29 @@ Test(codec, context_reuse) {
   free(kv);
 }
 
+/* Stored bytes of any level decode with any context: the format does not
+ * depend on it. */
+Test(codec, levels) {
+  size_t total;
+  uint8_t *kv = kv_data(BF16_FILE, &total);
+  kv_codec *dec = codec();
+  int levels[] = {1, 3, 9, -1};
+  uint8_t *st = malloc(65536), *back = malloc(65536 + GUARD);
+  for (size_t i = 0; i < sizeof levels / sizeof *levels; i++) {
+    kv_codec *c = kv_codec_new(levels[i]);
+    cr_assert(c, "level %d", levels[i]);
+    long len = kv_codec_encode(c, kv, 65536, st, 65535);
+    cr_assert(len > 0, "level %d: %ld", levels[i], len);
+    cr_assert_eq(decode_guarded(dec, st, (size_t)len, back, 65536), 0);
+    cr_assert_eq(memcmp(back, kv, 65536), 0, "level %d", levels[i]);
+    kv_codec_free(c);
+  }
+  free(st);
+  free(back);
+  kv_codec_free(dec);
+  free(kv);
+}
+
 /* A compressed sample: n bytes of real BF16 KV (src), its stored bytes
  * (st[0..len): plane 0 in zstd), a buffer to decode into (back, n bytes
  * and the canary) and the context. */
