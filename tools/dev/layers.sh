@@ -114,6 +114,7 @@ declare -A order=(
             metrics ghost config"
   [tools]="kvbench bench_replay bench_daemon bench_clients bench_scale bench_g3
            bench_core belady trace
+           bench_codec
            kvctl kvctl_ops kvctl_cli kvctl_http"
 )
 
