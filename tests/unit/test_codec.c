@@ -272,6 +272,9 @@ static void sample_free(sample *s) {
   kv_codec_free(s->c);
 }
 
+static size_t hand_made(uint8_t *out, size_t n, const uint8_t *p0, size_t l0, int c0,
+                        const uint8_t *p1, size_t l1, int c1);
+
 /* Every value of every header byte: -EBADMSG. */
 Test(codec, every_header_byte_value) {
   sample s = sample_new(4096);
@@ -286,7 +289,45 @@ Test(codec, every_header_byte_value) {
     }
   cr_assert_eq(decode_guarded(c, st, len, back, n), 0);
   cr_assert_eq(memcmp(back, s.src, n), 0);
+  /* and where both planes are zstd frames (zeros) */
+  memset(s.src, 0, n);
+  long zl = kv_codec_encode(c, s.src, n, st, n - 1);
+  cr_assert(zl > 0 && st[20] == 1 && st[21] == 1);
+  for (size_t i = 0; i < KV_CODEC_HDR_LEN; i++)
+    for (int x = 1; x < 256; x++) {
+      st[i] ^= (uint8_t)x;
+      cr_assert_eq(decode_guarded(c, st, (size_t)zl, back, n), -EBADMSG, "byte %zu ^ %d", i, x);
+      st[i] ^= (uint8_t)x;
+    }
   sample_free(&s);
+}
+
+/* A valid header over garbage: plane 0 a zstd magic then random bytes,
+ * plane 1 raw; zstd's decoder fed noise answers -EBADMSG (or, rarely, n
+ * bytes), never a byte past dst + n. */
+Test(codec, garbage_frames) {
+  kv_codec *c = codec();
+  size_t n = 8192, h = n / 2;
+  uint8_t *out = malloc(KV_CODEC_HDR_LEN + 2 * h), *back = malloc(n + GUARD);
+  uint8_t *noise = malloc(h), *raw = calloc(1, h);
+  srand(11);
+  int refused = 0;
+  for (int it = 0; it < 3000; it++) {
+    size_t l0 = 4 + (size_t)rand() % (h - 4);
+    kv_st32(noise, ZSTD_MAGICNUMBER);
+    for (size_t i = 4; i < l0; i++) noise[i] = (uint8_t)rand();
+    if (it % 2) noise[4] = 0x20; /* a frame header of a single segment: reach the blocks */
+    size_t len = hand_made(out, n, noise, l0, 1, raw, h, 0);
+    int rc = decode_guarded(c, out, len, back, n);
+    cr_assert(rc == 0 || rc == -EBADMSG, "rc %d", rc);
+    refused += rc != 0;
+  }
+  cr_log_info("3000 garbage frames: %d refused", refused);
+  free(out);
+  free(back);
+  free(noise);
+  free(raw);
+  kv_codec_free(c);
 }
 
 /* Random damage to the body, random cuts and extensions: never a byte
