@@ -10,7 +10,7 @@ set -euo pipefail
 pkgs=(
   build-essential cmake pkg-config git
   liburing-dev liblmdb-dev lmdb-utils libuv1-dev
-  libxxhash-dev libjansson-dev libinih-dev libsodium-dev libssl-dev zlib1g-dev
+  libxxhash-dev libjansson-dev libinih-dev libsodium-dev libssl-dev zlib1g-dev libzstd-dev
   libcriterion-dev clang libclang-rt-14-dev
   fio redis-server redis-tools libhiredis-dev jq
   libhttp-parser-dev libsystemd-dev prometheus curl
