@@ -117,9 +117,11 @@ turns_between() {
   }'
 }
 # rb_rps N CMD...: requests per second of redis-benchmark run as CMD (N
-# requests), from its process's wall time: its own figure comes from time
-# in quarter seconds (runs of 0.5 to 1 s read 1.5 or 2 times apart). The
-# wall time includes its start (a few ms of connecting to the masters).
+# requests), from its process's wall time. In cluster mode it notices its
+# end on a quarter-second timer (1024 GETs of 256 KiB and 3000 take the
+# same 0.26 s), so its runs are made long, seconds, for that to matter
+# little: the bias is against the reference (a slower Redis, a ratio
+# higher by up to 0.25 s over the run's time).
 rb_rps() {
   local nreq=$1 t0 t1
   shift
@@ -146,25 +148,25 @@ if [[ " $parts " == *" 1 "* ]]; then
     # requests of 16 blocks each, every block new (ids per request)
     awk -v r="$reqs" -v p="$per" 'BEGIN { for (i = 0; i < r; i++) { s = ""; for (j = 0; j < p; j++) s = s (j ? "," : "") (i * p + j + 1); printf "{\"timestamp\":%d,\"input_length\":%d,\"output_length\":1,\"hash_ids\":[%s]}\n", i, p * 512, s } }' >"$T/bw.jsonl"
     flush
-    # The references. SET: n SETs into the emptied cluster, each of a key
-    # not there yet (random among 10^12), as each block node A stores is
-    # new: Redis allocates (and its replicas copy) n values, as it does
-    # for the daemon. Beside it, SET over: 8n SETs over a keyspace of n/4
-    # keys (each written about 32 times: after the first, Redis reuses the
-    # memory of the value it replaces, which makes it faster than storing
-    # new values). GET: 8n GETs over those n/4 keys; a GET of a key no
-    # SET reached would return nil, so GET's bytes are counted for the
-    # keys that exist only.
+    # The references. SET: 8n SETs into the emptied cluster, each of a
+    # key not there yet (random among 10^12), as each block node A stores
+    # is new: Redis allocates (and its replicas copy) new values, as it
+    # does for the daemon. Beside it, SET over: 32n SETs over a keyspace
+    # of n/4 keys (each written about 128 times: after the first, Redis
+    # reuses the memory of the value it replaces, which makes it faster
+    # than storing new values). GET: 32n GETs over those n/4 keys; a GET
+    # of a key no SET reached would return nil, so GET's bytes are counted
+    # for the keys that exist only.
     space=$((n / 4 > 0 ? n / 4 : 1))
     rb=(redis-benchmark --cluster -h 127.0.0.1 -p "${ports[0]}" -d "$sb" -c "$clients" -P "$pipe"
       --csv)
-    new_rps=$(rb_rps "$n" "${rb[@]}" -n "$n" -r 1000000000000 -t set)
+    new_rps=$(rb_rps $((8 * n)) "${rb[@]}" -n $((8 * n)) -r 1000000000000 -t set)
     flush
-    rb+=(-n $((8 * n)) -r "$space")
-    set_rps=$(rb_rps $((8 * n)) "${rb[@]}" -t set)
+    rb+=(-n $((32 * n)) -r "$space")
+    set_rps=$(rb_rps $((32 * n)) "${rb[@]}" -t set)
     have=0
     for p in "${ports[@]:0:3}"; do have=$((have + $(redis-cli -p "$p" DBSIZE))); done
-    get_rps=$(rb_rps $((8 * n)) "${rb[@]}" -t get)
+    get_rps=$(rb_rps $((32 * n)) "${rb[@]}" -t get)
     set_gbps=$(awk -v r="$set_rps" -v b="$sb" 'BEGIN { printf "%.3f", r * b / 1e9 }')
     new_gbps=$(awk -v r="$new_rps" -v b="$sb" 'BEGIN { printf "%.3f", r * b / 1e9 }')
     get_gbps=$(awk -v r="$get_rps" -v b="$sb" -v h="$have" -v k="$space" \
