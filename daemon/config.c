@@ -70,6 +70,8 @@ static const opt_name g3_admit_names[] = {{"always", KV_ADMIT_ALWAYS},
                                           {NULL, 0}};
 static const opt_name g4_admit_names[] = {
     {"always", KV_ADMIT_ALWAYS}, {"second-use", KV_ADMIT_SECOND_USE}, {NULL, 0}};
+static const opt_name g4_codec_names[] = {
+    {"off", KV_G4_CODEC_OFF}, {"auto", KV_G4_CODEC_AUTO}, {NULL, 0}};
 static const opt_name log_level_names[] = {{"debug", KV_LOG_DEBUG}, {"info", KV_LOG_INFO},
                                            {"warn", KV_LOG_WARN},   {"warning", KV_LOG_WARN},
                                            {"error", KV_LOG_ERROR}, {NULL, 0}};
@@ -156,6 +158,10 @@ static const opt opts[] = {
      "which committed blocks are written to G4: always (at commit), or second-use (when a "
      "LOAD or GET uses them a second time)",
      g4_admit_names},
+    {"g4", "codec", OPT_ENUM, O(g4_codec), 0, "off",
+     "values of namespaces whose dtype is 16-bit (bf16, fp16) stored losslessly coded when that "
+     "makes them smaller: auto, or off (tiers/codec.h)",
+     g4_codec_names},
     {"g4", "key_file", OPT_STR, O(g4_key_file), sizeof(((kv_config *)0)->g4_key_file), "",
      "file holding the fleet's secret that signs and verifies G4 values (64 to 128 hex digits; "
      "owned by kvcached's user, mode 0600 or 0400; the same on every node); required with "

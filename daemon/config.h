@@ -59,6 +59,8 @@ typedef struct kv_cfg_tenant {
 
 /* g1.enable */
 typedef enum { KV_CFG_G1_AUTO = 0, KV_CFG_G1_ON, KV_CFG_G1_OFF } kv_cfg_g1_enable;
+/* g4.codec: G4 values of 16-bit namespaces coded (tiers/codec.h), or not */
+typedef enum { KV_G4_CODEC_OFF = 0, KV_G4_CODEC_AUTO } kv_cfg_g4_codec;
 
 typedef struct kv_config {
   char socket_dir[96];         /* [daemon] socket_dir */
@@ -109,6 +111,7 @@ typedef struct kv_config {
   uint32_t g4_absent_ms;                /* [g4] absent_ms: a key G4 lacked is not asked again */
   uint32_t g4_map_refresh_ms;           /* [g4] map_refresh_ms: slot map re-read while healthy */
   kv_admit g4_admit;                    /* [g4] admit: always, second-use */
+  int g4_codec;                         /* [g4] codec: KV_G4_CODEC_OFF, _AUTO */
   char g4_key_file[256];                /* [g4] key_file: the fleet's secret (kv_config_g4_keys) */
   char g4_old_key_file[256];            /* [g4] old_key_file: the previous one, while rotating */
   char g4_old_key_until[32];            /* [g4] old_key_until: YYYY-MM-DDTHH:MM:SSZ */

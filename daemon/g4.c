@@ -34,6 +34,7 @@
 #include "daemon/g4.h"
 
 #include <errno.h>
+#include <pthread.h>
 #include <sodium.h>
 #include <stddef.h>
 #include <stdlib.h>
@@ -41,8 +42,10 @@
 #include <time.h>
 
 #include "base/clock.h"
+#include "base/crc32c.h"
 #include "base/log.h"
 #include "daemon/kvd.h"
+#include "tiers/codec.h"
 
 const char *const kvd_g4_miss_names[KVD_G4_MISS_COUNT] = {
 #define KVD_G4_MISS_LABEL(name, label) label,
@@ -54,6 +57,11 @@ const char *const kvd_g4_write_names[KVD_G4_W_COUNT] = {
     KVD_G4_WRITE_MAP(KVD_G4_WRITE_LABEL)
 #undef KVD_G4_WRITE_LABEL
 };
+const char *const kvd_g4_codec_names[KVD_G4_CODEC_COUNT] = {
+#define KVD_G4_CODEC_LABEL(name, label) label,
+    KVD_G4_CODEC_MAP(KVD_G4_CODEC_LABEL)
+#undef KVD_G4_CODEC_LABEL
+};
 
 _Static_assert(KVD_G4_MISS_SHORT == (int)KV_G4_MISS_SHORT &&
                    KVD_G4_MISS_PAYLOAD_CRC == (int)KV_G4_MISS_PAYLOAD_CRC &&
@@ -63,7 +71,9 @@ _Static_assert(KVD_G4_MISS_SHORT == (int)KV_G4_MISS_SHORT &&
 /* kv_g4_check's reason as a kvd_g4_miss: the same number, but MAC
  * (appended to both lists: labels are append only). */
 static int8_t miss_of(kv_g4_miss why) {
-  return (int8_t)(why == KV_G4_MISS_MAC ? KVD_G4_MISS_MAC : (int)why);
+  return (int8_t)(why == KV_G4_MISS_MAC      ? KVD_G4_MISS_MAC
+                  : why == KV_G4_MISS_DECODE ? KVD_G4_MISS_DECODE
+                                             : (int)why);
 }
 
 /* The secrets, in memory of their own: locked (not swapped), guarded,
@@ -238,6 +248,9 @@ typedef struct g4_write {
   uint32_t ci;                    /* its key's index there */
   uint32_t core_ns;               /* the block's, to owe the write again */
   uint8_t tries;                  /* earlier writes of the block that failed */
+  uint8_t coded;                  /* to be coded (g4.codec, a 16-bit namespace) */
+  uint32_t ttl_s;
+  uint32_t stored;                /* coded: the stored bytes' length; 0: sent raw */
 } g4_write;
 
 static void commit_done(g4_commit *cw);
@@ -276,15 +289,87 @@ static void on_set(kv_g4c *c, const kv_g4c_reply *r, void *arg) {
     if (tries < KVD_G4_WRITE_TRIES && g->c) {
       kv_key key;
       kv_key_set(&key, w->k.b, w->k.len);
-      kvd_g4_backlog_push(&g->backlog, w->k.ns, w->core_ns, &key, tries,
+      kvd_g4_backlog_push(&g->backlog, w->k.ns, w->core_ns, &key, tries, w->coded,
                           kv_now_ms() + ((int64_t)KVD_G4_RETRY_MS << (down ? 0 : w->tries)));
     }
   }
   write_end(w, r->kind == KV_G4C_VALUE);
 }
 
+/* A pool thread's codec and the room it codes into (kept for its life). */
+typedef struct coder {
+  kv_codec *c;
+  uint8_t *buf;
+  size_t cap;
+} coder;
+static pthread_key_t coder_key;
+static pthread_once_t coder_once = PTHREAD_ONCE_INIT;
+static void coder_free(void *p) {
+  coder *t = p;
+  kv_codec_free(t->c);
+  free(t->buf);
+  free(t);
+}
+static void coder_key_make(void) { pthread_key_create(&coder_key, coder_free); }
+
+/* This thread's coder with room for n bytes, or NULL (no memory). */
+static coder *coder_get(size_t n) {
+  pthread_once(&coder_once, coder_key_make);
+  coder *t = pthread_getspecific(coder_key);
+  if (!t) {
+    if (!(t = calloc(1, sizeof *t))) return NULL;
+    if (!(t->c = kv_codec_new(0)) || pthread_setspecific(coder_key, t)) {
+      kv_codec_free(t->c);
+      free(t);
+      return NULL;
+    }
+  }
+  if (t->cap < n) {
+    uint8_t *b = realloc(t->buf, n);
+    if (!b) return NULL;
+    t->buf = b;
+    t->cap = n;
+  }
+  return t;
+}
+
+/* Off the loop: w's payload coded into a new SET (w->cmd replaced, its
+ * value signed as coded), when that makes it smaller and the payload still
+ * matches its CRC. 0 when done; -1 when w is left as it was (sent raw, the
+ * mismatch reported by kv_g4_encode_hdr). */
+static int code_value(g4_write *w) {
+  const uint8_t *payload = w->val + KV_G4_HDR_LEN;
+  size_t cap = kv_codec_bound(w->size);
+  coder *t = coder_get(cap);
+  if (!t || kv_crc32c(0, payload, w->size) != w->crc) return -1;
+  long sl = kv_codec_encode(t->c, payload, w->size, t->buf, cap);
+  if (sl <= 0) return -1; /* KV_CODEC_NOGAIN, or an error: raw */
+  char ttl[16];
+  snprintf(ttl, sizeof ttl, "%u", w->ttl_s);
+  const char *argv[] = {"SET", w->rkey, NULL, "EX", ttl};
+  size_t lens[] = {3, (size_t)w->rl, KV_G4_HDR_LEN + (size_t)sl, 2, strlen(ttl)};
+  size_t at = 0, len = kv_g4c_resp(NULL, 5, argv, lens, 2, &at);
+  char *cmd = malloc(len);
+  if (!cmd) return -1;
+  kv_g4c_resp(cmd, 5, argv, lens, 2, &at);
+  uint8_t *val = (uint8_t *)cmd + at;
+  if (kv_g4_encode_hdr_coded(&w->k, w->secret, t->buf, (uint32_t)sl, w->size, w->crc, val)) {
+    free(cmd);
+    return -1;
+  }
+  memcpy(val + KV_G4_HDR_LEN, t->buf, (size_t)sl);
+  free(w->cmd);
+  w->cmd = cmd;
+  w->cmdlen = len;
+  w->val = val;
+  w->stored = (uint32_t)sl;
+  w->signed_rc = 0;
+  return 0;
+}
+
 static void sign_work(uv_work_t *req) {
   g4_write *w = req->data;
+  if (w->coded && code_value(w) == 0) return;
   w->signed_rc =
       kv_g4_encode_hdr(&w->k, w->secret, w->val + KV_G4_HDR_LEN, w->size, w->crc, w->val);
 }
@@ -301,6 +386,13 @@ static void sign_done(uv_work_t *req, int status) {
     g->writes[KVD_G4_W_SKIPPED]++;
     write_end(w, 0);
     return;
+  }
+  if (w->coded) {
+    g->codec[w->stored ? KVD_G4_CODEC_CODED : KVD_G4_CODEC_RAW]++;
+    if (w->stored) {
+      g->codec_bytes[0] += w->size;
+      g->codec_bytes[1] += w->stored;
+    }
   }
   if (w->signed_rc) { /* KV_ECORRUPT: G2's bytes no longer match the commit's CRC */
     g->writes[w->signed_rc == KV_ECORRUPT ? KVD_G4_W_CORRUPT : KVD_G4_W_ERROR]++;
@@ -334,7 +426,7 @@ static uint8_t *set_command(g4_write *w, size_t vlen, unsigned ttl_s) {
  * ok and the writes in flight leave room; else its write is owed (the
  * backlog). cw (may be NULL) is told when the write ends. 0 when the
  * write is under way, -1 when it was not started (counted). */
-static int g4_put(kvd *d, const uint8_t digest[32], const kv_block *b, g4_commit *cw,
+static int g4_put(kvd *d, const uint8_t digest[32], const kv_block *b, int coded, g4_commit *cw,
                   uint32_t ci, uint8_t tries) {
   kvd_g4 *g = &d->g4;
   if (!g->c) return -1;
@@ -345,7 +437,7 @@ static int g4_put(kvd *d, const uint8_t digest[32], const kv_block *b, g4_commit
              g->write_bytes_in_flight + vlen > KVD_G4_WRITE_BYTES_MAX;
   if (kv_g4c_get_state(g->c) != KV_G4C_OK || busy) {
     g->writes[busy ? KVD_G4_W_BUSY : KVD_G4_W_SKIPPED]++;
-    kvd_g4_backlog_push(&g->backlog, digest, b->ns, &key, tries, 0);
+    kvd_g4_backlog_push(&g->backlog, digest, b->ns, &key, tries, (uint8_t)coded, 0);
     return -1;
   }
   if (b->size > KV_G4_PAYLOAD_MAX) {
@@ -366,6 +458,8 @@ static int g4_put(kvd *d, const uint8_t digest[32], const kv_block *b, g4_commit
   w->ci = ci;
   w->core_ns = b->ns;
   w->tries = tries;
+  w->coded = (uint8_t)coded;
+  w->ttl_s = d->cfg.g4_ttl_s;
   if (cw) cw->pending++;
   /* the copy is what is signed and sent, whatever G2 holds by then */
   memcpy(w->val + KV_G4_HDR_LEN, src, b->size);
@@ -389,18 +483,24 @@ static int g4_put(kvd *d, const uint8_t digest[32], const kv_block *b, g4_commit
   return 0;
 }
 
+/* Namespace n's values are coded: g4.codec auto and a 16-bit dtype. */
+static int coded_ns(const kvd *d, const kvd_ns *n) {
+  return d->cfg.g4_codec == KV_G4_CODEC_AUTO && n->dtype16;
+}
+
 void kvd_g4_committed(kvd *d, const kvd_ns *n, const kv_block *b) {
   /* second-use: a block committed again soon after its eviction is on its
    * second use already (the policy's history said so: hits 2); a LOAD will
    * not take its count to 2 again, so it goes now or never. */
-  if (d->cfg.g4_admit == KV_ADMIT_ALWAYS || b->hits >= 2) g4_put(d, n->digest, b, NULL, 0, 0);
+  if (d->cfg.g4_admit == KV_ADMIT_ALWAYS || b->hits >= 2)
+    g4_put(d, n->digest, b, coded_ns(d, n), NULL, 0, 0);
 }
 
 void kvd_g4_used(kvd *d, const kvd_ns *n, const kv_block *b) {
   /* second-use: this use took its count to two (a commit is its first;
    * the count saturates, so this is once), while it is in G2 */
   if (d->cfg.g4_admit == KV_ADMIT_SECOND_USE && b->hits == 2 && (b->tiers & KV_TIER_BIT(KV_G2)))
-    g4_put(d, n->digest, b, NULL, 0, 0);
+    g4_put(d, n->digest, b, coded_ns(d, n), NULL, 0, 0);
 }
 
 /* The owed writes, oldest first, while G4 is ok and writes have room
@@ -430,7 +530,7 @@ static void drain(kvd *d, uint64_t max_bytes) {
       g->backlog_gone++;
       continue;
     }
-    if (g4_put(d, e.digest, b, NULL, 0, e.tries)) break; /* owed again, at the end */
+    if (g4_put(d, e.digest, b, e.coded, NULL, 0, e.tries)) break; /* owed again, at the end */
     g->backlog_written++;
     bytes += b->size;
   }
@@ -468,7 +568,8 @@ int kvd_g4_commit_wait(kvd *d, kvd_sink *sink, const kv_msg *req, const kvd_ns *
   cw->pending = 1; /* held until every write is started: none ends it early */
   memcpy(cw->st, st, count * sizeof *st);
   for (uint32_t i = 0; i < count; i++)
-    if (cw->st[i] == 0 && g4_put(d, n->digest, blocks[i], cw, i, 0)) cw->st[i] = KV_EDEGRADED;
+    if (cw->st[i] == 0 && g4_put(d, n->digest, blocks[i], coded_ns(d, n), cw, i, 0))
+      cw->st[i] = KV_EDEGRADED;
   if (--cw->pending > 0) return KVD_DEFERRED;
   memcpy(st, cw->st, count * sizeof *st); /* nothing under way: the caller answers now */
   kvd_sink_put(sink);
@@ -600,10 +701,74 @@ static void lookup_done(g4_lookup *lk) {
   lookup_free(lk);
 }
 
+/* A coded value's decoding, on the thread pool. */
+typedef struct g4_decode {
+  uv_work_t work;
+  g4_get *x;
+  uint32_t n, stored_len;
+  uint8_t *out; /* KV_G4_HDR_LEN bytes of room, then the block */
+  int ok;
+} g4_decode;
+
+static void decode_work(uv_work_t *req) {
+  g4_decode *q = req->data;
+  g4_get *x = q->x;
+  coder *t = coder_get(0);
+  q->ok = t && (q->out = malloc(KV_G4_HDR_LEN + (size_t)q->n)) &&
+          kv_codec_decode(t->c, x->val + KV_G4_HDR_LEN, q->stored_len, q->out + KV_G4_HDR_LEN,
+                          q->n) == 0 &&
+          kv_crc32c(0, q->out + KV_G4_HDR_LEN, q->n) == x->crc;
+}
+
+static void lookup_done(g4_lookup *lk);
+
+/* The block decoded (or not): it takes the stored value's place, or is a
+ * DECODE miss; the LOOKUP goes on when it was its last answer. */
+static void decode_done(uv_work_t *req, int status) {
+  g4_decode *q = req->data;
+  g4_get *x = q->x;
+  g4_lookup *lk = x->lk;
+  kvd_g4 *g = &lk->d->g4;
+  work_done(g);
+  free(x->val);
+  x->val = NULL;
+  if (!status && q->ok) {
+    x->val = q->out;
+    x->miss = -1;
+    g->codec[KVD_G4_CODEC_DECODED]++;
+  } else {
+    free(q->out);
+    x->miss = KVD_G4_MISS_DECODE;
+  }
+  free(q);
+  if (--lk->pending == 0) lookup_done(lk);
+}
+
+/* x holds a coded value (its stored bytes at KV_G4_HDR_LEN) of a block of
+ * n bytes: decoded on the thread pool, after which its LOOKUP goes on (x
+ * holds the LOOKUP's pending count meanwhile). 0, or -1: x is a miss. */
+static int decode(g4_get *x, uint32_t n, uint32_t stored_len) {
+  kvd_g4 *g = &x->lk->d->g4;
+  g4_decode *q = calloc(1, sizeof *q);
+  if (!q) return -1;
+  q->x = x;
+  q->n = n;
+  q->stored_len = stored_len;
+  q->work.data = q;
+  g->works++;
+  if (uv_queue_work(g->loop, &q->work, decode_work, decode_done)) {
+    g->works--;
+    free(q);
+    return -1;
+  }
+  return 0;
+}
+
 /* Each answer is checked as it comes, on the loop: the checks overlap
  * the answers still on their way, where one hand-off to the thread pool
  * per LOOKUP (after the last answer) or per value made a LOOKUP of 16
- * 64 KiB blocks slower (tools/bench/g4_bench.sh). */
+ * 64 KiB blocks slower (tools/bench/g4_bench.sh). A coded value, checked
+ * the same way, is decoded on the thread pool (decode). */
 static void on_get(kv_g4c *c, const kv_g4c_reply *r, void *arg) {
   g4_get *x = arg;
   g4_lookup *lk = x->lk;
@@ -627,6 +792,12 @@ static void on_get(kv_g4c *c, const kv_g4c_reply *r, void *arg) {
     } else if ((x->val = kv_g4c_reply_take(r))) { /* no copy: the reply's bytes are ours */
       x->crc = v.crc;
       x->miss = -1;
+      if (v.coded) {
+        if (decode(x, v.len, v.stored_len) == 0) return; /* decode_done goes on */
+        free(x->val);
+        x->val = NULL;
+        x->miss = KVD_G4_MISS_ERROR;
+      }
     } else {
       x->miss = KVD_G4_MISS_ERROR;
     }

@@ -49,7 +49,9 @@ struct kv_buf;
                                    g4.absent_ms */                             \
   X(MAC, "mac")                 /* refused by kv_g4_check: not signed by the  \
                                    fleet's secret (forged, or an old secret    \
-                                   past g4.old_key_until) */
+                                   past g4.old_key_until) */                   \
+  X(DECODE, "decode")           /* a coded value, signed, that did not decode \
+                                   to its block (its CRC) */
 typedef enum {
 #define KVD_G4_MISS_ENUM(name, label) KVD_G4_MISS_##name,
   KVD_G4_MISS_MAP(KVD_G4_MISS_ENUM)
@@ -95,6 +97,18 @@ extern const char *const kvd_g4_write_names[KVD_G4_W_COUNT];
 #define KVD_G4_DRAIN_BYTES (4ull << 20)
 #define KVD_G4_DRAIN_STEP  (1ull << 20)
 
+/* Blocks of namespaces whose values are coded (g4.codec, tiers/codec.h),
+ * kvcached_g4_codec_blocks_total{result}: written coded, written raw (no
+ * gain, or its bytes no longer matched), read and decoded. */
+#define KVD_G4_CODEC_MAP(X) X(CODED, "coded") X(RAW, "raw") X(DECODED, "decoded")
+typedef enum {
+#define KVD_G4_CODEC_ENUM(name, label) KVD_G4_CODEC_##name,
+  KVD_G4_CODEC_MAP(KVD_G4_CODEC_ENUM)
+#undef KVD_G4_CODEC_ENUM
+  KVD_G4_CODEC_COUNT
+} kvd_g4_codec;
+extern const char *const kvd_g4_codec_names[KVD_G4_CODEC_COUNT];
+
 typedef struct kvd_g4 {
   kv_g4c *c;             /* NULL: G4 off (or closed) */
   kv_g4_keys *keys;      /* the secrets (sodium_malloc: locked, read-only); NULL when off */
@@ -103,6 +117,8 @@ typedef struct kvd_g4 {
   uint64_t hits;         /* blocks a LOOKUP brought into G2 from G4 */
   uint64_t misses[KVD_G4_MISS_COUNT];
   uint64_t writes[KVD_G4_W_COUNT];
+  uint64_t codec[KVD_G4_CODEC_COUNT];
+  uint64_t codec_bytes[2]; /* the blocks written coded: their bytes, and what was stored */
   uint64_t deletes[2];   /* DELs: answered (0), or failed or not sent while down (1) */
   uint64_t lookups;      /* LOOKUPs that asked G4 (waited for it) */
   uint32_t waiting;      /* ... of those, still waiting */

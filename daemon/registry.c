@@ -250,6 +250,13 @@ static int group_join(kvd_registry *r, uint32_t i, const kv_hello_req *h) {
   return 0;
 }
 
+int kvd_dtype16(const void *p, size_t len) {
+  static const char *const names[] = {"bf16", "bfloat16", "fp16", "float16", "f16", "half"};
+  for (size_t i = 0; i < sizeof names / sizeof names[0]; i++)
+    if (strlen(names[i]) == len && !memcmp(p, names[i], len)) return 1;
+  return 0;
+}
+
 static int ns_live(const kvd_registry *r, uint32_t i) { return r->ns[i].core_ns >= 0; }
 
 /* Frees namespace i if no session uses it and no block of it is left. */
@@ -391,6 +398,7 @@ int kvd_registry_hello(kvd_registry *r, const kv_hello_req *h, const kvd_peer *p
   n->slot_bytes = a->cls[ni.cls].slot_bytes;
   n->tp_rank = l->tp_rank;
   n->tp_size = l->tp_size;
+  n->dtype16 = (uint8_t)kvd_dtype16(l->dtype.p, l->dtype.len);
   n->sessions = 1;
   if (h->group.len) {
     int rc = group_join(r, (uint32_t)i, h);

@@ -93,6 +93,7 @@ typedef struct kvd_ns {
   uint32_t slot_bytes; /* block_bytes rounded to the arena's alignment */
   kvd_group *group;    /* NULL when the sessions name no group */
   uint16_t tp_rank, tp_size;
+  uint8_t dtype16;     /* its layout's dtype is of 16-bit elements (kvd_dtype16) */
   uint32_t sessions;   /* sessions using it */
   uint32_t next_free1; /* while free: 1 + the next free entry, 0 for none */
 } kvd_ns;
@@ -104,6 +105,11 @@ struct kvd_group {
   int32_t ns_of_rank[KVD_TP_MAX]; /* registry ns index, -1 until a rank joins */
   kvd_group *next;
 };
+
+/* 1 if the dtype name p[0..len) (a HELLO's layout) is one of 16-bit
+ * elements, by the names engines use: bf16, bfloat16, fp16, float16, f16,
+ * half. */
+int kvd_dtype16(const void *p, size_t len);
 
 /* Why a new namespace was refused (kvcached_namespaces_refused_total). */
 typedef enum {

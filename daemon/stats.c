@@ -206,6 +206,17 @@ static int g4_metrics(kvd *d, kv_buf *out) {
   H("kvcached_g4_writes_total", "counter", "Blocks to be written to G4, by what became of them.");
   for (int i = 0; i < KVD_G4_W_COUNT; i++)
     P("kvcached_g4_writes_total{result=\"%s\"} %llu\n", kvd_g4_write_names[i], U(g->writes[i]));
+  H("kvcached_g4_codec_blocks_total", "counter",
+    "Blocks of namespaces whose G4 values are coded (g4.codec): written coded, written raw (no "
+    "gain), read and decoded.");
+  for (int i = 0; i < KVD_G4_CODEC_COUNT; i++)
+    P("kvcached_g4_codec_blocks_total{result=\"%s\"} %llu\n", kvd_g4_codec_names[i],
+      U(g->codec[i]));
+  H("kvcached_g4_codec_bytes_total", "counter",
+    "Of the blocks written coded: their bytes (block) and the bytes stored for them (stored); "
+    "block / stored is the stored ratio.");
+  P("kvcached_g4_codec_bytes_total{side=\"block\"} %llu\n", U(g->codec_bytes[0]));
+  P("kvcached_g4_codec_bytes_total{side=\"stored\"} %llu\n", U(g->codec_bytes[1]));
   H("kvcached_g4_deletes_total", "counter",
     "DELs for deleted keys, by outcome (error: failed, or not sent while G4 was down).");
   P("kvcached_g4_deletes_total{result=\"ok\"} %llu\n", U(g->deletes[0]));
@@ -247,16 +258,24 @@ static json_t *g4_json(kvd *d) {
     json_object_set_new(m, kvd_g4_miss_names[i], json_integer((json_int_t)g->misses[i]));
   for (int i = 0; i < KVD_G4_W_COUNT; i++)
     json_object_set_new(w, kvd_g4_write_names[i], json_integer((json_int_t)g->writes[i]));
+  json_t *cj = json_object();
+  for (int i = 0; i < KVD_G4_CODEC_COUNT; i++)
+    json_object_set_new(cj, kvd_g4_codec_names[i], json_integer((json_int_t)g->codec[i]));
+  json_object_set_new(cj, "block_bytes", json_integer((json_int_t)g->codec_bytes[0]));
+  json_object_set_new(cj, "stored_bytes", json_integer((json_int_t)g->codec_bytes[1]));
+  json_object_set_new(cj, "ratio", json_real(g->codec_bytes[1] ? (double)g->codec_bytes[0] /
+                                                                     (double)g->codec_bytes[1]
+                                                               : 1.0));
   json_t *bl = json_pack("{s:I,s:I,s:I,s:I}", "blocks", (json_int_t)g->backlog.n, "written",
                           (json_int_t)g->backlog_written, "gone", (json_int_t)g->backlog_gone,
                           "dropped", (json_int_t)g->backlog.dropped);
-  return json_pack("{s:s,s:I,s:I,s:I,s:o,s:o,s:I,s:I,s:I,s:I,s:I,s:o,s:o}", "state",
+  return json_pack("{s:s,s:I,s:I,s:I,s:o,s:o,s:I,s:I,s:I,s:I,s:I,s:o,s:o,s:o}", "state",
                    kv_g4c_state_name(cs.state), "masters", (json_int_t)cs.masters, "slots",
                    (json_int_t)cs.slots, "hits", (json_int_t)g->hits, "misses", m, "writes", w,
                    "deletes", (json_int_t)(g->deletes[0] + g->deletes[1]), "lookups",
                    (json_int_t)g->lookups, "bytes_in", (json_int_t)cs.bytes_in, "bytes_out",
                    (json_int_t)cs.bytes_out, "in_flight", (json_int_t)cs.in_flight, "latency_us",
-                   lat_json(&g->lookup), "backlog", bl);
+                   lat_json(&g->lookup), "backlog", bl, "codec", cj);
 }
 
 int kvd_render_metrics(kvd *d, kv_buf *out) {

@@ -43,8 +43,8 @@
  * G4's payload CRC) and check it after decoding, so a silently wrong
  * decode is a miss there, never a wrong block.
  *
- * How a tier would use it (the record formats of tiers/G3.md and
- * tiers/G4.md are not changed by this file; nothing calls it yet): off the
+ * Who uses it: G4 (daemon/g4.c, g4.codec = auto: tiers/G4.md's version-3
+ * values, as below); G3 not yet. How a tier uses it: off the
  * event loop (G3's I/O threads, a pool), for a namespace whose layout's
  * dtype is 16-bit, encode the block on the way down; on KV_CODEC_NOGAIN
  * (or any error) store the raw bytes as today. The record then says which

@@ -29,6 +29,8 @@
 #define NONCE_OFF 96
 #define MAC_OFF   108
 #define HCRC_OFF  124
+#define SLEN_OFF  88 /* coded values: the stored bytes' length, then their CRC32C */
+#define SCRC_OFF  92
 _Static_assert(NONCE_OFF + KV_G4_NONCE_BYTES == MAC_OFF && MAC_OFF + KV_G4_MAC_BYTES == HCRC_OFF &&
                    HCRC_OFF + 4 == KV_G4_HDR_LEN,
                "the header's layout");
@@ -112,11 +114,14 @@ static void mac_of(const kv_g4_secret *s, const uint8_t *hdr, const void *payloa
   sodium_memzero(otk, sizeof otk);
 }
 
+/* The header of payload[0..len) with CRC crc; for a coded value (stored
+ * non-NULL) of its stored bytes stored[0..slen), which the MAC covers. */
 static void encode_hdr(const kv_g4_key *k, const kv_g4_secret *s, const void *payload,
-                       uint32_t len, uint32_t crc, uint8_t *out) {
+                       uint32_t len, uint32_t crc, const void *stored, uint32_t slen,
+                       uint8_t *out) {
   memset(out, 0, KV_G4_HDR_LEN);
   kv_st32(out, KV_G4_MAGIC);
-  kv_st16(out + 4, KV_G4_VERSION);
+  kv_st16(out + 4, stored ? KV_G4_VERSION_CODED : KV_G4_VERSION);
   kv_st16(out + 6, KV_G4_HDR_LEN);
   out[8] = k->len;
   out[FLAGS_OFF] = F_CRC_SIGNED;
@@ -125,8 +130,15 @@ static void encode_hdr(const kv_g4_key *k, const kv_g4_secret *s, const void *pa
   kv_st32(out + SID_OFF, s->id);
   memcpy(out + 24, k->ns, KV_G4_NS_BYTES);
   memcpy(out + 56, k->b, k->len);
+  if (stored) {
+    kv_st32(out + SLEN_OFF, slen);
+    kv_st32(out + SCRC_OFF, kv_crc32c(0, stored, slen));
+  }
   randombytes_buf(out + NONCE_OFF, KV_G4_NONCE_BYTES);
-  mac_of(s, out, payload, len, out + MAC_OFF);
+  if (stored)
+    mac_of(s, out, stored, slen, out + MAC_OFF);
+  else
+    mac_of(s, out, payload, len, out + MAC_OFF);
   kv_st32(out + HCRC_OFF, kv_crc32c(0, out, HCRC_OFF));
 }
 
@@ -135,7 +147,16 @@ int kv_g4_encode_hdr(const kv_g4_key *k, const kv_g4_secret *s, const void *payl
   if (k->len == 0 || k->len > KV_G4_KEY_MAX || len > KV_G4_PAYLOAD_MAX || !secret_ok(s))
     return -EINVAL;
   if (kv_crc32c(0, payload, len) != crc) return KV_ECORRUPT;
-  encode_hdr(k, s, payload, len, crc, out);
+  encode_hdr(k, s, payload, len, crc, NULL, 0, out);
+  return 0;
+}
+
+int kv_g4_encode_hdr_coded(const kv_g4_key *k, const kv_g4_secret *s, const void *stored,
+                           uint32_t slen, uint32_t len, uint32_t crc, uint8_t *out) {
+  if (k->len == 0 || k->len > KV_G4_KEY_MAX || len > KV_G4_PAYLOAD_MAX || !secret_ok(s) ||
+      slen == 0 || slen >= len || !stored)
+    return -EINVAL;
+  encode_hdr(k, s, NULL, len, crc, stored, slen, out);
   return 0;
 }
 
@@ -145,7 +166,7 @@ long kv_g4_encode(const kv_g4_key *k, const kv_g4_secret *s, const void *payload
     return -EINVAL;
   /* the CRC of the bytes copied: checked by construction */
   uint32_t crc = kv_crc32c_copy(0, out + KV_G4_HDR_LEN, payload, len);
-  encode_hdr(k, s, out + KV_G4_HDR_LEN, len, crc, out);
+  encode_hdr(k, s, out + KV_G4_HDR_LEN, len, crc, NULL, 0, out);
   return (long)kv_g4_value_len(len);
 }
 
@@ -167,7 +188,8 @@ static int check_hdr(const void *val, size_t n, const kv_g4_key *expect, uint32_
   const uint8_t *p = val;
   if (n >= 4 && kv_ld32(p) != KV_G4_MAGIC) return refuse(why, KV_G4_MISS_MAGIC);
   if (n < KV_G4_HDR_LEN) return refuse(why, KV_G4_MISS_SHORT);
-  if (kv_ld16(p + 4) != KV_G4_VERSION || kv_ld16(p + 6) != KV_G4_HDR_LEN)
+  uint16_t ver = kv_ld16(p + 4);
+  if ((ver != KV_G4_VERSION && ver != KV_G4_VERSION_CODED) || kv_ld16(p + 6) != KV_G4_HDR_LEN)
     return refuse(why, KV_G4_MISS_VERSION);
   if (kv_ld32(p + HCRC_OFF) != kv_crc32c(0, p, HCRC_OFF))
     return refuse(why, KV_G4_MISS_HEADER_CRC);
@@ -177,8 +199,13 @@ static int check_hdr(const void *val, size_t n, const kv_g4_key *expect, uint32_
     return refuse(why, KV_G4_MISS_KEY);
   uint32_t len = kv_ld32(p + 12);
   if (expect_len && len != expect_len) return refuse(why, KV_G4_MISS_LENGTH);
-  if (n - KV_G4_HDR_LEN < len) return refuse(why, KV_G4_MISS_SHORT);
-  if (n - KV_G4_HDR_LEN > len) return refuse(why, KV_G4_MISS_LENGTH);
+  uint32_t slen = len; /* the bytes after the header */
+  if (ver == KV_G4_VERSION_CODED) {
+    slen = kv_ld32(p + SLEN_OFF);
+    if (slen == 0 || slen >= len) return refuse(why, KV_G4_MISS_LENGTH);
+  }
+  if (n - KV_G4_HDR_LEN < slen) return refuse(why, KV_G4_MISS_SHORT);
+  if (n - KV_G4_HDR_LEN > slen) return refuse(why, KV_G4_MISS_LENGTH);
   if (why) *why = KV_G4_MISS_OK;
   return 0;
 }
@@ -189,24 +216,29 @@ int kv_g4_check(const void *val, size_t n, const kv_g4_key *expect, uint32_t exp
   if (rc) return rc;
   const uint8_t *p = val;
   uint32_t len = kv_ld32(p + 12);
-  uint32_t crc = kv_ld32(p + 16);
+  int coded = kv_ld16(p + 4) == KV_G4_VERSION_CODED;
+  /* what follows the header: the payload, or its stored bytes */
+  uint32_t slen = coded ? kv_ld32(p + SLEN_OFF) : len;
+  uint32_t scrc = coded ? kv_ld32(p + SCRC_OFF) : kv_ld32(p + 16);
   /* A value whose signer checked its CRC needs one pass, the MAC's; the
    * CRC is computed only to tell damage from forgery when the MAC fails.
    * One without the flag (an earlier writer) has its CRC checked first. */
   int signed_crc = (p[FLAGS_OFF] & F_CRC_SIGNED) != 0;
-  if (!signed_crc && kv_crc32c(0, p + KV_G4_HDR_LEN, len) != crc)
+  if (!signed_crc && kv_crc32c(0, p + KV_G4_HDR_LEN, slen) != scrc)
     return refuse(why, KV_G4_MISS_PAYLOAD_CRC);
   const kv_g4_secret *s = secret_for(keys, kv_ld32(p + SID_OFF), now);
   uint8_t mac[KV_G4_MAC_BYTES];
-  if (s) mac_of(s, p, p + KV_G4_HDR_LEN, len, mac);
+  if (s) mac_of(s, p, p + KV_G4_HDR_LEN, slen, mac);
   if (!s || crypto_verify_16(mac, p + MAC_OFF)) {
-    if (signed_crc && kv_crc32c(0, p + KV_G4_HDR_LEN, len) != crc)
+    if (signed_crc && kv_crc32c(0, p + KV_G4_HDR_LEN, slen) != scrc)
       return refuse(why, KV_G4_MISS_PAYLOAD_CRC);
     return refuse(why, KV_G4_MISS_MAC);
   }
   v->payload = p + KV_G4_HDR_LEN;
   v->len = len;
-  v->crc = crc;
+  v->crc = kv_ld32(p + 16);
+  v->stored_len = slen;
+  v->coded = coded;
   if (why) *why = KV_G4_MISS_OK;
   return 0;
 }

@@ -44,6 +44,7 @@
 #define KV_G4_NS_BYTES    32 /* namespace digest (as KV_G3_NS_BYTES) */
 #define KV_G4_KEY_MAX     32 /* key bytes, 1..32 */
 #define KV_G4_VERSION     2
+#define KV_G4_VERSION_CODED 3 /* a value whose payload is stored coded (tiers/codec.h) */
 #define KV_G4_HDR_LEN     128u
 #define KV_G4_MAGIC       0x3447564Bu /* "KVG4" as little-endian bytes */
 #define KV_G4_PREFIX      "kv:"       /* default Redis key prefix */
@@ -76,7 +77,11 @@ typedef struct kv_g4_key {
   X(PAYLOAD_CRC, "payload_crc") /* the payload failed its checksum */       \
   X(MAC, "mac")               /* intact, but not signed by a secret this  \
                                  reader accepts: forged, another fleet's, \
-                                 or an old secret past its window */
+                                 or an old secret past its window */        \
+  X(DECODE, "decode")         /* a coded value, intact and signed, whose  \
+                                 stored bytes do not decode to the block  \
+                                 (its CRC): the caller's check, after    \
+                                 kv_g4_check */
 typedef enum {
 #define KV_G4_MISS_ENUM(name, label) KV_G4_MISS_##name,
   KV_G4_MISS_MAP(KV_G4_MISS_ENUM)
@@ -138,11 +143,26 @@ int kv_g4_encode_hdr(const kv_g4_key *k, const kv_g4_secret *s, const void *payl
 long kv_g4_encode(const kv_g4_key *k, const kv_g4_secret *s, const void *payload, uint32_t len,
                   uint8_t *out);
 
-/* What a checked value holds: the payload (pointing into the value). */
+/* Writes the header of a coded value (version KV_G4_VERSION_CODED) into
+ * out[0..KV_G4_HDR_LEN): stored[0..slen) are the codec's bytes
+ * (tiers/codec.h) of a payload of len bytes whose CRC32C is crc (the
+ * caller checked the payload it coded against crc). The header says both
+ * lengths and both CRCs (the stored bytes' is computed here); the MAC
+ * covers the header and the stored bytes, which follow the header in the
+ * value. 0, or -EINVAL as kv_g4_encode_hdr, or for an slen of 0 or not
+ * below len (a value that does not shrink is written raw). */
+int kv_g4_encode_hdr_coded(const kv_g4_key *k, const kv_g4_secret *s, const void *stored,
+                           uint32_t slen, uint32_t len, uint32_t crc, uint8_t *out);
+
+/* What a checked value holds: the payload (pointing into the value), or
+ * for a coded value its stored bytes, which the caller decodes to len
+ * bytes and checks against crc (a mismatch is a DECODE miss). */
 typedef struct kv_g4_view {
-  const uint8_t *payload;
-  uint32_t len;
-  uint32_t crc;
+  const uint8_t *payload; /* coded: the stored bytes */
+  uint32_t len;           /* the block's bytes */
+  uint32_t crc;           /* the block's CRC32C */
+  uint32_t stored_len;    /* coded: the stored bytes' length; else len */
+  int coded;
 } kv_g4_view;
 
 /* Checks val[0..n) as the value of block `expect`, signed by a secret of
@@ -161,6 +181,10 @@ typedef struct kv_g4_view {
  * whose header says its signer checked the payload's CRC (every value
  * kv_g4_encode_hdr writes) costs one pass, the MAC's: its payload CRC is
  * computed only when the MAC fails, to give the reason. */
+/* Versions 2 (raw) and 3 (coded) are read: for a coded value, the value
+ * length is the header and the stored length, the stored bytes' CRC and
+ * the MAC over them take the places of the payload's, and the stored
+ * length must be below the payload's (LENGTH otherwise). */
 int kv_g4_check(const void *val, size_t n, const kv_g4_key *expect, uint32_t expect_len,
                 const kv_g4_keys *keys, int64_t now, kv_g4_view *v, kv_g4_miss *why);
 

@@ -251,6 +251,12 @@ static void print_status(const ctl *c, json_t *st) {
            "g4", g4s, (unsigned long long)unum(g4, "masters"), (unsigned long long)unum(g4, "slots"),
            (unsigned long long)unum(g4, "hits"), sum_all(g4m), (unsigned long long)unum(g4w, "ok"),
            sum_all(g4w), bi, bo);
+    json_t *cj = json_object_get(g4, "codec");
+    if (unum(cj, "coded") + unum(cj, "raw") + unum(cj, "decoded"))
+      printf("%-12s coded %llu, raw %llu, decoded %llu; stored ratio %.2f\n", "g4 codec",
+             (unsigned long long)unum(cj, "coded"), (unsigned long long)unum(cj, "raw"),
+             (unsigned long long)unum(cj, "decoded"),
+             json_number_value(json_object_get(cj, "ratio")));
   } else {
     printf("%-12s off\n", "g4");
   }

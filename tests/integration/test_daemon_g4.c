@@ -963,3 +963,98 @@ Test(daemon_g4, a_block_that_fails_its_crc_is_not_written, .init = setup, .fini 
   kvc_close(a);
   kvc_close(b);
 }
+
+/* --- issue 30: values of 16-bit namespaces stored coded ------------------------ */
+
+static void setup_coded(void) {
+  make_keys();
+  start_cluster();
+  start_node_with(&na, "g4.codec=auto"); /* writes coded; B (off) reads them */
+  start_node(&nb);
+}
+
+/* The fleet's secret k1, as the nodes hold it: what signs a forgery that
+ * only a fleet member (or a bug) could write. */
+static void fleet_keys(kv_g4_keys *keys) {
+  uint8_t b[32];
+  for (int i = 0; i < 32; i++) b[i] = (uint8_t)(i % 3 == 0 ? 0x5e : i % 3 == 1 ? 0xc7 : 0xe7);
+  memset(keys, 0, sizeof *keys);
+  cr_assert_eq(kv_g4_secret_init(&keys->cur, b, sizeof b), 0);
+}
+
+/* A namespace whose dtype is bf16 (every tenant's here) with g4.codec=auto:
+ * its values are coded (version 3, fewer bytes than the block), another
+ * node without the option reads them back byte for byte; a value whose
+ * stored bytes were damaged is a miss (its MAC, then its stored CRC); one
+ * signed with the fleet's secret whose stored bytes do not decode to the
+ * block is a `decode` miss; neither is ever served. */
+Test(daemon_g4, coded_values_are_smaller_and_read_back_exactly, .init = setup_coded,
+     .fini = teardown, .timeout = 60) {
+  kvc *a, *b;
+  both_ok(&a, &b);
+  store_chain(a, 1, 6);
+  cr_assert_eq(wait_metric(&na, "kvcached_g4_writes_total{result=\"ok\"}", 6, 5000), 6);
+  cr_assert_eq(metric(&na, "kvcached_g4_codec_blocks_total{result=\"coded\"}"), 6);
+  long long blk = metric(&na, "kvcached_g4_codec_bytes_total{side=\"block\"}");
+  long long sto = metric(&na, "kvcached_g4_codec_bytes_total{side=\"stored\"}");
+  cr_assert_eq(blk, 6 * (long long)OPS_BLOCK);
+  cr_assert(sto > 0 && sto < blk, "stored %lld of %lld", sto, blk);
+  char name[6][160];
+  for (uint64_t v = 1; v <= 6; v++) {
+    rkey_of(v, name[v - 1], sizeof name[0]);
+    redisReply *r = adm(owner_of(name[v - 1]), "GET %s", name[v - 1]);
+    cr_assert_eq(r->type, REDIS_REPLY_STRING);
+    cr_assert_eq(kv_ld16((const uint8_t *)r->str + 4), KV_G4_VERSION_CODED, "key %llu",
+                 (unsigned long long)v);
+    cr_assert_lt(r->len, KV_G4_HDR_LEN + OPS_BLOCK, "key %llu stored whole",
+                 (unsigned long long)v);
+    freeReplyObject(r);
+  }
+  /* key 4: one byte of its stored bytes flipped (its CRCs left as they are) */
+  redisReply *r = adm(owner_of(name[3]), "GET %s", name[3]);
+  r->str[KV_G4_HDR_LEN + 40] ^= 0x10;
+  redisReply *w = adm(owner_of(name[3]), "SET %s %b", name[3], r->str, r->len);
+  freeReplyObject(w);
+  freeReplyObject(r);
+  uint8_t t[64];
+  cr_assert_eq(lookup(b, 1, 6, t, NULL), 3, "the run ends at the damaged key 4");
+  cr_assert_eq(metric(&nb, "kvcached_g4_misses_total{reason=\"payload_crc\"}"), 1);
+  /* all six were asked at once: the five intact ones decoded (5 and 6 then
+   * stored as no part of the run: gap) */
+  cr_assert_eq(metric(&nb, "kvcached_g4_codec_blocks_total{result=\"decoded\"}"), 5);
+  cr_assert_eq(metric(&nb, "kvcached_g4_misses_total{reason=\"gap\"}"), 2);
+  for (uint64_t v = 1; v <= 3; v++) load_check(b, v);
+
+  /* key 5: signed with the fleet's secret, stored bytes that decode to
+   * another block (key 6's): the decoded CRC is not key 5's */
+  kv_g4_keys keys;
+  fleet_keys(&keys);
+  redisReply *v6 = adm(owner_of(name[5]), "GET %s", name[5]);
+  uint32_t sl = kv_ld32((const uint8_t *)v6->str + 88);
+  uint8_t *val = malloc(KV_G4_HDR_LEN + sl);
+  kv_g4_key k5 = {.len = 8};
+  memcpy(k5.ns, v6->str + 24, KV_G4_NS_BYTES);
+  kvc_key kc5 = KC(5);
+  memcpy(k5.b, kc5.b, kc5.len);
+  k5.len = (uint8_t)kc5.len;
+  static uint8_t want5[OPS_BLOCK];
+  fill(want5, 5);
+  cr_assert_eq(kv_g4_encode_hdr_coded(&k5, &keys.cur, v6->str + KV_G4_HDR_LEN, sl, OPS_BLOCK,
+                                      kv_crc32c(0, want5, OPS_BLOCK), val),
+               0);
+  memcpy(val + KV_G4_HDR_LEN, v6->str + KV_G4_HDR_LEN, sl);
+  w = adm(owner_of(name[4]), "SET %s %b", name[4], val, (size_t)(KV_G4_HDR_LEN + sl));
+  freeReplyObject(w);
+  freeReplyObject(v6);
+  free(val);
+  cr_assert_eq(lookup_as(1, b, 5, 6, t, NULL), 0, "key 5 does not decode to its block");
+  cr_assert_eq(t[1], KVC_G2, "key 6, past the hole, is brought in");
+  cr_assert_eq(metric(&nb, "kvcached_g4_misses_total{reason=\"decode\"}"), 1);
+  load_check(b, 6);
+  kvc_key k = KC(5);
+  kvc_block blk5;
+  cr_assert_eq(kvc_load(b, KVC_G2, &k, 1, &blk5), 0, "key 5 is never served");
+  for (uint64_t v = 1; v <= 6; v++) load_check(a, v);
+  kvc_close(a);
+  kvc_close(b);
+}

@@ -601,6 +601,11 @@ Test(config, g4_options_are_checked) {
   cr_assert_eq(c.g4_admit, KV_ADMIT_SECOND_USE);
   cr_assert_eq(kv_config_set(&c, "g4.admit", "min-prio", err, sizeof err), -EINVAL);
   cr_assert(strstr(err, "g4.admit"), "%s", err);
+  cr_assert_eq(c.g4_codec, KV_G4_CODEC_OFF);
+  cr_assert_eq(kv_config_set(&c, "g4.codec", "auto", err, sizeof err), 0);
+  cr_assert_eq(c.g4_codec, KV_G4_CODEC_AUTO);
+  cr_assert_eq(kv_config_set(&c, "g4.codec", "zstd", err, sizeof err), -EINVAL);
+  cr_assert(strstr(err, "g4.codec"), "%s", err);
   static const struct {
     const char *key, *value, *says;
   } bad[] = {

@@ -167,13 +167,14 @@ Test(g4_format, each_reason_is_its_own) {
   uint8_t zeros[200] = {0};
   expect_miss(zeros, sizeof zeros, &k, 0, KV_G4_MISS_MAGIC, "zeros");
 
-  /* another version: an older writer's (1, without a MAC), a newer one's */
+  /* another version: an older writer's (1, without a MAC), a newer one's
+   * (3 is a coded value's: coded_values) */
   uint8_t *w = malloc(n);
   memcpy(w, v, n);
   w[4] = 1;
   expect_miss(w, n, &k, 0, KV_G4_MISS_VERSION, "version 1");
-  w[4] = 3;
-  expect_miss(w, n, &k, 0, KV_G4_MISS_VERSION, "version 3");
+  w[4] = 4;
+  expect_miss(w, n, &k, 0, KV_G4_MISS_VERSION, "version 4");
   uint8_t hdr[KV_G4_HDR_LEN];
   memcpy(w, v, n);
   w[6] = 96; /* another header length: version 1's */
@@ -539,4 +540,70 @@ Test(g4_format, a_signed_crc_saves_the_readers_pass) {
   }
   free(w);
   free(v);
+}
+
+/* A coded value (version 3, tiers/codec.h): header then the stored bytes.
+ * Checked, it gives the stored bytes, their length and the block's length
+ * and CRC; the MAC covers the stored bytes; damage to them is
+ * payload_crc, a stored length that does not fit or does not shrink is
+ * length or short, and a version-2 header over coded bytes is refused. */
+Test(g4_format, coded_values) {
+  kv_g4_keys keys = fleet();
+  kv_g4_key k = sample_key(3, 16);
+  uint8_t stored[100], blockcrc[4];
+  for (int i = 0; i < 100; i++) stored[i] = (uint8_t)(i * 37 + 5);
+  kv_st32(blockcrc, 0x12345678u);
+  uint8_t v[KV_G4_HDR_LEN + 100];
+  cr_assert_eq(kv_g4_encode_hdr_coded(&k, &keys.cur, stored, 100, 100, 1, v), -EINVAL,
+               "a stored length not below the block's is refused");
+  cr_assert_eq(kv_g4_encode_hdr_coded(&k, &keys.cur, stored, 0, 4096, 1, v), -EINVAL);
+  cr_assert_eq(kv_g4_encode_hdr_coded(&k, &keys.cur, stored, 100, 4096, kv_ld32(blockcrc), v), 0);
+  memcpy(v + KV_G4_HDR_LEN, stored, 100);
+  cr_assert_eq(kv_ld16(v + 4), KV_G4_VERSION_CODED);
+  kv_g4_view view;
+  kv_g4_miss why;
+  cr_assert_eq(kv_g4_check(v, sizeof v, &k, 4096, &keys, NOW, &view, &why), 0,
+               "%s", kv_g4_miss_name(why));
+  cr_assert(view.coded);
+  cr_assert_eq(view.len, 4096);
+  cr_assert_eq(view.stored_len, 100);
+  cr_assert_eq(view.crc, 0x12345678u);
+  cr_assert_eq(view.payload, v + KV_G4_HDR_LEN);
+  expect_miss(v, sizeof v, &k, 8192, KV_G4_MISS_LENGTH, "another block length expected");
+  expect_miss(v, sizeof v - 1, &k, 4096, KV_G4_MISS_SHORT, "cut short");
+  uint8_t w[sizeof v + 1];
+  memcpy(w, v, sizeof v);
+  w[sizeof v] = 0;
+  expect_miss(w, sizeof w, &k, 4096, KV_G4_MISS_LENGTH, "a byte past the stored bytes");
+  memcpy(w, v, sizeof v);
+  w[KV_G4_HDR_LEN + 50] ^= 1;
+  expect_miss(w, sizeof v, &k, 4096, KV_G4_MISS_PAYLOAD_CRC, "a stored byte flipped");
+  /* header fields rewritten, the header's CRC made right (not the MAC) */
+  struct {
+    int off, width;
+    uint32_t val;
+    kv_g4_miss want;
+    const char *what;
+  } cases[] = {
+      {88, 4, 4096, KV_G4_MISS_LENGTH, "stored length = block length"},
+      {88, 4, 0, KV_G4_MISS_LENGTH, "stored length 0"},
+      {88, 4, 99, KV_G4_MISS_LENGTH, "stored length one short"},
+      {88, 4, 101, KV_G4_MISS_SHORT, "stored length one long"},
+      {4, 2, KV_G4_VERSION, KV_G4_MISS_SHORT, "version 2 over coded bytes (4096 expected)"},
+      {4, 2, 4, KV_G4_MISS_VERSION, "version 4"},
+      {92, 4, 0, KV_G4_MISS_PAYLOAD_CRC, "the stored CRC (the MAC fails, then it)"},
+  };
+  for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+    memcpy(w, v, sizeof v);
+    if (cases[i].width == 2)
+      kv_st16(w + cases[i].off, (uint16_t)cases[i].val);
+    else
+      kv_st32(w + cases[i].off, cases[i].val);
+    kv_st32(w + KV_G4_HDR_LEN - 4, kv_crc32c(0, w, KV_G4_HDR_LEN - 4));
+    expect_miss(w, sizeof v, &k, 4096, cases[i].want, cases[i].what);
+  }
+  /* another fleet's secret */
+  kv_g4_keys other = {.cur = sample_secret(9, 32)};
+  cr_assert_eq(kv_g4_check(v, sizeof v, &k, 4096, &other, NOW, &view, &why), KV_ECORRUPT);
+  cr_assert_eq(why, KV_G4_MISS_MAC);
 }

@@ -24,7 +24,7 @@ Test(g4_backlog, fifo_bounded_oldest_dropped_first) {
   cr_assert_eq(kvd_g4_backlog_init(&b, 3), 0);
   for (unsigned v = 1; v <= 5; v++) {
     kv_key k = key_of(v);
-    kvd_g4_backlog_push(&b, v % 2 ? D1 : D2, v, &k, 0, 0);
+    kvd_g4_backlog_push(&b, v % 2 ? D1 : D2, v, &k, 0, (uint8_t)(v % 3 == 0), 0);
   }
   cr_assert_eq(b.n, 3);
   cr_assert_eq(b.added, 5);
@@ -36,6 +36,7 @@ Test(g4_backlog, fifo_bounded_oldest_dropped_first) {
     cr_assert(e.key.len == k.len && !memcmp(e.key.b, k.b, k.len), "entry %u", v);
     cr_assert_eq(e.core_ns, v);
     cr_assert(!memcmp(e.digest, v % 2 ? D1 : D2, 32));
+    cr_assert_eq(e.coded, v % 3 == 0, "entry %u keeps its coding", v);
   }
   cr_assert_eq(kvd_g4_backlog_pop(&b, &e, 0), 0, "empty");
   kvd_g4_backlog_fini(&b);
@@ -45,8 +46,8 @@ Test(g4_backlog, an_entry_not_due_waits_and_holds_the_rest) {
   kvd_g4_backlog b;
   cr_assert_eq(kvd_g4_backlog_init(&b, 4), 0);
   kv_key k1 = key_of(1), k2 = key_of(2);
-  kvd_g4_backlog_push(&b, D1, 0, &k1, 2, 1000);
-  kvd_g4_backlog_push(&b, D1, 0, &k2, 0, 0);
+  kvd_g4_backlog_push(&b, D1, 0, &k1, 2, 0, 1000);
+  kvd_g4_backlog_push(&b, D1, 0, &k2, 0, 0, 0);
   kvd_g4_owed e;
   cr_assert_eq(kvd_g4_backlog_pop(&b, &e, 999), 0, "the head is not due");
   cr_assert_eq(kvd_g4_backlog_pop(&b, &e, 1000), 1);
@@ -61,7 +62,7 @@ Test(g4_backlog, off_drops_every_push) {
   kvd_g4_backlog b;
   cr_assert_eq(kvd_g4_backlog_init(&b, 0), 0);
   kv_key k = key_of(1);
-  kvd_g4_backlog_push(&b, D1, 0, &k, 0, 0);
+  kvd_g4_backlog_push(&b, D1, 0, &k, 0, 0, 0);
   kvd_g4_owed e;
   cr_assert_eq(kvd_g4_backlog_pop(&b, &e, 0), 0);
   cr_assert_eq(b.dropped, 1);
