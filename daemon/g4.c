@@ -155,7 +155,11 @@ int kvd_g4_start(kvd *d, uv_loop_t *loop) {
     g->keys = NULL;
     return rc;
   }
+  uv_idle_init(loop, &g->pump);
+  g->pump.data = d;
+  g->pump_init = 1;
   if (kvd_g4_backlog_init(&g->backlog, d->cfg.g4_backlog_blocks) ||
+      kvd_g4_backlog_init(&g->fresh, d->cfg.g4_backlog_blocks) ||
       kvd_g4_absent_init(&g->absent, KVD_G4_ABSENT_SLOTS, d->cfg.g4_absent_ms)) {
     kv_error("g4", "no memory for the backlog of writes: running without G4");
     kvd_g4_stop(d);
@@ -177,7 +181,10 @@ void kvd_g4_stop(kvd *d) {
   g->c = NULL;
   g->keys = NULL;
   kvd_g4_backlog_fini(&g->backlog); /* owed writes not made by now are not made */
+  kvd_g4_backlog_fini(&g->fresh);   /* nor writes not started */
   kvd_g4_absent_fini(&g->absent);
+  if (g->pump_init) uv_close((uv_handle_t *)&g->pump, NULL);
+  g->pump_init = g->pump_on = 0;
 }
 
 static void drain(kvd *d, uint64_t max_bytes);
@@ -255,6 +262,7 @@ typedef struct g4_write {
 
 static void commit_done(g4_commit *cw);
 static void drain(kvd *d, uint64_t max_bytes);
+static void pump_start(kvd_g4 *g);
 
 /* The write ended: in G4 (ok) or not. Its room goes to owed writes, if
  * any: a backlog streams at the cluster's pace, not the tick's. */
@@ -268,7 +276,9 @@ static void write_end(g4_write *w, int ok) {
   }
   free(w->cmd);
   free(w);
-  if (g->backlog.n && g->c && kv_g4c_get_state(g->c) == KV_G4C_OK)
+  if (g->fresh.n)
+    pump_start(g); /* writes committed and not started first */
+  else if (g->backlog.n && g->c && kv_g4c_get_state(g->c) == KV_G4C_OK)
     drain((kvd *)((char *)g - offsetof(kvd, g4)), KVD_G4_DRAIN_STEP);
 }
 
@@ -488,19 +498,78 @@ static int coded_ns(const kvd *d, const kvd_ns *n) {
   return d->cfg.g4_codec == KV_G4_CODEC_AUTO && n->dtype16;
 }
 
+/* The block e names, if it is still in G2 under the namespace it was
+ * queued in (a namespace id freed and given to another never sends one
+ * tenant's block under another's name); else NULL. */
+static kv_block *queued_block(kvd *d, const kvd_g4_owed *e) {
+  kv_block *b = kv_core_find(d->core, e->core_ns, &e->key);
+  kv_core_ns_info ni;
+  if (!b || !(b->tiers & KV_TIER_BIT(KV_G2)) || kv_core_ns_info_get(d->core, e->core_ns, &ni) ||
+      !ni.digest || memcmp(ni.digest, e->digest, KV_G3_NS_BYTES))
+    return NULL;
+  return b;
+}
+
+/* The pump: each turn of the loop while blocks wait in g->fresh and the
+ * writes in flight have room, starts the writes of the oldest, at most
+ * KVD_G4_TURN_BYTES of them (copied out of G2); stops when none waits or
+ * there is no room (a write that ends starts it again). */
+static void on_pump(uv_idle_t *h) {
+  kvd *d = h->data;
+  kvd_g4 *g = &d->g4;
+  kvd_g4_owed e;
+  uint64_t bytes = 0;
+  while (g->c && g->writes_in_flight < KVD_G4_WRITES_MAX &&
+         g->write_bytes_in_flight < KVD_G4_WRITE_BYTES_MAX && bytes < KVD_G4_TURN_BYTES &&
+         kvd_g4_backlog_pop(&g->fresh, &e, 0)) {
+    kv_block *b = queued_block(d, &e);
+    if (!b) {
+      g->writes[KVD_G4_W_GONE]++;
+      continue;
+    }
+    g4_put(d, e.digest, b, e.coded, NULL, 0, 0); /* not started: owed (counted there) */
+    bytes += b->size;
+  }
+  if (!g->c || !g->fresh.n || g->writes_in_flight >= KVD_G4_WRITES_MAX ||
+      g->write_bytes_in_flight >= KVD_G4_WRITE_BYTES_MAX) {
+    uv_idle_stop(h);
+    g->pump_on = 0;
+  }
+}
+
+static void pump_start(kvd_g4 *g) {
+  if (g->pump_on || !g->pump_init || !g->c) return;
+  g->pump_on = 1;
+  uv_idle_start(&g->pump, on_pump);
+}
+
+/* b's write is to start: queued for the pump, which starts it within a
+ * turn or a few (a COMMIT of many blocks is not copied out of G2 in one
+ * turn of the loop). Queued past g4.backlog_blocks, the oldest is dropped
+ * (busy). */
+static void queue_write(kvd *d, const kvd_ns *n, const kv_block *b) {
+  kvd_g4 *g = &d->g4;
+  if (!g->c) return;
+  kv_key key;
+  kv_key_set(&key, b->key, kv_block_keylen(b));
+  uint64_t dropped = g->fresh.dropped;
+  kvd_g4_backlog_push(&g->fresh, n->digest, b->ns, &key, 0, (uint8_t)coded_ns(d, n), 0);
+  g->writes[KVD_G4_W_BUSY] += g->fresh.dropped - dropped;
+  pump_start(g);
+}
+
 void kvd_g4_committed(kvd *d, const kvd_ns *n, const kv_block *b) {
   /* second-use: a block committed again soon after its eviction is on its
    * second use already (the policy's history said so: hits 2); a LOAD will
    * not take its count to 2 again, so it goes now or never. */
-  if (d->cfg.g4_admit == KV_ADMIT_ALWAYS || b->hits >= 2)
-    g4_put(d, n->digest, b, coded_ns(d, n), NULL, 0, 0);
+  if (d->cfg.g4_admit == KV_ADMIT_ALWAYS || b->hits >= 2) queue_write(d, n, b);
 }
 
 void kvd_g4_used(kvd *d, const kvd_ns *n, const kv_block *b) {
   /* second-use: this use took its count to two (a commit is its first;
    * the count saturates, so this is once), while it is in G2 */
   if (d->cfg.g4_admit == KV_ADMIT_SECOND_USE && b->hits == 2 && (b->tiers & KV_TIER_BIT(KV_G2)))
-    g4_put(d, n->digest, b, coded_ns(d, n), NULL, 0, 0);
+    queue_write(d, n, b);
 }
 
 /* The owed writes, oldest first, while G4 is ok and writes have room
@@ -522,11 +591,8 @@ static void drain(kvd *d, uint64_t max_bytes) {
        g->write_bytes_in_flight < KVD_G4_WRITE_BYTES_MAX / 2 && bytes < max_bytes &&
        kvd_g4_backlog_pop(&g->backlog, &e, now);
        budget--) {
-    kv_block *b = kv_core_find(d->core, e.core_ns, &e.key);
-    kv_core_ns_info ni;
-    if (!b || !(b->tiers & KV_TIER_BIT(KV_G2)) ||
-        kv_core_ns_info_get(d->core, e.core_ns, &ni) || !ni.digest ||
-        memcmp(ni.digest, e.digest, KV_G3_NS_BYTES)) {
+    kv_block *b = queued_block(d, &e);
+    if (!b) {
       g->backlog_gone++;
       continue;
     }

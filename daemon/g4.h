@@ -68,7 +68,9 @@ extern const char *const kvd_g4_miss_names[KVD_G4_MISS_COUNT];
   X(SKIPPED, "skipped")   /* not written: G4 was not ok */                     \
   X(BUSY, "busy")         /* not written: too many writes in flight */     \
   X(CORRUPT, "corrupt")   /* not written: its bytes in G2 no longer match \
-                             the commit's CRC (a worker wrote them since) */
+                             the commit's CRC (a worker wrote them since) */ \
+  X(GONE, "gone")         /* not written: it left G2 (evicted, deleted)   \
+                             before its write started */
 typedef enum {
 #define KVD_G4_WRITE_ENUM(name, label) KVD_G4_W_##name,
   KVD_G4_WRITE_MAP(KVD_G4_WRITE_ENUM)
@@ -90,6 +92,10 @@ extern const char *const kvd_g4_write_names[KVD_G4_W_COUNT];
  * at most, each retry twice as late as the one before. */
 #define KVD_G4_WRITE_TRIES 3
 #define KVD_G4_RETRY_MS    1000
+/* Committed blocks' writes started per turn of the loop at most, in bytes
+ * (each is copied out of G2 on the loop): a COMMIT of many blocks starts
+ * their writes over several turns, other requests served in between. */
+#define KVD_G4_TURN_BYTES (1ull << 20)
 /* Owed writes started per housekeeping tick at most, in bytes (copied out
  * of G2 on the loop: about a millisecond): 4 MiB every 100 ms; and each
  * time a write ends, at most KVD_G4_DRAIN_STEP, so that a backlog keeps
@@ -133,6 +139,9 @@ typedef struct kvd_g4 {
                                 and the last work is done */
   int closed;                /* the client's close callback came */
   kvd_g4_backlog backlog;    /* blocks whose write is owed (g4.backlog_blocks) */
+  kvd_g4_backlog fresh;      /* blocks just committed whose write is to start (the pump) */
+  uv_idle_t pump;            /* starts fresh writes, KVD_G4_TURN_BYTES a turn */
+  int pump_init, pump_on;
   uint64_t backlog_written, backlog_gone; /* owed writes started; gone from G2 first */
   int draining;              /* in drain(): a write ending inside it does not reenter */
   kvd_g4_absent absent;      /* keys G4 lacked lately (g4.absent_ms) */
