@@ -102,7 +102,7 @@ declare -A order=(
            evict_tinylfu evict_hint evict_mini evict evict_heap evict_util sessions index arena
            g3 g3_rebuild g3_commit g3_threads g3_uring g3_files g3_lmdb g3_format
            g4_cluster g4_format
-           codec"
+           codec quant"
   [client]="engine client g1 chain_hash version"
   [daemon]="main
             kvd
@@ -114,7 +114,7 @@ declare -A order=(
             metrics ghost config"
   [tools]="kvbench bench_replay bench_daemon bench_clients bench_scale bench_g3
            bench_core belady trace
-           bench_codec
+           bench_codec quant_tool
            kvctl kvctl_ops kvctl_cli kvctl_http"
 )
 
