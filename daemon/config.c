@@ -30,6 +30,7 @@
 #include "tiers/evict.h"
 #include "tiers/g3.h"
 #include "tiers/g4_cluster.h"
+#include "tiers/quant.h"
 
 typedef enum { OPT_SIZE, OPT_BOOL, OPT_STR, OPT_U32, OPT_ENUM } opt_type;
 
@@ -460,8 +461,17 @@ static int set_tenant(kv_config *c, const char *name, size_t nlen, const char *k
     rc = parse_share(value, key[1] == '2' ? &t->g2_share : &t->g3_share);
     if (rc)
       snprintf(err, errlen, "%s: '%s' is not a percentage (e.g. 25%%) or a size", key_name, value);
+  } else if (!strcmp(key, "cold_precision")) {
+    kv_quant_kind k = kv_quant_parse(value);
+    if (k || !strcmp(value, "exact"))
+      t->cold_precision = (uint8_t)k;
+    else {
+      snprintf(err, errlen, "%s: '%s' is not exact, fp8 or int8", key_name, value);
+      rc = -EINVAL;
+    }
   } else {
-    snprintf(err, errlen, "'%s': no such option (a tenant has uids, gids, g2_share, g3_share)",
+    snprintf(err, errlen,
+             "'%s': no such option (a tenant has uids, gids, g2_share, g3_share, cold_precision)",
              key_name);
     return -ENOENT;
   }
@@ -1218,9 +1228,15 @@ int kv_config_validate(const kv_config *c, char *err, size_t errlen) {
 #undef REFUSE
 #undef WARN
 
-/* A tenant's key as text (uids, gids, g2_share, g3_share: k = 0..3). */
+/* A tenant's key as text (uids, gids, g2_share, g3_share, cold_precision:
+ * k = 0..4). */
 static void tenant_value(const kv_cfg_tenant *t, int k, char *v, size_t len) {
   v[0] = 0;
+  if (k == 4) {
+    const char *n = kv_quant_name((kv_quant_kind)t->cold_precision);
+    snprintf(v, len, "%s", n ? n : "exact");
+    return;
+  }
   if (k < 2) {
     const uint32_t *ids = k ? t->gids : t->uids;
     uint32_t n = k ? t->ngids : t->nuids;
@@ -1236,7 +1252,9 @@ static void tenant_value(const kv_cfg_tenant *t, int k, char *v, size_t len) {
              (unsigned long long)(s->v % 100));
 }
 
-static const char *const tenant_keys[] = {"uids", "gids", "g2_share", "g3_share"};
+static const char *const tenant_keys[] = {"uids", "gids", "g2_share", "g3_share",
+                                          "cold_precision"};
+#define TENANT_KEYS ((int)(sizeof tenant_keys / sizeof tenant_keys[0]))
 
 /* An enum option's current value as its name. */
 static const char *value_name(const opt *o, const void *p) {
@@ -1317,7 +1335,7 @@ void kv_config_print(const kv_config *c, FILE *f) {
   }
   for (uint32_t i = 0; i < c->ntenants; i++) {
     fprintf(f, "\n[tenant.%s]\n", c->tenants[i].name);
-    for (int k = 0; k < 4; k++) {
+    for (int k = 0; k < TENANT_KEYS; k++) {
       char v[256];
       tenant_value(&c->tenants[i], k, v, sizeof v);
       fprintf(f, "%s = %s\n", tenant_keys[k], v);
@@ -1343,7 +1361,7 @@ void kv_config_foreach(const kv_config *c, kv_config_fn fn, void *arg) {
   for (uint32_t i = 0; i < c->ntenants; i++) {
     char sect[KV_CFG_TENANT_NAME_MAX + 8], v[256];
     snprintf(sect, sizeof sect, "tenant.%s", c->tenants[i].name);
-    for (int k = 0; k < 4; k++) {
+    for (int k = 0; k < TENANT_KEYS; k++) {
       tenant_value(&c->tenants[i], k, v, sizeof v);
       fn(arg, sect, tenant_keys[k], v);
     }

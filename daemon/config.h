@@ -55,6 +55,8 @@ typedef struct kv_cfg_tenant {
   uint32_t uids[KV_CFG_TENANT_IDS_MAX], gids[KV_CFG_TENANT_IDS_MAX];
   uint32_t nuids, ngids;
   kv_cfg_share g2_share, g3_share;
+  uint8_t cold_precision; /* 0: exact; KV_QUANT_FP8, KV_QUANT_INT8 (tiers/quant.h): its
+                             16-bit namespaces' blocks in G4 */
 } kv_cfg_tenant;
 
 /* g1.enable */

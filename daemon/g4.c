@@ -46,6 +46,7 @@
 #include "base/log.h"
 #include "daemon/kvd.h"
 #include "tiers/codec.h"
+#include "tiers/quant.h"
 
 const char *const kvd_g4_miss_names[KVD_G4_MISS_COUNT] = {
 #define KVD_G4_MISS_LABEL(name, label) label,
@@ -209,6 +210,30 @@ void kvd_g4_tick(kvd *d) {
   g->logged_ms = now;
 }
 
+/* How a value is stored, in one word (the queues keep it): a coding
+ * (KV_G4_CODING_*, 0: as it is), the lossy ones' dtype (1 BF16, 2 FP16)
+ * and group (the elements of one scale: the layout's head_dim). */
+#define CODING(c, dt, g) ((uint32_t)(c) | (uint32_t)(dt) << 8 | (uint32_t)(g) << 16)
+#define CODING_OF(x)     ((int)((x) & 0xffu))
+#define DTYPE_OF(x)      ((int)(((x) >> 8) & 0xffu))
+#define GROUP_OF(x)      ((unsigned)((x) >> 16))
+static int lossy(uint32_t coding) {
+  return CODING_OF(coding) == KV_G4_CODING_FP8 || CODING_OF(coding) == KV_G4_CODING_INT8;
+}
+
+/* The digest that names a namespace's values in G4: its own, or for lossy
+ * values one of its own per code (BLAKE2b keyed by the namespace digest),
+ * so that a node reading exact blocks never asks for a lossy value, nor
+ * one reading FP8 for INT8 (tiers/G4.md, "Coded values"). */
+static void g4_digest(const uint8_t ns[32], uint32_t coding, uint8_t out[32]) {
+  if (!lossy(coding)) {
+    memcpy(out, ns, 32);
+    return;
+  }
+  const char *m = CODING_OF(coding) == KV_G4_CODING_FP8 ? "kvcached-g4-fp8" : "kvcached-g4-int8";
+  crypto_generichash(out, 32, (const uint8_t *)m, strlen(m), ns, 32);
+}
+
 static void g4_key(kv_g4_key *k, const uint8_t digest[32], const uint8_t *key, unsigned len) {
   memcpy(k->ns, digest, KV_G4_NS_BYTES);
   memset(k->b, 0, sizeof k->b);
@@ -248,6 +273,7 @@ typedef struct g4_write {
   uint8_t *val; /* in cmd: the header, then the payload copied out of G2 */
   int rl;
   char rkey[KV_G4_RKEY_MAX];
+  uint8_t digest[32];             /* its namespace's (the core's), to owe the write again */
   int cancelled;                  /* a DEL of its key came while it was signed */
   int signed_rc;                  /* kv_g4_encode_hdr's */
   struct g4_write *next, **pprev; /* g->signing */
@@ -255,7 +281,7 @@ typedef struct g4_write {
   uint32_t ci;                    /* its key's index there */
   uint32_t core_ns;               /* the block's, to owe the write again */
   uint8_t tries;                  /* earlier writes of the block that failed */
-  uint8_t coded;                  /* to be coded (g4.codec, a 16-bit namespace) */
+  uint32_t coding;                /* how it is to be stored: CODING_OF, DTYPE_OF, GROUP_OF */
   uint32_t ttl_s;
   uint32_t stored;                /* coded: the stored bytes' length; 0: sent raw */
 } g4_write;
@@ -299,7 +325,7 @@ static void on_set(kv_g4c *c, const kv_g4c_reply *r, void *arg) {
     if (tries < KVD_G4_WRITE_TRIES && g->c) {
       kv_key key;
       kv_key_set(&key, w->k.b, w->k.len);
-      kvd_g4_backlog_push(&g->backlog, w->k.ns, w->core_ns, &key, tries, w->coded,
+      kvd_g4_backlog_push(&g->backlog, w->digest, w->core_ns, &key, tries, w->coding,
                           kv_now_ms() + ((int64_t)KVD_G4_RETRY_MS << (down ? 0 : w->tries)));
     }
   }
@@ -345,15 +371,34 @@ static coder *coder_get(size_t n) {
 
 /* Off the loop: w's payload coded into a new SET (w->cmd replaced, its
  * value signed as coded), when that makes it smaller and the payload still
- * matches its CRC. 0 when done; -1 when w is left as it was (sent raw, the
- * mismatch reported by kv_g4_encode_hdr). */
+ * matches its CRC: losslessly (KV_G4_CODING_PLANES), or in FP8 or INT8
+ * codes (its namespace's cold_precision), whose value carries the CRC of
+ * what they decode to. 0 when done; -1 when w is left as it was (sent raw,
+ * a mismatch reported by kv_g4_encode_hdr; a lossy block with a
+ * non-finite element too). */
 static int code_value(g4_write *w) {
   const uint8_t *payload = w->val + KV_G4_HDR_LEN;
-  size_t cap = kv_codec_bound(w->size);
-  coder *t = coder_get(cap);
+  int coding = CODING_OF(w->coding), dt = DTYPE_OF(w->coding);
+  unsigned group = GROUP_OF(w->coding);
+  int lossy_ = lossy(w->coding);
+  size_t n = w->size / 2, cap = lossy_ ? kv_quant_size(n, group) : kv_codec_bound(w->size);
+  coder *t = coder_get(cap + (lossy_ ? w->size : 0)); /* lossy: room to decode too */
   if (!t || kv_crc32c(0, payload, w->size) != w->crc) return -1;
-  long sl = kv_codec_encode(t->c, payload, w->size, t->buf, cap);
-  if (sl <= 0) return -1; /* KV_CODEC_NOGAIN, or an error: raw */
+  long sl;
+  uint32_t crc = w->crc;
+  if (!lossy_) {
+    sl = kv_codec_encode(t->c, payload, w->size, t->buf, cap);
+  } else {
+    kv_quant_kind k = coding == KV_G4_CODING_FP8 ? KV_QUANT_FP8 : KV_QUANT_INT8;
+    kv_quant_dtype qd = dt == 1 ? KV_QDT_BF16 : KV_QDT_FP16;
+    uint8_t *back = t->buf + cap;
+    if (w->size % 2 || kv_quant_encode(k, qd, payload, n, group, t->buf) ||
+        kv_quant_decode(k, qd, t->buf, n, group, back))
+      return -1;
+    sl = (long)cap;
+    crc = kv_crc32c(0, back, w->size); /* what a reader gets */
+  }
+  if (sl <= 0 || (size_t)sl >= w->size) return -1; /* KV_CODEC_NOGAIN, or an error: raw */
   char ttl[16];
   snprintf(ttl, sizeof ttl, "%u", w->ttl_s);
   const char *argv[] = {"SET", w->rkey, NULL, "EX", ttl};
@@ -363,7 +408,8 @@ static int code_value(g4_write *w) {
   if (!cmd) return -1;
   kv_g4c_resp(cmd, 5, argv, lens, 2, &at);
   uint8_t *val = (uint8_t *)cmd + at;
-  if (kv_g4_encode_hdr_coded(&w->k, w->secret, t->buf, (uint32_t)sl, w->size, w->crc, val)) {
+  if (kv_g4_encode_hdr_coded(&w->k, w->secret, t->buf, (uint32_t)sl, w->size, crc, coding,
+                             lossy_ ? dt : 0, val)) {
     free(cmd);
     return -1;
   }
@@ -379,7 +425,7 @@ static int code_value(g4_write *w) {
 
 static void sign_work(uv_work_t *req) {
   g4_write *w = req->data;
-  if (w->coded && code_value(w) == 0) return;
+  if (w->coding && code_value(w) == 0) return;
   w->signed_rc =
       kv_g4_encode_hdr(&w->k, w->secret, w->val + KV_G4_HDR_LEN, w->size, w->crc, w->val);
 }
@@ -397,7 +443,7 @@ static void sign_done(uv_work_t *req, int status) {
     write_end(w, 0);
     return;
   }
-  if (w->coded) {
+  if (w->coding) {
     g->codec[w->stored ? KVD_G4_CODEC_CODED : KVD_G4_CODEC_RAW]++;
     if (w->stored) {
       g->codec_bytes[0] += w->size;
@@ -436,8 +482,8 @@ static uint8_t *set_command(g4_write *w, size_t vlen, unsigned ttl_s) {
  * ok and the writes in flight leave room; else its write is owed (the
  * backlog). cw (may be NULL) is told when the write ends. 0 when the
  * write is under way, -1 when it was not started (counted). */
-static int g4_put(kvd *d, const uint8_t digest[32], const kv_block *b, int coded, g4_commit *cw,
-                  uint32_t ci, uint8_t tries) {
+static int g4_put(kvd *d, const uint8_t digest[32], const kv_block *b, uint32_t coding,
+                  g4_commit *cw, uint32_t ci, uint8_t tries) {
   kvd_g4 *g = &d->g4;
   if (!g->c) return -1;
   kv_key key;
@@ -447,18 +493,19 @@ static int g4_put(kvd *d, const uint8_t digest[32], const kv_block *b, int coded
              g->write_bytes_in_flight + vlen > KVD_G4_WRITE_BYTES_MAX;
   if (kv_g4c_get_state(g->c) != KV_G4C_OK || busy) {
     g->writes[busy ? KVD_G4_W_BUSY : KVD_G4_W_SKIPPED]++;
-    kvd_g4_backlog_push(&g->backlog, digest, b->ns, &key, tries, (uint8_t)coded, 0);
+    kvd_g4_backlog_push(&g->backlog, digest, b->ns, &key, tries, coding, 0);
     return -1;
   }
   if (b->size > KV_G4_PAYLOAD_MAX) {
     g->writes[KVD_G4_W_BUSY]++;
     return -1;
   }
-  kvd_g4_absent_forget(&g->absent, kvd_g4_absent_fp(digest, &key));
+  uint8_t gd[32];
+  g4_digest(digest, coding, gd);
+  kvd_g4_absent_forget(&g->absent, kvd_g4_absent_fp(gd, &key));
   const uint8_t *src = kv_core_g2_ptr(d->core, b);
   g4_write *w = calloc(1, sizeof *w);
-  if (!src || !w ||
-      (w->rl = g4_name(d, digest, b->key, kv_block_keylen(b), &w->k, w->rkey)) <= 0 ||
+  if (!src || !w || (w->rl = g4_name(d, gd, b->key, kv_block_keylen(b), &w->k, w->rkey)) <= 0 ||
       !(w->val = set_command(w, vlen, d->cfg.g4_ttl_s))) {
     free(w);
     g->writes[KVD_G4_W_ERROR]++;
@@ -468,7 +515,8 @@ static int g4_put(kvd *d, const uint8_t digest[32], const kv_block *b, int coded
   w->ci = ci;
   w->core_ns = b->ns;
   w->tries = tries;
-  w->coded = (uint8_t)coded;
+  w->coding = coding;
+  memcpy(w->digest, digest, 32);
   w->ttl_s = d->cfg.g4_ttl_s;
   if (cw) cw->pending++;
   /* the copy is what is signed and sent, whatever G2 holds by then */
@@ -493,9 +541,15 @@ static int g4_put(kvd *d, const uint8_t digest[32], const kv_block *b, int coded
   return 0;
 }
 
-/* Namespace n's values are coded: g4.codec auto and a 16-bit dtype. */
-static int coded_ns(const kvd *d, const kvd_ns *n) {
-  return d->cfg.g4_codec == KV_G4_CODEC_AUTO && n->dtype16;
+/* How namespace n's values are stored (CODING): lossy when its tenant's
+ * cold_precision says so; else coded losslessly with g4.codec auto and a
+ * 16-bit dtype; else as they are (0). */
+static uint32_t coded_ns(const kvd *d, const kvd_ns *n) {
+  if (n->quant)
+    return CODING(n->quant == KV_QUANT_FP8 ? KV_G4_CODING_FP8 : KV_G4_CODING_INT8, n->dtype16,
+                  n->head_dim);
+  return d->cfg.g4_codec == KV_G4_CODEC_AUTO && n->dtype16 ? CODING(KV_G4_CODING_PLANES, 0, 0)
+                                                            : 0;
 }
 
 /* The block e names, if it is still in G2 under the namespace it was
@@ -527,7 +581,7 @@ static void on_pump(uv_idle_t *h) {
       g->writes[KVD_G4_W_GONE]++;
       continue;
     }
-    g4_put(d, e.digest, b, e.coded, NULL, 0, 0); /* not started: owed (counted there) */
+    g4_put(d, e.digest, b, e.coding, NULL, 0, 0); /* not started: owed (counted there) */
     bytes += b->size;
   }
   if (!g->c || !g->fresh.n || g->writes_in_flight >= KVD_G4_WRITES_MAX ||
@@ -553,7 +607,7 @@ static void queue_write(kvd *d, const kvd_ns *n, const kv_block *b) {
   kv_key key;
   kv_key_set(&key, b->key, kv_block_keylen(b));
   uint64_t dropped = g->fresh.dropped;
-  kvd_g4_backlog_push(&g->fresh, n->digest, b->ns, &key, 0, (uint8_t)coded_ns(d, n), 0);
+  kvd_g4_backlog_push(&g->fresh, n->digest, b->ns, &key, 0, coded_ns(d, n), 0);
   g->writes[KVD_G4_W_BUSY] += g->fresh.dropped - dropped;
   pump_start(g);
 }
@@ -596,7 +650,7 @@ static void drain(kvd *d, uint64_t max_bytes) {
       g->backlog_gone++;
       continue;
     }
-    if (g4_put(d, e.digest, b, e.coded, NULL, 0, e.tries)) break; /* owed again, at the end */
+    if (g4_put(d, e.digest, b, e.coding, NULL, 0, e.tries)) break; /* owed again, at the end */
     g->backlog_written++;
     bytes += b->size;
   }
@@ -659,7 +713,9 @@ void kvd_g4_del(kvd *d, const kvd_ns *n, const kv_key *key) {
   }
   kv_g4_key k;
   char rkey[KV_G4_RKEY_MAX];
-  int rl = g4_name(d, n->digest, key->b, key->len, &k, rkey);
+  uint8_t gd[32];
+  g4_digest(n->digest, coded_ns(d, n), gd);
+  int rl = g4_name(d, gd, key->b, key->len, &k, rkey);
   if (rl <= 0) return;
   for (g4_write *w = g->signing; w; w = w->next) /* being signed: never SET after this DEL */
     if (w->rl == rl && !memcmp(w->rkey, rkey, (size_t)rl)) w->cancelled = 1;
@@ -772,6 +828,7 @@ typedef struct g4_decode {
   uv_work_t work;
   g4_get *x;
   uint32_t n, stored_len;
+  int coding, dtype; /* the value's (kv_g4_view) */
   uint8_t *out; /* KV_G4_HDR_LEN bytes of room, then the block */
   int ok;
 } g4_decode;
@@ -780,10 +837,24 @@ static void decode_work(uv_work_t *req) {
   g4_decode *q = req->data;
   g4_get *x = q->x;
   coder *t = coder_get(0);
-  q->ok = t && (q->out = malloc(KV_G4_HDR_LEN + (size_t)q->n)) &&
-          kv_codec_decode(t->c, x->val + KV_G4_HDR_LEN, q->stored_len, q->out + KV_G4_HDR_LEN,
-                          q->n) == 0 &&
-          kv_crc32c(0, q->out + KV_G4_HDR_LEN, q->n) == x->crc;
+  const uint8_t *stored = x->val + KV_G4_HDR_LEN;
+  if (!t || !(q->out = malloc(KV_G4_HDR_LEN + (size_t)q->n))) return;
+  uint8_t *out = q->out + KV_G4_HDR_LEN;
+  int rc;
+  if (q->coding == KV_G4_CODING_PLANES) {
+    rc = kv_codec_decode(t->c, stored, q->stored_len, out, q->n);
+  } else {
+    /* n elements and their scales: the group is what the stored length
+     * says (n + 4 n / g bytes), and must be a whole divisor of n */
+    size_t n = q->n / 2, extra = q->stored_len > n ? q->stored_len - n : 0;
+    size_t g = extra && (4 * n) % extra == 0 ? 4 * n / extra : 0;
+    rc = q->n % 2 || !g || g > UINT32_MAX || n % g
+             ? -EBADMSG
+             : kv_quant_decode(q->coding == KV_G4_CODING_FP8 ? KV_QUANT_FP8 : KV_QUANT_INT8,
+                               q->dtype == 1 ? KV_QDT_BF16 : KV_QDT_FP16, stored, n,
+                               (unsigned)g, out);
+  }
+  q->ok = rc == 0 && kv_crc32c(0, out, q->n) == x->crc;
 }
 
 static void lookup_done(g4_lookup *lk);
@@ -810,16 +881,18 @@ static void decode_done(uv_work_t *req, int status) {
   if (--lk->pending == 0) lookup_done(lk);
 }
 
-/* x holds a coded value (its stored bytes at KV_G4_HDR_LEN) of a block of
- * n bytes: decoded on the thread pool, after which its LOOKUP goes on (x
+/* x holds a coded value (its stored bytes at KV_G4_HDR_LEN), v its view:
+ * decoded on the thread pool, after which its LOOKUP goes on (x
  * holds the LOOKUP's pending count meanwhile). 0, or -1: x is a miss. */
-static int decode(g4_get *x, uint32_t n, uint32_t stored_len) {
+static int decode(g4_get *x, const kv_g4_view *v) {
   kvd_g4 *g = &x->lk->d->g4;
   g4_decode *q = calloc(1, sizeof *q);
   if (!q) return -1;
   q->x = x;
-  q->n = n;
-  q->stored_len = stored_len;
+  q->n = v->len;
+  q->stored_len = v->stored_len;
+  q->coding = v->coding;
+  q->dtype = v->dtype;
   q->work.data = q;
   g->works++;
   if (uv_queue_work(g->loop, &q->work, decode_work, decode_done)) {
@@ -859,7 +932,7 @@ static void on_get(kv_g4c *c, const kv_g4c_reply *r, void *arg) {
       x->crc = v.crc;
       x->miss = -1;
       if (v.coded) {
-        if (decode(x, v.len, v.stored_len) == 0) return; /* decode_done goes on */
+        if (decode(x, &v) == 0) return; /* decode_done goes on */
         free(x->val);
         x->val = NULL;
         x->miss = KVD_G4_MISS_ERROR;
@@ -884,12 +957,14 @@ static int ask(kvd *d, kvd_sink *sink, const kv_msg *req, uint32_t n, uint32_t h
   /* The keys to ask: past the run, up to the first G4 answered absent
    * within g4.absent_ms (which ends the run: not asked; with past_holes,
    * every such key is skipped, and so is every key a local tier holds). */
+  uint8_t gd[32]; /* the namespace's G4 names */
+  g4_digest(ns->digest, coded_ns(d, ns), gd);
   static uint32_t chosen[KV_CFG_G4_LOOKUP_MAX]; /* their indices (the loop's thread only) */
   int64_t now = kv_now_ms();
   uint32_t nask = 0;
   for (uint32_t i = hit; i < n && nask < d->cfg.g4_lookup_blocks; i++) {
     if (past_holes && kv_core_find(d->core, (uint32_t)ns->core_ns, &d->keys[i])) continue;
-    if (kvd_g4_absent_recent(&g->absent, kvd_g4_absent_fp(ns->digest, &d->keys[i]), now)) {
+    if (kvd_g4_absent_recent(&g->absent, kvd_g4_absent_fp(gd, &d->keys[i]), now)) {
       g->misses[KVD_G4_MISS_RECENT]++;
       if (past_holes) continue;
       break;
@@ -919,7 +994,7 @@ static int ask(kvd *d, kvd_sink *sink, const kv_msg *req, uint32_t n, uint32_t h
   lk->req = *req;
   lk->reg_ns = s->ns;
   lk->core_ns = (uint32_t)ns->core_ns;
-  memcpy(lk->digest, ns->digest, 32);
+  memcpy(lk->digest, gd, 32);
   lk->block_bytes = ns->block_bytes;
   lk->secrets = g->keys;
   lk->n = n;

@@ -22,7 +22,7 @@ void kvd_g4_backlog_fini(kvd_g4_backlog *b) {
 }
 
 void kvd_g4_backlog_push(kvd_g4_backlog *b, const uint8_t digest[32], uint32_t core_ns,
-                         const kv_key *key, uint8_t tries, uint8_t coded, int64_t due_ms) {
+                         const kv_key *key, uint8_t tries, uint32_t coding, int64_t due_ms) {
   if (!b->cap) {
     b->dropped++;
     return;
@@ -36,7 +36,7 @@ void kvd_g4_backlog_push(kvd_g4_backlog *b, const uint8_t digest[32], uint32_t c
   memcpy(e->digest, digest, sizeof e->digest);
   e->core_ns = core_ns;
   e->tries = tries;
-  e->coded = coded;
+  e->coding = coding;
   e->due_ms = due_ms;
   e->key = *key;
   b->n++;

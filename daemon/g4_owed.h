@@ -30,7 +30,7 @@ typedef struct kvd_g4_owed {
   uint8_t digest[32]; /* the namespace's (its G4 names) */
   uint32_t core_ns;
   uint8_t tries;      /* writes of it that failed already */
-  uint8_t coded;      /* its namespace's values are coded (g4.codec) */
+  uint32_t coding;    /* how its value is stored (daemon/g4.c: coding, dtype, group) */
   int64_t due_ms;     /* not written before then (a failed write waits) */
   kv_key key;
 } kvd_g4_owed;
@@ -44,11 +44,11 @@ typedef struct kvd_g4_backlog {
 /* cap entries at most (0: off, every push dropped). 0 or -ENOMEM. */
 int kvd_g4_backlog_init(kvd_g4_backlog *b, uint32_t cap);
 void kvd_g4_backlog_fini(kvd_g4_backlog *b);
-/* Appends an entry (tries: its failed writes so far; coded: its value is
- * to be coded; due_ms: not to be written before then), dropping the
- * oldest when full. */
+/* Appends an entry (tries: its failed writes so far; coding: how its value
+ * is stored, kept for its write; due_ms: not to be written before then),
+ * dropping the oldest when full. */
 void kvd_g4_backlog_push(kvd_g4_backlog *b, const uint8_t digest[32], uint32_t core_ns,
-                         const kv_key *key, uint8_t tries, uint8_t coded, int64_t due_ms);
+                         const kv_key *key, uint8_t tries, uint32_t coding, int64_t due_ms);
 /* Takes the oldest entry into *out if it is due at now_ms: 1, or 0 when
  * there is none or it is not due. */
 int kvd_g4_backlog_pop(kvd_g4_backlog *b, kvd_g4_owed *out, int64_t now_ms);

@@ -253,7 +253,7 @@ static int group_join(kvd_registry *r, uint32_t i, const kv_hello_req *h) {
 int kvd_dtype16(const void *p, size_t len) {
   static const char *const names[] = {"bf16", "bfloat16", "fp16", "float16", "f16", "half"};
   for (size_t i = 0; i < sizeof names / sizeof names[0]; i++)
-    if (strlen(names[i]) == len && !memcmp(p, names[i], len)) return 1;
+    if (strlen(names[i]) == len && !memcmp(p, names[i], len)) return i < 2 ? 1 : 2;
   return 0;
 }
 
@@ -399,6 +399,12 @@ int kvd_registry_hello(kvd_registry *r, const kv_hello_req *h, const kvd_peer *p
   n->tp_rank = l->tp_rank;
   n->tp_size = l->tp_size;
   n->dtype16 = (uint8_t)kvd_dtype16(l->dtype.p, l->dtype.len);
+  n->head_dim = l->head_dim;
+  /* lossy in the cold tiers when its tenant says so, for 16-bit KV whose
+   * blocks are whole groups of a head (a scale per token and head) */
+  if (r->configured && n->dtype16 && l->head_dim && (l->block_bytes / 2) % l->head_dim == 0 &&
+      l->block_bytes % 2 == 0)
+    n->quant = r->tenants[t].cfg.cold_precision;
   n->sessions = 1;
   if (h->group.len) {
     int rc = group_join(r, (uint32_t)i, h);

@@ -93,7 +93,10 @@ typedef struct kvd_ns {
   uint32_t slot_bytes; /* block_bytes rounded to the arena's alignment */
   kvd_group *group;    /* NULL when the sessions name no group */
   uint16_t tp_rank, tp_size;
-  uint8_t dtype16;     /* its layout's dtype is of 16-bit elements (kvd_dtype16) */
+  uint8_t dtype16;     /* its layout's dtype: 1 BF16, 2 FP16, 0 another (kvd_dtype16) */
+  uint8_t quant;       /* its blocks in G4 are lossy (its tenant's cold_precision:
+                        * KV_QUANT_FP8, _INT8; 0: exact) */
+  uint32_t head_dim;   /* its layout's: the elements of one token's one head */
   uint32_t sessions;   /* sessions using it */
   uint32_t next_free1; /* while free: 1 + the next free entry, 0 for none */
 } kvd_ns;
@@ -106,9 +109,9 @@ struct kvd_group {
   kvd_group *next;
 };
 
-/* 1 if the dtype name p[0..len) (a HELLO's layout) is one of 16-bit
- * elements, by the names engines use: bf16, bfloat16, fp16, float16, f16,
- * half. */
+/* The dtype name p[0..len) (a HELLO's layout) as 16-bit elements, by the
+ * names engines use: 1 BF16 (bf16, bfloat16), 2 FP16 (fp16, float16, f16,
+ * half), 0 another. */
 int kvd_dtype16(const void *p, size_t len);
 
 /* Why a new namespace was refused (kvcached_namespaces_refused_total). */

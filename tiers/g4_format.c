@@ -29,6 +29,7 @@
 #define NONCE_OFF 96
 #define MAC_OFF   108
 #define HCRC_OFF  124
+#define CODING_OFF 10 /* coded values: the coding, then the lossy ones' dtype */
 #define SLEN_OFF  88 /* coded values: the stored bytes' length, then their CRC32C */
 #define SCRC_OFF  92
 _Static_assert(NONCE_OFF + KV_G4_NONCE_BYTES == MAC_OFF && MAC_OFF + KV_G4_MAC_BYTES == HCRC_OFF &&
@@ -117,8 +118,8 @@ static void mac_of(const kv_g4_secret *s, const uint8_t *hdr, const void *payloa
 /* The header of payload[0..len) with CRC crc; for a coded value (stored
  * non-NULL) of its stored bytes stored[0..slen), which the MAC covers. */
 static void encode_hdr(const kv_g4_key *k, const kv_g4_secret *s, const void *payload,
-                       uint32_t len, uint32_t crc, const void *stored, uint32_t slen,
-                       uint8_t *out) {
+                       uint32_t len, uint32_t crc, const void *stored, uint32_t slen, int coding,
+                       int dtype, uint8_t *out) {
   memset(out, 0, KV_G4_HDR_LEN);
   kv_st32(out, KV_G4_MAGIC);
   kv_st16(out + 4, stored ? KV_G4_VERSION_CODED : KV_G4_VERSION);
@@ -131,6 +132,8 @@ static void encode_hdr(const kv_g4_key *k, const kv_g4_secret *s, const void *pa
   memcpy(out + 24, k->ns, KV_G4_NS_BYTES);
   memcpy(out + 56, k->b, k->len);
   if (stored) {
+    out[CODING_OFF] = (uint8_t)coding;
+    out[CODING_OFF + 1] = (uint8_t)dtype;
     kv_st32(out + SLEN_OFF, slen);
     kv_st32(out + SCRC_OFF, kv_crc32c(0, stored, slen));
   }
@@ -147,16 +150,25 @@ int kv_g4_encode_hdr(const kv_g4_key *k, const kv_g4_secret *s, const void *payl
   if (k->len == 0 || k->len > KV_G4_KEY_MAX || len > KV_G4_PAYLOAD_MAX || !secret_ok(s))
     return -EINVAL;
   if (kv_crc32c(0, payload, len) != crc) return KV_ECORRUPT;
-  encode_hdr(k, s, payload, len, crc, NULL, 0, out);
+  encode_hdr(k, s, payload, len, crc, NULL, 0, 0, 0, out);
   return 0;
 }
 
+/* A coding and dtype a reader knows: 0 when so. */
+static int coding_ok(int coding, int dtype) {
+  if (coding == 0 || coding == KV_G4_CODING_PLANES) return dtype == 0 ? 0 : -1;
+  if (coding == KV_G4_CODING_FP8 || coding == KV_G4_CODING_INT8)
+    return dtype == 1 || dtype == 2 ? 0 : -1;
+  return -1;
+}
+
 int kv_g4_encode_hdr_coded(const kv_g4_key *k, const kv_g4_secret *s, const void *stored,
-                           uint32_t slen, uint32_t len, uint32_t crc, uint8_t *out) {
+                           uint32_t slen, uint32_t len, uint32_t crc, int coding, int dtype,
+                           uint8_t *out) {
   if (k->len == 0 || k->len > KV_G4_KEY_MAX || len > KV_G4_PAYLOAD_MAX || !secret_ok(s) ||
-      slen == 0 || slen >= len || !stored)
+      slen == 0 || slen >= len || !stored || coding == 0 || coding_ok(coding, dtype))
     return -EINVAL;
-  encode_hdr(k, s, NULL, len, crc, stored, slen, out);
+  encode_hdr(k, s, NULL, len, crc, stored, slen, coding, dtype, out);
   return 0;
 }
 
@@ -166,7 +178,7 @@ long kv_g4_encode(const kv_g4_key *k, const kv_g4_secret *s, const void *payload
     return -EINVAL;
   /* the CRC of the bytes copied: checked by construction */
   uint32_t crc = kv_crc32c_copy(0, out + KV_G4_HDR_LEN, payload, len);
-  encode_hdr(k, s, out + KV_G4_HDR_LEN, len, crc, NULL, 0, out);
+  encode_hdr(k, s, out + KV_G4_HDR_LEN, len, crc, NULL, 0, 0, 0, out);
   return (long)kv_g4_value_len(len);
 }
 
@@ -201,6 +213,7 @@ static int check_hdr(const void *val, size_t n, const kv_g4_key *expect, uint32_
   if (expect_len && len != expect_len) return refuse(why, KV_G4_MISS_LENGTH);
   uint32_t slen = len; /* the bytes after the header */
   if (ver == KV_G4_VERSION_CODED) {
+    if (coding_ok(p[CODING_OFF], p[CODING_OFF + 1])) return refuse(why, KV_G4_MISS_VERSION);
     slen = kv_ld32(p + SLEN_OFF);
     if (slen == 0 || slen >= len) return refuse(why, KV_G4_MISS_LENGTH);
   }
@@ -239,6 +252,8 @@ int kv_g4_check(const void *val, size_t n, const kv_g4_key *expect, uint32_t exp
   v->crc = kv_ld32(p + 16);
   v->stored_len = slen;
   v->coded = coded;
+  v->coding = coded ? (p[CODING_OFF] ? p[CODING_OFF] : KV_G4_CODING_PLANES) : 0;
+  v->dtype = coded ? p[CODING_OFF + 1] : 0;
   if (why) *why = KV_G4_MISS_OK;
   return 0;
 }

@@ -44,7 +44,11 @@
 #define KV_G4_NS_BYTES    32 /* namespace digest (as KV_G3_NS_BYTES) */
 #define KV_G4_KEY_MAX     32 /* key bytes, 1..32 */
 #define KV_G4_VERSION     2
-#define KV_G4_VERSION_CODED 3 /* a value whose payload is stored coded (tiers/codec.h) */
+#define KV_G4_VERSION_CODED 3 /* a value whose payload is stored coded */
+/* How a coded value's payload is stored (its header's byte 10) */
+#define KV_G4_CODING_PLANES 1 /* lossless: tiers/codec.h (0 reads as this) */
+#define KV_G4_CODING_FP8    2 /* lossy: tiers/quant.h's FP8 codes */
+#define KV_G4_CODING_INT8   3 /* lossy: tiers/quant.h's INT8 codes */
 #define KV_G4_HDR_LEN     128u
 #define KV_G4_MAGIC       0x3447564Bu /* "KVG4" as little-endian bytes */
 #define KV_G4_PREFIX      "kv:"       /* default Redis key prefix */
@@ -144,15 +148,19 @@ long kv_g4_encode(const kv_g4_key *k, const kv_g4_secret *s, const void *payload
                   uint8_t *out);
 
 /* Writes the header of a coded value (version KV_G4_VERSION_CODED) into
- * out[0..KV_G4_HDR_LEN): stored[0..slen) are the codec's bytes
- * (tiers/codec.h) of a payload of len bytes whose CRC32C is crc (the
- * caller checked the payload it coded against crc). The header says both
- * lengths and both CRCs (the stored bytes' is computed here); the MAC
+ * out[0..KV_G4_HDR_LEN): stored[0..slen) are the bytes of a payload of len
+ * bytes coded by `coding` (KV_G4_CODING_*; dtype, for the lossy ones: 1
+ * BF16, 2 FP16, the elements they decode to), and crc is the CRC32C of
+ * what a reader decodes: the payload itself (lossless; the caller checked
+ * the payload it coded against it) or its lossy decoding. The header says
+ * both lengths and both CRCs (the stored bytes' is computed here); the MAC
  * covers the header and the stored bytes, which follow the header in the
  * value. 0, or -EINVAL as kv_g4_encode_hdr, or for an slen of 0 or not
- * below len (a value that does not shrink is written raw). */
+ * below len (a value that does not shrink is written raw), or an unknown
+ * coding or dtype. */
 int kv_g4_encode_hdr_coded(const kv_g4_key *k, const kv_g4_secret *s, const void *stored,
-                           uint32_t slen, uint32_t len, uint32_t crc, uint8_t *out);
+                           uint32_t slen, uint32_t len, uint32_t crc, int coding, int dtype,
+                           uint8_t *out);
 
 /* What a checked value holds: the payload (pointing into the value), or
  * for a coded value its stored bytes, which the caller decodes to len
@@ -163,6 +171,8 @@ typedef struct kv_g4_view {
   uint32_t crc;           /* the block's CRC32C */
   uint32_t stored_len;    /* coded: the stored bytes' length; else len */
   int coded;
+  int coding, dtype;      /* coded: KV_G4_CODING_* (0 read as PLANES); the lossy ones' dtype
+                           * (1 BF16, 2 FP16) */
 } kv_g4_view;
 
 /* Checks val[0..n) as the value of block `expect`, signed by a secret of
@@ -184,7 +194,8 @@ typedef struct kv_g4_view {
 /* Versions 2 (raw) and 3 (coded) are read: for a coded value, the value
  * length is the header and the stored length, the stored bytes' CRC and
  * the MAC over them take the places of the payload's, and the stored
- * length must be below the payload's (LENGTH otherwise). */
+ * length must be below the payload's (LENGTH otherwise); a coding or a
+ * dtype this reader does not know is VERSION. */
 int kv_g4_check(const void *val, size_t n, const kv_g4_key *expect, uint32_t expect_len,
                 const kv_g4_keys *keys, int64_t now, kv_g4_view *v, kv_g4_miss *why);
 

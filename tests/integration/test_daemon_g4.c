@@ -14,11 +14,13 @@
  * installed. G4 needs a key file: the nodes share one in a fresh
  * directory, and a node without a valid one does not start. */
 #include <hiredis/hiredis.h>
+#include <math.h>
 #include <signal.h>
 #include <sys/stat.h>
 
 #include "base/clock.h"
 #include "base/crc32c.h"
+#include "base/half.h"
 #include "base/le.h"
 #include "ipc/reader.h"
 #include "proto/wire.h"
@@ -1044,7 +1046,8 @@ Test(daemon_g4, coded_values_are_smaller_and_read_back_exactly, .init = setup_co
   static uint8_t want5[OPS_BLOCK];
   fill(want5, 5);
   cr_assert_eq(kv_g4_encode_hdr_coded(&k5, &keys.cur, v6->str + KV_G4_HDR_LEN, sl, OPS_BLOCK,
-                                      kv_crc32c(0, want5, OPS_BLOCK), val),
+                                      kv_crc32c(0, want5, OPS_BLOCK), KV_G4_CODING_PLANES, 0,
+                                      val),
                0);
   memcpy(val + KV_G4_HDR_LEN, v6->str + KV_G4_HDR_LEN, sl);
   w = adm(owner_of(name[4]), "SET %s %b", name[4], val, (size_t)(KV_G4_HDR_LEN + sl));
@@ -1059,6 +1062,92 @@ Test(daemon_g4, coded_values_are_smaller_and_read_back_exactly, .init = setup_co
   kvc_block blk5;
   cr_assert_eq(kvc_load(b, KVC_G2, &k, 1, &blk5), 0, "key 5 is never served");
   for (uint64_t v = 1; v <= 6; v++) load_check(a, v);
+  kvc_close(a);
+  kvc_close(b);
+}
+
+/* --- issue 30: a tenant's cold precision ---------------------------------------- */
+
+static void setup_int8(void) {
+  make_keys();
+  start_cluster();
+  start_node_with(&na, "tenant.t1.cold_precision=int8");
+  start_node_with(&nb, "tenant.t1.cold_precision=int8");
+}
+
+/* Block v's BF16 elements: finite, of several magnitudes, v's own. */
+static void fill_kv(uint8_t *p, uint64_t v) {
+  for (uint32_t i = 0; i < OPS_BLOCK / 2; i++) {
+    float f = sinf((float)(i * 0.37 + v)) * (float)(1 + (i / 64) % 7) * (i % 61 == 0 ? 9.0f : 1.0f);
+    kv_st16(p + 2 * i, kv_f32_bf16(f));
+  }
+}
+
+/* A tenant with cold_precision = int8: its bf16 blocks go to G4 as INT8
+ * codes (version 3, coding 3, 53% of the bytes), under names of their own;
+ * a node of the same configuration reads them back within INT8's bound
+ * (per token and head: head_dim 64 elements), verified against the CRC of
+ * what they decode to; a node that wants them exact never finds them. */
+Test(daemon_g4, a_tenants_cold_precision_stores_int8_and_keeps_exact_readers_apart,
+     .init = setup_int8, .fini = teardown, .timeout = 60) {
+  kvc *a, *b;
+  both_ok(&a, &b);
+  static uint8_t data[OPS_BLOCK], got[OPS_BLOCK];
+  for (uint64_t v = 1; v <= 4; v++) {
+    kvc_key k = KC(v), parent = v == 1 ? (kvc_key){0} : KC(v - 1);
+    kvc_block out;
+    cr_assert_eq(kvc_alloc(a, KVC_G2, 128, &k, &parent, 1, &out), 1);
+    fill_kv(out.ptr, v);
+    cr_assert_eq(kvc_commit(a, &k, 1, NULL), 1);
+  }
+  cr_assert_eq(wait_metric(&na, "kvcached_g4_writes_total{result=\"ok\"}", 4, 5000), 4);
+  cr_assert_eq(metric(&na, "kvcached_g4_codec_blocks_total{result=\"coded\"}"), 4);
+  char name[160];
+  rkey_of(2, name, sizeof name);
+  redisReply *r = adm(owner_of(name), "GET %s", name);
+  cr_assert_eq(kv_ld16((const uint8_t *)r->str + 4), KV_G4_VERSION_CODED);
+  cr_assert_eq(r->str[10], KV_G4_CODING_INT8);
+  cr_assert_eq(r->str[11], 1, "bf16");
+  size_t n = OPS_BLOCK / 2;
+  cr_assert_eq(r->len, KV_G4_HDR_LEN + n + 4 * n / 64, "a byte per element, a scale per 64");
+  freeReplyObject(r);
+
+  uint8_t t[8];
+  cr_assert_eq(lookup(b, 1, 4, t, NULL), 4);
+  cr_assert_eq(metric(&nb, "kvcached_g4_codec_blocks_total{result=\"decoded\"}"), 4);
+  for (uint64_t v = 1; v <= 4; v++) {
+    kvc_key k = KC(v);
+    kvc_block blk;
+    cr_assert_eq(kvc_load(b, KVC_G2, &k, 1, &blk), 1);
+    cr_assert_eq(kvc_read(b, &k, &blk, got), 0, "the CRC of the decoded block holds");
+    fill_kv(data, v);
+    int same = 1;
+    for (size_t grp = 0; grp < n / 64; grp++) {
+      float amax = 0;
+      for (int i = 0; i < 64; i++)
+        amax = fmaxf(amax, fabsf(kv_bf16_f32(kv_ld16(data + 2 * (grp * 64 + i)))));
+      for (int i = 0; i < 64; i++) {
+        float x = kv_bf16_f32(kv_ld16(data + 2 * (grp * 64 + i)));
+        float y = kv_bf16_f32(kv_ld16(got + 2 * (grp * 64 + i)));
+        same &= x == y;
+        cr_assert_leq(fabsf(x - y), amax / 254 * 1.0001f + fabsf(x) / 256 + 1e-30f,
+                      "block %llu elem %zu: %g -> %g", (unsigned long long)v, grp * 64 + i, x, y);
+      }
+    }
+    cr_assert(!same, "block %llu came back exact: not through INT8", (unsigned long long)v);
+    kvc_release(b, &k, 1, NULL);
+  }
+  kvc_close(b);
+
+  /* node B again, wanting t1's blocks exact: the INT8 values are not its */
+  cr_assert_eq(kvt_daemon_stop(&nb), 0);
+  kvt_daemon_free(&nb);
+  start_node(&nb);
+  cr_assert_eq(wait_metric(&nb, "kvcached_g4_state{state=\"ok\"}", 1, 10000), 1);
+  b = worker(&nb, "t1", NULL);
+  cr_assert_eq(lookup(b, 1, 4, t, NULL), 0, "an exact reader never gets a lossy block");
+  cr_assert_eq(metric(&nb, "kvcached_g4_misses_total{reason=\"absent\"}"), 4,
+               "its names hold nothing: the four asked at once are absent");
   kvc_close(a);
   kvc_close(b);
 }

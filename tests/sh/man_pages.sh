@@ -64,7 +64,7 @@ n=$(wc -l < "$T/help_opts")
   || bad "kvcached.conf(5) lacks, or gives another default for: $missing"
 [ -z "$extra" ] && ok "kvcached.conf(5) has no option the daemon lacks" \
   || bad "kvcached.conf(5) has options not in kvcached --help: $extra"
-for key in uids gids g2_share g3_share; do
+for key in uids gids g2_share g3_share cold_precision; do
   grep -q "$key" "$SRC/daemon/config.c" && tags "$MAN/kvcached.conf.5" | grep -qx "$key" \
     && ok "kvcached.conf(5) has the tenant key $key" || bad "tenant key $key"
 done

@@ -12,6 +12,7 @@
 #include <unistd.h>
 
 #include "daemon/config.h"
+#include "tiers/quant.h"
 #include "tests/lib/tmpdir.h"
 
 Test(config, sizes) {
@@ -256,6 +257,13 @@ Test(config, tenant_mistakes_are_errors_that_name_the_option) {
   cr_assert_eq(kv_config_set(&c, "tenant.bob.g3_share", "5T", err, sizeof err), 0);
   cr_assert_eq(kv_config_validate(&c, err, sizeof err), -EINVAL);
   cr_assert(strstr(err, "g3_share"), "%s", err);
+  cr_assert_eq(kv_config_tenant(&c, "bob", 3)->cold_precision, 0, "exact by default");
+  cr_assert_eq(kv_config_set(&c, "tenant.bob.cold_precision", "int8", err, sizeof err), 0);
+  cr_assert_eq(kv_config_tenant(&c, "bob", 3)->cold_precision, KV_QUANT_INT8);
+  cr_assert_eq(kv_config_set(&c, "tenant.bob.cold_precision", "exact", err, sizeof err), 0);
+  cr_assert_eq(kv_config_tenant(&c, "bob", 3)->cold_precision, 0);
+  cr_assert_eq(kv_config_set(&c, "tenant.bob.cold_precision", "fp4", err, sizeof err), -EINVAL);
+  cr_assert(strstr(err, "cold_precision"), "%s", err);
   /* g2.tenants no longer binds arenas first-come. */
   kv_config_defaults(&c);
   cr_assert_eq(kv_config_set(&c, "g2.tenants", "2", err, sizeof err), 0);

@@ -554,10 +554,22 @@ Test(g4_format, coded_values) {
   for (int i = 0; i < 100; i++) stored[i] = (uint8_t)(i * 37 + 5);
   kv_st32(blockcrc, 0x12345678u);
   uint8_t v[KV_G4_HDR_LEN + 100];
-  cr_assert_eq(kv_g4_encode_hdr_coded(&k, &keys.cur, stored, 100, 100, 1, v), -EINVAL,
+  cr_assert_eq(kv_g4_encode_hdr_coded(&k, &keys.cur, stored, 100, 100, 1, 1, 0, v), -EINVAL,
                "a stored length not below the block's is refused");
-  cr_assert_eq(kv_g4_encode_hdr_coded(&k, &keys.cur, stored, 0, 4096, 1, v), -EINVAL);
-  cr_assert_eq(kv_g4_encode_hdr_coded(&k, &keys.cur, stored, 100, 4096, kv_ld32(blockcrc), v), 0);
+  cr_assert_eq(kv_g4_encode_hdr_coded(&k, &keys.cur, stored, 0, 4096, 1, 1, 0, v), -EINVAL);
+  cr_assert_eq(kv_g4_encode_hdr_coded(&k, &keys.cur, stored, 100, 4096, 1, 0, 0, v), -EINVAL,
+               "coding 0 is only read");
+  cr_assert_eq(kv_g4_encode_hdr_coded(&k, &keys.cur, stored, 100, 4096, 1, 4, 0, v), -EINVAL);
+  cr_assert_eq(kv_g4_encode_hdr_coded(&k, &keys.cur, stored, 100, 4096, 1, 2, 3, v), -EINVAL,
+               "a lossy coding needs a dtype of 1 or 2");
+  cr_assert_eq(kv_g4_encode_hdr_coded(&k, &keys.cur, stored, 100, 4096, 1, 1, 1, v), -EINVAL,
+               "the lossless one has none");
+  cr_assert_eq(kv_g4_encode_hdr_coded(&k, &keys.cur, stored, 100, 4096, 1, 3, 2, v), 0);
+  cr_assert_eq(v[10], 3);
+  cr_assert_eq(v[11], 2);
+  cr_assert_eq(kv_g4_encode_hdr_coded(&k, &keys.cur, stored, 100, 4096, kv_ld32(blockcrc),
+                                      KV_G4_CODING_PLANES, 0, v),
+               0);
   memcpy(v + KV_G4_HDR_LEN, stored, 100);
   cr_assert_eq(kv_ld16(v + 4), KV_G4_VERSION_CODED);
   kv_g4_view view;
@@ -565,6 +577,8 @@ Test(g4_format, coded_values) {
   cr_assert_eq(kv_g4_check(v, sizeof v, &k, 4096, &keys, NOW, &view, &why), 0,
                "%s", kv_g4_miss_name(why));
   cr_assert(view.coded);
+  cr_assert_eq(view.coding, KV_G4_CODING_PLANES);
+  cr_assert_eq(view.dtype, 0);
   cr_assert_eq(view.len, 4096);
   cr_assert_eq(view.stored_len, 100);
   cr_assert_eq(view.crc, 0x12345678u);
@@ -592,10 +606,16 @@ Test(g4_format, coded_values) {
       {4, 2, KV_G4_VERSION, KV_G4_MISS_SHORT, "version 2 over coded bytes (4096 expected)"},
       {4, 2, 4, KV_G4_MISS_VERSION, "version 4"},
       {92, 4, 0, KV_G4_MISS_PAYLOAD_CRC, "the stored CRC (the MAC fails, then it)"},
+      {10, 1, 4, KV_G4_MISS_VERSION, "a coding this reader does not know"},
+      {10, 1, 2, KV_G4_MISS_VERSION, "a lossy coding without its dtype"},
+      {11, 1, 1, KV_G4_MISS_VERSION, "the lossless coding with a dtype"},
+      {10, 1, 0, KV_G4_MISS_MAC, "coding 0 (read as the lossless one): under the MAC"},
   };
   for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
     memcpy(w, v, sizeof v);
-    if (cases[i].width == 2)
+    if (cases[i].width == 1)
+      w[cases[i].off] = (uint8_t)cases[i].val;
+    else if (cases[i].width == 2)
       kv_st16(w + cases[i].off, (uint16_t)cases[i].val);
     else
       kv_st32(w + cases[i].off, cases[i].val);
