@@ -80,8 +80,9 @@ int kv_quant_encode(kv_quant_kind k, kv_quant_dtype dt, const void *src, size_t 
       memset(c, 0, g);
       continue;
     }
+    float inv = top / amax; /* x * inv, not x / scale: a multiply (codes at most a tie apart) */
     for (unsigned i = 0; i < g; i++) {
-      float v = elem(dt, p + 2 * i) / scale;
+      float v = elem(dt, p + 2 * i) * inv;
       if (k == KV_QUANT_FP8) {
         c[i] = kv_fp8_e4m3(v);
       } else {

@@ -15,9 +15,9 @@
  *
  * Per group, the scale is amax / 448 (FP8) or amax / 127 (INT8), amax the
  * group's largest magnitude (0: every code is 0). FP8 codes are the
- * elements divided by the scale, rounded to the nearest E4M3 value (ties
- * to even), subnormals included; INT8 codes the nearest integer (ties to
- * even). The element error is at most half a step: for FP8, 2^-4 of the
+ * elements times 448 / amax (the scale's inverse, within a rounding),
+ * rounded to the nearest E4M3 value (ties to even), subnormals included;
+ * INT8 codes the nearest integer (ties to even). The element error is at most half a step: for FP8, 2^-4 of the
  * element's own magnitude (normal codes; amax * 2^-10 / 448 near zero),
  * for INT8 amax / 254; then rounding back to BF16 (2^-9 relative) or FP16
  * (2^-12). What that costs a model is measured, not assumed:
