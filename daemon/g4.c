@@ -284,6 +284,7 @@ typedef struct g4_write {
   uint32_t coding;                /* how it is to be stored: CODING_OF, DTYPE_OF, GROUP_OF */
   uint32_t ttl_s;
   uint32_t stored;                /* coded: the stored bytes' length; 0: sent raw */
+  uint64_t code_ns;               /* the coding's time (on the thread pool) */
 } g4_write;
 
 static void commit_done(g4_commit *cw);
@@ -425,7 +426,12 @@ static int code_value(g4_write *w) {
 
 static void sign_work(uv_work_t *req) {
   g4_write *w = req->data;
-  if (w->coding && code_value(w) == 0) return;
+  if (w->coding) {
+    uint64_t t0 = kv_now_ns();
+    int coded = code_value(w) == 0;
+    w->code_ns = kv_now_ns() - t0;
+    if (coded) return;
+  }
   w->signed_rc =
       kv_g4_encode_hdr(&w->k, w->secret, w->val + KV_G4_HDR_LEN, w->size, w->crc, w->val);
 }
@@ -445,6 +451,7 @@ static void sign_done(uv_work_t *req, int status) {
   }
   if (w->coding) {
     g->codec[w->stored ? KVD_G4_CODEC_CODED : KVD_G4_CODEC_RAW]++;
+    kvd_hist_add(&g->codec_time[0], w->code_ns);
     if (w->stored) {
       g->codec_bytes[0] += w->size;
       g->codec_bytes[1] += w->stored;
@@ -831,6 +838,7 @@ typedef struct g4_decode {
   int coding, dtype; /* the value's (kv_g4_view) */
   uint8_t *out; /* KV_G4_HDR_LEN bytes of room, then the block */
   int ok;
+  uint64_t ns; /* the decoding's time */
 } g4_decode;
 
 static void decode_work(uv_work_t *req) {
@@ -838,6 +846,7 @@ static void decode_work(uv_work_t *req) {
   g4_get *x = q->x;
   coder *t = coder_get(0);
   const uint8_t *stored = x->val + KV_G4_HDR_LEN;
+  uint64_t t0 = kv_now_ns();
   if (!t || !(q->out = malloc(KV_G4_HDR_LEN + (size_t)q->n))) return;
   uint8_t *out = q->out + KV_G4_HDR_LEN;
   int rc;
@@ -855,6 +864,7 @@ static void decode_work(uv_work_t *req) {
                                (unsigned)g, out);
   }
   q->ok = rc == 0 && kv_crc32c(0, out, q->n) == x->crc;
+  q->ns = kv_now_ns() - t0;
 }
 
 static void lookup_done(g4_lookup *lk);
@@ -869,6 +879,7 @@ static void decode_done(uv_work_t *req, int status) {
   work_done(g);
   free(x->val);
   x->val = NULL;
+  if (!status) kvd_hist_add(&g->codec_time[1], q->ns);
   if (!status && q->ok) {
     x->val = q->out;
     x->miss = -1;

@@ -125,6 +125,7 @@ typedef struct kvd_g4 {
   uint64_t writes[KVD_G4_W_COUNT];
   uint64_t codec[KVD_G4_CODEC_COUNT];
   uint64_t codec_bytes[2]; /* the blocks written coded: their bytes, and what was stored */
+  kvd_hist codec_time[2];  /* a block's coding (0) and decoding (1), on the thread pool */
   uint64_t deletes[2];   /* DELs: answered (0), or failed or not sent while down (1) */
   uint64_t lookups;      /* LOOKUPs that asked G4 (waited for it) */
   uint32_t waiting;      /* ... of those, still waiting */

@@ -217,6 +217,12 @@ static int g4_metrics(kvd *d, kv_buf *out) {
     "block / stored is the stored ratio.");
   P("kvcached_g4_codec_bytes_total{side=\"block\"} %llu\n", U(g->codec_bytes[0]));
   P("kvcached_g4_codec_bytes_total{side=\"stored\"} %llu\n", U(g->codec_bytes[1]));
+  H("kvcached_g4_codec_seconds", "histogram",
+    "Time a block's coding (op=code: on the way to G4, with the decode a lossy code's CRC needs) "
+    "or decoding (op=decode: on the way back) took on the thread pool.");
+  if (histogram(out, "kvcached_g4_codec_seconds", "op", "code", &g->codec_time[0]) ||
+      histogram(out, "kvcached_g4_codec_seconds", "op", "decode", &g->codec_time[1]))
+    return -ENOMEM;
   H("kvcached_g4_deletes_total", "counter",
     "DELs for deleted keys, by outcome (error: failed, or not sent while G4 was down).");
   P("kvcached_g4_deletes_total{result=\"ok\"} %llu\n", U(g->deletes[0]));

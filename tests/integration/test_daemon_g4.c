@@ -1028,6 +1028,9 @@ Test(daemon_g4, coded_values_are_smaller_and_read_back_exactly, .init = setup_co
   /* all six were asked at once: the five intact ones decoded (5 and 6 then
    * stored as no part of the run: gap) */
   cr_assert_eq(metric(&nb, "kvcached_g4_codec_blocks_total{result=\"decoded\"}"), 5);
+  cr_assert_eq(metric(&na, "kvcached_g4_codec_seconds_count{op=\"code\"}"), 6);
+  cr_assert_eq(metric(&nb, "kvcached_g4_codec_seconds_count{op=\"decode\"}"), 5,
+               "the damaged key 4 is refused before its decoding");
   cr_assert_eq(metric(&nb, "kvcached_g4_misses_total{reason=\"gap\"}"), 2);
   for (uint64_t v = 1; v <= 3; v++) load_check(b, v);
 
