@@ -63,14 +63,18 @@ int kv_quant_encode(kv_quant_kind k, kv_quant_dtype dt, const void *src, size_t 
   const uint8_t *s = src;
   uint8_t *scales = dst, *codes = scales + 4 * (n / g);
   float top = k == KV_QUANT_FP8 ? FP8_MAX : INT8_TOP;
+  /* magnitudes compare as their bits (sign and magnitude formats); from
+   * this one up, the exponent is all ones: infinite or NaN */
+  uint16_t nonfinite = dt == KV_QDT_BF16 ? 0x7f80u : 0x7c00u;
   for (size_t grp = 0; grp < n / g; grp++) {
     const uint8_t *p = s + 2 * grp * g;
-    float amax = 0;
+    uint16_t mx = 0;
     for (unsigned i = 0; i < g; i++) {
-      float v = elem(dt, p + 2 * i);
-      if (!isfinite(v)) return -EINVAL;
-      if (fabsf(v) > amax) amax = fabsf(v);
+      uint16_t m = kv_ld16(p + 2 * i) & 0x7fffu;
+      mx = m > mx ? m : mx;
     }
+    if (mx >= nonfinite) return -EINVAL;
+    float amax = dt == KV_QDT_BF16 ? kv_bf16_f32(mx) : kv_f16_f32(mx);
     float scale = amax / top;
     uint32_t sb;
     memcpy(&sb, &scale, 4);
@@ -81,6 +85,15 @@ int kv_quant_encode(kv_quant_kind k, kv_quant_dtype dt, const void *src, size_t 
       continue;
     }
     float inv = top / amax; /* x * inv, not x / scale: a multiply (codes at most a tie apart) */
+    if (k == KV_QUANT_INT8 && dt == KV_QDT_BF16) { /* the common case, in a loop that vectorizes */
+      for (unsigned i = 0; i < g; i++) {
+        float v = kv_bf16_f32(kv_ld16(p + 2 * i)) * inv;
+        float r = (v + 0x1.8p23f) - 0x1.8p23f; /* to the nearest, ties to even (|v| <= 127) */
+        r = r > 127.0f ? 127.0f : r < -127.0f ? -127.0f : r;
+        c[i] = (uint8_t)(int8_t)(int)r;
+      }
+      continue;
+    }
     for (unsigned i = 0; i < g; i++) {
       float v = elem(dt, p + 2 * i) * inv;
       if (k == KV_QUANT_FP8) {
@@ -105,6 +118,16 @@ int kv_quant_decode(kv_quant_kind k, kv_quant_dtype dt, const void *stored, size
     memcpy(&scale, &sb, 4);
     if (!isfinite(scale) || scale < 0) return -EINVAL;
     const uint8_t *c = codes + grp * g;
+    if (k == KV_QUANT_INT8 && dt == KV_QDT_BF16) { /* finite by construction: no NaN case */
+      for (unsigned i = 0; i < g; i++) {
+        float f = (float)(int8_t)c[i] * scale;
+        uint32_t x;
+        memcpy(&x, &f, 4);
+        x += 0x7fffu + ((x >> 16) & 1u);
+        kv_st16(d + 2 * (grp * g + i), (uint16_t)(x >> 16));
+      }
+      continue;
+    }
     for (unsigned i = 0; i < g; i++) {
       float v = k == KV_QUANT_FP8 ? kv_fp8_e4m3_value(c[i]) : (float)(int8_t)c[i];
       if (!isfinite(v)) return -EINVAL; /* an FP8 NaN code: never written */
