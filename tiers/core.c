@@ -17,6 +17,7 @@ int kv_core_new(kv_core **out, const kv_core_opts *o) {
   kv_core *c = calloc(1, sizeof *c);
   if (!c) return -ENOMEM;
   c->policy = policy;
+  c->storing_parent = KV_BID_NONE;
   if (o) {
     c->demote = o->demote;
     c->demote_arg = o->demote_arg;
@@ -516,7 +517,12 @@ int kv_core_alloc(kv_core *c, uint32_t ns, const kv_key *key, const kv_key *pare
     return KV_EEXISTS;
   }
   uint32_t slot;
+  if (c->g3 && parent && parent->len) {
+    kv_block *p = kv_index_find(&c->ix, ns, parent->b, parent->len);
+    c->storing_parent = p ? p->id : KV_BID_NONE;
+  }
   int rc = kv_core__alloc_g2_slot(c, n, &slot);
+  c->storing_parent = KV_BID_NONE;
   if (rc) {
     c->st.alloc_failed++;
     return rc;

@@ -87,10 +87,16 @@ static void g3_written(int status, void *arg) {
  * policy ranks (no copy G2 holds too goes first, v's namespace has no
  * share), and that policy ranks v before it (kv_evict_ops.admit): v would
  * be the next to go anyway. Only a leaf of the whole cache (no child in
- * any tier, nor on its way to one): dropping a parent would cut a chain. */
+ * any tier, nor on its way to one), and not the parent of the block whose
+ * G2 slot this demotion makes (it gets its child next; G2's newest block,
+ * which always enters, is the one added last: not that parent when it is
+ * the end of a request's found prefix, or a promotion landed since):
+ * dropping a parent would cut a chain. */
 static int outranked(kv_core *c, const kv_block *v) {
   kv_evict *e = &c->g3_evict;
-  if (!e->ops->admit || v->child != KV_BID_NONE || kv_core__policy(c, v->ns, KV_G3, 0) != e) return 0;
+  if (!e->ops->admit || v->child != KV_BID_NONE || v->id == c->storing_parent ||
+      kv_core__policy(c, v->ns, KV_G3, 0) != e)
+    return 0;
   kv_block *x = kv_core__g3_victim(c);
   return x && kv_core__policy_of(c, x, KV_G3) == e &&
          !e->ops->admit(e, kv_core__policy_of(c, v, KV_G2), v);

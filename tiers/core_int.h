@@ -115,6 +115,10 @@ struct kv_core {
   kv_evict g3_dup;   /* ... for those of them G2 holds too: G3's first victims (tiers/G3.md) */
   kv_core_g3_opts g3o;
   uint64_t g3_seq; /* last sequence number written to G3 */
+  /* The parent of the block kv_core_alloc is finding a G2 slot for (with G3
+   * attached), or KV_BID_NONE: a G2 victim G3 would decline is written all
+   * the same when it is that block (core_g3.c, outranked). */
+  kv_bid storing_parent;
   /* Each owner's G3 policy, two instances as g3_evict and g3_dup are; NULL: no share. */
   kv_evict *g3_own[KV_CORE_OWNERS_MAX];
   uint64_t g3_own_slots[KV_CORE_OWNERS_MAX]; /* G3 slots its namespaces hold */
