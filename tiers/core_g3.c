@@ -102,6 +102,19 @@ static int outranked(kv_core *c, const kv_block *v) {
          !e->ops->admit(e, kv_core__policy_of(c, v, KV_G2), v);
 }
 
+/* The free G3 slots kept ready (free or retiring) when G2 victim v is
+ * demoted: they take the demotions that start before the next poll, which
+ * are G2's ahead of need (at most its headroom, keep_g2_room) and the one a
+ * store waits for. More would hold no block: a slot kept free is a slot of
+ * the one cache that G2 + G3 are, lost (with G2 a tenth of G3, 1/64 of G3
+ * is ten times G2's headroom). The configured mark (kv_core_g3_opts) when
+ * smaller; at least 2. */
+static uint64_t low_water(kv_core *c, const kv_block *v) {
+  uint64_t need = kv_core__g2_headroom(c, &c->ns[v->ns]) + 1;
+  if (need < 2) need = 2;
+  return c->g3o.low_water < need ? c->g3o.low_water : need;
+}
+
 /* The demotion callback when G3 is attached: the G2 victim's bytes are
  * written to an SSD slot, and its G2 slot is freed when they are durable. */
 int kv_core__g3_demote(kv_core *c, kv_block *v, kv_tier from, void *unused) {
@@ -130,13 +143,13 @@ int kv_core__g3_demote(kv_core *c, kv_block *v, kv_tier from, void *unused) {
    * from evicting low_water blocks each. */
   kv_g3_stats gs;
   kv_g3_get_stats(c->g3, &gs);
-  uint64_t f = gs.slots_free + gs.slots_retiring;
-  if (f < c->g3o.low_water && outranked(c, v)) {
+  uint64_t f = gs.slots_free + gs.slots_retiring, lw = low_water(c, v);
+  if (f < lw && outranked(c, v)) {
     c->st.g3_refused++;
     c->st.g3_outranked++;
     return KV_DEMOTE_DONE;
   }
-  for (; f < c->g3o.low_water; f++)
+  for (; f < lw; f++)
     if (evict_g3_one(c)) break;
   uint32_t slot;
   g3_op *op = malloc(sizeof *op);

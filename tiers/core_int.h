@@ -69,6 +69,8 @@ int kv_core__ns_add(kv_core *c, kv_core_ns *proto);
 /* G3 slots free for a write now (slots being retired are not yet); 0
  * without G3. */
 uint64_t kv_core__g3_free(kv_core *c);
+/* The G2 room kept ready for n's class while G3 is attached (core.c). */
+uint64_t kv_core__g2_headroom(const kv_core *c, const kv_core_ns *n);
 /* b's key in G3: its namespace's digest and its key. */
 void kv_core__g3_key_of(kv_core *c, const kv_block *b, kv_g3_key *k);
 /* b's G3 slot is now `slot` (KV_SLOT_NONE: it has none): the count of its

@@ -211,6 +211,32 @@ Test(core_g3, low_water_is_at_most_a_64th_of_the_store) {
   teardown(&f);
 }
 
+/* The free G3 slots kept ready take the demotions that start before the
+ * next poll: G2's ahead of need (its headroom, none in a G2 of fewer than
+ * 64 slots) and the one a store waits for. A mark above that only keeps
+ * slots of the cache empty (1/64 of a G3 ten times G2 is ten times G2's
+ * headroom): a full G3 behind a small G2 keeps 2 free, not its 1/64. */
+Test(core_g3, g3_keeps_free_only_the_slots_g2s_demotions_take) {
+  fx f;
+  setup(&f, 2, 1024, KV_ADMIT_ALWAYS);
+  kv_core_free(f.core);
+  kv_core_opts co = {.policy = "lru"};
+  cr_assert_eq(kv_core_new(&f.core, &co), 0);
+  kv_core_g3_opts go = {.admit = KV_ADMIT_ALWAYS}; /* 0: 64, at most 1/64 of the store */
+  cr_assert_geq(kv_core_attach_g3(f.core, f.g3, &go), 0);
+  f.ns = kv_core_ns_register_digest(f.core, &f.arena, BLK, DIGEST);
+  cr_assert_gt(f.core->g3o.low_water, 2, "low water %u", f.core->g3o.low_water);
+  for (uint64_t v = 1; v <= 1200; v++) {
+    store(&f, v);
+    kv_g3_drain(f.g3);
+  }
+  kv_g3_stats gs;
+  kv_g3_get_stats(f.g3, &gs); /* 2 kept, the last demotion took one */
+  cr_assert_eq(gs.slots_free + gs.slots_retiring, 1, "free %llu, retiring %llu",
+               (unsigned long long)gs.slots_free, (unsigned long long)gs.slots_retiring);
+  teardown(&f);
+}
+
 /* A G2 victim that G3's policy ranks before its own next victim would be
  * the next to go: it is not written (g3_outranked), and G3 keeps what it
  * holds. With lru (no admit op) it is written as before. */
