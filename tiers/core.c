@@ -17,6 +17,7 @@ int kv_core_new(kv_core **out, const kv_core_opts *o) {
   kv_core *c = calloc(1, sizeof *c);
   if (!c) return -ENOMEM;
   c->policy = policy;
+  c->storing_parent = KV_BID_NONE;
   if (o) {
     c->demote = o->demote;
     c->demote_arg = o->demote_arg;
@@ -470,7 +471,7 @@ int kv_core_evict_g2(kv_core *c, uint32_t ns) {
 
 /* The G2 room kept ready for n's class while G3 is attached: free slots
  * plus demotions in flight (kv_core_g3_opts.g2_headroom). */
-static uint64_t g2_headroom(const kv_core *c, const kv_core_ns *n) {
+uint64_t kv_core__g2_headroom(const kv_core *c, const kv_core_ns *n) {
   if (!c->g3 || !n->arena || n->block_bytes == 0) return 0;
   uint64_t cap = n->arena->capacity / n->block_bytes / 64;
   return c->g3o.g2_headroom && c->g3o.g2_headroom < cap ? c->g3o.g2_headroom : cap;
@@ -484,7 +485,7 @@ static uint64_t g2_headroom(const kv_core *c, const kv_core_ns *n) {
  * at a time: such a store waits for it), so a burst of them never has G3
  * refuse, and drop, a block. */
 static void keep_g2_room(kv_core *c, kv_core_ns *n) {
-  uint64_t want = g2_headroom(c, n);
+  uint64_t want = kv_core__g2_headroom(c, n);
   while (kv_arena_room(n->arena, n->cls) + c->demoting < want && kv_core__g3_free(c) > 1)
     if (evict_one(c, n->arena->cls[n->cls].user)) break;
 }
@@ -516,7 +517,12 @@ int kv_core_alloc(kv_core *c, uint32_t ns, const kv_key *key, const kv_key *pare
     return KV_EEXISTS;
   }
   uint32_t slot;
+  if (c->g3 && parent && parent->len) {
+    kv_block *p = kv_index_find(&c->ix, ns, parent->b, parent->len);
+    c->storing_parent = p ? p->id : KV_BID_NONE;
+  }
   int rc = kv_core__alloc_g2_slot(c, n, &slot);
+  c->storing_parent = KV_BID_NONE;
   if (rc) {
     c->st.alloc_failed++;
     return rc;

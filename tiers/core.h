@@ -79,7 +79,10 @@ typedef struct kv_core_g3_opts {
   uint32_t low_water; /* free G3 slots kept ready by evicting ahead (slots
                            * being retired count: they are on their way); 0: 64;
                            * at most 1/64 of the store's slots (and that at
-                           * least 2): a small store is not left partly empty */
+                           * least 2): a small store is not left partly empty;
+                           * at a demotion, at most the G2 victim's class's
+                           * g2 headroom + 1 (and that at least 2): the
+                           * demotions that start before the next poll */
   /* G2 slots kept free (or being freed by a demotion in flight) per size
    * class, so that a store finds room at once instead of waiting for the
    * SSD write (and its group commit) that frees a victim's slot: 1/64 of

@@ -87,13 +87,32 @@ static void g3_written(int status, void *arg) {
  * policy ranks (no copy G2 holds too goes first, v's namespace has no
  * share), and that policy ranks v before it (kv_evict_ops.admit): v would
  * be the next to go anyway. Only a leaf of the whole cache (no child in
- * any tier, nor on its way to one): dropping a parent would cut a chain. */
+ * any tier, nor on its way to one), and not the parent of the block whose
+ * G2 slot this demotion makes (it gets its child next; G2's newest block,
+ * which always enters, is the one added last: not that parent when it is
+ * the end of a request's found prefix, or a promotion landed since):
+ * dropping a parent would cut a chain. */
 static int outranked(kv_core *c, const kv_block *v) {
   kv_evict *e = &c->g3_evict;
-  if (!e->ops->admit || v->child != KV_BID_NONE || kv_core__policy(c, v->ns, KV_G3, 0) != e) return 0;
+  if (!e->ops->admit || v->child != KV_BID_NONE || v->id == c->storing_parent ||
+      kv_core__policy(c, v->ns, KV_G3, 0) != e)
+    return 0;
   kv_block *x = kv_core__g3_victim(c);
   return x && kv_core__policy_of(c, x, KV_G3) == e &&
          !e->ops->admit(e, kv_core__policy_of(c, v, KV_G2), v);
+}
+
+/* The free G3 slots kept ready (free or retiring) when G2 victim v is
+ * demoted: they take the demotions that start before the next poll, which
+ * are G2's ahead of need (at most its headroom, keep_g2_room) and the one a
+ * store waits for. More would hold no block: a slot kept free is a slot of
+ * the one cache that G2 + G3 are, lost (with G2 a tenth of G3, 1/64 of G3
+ * is ten times G2's headroom). The configured mark (kv_core_g3_opts) when
+ * smaller; at least 2. */
+static uint64_t low_water(kv_core *c, const kv_block *v) {
+  uint64_t need = kv_core__g2_headroom(c, &c->ns[v->ns]) + 1;
+  if (need < 2) need = 2;
+  return c->g3o.low_water < need ? c->g3o.low_water : need;
 }
 
 /* The demotion callback when G3 is attached: the G2 victim's bytes are
@@ -124,13 +143,13 @@ int kv_core__g3_demote(kv_core *c, kv_block *v, kv_tier from, void *unused) {
    * from evicting low_water blocks each. */
   kv_g3_stats gs;
   kv_g3_get_stats(c->g3, &gs);
-  uint64_t f = gs.slots_free + gs.slots_retiring;
-  if (f < c->g3o.low_water && outranked(c, v)) {
+  uint64_t f = gs.slots_free + gs.slots_retiring, lw = low_water(c, v);
+  if (f < lw && outranked(c, v)) {
     c->st.g3_refused++;
     c->st.g3_outranked++;
     return KV_DEMOTE_DONE;
   }
-  for (; f < c->g3o.low_water; f++)
+  for (; f < lw; f++)
     if (evict_g3_one(c)) break;
   uint32_t slot;
   g3_op *op = malloc(sizeof *op);

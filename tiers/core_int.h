@@ -69,6 +69,8 @@ int kv_core__ns_add(kv_core *c, kv_core_ns *proto);
 /* G3 slots free for a write now (slots being retired are not yet); 0
  * without G3. */
 uint64_t kv_core__g3_free(kv_core *c);
+/* The G2 room kept ready for n's class while G3 is attached (core.c). */
+uint64_t kv_core__g2_headroom(const kv_core *c, const kv_core_ns *n);
 /* b's key in G3: its namespace's digest and its key. */
 void kv_core__g3_key_of(kv_core *c, const kv_block *b, kv_g3_key *k);
 /* b's G3 slot is now `slot` (KV_SLOT_NONE: it has none): the count of its
@@ -115,6 +117,10 @@ struct kv_core {
   kv_evict g3_dup;   /* ... for those of them G2 holds too: G3's first victims (tiers/G3.md) */
   kv_core_g3_opts g3o;
   uint64_t g3_seq; /* last sequence number written to G3 */
+  /* The parent of the block kv_core_alloc is finding a G2 slot for (with G3
+   * attached), or KV_BID_NONE: a G2 victim G3 would decline is written all
+   * the same when it is that block (core_g3.c, outranked). */
+  kv_bid storing_parent;
   /* Each owner's G3 policy, two instances as g3_evict and g3_dup are; NULL: no share. */
   kv_evict *g3_own[KV_CORE_OWNERS_MAX];
   uint64_t g3_own_slots[KV_CORE_OWNERS_MAX]; /* G3 slots its namespaces hold */

@@ -27,8 +27,12 @@
 #include "tools/kvbench.h"
 #include "tools/trace.h"
 
-static const double fractions[] = {0.01, 0.02, 0.05, 0.10, 0.20, 0.50};
-#define NFRAC (sizeof fractions / sizeof fractions[0])
+/* The capacities replayed, as shares of the trace's unique blocks; --capacity
+ * replaces them (NFRAC is how many are in use). */
+#define MAXFRAC 8
+static double fractions[MAXFRAC] = {0.01, 0.02, 0.05, 0.10, 0.20, 0.50};
+static size_t nfrac = 6;
+#define NFRAC nfrac
 
 typedef struct replay_result {
   kv_trace_hits h;
@@ -689,14 +693,16 @@ int kvbench_core_replay(int argc, char **argv) {
                                      {"hints-by", required_argument, 0, 'B'},
                                      {"g3-ratio", required_argument, 0, 'r'},
                                      {"tiers-only", no_argument, 0, 'T'},
+                                     {"capacity", required_argument, 0, 'c'},
                                      {"help", no_argument, 0, 'h'},
                                      {0, 0, 0, 0}};
   const char *trace = NULL, *policies[16] = {0}, *g3dir = NULL;
   double g2f = 0.01, g3f = 0.10, g3ratio = 10;
   int npol = 0, json = 0, ch, by_agent = 1, tiers_only = 0;
+  size_t ncap = 0;
   hints_mode hints = HINTS_OFF;
   optind = 1;
-  while ((ch = getopt_long(argc, argv, "t:p:jhg:2:3:HW:B:r:T", lo, NULL)) != -1) {
+  while ((ch = getopt_long(argc, argv, "t:p:jhg:2:3:HW:B:r:Tc:", lo, NULL)) != -1) {
     switch (ch) {
     case 't': trace = optarg; break;
     case 'p':
@@ -741,11 +747,25 @@ int kvbench_core_replay(int argc, char **argv) {
       }
       break;
     case 'T': tiers_only = 1; break;
+    case 'c': {
+      double c = strtod(optarg, NULL);
+      if (!(c > 0 && c <= 1) || ncap == MAXFRAC) {
+        fprintf(stderr, "kvbench core-replay: --capacity wants a share in (0, 1], at most %d\n",
+                MAXFRAC);
+        return 2;
+      }
+      fractions[ncap++] = c;
+      nfrac = ncap;
+      break;
+    }
     case 'h':
       printf("usage: kvbench core-replay --trace FILE [--policy NAME|all]... [--json]\n"
              "         [--g3-dir DIR [--g2-fraction F] [--g3-fraction F] [--g3-ratio R]\n"
              "          [--tiers-only]]\n"
              "         [--hints [--hints-wrong stops|sessions] [--hints-by agent|session]]\n"
+             "         [--capacity F]...\n"
+             "  --capacity: replay only at these shares of the unique blocks (default\n"
+             "              0.01 0.02 0.05 0.10 0.20 0.50)\n"
              "  --hints: also replay with the hints an API server has (the trace's session\n"
              "           and sub-agent on lookups and stores, its stop reason once each\n"
              "           request is done), reported beside the replay without them;\n"
@@ -784,7 +804,7 @@ int kvbench_core_replay(int argc, char **argv) {
                           "policy", policies[0]);
   json_t *by_policy = json_object();
   /* Belady's MIN (belady.h) at each capacity: the ceiling beside the rates */
-  double belady[NFRAC], belady_tok[NFRAC];
+  double belady[MAXFRAC], belady_tok[MAXFRAC];
   kv_belady bel;
   if ((rc = kv_belady_prepare(&bel, &t)) == 0) {
     for (size_t f = 0; f < NFRAC && !rc; f++) {
@@ -805,7 +825,7 @@ int kvbench_core_replay(int argc, char **argv) {
   hint_plan hp = {0};
   if (hints && (rc = hint_plan_make(&hp, &t, hints, by_agent)))
     fprintf(stderr, "kvbench core-replay: %s\n", kv_strerror(rc));
-  replay_result refs[NFRAC];
+  replay_result refs[MAXFRAC];
   for (size_t f = 0; f < NFRAC; f++) refs[f] = replay_lru_ref(&t, frac_cap(&t, f));
   for (int p = 0; p < npol && !rc; p++) {
     json_t *arr = json_array();

@@ -62,6 +62,10 @@ echo "# G2+G3 vs one tier: $(jq -c '[.tiers[.policy][] | {f: .capacity_fraction,
 expect_exit 0 "--tiers-only" "$BIN/kvbench" core-replay --trace "$T/small.jsonl" --g3-dir "$T/g3" --g3-ratio 4 --tiers-only --json
 check "--tiers-only: the side-by-side table alone" test "$(jq 'has("tiers") and (has("admission") | not)' "$T/out")" = true
 check "--g3-ratio 4 splits 1:4" test "$(jq '.tiers[.policy][3] | .g2_g3.g3_blocks - 4 * .g2_g3.g2_blocks | . * . <= 25' "$T/out")" = true
+expect_exit 0 "--capacity: only the capacities asked for" "$BIN/kvbench" core-replay --trace "$T/small.jsonl" --g3-dir "$T/g3" --tiers-only --capacity 0.5 --capacity 0.2 --json
+check "--capacity 0.5 0.2: those two, in that order, in both tables" \
+  test "$(jq -c '[.results[].capacity_fraction, .tiers[.policy][].capacity_fraction]' "$T/out")" = "[0.5,0.2,0.5,0.2]"
+expect_exit 2 "--capacity 0 is a usage error" "$BIN/kvbench" core-replay --trace "$T/small.jsonl" --capacity 0
 expect_exit 2 "--g3-ratio 0 is a usage error" "$BIN/kvbench" core-replay --trace "$T/small.jsonl" --g3-dir "$T/g3" --g3-ratio 0
 expect_exit 0 "core-replay with a G3 tier, every policy" "$BIN/kvbench" core-replay --trace "$T/small.jsonl" --g3-dir "$T/g3" --policy all --json
 check "G3 replayed once per policy" test "$(jq '.g3_by_policy | length' "$T/out")" = "$("$BIN/kvctl" policies | wc -l)"
