@@ -2,22 +2,27 @@
  * g4.c - G4 in the daemon (g4.h; tiers/G4.md, "In the daemon").
  *
  * Writes: a block is written when it is committed (g4.admit = always) or
- * when a LOAD or GET uses it a second time (second-use), while its bytes
- * are in G2: the payload is copied out of G2 into a buffer at once, so
- * nothing of G2 is held; kv_g4_encode_hdr checks that copy against the
- * commit's CRC and signs it with the current secret on libuv's thread pool
- * (a copy that fails, bytes a worker changed in G2 after the commit, is
- * not written: result "corrupt"); back on the loop
- * kv_g4c_command copies it into the RESP SET. A DEL of the key while its
- * value is being signed cancels the SET, so a deleted block never comes
- * back. Only while the client is ok; bounded in flight.
+ * when a LOAD or GET uses it a second time (second-use): its key is queued
+ * and the pump starts the writes, at most KVD_G4_TURN_BYTES a turn of the
+ * loop, while its bytes are in G2 (gone otherwise): the payload is copied
+ * out of G2 into its place in the SET's RESP at once, so nothing of G2 is
+ * held; on libuv's thread pool that copy is checked against the commit's
+ * CRC (a copy that fails, bytes a worker changed in G2 after the commit,
+ * is not written: result "corrupt"), coded when its namespace's values are
+ * (g4.codec, a tenant's cold_precision: tiers/G4.md, "Coded values") and
+ * signed with the current secret; back on the loop the SET is handed to the
+ * client, which takes the buffer. A DEL of the key while its value is
+ * being signed cancels the SET, so a deleted block never comes back. Only
+ * while the client is ok; bounded in flight; a COMMIT with KV_COMMIT_G4
+ * starts its writes at once.
  *
  * Reads: a LOOKUP whose local run is short asks G4 for the keys after it,
  * one pipelined GET each (the client groups them per node). Each answer is
  * checked as it comes, on the loop (kv_g4_check against the namespace
  * digest, the key, the namespace's block size and the secrets accepted
  * now: a value without a valid MAC is a `mac` miss), and a verified
- * value taken from hiredis' reply (not copied); when the last answer is in (the
+ * value taken from hiredis' reply (not copied; a coded one is decoded on
+ * the thread pool, into a buffer of its own); when the last answer is in (the
  * client answers every command within g4.timeout_ms), the verified run that
  * continues the local one goes into G2 as committed blocks, chained to
  * their parents, with the value's CRC, and the LOOKUP is answered as
