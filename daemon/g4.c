@@ -375,6 +375,21 @@ static coder *coder_get(size_t n) {
   return t;
 }
 
+/* A SET of w's key (w->rkey) expiring in w->ttl_s, with room for a value
+ * of vlen bytes: the command in *cmd (malloc'ed) and *len; where the value
+ * goes in it, or NULL (no memory). */
+static uint8_t *set_command(const g4_write *w, size_t vlen, char **cmd, size_t *len) {
+  char ttl[16];
+  snprintf(ttl, sizeof ttl, "%u", w->ttl_s);
+  const char *argv[] = {"SET", w->rkey, NULL, "EX", ttl};
+  size_t lens[] = {3, (size_t)w->rl, vlen, 2, strlen(ttl)};
+  size_t at = 0;
+  *len = kv_g4c_resp(NULL, 5, argv, lens, 2, &at);
+  if (!(*cmd = malloc(*len))) return NULL;
+  kv_g4c_resp(*cmd, 5, argv, lens, 2, &at);
+  return (uint8_t *)*cmd + at;
+}
+
 /* Off the loop: w's payload coded into a new SET (w->cmd replaced, its
  * value signed as coded), when that makes it smaller and the payload still
  * matches its CRC: losslessly (KV_G4_CODING_PLANES), or in FP8 or INT8
@@ -405,15 +420,10 @@ static int code_value(g4_write *w) {
     crc = kv_crc32c(0, back, w->size); /* what a reader gets */
   }
   if (sl <= 0 || (size_t)sl >= w->size) return -1; /* KV_CODEC_NOGAIN, or an error: raw */
-  char ttl[16];
-  snprintf(ttl, sizeof ttl, "%u", w->ttl_s);
-  const char *argv[] = {"SET", w->rkey, NULL, "EX", ttl};
-  size_t lens[] = {3, (size_t)w->rl, KV_G4_HDR_LEN + (size_t)sl, 2, strlen(ttl)};
-  size_t at = 0, len = kv_g4c_resp(NULL, 5, argv, lens, 2, &at);
-  char *cmd = malloc(len);
-  if (!cmd) return -1;
-  kv_g4c_resp(cmd, 5, argv, lens, 2, &at);
-  uint8_t *val = (uint8_t *)cmd + at;
+  char *cmd;
+  size_t len;
+  uint8_t *val = set_command(w, KV_G4_HDR_LEN + (size_t)sl, &cmd, &len);
+  if (!val) return -1;
   if (kv_g4_encode_hdr_coded(&w->k, w->secret, t->buf, (uint32_t)sl, w->size, crc, coding,
                              lossy_ ? dt : 0, val)) {
     free(cmd);
@@ -476,20 +486,6 @@ static void sign_done(uv_work_t *req, int status) {
   }
 }
 
-/* w's SET command with room for a value of vlen bytes (w->cmd, w->cmdlen),
- * to expire in ttl_s: where the value goes in it, or NULL (no memory). */
-static uint8_t *set_command(g4_write *w, size_t vlen, unsigned ttl_s) {
-  char ttl[16];
-  snprintf(ttl, sizeof ttl, "%u", ttl_s);
-  const char *argv[] = {"SET", w->rkey, NULL, "EX", ttl};
-  size_t lens[] = {3, (size_t)w->rl, vlen, 2, strlen(ttl)};
-  size_t at = 0;
-  w->cmdlen = kv_g4c_resp(NULL, 5, argv, lens, 2, &at);
-  if (!(w->cmd = malloc(w->cmdlen))) return NULL;
-  kv_g4c_resp(w->cmd, 5, argv, lens, 2, &at);
-  return (uint8_t *)w->cmd + at;
-}
-
 /* Writes b (of the namespace whose digest is given) to G4 now, when G4 is
  * ok and the writes in flight leave room; else its write is owed (the
  * backlog). cw (may be NULL) is told when the write ends. 0 when the
@@ -517,8 +513,9 @@ static int g4_put(kvd *d, const uint8_t digest[32], const kv_block *b, uint32_t 
   kvd_g4_absent_forget(&g->absent, kvd_g4_absent_fp(gd, &key));
   const uint8_t *src = kv_core_g2_ptr(d->core, b);
   g4_write *w = calloc(1, sizeof *w);
+  if (w) w->ttl_s = d->cfg.g4_ttl_s;
   if (!src || !w || (w->rl = g4_name(d, gd, b->key, kv_block_keylen(b), &w->k, w->rkey)) <= 0 ||
-      !(w->val = set_command(w, vlen, d->cfg.g4_ttl_s))) {
+      !(w->val = set_command(w, vlen, &w->cmd, &w->cmdlen))) {
     free(w);
     g->writes[KVD_G4_W_ERROR]++;
     return -1;
@@ -529,7 +526,6 @@ static int g4_put(kvd *d, const uint8_t digest[32], const kv_block *b, uint32_t 
   w->tries = tries;
   w->coding = coding;
   memcpy(w->digest, digest, 32);
-  w->ttl_s = d->cfg.g4_ttl_s;
   if (cw) cw->pending++;
   /* the copy is what is signed and sent, whatever G2 holds by then */
   memcpy(w->val + KV_G4_HDR_LEN, src, b->size);

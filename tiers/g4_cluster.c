@@ -1262,14 +1262,22 @@ static int command(kv_g4c *c, const void *key, size_t keylen, unsigned flags, ch
   return 0;
 }
 
+/* The RESP of argv (kv_g4c_resp), malloc'ed, its length in *len; NULL
+ * when out of memory. */
+static char *resp_new(int argc, const char *const *argv, const size_t *argvlen, size_t *len) {
+  *len = kv_g4c_resp(NULL, argc, argv, argvlen, -1, NULL);
+  char *cmd = malloc(*len);
+  if (cmd) kv_g4c_resp(cmd, argc, argv, argvlen, -1, NULL);
+  return cmd;
+}
+
 int kv_g4c_command(kv_g4c *c, const void *key, size_t keylen, unsigned flags, int argc,
                    const char *const *argv, const size_t *argvlen, kv_g4c_cb cb, void *arg) {
   if (argc < 1 || !argv || !key || keylen == 0 || !cb) return -EINVAL;
   if (c->closing) return -ESHUTDOWN;
-  size_t len = kv_g4c_resp(NULL, argc, argv, argvlen, -1, NULL);
-  char *cmd = malloc(len);
+  size_t len;
+  char *cmd = resp_new(argc, argv, argvlen, &len);
   if (!cmd) return -ENOMEM;
-  kv_g4c_resp(cmd, argc, argv, argvlen, -1, NULL);
   return command(c, key, keylen, flags, cmd, len, cb, arg);
 }
 
@@ -1451,10 +1459,10 @@ static void refresh_start(kv_g4c *c) {
     c->refresh_due = c->refresh_last + REFRESH_FAIL;
     return;
   }
-  static const char slots[] = "*2\r\n$7\r\nCLUSTER\r\n$5\r\nSLOTS\r\n";
-  char *cmd = malloc(sizeof slots - 1);
-  if (cmd) memcpy(cmd, slots, sizeof slots - 1);
-  req *r = cmd ? req_new(c, cmd, sizeof slots - 1) : NULL;
+  static const char *const argv[] = {"CLUSTER", "SLOTS"};
+  size_t len;
+  char *cmd = resp_new(2, argv, NULL, &len);
+  req *r = cmd ? req_new(c, cmd, len) : NULL;
   if (!r) {
     c->refresh_due = c->refresh_last + REFRESH_FAIL;
     return;
