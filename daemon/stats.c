@@ -239,6 +239,10 @@ static int g4_metrics(kvd *d, kv_buf *out) {
   H("kvcached_g4_backlog_blocks", "gauge",
     "Blocks whose G4 write is owed (committed while G4 was not ok, or busy): written once it is.");
   P("kvcached_g4_backlog_blocks %u\n", g->backlog.n);
+  H("kvcached_g4_queued_blocks", "gauge",
+    "Blocks committed whose G4 write has not started yet (started at most 1 MiB a turn of the "
+    "loop; g4.backlog_blocks at most, the oldest dropped as busy).");
+  P("kvcached_g4_queued_blocks %u\n", g->fresh.n);
   H("kvcached_g4_backlog_total", "counter",
     "Owed G4 writes by what became of them: written (started once G4 was ok), gone (no longer "
     "in G2 by then), dropped (the backlog was full: the oldest).");

@@ -255,6 +255,7 @@ Test(daemon_g4, stored_on_a_loaded_on_b, .init = setup, .fini = teardown, .timeo
   both_ok(&a, &b);
   store_chain(a, 1, 8);
   cr_assert_eq(wait_metric(&na, "kvcached_g4_writes_total{result=\"ok\"}", 8, 5000), 8);
+  cr_assert_eq(metric(&na, "kvcached_g4_queued_blocks"), 0, "every write started");
 
   /* B holds nothing: its LOOKUP asks G4 and brings the chain into G2 */
   uint8_t t[64];
