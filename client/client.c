@@ -20,6 +20,7 @@
 #include "client/engine.h"
 #include "client/g1.h"
 #include "client/kvclient.h"
+#include "client/presence.h"
 #include "ipc/reader.h"
 #include "ipc/sock.h"
 #include "proto/wire.h"
@@ -40,6 +41,7 @@ typedef struct pending {
   void *buf; /* GET */
   uint32_t cap;
   char **json; /* STATUS */
+  int fd;      /* PRESENCE: the table's, from its reply's frame; -1: none */
 } pending;
 
 struct kvc {
@@ -63,6 +65,10 @@ struct kvc {
   int dead;   /* sticky connection error */
   kvc__g1 g1; /* the imported G1 pool, if any */
   kvc__g2 g2; /* the G2 mapping's CUDA registration (engine.c) */
+  kvc__pres pres; /* the namespace's presence table, if mapped (presence.h) */
+  int lookup_mode; /* KVC_LOOKUP_AUTO or KVC_LOOKUP_DAEMON */
+  int last_local;  /* the last lookup was answered from the table: the next LOAD says so */
+  kvc_lookup_info lst;
 };
 
 int kvc_g1_info(const kvc *c, kvc_g1 *out) {
@@ -128,6 +134,7 @@ static pending *add_pending(kvc *c, int op, uint32_t n, void *user) {
   }
   pending *p = &c->pend[c->npend++];
   memset(p, 0, sizeof *p);
+  p->fd = -1;
   p->id = c->next_id++;
   p->op = op;
   p->n = n;
@@ -233,6 +240,11 @@ static int apply_reply(kvc *c, pending *p, const kv_msg *m) {
     if (m->statuses.n != p->n) return KV_EBADFRAME;
     return count_ok_status(&m->statuses, p->status, p->n);
   case KV_OP_PREFETCH: return (int)m->prefetch_queued;
+  case KV_OP_PRESENCE: {
+    int fd = p->fd;
+    p->fd = -1;
+    return fd < 0 ? KV_EBADFD : kvc__pres_attach(&c->pres, fd, m->presence_rep.bytes);
+  }
   case KV_OP_DELETE: return (int)m->delete_rep.deleted;
   case KV_OP_PUT: return 0;
   case KV_OP_GET: {
@@ -266,15 +278,25 @@ static int push_done(kvc *c, const pending *p, int result) {
 }
 
 static int dispatch(kvc *c, const kv_frame *f) {
-  if (f->fd >= 0) close(f->fd); /* only HELLO's reply carries one */
   kv_msg m;
   int rc = kv_msg_decode(f->p, f->len, &m);
+  int fd = f->fd; /* a PRESENCE reply's table; closed below for anything else */
+  if (f->fd2 >= 0) close(f->fd2);
+  if (!rc && m.op == KV_OP_PRESENCE && (m.flags & KV_F_REPLY)) {
+    for (uint32_t i = 0; i < c->npend && fd >= 0; i++)
+      if (c->pend[i].id == m.id && c->pend[i].op == KV_OP_PRESENCE) {
+        c->pend[i].fd = fd;
+        fd = -1;
+      }
+  }
+  if (fd >= 0) close(fd);
   if (rc && rc != KV_EBADOP) return rc;
   if (!(m.flags & KV_F_REPLY)) return KV_EBADFRAME;
   for (uint32_t i = 0; i < c->npend; i++) {
     pending *p = &c->pend[i];
     if (p->id != m.id) continue;
     int result = rc ? rc : apply_reply(c, p, &m);
+    if (p->fd >= 0) close(p->fd); /* not taken: an ERROR, or a reply to another op */
     if (p->sync) {
       c->sync_id = p->id;
       c->sync_result = result;
@@ -377,7 +399,10 @@ int64_t kvc_submit_load(kvc *c, uint8_t tier, const kvc_key *keys, uint32_t n, k
   pending *p;
   /* 1.2: LOAD2, whose reply carries each block's CRC for kvc_read/kvc_verify */
   int op = c->minor >= 2 ? KV_OP_LOAD2 : KV_OP_LOAD;
-  int64_t id = batch(c, op, tier, 0, 0, keys, n, &p, user);
+  /* 1.5: after a lookup the table answered, the daemon counts what it lacks */
+  uint8_t flags = c->last_local && c->minor >= 5 ? KV_LOAD_LOCAL : 0;
+  c->last_local = 0;
+  int64_t id = batch(c, op, tier, 0, flags, keys, n, &p, user);
   if (id > 0) c->pend[c->npend - 1].blocks = out;
   return id;
 }
@@ -514,11 +539,81 @@ int64_t kvc_submit_alloc(kvc *c, uint8_t tier, uint8_t prio, const kvc_key *keys
     return wait_for(c, (uint64_t)id_); \
   } while (0)
 
+/* PRESENCE (1.5): maps the namespace's presence table, or records why
+ * not. Returns 0 (table or not: c->lst says), or the error that broke the
+ * connection. */
+static int presence_map(kvc *c) {
+  kv_msg m;
+  memset(&m, 0, sizeof m);
+  m.op = KV_OP_PRESENCE;
+  pending *p = add_pending(c, KV_OP_PRESENCE, 0, NULL);
+  if (!p) return -ENOMEM;
+  int64_t id = submit(c, &m, p);
+  int rc = id < 0 ? (int)id : wait_for(c, (uint64_t)id);
+  if (rc == 0) {
+    c->lst.mapped = 1;
+    c->lst.maps++;
+    c->lst.reason[0] = 0;
+    return 0;
+  }
+  kvc__pres_release(&c->pres);
+  c->lst.mapped = 0;
+  snprintf(c->lst.reason, sizeof c->lst.reason, "the daemon's PRESENCE failed: %s",
+           kv_strerror(rc));
+  return c->dead;
+}
+
+/* The lookup answered from the presence table, or -EAGAIN when only the
+ * daemon can answer (client/presence.h). A retired table is replaced once. */
+static int lookup_local(kvc *c, const kvc_key *keys, uint32_t n, uint8_t *tiers) {
+  if (c->lookup_mode != KVC_LOOKUP_AUTO || !c->pres.map || c->dead) return -EAGAIN;
+  int r = kvc__pres_lookup(&c->pres, keys, n, tiers);
+  if (r == -ESTALE) {
+    c->lst.retired++;
+    if (presence_map(c) || !c->pres.map) return -EAGAIN;
+    r = kvc__pres_lookup(&c->pres, keys, n, tiers);
+  }
+  if (r < 0) return -EAGAIN;
+  c->lst.local++;
+  c->last_local = 1;
+  return r;
+}
+
 int kvc_lookup(kvc *c, const kvc_key *keys, uint32_t n, uint8_t *tiers) {
+  int r = lookup_local(c, keys, n, tiers);
+  if (r >= 0) return r;
+  c->last_local = 0;
+  c->lst.daemon++;
   BLOCK_ON(kvc_submit_lookup(c, keys, n, tiers, NULL));
 }
 int kvc_lookup_all(kvc *c, const kvc_key *keys, uint32_t n, uint8_t *tiers) {
+  /* past a miss, only G4 could know more, and a table with G4 sends a short
+   * run to the daemon: the same answer as KV_LOOKUP_ALL's */
+  int r = lookup_local(c, keys, n, tiers);
+  if (r >= 0) return r;
+  c->last_local = 0;
+  c->lst.daemon++;
   BLOCK_ON(kvc_submit_lookup_all(c, keys, n, tiers, NULL));
+}
+
+int kvc_set_lookup(kvc *c, int mode) {
+  if (!c || (mode != KVC_LOOKUP_AUTO && mode != KVC_LOOKUP_DAEMON)) return -EINVAL;
+  c->lookup_mode = mode;
+  if (mode == KVC_LOOKUP_AUTO && !c->pres.map && c->minor >= 5) return presence_map(c);
+  if (mode == KVC_LOOKUP_DAEMON) { /* the table is of no more use */
+    kvc__pres_release(&c->pres);
+    c->lst.mapped = 0;
+    snprintf(c->lst.reason, sizeof c->lst.reason, "KVC_LOOKUP_DAEMON");
+  }
+  return 0;
+}
+
+int kvc_lookup_stats(const kvc *c, kvc_lookup_info *out) {
+  if (!c || !out) return -EINVAL;
+  *out = c->lst;
+  out->bytes = c->pres.bytes;
+  out->mode = c->lookup_mode;
+  return 0;
 }
 int kvc_load(kvc *c, uint8_t tier, const kvc_key *keys, uint32_t n, kvc_block *out) {
   BLOCK_ON(kvc_submit_load(c, tier, keys, n, out, NULL));
@@ -857,6 +952,18 @@ int kvc_open(const kvc_opts *o, kvc **out) {
   c->arena = map;
   c->g2.info.base = map;
   c->g2.info.bytes = c->arena_bytes;
+  /* Lookups from the presence table (1.5), unless the environment says
+   * KVCACHED_LOOKUP=daemon; a table refused (a TP group) is not an error. */
+  const char *lk = getenv("KVCACHED_LOOKUP");
+  if (lk && !strcmp(lk, "daemon")) {
+    c->lookup_mode = KVC_LOOKUP_DAEMON;
+    snprintf(c->lst.reason, sizeof c->lst.reason, "KVCACHED_LOOKUP=daemon");
+  } else if (c->minor < 5) {
+    snprintf(c->lst.reason, sizeof c->lst.reason,
+             "the daemon speaks protocol 1.%u, before presence tables (1.5)", c->minor);
+  } else if ((rc = presence_map(c))) {
+    goto err;
+  }
   *out = c;
   return 0;
 err:
@@ -867,6 +974,7 @@ err:
 void kvc_close(kvc *c) {
   if (!c) return;
   kvc__g1_release(&c->g1);
+  kvc__pres_release(&c->pres);
   if (c->g2.release) c->g2.release(&c->g2); /* the registration goes before the mapping */
   if (c->arena) munmap(c->arena, c->arena_bytes);
   if (c->fd >= 0) close(c->fd);

@@ -159,6 +159,37 @@ int kvc_lookup(kvc *c, const kvc_key *keys, uint32_t n, uint8_t *tiers);
  * kvc_lookup, which names the local tiers' blocks after a hole too). */
 int kvc_lookup_all(kvc *c, const kvc_key *keys, uint32_t n, uint8_t *tiers);
 
+/* Lookups without a round trip (protocol 1.5): kvc_open maps the session's
+ * namespace's presence table, read-only, and kvc_lookup and kvc_lookup_all
+ * answer from it, with the meaning a daemon's answer has (an answer is the
+ * daemon's state at one instant during the call). They ask the daemon
+ * instead when the table cannot say: G4 configured and the local run
+ * shorter than the keys, a TP group (the daemon keeps no table for one:
+ * its ranks must agree on one length), a daemon before 1.5, a table the
+ * daemon replaced (it is mapped again, once), keys the daemon would refuse
+ * (its error is then returned). The kvc_submit_lookup* forms always ask
+ * the daemon. KVC_LOOKUP_DAEMON (or KVCACHED_LOOKUP=daemon in the
+ * environment at kvc_open) asks the daemon always. A LOAD after a lookup
+ * answered locally tells the daemon so, which counts the blocks it did not
+ * have (kvcached_presence_contradicted_total): a stale "present" ends
+ * there, as a miss. */
+#define KVC_LOOKUP_AUTO   0
+#define KVC_LOOKUP_DAEMON 1
+/* 0, -EINVAL, or the error that broke the connection (AUTO maps the table
+ * now if it was not; DAEMON unmaps it). */
+int kvc_set_lookup(kvc *c, int mode);
+typedef struct kvc_lookup_info {
+  int mode;         /* KVC_LOOKUP_* */
+  int mapped;       /* 1: a presence table is mapped */
+  uint64_t bytes;   /* its size */
+  uint64_t local;   /* lookups answered from it */
+  uint64_t daemon;  /* lookups asked of the daemon (kvc_lookup, kvc_lookup_all) */
+  uint64_t maps;    /* tables mapped (PRESENCE) */
+  uint64_t retired; /* answers not given because the table was replaced meanwhile */
+  char reason[160]; /* when not mapped: why */
+} kvc_lookup_info;
+int kvc_lookup_stats(const kvc *c, kvc_lookup_info *out);
+
 /* Pins each block in `tier` (KVC_G2, or KVC_G1 when kvc_g1_info says G1 is
  * available: else -ENODEV) and fills out[i]. Returns how many blocks are
  * usable (status 0), or an error for the whole request. A LOAD to G1

@@ -332,6 +332,29 @@ static int op_put(kvd *d, kvd_sink *sink, const kv_msg *req, kv_buf *out, int fd
   return kv_msg_encode(out, &m);
 }
 
+/* --- PRESENCE --------------------------------------------------------------- */
+/* The session's namespace's presence table (daemon/presence.h), as an fd
+ * the worker maps read-only. A TP group's lookups stay with the daemon:
+ * its ranks must agree on one length, which one rank's table cannot say. */
+static int op_presence(kvd *d, kvd_sink *sink, const kv_msg *req, kv_buf *out, int fd_out[2]) {
+  const kvd_ns *n = session_ns(d, sink->sess);
+  if (n->group)
+    return kvd_fail(out, req, -EOPNOTSUPP,
+                    "a TP group's lookups are answered by the daemon (one length for every rank)");
+  int fd;
+  uint64_t bytes;
+  uint32_t flags;
+  int rc = kvd_presence_map(&d->pres, (uint32_t)n->core_ns, d->g4.c ? KV_PRES_G4 : 0, &fd, &bytes,
+                            &flags);
+  if (rc) return kvd_fail(out, req, rc, "cannot make the namespace's presence table");
+  kv_msg m = kvd_reply_to(req);
+  m.flags |= KV_F_FD;
+  m.presence_rep = (kv_presence_rep){.bytes = bytes, .flags = flags};
+  rc = kv_msg_encode(out, &m);
+  if (rc == 0) fd_out[0] = fd;
+  return rc;
+}
+
 /* --- STATUS ----------------------------------------------------------------- */
 static int op_status(kvd *d, kvd_sink *sink, const kv_msg *req, kv_buf *out, int fd_out[2]) {
   json_t *o = kvd_stats_json(d, KVD_JSON_STATUS);
@@ -369,6 +392,7 @@ static const struct {
     [KV_OP_GET] = {kvd_op_get, 1},
     [KV_OP_G1_SELECT] = {op_g1_select, 1},
     [KV_OP_HINT] = {op_hint, 1},
+    [KV_OP_PRESENCE] = {op_presence, 1},
 };
 
 int kvd_handle(kvd *d, kvd_sink *sink, const kv_msg *req, kv_buf *out, int fd_out[2]) {

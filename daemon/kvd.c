@@ -37,6 +37,10 @@ static void scratch_free(kvd *d) {
   d->keys = NULL;
 }
 
+/* A namespace freed (its presence table goes before its core id is
+ * reused), or in a TP group now (one rank's table no longer answers). */
+static void ns_changed(void *arg, uint32_t core_ns) { kvd_presence_drop(arg, core_ns); }
+
 int kvd_init(kvd *d) {
   int rc;
   d->start_ms = (uint64_t)kv_now_ms();
@@ -76,7 +80,13 @@ int kvd_init(kvd *d) {
     g->done = kvd_g1_copied;
     g->done_arg = d;
   }
-  kvd_registry_opts ro = {.cfg = &d->cfg, .lock = d->cfg.g2_lock, .core = d->core};
+  kvd_presence_init(&d->pres, d->core);
+  kv_core_on_visible(d->core, kvd_presence_visible, &d->pres);
+  kvd_registry_opts ro = {.cfg = &d->cfg,
+                          .lock = d->cfg.g2_lock,
+                          .core = d->core,
+                          .ns_changed_fn = ns_changed,
+                          .ns_changed_arg = &d->pres};
   if (d->g1.on) {
     ro.register_fn = kvd_g1s_arena_register;
     ro.unregister_fn = kvd_g1s_arena_unregister;
@@ -125,6 +135,8 @@ void kvd_fini(kvd *d) {
   }
   kvd_metrics_fini(d);
   kvd_trust_fini(&d->trust);
+  kv_core_on_visible(d->core, NULL, NULL);
+  kvd_presence_fini(&d->pres);
   kv_core_free(d->core);
   kvd_registry_fini(&d->reg); /* unregisters the arenas from the device */
   kvd_g1s_close(&d->g1);

@@ -16,6 +16,7 @@
 #include "daemon/g1.h"
 #include "daemon/g3_watch.h"
 #include "daemon/g4.h"
+#include "daemon/presence.h"
 #include "daemon/registry.h"
 #include "daemon/session.h"
 #include "daemon/sink.h"
@@ -78,6 +79,7 @@ typedef struct kvd {
   kvd_g3w g3w;          /* G3 unavailable, its checks and poll (g3_watch.h) */
   kvd_trust trust;      /* readers' corrupt-block reports (trust.h) */
   kvd_g4 g4;            /* the fleet's shared tier; g4.c == NULL when off (g4.h) */
+  kvd_presence pres;    /* the tables workers answer lookups from (presence.h) */
 } kvd;
 
 /* kvd_handle()'s return when the reply will be sent later, through the sink. */

@@ -134,6 +134,10 @@ static int answer(kvd_load *ld, kv_buf *out) {
      * (as LOOKUP counts): the misses were counted with their reasons. */
     for (uint32_t i = 0; i < ld->n && (out || ld->sink->conn); i++)
       if (ld->ent[i].status == 0) kv_core_count_hit(ld->d->core, ld->found[i]);
+    /* Keys the worker's presence table said were here and are not. */
+    if (ld->req.batch.flags & KV_LOAD_LOCAL)
+      for (uint32_t i = 0; i < ld->n; i++)
+        ld->d->pres.contradicted += ld->ent[i].status == KV_ENOTFOUND;
     kvd_req_done(ld->d, KVD_REQ_LOAD, ld->t0);
     kv_msg m = kvd_reply_to(&ld->req);
     m.load_rep.n = ld->n;

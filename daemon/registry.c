@@ -29,6 +29,8 @@ int kvd_registry_init(kvd_registry *r, const kvd_registry_opts *o) {
   }
   if (!cfg->ntenants) g2[0] = cfg->g2_capacity;
   r->core = o->core;
+  r->ns_changed_fn = o->ns_changed_fn;
+  r->ns_changed_arg = o->ns_changed_arg;
   r->configured = cfg->ntenants > 0;
   r->ns_limit = cfg->limit_namespaces_per_tenant;
   r->tenants = calloc(n, sizeof *r->tenants);
@@ -247,6 +249,7 @@ static int group_join(kvd_registry *r, uint32_t i, const kv_hello_req *h) {
   if (!g && !(g = group_new(r, key, &h->group, h->layout.tp_size))) return -ENOMEM;
   g->ns_of_rank[h->layout.tp_rank] = (int32_t)i; /* the group's key and the rank: namespace i */
   r->ns[i].group = g;
+  if (r->ns_changed_fn) r->ns_changed_fn(r->ns_changed_arg, (uint32_t)r->ns[i].core_ns);
   return 0;
 }
 
@@ -264,6 +267,7 @@ static int ns_try_free(kvd_registry *r, uint32_t i) {
   kvd_ns *n = &r->ns[i];
   if (!ns_live(r, i) || n->sessions || kv_core_ns_blocks(r->core, (uint32_t)n->core_ns)) return 0;
   if (kv_core_ns_free(r->core, (uint32_t)n->core_ns)) return 0;
+  if (r->ns_changed_fn) r->ns_changed_fn(r->ns_changed_arg, (uint32_t)n->core_ns);
   group_leave(r, i);
   r->tenant_nns[n->tenant]--;
   r->nlive--;

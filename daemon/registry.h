@@ -141,6 +141,8 @@ typedef struct kvd_registry {
   uint64_t swept_at; /* the core's ns_emptied at the last sweep */
   kvd_group *groups;
   kv_core *core;
+  void (*ns_changed_fn)(void *arg, uint32_t core_ns);
+  void *ns_changed_arg;
 } kvd_registry;
 
 typedef struct kvd_registry_opts {
@@ -151,6 +153,11 @@ typedef struct kvd_registry_opts {
   int (*register_fn)(void *base, size_t len, void *arg);
   void (*unregister_fn)(void *base, size_t len, void *arg);
   void *register_arg;
+  /* Told of each namespace freed, by its core id (which may be reused
+   * next), and of each that joins a TP group (whose LOOKUPs then answer
+   * for every rank): the daemon retires its presence table. NULL: nobody. */
+  void (*ns_changed_fn)(void *arg, uint32_t core_ns);
+  void *ns_changed_arg;
 } kvd_registry_opts;
 
 /* Creates every tenant's arena, with its share of g2.capacity. 0, -EINVAL

@@ -415,6 +415,27 @@ int kvd_render_metrics(kvd *d, kv_buf *out) {
   for (int i = 0; i < KVD_NS_REFUSED_COUNT; i++)
     P("kvcached_namespaces_refused_total{reason=\"%s\"} %llu\n", kvd_ns_refusal_names[i],
       U(d->reg.ns_refused[i]));
+  const kvd_presence *pr = &d->pres;
+  H("kvcached_presence_namespaces", "gauge",
+    "Namespaces whose presence table workers map (protocol 1.5 PRESENCE).");
+  P("kvcached_presence_namespaces %llu\n", U(pr->published));
+  H("kvcached_presence_bytes", "gauge", "Bytes of those presence tables.");
+  P("kvcached_presence_bytes %llu\n", U(pr->bytes));
+  H("kvcached_presence_maps_total", "counter", "PRESENCE requests answered with a table.");
+  P("kvcached_presence_maps_total %llu\n", U(pr->maps));
+  H("kvcached_presence_updates_total", "counter",
+    "Entries written to presence tables (commits, evictions, promotions, deletes).");
+  P("kvcached_presence_updates_total %llu\n", U(kvd_presence_updates(pr)));
+  H("kvcached_presence_tables_total", "counter",
+    "Presence tables replaced by a larger one (grown), marked partial (a key found no room: "
+    "their workers ask the daemon for what they lack), or not made (out of memory).");
+  P("kvcached_presence_tables_total{event=\"grown\"} %llu\n", U(pr->grown));
+  P("kvcached_presence_tables_total{event=\"partial\"} %llu\n", U(pr->partial));
+  P("kvcached_presence_tables_total{event=\"failed\"} %llu\n", U(pr->failed));
+  H("kvcached_presence_contradicted_total", "counter",
+    "Keys a worker's presence table said were here that its LOAD then found missing (a stale "
+    "answer: a miss, never a wrong block).");
+  P("kvcached_presence_contradicted_total %llu\n", U(pr->contradicted));
   H("kvcached_connections_refused_total", "counter",
     "Connections refused at accept (answered with the reason, then closed), by socket and reason.");
   for (int i = 0; i < KVD_REFUSED_COUNT; i++)
@@ -699,6 +720,13 @@ static json_t *stats_json(kvd *d, const snapshot *s) {
   json_object_set_new(o, "namespaces",
                       json_pack("{s:I,s:I,s:o}", "live", (json_int_t)d->reg.nlive, "freed",
                                 (json_int_t)d->reg.ns_freed, "refused", nr));
+  const kvd_presence *pr = &d->pres;
+  json_object_set_new(
+      o, "presence",
+      json_pack("{s:I,s:I,s:I,s:I,s:I,s:I,s:I}", "namespaces", (json_int_t)pr->published, "bytes",
+                (json_int_t)pr->bytes, "maps", (json_int_t)pr->maps, "updates",
+                (json_int_t)kvd_presence_updates(pr), "grown", (json_int_t)pr->grown, "partial",
+                (json_int_t)pr->partial, "contradicted", (json_int_t)pr->contradicted));
   json_t *rq = json_object();
   char low[32];
   for (uint16_t op = 1; op < KV_OP_COUNT; op++)

@@ -32,6 +32,7 @@ static const struct {
     [KV_OP_G1_SELECT] = {"G1_SELECT", KV_PAYLOAD_MAX_CTRL, KV_PAYLOAD_MAX_CTRL},
     [KV_OP_LOAD2] = {"LOAD2", KV_PAYLOAD_MAX_CTRL, KV_PAYLOAD_MAX_CTRL},
     [KV_OP_HINT] = {"HINT", KV_PAYLOAD_MAX_CTRL, KV_PAYLOAD_MAX_CTRL},
+    [KV_OP_PRESENCE] = {"PRESENCE", KV_PAYLOAD_MAX_CTRL, KV_PAYLOAD_MAX_CTRL},
 };
 
 const char *kv_op_name(uint16_t op) { return op < KV_OP_COUNT ? kv_ops[op].name : NULL; }
@@ -59,7 +60,8 @@ uint32_t kv_req_payload_max(uint16_t op) {
   case KV_OP_ALLOC: return 2u + keys + KV_BATCH_MAX + KV_BATCH_MAX * KV_KEY_MAX;
   case KV_OP_PUT: return KV_PUT_OVERHEAD + KV_INLINE_MAX;
   case KV_OP_GET: return 1u + KV_KEY_MAX;
-  case KV_OP_STATUS: return 1u;
+  case KV_OP_STATUS:
+  case KV_OP_PRESENCE: return 1u;
   case KV_OP_G1_SELECT: return KV_UUID_BYTES;
   case KV_OP_HINT: return 16u + keys;
   default: return 0;

@@ -39,8 +39,9 @@
 #define KV_PROTO_MAGIC 0x4443564Bu /* bytes "KVCD" */
 #define KV_PROTO_MAJOR 1           /* in every header; a change breaks peers */
 /* negotiated by HELLO; additions only (1: G1_SELECT; 2: COMMIT with CRCs,
- * corrupt reports, LOAD2; 3: HINT; 4: KV_LOOKUP_ALL, KV_COMMIT_G4) */
-#define KV_PROTO_MINOR 4
+ * corrupt reports, LOAD2; 3: HINT; 4: KV_LOOKUP_ALL, KV_COMMIT_G4;
+ * 5: PRESENCE, KV_LOAD_LOCAL) */
+#define KV_PROTO_MINOR 5
 
 #define KV_HDR_SIZE 32
 
@@ -84,6 +85,7 @@ typedef enum kv_op {
   KV_OP_G1_SELECT = 15, /* since 1.1: the G1 pool of the worker's device */
   KV_OP_LOAD2 = 16,     /* since 1.2: LOAD whose reply carries each block's committed CRC */
   KV_OP_HINT = 17,      /* since 1.3: engine hints (base/hint.h) */
+  KV_OP_PRESENCE = 18,  /* since 1.5: the namespace's presence table (proto/presence.h) */
   KV_OP_COUNT           /* one past the last opcode; not an opcode */
 } kv_op;
 
@@ -91,7 +93,8 @@ typedef enum kv_op {
 #define KV_F_REPLY 0x0001u /* a reply (daemon -> worker) */
 #define KV_F_FD \
   0x0002u /* an fd travels with this frame: the G2 arena (HELLO
-                            * reply) or the G1 pool (G1_SELECT reply) */
+                            * reply), the G1 pool (G1_SELECT reply) or the
+                            * presence table (PRESENCE reply) */
 #define KV_F_FD2 \
   0x0004u /* a second fd travels, after the first (the G1 pool);
                             * only with KV_F_FD, only on a HELLO reply */
@@ -115,6 +118,10 @@ typedef enum kv_op {
 #define KV_LOOKUP_ALL \
   0x08u /* LOOKUP (1.4): G4 is asked past its first miss too, and \
          * every block it has is brought in, not only a leading run */
+#define KV_LOAD_LOCAL \
+  0x20u /* LOAD, LOAD2 (1.5): the keys come from a lookup the worker \
+         * answered from its presence table (the daemon counts those \
+         * the LOAD finds missing: kvcached_presence_contradicted_total) */
 
 /* Tier-info kinds (HELLO reply). Unknown kinds are skipped by clients. */
 #define KV_TI_G1_VMM_FD     1 /* G1 pool, CUDA VMM POSIX-fd handle (the fd: KV_F_FD2) */
@@ -318,7 +325,7 @@ void kv_hello_tierinfo(const kv_hello_rep *r, unsigned i, kv_tierinfo *out);
  *   flags: DELETE: KV_DEL_ALL (then keys.n must be 0); COMMIT:
  *          KV_COMMIT_CRC (then crcs.n == keys.n), KV_COMMIT_G4; RELEASE:
  *          KV_REL_CORRUPT;
- *          LOOKUP: KV_LOOKUP_ALL.
+ *          LOOKUP: KV_LOOKUP_ALL; LOAD, LOAD2: KV_LOAD_LOCAL.
  *   crcs:  COMMIT with KV_COMMIT_CRC: the CRC-32C of each key's block, after
  *          the keys on the wire; otherwise n == 0.
  */
@@ -360,6 +367,17 @@ typedef struct kv_hint_req {
   uint64_t session;
   kv_keyvec keys;
 } kv_hint_req;
+
+/* PRESENCE (1.5): the request is one byte of flags (0). The reply maps
+ * the session's namespace's presence table: bytes (> 0) of it, whose fd
+ * travels with KV_F_FD, and flags (KV_PRES_* of proto/presence.h, as the
+ * table's header has them then). A session whose answers no table can give
+ * (a TP group's: its ranks must agree on one length) gets an ERROR
+ * -EOPNOTSUPP. */
+typedef struct kv_presence_rep {
+  uint64_t bytes;
+  uint32_t flags;
+} kv_presence_rep;
 
 typedef struct kv_lookup_rep {
   uint32_t hit_len; /* resident prefix length (TP-group consistent), <= n */
@@ -406,6 +424,7 @@ typedef struct kv_error_rep {
  *   STATUS         req status_flags   rep status_text (UTF-8 JSON)
  *   G1_SELECT      req g1_select      rep g1_pool (tier KV_G1)
  *   HINT           req hint           rep statuses
+ *   PRESENCE       req presence_flags rep presence_rep (the table's fd)
  *   ERROR          -                  rep error, with status < 0
  */
 typedef struct kv_msg {
@@ -420,6 +439,7 @@ typedef struct kv_msg {
     kv_put_req put;
     kv_bytes get_key;     /* 1..KV_KEY_MAX */
     uint8_t status_flags; /* 0 */
+    uint8_t presence_flags; /* 0 */
     kv_g1_select_req g1_select;
     kv_hint_req hint;
     kv_hello_rep hello_rep;
@@ -433,6 +453,7 @@ typedef struct kv_msg {
     kv_str status_text; /* 0..KV_STATUS_TEXT_MAX bytes */
     kv_error_rep error;
     kv_tierinfo g1_pool;
+    kv_presence_rep presence_rep;
   };
 } kv_msg;
 

@@ -348,6 +348,14 @@ static int dec_payload(rcur *c, kv_msg *m) {
     return 0;
   }
   case KV_OP_HINT: return reply ? rstatuses(c, &m->statuses) : dec_hint(c, &m->hint);
+  case KV_OP_PRESENCE:
+    if (!reply) {
+      m->presence_flags = r8(c);
+      return m->presence_flags ? KV_EBADFRAME : 0;
+    }
+    m->presence_rep.bytes = r64(c);
+    m->presence_rep.flags = r32(c);
+    return m->presence_rep.bytes ? 0 : KV_EBADFRAME;
   case KV_OP_COUNT: break;
   }
   return KV_EBADOP;

@@ -351,6 +351,16 @@ static int enc_payload(wcur *c, const kv_msg *m) {
     if (m->g1_pool.tier != KV_G1) return -EINVAL;
     return wtierinfo(c, &m->g1_pool);
   case KV_OP_HINT: return reply ? wstatuses(c, &m->statuses) : enc_hint(c, &m->hint);
+  case KV_OP_PRESENCE:
+    if (!reply) {
+      if (m->presence_flags != 0) return -EINVAL;
+      w8(c, 0);
+      return 0;
+    }
+    if (m->presence_rep.bytes == 0) return -EINVAL;
+    w64(c, m->presence_rep.bytes);
+    w32(c, m->presence_rep.flags);
+    return 0;
   case KV_OP_COUNT: break;
   }
   return KV_EBADOP;

@@ -31,8 +31,12 @@ static inline int kv__hdr_rules(uint16_t op, uint16_t flags, int32_t status, uin
     return 1;
   }
   /* Only a HELLO reply (the G2 arena, checked against arena_bytes with the
-   * payload) and a G1_SELECT reply (the G1 pool) carry an fd. */
-  if ((flags & KV_F_FD) && !(reply && (op == KV_OP_HELLO || op == KV_OP_G1_SELECT))) return 1;
+   * payload), a G1_SELECT reply (the G1 pool) and a PRESENCE reply (the
+   * table, which it must carry) carry an fd. */
+  if ((flags & KV_F_FD) &&
+      !(reply && (op == KV_OP_HELLO || op == KV_OP_G1_SELECT || op == KV_OP_PRESENCE)))
+    return 1;
+  if (reply && op == KV_OP_PRESENCE && !(flags & KV_F_FD)) return 1;
   /* The second fd (the G1 pool) only comes after the first, on a HELLO reply. */
   if ((flags & KV_F_FD2) && (!(flags & KV_F_FD) || op != KV_OP_HELLO)) return 1;
   return 0;
@@ -50,6 +54,7 @@ static inline int kv__batch_ok(uint16_t op, const kv_batch_req *b) {
   switch (op) {
   case KV_OP_LOAD:
   case KV_OP_LOAD2:
+    return kv__target_ok(b->tier) && b->prio == 0 && (b->flags & ~KV_LOAD_LOCAL) == 0;
   case KV_OP_PREFETCH: return kv__target_ok(b->tier) && b->prio == 0 && b->flags == 0;
   case KV_OP_COMMIT:
     if (b->tier || b->prio || (b->flags & ~(KV_COMMIT_CRC | KV_COMMIT_G4))) return 0;

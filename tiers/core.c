@@ -337,6 +337,7 @@ void kv_core__set_valid(kv_core *c, kv_block *b, kv_tier t) {
   kv_block *p = kv_index_at(&c->ix, b->parent);
   if (p) rchild_inc(c, p, t);
   sync_all(c, b);
+  if (c->adm.on_visible) c->adm.on_visible(c->adm.on_visible_arg, b);
 }
 
 static void clear_valid(kv_core *c, kv_block *b, kv_tier t) {
@@ -345,6 +346,7 @@ static void clear_valid(kv_core *c, kv_block *b, kv_tier t) {
   kv_block *p = kv_index_at(&c->ix, b->parent);
   if (p) rchild_dec(c, p, t);
   sync_all(c, b);
+  if (c->adm.on_visible) c->adm.on_visible(c->adm.on_visible_arg, b);
 }
 
 static void link_parent(kv_core *c, kv_block *b, kv_block *p) {
@@ -670,6 +672,11 @@ uint64_t kv_core_limit(const kv_core *c, kv_tier t) { return c->adm.limit[t]; }
 void kv_core_on_copy(kv_core *c, kv_copy_fn fn, void *arg) {
   c->adm.on_copy = fn;
   c->adm.on_copy_arg = arg;
+}
+
+void kv_core_on_visible(kv_core *c, kv_visible_fn fn, void *arg) {
+  c->adm.on_visible = fn;
+  c->adm.on_visible_arg = arg;
 }
 
 kv_core_g3_opts kv_core_g3_options(const kv_core *c) { return c->g3o; }

@@ -131,6 +131,14 @@ typedef struct kv_core_stats_t {
 typedef void (*kv_copy_fn)(void *arg, kv_tier from, kv_tier to, uint32_t bytes, uint64_t ns,
                            int status);
 
+/* Observer of what lookups see (kv_core_find): called on the loop right
+ * after block b's valid tiers changed, so that b may now be found in
+ * another fastest tier (the lowest bit of b->tiers), or not at all (no
+ * tier left, or not KV_BS_READY). The daemon's presence tables follow the
+ * core through it (daemon/presence.h). */
+typedef void (*kv_visible_fn)(void *arg, const kv_block *b);
+void kv_core_on_visible(kv_core *c, kv_visible_fn fn, void *arg);
+
 #define KV_NS_ANY UINT32_MAX /* filter: every namespace */
 
 /* Switches the eviction policy of every tier: each evictable block moves,

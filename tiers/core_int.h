@@ -22,6 +22,8 @@ typedef struct kv_core_admin {
   uint64_t limit[KV_NTIERS]; /* soft limit in bytes per arena (G2) or store (G3); 0: none */
   kv_copy_fn on_copy;        /* NULL: none */
   void *on_copy_arg;
+  kv_visible_fn on_visible; /* NULL: none */
+  void *on_visible_arg;
 } kv_core_admin;
 
 /* --- shared by the core's files ---------------------------------------- */

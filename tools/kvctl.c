@@ -452,6 +452,9 @@ static int open_session(const ctl *c, uint32_t bb, kvc **out) {
                            .tp_size = (uint16_t)c->tp_size,
                            .dtype = c->dtype},
                 .timeout_ms = c->timeout_ms};
+  /* An operator's lookup asks the daemon, which counts and classifies it,
+   * and makes the namespace no presence table (kvclient.h). */
+  setenv("KVCACHED_LOOKUP", "daemon", 1);
   int rc = kvc_open(&o, out);
   return rc ? open_failed(c, rc) : 0;
 }

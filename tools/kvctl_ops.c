@@ -260,6 +260,16 @@ static void print_status(const ctl *c, json_t *st) {
   } else {
     printf("%-12s off\n", "g4");
   }
+  json_t *pr = json_object_get(st, "presence");
+  if (json_is_object(pr)) {
+    char pb[32];
+    kvctl_human_bytes(unum(pr, "bytes"), pb, sizeof pb);
+    printf("%-12s %llu namespaces mapped by workers, %s; %llu updates, %llu maps, "
+           "%llu contradicted by a LOAD\n",
+           "presence", (unsigned long long)unum(pr, "namespaces"), pb,
+           (unsigned long long)unum(pr, "updates"), (unsigned long long)unum(pr, "maps"),
+           (unsigned long long)unum(pr, "contradicted"));
+  }
   json_t *traffic = json_object_get(st, "traffic");
   printf("%-12s", "traffic");
   for (size_t i = 0; i < NELEM(directions); i++) {

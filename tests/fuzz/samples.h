@@ -270,6 +270,19 @@ static inline void kv_samples(kv_sample_fn fn, void *arg) {
   m = kv_sample_rep(KV_OP_HINT, 37);
   m.statuses = (kv_statvec){.n = 4, .v = st};
   fn(&m, "hint rep", arg);
+
+  /* PRESENCE (1.5) */
+  m = kv_sample_req(KV_OP_PRESENCE, id++);
+  fn(&m, "presence req", arg);
+  m = kv_sample_rep(KV_OP_PRESENCE, 38);
+  m.flags |= KV_F_FD;
+  m.presence_rep = (kv_presence_rep){.bytes = 64 + (64u << 10), .flags = 3};
+  fn(&m, "presence rep, a table and its fd", arg);
+  /* LOAD after a lookup answered from the table (1.5) */
+  m = kv_sample_req(KV_OP_LOAD2, id++);
+  m.batch = (kv_batch_req){.tier = KV_G2, .flags = KV_LOAD_LOCAL,
+                           .keys = {.p = kv_sample_keys, .n = 2, .klen = 32}};
+  fn(&m, "load2 req, keys from a local lookup", arg);
 }
 
 #endif

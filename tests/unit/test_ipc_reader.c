@@ -498,6 +498,7 @@ static void add_sample(const kv_msg *m, const char *what, void *arg) {
   (void)what;
   kv_msg c = *m;
   c.flags &= (uint16_t)~KV_F_FD; /* a fed stream carries no fds */
+  if (c.op == KV_OP_PRESENCE && (c.flags & KV_F_REPLY)) return; /* its fd is part of it */
   if (c.op == KV_OP_HELLO && (c.flags & KV_F_REPLY)) {
     c.hello_rep.arena_bytes = 0;
     c.hello_rep.slot_align = 0;

@@ -148,6 +148,11 @@ static int msg_eq(const kv_msg *a, const kv_msg *b) {
     if (rep)
       return mem_eq(a->status_text.p, a->status_text.len, b->status_text.p, b->status_text.len);
     return a->status_flags == b->status_flags;
+  case KV_OP_PRESENCE:
+    if (rep)
+      return a->presence_rep.bytes == b->presence_rep.bytes &&
+             a->presence_rep.flags == b->presence_rep.flags;
+    return a->presence_flags == b->presence_flags;
   case KV_OP_ERROR:
     return a->error.req_op == b->error.req_op &&
            mem_eq(a->error.msg.p, a->error.msg.len, b->error.msg.p, b->error.msg.len);
@@ -1296,4 +1301,49 @@ Test(hint_vocabulary, stop_names_and_session_ids) {
   cr_assert_eq(kv_session_id("", 0), 0xcbf29ce484222325ull);
   cr_assert_eq(kv_session_id("a", 1), 0xaf63dc4c8601ec8cull);
   cr_assert_eq(kv_session_id("foobar", 6), 0x85944171f73967e8ull);
+}
+
+/* ---- 1.5: PRESENCE, KV_LOAD_LOCAL ------------------------------------------------- */
+
+Test(wire_ok, v1_5_presence_layout) {
+  kv_msg m = kv_sample_rep(KV_OP_PRESENCE, 9);
+  m.flags |= KV_F_FD;
+  m.presence_rep = (kv_presence_rep){.bytes = 0x0102030405ull, .flags = 0x11223344u};
+  kv_buf b;
+  kv_buf_init(&b);
+  cr_assert_eq(kv_msg_encode(&b, &m), 0);
+  static const uint8_t body[] = {0x05, 0x04, 0x03, 0x02, 0x01, 0x00, 0x00, 0x00, /* bytes */
+                                 0x44, 0x33, 0x22, 0x11};                        /* flags */
+  cr_assert_eq(b.len, KV_HDR_SIZE + sizeof body);
+  cr_assert_eq(memcmp(b.p + KV_HDR_SIZE, body, sizeof body), 0);
+  kv_buf_free(&b);
+  cr_assert_eq(kv_req_payload_max(KV_OP_PRESENCE), 1u);
+  cr_assert_str_eq(kv_op_name(KV_OP_PRESENCE), "PRESENCE");
+}
+
+Test(wire_bad, v1_5_presence_fields) {
+  pb8(0);
+  cr_assert_eq(REQ(KV_OP_PRESENCE), 0);
+  pb8(1);
+  cr_assert_eq(REQ(KV_OP_PRESENCE), KV_EBADFRAME, "request flags other than 0");
+  pb64(4160), pb32(0);
+  cr_assert_eq(pdecode(KV_OP_PRESENCE, KV_F_REPLY | KV_F_FD, 0), 0);
+  pb64(4160), pb32(0);
+  cr_assert_eq(REP(KV_OP_PRESENCE), KV_EBADFRAME, "a reply without the table's fd");
+  pb64(0), pb32(0);
+  cr_assert_eq(pdecode(KV_OP_PRESENCE, KV_F_REPLY | KV_F_FD, 0), KV_EBADFRAME, "0 bytes");
+  pb8(0);
+  cr_assert_eq(pdecode(KV_OP_PRESENCE, KV_F_FD, 0), KV_EBADFRAME, "an fd on a request");
+  /* KV_LOAD_LOCAL: on LOAD and LOAD2 only */
+  static const uint16_t ok[] = {KV_OP_LOAD, KV_OP_LOAD2};
+  static const uint16_t not_load[] = {KV_OP_LOOKUP, KV_OP_PREFETCH, KV_OP_RELEASE};
+  for (unsigned i = 0; i < 2; i++) {
+    pb8(KV_G2), pb8(0), pb8(KV_LOAD_LOCAL), pb32(1), pb8(4), pbfill(7, 4);
+    cr_assert_eq(REQ(ok[i]), 0, "%s", kv_op_name(ok[i]));
+  }
+  for (unsigned i = 0; i < 3; i++) {
+    pb8(not_load[i] == KV_OP_PREFETCH ? KV_G2 : 0), pb8(0), pb8(KV_LOAD_LOCAL), pb32(1), pb8(4);
+    pbfill(7, 4);
+    cr_assert_eq(REQ(not_load[i]), KV_EBADFRAME, "%s", kv_op_name(not_load[i]));
+  }
 }

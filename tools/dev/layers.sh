@@ -91,7 +91,7 @@ done
 # demotion callback core_g3.c hands it.
 declare -A order=(
   [base]="log errors hex size buf crc32c"
-  [proto]="wire_enc wire_dec wire"
+  [proto]="wire_enc wire_dec wire presence"
   [ipc]="reader sock"
   [cuda]="batch dev
           dev_cuda dev_sim dev_none dev_done
@@ -103,16 +103,16 @@ declare -A order=(
            g3 g3_rebuild g3_commit g3_threads g3_uring g3_files g3_lmdb g3_format
            g4_cluster g4_format
            codec quant"
-  [client]="engine client g1 chain_hash version"
+  [client]="engine client presence g1 chain_hash version"
   [daemon]="main
             kvd
             admin server
             handlers stats load alloc
             g4 g3_watch trust
-            reply defer g1 g4_owed
+            reply defer g1 g4_owed presence
             session sink registry http accept
             metrics ghost config"
-  [tools]="kvbench bench_replay bench_daemon bench_clients bench_scale bench_g3
+  [tools]="kvbench bench_presence bench_replay bench_daemon bench_clients bench_scale bench_g3
            bench_core belady trace
            bench_codec quant_tool
            kvctl kvctl_ops kvctl_cli kvctl_http"

@@ -72,6 +72,12 @@ class KvcBlock(Structure):
                 ("length", c_uint32), ("crc", c_uint32)]
 
 
+class KvcLookupInfo(Structure):
+    _fields_ = [("mode", c_int), ("mapped", c_int), ("bytes", c_uint64), ("local", c_uint64),
+                ("daemon", c_uint64), ("maps", c_uint64), ("retired", c_uint64),
+                ("reason", c_char * 160)]
+
+
 class KvcCompletion(Structure):
     _fields_ = [("id", c_uint64), ("op", c_int), ("result", c_int), ("user", c_void_p)]
 
@@ -98,6 +104,8 @@ _SIGS = {
     "kvc_g1_ptr": (c_int, [c_void_p, c_uint64, c_uint64, _P(c_void_p)]),
     "kvc_lookup": (c_int, [c_void_p, _P(KvcKey), c_uint32, _P(c_uint8)]),
     "kvc_lookup_all": (c_int, [c_void_p, _P(KvcKey), c_uint32, _P(c_uint8)]),
+    "kvc_set_lookup": (c_int, [c_void_p, c_int]),
+    "kvc_lookup_stats": (c_int, [c_void_p, _P(KvcLookupInfo)]),
     "kvc_load": (c_int, [c_void_p, c_uint8, _P(KvcKey), c_uint32, _P(KvcBlock)]),
     "kvc_release": (c_int, [c_void_p, _P(KvcKey), c_uint32, _P(c_int32)]),
     "kvc_alloc": (c_int, [c_void_p, c_uint8, c_uint8, _P(KvcKey), _P(KvcKey), c_uint32,

@@ -554,12 +554,15 @@ class Client:
     timeout_ms: for every call (0: the library's 10 s, -1: none);
     g1: False to not import the daemon's G1 pool; g1_uuid: the 16-byte
     uuid of the device this worker computes on (default: the current CUDA
-    device, if any).
+    device, if any); lookup: "auto" answers lookups from the namespace's
+    presence table where it can (protocol 1.5, no round trip), "daemon"
+    always asks the daemon (as KVCACHED_LOOKUP=daemon does).
     """
 
     def __init__(self, socket: str | os.PathLike | None = None, tenant: str = "default",
                  layout: Layout | None = None, salt: bytes = b"", group: str | None = None,
-                 timeout_ms: int = 0, g1: bool = True, g1_uuid: bytes | None = None):
+                 timeout_ms: int = 0, g1: bool = True, g1_uuid: bytes | None = None,
+                 lookup: str = "auto"):
         if layout is None:
             raise ValueError("Client needs a layout (kvclient.Layout)")
         L = _lib.lib()
@@ -590,6 +593,11 @@ class Client:
         check(L.kvc_open(ctypes.byref(o), ctypes.byref(h)), "open", where)
         self._h = h
         self._L = L
+        if lookup not in ("auto", "daemon"):
+            self.close()
+            raise ValueError(f"lookup={lookup!r}: 'auto' or 'daemon'")
+        if lookup == "daemon":
+            check(L.kvc_set_lookup(h, 1), "open", "lookup='daemon'")
 
     # --- life ----------------------------------------------------------------
     def close(self):
@@ -688,6 +696,19 @@ class Client:
         fn = self._L.kvc_lookup_all if past_holes else self._L.kvc_lookup
         hit = check(fn(self._handle(), ka, len(keys), tiers), "lookup")
         return hit, list(tiers[:len(keys)])
+
+    def lookup_stats(self) -> dict:
+        """How this client's lookups were answered: mode ('auto' or
+        'daemon'), mapped (a presence table is mapped: protocol 1.5), bytes
+        (its size), local (lookups answered from it), daemon (lookups asked
+        of the daemon), maps (tables mapped), retired (answers the daemon's
+        replacing its table sent back), reason (why no table is mapped)."""
+        info = _lib.KvcLookupInfo()
+        check(self._L.kvc_lookup_stats(self._handle(), ctypes.byref(info)), "lookup_stats")
+        return {"mode": "daemon" if info.mode else "auto", "mapped": bool(info.mapped),
+                "bytes": info.bytes, "local": info.local, "daemon": info.daemon,
+                "maps": info.maps, "retired": info.retired,
+                "reason": info.reason.decode(errors="replace")}
 
     def load(self, keys, tier: int = G2) -> Loaded:
         """Pins each block in `tier` (G2, or G1 when self.g1.available) and

@@ -46,7 +46,7 @@ def store(c, keys, fill=lambda i: bytes([i % 251 + 1])):
 STRUCTS = {"kvc_key": _lib.KvcKey, "kvc_layout": _lib.KvcLayout, "kvc_opts": _lib.KvcOpts,
            "kvc_g1": _lib.KvcG1, "kvc_g2": _lib.KvcG2, "kvc_block": _lib.KvcBlock,
            "kvc_completion": _lib.KvcCompletion, "kvc_page_layout": _lib.KvcPageLayout,
-           "kvc_copy": _lib.KvcCopy}
+           "kvc_copy": _lib.KvcCopy, "kvc_lookup_info": _lib.KvcLookupInfo}
 
 
 def test_struct_sizes_match_the_header(tmp_path):
@@ -211,6 +211,27 @@ def test_store_lookup_load_release_round_trip(daemon):
                 assert b.ok and b.tier == G2 and b.length == 4096
                 assert bytes(b.view[:3]) == bytes([i + 1]) * 3
         assert got.released
+
+
+def test_lookups_are_answered_from_the_presence_table(daemon):
+    """Client.lookup answers from the namespace's presence table (protocol
+    1.5) with the daemon's meaning; lookup="daemon" asks the daemon."""
+    with connect(daemon) as c, connect(daemon, lookup="daemon") as d:
+        st = c.lookup_stats()
+        assert st["mapped"] and st["mode"] == "auto" and st["bytes"] > 0, st
+        assert d.lookup_stats()["mode"] == "daemon" and not d.lookup_stats()["mapped"]
+        keys = c.chain_keys(list(range(16 * 6)))
+        store(c, keys[:4])
+        for sub in (keys, keys[:4], keys[2:], keys[5:], keys[:1]):
+            assert c.lookup(sub) == d.lookup(sub)
+        assert c.lookup(keys) == (4, [G2] * 4 + [TIER_NONE] * 2)
+        st = c.lookup_stats()
+        assert st["local"] == 6 and st["daemon"] == 0, st
+        assert d.lookup_stats()["daemon"] == 5 and d.lookup_stats()["local"] == 0
+        c.delete(keys[1:2])
+        assert c.lookup(keys)[0] == 1, "a delete is seen at once"
+    with pytest.raises(ValueError):
+        connect(daemon, lookup="sometimes")
 
 
 def test_views_are_zero_copy_over_the_shared_mapping(daemon):
