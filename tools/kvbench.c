@@ -21,6 +21,8 @@ static const struct {
     {"memcpy", "the reference for load: the same copies from plain memory", kvbench_memcpy},
     {"swapin", "a running daemon: LOAD blocks that were demoted to G3, GB/s", kvbench_swapin},
     {"replay", "a running daemon: replay a Mooncake trace with N worker processes", kvbench_replay},
+    {"presence", "a running daemon: lookups from the presence table, the daemon, Redis GET",
+     kvbench_presence},
     {"scale", "index and policy at 10^4..10^7 blocks: lookup ns, bytes per block", kvbench_scale},
 };
 

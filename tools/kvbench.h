@@ -14,6 +14,8 @@ int kvbench_memcpy(int argc, char **argv);
 int kvbench_swapin(int argc, char **argv);
 /* A Mooncake trace replayed through a running kvcached (bench_replay.c). */
 int kvbench_replay(int argc, char **argv);
+/* Lookups from the presence table beside the daemon's and Redis's (bench_presence.c). */
+int kvbench_presence(int argc, char **argv);
 /* The block index and the default policy at 10^4..10^7 blocks (bench_scale.c). */
 int kvbench_scale(int argc, char **argv);
 

@@ -91,7 +91,9 @@ for c in $clients; do
 done
 kv_vals="" p50_vals="" p99_vals=""
 for _ in $(seq "$reps"); do
-  "$bin/kvbench" lookup --json --seconds "$secs" --socket-dir "$T/run" --block-bytes "$BLOCK" \
+  # the daemon's LOOKUP (a worker would answer these from its presence table)
+  KVCACHED_LOOKUP=daemon "$bin/kvbench" lookup --json --seconds "$secs" --socket-dir "$T/run" \
+    --block-bytes "$BLOCK" \
     >"$T/lookup.json" 2>>"$T/kvbench.err" || die "lookup failed: $(tail -3 "$T/kvbench.err")"
   kv_vals="$kv_vals $(jq .keys_per_s "$T/lookup.json")"
   p50_vals="$p50_vals $(jq .rtt_p50_us "$T/lookup.json")"
