@@ -264,6 +264,15 @@ Test(daemon_g4, stored_on_a_loaded_on_b, .init = setup, .fini = teardown, .timeo
   cr_assert_eq(metric(&nb, "kvcached_g4_hits_total"), 8);
   cr_assert_eq(metric(&nb, "kvcached_lookups_total"), 8, "a LOOKUP that waited is counted once");
   for (uint64_t v = 1; v <= 8; v++) load_check(b, v);
+  /* B's presence table (protocol 1.5) had none of them, and with G4 a short
+   * run is the daemon's to answer; a whole run is the table's */
+  kvc_lookup_info li;
+  cr_assert_eq(kvc_lookup_stats(b, &li), 0);
+  cr_assert(li.mapped && li.daemon == 1 && li.local == 0, "mapped %d, daemon %llu, local %llu",
+            li.mapped, (unsigned long long)li.daemon, (unsigned long long)li.local);
+  cr_assert_eq(lookup(b, 1, 8, t, NULL), 8);
+  cr_assert_eq(kvc_lookup_stats(b, &li), 0);
+  cr_assert(li.local == 1 && li.daemon == 1, "the whole run came from the table");
   /* what follows the chain is absent: a miss, counted, and no wait past it */
   cr_assert_eq(lookup(b, 1, 10, t, NULL), 8);
   cr_assert_eq(metric(&nb, "kvcached_g4_misses_total{reason=\"absent\"}"), 2);
