@@ -8,8 +8,10 @@
  * and evictions without ever loading a wrong block.
  */
 #include <fcntl.h>
+#include <poll.h>
 #include <sys/mman.h>
 #include <sys/stat.h>
+#include <sys/un.h>
 
 #include "ipc/reader.h"
 #include "proto/presence.h"
@@ -341,4 +343,86 @@ Test(presence, racing_processes_never_load_a_wrong_block) {
   cr_assert_gt(shared[0], 100, "the readers loaded blocks");
   cr_assert_gt(evicted, 0, "commits evicted blocks while they were looked up");
   munmap(shared, 4096);
+}
+
+/* --- a daemon before 1.5 ---------------------------------------------------- */
+
+/* Relays frames between a worker (w) and the daemon (d), its HELLO asking
+ * for protocol 1.4 at most: the daemon then speaks 1.4, as an older daemon
+ * would. Returns when either side closes. */
+static void relay_as_1_4(int w, int d) {
+  kv_reader rw, rd;
+  kv_reader_init(&rw, 0);
+  kv_reader_init(&rd, 0);
+  struct pollfd p[2] = {{.fd = w, .events = POLLIN}, {.fd = d, .events = POLLIN}};
+  for (;;) {
+    if (poll(p, 2, 5000) <= 0) return;
+    for (int i = 0; i < 2; i++) {
+      if (!(p[i].revents & (POLLIN | POLLHUP))) continue;
+      kv_frame f;
+      if (kv_reader_recv(i ? &rd : &rw, p[i].fd, &f, 1000) <= 0) return;
+      kv_buf b;
+      kv_buf_init(&b);
+      kv_msg m;
+      const void *bytes = f.p;
+      size_t n = f.len;
+      if (!i && kv_msg_decode(f.p, f.len, &m) == 0 && m.op == KV_OP_HELLO) {
+        m.hello.ver_minor = 4;
+        if (kv_msg_encode(&b, &m)) return;
+        bytes = b.p;
+        n = b.len;
+      }
+      int fds[2] = {f.fd, f.fd2};
+      unsigned nfds = (f.fd >= 0) + (f.fd2 >= 0);
+      struct iovec iov = {(void *)bytes, n};
+      if (kv_sock_send_frame_fds(i ? w : d, &iov, 1, fds, nfds, 3000)) return;
+      if (f.fd >= 0) close(f.fd);
+      if (f.fd2 >= 0) close(f.fd2);
+      kv_buf_free(&b);
+    }
+  }
+}
+
+Test(presence, a_daemon_before_1_5_is_asked) {
+  ops_start(NULL, NULL);
+  struct sockaddr_un a = {.sun_family = AF_UNIX};
+  cr_assert_lt(strlen(ops_d.dir) + 9, sizeof a.sun_path);
+  snprintf(a.sun_path, sizeof a.sun_path, "%.96s/old.sock", ops_d.dir);
+  const char *path = a.sun_path;
+  int l = socket(AF_UNIX, SOCK_STREAM, 0);
+  cr_assert_eq(bind(l, (struct sockaddr *)&a, sizeof a), 0);
+  cr_assert_eq(listen(l, 4), 0);
+  pid_t kid = fork();
+  cr_assert_geq(kid, 0);
+  if (kid == 0) {
+    int w = accept(l, NULL, NULL), d = kv_sock_connect(ops_d.sock, 0);
+    if (w >= 0 && d >= 0) relay_as_1_4(w, d);
+    _exit(0);
+  }
+  close(l);
+  kvc_opts o = {.socket_path = path,
+                .tenant = "t",
+                .layout = {.block_bytes = 4096, .tokens_per_block = 16, .layers = 1,
+                           .kv_heads = 1, .head_dim = 64, .tp_rank = 0, .tp_size = 1,
+                           .dtype = "bf16"},
+                .no_g1 = 1};
+  kvc *c;
+  cr_assert_eq(kvc_open(&o, &c), 0);
+  kvc_lookup_info i = info(c);
+  cr_assert_not(i.mapped);
+  cr_assert(strstr(i.reason, "1.4"), "why: %s", i.reason);
+  store(c, 4096, 1, 3);
+  kvc_key k[4] = {KC(1), KC(2), KC(3), KC(4)};
+  uint8_t t[4];
+  cr_assert_eq(kvc_lookup(c, k, 4, t), 3, "the daemon's answer");
+  cr_assert_eq(t[3], KVC_TIER_NONE);
+  kvc_block out[3];
+  cr_assert_eq(kvc_load(c, KVC_G2, k, 3, out), 3, "no KV_LOAD_LOCAL, which 1.4 refuses");
+  cr_assert_eq(kvc_release(c, k, 3, NULL), 3);
+  i = info(c);
+  cr_assert(i.daemon == 1 && i.local == 0);
+  cr_assert_eq(ops_metric("kvcached_presence_namespaces"), 0, "no table was asked for");
+  kvc_close(c);
+  int st;
+  waitpid(kid, &st, 0);
 }
