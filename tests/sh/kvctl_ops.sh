@@ -187,6 +187,8 @@ check "three blocks in G2" test "$(jq '.tiers.g2.blocks' "$T/out")" = 3
 hits=$(jq '[.tiers[].hits] | add' "$T/out")
 misses=$(jq '[.misses[]] | add' "$T/out")
 "$KVCTL" status "${R[@]}" >"$T/table"
+check "status: the presence tables (none: kvctl asks the daemon)" \
+  grep -q '^presence *0 namespaces mapped by workers' "$T/table"
 if [ $((hits + misses)) -gt 0 ]; then
   want=$(awk -v h="$hits" -v m="$misses" 'BEGIN { printf "%.1f%% (%d hits, %d misses", 100 * h / (h + m), h, m }')
   grep -qF "$want" "$T/table" && ok "status: hit rate is hits over hits and misses ($want)" \
