@@ -260,7 +260,7 @@ Test(presence, a_stale_answer_is_a_counted_load_miss) {
 #define POOL  96 /* keys; G2 holds fewer (2 MiB of 64 KiB blocks): commits evict */
 #define BLOCK 65536u
 
-static void race_writer(int seed) {
+static void race_writer(int seed, uint64_t *shared) {
   kvc *c = open_worker("t", BLOCK, NULL, 0, 1);
   uint64_t s = (uint64_t)seed * 7919 + 1;
   for (int i = 0; i < 4000; i++) {
@@ -278,16 +278,17 @@ static void race_writer(int seed) {
     kvc_commit_crc(c, &k, &crc, 1, NULL);
   }
   kvc_close(c);
+  __atomic_fetch_add(&shared[2], 1, __ATOMIC_RELEASE); /* a writer done */
 }
 
 /* Looks up runs of the pool, loads what the table said was there, and
- * checks every block it got: exit 1 for a wrong block, 2 for no local
- * answer, 0 otherwise. */
+ * checks every block it got, until both writers are done: exit 1 for a
+ * wrong block, 2 for no local answer, 0 otherwise. */
 static void race_reader(int seed, uint64_t *shared) {
   kvc *c = open_worker("t", BLOCK, NULL, 0, 1);
   uint8_t *buf = malloc(BLOCK);
   uint64_t s = (uint64_t)seed * 104729 + 3, loaded = 0, wrong = 0;
-  for (int i = 0; i < 3000; i++) {
+  for (int i = 0; i < 3000 || __atomic_load_n(&shared[2], __ATOMIC_ACQUIRE) < 2; i++) {
     s = s * 6364136223846793005ull + 1442695040888963407ull;
     uint64_t a = 1 + (s >> 33) % POOL;
     kvc_key k[4];
@@ -324,7 +325,7 @@ Test(presence, racing_processes_never_load_a_wrong_block) {
     kids[i] = fork();
     cr_assert_geq(kids[i], 0);
     if (kids[i] == 0) {
-      if (i < 2) race_writer(i);
+      if (i < 2) race_writer(i, shared);
       else race_reader(i, shared);
       _exit(0);
     }
