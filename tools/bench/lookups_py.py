@@ -58,12 +58,12 @@ def vllm_request(tokens):
 def connector(client):
     """KvcachedConnector's scheduler side on an open client: the object
     vLLM would build, without a VllmConfig (its __init__ reads one)."""
-    from kvclient.vllm import KvcachedConnector
+    from kvclient.vllm import STAT_NAMES, KvcachedConnector
     c = KvcachedConnector.__new__(KvcachedConnector)
     c._client = client
     c.block_tokens = TPB
     c.load_async = True
-    c.stats = {k: 0 for k in ("lookups", "hit_blocks")}
+    c.stats = dict.fromkeys(STAT_NAMES, 0)
     c._trackers = {}
     return c
 

@@ -280,10 +280,11 @@ def _refuse_unsupported(vllm_config, kv_cache_config) -> None:
 # (KvcachedConnectorStats.aggregate), logs them with its throughput line
 # when stats are on, and counts them in Prometheus as
 # vllm:kvcached_<name>_total (build_prom_metrics).
-STAT_NAMES = ("lookups", "hit_blocks", "loaded_blocks", "failed_blocks", "saved_blocks",
-              "existed_blocks", "save_failures", "layerwise_blocks", "hints")
+STAT_NAMES = ("lookups", "local_lookups", "hit_blocks", "loaded_blocks", "failed_blocks",
+              "saved_blocks", "existed_blocks", "save_failures", "layerwise_blocks", "hints")
 _STAT_HELP = {
-    "lookups": "LOOKUPs the scheduler sent to kvcached",
+    "lookups": "lookups the scheduler made",
+    "local_lookups": "of those, answered from kvcached's presence table (no round trip)",
     "hit_blocks": "blocks kvcached had at those LOOKUPs",
     "loaded_blocks": "blocks loaded from kvcached into the engine's pages",
     "failed_blocks": "blocks a load was to fill and did not (reported for recompute or failure)",
@@ -435,7 +436,9 @@ class KvcachedConnector(KVConnectorBase_V1):
             return 0, False  # a load must start on a kvcached block boundary
         try:
             c = self._sched_client()
+            local0 = c.lookup_stats()["local"]
             hit, _ = c.lookup(self._keys(c, tokens, request_extra(request)))
+            self.stats["local_lookups"] += c.lookup_stats()["local"] - local0
         except KvError as e:  # no daemon: no hit, never an error for the engine
             log.warning("kvcached lookup failed (%s): computing request %s", e,
                         request.request_id)

@@ -414,7 +414,10 @@ def test_v2_holds_the_kv_pool_and_answers_false_for_a_late_sidecar(daemon, stack
     assert b.batch_set_v2([PoolTransfer(name=PoolName.KV, host_indices=src[:2 * T],
                                         keys=keys2)],
                           HiCacheStorageExtraInfo(prefix_keys=keys)) == {PoolName.KV: [True] * 2}
+    before = b.client.lookup_stats()
     assert b.batch_exists(keys + keys2) == 6
+    st = b.client.lookup_stats()  # answered from the presence table (protocol 1.5)
+    assert st["mapped"] and st["local"] > before["local"] and st["daemon"] == before["daemon"], st
     # host indices that do not match the keys: every page False
     assert b.batch_get_v2([PoolTransfer(name=PoolName.KV, host_indices=dst[:T], keys=keys)]) == \
         {PoolName.KV: [False] * 4}

@@ -188,6 +188,8 @@ def test_engine_b_loads_shared_prefixes_and_matches_an_engine_without_kvcached(e
     # B1 loads 28 blocks; B2 the 8 after them (vLLM's own prefix cache has
     # B1's 28 by then); B3 none (its 18 are all vLLM's own)
     assert m["vllm:kvcached_hit_blocks"] == 28 + 36 + 18, m
+    # the scheduler's lookups were answered from the presence table (1.5)
+    assert m["vllm:kvcached_local_lookups"] == m["vllm:kvcached_lookups"] > 0, m
     assert m["vllm:kvcached_loaded_blocks"] == 28 + 8, m
     assert m["vllm:kvcached_failed_blocks"] == 0
     # vLLM's own counters: tokens that came from the connector
