@@ -37,8 +37,9 @@ static void scratch_free(kvd *d) {
   d->keys = NULL;
 }
 
-/* A namespace freed (its presence table goes before its core id is
- * reused), or in a TP group now (one rank's table no longer answers). */
+/* A namespace without sessions, freed (its presence table goes before its
+ * core id is reused), or in a TP group now (one rank's table no longer
+ * answers). */
 static void ns_changed(void *arg, uint32_t core_ns) { kvd_presence_drop(arg, core_ns); }
 
 int kvd_init(kvd *d) {

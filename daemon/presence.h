@@ -22,8 +22,11 @@
  * key finds no room past half full; the old table is retired (its readers
  * ask again) and closed. A table that cannot place a key while at most half
  * full (keys chosen to collide) is marked KV_PRES_PARTIAL instead: its
- * readers then ask the daemon for what it lacks. A namespace that is freed
- * retires its table.
+ * readers then ask the daemon for what it lacks. A namespace whose last
+ * session closes (or that is freed, or joins a TP group) retires its
+ * table: there are at most as many tables as namespaces with a session,
+ * and their descriptors are among those the connections' budget counts
+ * (server.c, worker_budget).
  */
 #ifndef KV_DAEMON_PRESENCE_H
 #define KV_DAEMON_PRESENCE_H

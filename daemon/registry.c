@@ -305,6 +305,9 @@ uint32_t kvd_registry_sweep(kvd_registry *r) {
 void kvd_registry_release(kvd_registry *r, int ns) {
   if (ns < 0 || (uint32_t)ns >= r->nns || !ns_live(r, (uint32_t)ns) || !r->ns[ns].sessions) return;
   r->ns[ns].sessions--;
+  /* its last session gone, nobody reads its presence table */
+  if (!r->ns[ns].sessions && r->ns_changed_fn)
+    r->ns_changed_fn(r->ns_changed_arg, (uint32_t)r->ns[ns].core_ns);
   ns_try_free(r, (uint32_t)ns);
 }
 

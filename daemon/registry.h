@@ -153,9 +153,10 @@ typedef struct kvd_registry_opts {
   int (*register_fn)(void *base, size_t len, void *arg);
   void (*unregister_fn)(void *base, size_t len, void *arg);
   void *register_arg;
-  /* Told of each namespace freed, by its core id (which may be reused
-   * next), and of each that joins a TP group (whose LOOKUPs then answer
-   * for every rank): the daemon retires its presence table. NULL: nobody. */
+  /* Told, by its core id, of each namespace whose last session closed or
+   * that is freed (its id may be reused next), and of each that joins a TP
+   * group (whose LOOKUPs then answer for every rank): the daemon retires
+   * its presence table. NULL: nobody. */
   void (*ns_changed_fn)(void *arg, uint32_t core_ns);
   void *ns_changed_arg;
 } kvd_registry_opts;

@@ -102,7 +102,12 @@ Test(presence, lookups_from_the_table_answer_as_the_daemon) {
   cr_assert_geq(ops_metric("kvcached_presence_updates_total"), 11, "ten commits and a delete");
   cr_assert_eq(ops_stat("presence.namespaces"), 1);
   kvc_close(c);
+  cr_assert_eq(ops_metric("kvcached_presence_namespaces"), 1, "d's session still open");
   kvc_close(d);
+  /* the last session gone, the table goes (the close is seen on the loop) */
+  for (int w = 0; w < 200 && ops_metric("kvcached_presence_namespaces") != 0; w++) usleep(10000);
+  cr_assert_eq(ops_metric("kvcached_presence_namespaces"), 0);
+  cr_assert_eq(ops_metric("kvcached_presence_bytes"), 0);
 }
 
 /* PRESENCE on a raw connection of tenant "t": the table's fd. */
