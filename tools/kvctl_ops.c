@@ -360,6 +360,10 @@ static json_t *top_frame(json_t *a, json_t *b, double dt) {
   json_object_set_new(f, "requests_per_s", json_real(reqs / dt));
   json_object_set_new(f, "lookups_per_s",
                       json_real(delta(num(a, "lookups"), num(b, "lookups")) / dt));
+  /* presence tables (protocol 1.5): the entries the daemon wrote to them */
+  json_t *pa = json_object_get(a, "presence"), *pb = json_object_get(b, "presence");
+  json_object_set_new(f, "presence_updates_per_s",
+                      json_real(delta(num(pa, "updates"), num(pb, "updates")) / dt));
   json_t *bps = json_object(), *occ = json_object();
   json_t *xa = json_object_get(a, "traffic"), *xb = json_object_get(b, "traffic");
   for (size_t i = 0; i < NELEM(directions); i++)
@@ -392,6 +396,9 @@ static void print_top_frame(const ctl *c, json_t *f, json_t *st, int tty) {
   else printf("hit rate     -");
   printf("   requests %.1f/s   lookups %.1f/s\n", num(f, "requests_per_s"),
          num(f, "lookups_per_s"));
+  json_t *pr = json_object_get(st, "presence");
+  printf("presence  %llu namespaces mapped, %.1f updates/s\n",
+         (unsigned long long)unum(pr, "namespaces"), num(f, "presence_updates_per_s"));
   json_t *bps = json_object_get(f, "bytes_per_s");
   for (size_t i = 0; i < NELEM(directions); i++) {
     char b[32];

@@ -242,13 +242,15 @@ check "status counts the G2 evictions" test "$("$KVCTL" status --json "${R[@]}" 
 # top: frames from successive /stats.
 expect_exit 0 "top --json, 2 frames" "$KVCTL" top --count 2 --interval 0.1 --json "${R[@]}"
 check "two frames" test "$(wc -l < "$T/out")" = 2
-check "each frame has the rates and occupancy" test "$(jq -s 'map(has("hit_rate") and has("requests_per_s") and (.bytes_per_s | has("g2_to_g3")) and (.occupancy | has("g2"))) | all' "$T/out")" = true
+check "each frame has the rates and occupancy" test "$(jq -s 'map(has("hit_rate") and has("requests_per_s") and has("presence_updates_per_s") and (.bytes_per_s | has("g2_to_g3")) and (.occupancy | has("g2"))) | all' "$T/out")" = true
 check "G1 has no occupancy" test "$(jq -s '.[0].occupancy.g1' "$T/out")" = null
 "$KVCTL" status --json "${R[@]}" >"$T/st"
 check "G2 occupancy is used over capacity" test "$(jq -s '.[1].occupancy.g2' "$T/out")" = "$(jq '.tiers.g2.used_bytes / .tiers.g2.capacity_bytes' "$T/st")"
 expect_exit 0 "top, one frame as text" "$KVCTL" top --count 1 --interval 0.1 "${R[@]}"
 grep -q "^hit rate .* requests [0-9.]*/s .* lookups [0-9.]*/s$" "$T/out" && ok "top: hit rate and requests/s" || bad "top: $(cat "$T/out")"
 grep -q "^g2_to_g3 .*/s" "$T/out" && ok "top: bytes/s per direction" || bad "top directions: $(cat "$T/out")"
+grep -q "^presence  0 namespaces mapped, [0-9.]* updates/s$" "$T/out" && ok "top: presence tables" \
+  || bad "top presence: $(cat "$T/out")"
 grep -q "^g2  ok  *\[[#.]*\]" "$T/out" && ok "top: occupancy per tier" || bad "top occupancy: $(cat "$T/out")"
 "$KVCTL" top --interval 0.1 "${R[@]}" >"$T/top" 2>&1 &
 tpid=$!
