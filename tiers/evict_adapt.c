@@ -115,7 +115,8 @@ typedef struct aheap {
 typedef struct adapt {
   aheap q[2];   /* [0] used once, [1] used again; by (class, last access) */
   kv_seen seen; /* the last 2C..4C victims */
-  kv_bid offered, newest;
+  kv_bid offered;
+  kv_newest newest; /* the newest rule's block (evict_impl.h) */
   double h;     /* H, in capacities */
   int fixed;    /* aged: H stays */
   double acc, vic; /* accesses and victims lately (halved every C victims) */
@@ -250,10 +251,11 @@ static kv_block *first_in(kv_evict *e, adapt *a, uint64_t h) {
       kv_block *b = kv_index_at(e->ix, q->v[i]);
       uint64_t k = order_key(b, qi, h);
       if (i == 0 && k < bk) bk = k, best = b;
-      if (b->id != a->newest && (i == 0 || q->v[0] == a->newest) && k < ak) ak = k, alt = b;
+      if (b->id != a->newest.id && (i == 0 || q->v[0] == a->newest.id) && k < ak)
+        ak = k, alt = b;
     }
   }
-  if (best && best->id == a->newest && alt && alt->prio == best->prio) return alt;
+  if (best && best->id == a->newest.id && alt && alt->prio == best->prio) return alt;
   return best;
 }
 
@@ -273,7 +275,8 @@ static void size_history(kv_evict *e, adapt *a) {
 static int adapt_init(kv_evict *e) {
   adapt *a = kv_meta_calloc(1, sizeof *a);
   if (!a) return -ENOMEM;
-  a->offered = a->newest = KV_BID_NONE;
+  a->offered = KV_BID_NONE;
+  kv_newest_init(&a->newest);
   e->priv = a;
   return 0;
 }
@@ -328,7 +331,7 @@ static int adapt_add(kv_evict *e, kv_block *b) {
   if (b->hits < 2 && back >= 0) b->hits = 2; /* evicted lately, and back: its second use */
   if (hpush(e, a, b->hits >= 2, b)) return -ENOMEM;
   e->count++;
-  a->newest = b->id;
+  kv_newest_added(&a->newest, e, b);
   if (a->hr) (void)kv_hrank_add(a->hr, b); /* out of memory: ranked without its session */
   if (fresh && a->hr) kv_minis_observe(&a->mm, e->ix, b);
   return 0;
@@ -376,7 +379,7 @@ static void adapt_seen(kv_evict *e, kv_block *b) {
 static kv_block *adapt_peek(kv_evict *e) {
   adapt *a = e->priv;
   kv_block *v;
-  if (a->hr && a->mm.cur == X_HINTS) v = kv_hrank_pick(a->hr, first_in(e, a, 0), a->newest);
+  if (a->hr && a->mm.cur == X_HINTS) v = kv_hrank_pick(a->hr, first_in(e, a, 0), a->newest.id);
   else v = first_in(e, a, age_bonus(e));
   a->offered = v ? v->id : KV_BID_NONE;
   return v;
@@ -391,7 +394,7 @@ static int adapt_admit(kv_evict *e, kv_evict *from, const kv_block *b) {
   adapt *a = e->priv;
   if (a->hr) return 1;
   if (from && from->ops && from->ops->peek == adapt_peek && from->priv &&
-      ((adapt *)from->priv)->newest == b->id)
+      ((adapt *)from->priv)->newest.id == b->id)
     return 1;
   uint64_t h = age_bonus(e);
   kv_block *v = first_in(e, a, h);

@@ -28,7 +28,7 @@ struct kv_heap {
   } * t;          /* lru2: by block id, the last two access times */
   uint32_t nids;  /* lru2: ids covered by t */
   kv_bid offered; /* reuse: the last block peek offered */
-  kv_bid newest;  /* reuse: the last block added */
+  kv_newest newest; /* reuse: the newest rule's block (evict_impl.h) */
 };
 
 /* The score of the entry at i. */

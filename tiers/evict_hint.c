@@ -280,7 +280,7 @@ uint64_t kv_hrank_bytes(const kv_hrank *h) {
 typedef struct hintp {
   kv_heap *lru; /* evict_heap.h's, scored (class, last access) */
   kv_hrank *hr; /* NULL until the first hint */
-  kv_bid newest;
+  kv_newest newest; /* the newest rule's block (evict_impl.h) */
 } hintp;
 
 static uint64_t score_lru(const kv_heap *hp, const kv_block *b) {
@@ -296,7 +296,7 @@ static int hints_init(kv_evict *e) {
     return -ENOMEM;
   }
   p->lru = e->priv;
-  p->newest = KV_BID_NONE;
+  kv_newest_init(&p->newest);
   p->hr = kv_hrank_new(e); /* NULL without a session table, or out of memory: lru */
   e->priv = p;
   return 0;
@@ -325,7 +325,7 @@ static int hints_add(kv_evict *e, kv_block *b) {
   int rc;
   WITH_HEAP(e, p, rc = kv_heap_add(e, b));
   if (rc) return rc;
-  p->newest = b->id;
+  kv_newest_added(&p->newest, e, b);
   if (p->hr) (void)kv_hrank_add(p->hr, b); /* out of memory: ranked without its session */
   return 0;
 }
@@ -346,7 +346,7 @@ static kv_block *hints_peek(kv_evict *e) {
   hintp *p = e->priv;
   kv_block *v;
   WITH_HEAP(e, p, v = kv_heap_peek(e));
-  return p->hr ? kv_hrank_pick(p->hr, v, p->newest) : v;
+  return p->hr ? kv_hrank_pick(p->hr, v, p->newest.id) : v;
 }
 
 static void hints_hinted(kv_evict *e, kv_block *b, uint32_t old_ref) {

@@ -161,4 +161,35 @@ void kv_sketch_add(kv_sketch *s, uint32_t fp);
 unsigned kv_sketch_get(const kv_sketch *s, uint32_t fp);
 void kv_sketch_free(kv_sketch *s);
 
+/* kv_newest: the block that the "newest" rule of reuse, adapt and hints
+ * keeps while another block of its class is held, the leaf a chain being
+ * stored grows from. For an instance on its own (no tier in series: no
+ * lead, no reach), of the blocks added, the one accessed last; not simply
+ * the one added last: a parent that becomes a leaf because its child was
+ * evicted comes back with its old access, and an ALLOC of many slots
+ * evicts many victims before its blocks are committed. A parent taken for
+ * the newest there was kept while the next victim came from another chain,
+ * and the victims alternated between two chains, cutting both
+ * (tiers/EVICTION.md, "Through the daemon", 2026-11-29). An instance in
+ * series (G2 before G3, and G3) keeps the block added last: there the rule
+ * by access moved `kvbench core-replay --g3-dir` figures both ways by up to
+ * 0.2 points on the Mooncake trace at 1% and 2% (where that replay repeats
+ * its figures run to run), and no batched ALLOC was measured. */
+typedef struct kv_newest {
+  kv_bid id; /* KV_BID_NONE: none yet */
+  uint64_t at;
+} kv_newest;
+
+static inline void kv_newest_init(kv_newest *n) {
+  n->id = KV_BID_NONE;
+  n->at = 0;
+}
+/* b was added to e: the newest, unless e is on its own and b was accessed
+ * before the newest was. */
+static inline void kv_newest_added(kv_newest *n, const kv_evict *e, const kv_block *b) {
+  if (n->id != KV_BID_NONE && !e->lead && !e->reach && b->atime < n->at) return;
+  n->id = b->id;
+  n->at = b->atime;
+}
+
 #endif

@@ -26,7 +26,8 @@ static uint64_t score_reuse(const kv_heap *h, const kv_block *b) {
 static int init_reuse(kv_evict *e) {
   if (kv_heap_init(e, score_reuse)) return -ENOMEM;
   kv_heap *h = e->priv;
-  h->offered = h->newest = KV_BID_NONE;
+  h->offered = KV_BID_NONE;
+  kv_newest_init(&h->newest);
   h->seen = kv_meta_calloc(1, sizeof *h->seen);
   if (!h->seen) {
     kv_meta_free(h);
@@ -55,7 +56,7 @@ static int reuse_add(kv_evict *e, kv_block *b) {
   if (b->hits < 2 && kv_seen_has(h->seen, kv_fingerprint(b)))
     b->hits = 2; /* evicted lately, and back: this is its second use */
   int rc = kv_heap_add(e, b);
-  if (rc == 0) h->newest = b->id;
+  if (rc == 0) kv_newest_added(&h->newest, e, b);
   return rc;
 }
 
@@ -78,7 +79,7 @@ static void reuse_remove(kv_evict *e, kv_block *b) {
 static kv_block *reuse_peek(kv_evict *e) {
   kv_heap *h = e->priv;
   kv_block *b = kv_heap_peek(e);
-  if (b && b->id == h->newest && h->n > 1) {
+  if (b && b->id == h->newest.id && h->n > 1) {
     uint32_t i = h->n > 2 && kv_heap_key(e, h, 2) < kv_heap_key(e, h, 1) ? 2 : 1;
     if (kv_heap_key(e, h, i) >> 56 == b->prio)
       b = kv_index_at(e->ix, h->v[i]); /* same class only */

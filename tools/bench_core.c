@@ -230,17 +230,45 @@ static void hint_plan_free(hint_plan *hp) {
   free(hp->stop);
 }
 
+/* Stores keys[idx[0..m)] of a request: ALLOC each (parent: the key
+ * before it), hint the session of those allocated (sid, 0: none) as the
+ * daemon's replay does once its ALLOC answers, then COMMIT them. A slot
+ * refused for want of room (KV_EALLPINNED: the rest is the request's own
+ * blocks being written, or their prefix) is not stored. 0 or the error. */
+static int store_batch(kv_core *core, uint32_t ns, const kv_key *keys, const uint32_t *idx,
+                       uint32_t m, uint64_t sid, kv_block **blk) {
+  uint32_t k = 0;
+  for (uint32_t j = 0; j < m; j++) {
+    uint32_t i = idx[j];
+    int arc = kv_core_alloc(core, ns, &keys[i], i ? &keys[i - 1] : NULL, KV_PRIO_DEFAULT, &blk[k]);
+    if (arc == KV_EALLPINNED) continue;
+    if (arc) return arc;
+    if (sid && (arc = kv_core_hint_session(core, ns, sid, blk[k], 0))) return arc;
+    k++;
+  }
+  for (uint32_t j = 0; j < k; j++) {
+    int arc = kv_core_commit(core, blk[j], 0);
+    if (arc) return arc;
+  }
+  return 0;
+}
+
 /* The replay on the trace's clock (kv_core_set_now per request); hp: the
- * hints to give (NULL: none). */
+ * hints to give (NULL: none). batch < 0: each block stored (ALLOC, COMMIT,
+ * hint) before the next is looked at; else a request's new blocks are
+ * stored `batch` at a time as `kvbench replay --store-batch` stores them
+ * through the daemon (0: up to half the capacity at a time, the daemon's
+ * default limits.session_share). */
 static int replay_core(const kv_trace *t, const char *policy, uint32_t cap, const hint_plan *hp,
-                       replay_result *out, kv_core_stats_t *st) {
+                       int64_t batch, replay_result *out, kv_core_stats_t *st) {
   size_t meta0 = kv_meta_bytes();
   core_run cr;
   int rc = core_open(&cr, policy, cap, cap);
   if (rc) return rc;
   kv_key *keys = NULL;
   uint8_t *tiers = NULL;
-  uint32_t kcap = 0;
+  uint32_t kcap = 0, *idx = NULL, step = batch > 0 ? (uint32_t)batch : cap / 2 ? cap / 2 : 1;
+  kv_block **blk = NULL;
   replay_result r = {0};
   for (size_t qi = 0; qi < t->nreq && !rc; qi++) {
     const kv_trace_req *q = &t->req[qi];
@@ -248,9 +276,13 @@ static int replay_core(const kv_trace *t, const char *policy, uint32_t cap, cons
       kcap = q->n * 2;
       free(keys);
       free(tiers);
+      free(idx);
+      free(blk);
       keys = malloc(kcap * sizeof *keys);
       tiers = malloc(kcap);
-      if (!keys || !tiers) {
+      idx = malloc(kcap * sizeof *idx);
+      blk = malloc(kcap * sizeof *blk);
+      if (!keys || !tiers || !idx || !blk) {
         rc = -ENOMEM;
         break;
       }
@@ -274,7 +306,17 @@ static int replay_core(const kv_trace *t, const char *policy, uint32_t cap, cons
       if (sid) kv_core_hint_session(cr.core, ns, sid, kv_core_find(cr.core, ns, &keys[i]), 0);
     }
     kv_trace_count(&r.h, q, (uint32_t)prefix, any);
-    for (uint32_t i = 0; i < q->n; i++) {
+    uint32_t m = 0;
+    for (uint32_t i = 0; i < q->n && batch >= 0 && !rc; i++) {
+      kv_block *b = kv_core_find(cr.core, ns, &keys[i]);
+      if (b) kv_core_touch(cr.core, b);
+      else idx[m++] = i;
+      if (m && (m == step || i + 1 == q->n)) {
+        rc = store_batch(cr.core, ns, keys, idx, m, sid, blk);
+        m = 0;
+      }
+    }
+    for (uint32_t i = 0; i < q->n && batch < 0; i++) {
       kv_block *b = kv_core_find(cr.core, ns, &keys[i]);
       if (b) {
         kv_core_touch(cr.core, b);
@@ -294,6 +336,8 @@ static int replay_core(const kv_trace *t, const char *policy, uint32_t cap, cons
   r.meta_bytes = kv_meta_bytes() - meta0;
   free(keys);
   free(tiers);
+  free(idx);
+  free(blk);
   core_close(&cr);
   *out = r;
   return rc;
@@ -694,6 +738,7 @@ int kvbench_core_replay(int argc, char **argv) {
                                      {"g3-ratio", required_argument, 0, 'r'},
                                      {"tiers-only", no_argument, 0, 'T'},
                                      {"capacity", required_argument, 0, 'c'},
+                                     {"store-batch", required_argument, 0, 'S'},
                                      {"help", no_argument, 0, 'h'},
                                      {0, 0, 0, 0}};
   const char *trace = NULL, *policies[16] = {0}, *g3dir = NULL;
@@ -701,8 +746,9 @@ int kvbench_core_replay(int argc, char **argv) {
   int npol = 0, json = 0, ch, by_agent = 1, tiers_only = 0;
   size_t ncap = 0;
   hints_mode hints = HINTS_OFF;
+  int64_t batch = -1; /* --store-batch: none, each block stored before the next */
   optind = 1;
-  while ((ch = getopt_long(argc, argv, "t:p:jhg:2:3:HW:B:r:Tc:", lo, NULL)) != -1) {
+  while ((ch = getopt_long(argc, argv, "t:p:jhg:2:3:HW:B:r:Tc:S:", lo, NULL)) != -1) {
     switch (ch) {
     case 't': trace = optarg; break;
     case 'p':
@@ -758,14 +804,30 @@ int kvbench_core_replay(int argc, char **argv) {
       nfrac = ncap;
       break;
     }
+    case 'S': {
+      char *end;
+      errno = 0;
+      long long v = strtoll(optarg, &end, 10);
+      if (errno || *end || end == optarg || v < 0 || v > UINT32_MAX) {
+        fprintf(stderr, "kvbench core-replay: bad --store-batch '%s'\n", optarg);
+        return 2;
+      }
+      batch = v;
+      break;
+    }
     case 'h':
       printf("usage: kvbench core-replay --trace FILE [--policy NAME|all]... [--json]\n"
              "         [--g3-dir DIR [--g2-fraction F] [--g3-fraction F] [--g3-ratio R]\n"
              "          [--tiers-only]]\n"
              "         [--hints [--hints-wrong stops|sessions] [--hints-by agent|session]]\n"
-             "         [--capacity F]...\n"
+             "         [--capacity F]... [--store-batch N]\n"
              "  --capacity: replay only at these shares of the unique blocks (default\n"
              "              0.01 0.02 0.05 0.10 0.20 0.50)\n"
+             "  --store-batch: store a request's new blocks N at a time (ALLOC N, hint\n"
+             "              them, COMMIT them), as `kvbench replay --store-batch` does\n"
+             "              through the daemon; 0: up to half the capacity at a time (the\n"
+             "              daemon's session share). Without it: each block stored (ALLOC,\n"
+             "              COMMIT, hint) before the next key is looked at (not with --g3-dir)\n"
              "  --hints: also replay with the hints an API server has (the trace's session\n"
              "           and sub-agent on lookups and stores, its stop reason once each\n"
              "           request is done), reported beside the replay without them;\n"
@@ -802,6 +864,7 @@ int kvbench_core_replay(int argc, char **argv) {
   json_t *out = json_pack("{s:s,s:I,s:I,s:I,s:s}", "trace", trace, "requests", (json_int_t)t.nreq,
                           "block_refs", (json_int_t)t.nids, "unique_blocks", (json_int_t)t.nunique,
                           "policy", policies[0]);
+  if (batch >= 0) json_object_set_new(out, "store_batch", json_integer((json_int_t)batch));
   json_t *by_policy = json_object();
   /* Belady's MIN (belady.h) at each capacity: the ceiling beside the rates */
   double belady[MAXFRAC], belady_tok[MAXFRAC];
@@ -834,9 +897,9 @@ int kvbench_core_replay(int argc, char **argv) {
       replay_result core_r, hint_r, ref_r = refs[f];
       kv_core_stats_t st;
       double t0 = kv_now_s();
-      rc = replay_core(&t, policies[p], cap, NULL, &core_r, &st);
+      rc = replay_core(&t, policies[p], cap, NULL, batch, &core_r, &st);
       double dt = kv_now_s() - t0;
-      if (!rc && hints) rc = replay_core(&t, policies[p], cap, &hp, &hint_r, NULL);
+      if (!rc && hints) rc = replay_core(&t, policies[p], cap, &hp, batch, &hint_r, NULL);
       if (rc) break;
       json_t *o = rates_json(&core_r);
       json_object_set_new(o, "capacity_fraction", json_real(fractions[f]));

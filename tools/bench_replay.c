@@ -29,7 +29,12 @@
  *            `exists`; a slot refused (-EAGAIN while G2 victims are being
  *            written to G3, KV_EALLPINNED) as `refused`: not stored, unless
  *            --alloc-wait-ms asks for it again for a while; one refused
- *            KV_ESHARE is asked for after the COMMIT of those before it
+ *            KV_ESHARE is asked for after the COMMIT of those before it.
+ *            All of a request's blocks in one ALLOC, or --store-batch N
+ *            at a time (ALLOC N, COMMIT them, the next N), as an engine
+ *            storing what each step computed: vLLM's connector stores
+ *            a request's blocks of each step (wait_for_save), so a
+ *            chunked prefill stores a chunk's blocks at a time
  *
  *   hints    with --hints, for a request of a session (the trace's
  *            "session", or its sub-agent's own id where "agent" is set):
@@ -83,6 +88,7 @@ typedef struct ropts {
   int deal_session;       /* deal requests by session: a session's requests keep their order */
   int hints;              /* --hints: session and finished hints from the trace */
   uint32_t alloc_wait_ms; /* how long a refused slot is asked for again */
+  uint32_t store_batch;   /* blocks per ALLOC of a request's stores, 0: all at once */
   int json;
 } ropts;
 
@@ -173,19 +179,19 @@ static int hint_keys(client *x, rres *r, uint64_t sid, const kvc_key *keys, uint
   return 0;
 }
 
-/* Stores blocks [from, n) of request q (the ones after its hit). A slot
- * refused for want of room is asked for again until --alloc-wait-ms have
- * passed (by default not at all); one refused with KV_ESHARE (this
- * connection holds its share of G2) once the slots allocated before it are
- * committed. sid (0: none): the session the slots allocated are hinted to,
+/* Stores blocks [from, to) of request q (after its hit) in one ALLOC and
+ * their COMMIT. A slot refused for want of room is asked for again until
+ * give_up (--alloc-wait-ms after the request's first ALLOC; by default not
+ * at all); one refused with KV_ESHARE (this connection holds its share of
+ * G2) once the slots allocated before it are committed. sid (0: none): the session the slots allocated are hinted to,
  * before they are written, as an engine that knows its request's session
  * names the blocks it allocates, so that they have it when committed. 0,
  * or the error of a whole request (the connection is then unusable). */
-static int store_tail(client *x, const kv_trace_req *q, uint32_t from, uint64_t sid, rres *r) {
+static int store_run(client *x, const kv_trace_req *q, uint32_t from, uint32_t to, uint64_t sid,
+                     double give_up, rres *r) {
   const ropts *o = x->o;
   uint32_t m = 0;
-  for (uint32_t i = from; i < q->n; i++) x->idx[m++] = i;
-  double give_up = kv_now_s() + o->alloc_wait_ms / 1e3;
+  for (uint32_t i = from; i < to; i++) x->idx[m++] = i;
   while (m) {
     for (uint32_t i = 0; i < m; i++) {
       x->ak[i] = x->keys[x->idx[i]];
@@ -228,6 +234,19 @@ static int store_tail(client *x, const kv_trace_req *q, uint32_t from, uint64_t 
     r->alloc_retries += waiting;
     r->share_rounds += left > waiting;
     m = left;
+  }
+  return 0;
+}
+
+/* Stores blocks [from, n) of request q, --store-batch of them at a time
+ * (by default all: store_run splits them only at the connection's share).
+ * 0, or the error of a whole request. */
+static int store_tail(client *x, const kv_trace_req *q, uint32_t from, uint64_t sid, rres *r) {
+  uint32_t step = x->o->store_batch ? x->o->store_batch : q->n;
+  double give_up = kv_now_s() + x->o->alloc_wait_ms / 1e3;
+  for (uint32_t i = from; i < q->n; i += step) {
+    int rc = store_run(x, q, i, q->n - i > step ? i + step : q->n, sid, give_up, r);
+    if (rc) return rc;
   }
   return 0;
 }
@@ -448,7 +467,7 @@ static void usage(FILE *f) {
   fprintf(f, "usage: kvbench replay --trace FILE [--socket-dir DIR | --socket PATH] [--json]\n"
              "           [--clients N] [--block-bytes B] [--time-scale F | --no-timestamps]\n"
              "           [--limit N] [--deal rr|hash|session] [--alloc-wait-ms MS] [--tenant T]\n"
-             "           [--hints]\n"
+             "           [--hints] [--store-batch N]\n"
              "  Replays a Mooncake trace through a running kvcached: per request LOOKUP its\n"
              "  chained keys, LOAD and verify the resident prefix, store the rest.\n"
              "  --clients N      worker processes, one connection each (default 1)\n"
@@ -459,6 +478,8 @@ static void usage(FILE *f) {
              "  --deal rr|hash|session  which client takes request i: i mod N (default), a hash\n"
              "                   of i, or a hash of its session (a session's requests in order)\n"
              "  --hints          send the trace's sessions and stop reasons as engine hints\n"
+             "  --store-batch N  ALLOC (then COMMIT) a request's new blocks N at a time, as an\n"
+             "                   engine that stores each step's blocks (default 0: all at once)\n"
              "  --alloc-wait-ms MS  ask again for slots refused while G2 victims are written to\n"
              "                   G3 (-EAGAIN), for up to MS per request (default 0: not stored)\n"
              "  --tenant T       tenant of the namespace (default \"kvbench\")\n");
@@ -478,6 +499,7 @@ static int parse_opts(ropts *o, int argc, char **argv) {
                                      {"tenant", required_argument, 0, 'T'},
                                      {"alloc-wait-ms", required_argument, 0, 'w'},
                                      {"hints", no_argument, 0, 'H'},
+                                     {"store-batch", required_argument, 0, 'S'},
                                      {"help", no_argument, 0, 'h'},
                                      {0, 0, 0, 0}};
   o->tenant = "kvbench";
@@ -486,7 +508,7 @@ static int parse_opts(ropts *o, int argc, char **argv) {
   o->time_scale = 1;
   optind = 1;
   int ch;
-  while ((ch = getopt_long(argc, argv, "f:d:s:jc:b:x:Xl:D:T:w:Hh", lo, NULL)) != -1) {
+  while ((ch = getopt_long(argc, argv, "f:d:s:jc:b:x:Xl:D:T:w:S:Hh", lo, NULL)) != -1) {
     uint64_t v = 0;
     char *end;
     switch (ch) {
@@ -516,6 +538,14 @@ static int parse_opts(ropts *o, int argc, char **argv) {
       o->deal_session = !strcmp(optarg, "session");
       break;
     case 'H': o->hints = 1; break;
+    case 'S':
+      if (kv_parse_size(optarg, &v) || v > KVC_BATCH_MAX) {
+        fprintf(stderr, "kvbench replay: bad --store-batch '%s' (0 to %d)\n", optarg,
+                KVC_BATCH_MAX);
+        return 2;
+      }
+      o->store_batch = (uint32_t)v;
+      break;
     case 'w':
       if (kv_parse_size(optarg, &v) || v > 60000) {
         fprintf(stderr, "kvbench replay: bad --alloc-wait-ms '%s' (0 to 60000)\n", optarg);
@@ -677,6 +707,7 @@ int kvbench_replay(int argc, char **argv) {
                                 g3w < 0 ? (json_int_t)0 : g3w * (json_int_t)o.block_bytes,
                                 "g3_to_g2",
                                 g3r < 0 ? (json_int_t)0 : g3r * (json_int_t)o.block_bytes));
+  json_object_set_new(j, "store_batch", json_integer((json_int_t)o.store_batch));
   json_object_set_new(j, "lookup_us", percentiles(x.lookup_ns, nreq));
   json_object_set_new(j, "load_us", percentiles(x.load_ns, nreq));
   json_object_set_new(j, "hints",

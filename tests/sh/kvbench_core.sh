@@ -35,6 +35,18 @@ jq -c '[.requests, .unique_blocks, [.results[].prefix_hit_rate]]' "$T/out" > "$T
 expect_exit 0 "core-replay of the same trace gzipped" "$BIN/kvbench" core-replay --trace "$T/plain.jsonl.gz" --json
 jq -c '[.requests, .unique_blocks, [.results[].prefix_hit_rate]]' "$T/out" > "$T/gz.res"
 check "the same requests, blocks and hit rates" cmp -s "$T/plain.res" "$T/gz.res"
+# --store-batch: a request's new blocks stored N at a time (ALLOC N, then
+# their COMMITs), as `kvbench replay --store-batch` stores them through the
+# daemon; one at a time is the default replay's order, so the same figures.
+expect_exit 0 "core-replay --store-batch 1" "$BIN/kvbench" core-replay --trace "$T/plain.jsonl" \
+  --store-batch 1 --json
+jq -c '[.requests, .unique_blocks, [.results[].prefix_hit_rate]]' "$T/out" > "$T/b1.res"
+check "--store-batch 1 gives the default replay's hit rates" cmp -s "$T/plain.res" "$T/b1.res"
+check "and says so" test "$(jq .store_batch "$T/out")" = 1
+expect_exit 0 "core-replay --store-batch 16 --hints" "$BIN/kvbench" core-replay \
+  --trace "$T/plain.jsonl" --store-batch 16 --hints --json
+expect_exit 2 "--store-batch wants a count" "$BIN/kvbench" core-replay --trace "$T/plain.jsonl" \
+  --store-batch many
 head -c "$(($(stat -c %s "$T/plain.jsonl.gz") / 2))" "$T/plain.jsonl.gz" > "$T/cut.jsonl.gz"
 expect_exit 1 "a cut gzip trace is refused" "$BIN/kvbench" core-replay --trace "$T/cut.jsonl.gz" --json
 

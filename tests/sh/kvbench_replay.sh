@@ -8,8 +8,8 @@
 # key with the wrong bytes is caught as a verify failure, and usage errors
 # and a missing daemon are reported; --hints sends a session trace's hints
 # (counted by the daemon); a request longer than a connection's share of
-# G2 is stored and loaded whole, a share at a time. Performance is
-# printed, never asserted.
+# G2 is stored and loaded whole, a share at a time, and --store-batch
+# stores it a batch at a time. Performance is printed, never asserted.
 source "$(dirname "$0")/lib.bash"
 
 KVB=$BIN/kvbench
@@ -22,6 +22,7 @@ expect_exit 2 "bad --time-scale" "$KVB" replay --trace "$TRACE" --time-scale fas
 expect_exit 2 "bad --block-bytes (not a multiple of 8)" "$KVB" replay --trace "$TRACE" --block-bytes 1001
 expect_exit 2 "bad --deal" "$KVB" replay --trace "$TRACE" --deal random
 expect_exit 2 "--hints takes no value" "$KVB" replay --trace "$TRACE" --hints=yes
+expect_exit 2 "bad --store-batch" "$KVB" replay --trace "$TRACE" --store-batch 99999
 expect_exit 0 "replay --help" "$KVB" replay --help
 expect_exit 1 "replay without a daemon fails" "$KVB" replay --trace "$TRACE" --socket-dir "$RUN" --limit 5 --time-scale 0
 grep -q "is kvcached running?" "$T/err" && ok "and says so" || bad "no-daemon message: $(cat "$T/err")"
@@ -118,6 +119,18 @@ check "stored whole and loaded whole, a share at a time" \
   num '.blocks.committed == 48 and .blocks.refused == 0 and .blocks.hit == 48 and .blocks.load_failed == 0 and .blocks.share_rounds == 2 and .verify_failures == 0'
 grep -q "may allocate no more" "$T/log3" && ok "the daemon said why it refused" ||
   bad "no share warning: $(cat "$T/log3")"
+# --store-batch 16: the same request's blocks are allocated and committed
+# 16 at a time (as an engine storing each step's blocks), so no store
+# reaches the share; its second run still loads it a share at a time.
+ids=$(seq -s, 2001 2048)
+for ts in 0 1; do
+  echo "{\"timestamp\": $ts, \"input_length\": 24576, \"output_length\": 1, \"hash_ids\": [$ids]}"
+done >"$T/long2.jsonl"
+expect_exit 0 "the same with --store-batch 16" \
+  "$KVB" replay --trace "$T/long2.jsonl" --socket-dir "$T/run3" --json --time-scale 0 --block-bytes 64K \
+  --store-batch 16
+check "stored 16 at a time: no store round for the share, one load round" \
+  num '.store_batch == 16 and .blocks.committed == 48 and .blocks.refused == 0 and .blocks.hit == 48 and .blocks.share_rounds == 1'
 kill -TERM "$pid3"
 wait "$pid3"
 

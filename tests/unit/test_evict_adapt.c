@@ -356,6 +356,41 @@ static int resident(fixture *f, int ns, uint64_t v) {
   return kv_core_find(f->core, (uint32_t)ns, &k) != NULL;
 }
 
+/* An ALLOC of many slots (a connector storing a request's blocks, or a
+ * step's, at once) evicts one victim after another before any of its
+ * blocks is committed. A victim's parent then becomes a leaf and comes
+ * back to the policy; it is not the newest block (the leaf a chain being
+ * stored grows from, kept while another block is held): its last access
+ * is older. Taken for it, it was kept while the next victim came from
+ * another chain, the two chains were cut in turn (tiers/EVICTION.md,
+ * "Through the daemon", 2026-11-29), and a batched ALLOC lost what storing
+ * one block at a time keeps. Chain A (1-4) older than chain B (11-14) in
+ * 10 slots; an ALLOC of 5 blocks takes the 2 free slots and 3 victims: A's
+ * 4, 3 and 2, in lru's order, for adapt and reuse as for lru. */
+Test(adapt, a_batched_alloc_cuts_the_oldest_chain_not_two_in_turn) {
+  const char *names[] = {"adapt", "reuse", "lru"};
+  for (int p = 0; p < 3; p++) {
+    fixture f;
+    setup(&f, 10);
+    cr_assert_eq(kv_core_set_policy(f.core, names[p]), 0);
+    for (uint64_t v = 1; v <= 4; v++) put(&f, f.ns, v, v > 1 ? v - 1 : 0);
+    for (uint64_t v = 11; v <= 14; v++) put(&f, f.ns, v, v > 11 ? v - 1 : 0);
+    kv_block *b[5];
+    for (uint64_t i = 0; i < 5; i++) { /* one ALLOC: every slot before the COMMITs */
+      kv_key k = K(21 + i), pk = K(20 + i);
+      int rc = kv_core_alloc(f.core, (uint32_t)f.ns, &k, i ? &pk : NULL, KV_PRIO_DEFAULT, &b[i]);
+      cr_assert_eq(rc, 0, "%s: alloc %llu: %s", names[p], (unsigned long long)i, kv_strerror(rc));
+    }
+    for (int i = 0; i < 5; i++) cr_assert_eq(kv_core_commit(f.core, b[i], 0), 0);
+    cr_assert(resident(&f, f.ns, 1), "%s: A's root stays", names[p]);
+    for (uint64_t v = 2; v <= 4; v++)
+      cr_assert_not(resident(&f, f.ns, v), "%s: A lost %llu", names[p], (unsigned long long)v);
+    for (uint64_t v = 11; v <= 14; v++)
+      cr_assert(resident(&f, f.ns, v), "%s: B lost %llu", names[p], (unsigned long long)v);
+    teardown(&f);
+  }
+}
+
 /* One request of session s: a chain of n blocks from key base, named by
  * the session, finished with stop. */
 static void request(fixture *f, uint64_t s, uint64_t base, int n, unsigned stop) {
