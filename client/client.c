@@ -564,26 +564,26 @@ static int presence_map(kvc *c) {
 }
 
 /* The lookup answered from the presence table, or -EAGAIN when only the
- * daemon can answer (client/presence.h). A retired table is replaced once. */
+ * daemon can answer (client/presence.h), counted as the daemon's: the
+ * caller asks it. A retired table is replaced once. */
 static int lookup_local(kvc *c, const kvc_key *keys, uint32_t n, uint8_t *tiers) {
-  if (c->lookup_mode != KVC_LOOKUP_AUTO || !c->pres.map || c->dead) return -EAGAIN;
-  int r = kvc__pres_lookup(&c->pres, keys, n, tiers);
-  if (r == -ESTALE) {
-    c->lst.retired++;
-    if (presence_map(c) || !c->pres.map) return -EAGAIN;
+  int r = -EAGAIN;
+  if (c->lookup_mode == KVC_LOOKUP_AUTO && c->pres.map && !c->dead) {
     r = kvc__pres_lookup(&c->pres, keys, n, tiers);
+    if (r == -ESTALE) {
+      c->lst.retired++;
+      r = presence_map(c) || !c->pres.map ? -EAGAIN : kvc__pres_lookup(&c->pres, keys, n, tiers);
+    }
   }
-  if (r < 0) return -EAGAIN;
-  c->lst.local++;
-  c->last_local = 1;
+  c->last_local = r >= 0;
+  if (r >= 0) c->lst.local++;
+  else c->lst.daemon++;
   return r;
 }
 
 int kvc_lookup(kvc *c, const kvc_key *keys, uint32_t n, uint8_t *tiers) {
   int r = lookup_local(c, keys, n, tiers);
   if (r >= 0) return r;
-  c->last_local = 0;
-  c->lst.daemon++;
   BLOCK_ON(kvc_submit_lookup(c, keys, n, tiers, NULL));
 }
 int kvc_lookup_all(kvc *c, const kvc_key *keys, uint32_t n, uint8_t *tiers) {
@@ -591,8 +591,6 @@ int kvc_lookup_all(kvc *c, const kvc_key *keys, uint32_t n, uint8_t *tiers) {
    * run to the daemon: the same answer as KV_LOOKUP_ALL's */
   int r = lookup_local(c, keys, n, tiers);
   if (r >= 0) return r;
-  c->last_local = 0;
-  c->lst.daemon++;
   BLOCK_ON(kvc_submit_lookup_all(c, keys, n, tiers, NULL));
 }
 

@@ -91,20 +91,25 @@ static int grow(kvd_presence *p, uint32_t ns) {
   return 0;
 }
 
+/* fp with code in ns's table, which grows (doubles) while a key finds no
+ * room past half full. */
 static int set_or_grow(kvd_presence *p, uint32_t ns, uint64_t fp, int code) {
-  kvd_pres_tab *t = p->tab[ns];
-  if (kv_pres_set(&t->t, fp, code) == 0) return 0;
-  uint64_t cap = (uint64_t)KV_PRES_WAYS << t->t.h->log2;
-  if (2 * kv_pres_count(&t->t) >= cap && grow(p, ns) == 0)
-    return kv_pres_set(&p->tab[ns]->t, fp, code) == 0 ? 0 : set_or_grow(p, ns, fp, code);
+  kvd_pres_tab *t;
+  uint64_t cap;
+  for (;;) {
+    t = p->tab[ns];
+    if (kv_pres_set(&t->t, fp, code) == 0) return 0;
+    cap = (uint64_t)KV_PRES_WAYS << t->t.h->log2;
+    if (2 * kv_pres_count(&t->t) < cap || grow(p, ns) != 0) break;
+  }
   /* Room ran out at under half full (keys made to collide), or no memory
    * for a larger table: readers ask the daemon for what it lacks. */
-  if (!(kv_pres_flags(&p->tab[ns]->t) & KV_PRES_PARTIAL)) {
-    kv_pres_flag(&p->tab[ns]->t, KV_PRES_PARTIAL);
+  if (!(kv_pres_flags(&t->t) & KV_PRES_PARTIAL)) {
+    kv_pres_flag(&t->t, KV_PRES_PARTIAL);
     p->partial++;
     kv_warn("presence", "namespace %u's presence table could not take a key (%llu of %llu "
             "entries used): its workers ask the daemon for what it lacks", ns,
-            (unsigned long long)kv_pres_count(&p->tab[ns]->t), (unsigned long long)cap);
+            (unsigned long long)kv_pres_count(&t->t), (unsigned long long)cap);
   }
   return -ENOSPC;
 }

@@ -49,15 +49,20 @@ static inline uint64_t alt(const kv_pres *t, uint64_t at, uint64_t fp) {
 static inline uint64_t home(const kv_pres *t, uint64_t fp) { return fp & t->mask; }
 static inline uint64_t fp_of(uint64_t e) { return e >> 2; }
 
+/* t over a table of 2^log2 buckets at base. */
+static void point_at(kv_pres *t, void *base, unsigned log2) {
+  t->h = base;
+  t->b = (kv_pres_bucket *)((uint8_t *)base + KV_PRES_HDR);
+  t->mask = (1ull << log2) - 1;
+}
+
 int kv_pres_attach(kv_pres *t, void *base, size_t bytes) {
   kv_pres_hdr *h = base;
   if (!base || bytes < KV_PRES_HDR || h->magic != KV_PRES_MAGIC ||
       h->version != KV_PRES_VERSION || h->hdr_bytes != KV_PRES_HDR ||
       h->log2 < KV_PRES_LOG2_MIN || h->log2 > KV_PRES_LOG2_MAX || kv_pres_bytes(h->log2) != bytes)
     return -EPROTO;
-  t->h = h;
-  t->b = (kv_pres_bucket *)((uint8_t *)base + KV_PRES_HDR);
-  t->mask = (1ull << h->log2) - 1;
+  point_at(t, base, h->log2);
   return 0;
 }
 
@@ -111,9 +116,7 @@ void kv_pres_format(kv_pres *t, void *base, unsigned log2, uint32_t flags) {
   h->hdr_bytes = KV_PRES_HDR;
   h->log2 = log2;
   h->flags = flags;
-  t->h = h;
-  t->b = (kv_pres_bucket *)((uint8_t *)base + KV_PRES_HDR);
-  t->mask = (1ull << log2) - 1;
+  point_at(t, base, log2);
 }
 
 /* Writes entry e into bucket i's way w, as readers expect. */
