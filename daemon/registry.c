@@ -33,6 +33,7 @@ int kvd_registry_init(kvd_registry *r, const kvd_registry_opts *o) {
   r->ns_changed_arg = o->ns_changed_arg;
   r->configured = cfg->ntenants > 0;
   r->ns_limit = cfg->limit_namespaces_per_tenant;
+  r->g3_code = cfg->g3_codec == KV_G3_CODEC_AUTO;
   r->tenants = calloc(n, sizeof *r->tenants);
   r->tenant_nns = calloc(n, sizeof *r->tenant_nns);
   if (!r->tenants || !r->tenant_nns) {
@@ -407,6 +408,7 @@ int kvd_registry_hello(kvd_registry *r, const kv_hello_req *h, const kvd_peer *p
   n->tp_size = l->tp_size;
   n->dtype16 = (uint8_t)kvd_dtype16(l->dtype.p, l->dtype.len);
   n->head_dim = l->head_dim;
+  kv_core_ns_g3_code(r->core, (uint32_t)core_ns, r->g3_code && n->dtype16);
   /* lossy in the cold tiers when its tenant says so, for 16-bit KV whose
    * blocks are whole groups of a head (a scale per token and head) */
   if (r->configured && n->dtype16 && l->head_dim && (l->block_bytes / 2) % l->head_dim == 0 &&

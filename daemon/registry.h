@@ -135,6 +135,7 @@ typedef struct kvd_registry {
   uint32_t nlive;       /* namespaces */
   uint32_t *tenant_nns; /* namespaces per tenant */
   uint32_t ns_limit;    /* limits.namespaces_per_tenant */
+  int g3_code;          /* g3.codec = auto: 16-bit namespaces' G3 blocks coded */
   uint64_t ns_freed;
   uint64_t ns_refused[KVD_NS_REFUSED_COUNT];
   kvd_ratelog ns_log;

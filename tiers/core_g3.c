@@ -76,7 +76,12 @@ static void g3_written(int status, void *arg) {
     c->st.g3_admitted++;
     kv_core__set_valid(c, b, KV_G3);
   } else {
-    c->st.g3_write_failed++;
+    if (status == -EMSGSIZE) { /* coded, still larger than a slot */
+      c->st.g3_refused++;
+      c->st.g3_too_large++;
+    } else {
+      c->st.g3_write_failed++;
+    }
     kv_g3_free(c->g3, b->slot[KV_G3]);
     kv_core__set_g3_slot(c, b, KV_SLOT_NONE);
   }
@@ -119,9 +124,16 @@ static uint64_t low_water(kv_core *c, const kv_block *v) {
  * written to an SSD slot, and its G2 slot is freed when they are durable. */
 int kv_core__g3_demote(kv_core *c, kv_block *v, kv_tier from, void *unused) {
   if (v->tiers & KV_TIER_BIT(KV_G3)) return KV_DEMOTE_DONE; /* already there */
-  if (!admitted(c, v) || !kv_g3_writable(c->g3) || !c->ns[v->ns].has_digest ||
-      v->size > kv_g3_slot_bytes(c->g3)) {
+  int code = c->ns[v->ns].g3_code;
+  if (!admitted(c, v) || !kv_g3_writable(c->g3) || !c->ns[v->ns].has_digest) {
     c->st.g3_refused++;
+    return KV_DEMOTE_DONE;
+  }
+  /* Raw, a block must fit a slot; coded, its stored form (known once
+   * coded, off the loop: g3_written counts a refusal then). */
+  if (v->size > (code ? kv_g3_block_max(c->g3) : kv_g3_slot_bytes(c->g3))) {
+    c->st.g3_refused++;
+    c->st.g3_too_large++;
     return KV_DEMOTE_DONE;
   }
   int o = c->ns[v->ns].owner;
@@ -163,8 +175,8 @@ int kv_core__g3_demote(kv_core *c, kv_block *v, kv_tier from, void *unused) {
   kv_core__g3_key_of(c, v, &k);
   kv_core__set_g3_slot(c, v, slot);
   v->busy |= (uint8_t)KV_TIER_BIT(KV_G3);
-  int rc = kv_g3_write(c->g3, slot, &k, ++c->g3_seq, kv_core_g2_ptr(c, v), v->size, v->crc,
-                       g3_written, op);
+  int rc = kv_g3_write_ex(c->g3, slot, &k, ++c->g3_seq, kv_core_g2_ptr(c, v), v->size, v->crc,
+                          code ? KV_G3_CODE : 0, g3_written, op);
   if (rc) {
     v->busy &= (uint8_t)~KV_TIER_BIT(KV_G3);
     kv_core__set_g3_slot(c, v, KV_SLOT_NONE);
@@ -232,6 +244,12 @@ int kv_core_attach_g3(kv_core *c, kv_g3 *g3, const kv_core_g3_opts *o) {
   rc = kv_g3_foreach(g3, learn_entry, &w);
   if (rc < 0 || w.rc < 0) return rc < 0 ? rc : w.rc;
   return (int)c->st.warm_blocks;
+}
+
+int kv_core_ns_g3_code(kv_core *c, uint32_t ns, int on) {
+  if (ns >= c->nns || !c->ns[ns].live) return -EINVAL;
+  c->ns[ns].g3_code = on != 0;
+  return 0;
 }
 
 /* --- G3 shares ----------------------------------------------------------------- */
