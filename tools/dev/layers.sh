@@ -116,6 +116,7 @@ declare -A order=(
   [tools]="kvbench bench_presence bench_replay bench_daemon bench_clients bench_scale bench_g3
            bench_core belady trace
            bench_codec quant_tool
+           kvfile
            kvctl kvctl_ops kvctl_cli kvctl_http"
 )
 
