@@ -246,8 +246,10 @@ int kv_g3_write_ex(kv_g3 *g, uint32_t slot, const kv_g3_key *k, uint64_t seq, co
 }
 
 int kv_g3_read(kv_g3 *g, uint32_t slot, const kv_g3_expect *e, void *buf, kv_g3_cb cb, void *arg) {
+  /* a raw block fits its slot; a coded one may be larger (learned from the
+   * index whatever the block size given at open) */
   if (slot >= g->nslots || !e || !key_ok(&e->key) || !buf || (uintptr_t)buf % KV_G3_ALIGN ||
-      e->len == 0 || e->len > g->block_max ||
+      e->len == 0 || e->len > (g->sstored[slot] ? KV_CODEC_LEN_MAX : g->slot_bytes) ||
       !(e->flags & (KV_G3_EXPECT_SEQ | KV_G3_EXPECT_CRC)))
     return -EINVAL;
   if (g->sstate[slot] == G3S_WRITING) return -EBUSY;

@@ -217,18 +217,34 @@ Test(g3_codec, too_large_for_slot_refused_and_counted) {
 }
 
 /* A reopen asking for another slot size is refused (as before); asking
- * to keep the files' size takes theirs. */
+ * to keep the files' size takes theirs. A coded block larger than the
+ * slots reads back whatever block size the reopen gives (0 too). */
 Test(g3_codec, other_slot_size_on_reopen) {
   cstore s;
-  c_init(&s, KV_G3_BACKEND_THREADS, 32u << 10);
+  c_init(&s, KV_G3_BACKEND_THREADS, 48u << 10);
+  uint8_t *w = t_buf(&s.arena, s.cls), *r = t_buf(&s.arena, s.cls);
+  uint32_t slot;
+  kv_block(w, 6);
+  cr_assert_eq(kv_g3_alloc(s.g, &slot), 0);
+  cr_assert_eq(put(&s, slot, 6, w, KV_G3_CODE), 0);
   kv_g3_close(s.g);
   kv_g3_dir d = {s.dir, 16ull << 20};
   kv_g3_opts o = {.dirs = &d, .ndirs = 1, .block_bytes = BLOCK, .backend = s.be};
   cr_assert_eq(kv_g3_open(&s.g, &o, &s.info), -EINVAL);
   o.slot_bytes = KV_G3_SLOT_KEEP;
   cr_assert_eq(kv_g3_open(&s.g, &o, &s.info), 0);
-  cr_assert_eq(kv_g3_slot_bytes(s.g), 32u << 10);
+  cr_assert_eq(kv_g3_slot_bytes(s.g), 48u << 10);
   cr_assert_eq(kv_g3_block_max(s.g), BLOCK);
+  cr_assert_eq(get(&s, slot, 6, r), 0);
+  cr_assert(!memcmp(r, w, BLOCK));
+  kv_g3_close(s.g);
+  o.block_bytes = 0;
+  o.slot_bytes = 0;
+  cr_assert_eq(kv_g3_open(&s.g, &o, &s.info), 0);
+  cr_assert_eq(kv_g3_block_max(s.g), 48u << 10);
+  memset(r, 0, BLOCK);
+  cr_assert_eq(get(&s, slot, 6, r), 0);
+  cr_assert(!memcmp(r, w, BLOCK));
   c_fini(&s);
 }
 
