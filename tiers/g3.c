@@ -120,6 +120,7 @@ static g3_op *op_get(kv_g3 *g) {
   if (op) g->op_free = op->next;
   else if (!(op = calloc(1, sizeof *op))) return NULL;
   uint8_t *x = op->xbuf; /* kept across uses */
+  g->nxfree -= x != NULL;
   memset(op, 0, sizeof *op);
   op->xbuf = x;
   return op;
@@ -134,7 +135,15 @@ static int op_xbuf(kv_g3 *g, g3_op *op) {
   return 0;
 }
 
+/* Free ops keep their buffers for coded blocks up to twice the queue depth
+ * (the ops a busy store reuses); more go, so a burst of reads queued at
+ * once does not hold a slot of memory per op for the store's life. */
 static void op_put(kv_g3 *g, g3_op *op) {
+  if (op->xbuf && g->nxfree >= 2 * g->qd + 8) {
+    free(op->xbuf);
+    op->xbuf = NULL;
+  }
+  g->nxfree += op->xbuf != NULL;
   op->next = g->op_free;
   g->op_free = op;
 }

@@ -193,6 +193,7 @@ struct kv_g3 {
   uint64_t max_seq;
   kv_g3_stats st;
   g3_op *op_free;
+  uint32_t nxfree; /* free ops holding a buffer for coded blocks (op_put) */
   uint64_t inflight;
   int corrupt_logged;
 

@@ -12,6 +12,7 @@
 #include "tests/lib/g3.h"
 #include "tiers/codec.h"
 #include "tiers/g3_format.h"
+#include "tiers/g3_internal.h"
 
 #define BLOCK     (64u << 10)
 #define BF16_FILE KV_SOURCE_DIR "/bench/kv/smollm2-135m.bf16.safetensors"
@@ -131,6 +132,37 @@ static void coded_round_trip(kv_g3_backend be) {
 
 Test(g3_codec, coded_round_trip_uring) { coded_round_trip(KV_G3_BACKEND_URING); }
 Test(g3_codec, coded_round_trip_threads) { coded_round_trip(KV_G3_BACKEND_THREADS); }
+
+/* A burst of reads of coded blocks queued at once (more than the queue
+ * depth) leaves at most 2 * queue depth + 8 free ops holding a buffer for
+ * stored bytes, not one per op of the burst. */
+Test(g3_codec, burst_of_coded_reads_keeps_few_buffers) {
+  enum { N = 64 };
+  cstore s;
+  c_init(&s, KV_G3_BACKEND_THREADS, 0);
+  uint8_t *w = t_buf(&s.arena, s.cls);
+  uint32_t slot;
+  kv_block(w, 7);
+  cr_assert_eq(kv_g3_alloc(s.g, &slot), 0);
+  cr_assert_eq(put(&s, slot, 7, w, KV_G3_CODE), 0);
+  uint8_t *r[N];
+  t_count c = {0};
+  kv_g3_expect e = t_expect(7, BLOCK, 17);
+  for (unsigned i = 0; i < N; i++) {
+    r[i] = t_buf(&s.arena, s.cls);
+    cr_assert_eq(kv_g3_read(s.g, slot, &e, r[i], t_count_cb, &c), 0);
+  }
+  kv_g3_drain(s.g);
+  cr_assert_eq(c.n, N);
+  cr_assert_eq(c.err, 0);
+  for (unsigned i = 0; i < N; i++) cr_assert(!memcmp(r[i], w, BLOCK), "read %u", i);
+  unsigned held = 0, ops = 0;
+  for (g3_op *op = s.g->op_free; op; op = op->next, ops++) held += op->xbuf != NULL;
+  cr_assert_geq(ops, N);
+  cr_assert_leq(held, 2 * 4 + 8, "%u of %u free ops hold a buffer", held, ops);
+  cr_assert_eq(held, s.g->nxfree);
+  c_fini(&s);
+}
 
 /* The data file's bytes at off (the store closed). */
 static void file_rw(const char *dir, uint64_t off, void *buf, size_t n, int write) {
