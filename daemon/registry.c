@@ -11,6 +11,7 @@
 #include "base/clock.h"
 #include "base/log.h"
 #include "ipc/sock.h"
+#include "tiers/quant.h"
 
 const char *const kvd_hello_refusal_names[KVD_HELLO_REFUSED_COUNT] = {"unknown_tenant",
                                                                       "not_allowed"};
@@ -408,12 +409,17 @@ int kvd_registry_hello(kvd_registry *r, const kv_hello_req *h, const kvd_peer *p
   n->tp_size = l->tp_size;
   n->dtype16 = (uint8_t)kvd_dtype16(l->dtype.p, l->dtype.len);
   n->head_dim = l->head_dim;
-  kv_core_ns_g3_code(r->core, (uint32_t)core_ns, r->g3_code && n->dtype16);
   /* lossy in the cold tiers when its tenant says so, for 16-bit KV whose
    * blocks are whole groups of a head (a scale per token and head) */
   if (r->configured && n->dtype16 && l->head_dim && (l->block_bytes / 2) % l->head_dim == 0 &&
       l->block_bytes % 2 == 0)
     n->quant = r->tenants[t].cfg.cold_precision;
+  /* G3: lossy as G4 when cold_precision says so, else coded with g3.codec */
+  unsigned g3 = r->g3_code && n->dtype16 ? KV_G3_CODE : 0;
+  if (n->quant)
+    g3 = (n->quant == KV_QUANT_FP8 ? KV_G3_FP8 : KV_G3_INT8) |
+         (n->dtype16 == 1 ? KV_G3_BF16 : 0) | KV_G3_GROUP(n->head_dim);
+  kv_core_ns_g3_code(r->core, (uint32_t)core_ns, g3);
   n->sessions = 1;
   if (h->group.len) {
     int rc = group_join(r, (uint32_t)i, h);

@@ -94,7 +94,7 @@ typedef struct kvd_ns {
   kvd_group *group;    /* NULL when the sessions name no group */
   uint16_t tp_rank, tp_size;
   uint8_t dtype16;     /* its layout's dtype: 1 BF16, 2 FP16, 0 another (kvd_dtype16) */
-  uint8_t quant;       /* its blocks in G4 are lossy (its tenant's cold_precision:
+  uint8_t quant;       /* its blocks in G3 and G4 are lossy (its tenant's cold_precision:
                         * KV_QUANT_FP8, _INT8; 0: exact) */
   uint32_t head_dim;   /* its layout's: the elements of one token's one head */
   uint32_t sessions;   /* sessions using it */

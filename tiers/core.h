@@ -211,11 +211,15 @@ int kv_core_g3_share(kv_core *c, unsigned owner, uint64_t bytes);
  * namespace or owner, or ns has an owner already). */
 int kv_core_ns_owner(kv_core *c, uint32_t ns, unsigned owner);
 
-/* Namespace ns's blocks are written to G3 coded (on) or raw (kv_g3_write_ex,
- * KV_G3_CODE: blocks of 16-bit elements, tiers/codec.h); raw by default.
- * Reads need nothing: each record says how it is stored. 0, or -EINVAL
- * for no such namespace. */
-int kv_core_ns_g3_code(kv_core *c, uint32_t ns, int on);
+/* How namespace ns's blocks are written to G3: kv_g3_write_ex's flags, 0
+ * (raw, the default), KV_G3_CODE (lossless; blocks of 16-bit elements,
+ * tiers/codec.h) or KV_G3_FP8 / KV_G3_INT8 with their dtype and group
+ * (lossy, tiers/quant.h: a tenant's cold_precision). Reads need nothing
+ * but this: each record says how it is stored, and a lossy one is
+ * promoted only while ns's flags are lossy (an engine that asks for exact
+ * blocks never gets a lossy one), its G2 copy then carrying the CRC of
+ * its decoded bytes. 0, or -EINVAL for no such namespace. */
+int kv_core_ns_g3_code(kv_core *c, uint32_t ns, unsigned flags);
 
 /* --- the GPU tier (tiers/core_g1.c) -------------------------------------
  *

@@ -23,6 +23,7 @@
 #include "base/log.h"
 #include "tiers/codec.h"
 #include "tiers/g3_internal.h"
+#include "tiers/quant.h"
 
 #define QD_MAX KV_G3_QUEUE_DEPTH_MAX
 
@@ -216,9 +217,14 @@ int kv_g3_write(kv_g3 *g, uint32_t slot, const kv_g3_key *k, uint64_t seq, const
 
 int kv_g3_write_ex(kv_g3 *g, uint32_t slot, const kv_g3_key *k, uint64_t seq, const void *buf,
                    uint32_t len, int64_t crc, unsigned flags, kv_g3_cb cb, void *arg) {
-  int code = (flags & KV_G3_CODE) != 0;
+  unsigned how = flags & (KV_G3_CODE | KV_G3_FP8 | KV_G3_INT8);
+  int code = how == KV_G3_CODE ? G3_CODEC_PLANES
+             : how == KV_G3_FP8 ? G3_CODEC_FP8
+             : how == KV_G3_INT8 ? G3_CODEC_INT8
+                                 : 0;
   if (slot >= g->nslots || !key_ok(k) || !buf || (uintptr_t)buf % KV_G3_ALIGN || len == 0 ||
-      len > g->block_max || crc > (int64_t)UINT32_MAX || (flags & ~KV_G3_CODE))
+      len > g->block_max || crc > (int64_t)UINT32_MAX || (how && !code) ||
+      (flags & 0xFFF0u) || ((flags & KV_G3_BF16 || KV_G3_GROUP_OF(flags)) && code < 2))
     return -EINVAL;
   if (!code && len > g->slot_bytes) {
     g->st.too_large++;
@@ -242,6 +248,8 @@ int kv_g3_write_ex(kv_g3 *g, uint32_t slot, const kv_g3_key *k, uint64_t seq, co
   op->buf = (uint8_t *)buf;
   op->dst = (uint8_t *)buf;
   op->code = (uint8_t)code;
+  op->qdt = flags & KV_G3_BF16 ? KV_QDT_BF16 : KV_QDT_FP16;
+  op->group = KV_G3_GROUP_OF(flags);
   op->crc = crc >= 0 ? (uint32_t)crc : kv_crc32c(0, buf, len);
   op->cb = cb;
   op->arg = arg;
@@ -259,7 +267,7 @@ int kv_g3_read(kv_g3 *g, uint32_t slot, const kv_g3_expect *e, void *buf, kv_g3_
    * index whatever the block size given at open) */
   if (slot >= g->nslots || !e || !key_ok(&e->key) || !buf || (uintptr_t)buf % KV_G3_ALIGN ||
       e->len == 0 || e->len > (g->sstored[slot] ? KV_CODEC_LEN_MAX : g->slot_bytes) ||
-      !(e->flags & (KV_G3_EXPECT_SEQ | KV_G3_EXPECT_CRC)))
+      !(e->flags & (KV_G3_EXPECT_SEQ | KV_G3_EXPECT_CRC)) || (e->flags & ~7u))
     return -EINVAL;
   if (g->sstate[slot] == G3S_WRITING) return -EBUSY;
   if (g->sstate[slot] != G3S_STORED) return KV_ENOTFOUND;
@@ -275,6 +283,7 @@ int kv_g3_read(kv_g3 *g, uint32_t slot, const kv_g3_expect *e, void *buf, kv_g3_
   op->seq = e->seq;
   op->crc = e->crc;
   op->buf = buf;
+  op->crc_out = e->crc_out;
   if ((op->stored = g->sstored[slot])) { /* coded: read into op's buffer, decoded into buf */
     if (op_xbuf(g, op)) {
       op_put(g, op);
@@ -395,6 +404,7 @@ static void done_read(kv_g3 *g, g3_op *op) {
   if (op->stored && op->res == 0) g->st.decoded++;
   if (op->codec_failed && op->res == KV_ECORRUPT) g->st.decode_failed++;
   if (op->res == 0) {
+    if (op->crc_out) *op->crc_out = op->crc;
     g->st.reads++;
     g->st.read_bytes += op->len;
   } else {

@@ -149,12 +149,19 @@ typedef struct kv_g3_key {
 /* What a read expects to find; mismatch -> KV_ECORRUPT. */
 #define KV_G3_EXPECT_SEQ 1u
 #define KV_G3_EXPECT_CRC 2u
+/* ... and a lossy record (kv_g3_write_ex, KV_G3_FP8 or KV_G3_INT8) is
+ * accepted whatever its CRC (the CRC of its decoded bytes, which the
+ * caller learns from crc_out): for a caller whose namespace allows lossy
+ * blocks. Without it a lossy record is refused as a checksum mismatch. */
+#define KV_G3_EXPECT_LOSSY 4u
 typedef struct kv_g3_expect {
   kv_g3_key key;  /* always checked */
   uint32_t len;   /* always checked */
   uint64_t seq;   /* checked with KV_G3_EXPECT_SEQ */
   uint32_t crc;   /* checked with KV_G3_EXPECT_CRC */
-  unsigned flags; /* at least one of the two */
+  unsigned flags; /* at least one of the first two */
+  uint32_t *crc_out; /* may be NULL: set, before cb(0), to the CRC32C of the
+                      * bytes delivered (the block's; a lossy record's own) */
 } kv_g3_expect;
 
 /* An indexed block, as kv_g3_foreach() reports it. */
@@ -313,6 +320,20 @@ int kv_g3_write(kv_g3 *g, uint32_t slot, const kv_g3_key *k, uint64_t seq, const
  * once. len may be up to the store's largest block (kv_g3_block_max).
  */
 #define KV_G3_CODE 1u
+/* Lossy instead (a tenant's cold_precision; tiers/quant.h): FP8 or INT8
+ * codes of the block's 16-bit elements (BF16 with KV_G3_BF16, else FP16),
+ * one scale per group of KV_G3_GROUP(g) elements (a token's head: g the
+ * head_dim, dividing the block's elements). The record's CRC is that of
+ * what the codes decode to, not the block's; a read delivers those bytes
+ * and their CRC (kv_g3_expect.crc_out) and is accepted only with
+ * KV_G3_EXPECT_LOSSY. A block with a non-finite element, or whose codes
+ * would not fit a slot or not be smaller, is written raw when it fits.
+ * Exclusive with KV_G3_CODE. */
+#define KV_G3_FP8                2u
+#define KV_G3_INT8               4u
+#define KV_G3_BF16               8u
+#define KV_G3_GROUP(g)           ((unsigned)(g) << 16)
+#define KV_G3_GROUP_OF(flags)    ((flags) >> 16)
 int kv_g3_write_ex(kv_g3 *g, uint32_t slot, const kv_g3_key *k, uint64_t seq, const void *buf,
                    uint32_t len, int64_t crc, unsigned flags, kv_g3_cb cb, void *arg);
 

@@ -17,6 +17,7 @@
 #include "base/errors.h"
 #include "tiers/codec.h"
 #include "tiers/g3_internal.h"
+#include "tiers/quant.h"
 
 #define MAX_CODERS 64
 
@@ -35,7 +36,8 @@ void g3_write_hdr(kv_g3 *g, g3_op *op) {
   if (op->stored) {
     r.stored = op->stored;
     r.scrc = op->scrc;
-    r.codec = KV_CODEC_ZSTD_PLANES;
+    r.codec = op->code;
+    r.qdt = op->code == G3_CODEC_PLANES ? 0 : op->qdt;
   }
   g3_rec_encode(&r, op->hdr);
 }
@@ -51,14 +53,29 @@ static const char *payload_why(g3_op *op, const g3_rec *r) {
     op->codec_failed = 1;
     if (kv_crc32c(0, op->buf, op->stored) != r->scrc) return "stored bytes fail their CRC32C";
     if (!c) return "no memory to decode";
-    if (kv_codec_decode(c, op->buf, op->stored, op->dst, op->len))
-      return "stored bytes do not decode";
+    if (r->codec == G3_CODEC_PLANES) {
+      if (kv_codec_decode(c, op->buf, op->stored, op->dst, op->len))
+        return "stored bytes do not decode";
+    } else {
+      /* n elements and their scales: the group is what the stored length
+       * says (n + 4 n / g bytes), a whole divisor of n (as G4's) */
+      size_t n = op->len / 2, extra = op->stored > n ? op->stored - n : 0;
+      size_t g = extra && (4 * n) % extra == 0 ? 4 * n / extra : 0;
+      if (op->len % 2 || !g || g > UINT32_MAX || n % g ||
+          kv_quant_decode(r->codec == G3_CODEC_FP8 ? KV_QUANT_FP8 : KV_QUANT_INT8,
+                          (kv_quant_dtype)r->qdt, op->buf, n, (unsigned)g, op->dst))
+        return "stored bytes do not decode";
+    }
     op->codec_failed = 0;
     block = op->dst;
   }
   if (kv_crc32c(0, block, op->len) != r->crc)
     return op->stored ? "decoded block fails its CRC32C" : "payload fails its CRC32C";
   return NULL;
+}
+
+static int lossy_rec(const g3_rec *r) {
+  return r->stored && (r->codec == G3_CODEC_FP8 || r->codec == G3_CODEC_INT8);
 }
 
 int g3_verify_read(kv_g3 *g, g3_op *op) {
@@ -79,7 +96,10 @@ int g3_verify_read(kv_g3 *g, g3_op *op) {
   else if (r.len != op->len) op->why = "length differs from the expected";
   else if (r.stored != op->stored) op->why = "stored length differs from the index's";
   else if ((op->expect & KV_G3_EXPECT_SEQ) && r.seq != op->seq) op->why = "sequence differs";
-  else if ((op->expect & KV_G3_EXPECT_CRC) && r.crc != op->crc) op->why = "checksum differs";
+  else if (lossy_rec(&r) && !(op->expect & KV_G3_EXPECT_LOSSY))
+    op->why = "lossy block for a reader of exact ones";
+  else if ((op->expect & KV_G3_EXPECT_CRC) && !lossy_rec(&r) && r.crc != op->crc)
+    op->why = "checksum differs";
   else if (!(op->why = payload_why(op, &r))) {
     op->seq = r.seq;
     op->crc = r.crc;
@@ -90,12 +110,36 @@ int g3_verify_read(kv_g3 *g, g3_op *op) {
 
 static uint32_t round_up(uint32_t v) { return (v + KV_G3_ALIGN - 1) / KV_G3_ALIGN * KV_G3_ALIGN; }
 
+/* Lossy codes of write op's block into op->xbuf (tiers/quant.h), op->crc
+ * made that of what they decode to: their length, or -1 (written raw:
+ * codes no smaller or larger than a slot, a group that does not divide
+ * the block, a non-finite element, no memory). */
+static long quant_write(kv_g3 *g, g3_op *op) {
+  size_t n = op->len / 2, need = op->group ? kv_quant_size(n, op->group) : 0;
+  uint8_t *back;
+  if (op->len % 2 || !op->group || n % op->group || need >= op->len || need > g->slot_bytes ||
+      !kv_codec_thread(op->len, &back))
+    return -1;
+  kv_quant_kind k = op->code == G3_CODEC_FP8 ? KV_QUANT_FP8 : KV_QUANT_INT8;
+  kv_quant_dtype dt = (kv_quant_dtype)op->qdt;
+  if (kv_quant_encode(k, dt, op->dst, n, op->group, op->xbuf) ||
+      kv_quant_decode(k, dt, op->xbuf, n, op->group, back))
+    return -1;
+  op->crc = kv_crc32c(0, back, op->len); /* what a reader gets */
+  return (long)need;
+}
+
 /* Codes write op: stored coded in op->xbuf when smaller and fitting a
  * slot, else raw when the block fits one; else -EMSGSIZE. */
 static int code_write(kv_g3 *g, g3_op *op) {
   uint64_t t0 = kv_now_ns();
-  kv_codec *c = kv_codec_thread(0, NULL);
-  long sl = c ? kv_codec_encode(c, op->dst, op->len, op->xbuf, g->slot_bytes) : -ENOMEM;
+  long sl;
+  if (op->code == G3_CODEC_PLANES) {
+    kv_codec *c = kv_codec_thread(0, NULL);
+    sl = c ? kv_codec_encode(c, op->dst, op->len, op->xbuf, g->slot_bytes) : -ENOMEM;
+  } else {
+    sl = quant_write(g, op);
+  }
   op->code_ns = kv_now_ns() - t0;
   if (sl > 0 && (uint32_t)sl < op->len && (uint32_t)sl <= g->slot_bytes) {
     op->stored = (uint32_t)sl;

@@ -76,10 +76,11 @@ int g3_sb_decode(g3_sb *sb, const uint8_t *in) {
  *  24 u64 seq | 32 u32 payload length | 36 u32 payload CRC32C | 40 u32 slot
  *  44 u16 file | 46 u8 key length | 47 u8 flags | 48 ns[32] | 80 key[32]
  * 112 u32 stored length | 116 u32 stored bytes' CRC32C | 120 u8 codec
- * 121 reserved (0) | 124 u32 CRC32C of bytes 0..123
+ * 121 u8 a lossy codec's dtype | 122 reserved (0) | 124 u32 CRC32C of 0..123
  * Version 1 (raw payload): flags and bytes 112..123 are 0. Version 2 (coded
- * payload): flags G3_REC_CODED, codec KV_CODEC_ZSTD_PLANES, stored length
- * 1..length-1. */
+ * payload): flags G3_REC_CODED, codec G3_CODEC_* (1 lossless, 2 FP8, 3 INT8;
+ * a lossy one's dtype 1 BF16 or 2 FP16, else 0), stored length 1..length-1;
+ * a lossy record's CRC (36) is that of its decoded bytes. */
 void g3_rec_encode(const g3_rec *r, uint8_t *out) {
   memset(out, 0, G3_REC_LEN);
   kv_st32(out, G3_REC_MAGIC);
@@ -99,6 +100,7 @@ void g3_rec_encode(const g3_rec *r, uint8_t *out) {
     kv_st32(out + 112, r->stored);
     kv_st32(out + 116, r->scrc);
     out[120] = r->codec;
+    out[121] = r->qdt;
   }
   kv_st32(out + 124, kv_crc32c(0, out, 124));
 }
@@ -126,8 +128,10 @@ int g3_rec_decode(g3_rec *r, const uint8_t *in) {
     r->stored = kv_ld32(in + 112);
     r->scrc = kv_ld32(in + 116);
     r->codec = in[120];
-    if (in[47] != G3_REC_CODED || r->codec != KV_CODEC_ZSTD_PLANES || r->stored == 0 ||
-        r->stored >= r->len)
+    r->qdt = in[121];
+    int lossy = r->codec == G3_CODEC_FP8 || r->codec == G3_CODEC_INT8;
+    if (in[47] != G3_REC_CODED || (r->codec != G3_CODEC_PLANES && !lossy) || r->stored == 0 ||
+        r->stored >= r->len || (lossy ? r->qdt < 1 || r->qdt > 2 : r->qdt != 0))
       return KV_ECORRUPT;
   }
   memcpy(r->ns, in + 48, 32);

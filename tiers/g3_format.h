@@ -28,6 +28,9 @@
 #define G3_REC_MAGIC    0x3347564Bu  /* "KVG3" as little-endian bytes */
 #define G3_REC_VERSION_CODED 2      /* a record whose payload is coded */
 #define G3_REC_CODED    1u          /* record flag (byte 47): payload coded */
+#define G3_CODEC_PLANES 1u          /* codec ids (byte 120): tiers/codec.h */
+#define G3_CODEC_FP8    2u          /* tiers/quant.h, lossy */
+#define G3_CODEC_INT8   3u
 extern const uint8_t g3_sb_magic[8]; /* "KVG3SUPR" */
 
 typedef struct g3_sb {
@@ -55,7 +58,8 @@ typedef struct g3_rec {
    * CRC32C is scrc; len and crc still say the block's own bytes. 0 for a
    * raw record (version 1, as every record before coding). */
   uint32_t stored, scrc;
-  uint8_t codec;
+  uint8_t codec; /* G3_CODEC_* */
+  uint8_t qdt;   /* a lossy codec's elements: kv_quant_dtype (1 BF16, 2 FP16) */
 } g3_rec;
 
 /* Lays out a file of at most `capacity` bytes with slots of `slot_bytes`

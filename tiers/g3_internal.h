@@ -60,7 +60,10 @@ typedef struct g3_op {
   uint8_t ns[KV_G3_NS_BYTES], key[KV_G3_KEY_MAX];
   uint8_t hdr[G3_REC_LEN]; /* write: header to store; read: header found */
   /* coding (KV_G3_CODE writes, reads of coded blocks) */
-  uint8_t code;            /* a write: code it first */
+  uint8_t code;            /* a write: code it first (1 lossless, else a G3_CODEC_*) */
+  uint8_t qdt;             /* lossy: the elements' kv_quant_dtype */
+  uint32_t group;          /* lossy: elements per scale */
+  uint32_t *crc_out;       /* a read: kv_g3_expect.crc_out */
   uint8_t codec_failed;    /* a read: its stored bytes failed (CRC, decoding) */
   uint32_t stored, scrc;   /* coded: stored length and its CRC32C; 0: raw */
   uint8_t *dst;            /* coded: the caller's buffer (write: its block) */

@@ -13,6 +13,7 @@
 #include "tiers/codec.h"
 #include "tiers/g3_format.h"
 #include "tiers/g3_internal.h"
+#include "tiers/quant.h"
 
 #define BLOCK     (64u << 10)
 #define BF16_FILE KV_SOURCE_DIR "/bench/kv/smollm2-135m.bf16.safetensors"
@@ -393,6 +394,21 @@ Test(g3_codec, record_versions) {
   cr_assert_eq(back.stored, 40000);
   cr_assert_eq(back.scrc, 0xABCD);
   cr_assert_eq(back.codec, KV_CODEC_ZSTD_PLANES);
+  r.codec = G3_CODEC_INT8; /* lossy: its dtype must be 1 or 2 */
+  g3_rec_encode(&r, h);
+  cr_assert_eq(g3_rec_decode(&back, h), KV_ECORRUPT);
+  r.qdt = KV_QDT_BF16;
+  g3_rec_encode(&r, h);
+  cr_assert_eq(g3_rec_decode(&back, h), 0);
+  cr_assert_eq(back.codec, G3_CODEC_INT8);
+  cr_assert_eq(back.qdt, KV_QDT_BF16);
+  r.codec = G3_CODEC_PLANES; /* lossless: no dtype */
+  g3_rec_encode(&r, h);
+  cr_assert_eq(g3_rec_decode(&back, h), KV_ECORRUPT);
+  r.codec = 4; /* no such codec */
+  r.qdt = 0;
+  g3_rec_encode(&r, h);
+  cr_assert_eq(g3_rec_decode(&back, h), KV_ECORRUPT);
   r.stored = 0; /* raw: version 1, coded fields all 0 */
   g3_rec_encode(&r, h);
   cr_assert_eq(kv_ld16(h + 4), G3_VERSION);
@@ -406,3 +422,64 @@ Test(g3_codec, record_versions) {
   kv_st32(h + 124, kv_crc32c(0, h, 124));
   cr_assert_eq(g3_rec_decode(&back, h), KV_ECORRUPT);
 }
+
+/* A tenant's cold_precision: FP8 or INT8 codes of a BF16 block (a scale
+ * per 64 elements), read back as what the codes decode to, with that CRC,
+ * also after a reopen; a damaged stored byte a miss, with or without its
+ * CRC made to match; refused to a reader of exact blocks. */
+static void lossy_round_trip(unsigned kind) {
+  cstore s;
+  c_init(&s, KV_G3_BACKEND_THREADS, 48u << 10); /* the codes take ~53%: they fit */
+  uint8_t *w = t_buf(&s.arena, s.cls), *r = t_buf(&s.arena, s.cls);
+  uint8_t *want = malloc(BLOCK), *codes = malloc(kv_quant_size(BLOCK / 2, 64));
+  kv_quant_kind k = kind == KV_G3_FP8 ? KV_QUANT_FP8 : KV_QUANT_INT8;
+  enum { N = 4 };
+  uint32_t slot[N];
+  for (unsigned i = 0; i < N; i++) {
+    kv_block(w, 8 + i);
+    cr_assert_eq(kv_g3_alloc(s.g, &slot[i]), 0);
+    cr_assert_eq(put(&s, slot[i], 8 + i, w, kind | KV_G3_BF16 | KV_G3_GROUP(64)), 0);
+  }
+  kv_g3_stats st;
+  kv_g3_get_stats(s.g, &st);
+  cr_assert_eq(st.coded, N);
+  cr_assert_eq(st.codec_out, N * kv_quant_size(BLOCK / 2, 64));
+  for (int pass = 0; pass < 2; pass++) {
+    for (unsigned i = 0; i < N; i++) {
+      kv_block(w, 8 + i);
+      cr_assert_eq(kv_quant_encode(k, KV_QDT_BF16, w, BLOCK / 2, 64, codes), 0);
+      cr_assert_eq(kv_quant_decode(k, KV_QDT_BF16, codes, BLOCK / 2, 64, want), 0);
+      cr_assert(memcmp(want, w, BLOCK), "lossy: not the block's own bytes");
+      uint32_t got = 0;
+      kv_g3_expect e = t_expect(8 + i, BLOCK, 18 + i);
+      e.flags = KV_G3_EXPECT_CRC | KV_G3_EXPECT_LOSSY;
+      e.crc = kv_crc32c(0, w, BLOCK); /* the block's own: a lossy record's differs */
+      e.crc_out = &got;
+      memset(r, 0, BLOCK);
+      int rc = kv_g3_read_sync(s.g, slot[i], &e, r);
+      cr_assert_eq(rc, 0, "pass %d block %u: %s", pass, i, kv_strerror(rc));
+      cr_assert(!memcmp(r, want, BLOCK), "pass %d block %u: not its codes' decoding", pass, i);
+      cr_assert_eq(got, kv_crc32c(0, want, BLOCK));
+    }
+    kv_g3_close(s.g);
+    c_open(&s);
+    cr_assert_eq(s.info.indexed, N);
+  }
+  /* block 0: a stored byte flipped; block 1: the same, its CRC made to
+   * match; block 2: an exact reader; block 3 still reads */
+  damage(&s, slot[0], NULL, 300, 0);
+  damage(&s, slot[1], NULL, 5000, 2);
+  for (unsigned i = 0; i < N; i++) {
+    kv_g3_expect e = t_expect(8 + i, BLOCK, 18 + i);
+    e.flags = KV_G3_EXPECT_SEQ | (i == 2 ? 0 : KV_G3_EXPECT_LOSSY);
+    cr_assert_eq(kv_g3_read_sync(s.g, slot[i], &e, r), i == 3 ? 0 : KV_ECORRUPT, "block %u", i);
+  }
+  kv_g3_get_stats(s.g, &st);
+  cr_assert_eq(st.corrupt, 3);
+  free(want);
+  free(codes);
+  c_fini(&s);
+}
+
+Test(g3_codec, lossy_fp8_round_trip) { lossy_round_trip(KV_G3_FP8); }
+Test(g3_codec, lossy_int8_round_trip) { lossy_round_trip(KV_G3_INT8); }
