@@ -185,7 +185,7 @@ static int run_phase(bench *b, int writing, op_ctx *ctx, double *secs) {
                           .len = b->block,
                           .seq = next + 1,
                           .crc = b->crc[bi],
-                          .flags = KV_G3_EXPECT_SEQ | KV_G3_EXPECT_CRC};
+                          .flags = KV_G3_EXPECT_SEQ | KV_G3_EXPECT_CRC | KV_G3_EXPECT_LOSSY};
         rc = kv_g3_read(b->g, b->slot[next], &e, b->buf[bi], op_done, &ctx[bi]);
       }
       if (rc) {
@@ -226,6 +226,8 @@ static void usage(FILE *f) {
           "  G2 arenas are not (workers can punch holes in them).\n"
           "  --kv: the blocks' bytes are the file's whole blocks in turn (bench/kv's\n"
           "  trained-model KV), not random; --code: written coded (tiers/codec.h);\n"
+          "  --quant fp8|int8: written lossy (tiers/quant.h, a scale per 64 elements:\n"
+          "  bench/kv's head_dim), read back as the codes decode to;\n"
           "  --slot-bytes: the store's slots (default B): a block that fits none is\n"
           "  refused (too_large) and not read. GB/s count the blocks' own bytes.\n"
           "  Sizes take K/M/G suffixes. The store is deleted afterwards unless --keep.\n");
@@ -248,6 +250,7 @@ int kvbench_g3(int argc, char **argv) {
                                      {"kv", required_argument, 0, 'V'},
                                      {"code", no_argument, 0, 'C'},
                                      {"slot-bytes", required_argument, 0, 'S'},
+                                     {"quant", required_argument, 0, 'Q'},
                                      {0, 0, 0, 0}};
   kv_g3_dir dirs[MAX_DIRS];
   unsigned ndirs = 0;
@@ -258,7 +261,8 @@ int kvbench_g3(int argc, char **argv) {
   const char *kvpath = NULL;
   uint64_t slot_opt = 0;
   optind = 1;
-  while ((ch = getopt_long(argc, argv, "d:b:q:n:B:s:K:W:FkjhV:CS:", lo, NULL)) != -1) {
+  unsigned quant = 0; /* KV_G3_FP8 or KV_G3_INT8 with --quant */
+  while ((ch = getopt_long(argc, argv, "d:b:q:n:B:s:K:W:FkjhV:CS:Q:", lo, NULL)) != -1) {
     switch (ch) {
     case 'd':
       if (ndirs == MAX_DIRS) return 2;
@@ -299,6 +303,11 @@ int kvbench_g3(int argc, char **argv) {
     case 'F': fixed = 0; break;
     case 'V': kvpath = optarg; break;
     case 'C': code = 1; break;
+    case 'Q':
+      if (!strcmp(optarg, "fp8")) quant = KV_G3_FP8;
+      else if (!strcmp(optarg, "int8")) quant = KV_G3_INT8;
+      else return 2;
+      break;
     case 'S':
       if (parse_u64(optarg, &slot_opt) || !slot_opt || slot_opt > (1u << 30)) return 2;
       break;
@@ -336,6 +345,8 @@ int kvbench_g3(int argc, char **argv) {
              .nbuf = (uint32_t)nbuf,
              .count = count,
              .wflags = code ? KV_G3_CODE : 0};
+  if (quant) /* groups of 64: bench/kv's head_dim, its elements' last axis */
+    b.wflags = quant | KV_G3_GROUP(64) | (kv.data && !strcmp(kv.dtype, "BF16") ? KV_G3_BF16 : 0);
   kv_arena arena;
   size_t page = slot > (4u << 20) ? slot : (4u << 20) / slot * slot;
   kv_arena_opts ao = {
@@ -402,8 +413,9 @@ int kvbench_g3(int argc, char **argv) {
       "write_iops", (double)count / wsec, "read_iops", (double)count / rsec, "index_txns",
       (json_int_t)st.index_txns, "syncs", (json_int_t)st.syncs, "buffers", (json_int_t)nbuf);
   json_object_update_new(
-      out, json_pack("{s:s,s:b,s:I,s:I,s:I,s:I,s:I,s:f,s:I}", "kv", kvpath ? kvpath : "random",
-                     "code", code, "slot_bytes", (json_int_t)sslot, "slots", (json_int_t)info.slots,
+      out, json_pack("{s:s,s:b,s:s,s:I,s:I,s:I,s:I,s:I,s:f,s:I}", "kv",
+                     kvpath ? kvpath : "random", "code", code, "quant",
+                     quant == KV_G3_FP8 ? "fp8" : quant == KV_G3_INT8 ? "int8" : "exact", "slot_bytes", (json_int_t)sslot, "slots", (json_int_t)info.slots,
                      "coded", (json_int_t)st.coded, "too_large", (json_int_t)st.too_large,
                      "held_bytes", (json_int_t)st.held_bytes, "ratio",
                      st.codec_out ? (double)st.codec_in / (double)st.codec_out : 1.0,
