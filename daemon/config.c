@@ -1004,9 +1004,11 @@ static void check_alone(const kv_config *c, chk *k) {
       REFUSE("g3.block_bytes: %llu is too large for an SSD slot",
              (unsigned long long)c->g3_block_bytes);
     else if (lrc == -ENOSPC && c->g3_capacity >= (2u << 20))
-      REFUSE("g3.capacity (%s) holds no slot of %s (the G3 slot size): a G3 file needs 1 MiB, "
+      REFUSE("g3.capacity (%s) holds no slot of %s (%s): a G3 file needs 1 MiB, "
              "then 4 KiB plus the slot rounded up to 4 KiB per slot",
-             hsize(c->g3_capacity, a, sizeof a), hsize(kv_config_g3_slot(c), b, sizeof b));
+             hsize(c->g3_capacity, a, sizeof a),
+             c->g3_slot_bytes ? "g3.slot_bytes" : "g3.block_bytes",
+             hsize(kv_config_g3_slot(c), b, sizeof b));
   }
   if (!kv_evict_lookup(c->policy)) {
     char known[256];
