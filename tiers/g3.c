@@ -18,6 +18,7 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "base/clock.h"
 #include "base/crc32c.h"
 #include "base/errors.h"
 #include "base/log.h"
@@ -351,9 +352,7 @@ static void count_error(kv_g3 *g, int res, const char *what, const g3_op *op) {
 
 /* A coding's or decoding's time in hist[] (daemon/metrics.h's buckets). */
 static void hist_add(uint64_t *hist, uint64_t *sum, uint64_t ns) {
-  uint64_t us = (ns + 999) / 1000;
-  unsigned i = us <= 1 ? 0 : 64u - (unsigned)__builtin_clzll(us - 1); /* ceil(log2(us)) */
-  hist[i < KV_G3_HIST_BUCKETS ? i : KV_G3_HIST_BUCKETS]++;
+  hist[kv_us_bucket(ns, KV_G3_HIST_BUCKETS)]++;
   *sum += ns;
 }
 

@@ -431,6 +431,11 @@ Test(daemon_g3, coded_blocks_in_smaller_slots) {
   cr_assert_eq(tl, 1);
   cr_assert_eq(ops_metric("kvcached_g3_codec_blocks_total{result=\"raw\"}"), 0);
   cr_assert_eq(ops_metric("kvcached_g3_state{state=\"ok\"}"), 1);
+  /* every coding timed, the refused one's too; every decoding */
+  cr_assert_eq(ops_metric("kvcached_g3_codec_seconds_count{op=\"code\"}"), (long long)n + 1);
+  cr_assert_geq(ops_metric("kvcached_g3_codec_seconds_count{op=\"decode\"}"), (long long)n);
+  cr_assert_eq(ops_metric("kvcached_g3_codec_seconds_bucket{op=\"code\",le=\"+Inf\"}"),
+               (long long)n + 1);
   kvc_close(c);
 }
 
