@@ -152,7 +152,7 @@ typedef struct kv_g3_key {
 /* ... and a lossy record (kv_g3_write_ex, KV_G3_FP8 or KV_G3_INT8) is
  * accepted whatever its CRC (the CRC of its decoded bytes, which the
  * caller learns from crc_out): for a caller whose namespace allows lossy
- * blocks. Without it a lossy record is refused as a checksum mismatch. */
+ * blocks. Without it a lossy record is refused (KV_ECORRUPT). */
 #define KV_G3_EXPECT_LOSSY 4u
 typedef struct kv_g3_expect {
   kv_g3_key key;  /* always checked */
