@@ -130,6 +130,9 @@ static const opt opts[] = {
      "G3 blocks of namespaces whose dtype is 16-bit (bf16, fp16) stored losslessly coded when "
      "that makes them smaller: auto, or off (tiers/codec.h)",
      g3_codec_names},
+    {"g3", "codec_threads", OPT_U32, O(g3_codec_threads), 0, "2",
+     "threads coding and decoding G3's coded blocks (g3.codec, a tenant's cold_precision), off "
+     "the event loop: 1..64"},
     {"g3", "queue_depth", OPT_U32, O(g3_queue_depth), 0, "32", "G3 block I/Os in flight at once"},
     {"g3", "backend", OPT_ENUM, O(g3_backend), 0, "auto",
      "auto (io_uring, else a thread pool), uring, or threads", g3_backend_names},
@@ -992,6 +995,8 @@ static void check_alone(const kv_config *c, chk *k) {
     if (c->g3_capacity < (2u << 20)) REFUSE("g3.capacity must be at least 2M");
     if (c->g3_queue_depth < 1 || c->g3_queue_depth > KV_G3_QUEUE_DEPTH_MAX)
       REFUSE("g3.queue_depth: %u is not 1..%d", c->g3_queue_depth, KV_G3_QUEUE_DEPTH_MAX);
+    if (c->g3_codec_threads < 1 || c->g3_codec_threads > KV_G3_CODEC_THREADS_MAX)
+      REFUSE("g3.codec_threads: %u is not 1..%d", c->g3_codec_threads, KV_G3_CODEC_THREADS_MAX);
     int lrc = kv_g3_layout_of(c->g3_capacity, kv_config_g3_slot(c), NULL, NULL);
     if (c->g3_block_bytes == 0) REFUSE("g3.block_bytes must be more than 0");
     else if (c->g3_slot_bytes > c->g3_block_bytes)

@@ -77,6 +77,7 @@ typedef struct kv_config {
   uint64_t g3_block_bytes;     /* [g3] block_bytes: the largest block G3 takes */
   uint64_t g3_slot_bytes;      /* [g3] slot_bytes: the SSD slot size; 0: block_bytes */
   int g3_codec;                /* [g3] codec: KV_G3_CODEC_OFF, _AUTO */
+  uint32_t g3_codec_threads;   /* [g3] codec_threads: G3's coder threads */
   uint32_t g3_queue_depth;     /* [g3] queue_depth */
   kv_g3_backend g3_backend;    /* [g3] backend: auto, uring, threads */
   kv_admit g3_admit;           /* [g3] admit: always, second-use, min-prio */

@@ -89,6 +89,7 @@ int kvd_g3_open(kvd *d, int lock_wait_ms, char *why, size_t whylen) {
                   .block_bytes = (uint32_t)d->cfg.g3_block_bytes,
                   .slot_bytes = (uint32_t)d->cfg.g3_slot_bytes,
                   .queue_depth = d->cfg.g3_queue_depth,
+                  .codec_threads = d->cfg.g3_codec_threads,
                   .backend = d->cfg.g3_backend,
                   .lock_wait_ms = lock_wait_ms,
                   /* No G2 arena is registered as io_uring fixed buffers:

@@ -39,6 +39,7 @@
 #define KV_G3_MAX_DIRS        64
 #define KV_G3_QUEUE_DEPTH_MAX 4096 /* kv_g3_opts.queue_depth */
 #define KV_G3_SLOT_KEEP       UINT32_MAX /* kv_g3_opts.slot_bytes: the files' own */
+#define KV_G3_CODEC_THREADS_MAX 64       /* kv_g3_opts.codec_threads */
 #define KV_G3_HIST_BUCKETS    24 /* kv_g3_stats' codec times: bucket i counts
                                   * <= 2^i us, the last one above (daemon/metrics.h's) */
 
@@ -100,7 +101,8 @@ typedef struct kv_g3_opts {
                           * On reopen the files' slot size must be this
                           * (-EINVAL otherwise), or KV_G3_SLOT_KEEP: take
                           * theirs whatever it is. */
-  uint32_t codec_threads; /* threads coding and decoding blocks; 0: 2 */
+  uint32_t codec_threads; /* threads coding and decoding blocks, at most
+                          * KV_G3_CODEC_THREADS_MAX; 0: 2 */
   uint32_t queue_depth; /* block I/Os in flight at once; 0: 32 */
   kv_g3_backend backend;
   kv_g3_sync sync;

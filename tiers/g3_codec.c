@@ -19,8 +19,6 @@
 #include "tiers/g3_internal.h"
 #include "tiers/quant.h"
 
-#define MAX_CODERS 64
-
 void g3_write_hdr(kv_g3 *g, g3_op *op) {
   g3_rec r;
   memset(&r, 0, sizeof r);
@@ -185,7 +183,8 @@ void g3_coders_stop(kv_g3 *g) {
 
 int g3_coders_start(kv_g3 *g, unsigned n) {
   if (!(g->coders = calloc(1, sizeof *g->coders))) return -ENOMEM;
-  int rc = g3_pool_start(g->coders, n ? (n < MAX_CODERS ? n : MAX_CODERS) : 2, coder_run, g);
+  if (n > KV_G3_CODEC_THREADS_MAX) n = KV_G3_CODEC_THREADS_MAX;
+  int rc = g3_pool_start(g->coders, n ? n : 2, coder_run, g);
   if (rc) g3_coders_stop(g);
   return rc;
 }

@@ -295,6 +295,8 @@ Test(config, the_daemons_start_up_checks_are_configuration_checks) {
       {"g3.block_bytes", "8G", "larger than g3.capacity"},
       {"g3.block_bytes", "4000K", "holds no slot"}, /* 1M + 4K + 4000K > 4M */
       {"g3.slot_bytes", "512K", "larger than g3.block_bytes"}, /* block_bytes 256K */
+      {"g3.codec_threads", "0", "g3.codec_threads"},
+      {"g3.codec_threads", "65", "g3.codec_threads"},
       {"g3.path", "/a,/b,/a", "names /a twice"},
       {"g3.path", " , ", "names no directory"},
       {"daemon.socket_dir",
