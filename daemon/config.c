@@ -73,6 +73,8 @@ static const opt_name g4_admit_names[] = {
     {"always", KV_ADMIT_ALWAYS}, {"second-use", KV_ADMIT_SECOND_USE}, {NULL, 0}};
 static const opt_name g4_codec_names[] = {
     {"off", KV_G4_CODEC_OFF}, {"auto", KV_G4_CODEC_AUTO}, {NULL, 0}};
+static const opt_name g3_codec_names[] = {
+    {"off", KV_G3_CODEC_OFF}, {"auto", KV_G3_CODEC_AUTO}, {NULL, 0}};
 static const opt_name log_level_names[] = {{"debug", KV_LOG_DEBUG}, {"info", KV_LOG_INFO},
                                            {"warn", KV_LOG_WARN},   {"warning", KV_LOG_WARN},
                                            {"error", KV_LOG_ERROR}, {NULL, 0}};
@@ -119,8 +121,18 @@ static const opt opts[] = {
     {"g3", "capacity", OPT_SIZE, O(g3_capacity), 0, "4G",
      "bytes of SSD per G3 directory (the file is preallocated to about this)", NULL, "g3-capacity"},
     {"g3", "block_bytes", OPT_SIZE, O(g3_block_bytes), 0, "256K",
-     "SSD slot size: the largest block G3 takes (larger blocks are not demoted); "
-     "existing files keep the size they were made with"},
+     "the largest block G3 takes (larger blocks are not demoted), and its slot size unless "
+     "slot_bytes says otherwise; existing files keep the slot size they were made with"},
+    {"g3", "slot_bytes", OPT_SIZE, O(g3_slot_bytes), 0, "0",
+     "SSD slot size when smaller than block_bytes (rounded up to 4K): coded blocks whose stored "
+     "form fits take a slot, others are not written to G3; 0: block_bytes"},
+    {"g3", "codec", OPT_ENUM, O(g3_codec), 0, "off",
+     "G3 blocks of namespaces whose dtype is 16-bit (bf16, fp16) stored losslessly coded when "
+     "that makes them smaller: auto, or off (tiers/codec.h)",
+     g3_codec_names},
+    {"g3", "codec_threads", OPT_U32, O(g3_codec_threads), 0, "2",
+     "threads coding and decoding G3's coded blocks (g3.codec, a tenant's cold_precision), off "
+     "the event loop: 1..64"},
     {"g3", "queue_depth", OPT_U32, O(g3_queue_depth), 0, "32", "G3 block I/Os in flight at once"},
     {"g3", "backend", OPT_ENUM, O(g3_backend), 0, "auto",
      "auto (io_uring, else a thread pool), uring, or threads", g3_backend_names},
@@ -631,10 +643,10 @@ static int validate_tenants(const kv_config *c, char *err, size_t errlen) {
   uint64_t g3cap = c->g3_capacity * (uint64_t)dirs;
   if (kv_config_split(c, 2, g3cap, part, err, errlen)) return -EINVAL;
   for (uint32_t i = 0; i < c->ntenants; i++) {
-    if (part[i] < c->g3_block_bytes && c->tenants[i].g3_share.kind == KV_SHARE_UNSET) {
+    if (part[i] < kv_config_g3_slot(c) && c->tenants[i].g3_share.kind == KV_SHARE_UNSET) {
       snprintf(err, errlen,
                "tenant.%s: its G3 share (what the other shares leave, split evenly) is "
-               "%llu bytes, less than one g3.block_bytes slot",
+               "%llu bytes, less than one G3 slot",
                c->tenants[i].name, (unsigned long long)part[i]);
       return -EINVAL;
     }
@@ -672,6 +684,10 @@ static const char *hsize(uint64_t v, char *out, size_t cap) {
   if (u == 0) snprintf(out, cap, "%llu B", (unsigned long long)v);
   else snprintf(out, cap, "%.1f %s", x, unit[u]);
   return out;
+}
+
+uint64_t kv_config_g3_slot(const kv_config *c) {
+  return c->g3_slot_bytes ? c->g3_slot_bytes : c->g3_block_bytes;
 }
 
 int kv_config_g3_dirs(const kv_config *c, char *buf, const char **dirs, unsigned max) {
@@ -979,8 +995,13 @@ static void check_alone(const kv_config *c, chk *k) {
     if (c->g3_capacity < (2u << 20)) REFUSE("g3.capacity must be at least 2M");
     if (c->g3_queue_depth < 1 || c->g3_queue_depth > KV_G3_QUEUE_DEPTH_MAX)
       REFUSE("g3.queue_depth: %u is not 1..%d", c->g3_queue_depth, KV_G3_QUEUE_DEPTH_MAX);
-    int lrc = kv_g3_layout_of(c->g3_capacity, c->g3_block_bytes, NULL, NULL);
+    if (c->g3_codec_threads < 1 || c->g3_codec_threads > KV_G3_CODEC_THREADS_MAX)
+      REFUSE("g3.codec_threads: %u is not 1..%d", c->g3_codec_threads, KV_G3_CODEC_THREADS_MAX);
+    int lrc = kv_g3_layout_of(c->g3_capacity, kv_config_g3_slot(c), NULL, NULL);
     if (c->g3_block_bytes == 0) REFUSE("g3.block_bytes must be more than 0");
+    else if (c->g3_slot_bytes > c->g3_block_bytes)
+      REFUSE("g3.slot_bytes (%llu) is larger than g3.block_bytes (%llu)",
+             (unsigned long long)c->g3_slot_bytes, (unsigned long long)c->g3_block_bytes);
     else if (c->g3_block_bytes > c->g3_capacity)
       REFUSE("g3.block_bytes (%llu) is larger than g3.capacity (%llu)",
              (unsigned long long)c->g3_block_bytes, (unsigned long long)c->g3_capacity);
@@ -988,9 +1009,11 @@ static void check_alone(const kv_config *c, chk *k) {
       REFUSE("g3.block_bytes: %llu is too large for an SSD slot",
              (unsigned long long)c->g3_block_bytes);
     else if (lrc == -ENOSPC && c->g3_capacity >= (2u << 20))
-      REFUSE("g3.capacity (%s) holds no slot of g3.block_bytes (%s): a G3 file needs 1 MiB, "
-             "then 4 KiB plus the block rounded up to 4 KiB per slot",
-             hsize(c->g3_capacity, a, sizeof a), hsize(c->g3_block_bytes, b, sizeof b));
+      REFUSE("g3.capacity (%s) holds no slot of %s (%s): a G3 file needs 1 MiB, "
+             "then 4 KiB plus the slot rounded up to 4 KiB per slot",
+             hsize(c->g3_capacity, a, sizeof a),
+             c->g3_slot_bytes ? "g3.slot_bytes" : "g3.block_bytes",
+             hsize(kv_config_g3_slot(c), b, sizeof b));
   }
   if (!kv_evict_lookup(c->policy)) {
     char known[256];
@@ -1095,7 +1118,7 @@ static void check_g3_space(const kv_config *c, chk *k) {
   const char *dirs[KV_G3_MAX_DIRS];
   int n = kv_config_g3_dirs(c, buf, dirs, KV_G3_MAX_DIRS);
   uint64_t file_bytes;
-  if (n <= 0 || kv_g3_layout_of(c->g3_capacity, c->g3_block_bytes, NULL, &file_bytes)) return;
+  if (n <= 0 || kv_g3_layout_of(c->g3_capacity, kv_config_g3_slot(c), NULL, &file_bytes)) return;
   g3_fs fs[KV_G3_MAX_DIRS];
   struct stat seen[KV_G3_MAX_DIRS];
   const char *seen_name[KV_G3_MAX_DIRS];

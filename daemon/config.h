@@ -63,6 +63,8 @@ typedef struct kv_cfg_tenant {
 typedef enum { KV_CFG_G1_AUTO = 0, KV_CFG_G1_ON, KV_CFG_G1_OFF } kv_cfg_g1_enable;
 /* g4.codec: G4 values of 16-bit namespaces coded (tiers/codec.h), or not */
 typedef enum { KV_G4_CODEC_OFF = 0, KV_G4_CODEC_AUTO } kv_cfg_g4_codec;
+/* g3.codec: G3 blocks of 16-bit namespaces coded (tiers/codec.h), or not */
+typedef enum { KV_G3_CODEC_OFF = 0, KV_G3_CODEC_AUTO } kv_cfg_g3_codec;
 
 typedef struct kv_config {
   char socket_dir[96];         /* [daemon] socket_dir */
@@ -72,7 +74,10 @@ typedef struct kv_config {
   uint32_t g2_tenants;         /* [g2] tenants */
   char g3_path[256];           /* [g3] path: directories, comma-separated; "" = no G3 */
   uint64_t g3_capacity;        /* [g3] capacity, per directory */
-  uint64_t g3_block_bytes;     /* [g3] block_bytes: the SSD slot size */
+  uint64_t g3_block_bytes;     /* [g3] block_bytes: the largest block G3 takes */
+  uint64_t g3_slot_bytes;      /* [g3] slot_bytes: the SSD slot size; 0: block_bytes */
+  int g3_codec;                /* [g3] codec: KV_G3_CODEC_OFF, _AUTO */
+  uint32_t g3_codec_threads;   /* [g3] codec_threads: G3's coder threads */
   uint32_t g3_queue_depth;     /* [g3] queue_depth */
   kv_g3_backend g3_backend;    /* [g3] backend: auto, uring, threads */
   kv_admit g3_admit;           /* [g3] admit: always, second-use, min-prio */
@@ -201,6 +206,9 @@ int kv_config_validate(const kv_config *c, char *err, size_t errlen);
  * them; dirs[0..max) point into it. Returns how many (0: no G3), or -E2BIG
  * (more than max). */
 int kv_config_g3_dirs(const kv_config *c, char *buf, const char **dirs, unsigned max);
+/* The G3 slot size a new store gets: g3.slot_bytes, or g3.block_bytes
+ * when that is 0. */
+uint64_t kv_config_g3_slot(const kv_config *c);
 
 /* The group id of admin.group into *gid: 0, -ENOENT (no such group), or
  * -errno (the group database could not be read). */

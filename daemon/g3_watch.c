@@ -87,7 +87,9 @@ int kvd_g3_open(kvd *d, int lock_wait_ms, char *why, size_t whylen) {
   kv_g3_opts o = {.dirs = dirs,
                   .ndirs = n,
                   .block_bytes = (uint32_t)d->cfg.g3_block_bytes,
+                  .slot_bytes = (uint32_t)d->cfg.g3_slot_bytes,
                   .queue_depth = d->cfg.g3_queue_depth,
+                  .codec_threads = d->cfg.g3_codec_threads,
                   .backend = d->cfg.g3_backend,
                   .lock_wait_ms = lock_wait_ms,
                   /* No G2 arena is registered as io_uring fixed buffers:
@@ -100,12 +102,13 @@ int kvd_g3_open(kvd *d, int lock_wait_ms, char *why, size_t whylen) {
   kv_g3_open_info info;
   int rc = kv_g3_open(&d->g3, &o, &info);
   if (rc == -EINVAL) {
-    /* Existing files made with another slot size: keep theirs. */
-    o.block_bytes = 0;
+    /* Existing files made with another slot size: keep theirs (blocks
+     * larger than their slots are then not written, or only coded). */
+    o.slot_bytes = KV_G3_SLOT_KEEP;
     rc = kv_g3_open(&d->g3, &o, &info);
     if (rc == 0)
-      kv_warn("g3", "existing files use %u-byte slots, not g3.block_bytes; keeping theirs",
-              info.slot_bytes);
+      kv_warn("g3", "existing files use %u-byte slots, not the configured %llu; keeping theirs",
+              info.slot_bytes, (unsigned long long)kv_config_g3_slot(&d->cfg));
   }
   if (rc) {
     snprintf(why, whylen, "%s", info.why[0] ? info.why : kv_strerror(rc));

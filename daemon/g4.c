@@ -39,7 +39,6 @@
 #include "daemon/g4.h"
 
 #include <errno.h>
-#include <pthread.h>
 #include <sodium.h>
 #include <stddef.h>
 #include <stdlib.h>
@@ -338,43 +337,6 @@ static void on_set(kv_g4c *c, const kv_g4c_reply *r, void *arg) {
   write_end(w, r->kind == KV_G4C_VALUE);
 }
 
-/* A pool thread's codec and the room it codes into (kept for its life). */
-typedef struct coder {
-  kv_codec *c;
-  uint8_t *buf;
-  size_t cap;
-} coder;
-static pthread_key_t coder_key;
-static pthread_once_t coder_once = PTHREAD_ONCE_INIT;
-static void coder_free(void *p) {
-  coder *t = p;
-  kv_codec_free(t->c);
-  free(t->buf);
-  free(t);
-}
-static void coder_key_make(void) { pthread_key_create(&coder_key, coder_free); }
-
-/* This thread's coder with room for n bytes, or NULL (no memory). */
-static coder *coder_get(size_t n) {
-  pthread_once(&coder_once, coder_key_make);
-  coder *t = pthread_getspecific(coder_key);
-  if (!t) {
-    if (!(t = calloc(1, sizeof *t))) return NULL;
-    if (!(t->c = kv_codec_new(0)) || pthread_setspecific(coder_key, t)) {
-      kv_codec_free(t->c);
-      free(t);
-      return NULL;
-    }
-  }
-  if (t->cap < n) {
-    uint8_t *b = realloc(t->buf, n);
-    if (!b) return NULL;
-    t->buf = b;
-    t->cap = n;
-  }
-  return t;
-}
-
 /* A SET of w's key (w->rkey) expiring in w->ttl_s, with room for a value
  * of vlen bytes: the command in *cmd (malloc'ed) and *len; where the value
  * goes in it, or NULL (no memory). */
@@ -403,18 +365,19 @@ static int code_value(g4_write *w) {
   unsigned group = GROUP_OF(w->coding);
   int lossy_ = lossy(w->coding);
   size_t n = w->size / 2, cap = lossy_ ? kv_quant_size(n, group) : kv_codec_bound(w->size);
-  coder *t = coder_get(cap + (lossy_ ? w->size : 0)); /* lossy: room to decode too */
-  if (!t || kv_crc32c(0, payload, w->size) != w->crc) return -1;
+  uint8_t *buf;
+  kv_codec *cx = kv_codec_thread(cap + (lossy_ ? w->size : 0), &buf); /* lossy: decodes too */
+  if (!cx || kv_crc32c(0, payload, w->size) != w->crc) return -1;
   long sl;
   uint32_t crc = w->crc;
   if (!lossy_) {
-    sl = kv_codec_encode(t->c, payload, w->size, t->buf, cap);
+    sl = kv_codec_encode(cx, payload, w->size, buf, cap);
   } else {
     kv_quant_kind k = coding == KV_G4_CODING_FP8 ? KV_QUANT_FP8 : KV_QUANT_INT8;
     kv_quant_dtype qd = dt == 1 ? KV_QDT_BF16 : KV_QDT_FP16;
-    uint8_t *back = t->buf + cap;
-    if (w->size % 2 || kv_quant_encode(k, qd, payload, n, group, t->buf) ||
-        kv_quant_decode(k, qd, t->buf, n, group, back))
+    uint8_t *back = buf + cap;
+    if (w->size % 2 || kv_quant_encode(k, qd, payload, n, group, buf) ||
+        kv_quant_decode(k, qd, buf, n, group, back))
       return -1;
     sl = (long)cap;
     crc = kv_crc32c(0, back, w->size); /* what a reader gets */
@@ -424,12 +387,12 @@ static int code_value(g4_write *w) {
   size_t len;
   uint8_t *val = set_command(w, KV_G4_HDR_LEN + (size_t)sl, &cmd, &len);
   if (!val) return -1;
-  if (kv_g4_encode_hdr_coded(&w->k, w->secret, t->buf, (uint32_t)sl, w->size, crc, coding,
+  if (kv_g4_encode_hdr_coded(&w->k, w->secret, buf, (uint32_t)sl, w->size, crc, coding,
                              lossy_ ? dt : 0, val)) {
     free(cmd);
     return -1;
   }
-  memcpy(val + KV_G4_HDR_LEN, t->buf, (size_t)sl);
+  memcpy(val + KV_G4_HDR_LEN, buf, (size_t)sl);
   free(w->cmd);
   w->cmd = cmd;
   w->cmdlen = len;
@@ -845,14 +808,14 @@ typedef struct g4_decode {
 static void decode_work(uv_work_t *req) {
   g4_decode *q = req->data;
   g4_get *x = q->x;
-  coder *t = coder_get(0);
+  kv_codec *cx = kv_codec_thread(0, NULL);
   const uint8_t *stored = x->val + KV_G4_HDR_LEN;
   uint64_t t0 = kv_now_ns();
-  if (!t || !(q->out = malloc(KV_G4_HDR_LEN + (size_t)q->n))) return;
+  if (!cx || !(q->out = malloc(KV_G4_HDR_LEN + (size_t)q->n))) return;
   uint8_t *out = q->out + KV_G4_HDR_LEN;
   int rc;
   if (q->coding == KV_G4_CODING_PLANES) {
-    rc = kv_codec_decode(t->c, stored, q->stored_len, out, q->n);
+    rc = kv_codec_decode(cx, stored, q->stored_len, out, q->n);
   } else {
     /* n elements and their scales: the group is what the stored length
      * says (n + 4 n / g bytes), and must be a whole divisor of n */

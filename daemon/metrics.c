@@ -19,10 +19,7 @@ const char *const kvd_refused_names[KVD_REFUSED_COUNT] = {"fd_limit", "total", "
 /* --- histograms --------------------------------------------------------------- */
 
 void kvd_hist_add(kvd_hist *h, uint64_t ns) {
-  uint64_t us = (ns + 999) / 1000;
-  unsigned i = us <= 1 ? 0 : 64u - (unsigned)__builtin_clzll(us - 1); /* ceil(log2(us)) */
-  if (i > KVD_HIST_BUCKETS) i = KVD_HIST_BUCKETS;
-  h->b[i]++;
+  h->b[kv_us_bucket(ns, KVD_HIST_BUCKETS)]++;
   h->count++;
   h->sum_ns += ns;
 }

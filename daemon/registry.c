@@ -11,6 +11,7 @@
 #include "base/clock.h"
 #include "base/log.h"
 #include "ipc/sock.h"
+#include "tiers/quant.h"
 
 const char *const kvd_hello_refusal_names[KVD_HELLO_REFUSED_COUNT] = {"unknown_tenant",
                                                                       "not_allowed"};
@@ -33,6 +34,7 @@ int kvd_registry_init(kvd_registry *r, const kvd_registry_opts *o) {
   r->ns_changed_arg = o->ns_changed_arg;
   r->configured = cfg->ntenants > 0;
   r->ns_limit = cfg->limit_namespaces_per_tenant;
+  r->g3_code = cfg->g3_codec == KV_G3_CODEC_AUTO;
   r->tenants = calloc(n, sizeof *r->tenants);
   r->tenant_nns = calloc(n, sizeof *r->tenant_nns);
   if (!r->tenants || !r->tenant_nns) {
@@ -412,6 +414,12 @@ int kvd_registry_hello(kvd_registry *r, const kv_hello_req *h, const kvd_peer *p
   if (r->configured && n->dtype16 && l->head_dim && (l->block_bytes / 2) % l->head_dim == 0 &&
       l->block_bytes % 2 == 0)
     n->quant = r->tenants[t].cfg.cold_precision;
+  /* G3: lossy as G4 when cold_precision says so, else coded with g3.codec */
+  unsigned g3 = r->g3_code && n->dtype16 ? KV_G3_CODE : 0;
+  if (n->quant)
+    g3 = (n->quant == KV_QUANT_FP8 ? KV_G3_FP8 : KV_G3_INT8) |
+         (n->dtype16 == 1 ? KV_G3_BF16 : 0) | KV_G3_GROUP(n->head_dim);
+  kv_core_ns_g3_code(r->core, (uint32_t)core_ns, g3);
   n->sessions = 1;
   if (h->group.len) {
     int rc = group_join(r, (uint32_t)i, h);

@@ -94,7 +94,7 @@ typedef struct kvd_ns {
   kvd_group *group;    /* NULL when the sessions name no group */
   uint16_t tp_rank, tp_size;
   uint8_t dtype16;     /* its layout's dtype: 1 BF16, 2 FP16, 0 another (kvd_dtype16) */
-  uint8_t quant;       /* its blocks in G4 are lossy (its tenant's cold_precision:
+  uint8_t quant;       /* its blocks in G3 and G4 are lossy (its tenant's cold_precision:
                         * KV_QUANT_FP8, _INT8; 0: exact) */
   uint32_t head_dim;   /* its layout's: the elements of one token's one head */
   uint32_t sessions;   /* sessions using it */
@@ -135,6 +135,7 @@ typedef struct kvd_registry {
   uint32_t nlive;       /* namespaces */
   uint32_t *tenant_nns; /* namespaces per tenant */
   uint32_t ns_limit;    /* limits.namespaces_per_tenant */
+  int g3_code;          /* g3.codec = auto: 16-bit namespaces' G3 blocks coded */
   uint64_t ns_freed;
   uint64_t ns_refused[KVD_NS_REFUSED_COUNT];
   kvd_ratelog ns_log;

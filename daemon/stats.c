@@ -179,6 +179,17 @@ static int histogram(kv_buf *out, const char *name, const char *label, const cha
 /* G4 (daemon/g4.h): the client's state and counts, and the daemon's. */
 static json_t *lat_json(const kvd_hist *h);
 
+/* A cold tier's coding in /stats (G3's, G4's): blocks written coded, raw
+ * (no gain), read and decoded; the coded ones' bytes and stored bytes, and
+ * their ratio (1 when none). */
+static json_t *codec_json(uint64_t coded, uint64_t raw, uint64_t decoded, uint64_t block,
+                          uint64_t stored) {
+  return json_pack("{s:I,s:I,s:I,s:I,s:I,s:f}", "coded", (json_int_t)coded, "raw",
+                   (json_int_t)raw, "decoded", (json_int_t)decoded, "block_bytes",
+                   (json_int_t)block, "stored_bytes", (json_int_t)stored, "ratio",
+                   stored ? (double)block / (double)stored : 1.0);
+}
+
 static int g4_metrics(kvd *d, kv_buf *out) {
   const kvd_g4 *g = &d->g4;
   kv_g4c_stats cs;
@@ -268,14 +279,8 @@ static json_t *g4_json(kvd *d) {
     json_object_set_new(m, kvd_g4_miss_names[i], json_integer((json_int_t)g->misses[i]));
   for (int i = 0; i < KVD_G4_W_COUNT; i++)
     json_object_set_new(w, kvd_g4_write_names[i], json_integer((json_int_t)g->writes[i]));
-  json_t *cj = json_object();
-  for (int i = 0; i < KVD_G4_CODEC_COUNT; i++)
-    json_object_set_new(cj, kvd_g4_codec_names[i], json_integer((json_int_t)g->codec[i]));
-  json_object_set_new(cj, "block_bytes", json_integer((json_int_t)g->codec_bytes[0]));
-  json_object_set_new(cj, "stored_bytes", json_integer((json_int_t)g->codec_bytes[1]));
-  json_object_set_new(cj, "ratio", json_real(g->codec_bytes[1] ? (double)g->codec_bytes[0] /
-                                                                     (double)g->codec_bytes[1]
-                                                               : 1.0));
+  json_t *cj = codec_json(g->codec[KVD_G4_CODEC_CODED], g->codec[KVD_G4_CODEC_RAW],
+                          g->codec[KVD_G4_CODEC_DECODED], g->codec_bytes[0], g->codec_bytes[1]);
   json_t *bl = json_pack("{s:I,s:I,s:I,s:I}", "blocks", (json_int_t)g->backlog.n, "written",
                           (json_int_t)g->backlog_written, "gone", (json_int_t)g->backlog_gone,
                           "dropped", (json_int_t)g->backlog.dropped);
@@ -286,6 +291,49 @@ static json_t *g4_json(kvd *d) {
                    (json_int_t)g->lookups, "bytes_in", (json_int_t)cs.bytes_in, "bytes_out",
                    (json_int_t)cs.bytes_out, "in_flight", (json_int_t)cs.in_flight, "latency_us",
                    lat_json(&g->lookup), "backlog", bl, "codec", cj);
+}
+
+_Static_assert(KV_G3_HIST_BUCKETS == KVD_HIST_BUCKETS, "G3's codec times share the buckets");
+
+/* G3's coding (g3.codec; tiers/G3.md, "Coded blocks"). */
+static int g3_codec_metrics(kv_buf *out, const kv_g3_stats *gs, const kv_core_stats_t *c) {
+  H("kvcached_g3_codec_blocks_total", "counter",
+    "Blocks of namespaces whose G3 blocks are coded (g3.codec): written coded, written raw (no "
+    "gain), read and decoded, read and refused (stored bytes failing their CRC or decoding).");
+  P("kvcached_g3_codec_blocks_total{result=\"coded\"} %llu\n", U(gs->coded));
+  P("kvcached_g3_codec_blocks_total{result=\"raw\"} %llu\n", U(gs->coded_raw));
+  P("kvcached_g3_codec_blocks_total{result=\"decoded\"} %llu\n", U(gs->decoded));
+  P("kvcached_g3_codec_blocks_total{result=\"decode_failed\"} %llu\n", U(gs->decode_failed));
+  H("kvcached_g3_codec_bytes_total", "counter",
+    "Of the blocks written to G3 coded: their bytes (block) and the bytes stored for them "
+    "(stored); block / stored is the stored ratio.");
+  P("kvcached_g3_codec_bytes_total{side=\"block\"} %llu\n", U(gs->codec_in));
+  P("kvcached_g3_codec_bytes_total{side=\"stored\"} %llu\n", U(gs->codec_out));
+  H("kvcached_g3_codec_seconds", "histogram",
+    "Time a block's coding (op=code: on the way to G3) or decoding and verification (op=decode: "
+    "on the way back) took on G3's coder threads.");
+  kvd_hist h[2];
+  memset(h, 0, sizeof h);
+  for (unsigned i = 0; i <= KVD_HIST_BUCKETS; i++) {
+    h[0].b[i] = gs->code_hist[i];
+    h[1].b[i] = gs->decode_hist[i];
+    h[0].count += gs->code_hist[i];
+    h[1].count += gs->decode_hist[i];
+  }
+  h[0].sum_ns = gs->code_ns;
+  h[1].sum_ns = gs->decode_ns;
+  if (histogram(out, "kvcached_g3_codec_seconds", "op", "code", &h[0]) ||
+      histogram(out, "kvcached_g3_codec_seconds", "op", "decode", &h[1]))
+    return -ENOMEM;
+  H("kvcached_g3_too_large_total", "counter",
+    "G2 victims not written to G3 because they do not fit a G3 slot (g3.slot_bytes): raw, or "
+    "coded where their namespace's blocks are.");
+  P("kvcached_g3_too_large_total %llu\n", U(c->g3_too_large));
+  H("kvcached_g3_held_bytes", "gauge",
+    "Bytes G3's blocks take in their slots (coded ones their stored bytes); the tier's stored "
+    "ratio is kvcached_tier_used_bytes{tier=\"g3\"} / this.");
+  P("kvcached_g3_held_bytes %llu\n", U(gs->held_bytes));
+  return 0;
 }
 
 int kvd_render_metrics(kvd *d, kv_buf *out) {
@@ -536,6 +584,7 @@ int kvd_render_metrics(kvd *d, kv_buf *out) {
   P("kvcached_g3_io_errors_total %llu\n", U(s.gs.io_errors));
   H("kvcached_g3_corrupt_total", "counter", "SSD reads that failed verification.");
   P("kvcached_g3_corrupt_total %llu\n", U(s.gs.corrupt));
+  if (g3_codec_metrics(out, &s.gs, c)) return -ENOMEM;
   if (g4_metrics(d, out)) return -ENOMEM;
   H("kvcached_corrupt_reported_total", "counter",
     "Blocks readers reported as failing their CRC, by the daemon's verdict on its own G2 copy.");
@@ -664,6 +713,15 @@ static json_t *tiers_json(const snapshot *s) {
 }
 
 /* /stats (daemon/OPS.md). */
+/* G3's coding in /stats: its counts and stored ratio (as G4's), what its
+ * blocks take in their slots, and the victims too large for a slot. */
+static json_t *g3_json(const kv_g3_stats *gs, const kv_core_stats_t *c) {
+  return json_pack("{s:o,s:I,s:I,s:I}", "codec",
+                   codec_json(gs->coded, gs->coded_raw, gs->decoded, gs->codec_in, gs->codec_out),
+                   "held_bytes", (json_int_t)gs->held_bytes, "too_large",
+                   (json_int_t)c->g3_too_large, "decode_failed", (json_int_t)gs->decode_failed);
+}
+
 static json_t *stats_json(kvd *d, const snapshot *s) {
   kv_core_stats_t cs;
   kv_core_stats(d->core, &cs);
@@ -677,6 +735,7 @@ static json_t *stats_json(kvd *d, const snapshot *s) {
                                 kv_config_enum_name("g3.admit", d->cfg.g3_admit)));
   json_object_set_new(o, "tiers", tiers_json(s));
   json_object_set_new(o, "g4", g4_json(d) ?: json_pack("{s:s}", "state", "off"));
+  if (d->g3) json_object_set_new(o, "g3", g3_json(&s->gs, &cs));
   json_t *m = json_object();
   for (int i = 0; i < KVD_MISS_COUNT; i++)
     json_object_set_new(m, kvd_miss_names[i], json_integer((json_int_t)d->m.misses[i]));

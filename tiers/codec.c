@@ -3,6 +3,7 @@
 #include "tiers/codec.h"
 
 #include <errno.h>
+#include <pthread.h>
 #include <stdlib.h>
 #include <string.h>
 #include <zstd.h>
@@ -236,4 +237,41 @@ int kv_codec_decode(kv_codec *c, const void *stored, size_t len, void *dst, size
   }
   merge(plane[0], plane[1], h, dst);
   return 0;
+}
+
+/* A thread's context and its scratch (kv_codec_thread). */
+typedef struct coder {
+  kv_codec *c;
+  uint8_t *buf;
+  size_t cap;
+} coder;
+static pthread_key_t coder_key;
+static pthread_once_t coder_once = PTHREAD_ONCE_INIT;
+static void coder_free(void *p) {
+  coder *t = p;
+  kv_codec_free(t->c);
+  free(t->buf);
+  free(t);
+}
+static void coder_key_make(void) { pthread_key_create(&coder_key, coder_free); }
+
+kv_codec *kv_codec_thread(size_t n, uint8_t **room) {
+  pthread_once(&coder_once, coder_key_make);
+  coder *t = pthread_getspecific(coder_key);
+  if (!t) {
+    if (!(t = calloc(1, sizeof *t))) return NULL;
+    if (!(t->c = kv_codec_new(0)) || pthread_setspecific(coder_key, t)) {
+      kv_codec_free(t->c);
+      free(t);
+      return NULL;
+    }
+  }
+  if (t->cap < n) {
+    uint8_t *b = realloc(t->buf, n);
+    if (!b) return NULL;
+    t->buf = b;
+    t->cap = n;
+  }
+  if (room) *room = t->buf;
+  return t->c;
 }

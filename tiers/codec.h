@@ -44,7 +44,8 @@
  * decode is a miss there, never a wrong block.
  *
  * Who uses it: G4 (daemon/g4.c, g4.codec = auto: tiers/G4.md's version-3
- * values, as below); G3 not yet. How a tier uses it: off the
+ * values) and G3 (tiers/g3_codec.c, g3.codec = auto: tiers/G3.md's
+ * version-2 records), as below. How a tier uses it: off the
  * event loop (G3's I/O threads, a pool), for a namespace whose layout's
  * dtype is 16-bit, encode the block on the way down; on KV_CODEC_NOGAIN
  * (or any error) store the raw bytes as today. The record then says which
@@ -126,6 +127,12 @@ long kv_codec_encode(kv_codec *c, const void *src, size_t n, void *dst, size_t c
  * writes outside dst[0..n) nor reads outside stored[0..len); dst's
  * contents are undefined after an error. */
 int kv_codec_decode(kv_codec *c, const void *stored, size_t len, void *dst, size_t n);
+
+/* This thread's context (made on first use, freed when the thread ends)
+ * and, in *room (when room is not NULL), scratch of at least n bytes kept
+ * with it: what the tiers' coding threads (G3's coders, G4's thread pool)
+ * code with. NULL when out of memory. */
+kv_codec *kv_codec_thread(size_t n, uint8_t **room);
 
 /* The original length stored bytes claim (header only, nothing else
  * checked), or -EBADMSG when len is below the header or the magic,

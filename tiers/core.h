@@ -110,6 +110,8 @@ typedef struct kv_core_stats_t {
                               * victim (kv_evict_ops.admit): they would have gone next */
   uint64_t ns_freed;         /* namespace ids freed (kv_core_ns_free, empty dormant ones) */
   uint64_t g3_write_failed;
+  uint64_t g3_too_large;   /* victims refused (in g3_refused) as larger than a G3 slot:
+                            * raw, or coded where their namespace's are */
   uint64_t promotions;     /* G3 -> G2 reads that verified */
   uint64_t promote_failed; /* ... that did not: corrupt or I/O error */
   uint64_t warm_blocks;    /* blocks learned from G3 at attach */
@@ -208,6 +210,16 @@ int kv_core_g3_share(kv_core *c, unsigned owner, uint64_t bytes);
  * count against its share (evicting down to it). 0, or -EINVAL (no such
  * namespace or owner, or ns has an owner already). */
 int kv_core_ns_owner(kv_core *c, uint32_t ns, unsigned owner);
+
+/* How namespace ns's blocks are written to G3: kv_g3_write_ex's flags, 0
+ * (raw, the default), KV_G3_CODE (lossless; blocks of 16-bit elements,
+ * tiers/codec.h) or KV_G3_FP8 / KV_G3_INT8 with their dtype and group
+ * (lossy, tiers/quant.h: a tenant's cold_precision). Reads need nothing
+ * but this: each record says how it is stored, and a lossy one is
+ * promoted only while ns's flags are lossy (an engine that asks for exact
+ * blocks never gets a lossy one), its G2 copy then carrying the CRC of
+ * its decoded bytes. 0, or -EINVAL for no such namespace. */
+int kv_core_ns_g3_code(kv_core *c, uint32_t ns, unsigned flags);
 
 /* --- the GPU tier (tiers/core_g1.c) -------------------------------------
  *

@@ -40,7 +40,8 @@ typedef struct g3_op {
   uint32_t slot;
   kv_promote_cb cb;
   void *arg;
-  uint64_t t0; /* start, for kv_core_admin.on_copy */
+  uint64_t t0;  /* start, for kv_core_admin.on_copy */
+  uint32_t crc; /* a promotion: the CRC of the bytes read (a lossy record's own) */
 } g3_op;
 
 static int admitted(kv_core *c, const kv_block *b) {
@@ -76,7 +77,12 @@ static void g3_written(int status, void *arg) {
     c->st.g3_admitted++;
     kv_core__set_valid(c, b, KV_G3);
   } else {
-    c->st.g3_write_failed++;
+    if (status == -EMSGSIZE) { /* coded, still larger than a slot */
+      c->st.g3_refused++;
+      c->st.g3_too_large++;
+    } else {
+      c->st.g3_write_failed++;
+    }
     kv_g3_free(c->g3, b->slot[KV_G3]);
     kv_core__set_g3_slot(c, b, KV_SLOT_NONE);
   }
@@ -119,9 +125,16 @@ static uint64_t low_water(kv_core *c, const kv_block *v) {
  * written to an SSD slot, and its G2 slot is freed when they are durable. */
 int kv_core__g3_demote(kv_core *c, kv_block *v, kv_tier from, void *unused) {
   if (v->tiers & KV_TIER_BIT(KV_G3)) return KV_DEMOTE_DONE; /* already there */
-  if (!admitted(c, v) || !kv_g3_writable(c->g3) || !c->ns[v->ns].has_digest ||
-      v->size > kv_g3_slot_bytes(c->g3)) {
+  unsigned code = c->ns[v->ns].g3_code;
+  if (!admitted(c, v) || !kv_g3_writable(c->g3) || !c->ns[v->ns].has_digest) {
     c->st.g3_refused++;
+    return KV_DEMOTE_DONE;
+  }
+  /* Raw, a block must fit a slot; coded, its stored form (known once
+   * coded, off the loop: g3_written counts a refusal then). */
+  if (v->size > (code ? kv_g3_block_max(c->g3) : kv_g3_slot_bytes(c->g3))) {
+    c->st.g3_refused++;
+    c->st.g3_too_large++;
     return KV_DEMOTE_DONE;
   }
   int o = c->ns[v->ns].owner;
@@ -158,13 +171,13 @@ int kv_core__g3_demote(kv_core *c, kv_block *v, kv_tier from, void *unused) {
     c->st.g3_refused++;
     return KV_DEMOTE_DONE;
   }
-  *op = (g3_op){c, v->id, slot, NULL, NULL, kv_now_ns()};
+  *op = (g3_op){c, v->id, slot, NULL, NULL, kv_now_ns(), v->crc};
   kv_g3_key k;
   kv_core__g3_key_of(c, v, &k);
   kv_core__set_g3_slot(c, v, slot);
   v->busy |= (uint8_t)KV_TIER_BIT(KV_G3);
-  int rc = kv_g3_write(c->g3, slot, &k, ++c->g3_seq, kv_core_g2_ptr(c, v), v->size, v->crc,
-                       g3_written, op);
+  int rc = kv_g3_write_ex(c->g3, slot, &k, ++c->g3_seq, kv_core_g2_ptr(c, v), v->size, v->crc,
+                          code, g3_written, op);
   if (rc) {
     v->busy &= (uint8_t)~KV_TIER_BIT(KV_G3);
     kv_core__set_g3_slot(c, v, KV_SLOT_NONE);
@@ -232,6 +245,12 @@ int kv_core_attach_g3(kv_core *c, kv_g3 *g3, const kv_core_g3_opts *o) {
   rc = kv_g3_foreach(g3, learn_entry, &w);
   if (rc < 0 || w.rc < 0) return rc < 0 ? rc : w.rc;
   return (int)c->st.warm_blocks;
+}
+
+int kv_core_ns_g3_code(kv_core *c, uint32_t ns, unsigned flags) {
+  if (ns >= c->nns || !c->ns[ns].live) return -EINVAL;
+  c->ns[ns].g3_code = flags;
+  return 0;
 }
 
 /* --- G3 shares ----------------------------------------------------------------- */
@@ -357,11 +376,13 @@ static void g3_read_done(int status, void *arg) {
   kv_block *b = kv_index_at(&c->ix, op->bid);
   kv_promote_cb cb = op->cb;
   void *cbarg = op->arg;
+  uint32_t op_crc = op->crc;
   kv_core__copied(c, KV_G3, KV_G2, b->size, op->t0, status);
   free(op);
   b->busy &= (uint8_t)~KV_TIER_BIT(KV_G2);
   if (status == 0) {
     c->st.promotions++;
+    b->crc = op_crc; /* the block's, or what a lossy record decoded to */
     kv_core__set_valid(c, b, KV_G2);
   } else {
     /* Never served: the store dropped its index entry; free both slots. */
@@ -390,10 +411,16 @@ int kv_core_promote(kv_core *c, kv_block *b, kv_promote_cb cb, void *arg) {
     kv_arena_free(n->arena, slot);
     return -ENOMEM;
   }
-  *op = (g3_op){c, b->id, slot, cb, arg, kv_now_ns()};
+  *op = (g3_op){c, b->id, slot, cb, arg, kv_now_ns(), b->crc};
   b->slot[KV_G2] = slot;
   b->busy |= (uint8_t)KV_TIER_BIT(KV_G2);
-  kv_g3_expect ex = {.len = b->size, .crc = b->crc, .flags = KV_G3_EXPECT_CRC};
+  /* A lossy record only for a namespace whose blocks are lossy now, and
+   * not under a G1 copy of the exact bytes (two copies, two CRCs). */
+  int lossy = (n->g3_code & (KV_G3_FP8 | KV_G3_INT8)) && !(b->tiers & KV_TIER_BIT(KV_G1));
+  kv_g3_expect ex = {.len = b->size,
+                     .crc = b->crc,
+                     .flags = KV_G3_EXPECT_CRC | (lossy ? KV_G3_EXPECT_LOSSY : 0),
+                     .crc_out = &op->crc};
   kv_core__g3_key_of(c, b, &ex.key);
   rc = kv_g3_read(c->g3, b->slot[KV_G3], &ex, kv_arena_ptr(n->arena, slot), g3_read_done, op);
   if (rc) {

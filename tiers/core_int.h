@@ -95,6 +95,8 @@ struct kv_core_ns {
   uint8_t digest[KV_G3_NS_BYTES]; /* identity across restarts (G3 records) */
   int owner;                      /* its G3 share's owner; -1: none */
   uint32_t g3_slots;              /* G3 slots its blocks hold (written or being written) */
+  unsigned g3_code;               /* how its blocks go to G3: kv_g3_write_ex's flags
+                                   * (kv_core_ns_g3_code) */
   uint32_t nblocks;               /* index records of its blocks, in any state and tier */
   uint32_t next_free1;            /* while freed: 1 + the next freed id, 0 for none */
 };

@@ -18,10 +18,13 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "base/clock.h"
 #include "base/crc32c.h"
 #include "base/errors.h"
 #include "base/log.h"
+#include "tiers/codec.h"
 #include "tiers/g3_internal.h"
+#include "tiers/quant.h"
 
 #define QD_MAX KV_G3_QUEUE_DEPTH_MAX
 
@@ -117,12 +120,32 @@ int kv_g3_free(kv_g3 *g, uint32_t slot) {
 static g3_op *op_get(kv_g3 *g) {
   g3_op *op = g->op_free;
   if (op) g->op_free = op->next;
-  else if (!(op = malloc(sizeof *op))) return NULL;
+  else if (!(op = calloc(1, sizeof *op))) return NULL;
+  uint8_t *x = op->xbuf; /* kept across uses */
+  g->nxfree -= x != NULL;
   memset(op, 0, sizeof *op);
+  op->xbuf = x;
   return op;
 }
 
+/* op's own slot-sized buffer (coded blocks' stored bytes): 0 or -ENOMEM. */
+static int op_xbuf(kv_g3 *g, g3_op *op) {
+  if (!op->xbuf && posix_memalign((void **)&op->xbuf, KV_G3_ALIGN, g->slot_bytes)) {
+    op->xbuf = NULL;
+    return -ENOMEM;
+  }
+  return 0;
+}
+
+/* Free ops keep their buffers for coded blocks up to twice the queue depth
+ * (the ops a busy store reuses); more go, so a burst of reads queued at
+ * once does not hold a slot of memory per op for the store's life. */
 static void op_put(kv_g3 *g, g3_op *op) {
+  if (op->xbuf && g->nxfree >= 2 * g->qd + 8) {
+    free(op->xbuf);
+    op->xbuf = NULL;
+  }
+  g->nxfree += op->xbuf != NULL;
   op->next = g->op_free;
   g->op_free = op;
 }
@@ -157,6 +180,17 @@ static int enqueue_del(kv_g3 *g, uint32_t slot, const uint8_t *ns, const uint8_t
   return 0;
 }
 
+/* What an indexed block in slot takes of the SSD (kv_g3_stats.held_bytes). */
+static void count_held(kv_g3 *g, uint32_t slot) {
+  g->st.held_bytes += g->sstored[slot] ? g->sstored[slot] : g->slen[slot];
+  g->st.coded_stored += g->sstored[slot] != 0;
+}
+static void forget_held(kv_g3 *g, uint32_t slot) {
+  g->st.held_bytes -= g->sstored[slot] ? g->sstored[slot] : g->slen[slot];
+  g->st.coded_stored -= g->sstored[slot] != 0;
+  g->sstored[slot] = 0;
+}
+
 int kv_g3_remove(kv_g3 *g, uint32_t slot, const kv_g3_key *k) {
   if (slot >= g->nslots || !key_ok(k)) return -EINVAL;
   switch (g->sstate[slot]) {
@@ -166,6 +200,7 @@ int kv_g3_remove(kv_g3 *g, uint32_t slot, const kv_g3_key *k) {
     retire(g, slot);
     g->st.slots_stored--;
     g->st.stored_bytes -= g->slen[slot];
+    forget_held(g, slot);
     g->st.removed++;
     return 0;
   }
@@ -178,14 +213,33 @@ int kv_g3_remove(kv_g3 *g, uint32_t slot, const kv_g3_key *k) {
 
 int kv_g3_write(kv_g3 *g, uint32_t slot, const kv_g3_key *k, uint64_t seq, const void *buf,
                 uint32_t len, int64_t crc, kv_g3_cb cb, void *arg) {
+  return kv_g3_write_ex(g, slot, k, seq, buf, len, crc, 0, cb, arg);
+}
+
+int kv_g3_write_ex(kv_g3 *g, uint32_t slot, const kv_g3_key *k, uint64_t seq, const void *buf,
+                   uint32_t len, int64_t crc, unsigned flags, kv_g3_cb cb, void *arg) {
+  unsigned how = flags & (KV_G3_CODE | KV_G3_FP8 | KV_G3_INT8);
+  int code = how == KV_G3_CODE ? G3_CODEC_PLANES
+             : how == KV_G3_FP8 ? G3_CODEC_FP8
+             : how == KV_G3_INT8 ? G3_CODEC_INT8
+                                 : 0;
   if (slot >= g->nslots || !key_ok(k) || !buf || (uintptr_t)buf % KV_G3_ALIGN || len == 0 ||
-      len > g->slot_bytes || crc > (int64_t)UINT32_MAX)
+      len > g->block_max || crc > (int64_t)UINT32_MAX || (how && !code) ||
+      (flags & 0xFFF0u) || ((flags & KV_G3_BF16 || KV_G3_GROUP_OF(flags)) && code < 2))
     return -EINVAL;
+  if (!code && len > g->slot_bytes) {
+    g->st.too_large++;
+    return -EMSGSIZE;
+  }
   if (g->state == KV_G3_FULL && slot != g->probe_slot) return -ENOSPC;
   if (g->state == KV_G3_DEGRADED) return KV_EDEGRADED;
   if (g->sstate[slot] != G3S_ALLOC) return -EBUSY;
   g3_op *op = op_get(g);
   if (!op) return -ENOMEM;
+  if (code && op_xbuf(g, op)) {
+    op_put(g, op);
+    return -ENOMEM;
+  }
   op->kind = G3_OP_WRITE;
   place(g, op, slot);
   set_key(op, k);
@@ -193,31 +247,28 @@ int kv_g3_write(kv_g3 *g, uint32_t slot, const kv_g3_key *k, uint64_t seq, const
   op->iolen = round_up(len);
   op->seq = seq;
   op->buf = (uint8_t *)buf;
+  op->dst = (uint8_t *)buf;
+  op->code = (uint8_t)code;
+  op->qdt = flags & KV_G3_BF16 ? KV_QDT_BF16 : KV_QDT_FP16;
+  op->group = KV_G3_GROUP_OF(flags);
   op->crc = crc >= 0 ? (uint32_t)crc : kv_crc32c(0, buf, len);
   op->cb = cb;
   op->arg = arg;
-  g3_rec r;
-  memset(&r, 0, sizeof r);
-  memcpy(r.store_id, g->store_id, G3_STORE_ID_LEN);
-  r.seq = seq;
-  r.len = len;
-  r.crc = op->crc;
-  r.slot = op->fslot;
-  r.file = (uint16_t)op->file;
-  r.keylen = k->len;
-  memcpy(r.ns, k->ns, KV_G3_NS_BYTES);
-  memcpy(r.key, k->b, k->len);
-  g3_rec_encode(&r, op->hdr);
+  g3_write_hdr(g, op);
   g->sstate[slot] = G3S_WRITING;
   g->inflight++;
   atomic_fetch_add(&g->wr_engine, 1);
-  g->eng->submit(g, op);
+  if (code) g3_coders_submit(g, op); /* coded there, then to the engine */
+  else g->eng->submit(g, op);
   return 0;
 }
 
 int kv_g3_read(kv_g3 *g, uint32_t slot, const kv_g3_expect *e, void *buf, kv_g3_cb cb, void *arg) {
+  /* a raw block fits its slot; a coded one may be larger (learned from the
+   * index whatever the block size given at open) */
   if (slot >= g->nslots || !e || !key_ok(&e->key) || !buf || (uintptr_t)buf % KV_G3_ALIGN ||
-      e->len == 0 || e->len > g->slot_bytes || !(e->flags & (KV_G3_EXPECT_SEQ | KV_G3_EXPECT_CRC)))
+      e->len == 0 || e->len > (g->sstored[slot] ? KV_CODEC_LEN_MAX : g->slot_bytes) ||
+      !(e->flags & (KV_G3_EXPECT_SEQ | KV_G3_EXPECT_CRC)) || (e->flags & ~7u))
     return -EINVAL;
   if (g->sstate[slot] == G3S_WRITING) return -EBUSY;
   if (g->sstate[slot] != G3S_STORED) return KV_ENOTFOUND;
@@ -233,6 +284,16 @@ int kv_g3_read(kv_g3 *g, uint32_t slot, const kv_g3_expect *e, void *buf, kv_g3_
   op->seq = e->seq;
   op->crc = e->crc;
   op->buf = buf;
+  op->crc_out = e->crc_out;
+  if ((op->stored = g->sstored[slot])) { /* coded: read into op's buffer, decoded into buf */
+    if (op_xbuf(g, op)) {
+      op_put(g, op);
+      return -ENOMEM;
+    }
+    op->dst = buf;
+    op->buf = op->xbuf;
+    op->iolen = round_up(op->stored);
+  }
   op->cb = cb;
   op->arg = arg;
   g->snread[slot]++;
@@ -241,38 +302,15 @@ int kv_g3_read(kv_g3 *g, uint32_t slot, const kv_g3_expect *e, void *buf, kv_g3_
   return 0;
 }
 
-/* ---- engine side: verification -------------------------------------------------- */
-static int verify_read(kv_g3 *g, g3_op *op) {
-  if (op->io_err) return op->io_err;
-  if (op->io_short) {
-    op->why = "short read (file ends early)";
-    return KV_ECORRUPT;
-  }
-  g3_rec r;
-  int rc = g3_rec_decode(&r, op->hdr);
-  if (rc == -ENOENT) op->why = "no record header (never written or zeroed)";
-  else if (rc) op->why = "record header damaged";
-  else if (memcmp(r.store_id, g->store_id, G3_STORE_ID_LEN)) op->why = "header of another store";
-  else if (r.file != op->file || r.slot != op->fslot) op->why = "header names another slot";
-  else if (r.keylen != op->keylen || memcmp(r.ns, op->ns, KV_G3_NS_BYTES) ||
-           memcmp(r.key, op->key, op->keylen))
-    op->why = "header holds another key";
-  else if (r.len != op->len) op->why = "length differs from the expected";
-  else if ((op->expect & KV_G3_EXPECT_SEQ) && r.seq != op->seq) op->why = "sequence differs";
-  else if ((op->expect & KV_G3_EXPECT_CRC) && r.crc != op->crc) op->why = "checksum differs";
-  else if (kv_crc32c(0, op->buf, op->len) != r.crc) op->why = "payload fails its CRC32C";
-  else {
-    op->seq = r.seq;
-    op->crc = r.crc;
-    return 0;
-  }
-  return KV_ECORRUPT;
-}
-
+/* ---- engine side ----------------------------------------------------------------- */
 /* The engines' g3_io_done_fn (handed to them by start_engine). */
 static void io_finished(kv_g3 *g, g3_op *op) {
+  if (op->kind == G3_OP_READ && op->stored && !op->io_err && !op->io_short) {
+    g3_coders_submit(g, op); /* verified and decoded there */
+    return;
+  }
   if (op->kind == G3_OP_READ) {
-    op->res = verify_read(g, op);
+    op->res = g3_verify_read(g, op);
   } else {
     op->res = op->io_err ? op->io_err : op->io_short ? -EIO : 0;
     g3_write_finished(g, op);
@@ -312,7 +350,20 @@ static void count_error(kv_g3 *g, int res, const char *what, const g3_op *op) {
   }
 }
 
+/* A coding's or decoding's time in hist[] (daemon/metrics.h's buckets). */
+static void hist_add(uint64_t *hist, uint64_t *sum, uint64_t ns) {
+  hist[kv_us_bucket(ns, KV_G3_HIST_BUCKETS)]++;
+  *sum += ns;
+}
+
 static void done_write(kv_g3 *g, g3_op *op) {
+  if (op->code) hist_add(g->st.code_hist, &g->st.code_ns, op->code_ns);
+  if (op->res == -EMSGSIZE) { /* coded or not, it fits no slot: no I/O was done */
+    if (op->slot == g->probe_slot) g->probe_slot = UINT32_MAX;
+    g->sstate[op->slot] = G3S_ALLOC;
+    g->st.too_large++;
+    return;
+  }
   int probe = op->slot == g->probe_slot;
   if (probe) g->probe_slot = UINT32_MAX;
   if (op->res == 0 && probe && g->state == KV_G3_FULL) {
@@ -325,6 +376,14 @@ static void done_write(kv_g3 *g, g3_op *op) {
   if (op->res == 0) {
     g->sstate[op->slot] = G3S_STORED;
     g->slen[op->slot] = op->len;
+    g->sstored[op->slot] = op->stored;
+    count_held(g, op->slot);
+    if (op->code) {
+      g->st.coded += op->stored != 0;
+      g->st.coded_raw += op->stored == 0;
+      g->st.codec_in += op->stored ? op->len : 0;
+      g->st.codec_out += op->stored;
+    }
     g->st.slots_stored++;
     g->st.stored_bytes += op->len;
     g->st.writes++;
@@ -340,7 +399,11 @@ static void done_write(kv_g3 *g, g3_op *op) {
 static void done_read(kv_g3 *g, g3_op *op) {
   uint32_t s = op->slot;
   g->snread[s]--;
+  if (op->stored && op->code_ns) hist_add(g->st.decode_hist, &g->st.decode_ns, op->code_ns);
+  if (op->stored && op->res == 0) g->st.decoded++;
+  if (op->codec_failed && op->res == KV_ECORRUPT) g->st.decode_failed++;
   if (op->res == 0) {
+    if (op->crc_out) *op->crc_out = op->crc;
     g->st.reads++;
     g->st.read_bytes += op->len;
   } else {
@@ -364,6 +427,7 @@ static void done_read(kv_g3 *g, g3_op *op) {
       g->sstate[s] = G3S_DEAD;
       g->st.slots_stored--;
       g->st.stored_bytes -= g->slen[s];
+      forget_held(g, s);
       g->st.dropped++;
     }
   }
@@ -533,6 +597,7 @@ kv_g3_state kv_g3_check(kv_g3 *g) {
 }
 
 uint32_t kv_g3_slot_bytes(const kv_g3 *g) { return g->slot_bytes; }
+uint32_t kv_g3_block_max(const kv_g3 *g) { return g->block_max; }
 uint64_t kv_g3_max_seq(const kv_g3 *g) { return g->max_seq; }
 
 int kv_g3_layout_of(uint64_t capacity, uint64_t block_bytes, uint32_t *slots,
@@ -564,6 +629,7 @@ void kv_g3_get_stats(const kv_g3 *g, kv_g3_stats *st) {
 
 /* ---- open and close ---------------------------------------------------------------- */
 static void destroy(kv_g3 *g) {
+  g3_coders_stop(g);
   if (g->eng && g->eng_started) g->eng->stop(g);
   g3_pipe_stop(g);
   g3_idx_close(&g->ix);
@@ -574,9 +640,11 @@ static void destroy(kv_g3 *g) {
   free(g->snread);
   free(g->sflag);
   free(g->slen);
+  free(g->sstored);
   while (g->op_free) {
     g3_op *op = g->op_free;
     g->op_free = op->next;
+    free(op->xbuf);
     free(op);
   }
   if (g->efd >= 0) close(g->efd);
@@ -668,7 +736,10 @@ static int open_files(kv_g3 *g, const kv_g3_opts *o, kv_g3_open_info *info) {
     g->direct &= f->direct;
     if (sbrc[i] == 0 && ref < 0) ref = (int)i;
   }
-  uint32_t want = o->block_bytes ? round_up(o->block_bytes) : 0;
+  uint32_t want = o->slot_bytes == KV_G3_SLOT_KEEP ? 0
+                 : o->slot_bytes                 ? round_up(o->slot_bytes)
+                 : o->block_bytes                ? round_up(o->block_bytes)
+                                                 : 0;
   if (ref < 0) {
     if (!want) {
       kv_warn(G3_SUB, "no store in %s and no block size given", o->dirs[0].path);
@@ -695,6 +766,7 @@ static int open_files(kv_g3 *g, const kv_g3_opts *o, kv_g3_open_info *info) {
                  g->slot_bytes, want);
     }
   }
+  g->block_max = o->block_bytes > g->slot_bytes ? o->block_bytes : g->slot_bytes;
   uint64_t total = 0;
   for (unsigned i = 0; i < o->ndirs; i++) {
     g3_file *f = &g->files[i];
@@ -802,13 +874,16 @@ static int load_one(const uint8_t *k, unsigned klen, const g3_ival *v, void *arg
   kv_g3 *g = c->g;
   const g3_file *f = v->file < g->nfiles ? &g->files[v->file] : NULL;
   int ok = f && !f->formatted && v->fslot < f->sb.nslots && v->len >= 1 &&
-           v->len <= g->slot_bytes && v->off == g3_data_pos(&f->sb, v->fslot) &&
+           (v->stored ? v->stored : v->len) <= g->slot_bytes && v->len <= KV_CODEC_LEN_MAX &&
+           v->off == g3_data_pos(&f->sb, v->fslot) &&
            klen > KV_G3_NS_BYTES && klen <= G3_IKEY_MAX;
   if (ok) {
     uint32_t s = f->base + v->fslot;
     if (g->sstate[s] == G3S_FREE) {
       g->sstate[s] = G3S_STORED;
       g->slen[s] = v->len;
+      g->sstored[s] = v->stored;
+      count_held(g, s);
       g->st.slots_stored++;
       g->st.stored_bytes += v->len;
       if (v->seq > g->max_seq) g->max_seq = v->seq;
@@ -884,6 +959,9 @@ int kv_g3_open(kv_g3 **out, const kv_g3_opts *o, kv_g3_open_info *info) {
   *out = NULL;
   if (!o || !o->dirs || o->ndirs == 0 || o->ndirs > KV_G3_MAX_DIRS ||
       o->block_bytes > UINT32_MAX - KV_G3_ALIGN || o->queue_depth > QD_MAX ||
+      (o->slot_bytes != KV_G3_SLOT_KEEP &&
+       (o->slot_bytes > UINT32_MAX - KV_G3_ALIGN ||
+        (o->block_bytes && round_up(o->slot_bytes) > round_up(o->block_bytes)))) ||
       o->backend > KV_G3_BACKEND_THREADS || o->sync > KV_G3_SYNC_NONE ||
       o->direct > KV_G3_DIRECT_OFF)
     return -EINVAL;
@@ -916,7 +994,8 @@ int kv_g3_open(kv_g3 **out, const kv_g3_opts *o, kv_g3_open_info *info) {
   g->snread = calloc(g->nslots, 1);
   g->sflag = calloc(g->nslots, 1);
   g->slen = calloc(g->nslots, sizeof *g->slen);
-  if (!g->sstate || !g->snread || !g->sflag || !g->slen) {
+  g->sstored = calloc(g->nslots, sizeof *g->sstored);
+  if (!g->sstate || !g->snread || !g->sflag || !g->slen || !g->sstored) {
     rc = -ENOMEM;
     goto err;
   }
@@ -928,6 +1007,7 @@ int kv_g3_open(kv_g3 **out, const kv_g3_opts *o, kv_g3_open_info *info) {
     goto err;
   }
   if ((rc = g3_pipe_start(g))) goto err;
+  if ((rc = g3_coders_start(g, o->codec_threads))) goto err;
   g->backend = g->eng->kind;
   for (unsigned i = 0; i < g->nfiles; i++) info->formatted |= g->files[i].formatted;
   info->slots = g->nslots;

@@ -38,6 +38,10 @@
 #define KV_G3_ALIGN           4096u /* I/O alignment: buffers, lengths, offsets */
 #define KV_G3_MAX_DIRS        64
 #define KV_G3_QUEUE_DEPTH_MAX 4096 /* kv_g3_opts.queue_depth */
+#define KV_G3_SLOT_KEEP       UINT32_MAX /* kv_g3_opts.slot_bytes: the files' own */
+#define KV_G3_CODEC_THREADS_MAX 64       /* kv_g3_opts.codec_threads */
+#define KV_G3_HIST_BUCKETS    24 /* kv_g3_stats' codec times: bucket i counts
+                                  * <= 2^i us, the last one above (daemon/metrics.h's) */
 
 typedef struct kv_g3 kv_g3;
 
@@ -85,9 +89,20 @@ typedef struct kv_g3_opts {
   const kv_g3_dir *dirs; /* 1..KV_G3_MAX_DIRS; file i lives in dirs[i]; the
                           * LMDB index lives in dirs[0] */
   unsigned ndirs;
-  uint32_t block_bytes; /* largest payload, > 0; a slot holds
-                          * round_up(block_bytes, 4096) bytes. 0 on reopen:
-                          * take the size the files were made with. */
+  uint32_t block_bytes; /* largest block, > 0; a slot holds
+                          * round_up(block_bytes, 4096) bytes unless
+                          * slot_bytes says otherwise. 0 on reopen: take
+                          * the slot size the files were made with. */
+  uint32_t slot_bytes;  /* payload bytes per slot of a new store, rounded
+                          * up to 4096, at most round_up(block_bytes): a
+                          * block larger than its slot is stored only
+                          * coded (kv_g3_write_ex, KV_G3_CODE), and only
+                          * if its coded form fits. 0: round_up(block_bytes).
+                          * On reopen the files' slot size must be this
+                          * (-EINVAL otherwise), or KV_G3_SLOT_KEEP: take
+                          * theirs whatever it is. */
+  uint32_t codec_threads; /* threads coding and decoding blocks, at most
+                          * KV_G3_CODEC_THREADS_MAX; 0: 2 */
   uint32_t queue_depth; /* block I/Os in flight at once; 0: 32 */
   kv_g3_backend backend;
   kv_g3_sync sync;
@@ -136,12 +151,19 @@ typedef struct kv_g3_key {
 /* What a read expects to find; mismatch -> KV_ECORRUPT. */
 #define KV_G3_EXPECT_SEQ 1u
 #define KV_G3_EXPECT_CRC 2u
+/* ... and a lossy record (kv_g3_write_ex, KV_G3_FP8 or KV_G3_INT8) is
+ * accepted whatever its CRC (the CRC of its decoded bytes, which the
+ * caller learns from crc_out): for a caller whose namespace allows lossy
+ * blocks. Without it a lossy record is refused (KV_ECORRUPT). */
+#define KV_G3_EXPECT_LOSSY 4u
 typedef struct kv_g3_expect {
   kv_g3_key key;  /* always checked */
   uint32_t len;   /* always checked */
   uint64_t seq;   /* checked with KV_G3_EXPECT_SEQ */
   uint32_t crc;   /* checked with KV_G3_EXPECT_CRC */
-  unsigned flags; /* at least one of the two */
+  unsigned flags; /* at least one of the first two */
+  uint32_t *crc_out; /* may be NULL: set, before cb(0), to the CRC32C of the
+                      * bytes delivered (the block's; a lossy record's own) */
 } kv_g3_expect;
 
 /* An indexed block, as kv_g3_foreach() reports it. */
@@ -181,6 +203,22 @@ typedef struct kv_g3_stats {
   const char *state_what;  /* which operation: "write", "read", "index
                             * delete", "store file removed"; "" while ok */
   uint64_t probes;         /* writes let through while full (kv_g3_retry) */
+  /* Coding (kv_g3_write_ex with KV_G3_CODE; tiers/G3.md, "Coded blocks"),
+   * on the store's coder threads. */
+  uint64_t coded;          /* blocks written coded */
+  uint64_t coded_raw;      /* ... asked to be, written raw: coding gained nothing */
+  uint64_t too_large;      /* writes refused (-EMSGSIZE): larger than a slot,
+                            * raw and (where asked) coded */
+  uint64_t decoded;        /* reads of coded blocks decoded and verified */
+  uint64_t decode_failed;  /* ... failing verification of their stored bytes
+                            * or their decoding (counted in corrupt too) */
+  uint64_t codec_in, codec_out; /* bytes of the blocks written coded, and
+                                 * their stored bytes (in / out: the ratio) */
+  uint64_t held_bytes;     /* bytes indexed blocks take in their slots:
+                            * stored length for coded ones, else length */
+  uint64_t coded_stored;   /* indexed blocks stored coded */
+  uint64_t code_hist[KV_G3_HIST_BUCKETS + 1], code_ns;     /* coding times */
+  uint64_t decode_hist[KV_G3_HIST_BUCKETS + 1], decode_ns; /* decoding times */
 } kv_g3_stats;
 
 /* Completion: status is 0 or a negative error. Called by kv_g3_poll (or a
@@ -275,11 +313,41 @@ int kv_g3_write(kv_g3 *g, uint32_t slot, const kv_g3_key *k, uint64_t seq, const
 #define kv_g3_write_crc_none ((int64_t)-1)
 
 /*
+ * kv_g3_write with flags: KV_G3_CODE codes the block (tiers/codec.h, a
+ * block of 16-bit elements) on the store's coder threads before it is
+ * written: stored coded when that makes it smaller and it fits a slot,
+ * else raw when it fits a slot, else the write completes with -EMSGSIZE
+ * (no I/O; the slot is empty again, the store stays ok; counted in
+ * too_large). Without KV_G3_CODE a len above the slot size is -EMSGSIZE at
+ * once. len may be up to the store's largest block (kv_g3_block_max).
+ */
+#define KV_G3_CODE 1u
+/* Lossy instead (a tenant's cold_precision; tiers/quant.h): FP8 or INT8
+ * codes of the block's 16-bit elements (BF16 with KV_G3_BF16, else FP16),
+ * one scale per group of KV_G3_GROUP(g) elements (a token's head: g the
+ * head_dim, dividing the block's elements). The record's CRC is that of
+ * what the codes decode to, not the block's; a read delivers those bytes
+ * and their CRC (kv_g3_expect.crc_out) and is accepted only with
+ * KV_G3_EXPECT_LOSSY. A block with a non-finite element, or whose codes
+ * would not fit a slot or not be smaller, is written raw when it fits.
+ * Exclusive with KV_G3_CODE. */
+#define KV_G3_FP8                2u
+#define KV_G3_INT8               4u
+#define KV_G3_BF16               8u
+#define KV_G3_GROUP(g)           ((unsigned)(g) << 16)
+#define KV_G3_GROUP_OF(flags)    ((flags) >> 16)
+int kv_g3_write_ex(kv_g3 *g, uint32_t slot, const kv_g3_key *k, uint64_t seq, const void *buf,
+                   uint32_t len, int64_t crc, unsigned flags, kv_g3_cb cb, void *arg);
+
+/*
  * Reads the block in `slot` into buf (KV_G3_ALIGN-aligned, room for
  * e->len rounded up to KV_G3_ALIGN) and verifies it: record header sane
  * (magic, version, header CRC, this store, this slot), key, namespace and
  * length as expected, seq and/or crc as e->flags ask, payload CRC32C as
- * recorded. cb(0) only if all of that holds; otherwise cb(KV_ECORRUPT)
+ * recorded. A coded block is read into the op's own buffer, its stored
+ * bytes checked against their CRC32C, decoded into buf on a coder thread
+ * and the decoded bytes checked against the block's CRC32C; the record's
+ * stored length must be the index's. cb(0) only if all of that holds; otherwise cb(KV_ECORRUPT)
  * (bad bytes, bad header, short read) or cb(-errno) (the transfer failed),
  * the index entry is dropped and the counters say why; the slot stays
  * allocated to the caller (kv_g3_free it). Immediate errors: -EINVAL (bad
@@ -322,6 +390,9 @@ kv_g3_state kv_g3_check(kv_g3 *g);
 void kv_g3_get_stats(const kv_g3 *g, kv_g3_stats *st);
 /* Payload bytes per slot (a multiple of KV_G3_ALIGN). */
 uint32_t kv_g3_slot_bytes(const kv_g3 *g);
+/* The largest block a write takes (kv_g3_opts.block_bytes, or the slot
+ * size when it was 0): above the slot size only coded. */
+uint32_t kv_g3_block_max(const kv_g3 *g);
 /* The largest sequence number indexed at open (0 if none): new writes
  * should use larger ones. */
 uint64_t kv_g3_max_seq(const kv_g3 *g);

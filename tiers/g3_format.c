@@ -7,6 +7,7 @@
 #include "base/crc32c.h"
 #include "base/errors.h"
 #include "base/le.h"
+#include "tiers/codec.h"
 
 const uint8_t g3_sb_magic[8] = {'K', 'V', 'G', '3', 'S', 'U', 'P', 'R'};
 
@@ -73,12 +74,17 @@ int g3_sb_decode(g3_sb *sb, const uint8_t *in) {
 /* Record header:
  *   0 u32 magic "KVG3" | 4 u16 version | 6 u16 length (128) | 8 store_id[16]
  *  24 u64 seq | 32 u32 payload length | 36 u32 payload CRC32C | 40 u32 slot
- *  44 u16 file | 46 u8 key length | 47 u8 flags (0) | 48 ns[32] | 80 key[32]
- * 112 reserved (0) | 124 u32 CRC32C of bytes 0..123 */
+ *  44 u16 file | 46 u8 key length | 47 u8 flags | 48 ns[32] | 80 key[32]
+ * 112 u32 stored length | 116 u32 stored bytes' CRC32C | 120 u8 codec
+ * 121 u8 a lossy codec's dtype | 122 reserved (0) | 124 u32 CRC32C of 0..123
+ * Version 1 (raw payload): flags and bytes 112..123 are 0. Version 2 (coded
+ * payload): flags G3_REC_CODED, codec G3_CODEC_* (1 lossless, 2 FP8, 3 INT8;
+ * a lossy one's dtype 1 BF16 or 2 FP16, else 0), stored length 1..length-1;
+ * a lossy record's CRC (36) is that of its decoded bytes. */
 void g3_rec_encode(const g3_rec *r, uint8_t *out) {
   memset(out, 0, G3_REC_LEN);
   kv_st32(out, G3_REC_MAGIC);
-  kv_st16(out + 4, G3_VERSION);
+  kv_st16(out + 4, r->stored ? G3_REC_VERSION_CODED : G3_VERSION);
   kv_st16(out + 6, G3_REC_LEN);
   memcpy(out + 8, r->store_id, G3_STORE_ID_LEN);
   kv_st64(out + 24, r->seq);
@@ -89,6 +95,13 @@ void g3_rec_encode(const g3_rec *r, uint8_t *out) {
   out[46] = r->keylen;
   memcpy(out + 48, r->ns, 32);
   memcpy(out + 80, r->key, r->keylen <= 32 ? r->keylen : 32);
+  if (r->stored) {
+    out[47] = G3_REC_CODED;
+    kv_st32(out + 112, r->stored);
+    kv_st32(out + 116, r->scrc);
+    out[120] = r->codec;
+    out[121] = r->qdt;
+  }
   kv_st32(out + 124, kv_crc32c(0, out, 124));
 }
 
@@ -96,7 +109,8 @@ int g3_rec_decode(g3_rec *r, const uint8_t *in) {
   uint8_t any = 0;
   for (unsigned i = 0; i < G3_REC_LEN; i++) any |= in[i];
   if (!any) return -ENOENT;
-  if (kv_ld32(in) != G3_REC_MAGIC || kv_ld16(in + 4) != G3_VERSION ||
+  unsigned ver = kv_ld16(in + 4);
+  if (kv_ld32(in) != G3_REC_MAGIC || (ver != G3_VERSION && ver != G3_REC_VERSION_CODED) ||
       kv_ld16(in + 6) != G3_REC_LEN || kv_ld32(in + 124) != kv_crc32c(0, in, 124))
     return KV_ECORRUPT;
   memset(r, 0, sizeof *r);
@@ -108,6 +122,18 @@ int g3_rec_decode(g3_rec *r, const uint8_t *in) {
   r->file = kv_ld16(in + 44);
   r->keylen = in[46];
   if (r->keylen == 0 || r->keylen > 32 || r->len == 0) return KV_ECORRUPT;
+  if (ver == G3_VERSION) {
+    if (in[47]) return KV_ECORRUPT; /* flags unknown to a raw record */
+  } else {
+    r->stored = kv_ld32(in + 112);
+    r->scrc = kv_ld32(in + 116);
+    r->codec = in[120];
+    r->qdt = in[121];
+    int lossy = r->codec == G3_CODEC_FP8 || r->codec == G3_CODEC_INT8;
+    if (in[47] != G3_REC_CODED || (r->codec != G3_CODEC_PLANES && !lossy) || r->stored == 0 ||
+        r->stored >= r->len || (lossy ? r->qdt < 1 || r->qdt > 2 : r->qdt != 0))
+      return KV_ECORRUPT;
+  }
   memcpy(r->ns, in + 48, 32);
   memcpy(r->key, in + 80, r->keylen);
   return 0;

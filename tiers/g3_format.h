@@ -26,6 +26,11 @@
 #define G3_DATA_OFF     (1u << 20) /* the slots start at 1 MiB */
 #define G3_STORE_ID_LEN 16
 #define G3_REC_MAGIC    0x3347564Bu  /* "KVG3" as little-endian bytes */
+#define G3_REC_VERSION_CODED 2      /* a record whose payload is coded */
+#define G3_REC_CODED    1u          /* record flag (byte 47): payload coded */
+#define G3_CODEC_PLANES 1u          /* codec ids (byte 120): tiers/codec.h */
+#define G3_CODEC_FP8    2u          /* tiers/quant.h, lossy */
+#define G3_CODEC_INT8   3u
 extern const uint8_t g3_sb_magic[8]; /* "KVG3SUPR" */
 
 typedef struct g3_sb {
@@ -48,6 +53,13 @@ typedef struct g3_rec {
   uint8_t keylen;
   uint8_t ns[32];
   uint8_t key[32];
+  /* A coded record (version 2, flag G3_REC_CODED): the payload holds
+   * `stored` bytes (1..len-1) of codec `codec` (tiers/codec.h's id), whose
+   * CRC32C is scrc; len and crc still say the block's own bytes. 0 for a
+   * raw record (version 1, as every record before coding). */
+  uint32_t stored, scrc;
+  uint8_t codec; /* G3_CODEC_* */
+  uint8_t qdt;   /* a lossy codec's elements: kv_quant_dtype (1 BF16, 2 FP16) */
 } g3_rec;
 
 /* Lays out a file of at most `capacity` bytes with slots of `slot_bytes`
@@ -63,7 +75,9 @@ int g3_sb_decode(g3_sb *sb, const uint8_t *in);
 /* Encodes into out[0..G3_REC_LEN), header checksum included. */
 void g3_rec_encode(const g3_rec *r, uint8_t *out);
 /* 0; -ENOENT if the sector was never written (all zero); KV_ECORRUPT for a
- * bad magic, version, key length or header checksum. */
+ * bad magic, version, key length or header checksum, and for a version 1
+ * record with flags or a version 2 one whose flags, codec or stored length
+ * are not what a coded record has. */
 int g3_rec_decode(g3_rec *r, const uint8_t *in);
 
 static inline uint64_t g3_hdr_pos(const g3_sb *sb, uint32_t slot) {

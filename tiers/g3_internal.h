@@ -59,6 +59,16 @@ typedef struct g3_op {
   uint8_t *buf;
   uint8_t ns[KV_G3_NS_BYTES], key[KV_G3_KEY_MAX];
   uint8_t hdr[G3_REC_LEN]; /* write: header to store; read: header found */
+  /* coding (KV_G3_CODE writes, reads of coded blocks) */
+  uint8_t code;            /* a write: code it first (1 lossless, else a G3_CODEC_*) */
+  uint8_t qdt;             /* lossy: the elements' kv_quant_dtype */
+  uint32_t group;          /* lossy: elements per scale */
+  uint32_t *crc_out;       /* a read: kv_g3_expect.crc_out */
+  uint8_t codec_failed;    /* a read: its stored bytes failed (CRC, decoding) */
+  uint32_t stored, scrc;   /* coded: stored length and its CRC32C; 0: raw */
+  uint8_t *dst;            /* coded: the caller's buffer (write: its block) */
+  uint8_t *xbuf;           /* the op's own slot-sized buffer (kept on reuse) */
+  uint64_t code_ns;        /* time spent coding or decoding */
   int io_err;              /* first failed transfer's -errno */
   int res;                 /* final status */
   const char *why;         /* reason a read failed verification */
@@ -95,6 +105,28 @@ static inline g3_op *g3_q_pop(g3_queue *q) {
   }
   return op;
 }
+
+/* ---- thread pools (g3_pool.c) ---------------------------------------------- */
+/* fn(arg, op, state) runs on a pool thread for each op pushed, in FIFO
+ * order across the threads; *state is the thread's own (NULL at first),
+ * and fn(arg, NULL, state) is its last call, as the thread ends. */
+typedef void (*g3_pool_fn)(void *arg, g3_op *op, void **state);
+typedef struct g3_pool {
+  pthread_t *t;
+  unsigned n;
+  pthread_mutex_t mu;
+  pthread_cond_t cv;
+  g3_queue q;
+  int stop;
+  g3_pool_fn fn;
+  void *arg;
+} g3_pool;
+/* Starts n threads: 0, or -errno with none left running. */
+int g3_pool_start(g3_pool *p, unsigned n, g3_pool_fn fn, void *arg);
+void g3_pool_push(g3_pool *p, g3_op *op); /* any thread */
+/* Lets the threads finish the queue, then joins them. A pool that failed
+ * to start, or was stopped, is a no-op. */
+void g3_pool_stop(g3_pool *p);
 
 /* ---- I/O engines ------------------------------------------------------------- */
 /* Called by the engine, on its thread, when both transfers of op are done
@@ -143,6 +175,7 @@ struct kv_g3 {
   g3_file *files;
   unsigned nfiles;
   uint32_t nslots, slot_bytes, qd;
+  uint32_t block_max; /* largest block a write takes */
   uint8_t store_id[G3_STORE_ID_LEN];
   int direct, fixed;
   kv_g3_backend backend;
@@ -150,6 +183,7 @@ struct kv_g3 {
   /* caller thread */
   uint8_t *sstate, *snread, *sflag;
   uint32_t *slen;
+  uint32_t *sstored; /* a coded block's stored length; 0: raw */
   unsigned rr; /* next file to allocate from */
   uint64_t nfree;
   uint64_t nretiring; /* slots in G3S_RETIRING */
@@ -162,6 +196,7 @@ struct kv_g3 {
   uint64_t max_seq;
   kv_g3_stats st;
   g3_op *op_free;
+  uint32_t nxfree; /* free ops holding a buffer for coded blocks (op_put) */
   uint64_t inflight;
   int corrupt_logged;
 
@@ -182,6 +217,9 @@ struct kv_g3 {
   atomic_uint_fast64_t a_txns, a_syncs, a_puts, a_dels;
   atomic_uint wr_engine; /* writes submitted and not yet finished by the engine */
   int window_us;         /* group commit window */
+
+  /* coder threads (g3_codec.c) */
+  struct g3_pool *coders;
 
   /* completions */
   pthread_mutex_t dmu;
@@ -206,6 +244,19 @@ void g3_commit_push(kv_g3 *g, g3_op *op); /* any thread */
 void g3_write_finished(kv_g3 *g, g3_op *op);
 void g3_done_push(kv_g3 *g, g3_op *op); /* any thread */
 g3_op *g3_done_take(kv_g3 *g);          /* caller: the whole list, FIFO */
+
+/* g3_codec.c: the coder threads. A write op with op->code is coded (or
+ * left raw, or failed with -EMSGSIZE) and then submitted to the engine; a
+ * read op of a coded block, its transfers done, is verified and decoded
+ * (g3_verify_read) and pushed to the done list. */
+int g3_coders_start(kv_g3 *g, unsigned n);
+void g3_coders_stop(kv_g3 *g); /* after every op is done */
+void g3_coders_submit(kv_g3 *g, g3_op *op); /* any thread */
+/* g3.c: a read's verification (decoding included for a coded block): 0 or
+ * the op's result. Any thread that owns op. */
+int g3_verify_read(kv_g3 *g, g3_op *op);
+/* g3.c: the header of write op, from its fields (stored ones included). */
+void g3_write_hdr(kv_g3 *g, g3_op *op);
 
 /* g3_files.c: the data files. */
 /* Opens the file of dirs[i] (creating it if create), with O_DIRECT as the
@@ -241,13 +292,17 @@ void g3_idx_close(g3_idx *ix);
 void g3_idx_unlink(const char *dir);
 /* The store id in the meta table: 0, -ENOENT if none. */
 int g3_idx_get_store_id(g3_idx *ix, uint8_t id[G3_STORE_ID_LEN]);
-/* Index value encoding, 32 bytes. */
-#define G3_IVAL_LEN 32
+/* Index value encoding: 32 bytes (version 1, a raw record), or 40
+ * (version 2, a coded one: its stored length too). */
+#define G3_IVAL_LEN     40
+#define G3_IVAL_LEN_RAW 32
 typedef struct g3_ival {
   uint32_t file, fslot, len, crc;
   uint64_t off, seq;
+  uint32_t stored; /* a coded record's stored length; 0: raw */
 } g3_ival;
-void g3_ival_encode(const g3_ival *v, uint8_t *out);
+/* The value's encoded length (G3_IVAL_LEN_RAW or G3_IVAL_LEN). */
+size_t g3_ival_encode(const g3_ival *v, uint8_t *out);
 int g3_ival_decode(g3_ival *v, const void *in, size_t len);
 /* Index key: ns digest then key bytes. Returns its length. */
 unsigned g3_ikey(uint8_t *out, const uint8_t *ns, const uint8_t *key, unsigned keylen);
@@ -265,6 +320,7 @@ typedef struct g3_rentry {
   uint8_t k[G3_IKEY_MAX];
   uint8_t klen;
   g3_ival v;
+  uint32_t scrc; /* a coded record's stored bytes' CRC32C (rebuild's check) */
 } g3_rentry;
 int g3_idx_replace(g3_idx *ix, const g3_rentry *e, size_t n, const uint8_t id[G3_STORE_ID_LEN]);
 /* An LMDB return code as -errno. */

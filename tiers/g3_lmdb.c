@@ -99,10 +99,11 @@ int g3_idx_get_store_id(g3_idx *ix, uint8_t id[G3_STORE_ID_LEN]) {
 }
 
 /* value: 0 u8 version | 1 u8 0 | 2 u16 file | 4 u32 slot | 8 u64 offset
- *       16 u32 len | 20 u32 crc | 24 u64 seq */
-void g3_ival_encode(const g3_ival *v, uint8_t *o) {
+ *       16 u32 len | 20 u32 crc | 24 u64 seq
+ * version 2 (a coded record) adds: 32 u32 stored length | 36 u32 0 */
+size_t g3_ival_encode(const g3_ival *v, uint8_t *o) {
   memset(o, 0, G3_IVAL_LEN);
-  o[0] = 1;
+  o[0] = v->stored ? 2 : 1;
   o[2] = (uint8_t)v->file;
   o[3] = (uint8_t)(v->file >> 8);
   for (int i = 0; i < 4; i++) o[4 + i] = (uint8_t)(v->fslot >> 8 * i);
@@ -110,11 +111,15 @@ void g3_ival_encode(const g3_ival *v, uint8_t *o) {
   for (int i = 0; i < 4; i++) o[16 + i] = (uint8_t)(v->len >> 8 * i);
   for (int i = 0; i < 4; i++) o[20 + i] = (uint8_t)(v->crc >> 8 * i);
   for (int i = 0; i < 8; i++) o[24 + i] = (uint8_t)(v->seq >> 8 * i);
+  if (!v->stored) return G3_IVAL_LEN_RAW;
+  for (int i = 0; i < 4; i++) o[32 + i] = (uint8_t)(v->stored >> 8 * i);
+  return G3_IVAL_LEN;
 }
 
 int g3_ival_decode(g3_ival *v, const void *in, size_t len) {
   const uint8_t *p = in;
-  if (len != G3_IVAL_LEN || p[0] != 1) return KV_ECORRUPT;
+  if (!(len == G3_IVAL_LEN_RAW && p[0] == 1) && !(len == G3_IVAL_LEN && p[0] == 2))
+    return KV_ECORRUPT;
   memset(v, 0, sizeof *v);
   v->file = (uint32_t)p[2] | (uint32_t)p[3] << 8;
   for (int i = 3; i >= 0; i--) v->fslot = v->fslot << 8 | p[4 + i];
@@ -122,6 +127,10 @@ int g3_ival_decode(g3_ival *v, const void *in, size_t len) {
   for (int i = 3; i >= 0; i--) v->len = v->len << 8 | p[16 + i];
   for (int i = 3; i >= 0; i--) v->crc = v->crc << 8 | p[20 + i];
   for (int i = 7; i >= 0; i--) v->seq = v->seq << 8 | p[24 + i];
+  if (p[0] == 2) {
+    for (int i = 3; i >= 0; i--) v->stored = v->stored << 8 | p[32 + i];
+    if (v->stored == 0 || v->stored >= v->len) return KV_ECORRUPT;
+  }
   return 0;
 }
 
@@ -172,9 +181,9 @@ int g3_idx_apply(kv_g3 *g, g3_op *ops) {
                     .len = op->len,
                     .crc = op->crc,
                     .off = g3_data_pos(&g->files[op->file].sb, op->fslot),
-                    .seq = op->seq};
-      g3_ival_encode(&iv, vb);
-      v.mv_size = sizeof vb;
+                    .seq = op->seq,
+                    .stored = op->stored};
+      v.mv_size = g3_ival_encode(&iv, vb);
       v.mv_data = vb;
       if ((rc = mdb_put(txn, g->ix.ent, &k, &v, 0))) goto err;
       puts++;
@@ -222,8 +231,7 @@ int g3_idx_replace(g3_idx *ix, const g3_rentry *e, size_t n, const uint8_t id[G3
   if ((rc = mdb_drop(txn, ix->ent, 0))) goto err;
   for (size_t i = 0; i < n; i++) {
     uint8_t vb[G3_IVAL_LEN];
-    g3_ival_encode(&e[i].v, vb);
-    MDB_val k = {e[i].klen, (void *)e[i].k}, v = {sizeof vb, vb};
+    MDB_val k = {e[i].klen, (void *)e[i].k}, v = {g3_ival_encode(&e[i].v, vb), vb};
     if ((rc = mdb_put(txn, ix->ent, &k, &v, 0))) goto err;
   }
   MDB_val mk = {sizeof meta_store_id - 1, (void *)meta_store_id};

@@ -52,7 +52,9 @@ static int cand_push(scan_part *p, const g3_rec *rec) {
                    .len = rec->len,
                    .crc = rec->crc,
                    .off = g3_data_pos(&p->f->sb, rec->slot),
-                   .seq = rec->seq};
+                   .seq = rec->seq,
+                   .stored = rec->stored};
+  e->scrc = rec->scrc;
   return 0;
 }
 
@@ -81,7 +83,7 @@ static void *scan_range(void *arg) {
       p->scanned++;
       if (g3_rec_decode(&rec, buf + (size_t)j * stride)) continue;
       if (memcmp(rec.store_id, p->id, G3_STORE_ID_LEN) || rec.file != p->fi || rec.slot != s + j ||
-          rec.len > sb->slot_bytes)
+          (rec.stored ? rec.stored : rec.len) > sb->slot_bytes)
         continue;
       p->records++;
       if ((p->rc = cand_push(p, &rec))) break;
@@ -158,10 +160,13 @@ static int same_key(const g3_rentry *x, const g3_rentry *y) {
   return x->klen == y->klen && !memcmp(x->k, y->k, x->klen);
 }
 
+/* A raw payload against its CRC; a coded one's stored bytes against
+ * theirs (decoding is left to the read, which checks the block's CRC). */
 static int payload_ok(const g3_file *f, const g3_rentry *e, uint8_t *buf) {
-  uint32_t iolen = (e->v.len + KV_G3_ALIGN - 1) / KV_G3_ALIGN * KV_G3_ALIGN;
+  uint32_t n = e->v.stored ? e->v.stored : e->v.len;
+  uint32_t iolen = (n + KV_G3_ALIGN - 1) / KV_G3_ALIGN * KV_G3_ALIGN;
   ssize_t r = g3_pread_full(f->fd, buf, iolen, e->v.off);
-  return r == (ssize_t)iolen && kv_crc32c(0, buf, e->v.len) == e->v.crc;
+  return r == (ssize_t)iolen && kv_crc32c(0, buf, n) == (e->v.stored ? e->scrc : e->v.crc);
 }
 
 int g3_rebuild_scan(g3_file *files, unsigned nfiles, const uint8_t id[G3_STORE_ID_LEN], g3_idx *ix,

@@ -16,12 +16,7 @@
 #define MAX_THREADS 256
 
 typedef struct thr_eng {
-  pthread_t *t;
-  unsigned n;
-  pthread_mutex_t mu;
-  pthread_cond_t cv;
-  g3_queue q;
-  int stop;
+  g3_pool pool;
   kv_g3 *g;
   g3_io_done_fn done; /* where a finished op goes (start's) */
 } thr_eng;
@@ -64,44 +59,34 @@ static void xfer(kv_g3 *g, g3_op *op, uint8_t *hbuf) {
   }
 }
 
-static void *worker(void *arg) {
+/* A pool thread's transfer of one op (a g3_pool_fn); *state is its
+ * header sector buffer. */
+static void worker(void *arg, g3_op *op, void **state) {
   thr_eng *t = arg;
   kv_g3 *g = t->g;
-  uint8_t *hbuf = NULL;
-  if (posix_memalign((void **)&hbuf, G3_SECTOR, G3_SECTOR)) hbuf = NULL;
-  for (;;) {
-    pthread_mutex_lock(&t->mu);
-    while (!t->q.head && !t->stop) pthread_cond_wait(&t->cv, &t->mu);
-    g3_op *op = g3_q_pop(&t->q);
-    pthread_mutex_unlock(&t->mu);
-    if (!op) break;
-    if (!hbuf) {
-      op->io_err = -ENOMEM;
-    } else {
-      if (op->kind == G3_OP_WRITE) {
-        memset(hbuf, 0, G3_SECTOR);
-        memcpy(hbuf, op->hdr, G3_REC_LEN);
-      }
-      xfer(g, op, hbuf);
-      if (op->kind == G3_OP_READ) memcpy(op->hdr, hbuf, G3_REC_LEN);
-    }
-    t->done(g, op);
+  uint8_t *hbuf = *state;
+  if (!op) {
+    free(hbuf);
+    return;
   }
-  free(hbuf);
-  return NULL;
+  if (!hbuf && posix_memalign(state, G3_SECTOR, G3_SECTOR)) *state = NULL;
+  if (!(hbuf = *state)) {
+    op->io_err = -ENOMEM;
+  } else {
+    if (op->kind == G3_OP_WRITE) {
+      memset(hbuf, 0, G3_SECTOR);
+      memcpy(hbuf, op->hdr, G3_REC_LEN);
+    }
+    xfer(g, op, hbuf);
+    if (op->kind == G3_OP_READ) memcpy(op->hdr, hbuf, G3_REC_LEN);
+  }
+  t->done(g, op);
 }
 
 static void thr_stop(kv_g3 *g) {
   thr_eng *t = g->eng_priv;
   if (!t) return;
-  pthread_mutex_lock(&t->mu);
-  t->stop = 1;
-  pthread_cond_broadcast(&t->cv);
-  pthread_mutex_unlock(&t->mu);
-  for (unsigned i = 0; i < t->n; i++) pthread_join(t->t[i], NULL);
-  pthread_mutex_destroy(&t->mu);
-  pthread_cond_destroy(&t->cv);
-  free(t->t);
+  g3_pool_stop(&t->pool);
   free(t);
   g->eng_priv = NULL;
 }
@@ -109,34 +94,20 @@ static void thr_stop(kv_g3 *g) {
 static int thr_start(kv_g3 *g, g3_io_done_fn done) {
   thr_eng *t = calloc(1, sizeof *t);
   if (!t) return -ENOMEM;
-  unsigned n = g->qd < MAX_THREADS ? g->qd : MAX_THREADS;
   t->g = g;
   t->done = done;
-  t->t = calloc(n, sizeof *t->t);
-  pthread_mutex_init(&t->mu, NULL);
-  pthread_cond_init(&t->cv, NULL);
+  int rc = g3_pool_start(&t->pool, g->qd < MAX_THREADS ? g->qd : MAX_THREADS, worker, t);
+  if (rc) {
+    free(t);
+    return rc;
+  }
   g->eng_priv = t;
-  if (!t->t) {
-    thr_stop(g);
-    return -ENOMEM;
-  }
-  for (unsigned i = 0; i < n; i++) {
-    int rc = pthread_create(&t->t[i], NULL, worker, t);
-    if (rc) {
-      thr_stop(g);
-      return -rc;
-    }
-    t->n++;
-  }
   return 0;
 }
 
 static void thr_submit(kv_g3 *g, g3_op *op) {
   thr_eng *t = g->eng_priv;
-  pthread_mutex_lock(&t->mu);
-  g3_q_push(&t->q, op);
-  pthread_cond_signal(&t->cv);
-  pthread_mutex_unlock(&t->mu);
+  g3_pool_push(&t->pool, op);
 }
 
 const g3_engine_ops g3_engine_threads = {

@@ -27,6 +27,7 @@
 #include "tiers/arena.h"
 #include "tiers/g3.h"
 #include "tools/kvbench.h"
+#include "tools/kvfile.h"
 
 #define MAX_DIRS 16
 
@@ -118,18 +119,26 @@ typedef struct bench {
   uint8_t *busy;  /* per buffer */
   uint32_t *slot; /* per block */
   uint64_t done, errors;
+  uint8_t *refused; /* per block: too large for a slot (-EMSGSIZE), not stored */
+  uint64_t nrefused;
   int first_err;
+  unsigned wflags; /* kv_g3_write_ex's: KV_G3_CODE with --code */
 } bench;
 
 typedef struct op_ctx {
   bench *b;
   uint32_t buf;
+  uint64_t blk;
 } op_ctx;
 
 static void op_done(int status, void *arg) {
   op_ctx *c = arg;
   bench *b = c->b;
-  if (status) {
+  if (status == -EMSGSIZE) { /* refused: fits no slot; its slot is empty again */
+    b->refused[c->blk] = 1;
+    b->nrefused++;
+    kv_g3_free(b->g, b->slot[c->blk]);
+  } else if (status) {
     if (!b->errors) b->first_err = status;
     b->errors++;
   }
@@ -156,21 +165,27 @@ static int run_phase(bench *b, int writing, op_ctx *ctx, double *secs) {
   while (b->done < b->count) {
     while (next < b->count && !b->busy[next % b->nbuf]) {
       uint32_t bi = (uint32_t)(next % b->nbuf);
+      if (!writing && b->refused[next]) { /* not stored: nothing to read */
+        b->done++;
+        next++;
+        continue;
+      }
       kv_g3_key k = bench_key(next);
       int rc;
       ctx[bi].b = b;
       ctx[bi].buf = bi;
+      ctx[bi].blk = next;
       if (writing) {
         rc = kv_g3_alloc(b->g, &b->slot[next]);
         if (rc == 0)
-          rc = kv_g3_write(b->g, b->slot[next], &k, next + 1, b->buf[bi], b->block, b->crc[bi],
-                           op_done, &ctx[bi]);
+          rc = kv_g3_write_ex(b->g, b->slot[next], &k, next + 1, b->buf[bi], b->block,
+                              b->crc[bi], b->wflags, op_done, &ctx[bi]);
       } else {
         kv_g3_expect e = {.key = k,
                           .len = b->block,
                           .seq = next + 1,
                           .crc = b->crc[bi],
-                          .flags = KV_G3_EXPECT_SEQ | KV_G3_EXPECT_CRC};
+                          .flags = KV_G3_EXPECT_SEQ | KV_G3_EXPECT_CRC | KV_G3_EXPECT_LOSSY};
         rc = kv_g3_read(b->g, b->slot[next], &e, b->buf[bi], op_done, &ctx[bi]);
       }
       if (rc) {
@@ -200,6 +215,7 @@ static void usage(FILE *f) {
           "usage: kvbench g3 --dir DIR [--dir DIR2 ...] [--block-bytes B] [--qd Q] [--count N]\n"
           "                  [--backend auto|uring|threads] [--sync batch|dsync|none]\n"
           "                  [--buffers K] [--commit-window-us U] [--no-fixed] [--keep] [--json]\n"
+          "                  [--kv FILE.safetensors] [--code] [--slot-bytes S]\n"
           "       kvbench g3 rebuild --dir DIR [--dir DIR2 ...] [--no-verify] [--json]\n"
           "  Writes N blocks of B bytes (default 1M) into a fresh store, then reads them\n"
           "  back verified; prints write_gbps and read_gbps (1e9 bytes/s). Q (default\n"
@@ -208,6 +224,12 @@ static void usage(FILE *f) {
           "  commit. The write phase ends when every block is durable and indexed.\n"
           "  --no-fixed: the buffers are not registered with io_uring, as kvcached's\n"
           "  G2 arenas are not (workers can punch holes in them).\n"
+          "  --kv: the blocks' bytes are the file's whole blocks in turn (bench/kv's\n"
+          "  trained-model KV), not random; --code: written coded (tiers/codec.h);\n"
+          "  --quant fp8|int8: written lossy (tiers/quant.h, a scale per 64 elements:\n"
+          "  bench/kv's head_dim), read back as the codes decode to;\n"
+          "  --slot-bytes: the store's slots (default B): a block that fits none is\n"
+          "  refused (too_large) and not read. GB/s count the blocks' own bytes.\n"
           "  Sizes take K/M/G suffixes. The store is deleted afterwards unless --keep.\n");
 }
 
@@ -225,15 +247,22 @@ int kvbench_g3(int argc, char **argv) {
                                      {"help", no_argument, 0, 'h'},
                                      {"commit-window-us", required_argument, 0, 'W'},
                                      {"no-fixed", no_argument, 0, 'F'},
+                                     {"kv", required_argument, 0, 'V'},
+                                     {"code", no_argument, 0, 'C'},
+                                     {"slot-bytes", required_argument, 0, 'S'},
+                                     {"quant", required_argument, 0, 'Q'},
                                      {0, 0, 0, 0}};
   kv_g3_dir dirs[MAX_DIRS];
   unsigned ndirs = 0;
   uint64_t block = 1 << 20, qd = 32, count = 1024, nbuf = 0;
   kv_g3_backend be = KV_G3_BACKEND_AUTO;
   kv_g3_sync sync = KV_G3_SYNC_BATCH;
-  int json = 0, keep = 0, window = 0, fixed = 1, ch;
+  int json = 0, keep = 0, window = 0, fixed = 1, code = 0, ch;
+  const char *kvpath = NULL;
+  uint64_t slot_opt = 0;
   optind = 1;
-  while ((ch = getopt_long(argc, argv, "d:b:q:n:B:s:K:W:Fkjh", lo, NULL)) != -1) {
+  unsigned quant = 0; /* KV_G3_FP8 or KV_G3_INT8 with --quant */
+  while ((ch = getopt_long(argc, argv, "d:b:q:n:B:s:K:W:FkjhV:CS:Q:", lo, NULL)) != -1) {
     switch (ch) {
     case 'd':
       if (ndirs == MAX_DIRS) return 2;
@@ -272,6 +301,16 @@ int kvbench_g3(int argc, char **argv) {
     }
     case 'k': keep = 1; break;
     case 'F': fixed = 0; break;
+    case 'V': kvpath = optarg; break;
+    case 'C': code = 1; break;
+    case 'Q':
+      if (!strcmp(optarg, "fp8")) quant = KV_G3_FP8;
+      else if (!strcmp(optarg, "int8")) quant = KV_G3_INT8;
+      else return 2;
+      break;
+    case 'S':
+      if (parse_u64(optarg, &slot_opt) || !slot_opt || slot_opt > (1u << 30)) return 2;
+      break;
     case 'j': json = 1; break;
     case 'h': usage(stdout); return 0;
     default: usage(stderr); return 2;
@@ -282,6 +321,15 @@ int kvbench_g3(int argc, char **argv) {
     return 2;
   }
   uint32_t slot = (uint32_t)((block + KV_G3_ALIGN - 1) / KV_G3_ALIGN * KV_G3_ALIGN);
+  uint32_t sslot = slot_opt ? (uint32_t)((slot_opt + KV_G3_ALIGN - 1) / KV_G3_ALIGN * KV_G3_ALIGN)
+                            : slot; /* the store's slots */
+  kvfile kv = {0};
+  if (kvpath && (kv_kvfile_load(kvpath, &kv) || kv.len < block)) {
+    fprintf(stderr, "kvbench g3: %s holds no block of %llu bytes\n", kvpath,
+            (unsigned long long)block);
+    free(kv.data);
+    return 1;
+  }
   /* Outstanding blocks: enough to keep qd at the device while one batch
    * fills its group-commit window and the one before it syncs (256 MiB of
    * them, at least 2*qd+8): a G2 buffer is held until its block is durable
@@ -291,9 +339,14 @@ int kvbench_g3(int argc, char **argv) {
   /* files just big enough: the blocks, their header sectors, and the layout's
    * 1 MiB alignment of the data area */
   uint64_t per = (count + ndirs - 1) / ndirs;
-  for (unsigned i = 0; i < ndirs; i++) dirs[i].capacity = per * (slot + 4096ull) + (3u << 20);
+  for (unsigned i = 0; i < ndirs; i++) dirs[i].capacity = per * (sslot + 4096ull) + (3u << 20);
 
-  bench b = {.block = (uint32_t)block, .nbuf = (uint32_t)nbuf, .count = count};
+  bench b = {.block = (uint32_t)block,
+             .nbuf = (uint32_t)nbuf,
+             .count = count,
+             .wflags = code ? KV_G3_CODE : 0};
+  if (quant) /* groups of 64: bench/kv's head_dim, its elements' last axis */
+    b.wflags = quant | KV_G3_GROUP(64) | (kv.data && !strcmp(kv.dtype, "BF16") ? KV_G3_BF16 : 0);
   kv_arena arena;
   size_t page = slot > (4u << 20) ? slot : (4u << 20) / slot * slot;
   kv_arena_opts ao = {
@@ -308,15 +361,20 @@ int kvbench_g3(int argc, char **argv) {
   b.crc = calloc(nbuf, sizeof *b.crc);
   b.busy = calloc(nbuf, 1);
   b.slot = calloc(count, sizeof *b.slot);
+  b.refused = calloc(count, 1);
   op_ctx *ctx = calloc(nbuf, sizeof *ctx);
   int ret = 1;
-  if (cls < 0 || !b.buf || !b.crc || !b.busy || !b.slot || !ctx) goto out;
+  if (cls < 0 || !b.buf || !b.crc || !b.busy || !b.slot || !b.refused || !ctx) goto out;
   uint64_t x = 0x9E3779B97F4A7C15ull;
   for (uint32_t i = 0; i < nbuf; i++) {
     uint32_t s;
     if (kv_arena_alloc(&arena, cls, &s)) goto out;
     b.buf[i] = kv_arena_ptr(&arena, s);
-    for (uint32_t k = 0; k < slot; k += 8) {
+    if (kv.data) { /* the file's whole blocks, in turn */
+      size_t n = kv.len / block;
+      memcpy(b.buf[i], kv.data + (i % n) * block, block);
+    }
+    for (uint32_t k = 0; !kv.data && k < slot; k += 8) {
       x ^= x << 13, x ^= x >> 7, x ^= x << 17;
       memcpy(b.buf[i] + k, &x, 8);
     }
@@ -325,6 +383,7 @@ int kvbench_g3(int argc, char **argv) {
   kv_g3_opts o = {.dirs = dirs,
                   .ndirs = ndirs,
                   .block_bytes = b.block,
+                  .slot_bytes = sslot,
                   .queue_depth = (uint32_t)qd,
                   .backend = be,
                   .sync = sync,
@@ -341,7 +400,7 @@ int kvbench_g3(int argc, char **argv) {
   if (run_phase(&b, 1, ctx, &wsec) || run_phase(&b, 0, ctx, &rsec)) goto close;
   kv_g3_stats st;
   kv_g3_get_stats(b.g, &st);
-  double bytes = (double)count * (double)block;
+  double bytes = (double)(count - b.nrefused) * (double)block; /* stored and read back */
   json_t *out = json_pack(
       "{s:s,s:I,s:I,s:I,s:I,s:s,s:s,s:b,s:b,s:f,s:f,s:f,s:f,s:f,s:f,s:f,s:I,s:I,s:I}", "bench",
       "g3", "block_bytes", (json_int_t)block, "qd", (json_int_t)qd, "count", (json_int_t)count,
@@ -353,6 +412,14 @@ int kvbench_g3(int argc, char **argv) {
       "read_s", rsec, "write_gbps", bytes / wsec / 1e9, "read_gbps", bytes / rsec / 1e9,
       "write_iops", (double)count / wsec, "read_iops", (double)count / rsec, "index_txns",
       (json_int_t)st.index_txns, "syncs", (json_int_t)st.syncs, "buffers", (json_int_t)nbuf);
+  json_object_update_new(
+      out, json_pack("{s:s,s:b,s:s,s:I,s:I,s:I,s:I,s:I,s:f,s:I}", "kv",
+                     kvpath ? kvpath : "random", "code", code, "quant",
+                     quant == KV_G3_FP8 ? "fp8" : quant == KV_G3_INT8 ? "int8" : "exact", "slot_bytes", (json_int_t)sslot, "slots", (json_int_t)info.slots,
+                     "coded", (json_int_t)st.coded, "too_large", (json_int_t)st.too_large,
+                     "held_bytes", (json_int_t)st.held_bytes, "ratio",
+                     st.codec_out ? (double)st.codec_in / (double)st.codec_out : 1.0,
+                     "decoded", (json_int_t)st.decoded));
   fprintf(stderr,
           "g3 %s qd %llu, %llu x %llu B: write %.3f GB/s, read %.3f GB/s "
           "(%llu index txns, %llu fdatasync)\n",
@@ -380,7 +447,9 @@ out:
   free(b.crc);
   free(b.busy);
   free(b.slot);
+  free(b.refused);
   free(ctx);
   kv_arena_fini(&arena);
+  free(kv.data);
   return ret;
 }

@@ -200,6 +200,15 @@ static double sum_members(json_t *o, const char *const *names, size_t n, const c
 }
 
 /* The sum of an object's numbers. */
+/* A cold tier's coding (/stats' "codec" of g3 or g4), when it did any. */
+static void codec_line(const char *what, json_t *cj) {
+  if (unum(cj, "coded") + unum(cj, "raw") + unum(cj, "decoded"))
+    printf("%-12s coded %llu, raw %llu, decoded %llu; stored ratio %.2f\n", what,
+           (unsigned long long)unum(cj, "coded"), (unsigned long long)unum(cj, "raw"),
+           (unsigned long long)unum(cj, "decoded"),
+           json_number_value(json_object_get(cj, "ratio")));
+}
+
 static double sum_all(json_t *o) {
   double s = 0;
   const char *k;
@@ -239,6 +248,11 @@ static void print_status(const ctl *c, json_t *st) {
   printf("%-12s demotions %llu, admissions refused %llu\n", "g3",
          (unsigned long long)unum(st, "demotions"),
          (unsigned long long)unum(st, "admissions_refused"));
+  json_t *g3 = json_object_get(st, "g3");
+  codec_line("g3 codec", json_object_get(g3, "codec"));
+  if (unum(g3, "too_large"))
+    printf("%-12s %llu blocks larger than a slot not written\n", "g3 too large",
+           (unsigned long long)unum(g3, "too_large"));
   json_t *g4 = json_object_get(st, "g4");
   const char *g4s = json_string_value(json_object_get(g4, "state"));
   if (g4s && strcmp(g4s, "off")) {
@@ -251,12 +265,7 @@ static void print_status(const ctl *c, json_t *st) {
            "g4", g4s, (unsigned long long)unum(g4, "masters"), (unsigned long long)unum(g4, "slots"),
            (unsigned long long)unum(g4, "hits"), sum_all(g4m), (unsigned long long)unum(g4w, "ok"),
            sum_all(g4w), bi, bo);
-    json_t *cj = json_object_get(g4, "codec");
-    if (unum(cj, "coded") + unum(cj, "raw") + unum(cj, "decoded"))
-      printf("%-12s coded %llu, raw %llu, decoded %llu; stored ratio %.2f\n", "g4 codec",
-             (unsigned long long)unum(cj, "coded"), (unsigned long long)unum(cj, "raw"),
-             (unsigned long long)unum(cj, "decoded"),
-             json_number_value(json_object_get(cj, "ratio")));
+    codec_line("g4 codec", json_object_get(g4, "codec"));
   } else {
     printf("%-12s off\n", "g4");
   }

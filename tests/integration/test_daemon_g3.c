@@ -7,6 +7,7 @@
  * daemon) used to stay full for good; it comes back by itself. A removed G3
  * directory used to go unnoticed; it shows in /health. */
 #include <dirent.h>
+#include <math.h>
 #include <fcntl.h>
 #include <linux/fs.h>
 #include <sys/ioctl.h>
@@ -15,8 +16,11 @@
 #include <sys/stat.h>
 #include <sys/statvfs.h>
 
+#include "base/half.h"
+#include "base/le.h"
 #include "tests/lib/fixture.h"
 #include "tests/lib/tmpdir.h"
+#include "tiers/quant.h"
 
 static char resp[1 << 20];
 static char g3dir[128], setpath[160];
@@ -373,5 +377,121 @@ Test(daemon_g3, holes_punched_in_g2_leave_g3_reads_intact) {
     cr_assert(rc != 0 && rc != -2, "block %llu, destroyed in G2: load answered %d",
               (unsigned long long)v, rc);
   }
+  kvc_close(c);
+}
+
+/* ---- coded blocks (g3.codec = auto; tiers/G3.md, "Coded blocks") ---------------------- */
+
+/* Stores key v with pseudo-random bytes (nothing for the codec to gain). */
+static void store_random(kvc *c, uint64_t v) {
+  kvc_key k = KC(v), none = {0};
+  kvc_block out;
+  cr_assert_eq(kvc_alloc(c, KVC_G2, 128, &k, &none, 1, &out), 1);
+  uint64_t x = v * 0x9E3779B97F4A7C15ull + 1;
+  for (uint32_t i = 0; i < OPS_BLOCK; i += 8) {
+    x ^= x << 13, x ^= x >> 7, x ^= x << 17;
+    memcpy((uint8_t *)out.ptr + i, &x, 8);
+  }
+  cr_assert_eq(kvc_commit(c, &k, 1, NULL), 1);
+}
+
+/* A bf16 namespace's blocks go to G3 coded into 16 KiB slots (a quarter
+ * of the block) and load back intact; a block that does not code to a
+ * slot stays out of G3, counted as too large. The stored ratio shows in
+ * /stats and the metrics. Without coding (g3.codec = off) no 64 KiB block
+ * fits a 16 KiB slot: none would reach G3. */
+Test(daemon_g3, coded_blocks_in_smaller_slots) {
+  const char *more[] = {"g3.codec=auto", "g3.slot_bytes=16K", NULL};
+  cr_assert_eq(start_with_g3("ssd", NULL, more), 0);
+  kvc *c = ops_open("t1");
+  const uint64_t n = 8;
+  store_and_demote(c, 1, n);
+  for (int i = 0; i < 200 && g3_blocks() < (long long)n; i++) usleep(20000);
+  cr_assert_eq(g3_blocks(), (long long)n, "coded blocks in G3");
+  for (uint64_t v = 1; v <= n; v++)
+    cr_assert_eq(load_ok(c, v), 0, "block %llu", (unsigned long long)v);
+  cr_assert_eq(ops_metric("kvcached_g3_codec_blocks_total{result=\"coded\"}"), (long long)n);
+  cr_assert_geq(ops_metric("kvcached_g3_codec_blocks_total{result=\"decoded\"}"), (long long)n);
+  cr_assert_eq(ops_metric("kvcached_g3_codec_bytes_total{side=\"block\"}"),
+               (long long)(n * OPS_BLOCK));
+  long long stored = ops_metric("kvcached_g3_codec_bytes_total{side=\"stored\"}");
+  cr_assert(stored > 0 && stored < (long long)(n * OPS_BLOCK) / 4, "stored %lld", stored);
+  cr_assert_eq(ops_metric("kvcached_g3_corrupt_total"), 0);
+  json_t *s = ops_json(ops_d.stats, "GET", "/stats", 200);
+  json_t *ratio = json_object_get(json_object_get(json_object_get(s, "g3"), "codec"), "ratio");
+  cr_assert(json_number_value(ratio) > 4.0, "ratio %g", json_number_value(ratio));
+  json_decref(s);
+  /* Incompressible: refused by G3, counted; G2 keeps it until evicted. */
+  store_random(c, 500);
+  json_t *o = ops_json(ops_d.admin, "POST", "/evict?tier=g2", 200);
+  json_decref(o);
+  long long tl = 0;
+  for (int i = 0; i < 200 && !(tl = ops_metric("kvcached_g3_too_large_total")); i++)
+    usleep(20000);
+  cr_assert_eq(tl, 1);
+  cr_assert_eq(ops_metric("kvcached_g3_codec_blocks_total{result=\"raw\"}"), 0);
+  cr_assert_eq(ops_metric("kvcached_g3_state{state=\"ok\"}"), 1);
+  /* every coding timed, the refused one's too; every decoding */
+  cr_assert_eq(ops_metric("kvcached_g3_codec_seconds_count{op=\"code\"}"), (long long)n + 1);
+  cr_assert_geq(ops_metric("kvcached_g3_codec_seconds_count{op=\"decode\"}"), (long long)n);
+  cr_assert_eq(ops_metric("kvcached_g3_codec_seconds_bucket{op=\"code\",le=\"+Inf\"}"),
+               (long long)n + 1);
+  kvc_close(c);
+}
+
+/* A tenant with cold_precision = int8: its bf16 blocks go to G3 as INT8
+ * codes (a scale per token's head: 53% of the bytes, fitting 40 KiB
+ * slots, which no raw 64 KiB block fits) and load back as those codes
+ * decode to, with g3.codec off. */
+Test(daemon_g3, a_tenants_cold_precision_stores_int8_in_g3) {
+  snprintf(g3root, sizeof g3root, "/tmp/kvg3-daemon-XXXXXX");
+  cr_assert_not_null(mkdtemp(g3root));
+  snprintf(g3dir, sizeof g3dir, "%s/ssd", g3root);
+  snprintf(setpath, sizeof setpath, "g3.path=%s", g3dir);
+  const char *extra[] = {setpath,
+                         "g3.block_bytes=64K",
+                         "g3.backend=threads",
+                         "g3.capacity=8M",
+                         "g3.slot_bytes=40K",
+                         "tenant.t1.cold_precision=int8",
+                         NULL};
+  cr_assert_eq(ops_try_start("t1", extra), 0);
+  kvc *c = ops_open("t1");
+  const uint64_t n = 4;
+  uint8_t *want[4];
+  for (uint64_t v = 1; v <= n; v++) {
+    kvc_key k = KC(v), none = {0};
+    kvc_block out;
+    cr_assert_eq(kvc_alloc(c, KVC_G2, 128, &k, &none, 1, &out), 1);
+    for (uint32_t i = 0; i < OPS_BLOCK / 2; i++) {
+      float f = sinf((float)(i * 0.37 + v)) * (float)(1 + (i / 64) % 7);
+      kv_st16((uint8_t *)out.ptr + 2 * i, kv_f32_bf16(f));
+    }
+    uint8_t *codes = malloc(kv_quant_size(OPS_BLOCK / 2, 64));
+    want[v - 1] = malloc(OPS_BLOCK);
+    cr_assert_eq(kv_quant_encode(KV_QUANT_INT8, KV_QDT_BF16, out.ptr, OPS_BLOCK / 2, 64, codes), 0);
+    cr_assert_eq(kv_quant_decode(KV_QUANT_INT8, KV_QDT_BF16, codes, OPS_BLOCK / 2, 64, want[v - 1]),
+                 0);
+    cr_assert(memcmp(want[v - 1], out.ptr, OPS_BLOCK), "lossy: the block changes");
+    free(codes);
+    cr_assert_eq(kvc_commit(c, &k, 1, NULL), 1);
+  }
+  json_t *o = ops_json(ops_d.admin, "POST", "/evict?tier=g2", 200);
+  json_decref(o);
+  for (int i = 0; i < 200 && g3_blocks() < (long long)n; i++) usleep(20000);
+  cr_assert_eq(g3_blocks(), (long long)n, "int8 blocks in G3");
+  cr_assert_eq(ops_metric("kvcached_g3_codec_bytes_total{side=\"stored\"}"),
+               (long long)(n * kv_quant_size(OPS_BLOCK / 2, 64)));
+  for (uint64_t v = 1; v <= n; v++) {
+    kvc_key k = KC(v);
+    kvc_block out;
+    cr_assert_eq(kvc_load(c, KVC_G2, &k, 1, &out), 1, "block %llu", (unsigned long long)v);
+    cr_assert_eq(out.status, 0);
+    cr_assert(!memcmp(out.ptr, want[v - 1], OPS_BLOCK), "block %llu: its codes' decoding",
+              (unsigned long long)v);
+    kvc_release(c, &k, 1, NULL);
+    free(want[v - 1]);
+  }
+  cr_assert_eq(ops_metric("kvcached_g3_corrupt_total"), 0);
   kvc_close(c);
 }

@@ -10,6 +10,7 @@
 #include <unistd.h>
 
 #include "base/errors.h"
+#include "base/le.h"
 #include "tests/lib/tmpdir.h"
 
 const kv_g3_backend t_backends[T_NBACKENDS] = {KV_G3_BACKEND_URING, KV_G3_BACKEND_THREADS};
@@ -69,6 +70,24 @@ int t_check(const void *buf, uint32_t len, uint64_t seed, uint64_t i) {
   int ok = memcmp(buf, want, len) == 0;
   free(want);
   return ok;
+}
+
+uint8_t *t_kv_data(const char *path, size_t *n) {
+  FILE *f = fopen(path, "rb");
+  cr_assert(f, "%s: %s", path, strerror(errno));
+  uint8_t le[8];
+  cr_assert_eq(fread(le, 1, 8, f), 8u);
+  uint64_t hlen = kv_ld64(le);
+  cr_assert(fseek(f, 0, SEEK_END) == 0);
+  long size = ftell(f);
+  cr_assert(hlen < (uint64_t)size && size > 0);
+  *n = (size_t)size - 8 - (size_t)hlen;
+  cr_assert(*n > 0 && *n % 2 == 0);
+  uint8_t *d = malloc(*n);
+  cr_assert(fseek(f, (long)(8 + hlen), SEEK_SET) == 0);
+  cr_assert_eq(fread(d, 1, *n, f), *n);
+  fclose(f);
+  return d;
 }
 
 kv_g3_key t_key(uint64_t i) {

@@ -52,6 +52,11 @@ int t_check(const void *buf, uint32_t len, uint64_t seed, uint64_t i);
 kv_g3_key t_key(uint64_t i);
 kv_g3_expect t_expect(uint64_t i, uint32_t len, uint64_t seq);
 
+/* A safetensors file's data section (everything after the JSON header: the
+ * files of bench/kv hold one 16-bit array of a trained model's KV),
+ * malloc'd; *n its length. */
+uint8_t *t_kv_data(const char *path, size_t *n);
+
 /* Log capture: stderr goes to a file until t_log_end(), which returns the
  * number of lines containing `needle` and echoes the log to stdout. */
 typedef struct t_log {

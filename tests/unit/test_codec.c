@@ -15,6 +15,7 @@
 #include <zstd.h>
 
 #include "base/le.h"
+#include "tests/lib/g3.h"
 #include "tiers/codec.h"
 
 #define GUARD     64   /* canary bytes after every decode buffer */
@@ -23,30 +24,10 @@
 #define BF16_FILE KV_DIR "smollm2-135m.bf16.safetensors"
 #define F16_FILE  KV_DIR "smollm2-135m.f16.safetensors"
 
-/* A safetensors file's data section (everything after the JSON header: the
- * files of bench/kv hold one 16-bit array), malloc'd; *n its length. */
-static uint8_t *kv_data(const char *path, size_t *n) {
-  FILE *f = fopen(path, "rb");
-  cr_assert(f, "%s: %s", path, strerror(errno));
-  uint8_t le[8];
-  cr_assert_eq(fread(le, 1, 8, f), 8u);
-  uint64_t hlen = kv_ld64(le);
-  cr_assert(fseek(f, 0, SEEK_END) == 0);
-  long size = ftell(f);
-  cr_assert(hlen < (uint64_t)size && size > 0);
-  *n = (size_t)size - 8 - (size_t)hlen;
-  cr_assert(*n > 0 && *n % 2 == 0);
-  uint8_t *d = malloc(*n);
-  cr_assert(fseek(f, (long)(8 + hlen), SEEK_SET) == 0);
-  cr_assert_eq(fread(d, 1, *n, f), *n);
-  fclose(f);
-  return d;
-}
-
 /* The same, for a test that needs only its first MiB. */
 static uint8_t *kv_mib(const char *path) {
   size_t total;
-  uint8_t *d = kv_data(path, &total);
+  uint8_t *d = t_kv_data(path, &total);
   cr_assert(total >= (1u << 20), "%s: %zu bytes", path, total);
   return d;
 }
@@ -94,7 +75,7 @@ Test(codec, name_and_bound) {
 
 static void real_kv(const char *path, double max_ratio) {
   size_t total;
-  uint8_t *d = kv_data(path, &total);
+  uint8_t *d = t_kv_data(path, &total);
   kv_codec *c = codec();
   size_t sizes[] = {4096, 65536, 262144};
   for (size_t s = 0; s < sizeof sizes / sizeof *sizes; s++) {
@@ -186,7 +167,7 @@ Test(codec, refused_lengths_and_arguments) {
  * L - 1 is -ENOSPC. */
 Test(codec, every_length_and_capacity) {
   size_t total;
-  uint8_t *kv = kv_data(BF16_FILE, &total);
+  uint8_t *kv = t_kv_data(BF16_FILE, &total);
   uint8_t *zero = calloc(1, 70000);
   kv_codec *c = codec();
   uint8_t *st = malloc(70000), *st2 = malloc(70000), *back = malloc(70000 + GUARD);
@@ -262,7 +243,7 @@ typedef struct sample {
 static sample sample_new(size_t n) {
   sample s = {.c = codec(), .n = n, .st = malloc(n), .back = malloc(n + GUARD)};
   size_t total;
-  s.src = kv_data(BF16_FILE, &total);
+  s.src = t_kv_data(BF16_FILE, &total);
   cr_assert(total >= n);
   long l = kv_codec_encode(s.c, s.src, n, s.st, n);
   cr_assert(l > 0);

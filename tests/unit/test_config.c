@@ -294,6 +294,9 @@ Test(config, the_daemons_start_up_checks_are_configuration_checks) {
       {"g3.block_bytes", "0", "g3.block_bytes"},
       {"g3.block_bytes", "8G", "larger than g3.capacity"},
       {"g3.block_bytes", "4000K", "holds no slot"}, /* 1M + 4K + 4000K > 4M */
+      {"g3.slot_bytes", "512K", "larger than g3.block_bytes"}, /* block_bytes 256K */
+      {"g3.codec_threads", "0", "g3.codec_threads"},
+      {"g3.codec_threads", "65", "g3.codec_threads"},
       {"g3.path", "/a,/b,/a", "names /a twice"},
       {"g3.path", " , ", "names no directory"},
       {"daemon.socket_dir",
@@ -312,6 +315,16 @@ Test(config, the_daemons_start_up_checks_are_configuration_checks) {
     findings f = {0};
     cr_assert_eq(kv_config_check(&c, 0, collect, &f), -EINVAL);
     cr_assert_eq(f.refused, 1, "%s = %s: one finding, not %d", bad[i].opt, bad[i].val, f.refused);
+  }
+  /* Smaller slots than blocks: the layout is checked with the slots. */
+  {
+    kv_config c;
+    kv_config_defaults(&c);
+    cr_assert_eq(kv_config_set(&c, "g3.capacity", "4M", err, sizeof err), 0);
+    cr_assert_eq(kv_config_set(&c, "g3.block_bytes", "4000K", err, sizeof err), 0);
+    cr_assert_eq(kv_config_set(&c, "g3.slot_bytes", "1M", err, sizeof err), 0);
+    cr_assert_eq(kv_config_validate(&c, err, sizeof err), 0, "%s", err);
+    cr_assert_eq(kv_config_g3_slot(&c), 1u << 20);
   }
   /* Without G3 its sizes do not matter; more than 64 directories do. */
   kv_config c;
@@ -614,6 +627,11 @@ Test(config, g4_options_are_checked) {
   cr_assert_eq(c.g4_codec, KV_G4_CODEC_AUTO);
   cr_assert_eq(kv_config_set(&c, "g4.codec", "zstd", err, sizeof err), -EINVAL);
   cr_assert(strstr(err, "g4.codec"), "%s", err);
+  cr_assert_eq(c.g3_codec, KV_G3_CODEC_OFF);
+  cr_assert_eq(kv_config_set(&c, "g3.codec", "auto", err, sizeof err), 0);
+  cr_assert_eq(c.g3_codec, KV_G3_CODEC_AUTO);
+  cr_assert_eq(kv_config_set(&c, "g3.codec", "zstd", err, sizeof err), -EINVAL);
+  cr_assert(strstr(err, "g3.codec"), "%s", err);
   static const struct {
     const char *key, *value, *says;
   } bad[] = {

@@ -100,7 +100,8 @@ declare -A order=(
   [tiers]="core_hint core_admin core_g1 core_g3 core
            evict_policies evict_auto evict_adapt evict_reuse evict_arc evict_s3fifo
            evict_tinylfu evict_hint evict_mini evict evict_heap evict_util sessions index arena
-           g3 g3_rebuild g3_commit g3_threads g3_uring g3_files g3_lmdb g3_format
+           g3 g3_codec g3_rebuild g3_commit g3_threads g3_uring g3_pool g3_files g3_lmdb
+           g3_format
            g4_cluster g4_format
            codec quant"
   [client]="engine client presence g1 chain_hash version"
@@ -115,6 +116,7 @@ declare -A order=(
   [tools]="kvbench bench_presence bench_replay bench_daemon bench_clients bench_scale bench_g3
            bench_core belady trace
            bench_codec quant_tool
+           kvfile
            kvctl kvctl_ops kvctl_cli kvctl_http"
 )
 
