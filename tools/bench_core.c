@@ -253,6 +253,27 @@ static int store_batch(kv_core *core, uint32_t ns, const kv_key *keys, const uin
   return 0;
 }
 
+/* --victims PREFIX: each block the whole cache lets go of, in order, as
+ * "REQUEST KEY USED_AGAIN" lines (KEY the trace's block id in hex,
+ * USED_AGAIN 1 when its hits were 2 or more), the single tier's in
+ * PREFIX.one and G2 + G3's in PREFIX.two, so that where the two part can
+ * be found (tools/bench/victims_diff.py; tiers/EVICTION.md, "Looked at
+ * again"). A block leaves when its last valid tier goes: the core's
+ * visibility observer (kv_core_on_visible) sees it with no tier left. */
+typedef struct victims_log {
+  FILE *f;
+  size_t req; /* the request being replayed */
+} victims_log;
+static victims_log victims[2]; /* [0] one tier, [1] G2 + G3; f NULL: not asked for */
+
+static void victim_seen(void *arg, const kv_block *b) {
+  victims_log *v = arg;
+  if (b->tiers) return;
+  uint64_t id = 0;
+  for (int i = 0; i < 8; i++) id |= (uint64_t)b->key[i] << (8 * i); /* kv_trace_key's inverse */
+  fprintf(v->f, "%zu %llx %d\n", v->req, (unsigned long long)id, b->hits >= 2);
+}
+
 /* The replay on the trace's clock (kv_core_set_now per request); hp: the
  * hints to give (NULL: none). batch < 0: each block stored (ALLOC, COMMIT,
  * hint) before the next is looked at; else a request's new blocks are
@@ -265,6 +286,7 @@ static int replay_core(const kv_trace *t, const char *policy, uint32_t cap, cons
   core_run cr;
   int rc = core_open(&cr, policy, cap, cap);
   if (rc) return rc;
+  if (victims[0].f && !hp) kv_core_on_visible(cr.core, victim_seen, &victims[0]);
   kv_key *keys = NULL;
   uint8_t *tiers = NULL;
   uint32_t kcap = 0, *idx = NULL, step = batch > 0 ? (uint32_t)batch : cap / 2 ? cap / 2 : 1;
@@ -294,6 +316,7 @@ static int replay_core(const kv_trace *t, const char *policy, uint32_t cap, cons
     uint32_t ns = (uint32_t)cr.ns;
     uint64_t sid = hp ? hp->session[qi] : 0;
     kv_core_set_now(cr.core, q->ts_ms);
+    victims[0].req = qi;
     int prefix = kv_core_lookup(cr.core, ns, keys, q->n, tiers);
     if (prefix < 0) {
       rc = prefix;
@@ -453,6 +476,7 @@ static int replay_g3(const kv_trace *t, const char *dir, const char *policy, kv_
   }
   kv_core_g3_opts ko = {.admit = admit, .min_prio = KV_PRIO_DEFAULT, .low_water = 32};
   kv_core_attach_g3(core, g3, &ko);
+  if (victims[1].f) kv_core_on_visible(core, victim_seen, &victims[1]);
   int ns = kv_core_ns_register_digest(core, &arena, SLOT, digest);
   kv_key *keys = malloc(4096 * sizeof *keys);
   uint8_t *tiers = malloc(4096);
@@ -470,6 +494,7 @@ static int replay_g3(const kv_trace *t, const char *dir, const char *policy, kv_
       kv_trace_key(q->ids[i], keys[i].b);
     }
     kv_core_set_now(core, q->ts_ms); /* the trace's clock, as the single-tier replay */
+    victims[1].req = qi;
     int prefix = kv_core_lookup(core, (uint32_t)ns, keys, n, tiers);
     uint32_t any = 0;
     for (uint32_t i = 0; i < n; i++) {
@@ -739,16 +764,17 @@ int kvbench_core_replay(int argc, char **argv) {
                                      {"tiers-only", no_argument, 0, 'T'},
                                      {"capacity", required_argument, 0, 'c'},
                                      {"store-batch", required_argument, 0, 'S'},
+                                     {"victims", required_argument, 0, 'V'},
                                      {"help", no_argument, 0, 'h'},
                                      {0, 0, 0, 0}};
-  const char *trace = NULL, *policies[16] = {0}, *g3dir = NULL;
+  const char *trace = NULL, *policies[16] = {0}, *g3dir = NULL, *vprefix = NULL;
   double g2f = 0.01, g3f = 0.10, g3ratio = 10;
   int npol = 0, json = 0, ch, by_agent = 1, tiers_only = 0;
   size_t ncap = 0;
   hints_mode hints = HINTS_OFF;
   int64_t batch = -1; /* --store-batch: none, each block stored before the next */
   optind = 1;
-  while ((ch = getopt_long(argc, argv, "t:p:jhg:2:3:HW:B:r:Tc:S:", lo, NULL)) != -1) {
+  while ((ch = getopt_long(argc, argv, "t:p:jhg:2:3:HW:B:r:Tc:S:V:", lo, NULL)) != -1) {
     switch (ch) {
     case 't': trace = optarg; break;
     case 'p':
@@ -815,12 +841,13 @@ int kvbench_core_replay(int argc, char **argv) {
       batch = v;
       break;
     }
+    case 'V': vprefix = optarg; break;
     case 'h':
       printf("usage: kvbench core-replay --trace FILE [--policy NAME|all]... [--json]\n"
              "         [--g3-dir DIR [--g2-fraction F] [--g3-fraction F] [--g3-ratio R]\n"
              "          [--tiers-only]]\n"
              "         [--hints [--hints-wrong stops|sessions] [--hints-by agent|session]]\n"
-             "         [--capacity F]... [--store-batch N]\n"
+             "         [--capacity F]... [--store-batch N] [--victims PREFIX]\n"
              "  --capacity: replay only at these shares of the unique blocks (default\n"
              "              0.01 0.02 0.05 0.10 0.20 0.50)\n"
              "  --store-batch: store a request's new blocks N at a time (ALLOC N, hint\n"
@@ -841,7 +868,11 @@ int kvbench_core_replay(int argc, char **argv) {
              "            (default 1%% and 10%% of the unique blocks), once per admission\n"
              "            policy, reporting hit rate and SSD writes; with more than one\n"
              "            --policy (or all), also once per eviction policy (g3_by_policy)\n"
-             "  --tiers-only: with --g3-dir, only the side-by-side table (tiers)\n");
+             "  --tiers-only: with --g3-dir, only the side-by-side table (tiers)\n"
+             "  --victims: with --g3-dir --tiers-only, one --capacity and one --policy,\n"
+             "            write the blocks each replay lets go of, in order (REQUEST KEY\n"
+             "            USED_AGAIN), to PREFIX.one (one tier) and PREFIX.two (G2 + G3);\n"
+             "            tools/bench/victims_diff.py shows where the two part\n");
       return 0;
     default: return 2;
     }
@@ -851,6 +882,22 @@ int kvbench_core_replay(int argc, char **argv) {
     return 2;
   }
   if (npol == 0) policies[npol++] = kv_evict_default;
+  if (vprefix) {
+    if (!g3dir || !tiers_only || ncap != 1 || npol != 1) {
+      fprintf(stderr, "kvbench core-replay: --victims needs --g3-dir, --tiers-only, one "
+                      "--capacity and one --policy\n");
+      return 2;
+    }
+    for (int i = 0; i < 2; i++) {
+      char path[4096];
+      snprintf(path, sizeof path, "%s.%s", vprefix, i ? "two" : "one");
+      if (!(victims[i].f = fopen(path, "w"))) {
+        fprintf(stderr, "kvbench core-replay: %s: %s\n", path, strerror(errno));
+        if (i) fclose(victims[0].f);
+        return 1;
+      }
+    }
+  }
 
   kv_trace t;
   size_t bad = 0;
@@ -989,5 +1036,10 @@ int kvbench_core_replay(int argc, char **argv) {
   free(s);
   json_decref(out);
   kv_trace_free(&t);
+  for (int i = 0; i < 2; i++)
+    if (victims[i].f && fclose(victims[i].f)) {
+      fprintf(stderr, "kvbench core-replay: --victims: %s\n", strerror(errno));
+      return 1;
+    }
   return 0;
 }

@@ -77,6 +77,13 @@ check "--g3-ratio 4 splits 1:4" test "$(jq '.tiers[.policy][3] | .g2_g3.g3_block
 expect_exit 0 "--capacity: only the capacities asked for" "$BIN/kvbench" core-replay --trace "$T/small.jsonl" --g3-dir "$T/g3" --tiers-only --capacity 0.5 --capacity 0.2 --json
 check "--capacity 0.5 0.2: those two, in that order, in both tables" \
   test "$(jq -c '[.results[].capacity_fraction, .tiers[.policy][].capacity_fraction]' "$T/out")" = "[0.5,0.2,0.5,0.2]"
+expect_exit 0 "--victims: each replay's victims, in order" "$BIN/kvbench" core-replay --trace "$T/small.jsonl" --g3-dir "$T/g3" --tiers-only --capacity 0.2 --victims "$T/v" --json
+check "--victims: one line per eviction of the single tier" \
+  test "$(wc -l <"$T/v.one")" -eq "$(jq '.results[0].evictions' "$T/out")"
+check "--victims: G2 + G3's victims too, as REQUEST KEY USED_AGAIN" \
+  test "$(grep -cvE '^[0-9]+ [0-9a-f]+ [01]$' "$T/v.two")" -eq 0 -a -s "$T/v.two"
+expect_exit 0 "victims_diff.py reads them" python3 "$SRC/tools/bench/victims_diff.py" "$T/v"
+expect_exit 2 "--victims without --tiers-only is a usage error" "$BIN/kvbench" core-replay --trace "$T/small.jsonl" --g3-dir "$T/g3" --capacity 0.2 --victims "$T/v"
 expect_exit 2 "--capacity 0 is a usage error" "$BIN/kvbench" core-replay --trace "$T/small.jsonl" --capacity 0
 expect_exit 2 "--g3-ratio 0 is a usage error" "$BIN/kvbench" core-replay --trace "$T/small.jsonl" --g3-dir "$T/g3" --g3-ratio 0
 expect_exit 0 "core-replay with a G3 tier, every policy" "$BIN/kvbench" core-replay --trace "$T/small.jsonl" --g3-dir "$T/g3" --policy all --json
