@@ -18,12 +18,20 @@ static inline float kv_bf16_f32(uint16_t b) {
   return f;
 }
 
+/* f, known not to be a NaN (infinities are fine): the rounding alone, for
+ * loops that convert many values and must vectorize. */
+static inline uint16_t kv_f32_bf16_num(float f) {
+  uint32_t x;
+  memcpy(&x, &f, 4);
+  x += 0x7fffu + ((x >> 16) & 1u);
+  return (uint16_t)(x >> 16);
+}
+
 static inline uint16_t kv_f32_bf16(float f) {
   uint32_t x;
   memcpy(&x, &f, 4);
   if ((x & 0x7fffffffu) > 0x7f800000u) return (uint16_t)((x >> 16) | 0x40); /* a quiet NaN */
-  x += 0x7fffu + ((x >> 16) & 1u);
-  return (uint16_t)(x >> 16);
+  return kv_f32_bf16_num(f);
 }
 
 static inline float kv_f16_f32(uint16_t h) {

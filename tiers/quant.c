@@ -137,23 +137,15 @@ int kv_quant_decode(kv_quant_kind k, kv_quant_dtype dt, const void *stored, size
     if (!isfinite(scale) || scale < 0) return -EINVAL;
     const uint8_t *c = codes + grp * g;
     if (k == KV_QUANT_INT8 && dt == KV_QDT_BF16) { /* finite by construction: no NaN case */
-      for (unsigned i = 0; i < g; i++) {
-        float f = (float)(int8_t)c[i] * scale;
-        uint32_t x;
-        memcpy(&x, &f, 4);
-        x += 0x7fffu + ((x >> 16) & 1u);
-        kv_st16(d + 2 * (grp * g + i), (uint16_t)(x >> 16));
-      }
+      for (unsigned i = 0; i < g; i++)
+        kv_st16(d + 2 * (grp * g + i), kv_f32_bf16_num((float)(int8_t)c[i] * scale));
       continue;
     }
     if (k == KV_QUANT_FP8 && dt == KV_QDT_BF16) {
       for (unsigned i = 0; i < g; i++) {
         if ((c[i] & 0x7f) == 0x7f) return -EINVAL; /* an FP8 NaN code: never written */
-        float f = fp8_table[c[i]] * scale;          /* finite: |code| <= 448, scale finite */
-        uint32_t x;
-        memcpy(&x, &f, 4);
-        x += 0x7fffu + ((x >> 16) & 1u); /* kv_f32_bf16 without its NaN case */
-        kv_st16(d + 2 * (grp * g + i), (uint16_t)(x >> 16));
+        /* no NaN: |code| <= 448, scale finite */
+        kv_st16(d + 2 * (grp * g + i), kv_f32_bf16_num(fp8_table[c[i]] * scale));
       }
       continue;
     }
