@@ -223,9 +223,10 @@ int kv_g3_write_ex(kv_g3 *g, uint32_t slot, const kv_g3_key *k, uint64_t seq, co
              : how == KV_G3_FP8 ? G3_CODEC_FP8
              : how == KV_G3_INT8 ? G3_CODEC_INT8
                                  : 0;
+  int lossy = code == G3_CODEC_FP8 || code == G3_CODEC_INT8; /* a dtype and a group apply */
   if (slot >= g->nslots || !key_ok(k) || !buf || (uintptr_t)buf % KV_G3_ALIGN || len == 0 ||
       len > g->block_max || crc > (int64_t)UINT32_MAX || (how && !code) ||
-      (flags & 0xFFF0u) || ((flags & KV_G3_BF16 || KV_G3_GROUP_OF(flags)) && code < 2))
+      (flags & 0xFFF0u) || ((flags & KV_G3_BF16 || KV_G3_GROUP_OF(flags)) && !lossy))
     return -EINVAL;
   if (!code && len > g->slot_bytes) {
     g->st.too_large++;

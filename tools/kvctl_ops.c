@@ -199,7 +199,6 @@ static double sum_members(json_t *o, const char *const *names, size_t n, const c
   return s;
 }
 
-/* The sum of an object's numbers. */
 /* A cold tier's coding (/stats' "codec" of g3 or g4), when it did any. */
 static void codec_line(const char *what, json_t *cj) {
   if (unum(cj, "coded") + unum(cj, "raw") + unum(cj, "decoded"))
@@ -209,6 +208,7 @@ static void codec_line(const char *what, json_t *cj) {
            json_number_value(json_object_get(cj, "ratio")));
 }
 
+/* The sum of an object's numbers. */
 static double sum_all(json_t *o) {
   double s = 0;
   const char *k;
