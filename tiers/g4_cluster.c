@@ -27,6 +27,7 @@
 #include <limits.h>
 #include <netdb.h>
 #include <netinet/in.h>
+#include <pthread.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -71,13 +72,24 @@ _Static_assert(KV_G4C_STRING_MAX == (size_t)KV_G4_PAYLOAD_MAX + KV_G4_HDR_LEN,
 _Static_assert((BUCKETS & (BUCKETS - 1)) == 0, "BUCKETS is a power of 2");
 /* ---- CRC16 and slots ----------------------------------------------------- */
 
+/* CRC16-CCITT (XMODEM) a byte at a time: the table holds each byte's
+ * remainder, built once (the bitwise loop cost 2% of the loop's time while
+ * loading 64 KiB blocks from G4: it names the slot of every command). */
+static uint16_t crc16_tab[256];
+static pthread_once_t crc16_once = PTHREAD_ONCE_INIT;
+static void crc16_init(void) {
+  for (unsigned v = 0; v < 256; v++) {
+    uint16_t crc = (uint16_t)(v << 8);
+    for (int b = 0; b < 8; b++) crc = (uint16_t)(crc & 0x8000 ? (crc << 1) ^ 0x1021 : crc << 1);
+    crc16_tab[v] = crc;
+  }
+}
+
 uint16_t kv_g4c_crc16(const void *buf, size_t len) {
+  pthread_once(&crc16_once, crc16_init);
   const uint8_t *p = buf;
   uint16_t crc = 0;
-  for (size_t i = 0; i < len; i++) {
-    crc ^= (uint16_t)(p[i] << 8);
-    for (int b = 0; b < 8; b++) crc = (uint16_t)(crc & 0x8000 ? (crc << 1) ^ 0x1021 : crc << 1);
-  }
+  for (size_t i = 0; i < len; i++) crc = (uint16_t)(crc << 8) ^ crc16_tab[(crc >> 8) ^ p[i]];
   return crc;
 }
 
