@@ -262,9 +262,13 @@ static kv_block *first_in(kv_evict *e, adapt *a, uint64_t h) {
 /* ---- the policy ------------------------------------------------------------------ */
 
 /* The history is sized by the tier's capacity, or while that is unknown by
- * the most blocks held (as reuse's). */
+ * the most blocks held (as reuse's); where this instance leads tiers in
+ * series, by the whole cache's (reach): its victims are the whole cache's,
+ * and one tier of that size remembers as many (sized on G3's slots alone,
+ * the lead forgot victims one tier recognised when they came back:
+ * tiers/EVICTION.md, "G2 + G3 as one cache", 2026-11-29). */
 static void size_history(kv_evict *e, adapt *a) {
-  uint32_t want = e->capacity;
+  uint32_t want = e->reach > e->capacity ? e->reach : e->capacity;
   if (!want) {
     if (e->count <= a->seen.n * 2 && a->seen.n) return;
     want = e->count > 1024 ? e->count : 1024;

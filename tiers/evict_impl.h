@@ -171,10 +171,16 @@ void kv_sketch_free(kv_sketch *s);
  * the newest there was kept while the next victim came from another chain,
  * and the victims alternated between two chains, cutting both
  * (tiers/EVICTION.md, "Through the daemon", 2026-11-29). An instance in
- * series (G2 before G3, and G3) keeps the block added last: there the rule
- * by access moved `kvbench core-replay --g3-dir` figures both ways by up to
- * 0.2 points on the Mooncake trace at 1% and 2% (where that replay repeats
- * its figures run to run), and no batched ALLOC was measured. */
+ * series above another (G2 before G3) keeps the block added last: there
+ * the rule by access moved `kvbench core-replay --g3-dir` figures both
+ * ways by up to 0.2 points on the Mooncake trace at 1% and 2% (where that
+ * replay repeats its figures run to run), and no batched ALLOC was
+ * measured. The last tier of a series (G3: the lead, its reach set) has
+ * none: its blocks are the victims of the tier above, none of them a leaf
+ * a chain being stored grows from (that one is in the tier above, kept
+ * there), and the block it was sent last, kept, made its victims
+ * alternate between two chains (tiers/EVICTION.md, "G2 + G3 as one
+ * cache", 2026-11-29). */
 typedef struct kv_newest {
   kv_bid id; /* KV_BID_NONE: none yet */
   uint64_t at;
@@ -185,8 +191,9 @@ static inline void kv_newest_init(kv_newest *n) {
   n->at = 0;
 }
 /* b was added to e: the newest, unless e is on its own and b was accessed
- * before the newest was. */
+ * before the newest was, or e is the last tier of a series (none). */
 static inline void kv_newest_added(kv_newest *n, const kv_evict *e, const kv_block *b) {
+  if (e->reach) return;
   if (n->id != KV_BID_NONE && !e->lead && !e->reach && b->atime < n->at) return;
   n->id = b->id;
   n->at = b->atime;

@@ -309,6 +309,60 @@ Test(adapt, a_victim_that_comes_back_counts_as_used_again) {
   kv_index_fini(&ix);
 }
 
+/* The last tier of a series (G3: reach set) keeps no newest block: its
+ * blocks are the victims of the tier above, none the leaf a chain being
+ * stored grows from. The block sent to it last, kept, made its victims
+ * alternate between two chains (tiers/EVICTION.md, "G2 + G3 as one cache",
+ * 2026-11-29). The tier above (lead set) keeps its newest, the block added
+ * last, as before. Both get 200 (used once) then 100 (used once, older). */
+Test(adapt, the_last_tier_of_a_series_keeps_no_newest_block) {
+  kv_index ix;
+  kv_index_init(&ix, 16);
+  kv_evict g3 = {.capacity = 100, .reach = 110};
+  cr_assert_eq(kv_evict_init(&g3, kv_evict_lookup("adapt"), &ix, KV_G3), 0);
+  kv_evict g2 = {.capacity = 10, .lead = &g3};
+  cr_assert_eq(kv_evict_init(&g2, kv_evict_lookup("adapt"), &ix, KV_G2), 0);
+  kv_block *young = mk(&ix, 1, 200, 1), *old = mk(&ix, 2, 100, 1);
+  kv_evict *es[] = {&g3, &g2};
+  for (int i = 0; i < 2; i++) {
+    cr_assert_eq(es[i]->ops->add(es[i], young), 0);
+    cr_assert_eq(es[i]->ops->add(es[i], old), 0);
+  }
+  cr_assert_eq(g3.ops->peek(&g3), old, "G3: the first in the order, though sent last");
+  cr_assert_eq(g2.ops->peek(&g2), young, "G2: the block added last is kept while another is");
+  for (int i = 0; i < 2; i++) {
+    es[i]->ops->remove(es[i], young);
+    es[i]->ops->remove(es[i], old);
+  }
+  kv_evict_fini(&g2);
+  kv_evict_fini(&g3);
+  kv_index_fini(&ix);
+}
+
+/* The lead of a series remembers as many victims as one tier of the whole
+ * cache's size (its reach), not of its own tier's: its victims are the
+ * whole cache's. Capacity 4 and reach 40: a key evicted 20 victims ago
+ * comes back used again (a history of 4 keeps 8-16 victims). */
+Test(adapt, a_leads_history_spans_the_whole_cache) {
+  kv_index ix;
+  kv_index_init(&ix, 64);
+  kv_evict e = {.capacity = 4, .reach = 40};
+  cr_assert_eq(kv_evict_init(&e, kv_evict_lookup("adapt"), &ix, KV_G3), 0);
+  for (uint64_t v = 1; v <= 20; v++) {
+    kv_block *b = mk(&ix, v, v, 1);
+    cr_assert_eq(e.ops->add(&e, b), 0);
+    cr_assert_eq(e.ops->peek(&e), b);
+    e.ops->remove(&e, b);
+    kv_index_remove(&ix, b);
+  }
+  kv_block *back = mk(&ix, 1, 21, 1);
+  cr_assert_eq(e.ops->add(&e, back), 0);
+  cr_assert_eq(back->hits, 2, "the first of 20 victims, back: used again");
+  e.ops->remove(&e, back);
+  kv_evict_fini(&e);
+  kv_index_fini(&ix);
+}
+
 /* ---- through the core ------------------------------------------------------------------ */
 
 typedef struct fixture {
