@@ -34,6 +34,7 @@
 #include <string.h>
 #include <sys/ioctl.h>
 #include <sys/socket.h>
+#include <unistd.h>
 
 #include "base/clock.h"
 #include "base/log.h"
@@ -68,6 +69,14 @@ _Static_assert(KV_G4C_STRING_MAX == (size_t)KV_G4_PAYLOAD_MAX + KV_G4_HDR_LEN,
  * is 16 KiB: a buffer that grew to hold a value is freed and grown again,
  * realloc by realloc, for the next one). */
 #define READER_KEEP  (2u << 20)
+/* The rest of a string being read is read in one call (read_rest) when it
+ * is at least READ_REST_MIN bytes (hiredis' own read size), at most
+ * READ_REST_MAX (a reader's buffer kept). */
+#define READ_REST_MIN (16u << 10)
+#define READ_REST_MAX READER_KEEP
+/* A connection is read at most this many bytes a turn (and one read
+ * more): READS_MAX reads of hiredis' size. */
+#define READ_TURN_BYTES ((size_t)READS_MAX * READ_REST_MIN)
 
 _Static_assert((BUCKETS & (BUCKETS - 1)) == 0, "BUCKETS is a power of 2");
 /* ---- CRC16 and slots ----------------------------------------------------- */
@@ -278,11 +287,16 @@ static int reader_check(ev *p);
 
 static void node_pump(node *n);
 
+static size_t read_rest(ev *p);
+
 static void ev_poll(uv_poll_t *h, int status, int events) {
   ev *p = h->data;
   int e = status ? p->events : events;
-  for (int i = 0; p->ac && (e & UV_READABLE) && i < READS_MAX; i++) {
-    redisAsyncHandleRead(p->ac);
+  size_t got = 0; /* bytes read this turn (a read of hiredis' counts its size) */
+  for (int i = 0; p->ac && (e & UV_READABLE) && i < READS_MAX && got < READ_TURN_BYTES; i++) {
+    size_t n = status ? 0 : read_rest(p);
+    if (n == 0) redisAsyncHandleRead(p->ac);
+    got += n ? n : READ_REST_MIN;
     if (p->ac && reader_check(p)) node_drop(p->ac->data, p->over);
     int more = 0;
     if (status || !p->ac || ioctl(p->ac->c.fd, FIONREAD, &more) || more <= 0) break;
@@ -509,6 +523,54 @@ static int reader_check(ev *p) {
     return -1;
   }
   return 0;
+}
+
+/* hiredis 0.14 exports this, and its async.h does not declare it: what
+ * redisAsyncHandleRead does after a read (each reply complete in the
+ * reader to its command's callback). */
+void redisProcessCallbacks(redisAsyncContext *ac);
+
+/* The bytes still to come of the string p's reader is in the middle of (a
+ * value, mostly), when its length line is in and within the limits: the
+ * rest of it with its CRLF. 0 otherwise. */
+static size_t string_rest(const ev *p) {
+  const redisReader *rd = p->ac->c.reader;
+  if (rd->err || rd->ridx < 0 || rd->rstack[rd->ridx].type != REDIS_REPLY_STRING) return 0;
+  const char *s = rd->buf + rd->pos;
+  size_t pending = rd->len - rd->pos, i = 0;
+  uint64_t len = 0;
+  for (; i < pending && i < 19 && s[i] >= '0' && s[i] <= '9'; i++)
+    len = len * 10 + (uint64_t)(s[i] - '0');
+  if (i == 0 || i + 2 > pending || s[i] != '\r' || s[i + 1] != '\n' || len > p->c->o.max_string)
+    return 0;
+  uint64_t total = i + 2 + len + 2;
+  return total > pending ? (size_t)(total - pending) : 0;
+}
+
+/* The rest of the string being read (string_rest, at most READ_REST_MAX),
+ * read in one call straight into the reader's buffer, and the replies it
+ * completes handled as hiredis would: hiredis reads 16 KiB at a time
+ * into a buffer on its stack and copies each into its reader (a 256 KiB
+ * value: 16 reads and a copy). The bytes read (1 when none were there
+ * yet); 0 when hiredis is to read instead: a rest under READ_REST_MIN, or
+ * the read found the connection's end or an error, which hiredis then
+ * sees and handles itself. */
+static size_t read_rest(ev *p) {
+  size_t want = string_rest(p);
+  redisAsyncContext *ac = p->ac;
+  redisReader *rd = ac->c.reader;
+  if (want < READ_REST_MIN || !(ac->c.flags & REDIS_CONNECTED) || ac->c.err) return 0;
+  if (want > READ_REST_MAX) want = READ_REST_MAX;
+  sds buf = sdsMakeRoomFor(rd->buf, want);
+  if (!buf) return 0;
+  rd->buf = buf;
+  ssize_t n = read(ac->c.fd, rd->buf + rd->len, want);
+  if (n < 0) return errno == EAGAIN || errno == EINTR;
+  if (n == 0) return 0;
+  sdsIncrLen(rd->buf, (int)n);
+  rd->len = sdslen(rd->buf);
+  redisProcessCallbacks(ac);
+  return (size_t)n;
 }
 
 /* ---- the node table and the state summary ---------------------------------

@@ -426,6 +426,44 @@ Test(g4_cluster, values_on_every_slot_and_redirections, .init = setup, .fini = t
 
 #define NF 300
 
+/* Values of many sizes on one connection (one hash tag), their GETs all in flight at
+ * once: the rest of a value over 16 KiB is read in one call straight into
+ * the reader's buffer (read_rest), at most 2 MiB a call, the small ones
+ * and the first 16 KiB of each by hiredis. Every byte comes back. */
+Test(g4_cluster, large_values_pipelined_come_back_whole, .init = setup, .fini = teardown,
+     .timeout = 120) {
+  start_cluster("--masters 3 --replicas 0");
+  kv_g4c *c = open_client(1);
+  static const size_t sizes[] = {5, 16385, 32769, 300001, 70, 1048583, 3 * 1048576 + 5, 16384};
+  enum { N = sizeof sizes / sizeof *sizes };
+  static res got[N];
+  uint8_t *vals[N];
+  char names[N][16];
+  for (unsigned i = 0; i < N; i++) {
+    vals[i] = malloc(sizes[i]);
+    cr_assert_not_null(vals[i]);
+    for (size_t j = 0; j < sizes[i]; j++) vals[i][j] = (uint8_t)(j * 31 + i + (j >> 11));
+    snprintf(names[i], sizeof names[i], "{big}:%u", i); /* one slot: one connection */
+    set(c, names[i], vals[i], sizes[i]);
+  }
+  for (int round = 0; round < 2; round++) {
+    for (unsigned i = 0; i < N; i++) {
+      const char *argv[] = {"GET", names[i]};
+      submit(c, names[i], strlen(names[i]), 2, argv, NULL, &got[i]);
+    }
+    for (unsigned i = 0; i < N; i++) {
+      cr_assert(run_until(&got[i].done, 10000), "GET %u", i);
+      cr_assert_eq(got[i].kind, KV_G4C_VALUE, "GET %u: %s", i,
+                   kv_g4c_reason_name(got[i].reason));
+      cr_assert_eq(got[i].len, sizes[i], "GET %u: %zu bytes", i, got[i].len);
+      cr_assert_eq(memcmp(got[i].val, vals[i], sizes[i]), 0, "GET %u: other bytes", i);
+      res_clear(&got[i]);
+    }
+  }
+  for (unsigned i = 0; i < N; i++) free(vals[i]);
+  close_client(c);
+}
+
 Test(g4_cluster, master_killed_then_replica_serves, .init = setup, .fini = teardown, .timeout = 120) {
   start_cluster("--masters 3 --replicas 1");
   kv_g4c *c = open_client(3);
