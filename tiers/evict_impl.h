@@ -194,7 +194,7 @@ static inline void kv_newest_init(kv_newest *n) {
  * before the newest was, or e is the last tier of a series (none). */
 static inline void kv_newest_added(kv_newest *n, const kv_evict *e, const kv_block *b) {
   if (e->reach) return;
-  if (n->id != KV_BID_NONE && !e->lead && !e->reach && b->atime < n->at) return;
+  if (n->id != KV_BID_NONE && !e->lead && b->atime < n->at) return;
   n->id = b->id;
   n->at = b->atime;
 }

@@ -494,6 +494,19 @@ static redisReplyObjectFunctions reply_fns = {reply_string, reply_array, reply_i
  * string whose length (as much of it as is in) is over the limits, or
  * more than KV_G4C_LINE_MAX bytes of a line not ended yet (a status, an
  * error, an integer, a length). 0, or -1 (p->over says why). */
+/* The length of the string rd is in the middle of, as far as its length
+ * line is in (saturating at UINT64_MAX), at rd->buf + rd->pos; its digits
+ * so far in *digits. */
+static uint64_t string_len(const redisReader *rd, size_t *digits) {
+  const char *s = rd->buf + rd->pos;
+  size_t pending = rd->len - rd->pos, i = 0;
+  uint64_t len = 0;
+  for (; i < pending && s[i] >= '0' && s[i] <= '9'; i++)
+    len = len > (UINT64_MAX - 9) / 10 ? UINT64_MAX : len * 10 + (uint64_t)(s[i] - '0');
+  *digits = i;
+  return len;
+}
+
 static int reader_check(ev *p) {
   const redisReader *rd = p->ac->c.reader;
   if (rd->err || rd->ridx < 0) return 0;
@@ -502,9 +515,7 @@ static int reader_check(ev *p) {
   size_t pending = rd->len - rd->pos, i = 0;
   int ended = 0;
   if (t->type == REDIS_REPLY_STRING) { /* s: "<length>\r\n<bytes>\r\n", or "-1\r\n" */
-    uint64_t len = 0;
-    for (; i < pending && s[i] >= '0' && s[i] <= '9'; i++)
-      len = len > (UINT64_MAX - 9) / 10 ? UINT64_MAX : len * 10 + (uint64_t)(s[i] - '0');
+    uint64_t len = string_len(rd, &i);
     uint64_t have = t->parent ? p->bytes : 0, max = p->c->o.max_string;
     if (len > max) {
       over(p, "a string of %llu bytes, more than %llu", (unsigned long long)len,
@@ -537,10 +548,8 @@ static size_t string_rest(const ev *p) {
   const redisReader *rd = p->ac->c.reader;
   if (rd->err || rd->ridx < 0 || rd->rstack[rd->ridx].type != REDIS_REPLY_STRING) return 0;
   const char *s = rd->buf + rd->pos;
-  size_t pending = rd->len - rd->pos, i = 0;
-  uint64_t len = 0;
-  for (; i < pending && i < 19 && s[i] >= '0' && s[i] <= '9'; i++)
-    len = len * 10 + (uint64_t)(s[i] - '0');
+  size_t pending = rd->len - rd->pos, i;
+  uint64_t len = string_len(rd, &i);
   if (i == 0 || i + 2 > pending || s[i] != '\r' || s[i + 1] != '\n' || len > p->c->o.max_string)
     return 0;
   uint64_t total = i + 2 + len + 2;

@@ -86,18 +86,23 @@ Test(adapt, blocks_used_once_go_first_until_the_protection_ages_out) {
 }
 
 
+/* Key `key` added alone, offered and evicted: its victim, into e's history. */
+static void evict_one(kv_evict *e, kv_index *ix, uint64_t key, uint64_t atime, unsigned hits) {
+  kv_block *b = mk(ix, key, atime, hits);
+  cr_assert_eq(e->ops->add(e, b), 0);
+  cr_assert_eq(e->ops->peek(e), b, "alone: the victim");
+  e->ops->remove(e, b); /* into the history, with its heap */
+  kv_index_remove(ix, b);
+}
+
 /* adapt, capacity 100: H starts at 0 (LRU's order: the older block goes,
  * used again or not); each victim used again that comes back (its key in
  * the history, a new record) moves H up, until a block used once goes
  * before an older block used again; victims used once that come back move
  * it down again. aged's H does not move. */
 static void evict_and_return(kv_evict *e, kv_index *ix, uint64_t key, uint64_t *t, unsigned hits) {
-  kv_block *b = mk(ix, key, (*t)++, hits);
-  cr_assert_eq(e->ops->add(e, b), 0);
-  cr_assert_eq(e->ops->peek(e), b, "alone: the victim");
-  e->ops->remove(e, b); /* into the history, with its heap */
-  kv_index_remove(ix, b);
-  b = mk(ix, key, (*t)++, 1); /* back, a new record */
+  evict_one(e, ix, key, (*t)++, hits);
+  kv_block *b = mk(ix, key, (*t)++, 1); /* back, a new record */
   cr_assert_eq(e->ops->add(e, b), 0);
   cr_assert_eq(b->hits, 2, "a victim back is on its second use");
   e->ops->remove(e, b); /* gone again, not as a victim: no vote */
@@ -348,13 +353,7 @@ Test(adapt, a_leads_history_spans_the_whole_cache) {
   kv_index_init(&ix, 64);
   kv_evict e = {.capacity = 4, .reach = 40};
   cr_assert_eq(kv_evict_init(&e, kv_evict_lookup("adapt"), &ix, KV_G3), 0);
-  for (uint64_t v = 1; v <= 20; v++) {
-    kv_block *b = mk(&ix, v, v, 1);
-    cr_assert_eq(e.ops->add(&e, b), 0);
-    cr_assert_eq(e.ops->peek(&e), b);
-    e.ops->remove(&e, b);
-    kv_index_remove(&ix, b);
-  }
+  for (uint64_t v = 1; v <= 20; v++) evict_one(&e, &ix, v, v, 1);
   kv_block *back = mk(&ix, 1, 21, 1);
   cr_assert_eq(e.ops->add(&e, back), 0);
   cr_assert_eq(back->hits, 2, "the first of 20 victims, back: used again");
