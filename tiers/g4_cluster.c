@@ -490,10 +490,6 @@ static void *reply_nil(const redisReadTask *t) {
 static redisReplyObjectFunctions reply_fns = {reply_string, reply_array, reply_integer, reply_nil,
                                               freeReplyObject};
 
-/* What p's reader holds of a reply it has not finished, after a read: a
- * string whose length (as much of it as is in) is over the limits, or
- * more than KV_G4C_LINE_MAX bytes of a line not ended yet (a status, an
- * error, an integer, a length). 0, or -1 (p->over says why). */
 /* The length of the string rd is in the middle of, as far as its length
  * line is in (saturating at UINT64_MAX), at rd->buf + rd->pos; its digits
  * so far in *digits. */
@@ -507,6 +503,10 @@ static uint64_t string_len(const redisReader *rd, size_t *digits) {
   return len;
 }
 
+/* What p's reader holds of a reply it has not finished, after a read: a
+ * string whose length (as much of it as is in) is over the limits, or
+ * more than KV_G4C_LINE_MAX bytes of a line not ended yet (a status, an
+ * error, an integer, a length). 0, or -1 (p->over says why). */
 static int reader_check(ev *p) {
   const redisReader *rd = p->ac->c.reader;
   if (rd->err || rd->ridx < 0) return 0;
