@@ -297,12 +297,8 @@ Test(adapt, a_victim_that_comes_back_counts_as_used_again) {
   kv_index_init(&ix, 16);
   kv_evict e = {.capacity = 100};
   cr_assert_eq(kv_evict_init(&e, kv_evict_lookup("adapt"), &ix, KV_G2), 0);
-  kv_block *b = mk(&ix, 7, 1, 1);
-  e.ops->add(&e, b);
-  cr_assert_eq(e.ops->peek(&e), b);
-  e.ops->remove(&e, b);
-  kv_index_remove(&ix, b);
-  b = mk(&ix, 7, 2, 1);
+  evict_one(&e, &ix, 7, 1, 1);
+  kv_block *b = mk(&ix, 7, 2, 1);
   e.ops->add(&e, b);
   cr_assert_eq(b->hits, 2, "its second life is its second use");
   e.ops->remove(&e, b);
