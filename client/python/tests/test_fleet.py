@@ -26,6 +26,15 @@ def fleet(tmp_root):
             pytest.skip(f"no Redis to make a cluster of: {e}")
         raise
     yield f
+    # What each node's G4 missed, and its log's end: pytest shows this
+    # output with a failing test only.
+    for d in f.nodes:
+        try:
+            misses = {k: v for k, v in d.metrics().items()
+                      if k.startswith("kvcached_g4_misses_total") and v}
+        except (OSError, RuntimeError) as e:
+            misses = f"/metrics: {e}"
+        print(f"--- {d.log}: G4 misses {misses}\n{d.log_text()}")
     f.stop()
 
 
