@@ -96,8 +96,8 @@ if command -v prlimit >/dev/null && command -v setpriv >/dev/null && "${NOLOCK[@
   if wait_for "$T/lock/log" "ready: socket" 10; then ok "the daemon starts with that warning"; else bad "daemon with low memlock: $(cat "$T/lock/log")"; fi
   grep -q "warn config: g2.lock: RLIMIT_MEMLOCK is 64.0 KiB" "$T/lock/log" && ok "and logs the same warning" \
     || bad "daemon memlock warning: $(cat "$T/lock/log")"
-  if ldd "$BIN/kvcached" | grep -q libasan; then
-    echo "# ASan makes mlock a no-op that succeeds: G2's lock state not checked"
+  if ldd "$BIN/kvcached" | grep -qE 'lib[at]san'; then
+    echo "# ASan and TSan make mlock a no-op that succeeds: G2's lock state not checked"
   else
     grep -q "(not locked)" "$T/lock/log" && ok "and runs G2 unlocked" || bad "daemon lock state: $(cat "$T/lock/log")"
   fi
