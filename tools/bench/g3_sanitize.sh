@@ -23,13 +23,7 @@ fi
 if [ "$what" = tsan ] || [ "$what" = all ]; then
   b="$root/build-g3-tsan"
   cmake -S "$root" -B "$b" -DTSAN=ON -DKV_TESTS=OFF >/dev/null
-  cmake --build "$b" -j"$jobs" --target kvtiers kvbench >/dev/null
-  # kvtiers' libraries (tiers/CMakeLists.txt) and kvbase's.
-  # shellcheck disable=SC2046
-  cc -std=gnu11 -g -O1 -fsanitize=thread -D_GNU_SOURCE -DKV_G3_STANDALONE -I"$root" \
-     "$root/tests/unit/test_g3_stress.c" "$b/lib/libkvtiers.a" "$b/lib/libkvbase.a" \
-     $(pkg-config --libs liburing lmdb libxxhash hiredis libuv libsodium libcrypto libzstd \
-       libsystemd) -lm -lpthread -o "$b/bin/g3_stress"
+  cmake --build "$b" -j"$jobs" --target kvbench g3_stress >/dev/null  # g3_stress: tests/tsan
   export TSAN_OPTIONS="halt_on_error=1 second_deadlock_stack=1"
   "$b/bin/g3_stress" 20000 2>&1 | grep -v ' info g3: '
   tmp=$(mktemp -d /tmp/g3-tsan.XXXXXX)
