@@ -18,6 +18,10 @@
  * word keeps its value while the block is out of the policy (pinned, or an
  * interior block of a chain), so a policy may remember there what it knew
  * when the block comes back; the index sets it to KV_SLOT_NONE at insert.
+ * One exception: G2 and G3 rank the blocks the other tier holds too in an
+ * instance of their own (the copies, kv_core__policy_of), which keeps its
+ * heap position in the same word: a block back from there comes back with
+ * KV_SLOT_NONE, as a new one (tiers/EVICTION.md, "The copies' word").
  * The core calls remove() for the victim peek() offered once it evicts it:
  * a policy that keeps ghosts of its victims tells the two cases apart by
  * remembering what it offered.
