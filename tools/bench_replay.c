@@ -89,6 +89,7 @@ typedef struct ropts {
   int hints;              /* --hints: session and finished hints from the trace */
   uint32_t alloc_wait_ms; /* how long a refused slot is asked for again */
   uint32_t store_batch;   /* blocks per ALLOC of a request's stores, 0: all at once */
+  int shared;             /* --shared: COMMITs answered once the blocks are in G4 */
   int json;
 } ropts;
 
@@ -100,6 +101,7 @@ typedef struct rres {
   uint64_t load_failed; /* resident at LOOKUP, not served by LOAD */
   uint64_t verify_failures;
   uint64_t allocs, stored, exists, refused, commit_failed, alloc_retries;
+  uint64_t not_shared;   /* --shared: committed here, not in G4 (KV_EDEGRADED) */
   uint64_t share_rounds; /* LOADs and ALLOCs asked again after KV_ESHARE (load_run) */
   uint64_t hints, hint_keys_unmatched;
   uint64_t bytes_read, bytes_written;
@@ -224,8 +226,10 @@ static int store_run(client *x, const kv_trace_req *q, uint32_t from, uint32_t t
     memcpy(x->ak + k, x->ap, e * sizeof *x->ak); /* after the ones to commit */
     if (k + e && sid && (got = hint_keys(x, r, sid, x->ak, k + e)) < 0) return got;
     if (k) {
-      got = kvc_commit_crc(x->c, x->ak, x->crc, k, x->st);
+      got = (o->shared ? kvc_commit_shared : kvc_commit_crc)(x->c, x->ak, x->crc, k, x->st);
       if (got < 0) return got;
+      for (uint32_t i = 0; o->shared && i < k; i++) /* committed, not in G4: stored all the same */
+        if (x->st[i] == KV_EDEGRADED) got++, r->not_shared++;
       r->stored += (uint64_t)got;
       r->commit_failed += k - (uint64_t)got;
       r->bytes_written += (uint64_t)got * o->block_bytes;
@@ -467,7 +471,7 @@ static void usage(FILE *f) {
   fprintf(f, "usage: kvbench replay --trace FILE [--socket-dir DIR | --socket PATH] [--json]\n"
              "           [--clients N] [--block-bytes B] [--time-scale F | --no-timestamps]\n"
              "           [--limit N] [--deal rr|hash|session] [--alloc-wait-ms MS] [--tenant T]\n"
-             "           [--hints] [--store-batch N]\n"
+             "           [--hints] [--store-batch N] [--shared]\n"
              "  Replays a Mooncake trace through a running kvcached: per request LOOKUP its\n"
              "  chained keys, LOAD and verify the resident prefix, store the rest.\n"
              "  --clients N      worker processes, one connection each (default 1)\n"
@@ -482,7 +486,9 @@ static void usage(FILE *f) {
              "                   engine that stores each step's blocks (default 0: all at once)\n"
              "  --alloc-wait-ms MS  ask again for slots refused while G2 victims are written to\n"
              "                   G3 (-EAGAIN), for up to MS per request (default 0: not stored)\n"
-             "  --tenant T       tenant of the namespace (default \"kvbench\")\n");
+             "  --tenant T       tenant of the namespace (default \"kvbench\")\n"
+             "  --shared         COMMITs answered once the blocks are in G4 too (a prefill\n"
+             "                   node handing a prompt to a decode node: kvc_commit_shared)\n");
 }
 
 static int parse_opts(ropts *o, int argc, char **argv) {
@@ -500,6 +506,7 @@ static int parse_opts(ropts *o, int argc, char **argv) {
                                      {"alloc-wait-ms", required_argument, 0, 'w'},
                                      {"hints", no_argument, 0, 'H'},
                                      {"store-batch", required_argument, 0, 'S'},
+                                     {"shared", no_argument, 0, 'G'},
                                      {"help", no_argument, 0, 'h'},
                                      {0, 0, 0, 0}};
   o->tenant = "kvbench";
@@ -508,7 +515,7 @@ static int parse_opts(ropts *o, int argc, char **argv) {
   o->time_scale = 1;
   optind = 1;
   int ch;
-  while ((ch = getopt_long(argc, argv, "f:d:s:jc:b:x:Xl:D:T:w:S:Hh", lo, NULL)) != -1) {
+  while ((ch = getopt_long(argc, argv, "f:d:s:jc:b:x:Xl:D:T:w:S:HGh", lo, NULL)) != -1) {
     uint64_t v = 0;
     char *end;
     switch (ch) {
@@ -538,6 +545,7 @@ static int parse_opts(ropts *o, int argc, char **argv) {
       o->deal_session = !strcmp(optarg, "session");
       break;
     case 'H': o->hints = 1; break;
+    case 'G': o->shared = 1; break;
     case 'S':
       if (kv_parse_size(optarg, &v) || v > KVC_BATCH_MAX) {
         fprintf(stderr, "kvbench replay: bad --store-batch '%s' (0 to %d)\n", optarg,
@@ -669,6 +677,7 @@ int kvbench_replay(int argc, char **argv) {
     s.exists += r->exists;
     s.refused += r->refused;
     s.commit_failed += r->commit_failed;
+    s.not_shared += r->not_shared;
     s.alloc_retries += r->alloc_retries;
     s.share_rounds += r->share_rounds;
     s.hints += r->hints;
@@ -708,6 +717,8 @@ int kvbench_replay(int argc, char **argv) {
                                 "g3_to_g2",
                                 g3r < 0 ? (json_int_t)0 : g3r * (json_int_t)o.block_bytes));
   json_object_set_new(j, "store_batch", json_integer((json_int_t)o.store_batch));
+  json_object_set_new(j, "shared", json_pack("{s:b,s:I}", "on", o.shared, "not_in_g4",
+                                             (json_int_t)s.not_shared));
   json_object_set_new(j, "lookup_us", percentiles(x.lookup_ns, nreq));
   json_object_set_new(j, "load_us", percentiles(x.load_ns, nreq));
   json_object_set_new(j, "hints",

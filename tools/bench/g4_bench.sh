@@ -39,7 +39,7 @@
 #
 # usage: tools/bench/g4_bench.sh [-b BIN_DIR] [-s "64K 256K 1M"] [-m MIB]
 #            [-c CLIENTS] [-P PIPELINE] [-w SECONDS] [-r ROUNDS] [-t TRACE] [-e M]
-#            [-x SCALE] [-f SHARE] [-B BLOCK] [-1 | -2]
+#            [-x SCALE] [-f SHARE] [-B BLOCK] [-G] [-1 | -2]
 #   -s  block sizes of part 1 (default 64K 256K 1M)
 #   -m  MiB stored per size in part 1 (default 256)
 #   -c  clients of part 1: redis-benchmark's connections and kvbench's
@@ -54,6 +54,9 @@
 #   -x  time scale of part 2 (default 0.001)
 #   -f  each node's G2 as a share of its half's unique blocks (default 0.05)
 #   -B  block bytes of part 2 (default 4K: the hit rate does not depend on it)
+#   -G  part 1's node A stores with COMMITs answered once the blocks are in
+#       G4 (kvbench replay --shared), as a prefill node handing its prompts
+#       to decode nodes does; default: plain COMMITs (written behind them)
 #   -1, -2  part 1 only, part 2 only
 # Needs redis-server, redis-cli, redis-benchmark, jq, curl.
 set -u
@@ -62,13 +65,13 @@ source "$(dirname "$0")/lib.sh"
 
 bindir="" sizes="64K 256K 1M" mib=256 clients=3 pipe=16 window=2 rounds=3
 trace="" every=1 scale=0.001 share=0.05
-block2=4K parts="1 2"
-while getopts "b:s:m:c:P:w:r:t:e:x:f:B:12h" o; do
+block2=4K parts="1 2" shared=()
+while getopts "b:s:m:c:P:w:r:t:e:x:f:B:G12h" o; do
   case $o in
     b) bindir=$OPTARG ;; s) sizes=$OPTARG ;; m) mib=$OPTARG ;; c) clients=$OPTARG ;;
     P) pipe=$OPTARG ;; w) window=$OPTARG ;; r) rounds=$OPTARG ;; t) trace=$OPTARG ;;
     e) every=$OPTARG ;; x) scale=$OPTARG ;;
-    f) share=$OPTARG ;; B) block2=$OPTARG ;; 1) parts=1 ;; 2) parts=2 ;;
+    f) share=$OPTARG ;; B) block2=$OPTARG ;; G) shared=(--shared) ;; 1) parts=1 ;; 2) parts=2 ;;
     h) awk 'NR > 1 && !/^#/ { exit } NR > 1' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
     *) exit 2 ;;
   esac
@@ -247,7 +250,7 @@ if [[ " $parts " == *" 1 "* ]]; then
       r0=$(cpu_ns "${rpids[@]}") d0=$(cpu_ns "$pid_a")
       t0=$(date +%s.%N)
       client "$bin/kvbench" replay --trace "$T/bw.jsonl" --socket-dir "$T/a" --json --block-bytes "$s" \
-        --no-timestamps --clients "$clients" >"$T/a.json" 2>"$T/a.err" ||
+        --no-timestamps --clients "$clients" "${shared[@]}" >"$T/a.json" 2>"$T/a.err" ||
         die "replay on A: $(tail -3 "$T/a.err")"
       for _ in $(seq 600); do
         ok=$(metric a 'kvcached_g4_writes_total{result="ok"}')
