@@ -13,8 +13,11 @@
  * signed with the current secret; back on the loop the SET is handed to the
  * client, which takes the buffer. A DEL of the key while its value is
  * being signed cancels the SET, so a deleted block never comes back. Only
- * while the client is ok; bounded in flight; a COMMIT with KV_COMMIT_G4
- * starts its writes at once.
+ * while the client is ok; bounded in flight. A COMMIT with KV_COMMIT_G4
+ * (its worker waits for the writes) is queued for the pump too, ahead of
+ * the blocks committed without it, and its blocks are copied at the same
+ * pace: a COMMIT of 16 blocks of 1 MiB was 16 MiB copied in one turn of
+ * the loop, every other request waiting (BENCHMARKS.md).
  *
  * Reads: a LOOKUP whose local run is short asks G4 for the keys after it,
  * one pipelined GET each (the client groups them per node). Each answer is
@@ -163,6 +166,7 @@ int kvd_g4_start(kvd *d, uv_loop_t *loop) {
   uv_idle_init(loop, &g->pump);
   g->pump.data = d;
   g->pump_init = 1;
+  g->commits_tail = &g->commits;
   if (kvd_g4_backlog_init(&g->backlog, d->cfg.g4_backlog_blocks) ||
       kvd_g4_backlog_init(&g->fresh, d->cfg.g4_backlog_blocks) ||
       kvd_g4_absent_init(&g->absent, KVD_G4_ABSENT_SLOTS, d->cfg.g4_absent_ms)) {
@@ -177,6 +181,8 @@ int kvd_g4_start(kvd *d, uv_loop_t *loop) {
   return 0;
 }
 
+static void commits_end(kvd_g4 *g);
+
 void kvd_g4_stop(kvd *d) {
   kvd_g4 *g = &d->g4;
   if (!g->c) return;
@@ -187,6 +193,7 @@ void kvd_g4_stop(kvd *d) {
   g->keys = NULL;
   kvd_g4_backlog_fini(&g->backlog); /* owed writes not made by now are not made */
   kvd_g4_backlog_fini(&g->fresh);   /* nor writes not started */
+  commits_end(g);
   kvd_g4_absent_fini(&g->absent);
   if (g->pump_init) uv_close((uv_handle_t *)&g->pump, NULL);
   g->pump_init = g->pump_on = 0;
@@ -255,13 +262,23 @@ static int g4_name(const kvd *d, const uint8_t digest[32], const uint8_t *key, u
 
 /* --- writes ------------------------------------------------------------------ */
 
-/* A COMMIT with KV_COMMIT_G4 waiting for its writes (kvd_g4_commit_wait). */
+/* A COMMIT with KV_COMMIT_G4 waiting for its writes (kvd_g4_commit_wait):
+ * queued (g->commits) until the pump has started the write of each of its
+ * blocks, then waiting for the writes to end. */
 typedef struct g4_commit {
   kvd *d;
   kvd_sink *sink;
   kv_msg req; /* id and op, for the reply */
   int reg_ns;
-  uint32_t n, pending;
+  uint32_t n, pending; /* pending: writes under way, and 1 while queued */
+  uint32_t at;         /* queued: the next block whose write the pump starts */
+  uint32_t coding;     /* how its namespace's values are stored (CODING) */
+  uint8_t digest[32];  /* its namespace's (the core's): a block is found again by it */
+  struct g4_commit *next; /* g->commits */
+  struct g4_commit_block {
+    kv_key key;
+    uint32_t core_ns;
+  } *blk;       /* the block of st[i], where st[i] is 0 */
   int32_t st[]; /* the reply's statuses */
 } g4_commit;
 
@@ -523,27 +540,65 @@ static uint32_t coded_ns(const kvd *d, const kvd_ns *n) {
                                                             : 0;
 }
 
-/* The block e names, if it is still in G2 under the namespace it was
- * queued in (a namespace id freed and given to another never sends one
- * tenant's block under another's name); else NULL. */
-static kv_block *queued_block(kvd *d, const kvd_g4_owed *e) {
-  kv_block *b = kv_core_find(d->core, e->core_ns, &e->key);
+/* The block of key in core namespace core_ns, if it is still in G2 and the
+ * namespace is still the one of that digest (a namespace id freed and
+ * given to another never sends one tenant's block under another's name);
+ * else NULL. */
+static kv_block *g2_block(kvd *d, uint32_t core_ns, const kv_key *key, const uint8_t *digest) {
+  kv_block *b = kv_core_find(d->core, core_ns, key);
   kv_core_ns_info ni;
-  if (!b || !(b->tiers & KV_TIER_BIT(KV_G2)) || kv_core_ns_info_get(d->core, e->core_ns, &ni) ||
-      !ni.digest || memcmp(ni.digest, e->digest, KV_G3_NS_BYTES))
+  if (!b || !(b->tiers & KV_TIER_BIT(KV_G2)) || kv_core_ns_info_get(d->core, core_ns, &ni) ||
+      !ni.digest || memcmp(ni.digest, digest, KV_G3_NS_BYTES))
     return NULL;
   return b;
 }
 
-/* The pump: each turn of the loop while blocks wait in g->fresh and the
- * writes in flight have room, starts the writes of the oldest, at most
- * KVD_G4_TURN_BYTES of them (copied out of G2); stops when none waits or
- * there is no room (a write that ends starts it again). */
+/* The block queued entry e names (g2_block). */
+static kv_block *queued_block(kvd *d, const kvd_g4_owed *e) {
+  return g2_block(d, e->core_ns, &e->key, e->digest);
+}
+
+/* Starts the writes of the COMMITs with KV_COMMIT_G4 queued, oldest first,
+ * until *bytes reaches KVD_G4_TURN_BYTES; each COMMIT whose every write is
+ * started leaves the queue (answered now if they all ended already). A
+ * block gone from G2 meanwhile (deleted, evicted) is not written: it is
+ * answered KV_EDEGRADED, as a write that was not started (busy, G4 not
+ * ok: g4_put). */
+static void start_commits(kvd *d, uint64_t *bytes) {
+  kvd_g4 *g = &d->g4;
+  while (g->commits && *bytes < KVD_G4_TURN_BYTES) {
+    g4_commit *cw = g->commits;
+    while (cw->at < cw->n && *bytes < KVD_G4_TURN_BYTES) {
+      uint32_t i = cw->at++;
+      if (cw->st[i]) continue;
+      kv_block *b = g2_block(d, cw->blk[i].core_ns, &cw->blk[i].key, cw->digest);
+      if (!b) {
+        g->writes[KVD_G4_W_GONE]++;
+        cw->st[i] = KV_EDEGRADED;
+        continue;
+      }
+      if (g4_put(d, cw->digest, b, cw->coding, cw, i, 0)) cw->st[i] = KV_EDEGRADED;
+      *bytes += b->size;
+    }
+    if (cw->at < cw->n) return;
+    g->commits = cw->next;
+    if (!g->commits) g->commits_tail = &g->commits;
+    if (--cw->pending == 0) commit_done(cw);
+  }
+}
+
+/* The pump: each turn of the loop, starts the writes of at most
+ * KVD_G4_TURN_BYTES of blocks (each copied out of G2): those of the
+ * COMMITs with KV_COMMIT_G4 queued first, then, while the writes in flight
+ * have room, the oldest blocks waiting in g->fresh; stops when none waits,
+ * or only g->fresh does and there is no room (a write that ends starts it
+ * again). */
 static void on_pump(uv_idle_t *h) {
   kvd *d = h->data;
   kvd_g4 *g = &d->g4;
   kvd_g4_owed e;
   uint64_t bytes = 0;
+  start_commits(d, &bytes); /* a worker waits for these */
   while (g->c && g->writes_in_flight < KVD_G4_WRITES_MAX &&
          g->write_bytes_in_flight < KVD_G4_WRITE_BYTES_MAX && bytes < KVD_G4_TURN_BYTES &&
          kvd_g4_backlog_pop(&g->fresh, &e, 0)) {
@@ -555,8 +610,8 @@ static void on_pump(uv_idle_t *h) {
     g4_put(d, e.digest, b, e.coding, NULL, 0, 0); /* not started: owed (counted there) */
     bytes += b->size;
   }
-  if (!g->c || !g->fresh.n || g->writes_in_flight >= KVD_G4_WRITES_MAX ||
-      g->write_bytes_in_flight >= KVD_G4_WRITE_BYTES_MAX) {
+  if (!g->c || (!g->commits && (!g->fresh.n || g->writes_in_flight >= KVD_G4_WRITES_MAX ||
+                                 g->write_bytes_in_flight >= KVD_G4_WRITE_BYTES_MAX))) {
     uv_idle_stop(h);
     g->pump_on = 0;
   }
@@ -639,12 +694,34 @@ static void commit_done(g4_commit *cw) {
     kvd_sink_reply(cw->sink, &m);
   }
   kvd_sink_put(cw->sink);
+  free(cw->blk);
   free(cw);
+}
+
+/* Every block of each queued COMMIT whose write was not started is
+ * answered KV_EDEGRADED (the client is closing). */
+static void commits_end(kvd_g4 *g) {
+  while (g->commits) {
+    g4_commit *cw = g->commits;
+    g->commits = cw->next;
+    for (; cw->at < cw->n; cw->at++)
+      if (cw->st[cw->at] == 0) cw->st[cw->at] = KV_EDEGRADED;
+    if (--cw->pending == 0) commit_done(cw);
+  }
+  g->commits_tail = &g->commits;
 }
 
 int kvd_g4_commit_wait(kvd *d, kvd_sink *sink, const kv_msg *req, const kvd_ns *n,
                        kv_block *const *blocks, int32_t *st, uint32_t count) {
-  g4_commit *cw = calloc(1, sizeof *cw + count * sizeof cw->st[0]);
+  kvd_g4 *g = &d->g4;
+  uint32_t want = 0;
+  for (uint32_t i = 0; i < count; i++) want += st[i] == 0;
+  g4_commit *cw = NULL;
+  if (want && g->c && g->pump_init && (cw = calloc(1, sizeof *cw + count * sizeof cw->st[0])) &&
+      !(cw->blk = calloc(count, sizeof *cw->blk))) {
+    free(cw);
+    cw = NULL;
+  }
   if (!cw) { /* answered now: committed here, not known to be in G4 */
     for (uint32_t i = 0; i < count; i++)
       if (st[i] == 0) st[i] = KV_EDEGRADED;
@@ -656,16 +733,19 @@ int kvd_g4_commit_wait(kvd *d, kvd_sink *sink, const kv_msg *req, const kvd_ns *
   cw->req = *req;
   cw->reg_ns = sink->sess->ns;
   cw->n = count;
-  cw->pending = 1; /* held until every write is started: none ends it early */
+  cw->pending = 1; /* held while queued: no write that ends answers it early */
+  cw->coding = coded_ns(d, n);
+  memcpy(cw->digest, n->digest, sizeof cw->digest);
   memcpy(cw->st, st, count * sizeof *st);
-  for (uint32_t i = 0; i < count; i++)
-    if (cw->st[i] == 0 && g4_put(d, n->digest, blocks[i], coded_ns(d, n), cw, i, 0))
-      cw->st[i] = KV_EDEGRADED;
-  if (--cw->pending > 0) return KVD_DEFERRED;
-  memcpy(st, cw->st, count * sizeof *st); /* nothing under way: the caller answers now */
-  kvd_sink_put(sink);
-  free(cw);
-  return 0;
+  for (uint32_t i = 0; i < count; i++) {
+    if (st[i]) continue;
+    kv_key_set(&cw->blk[i].key, blocks[i]->key, kv_block_keylen(blocks[i]));
+    cw->blk[i].core_ns = blocks[i]->ns;
+  }
+  *g->commits_tail = cw;
+  g->commits_tail = &cw->next;
+  pump_start(g);
+  return KVD_DEFERRED;
 }
 
 /* --- deletes ----------------------------------------------------------------- */

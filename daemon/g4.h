@@ -142,6 +142,8 @@ typedef struct kvd_g4 {
   kvd_g4_backlog backlog;    /* blocks whose write is owed (g4.backlog_blocks) */
   kvd_g4_backlog fresh;      /* blocks just committed whose write is to start (the pump) */
   uv_idle_t pump;            /* starts fresh writes, KVD_G4_TURN_BYTES a turn */
+  struct g4_commit *commits, **commits_tail; /* COMMITs with KV_COMMIT_G4 whose writes the
+                                                pump has not all started, oldest first */
   int pump_init, pump_on;
   uint64_t backlog_written, backlog_gone; /* owed writes started; gone from G2 first */
   int draining;              /* in drain(): a write ending inside it does not reenter */
@@ -190,10 +192,12 @@ int kvd_g4_fetch(struct kvd *d, struct kvd_sink *sink, const struct kv_msg *req,
  * are its statuses, blocks[i] the block of key i where st[i] is 0. Writes
  * each committed block to G4 (whatever g4.admit says: the writer asked)
  * and answers the COMMIT through the sink once every write has ended:
- * KVD_DEFERRED. A block committed here that did not reach G4 (G4 off, not
- * ok, too many writes in flight, an error or a timeout) is answered
- * KV_EDEGRADED. 0 when no write is under way: the caller answers now with
- * st, which this has updated. */
+ * KVD_DEFERRED. The writes start on later turns of the loop, at most
+ * KVD_G4_TURN_BYTES of blocks a turn. A block committed here that did not
+ * reach G4 (G4 off, not ok, too many writes in flight, gone from G2 before
+ * its write started, an error or a timeout) is answered KV_EDEGRADED. 0
+ * when no write is to be made (G4 off, no block committed, no memory):
+ * the caller answers now with st, which this has updated. */
 int kvd_g4_commit_wait(struct kvd *d, struct kvd_sink *sink, const struct kv_msg *req,
                        const struct kvd_ns *n, kv_block *const *blocks, int32_t *st,
                        uint32_t count);

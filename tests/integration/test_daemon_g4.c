@@ -791,6 +791,48 @@ Test(daemon_g4, commit_shared_answers_what_became_of_the_writes, .init = setup,
   kvc_close(b);
 }
 
+/* A COMMIT with KV_COMMIT_G4 of more bytes than the pump starts in a turn
+ * of the loop (KVD_G4_TURN_BYTES: 1 MiB, here 24 blocks of 64 KiB): its
+ * writes start over several turns, and it is answered once they have all
+ * ended: every block 0, every block in G4, read back on node B. */
+static void setup_whole_share(void) { /* a session may hold all of its tenant's 32 slots */
+  make_keys();
+  start_cluster();
+  start_node_with(&na, "limits.session_share=100");
+  start_node(&nb);
+}
+
+Test(daemon_g4, a_shared_commit_larger_than_a_turn_is_answered_once_all_are_in_g4,
+     .init = setup_whole_share, .fini = teardown, .timeout = 60) {
+  kvc *a, *b;
+  both_ok(&a, &b);
+  enum { N = 24, FIRST = 201 };
+  kvc_key k[N], parent[N];
+  kvc_block out[N];
+  uint32_t crc[N];
+  int32_t st[N];
+  for (int i = 0; i < N; i++) {
+    k[i] = KC(FIRST + i);
+    parent[i] = i ? KC(FIRST + i - 1) : (kvc_key){0};
+  }
+  int got = kvc_alloc(a, KVC_G2, 128, k, parent, N, out);
+  cr_assert_eq(got, N, "alloc: %d (%d %d)", got, out[0].status, out[N - 1].status);
+  for (int i = 0; i < N; i++) {
+    fill(out[i].ptr, FIRST + i);
+    crc[i] = kvc_crc32c(0, out[i].ptr, out[i].length);
+  }
+  cr_assert_eq(N * (uint64_t)OPS_BLOCK > (1u << 20), 1, "more than a turn's bytes");
+  int n = kvc_commit_shared(a, k, crc, N, st);
+  cr_assert_eq(n, N, "commit_shared: %d of %d in G4", n, N);
+  for (int i = 0; i < N; i++) cr_assert_eq(st[i], 0, "key %d: %d", FIRST + i, st[i]);
+  cr_assert_eq(metric(&na, "kvcached_g4_writes_total{result=\"ok\"}"), N);
+  uint8_t t[64];
+  cr_assert_eq(lookup(b, FIRST, FIRST + N - 1, t, NULL), N);
+  for (uint64_t v = FIRST; v < FIRST + N; v++) load_check(b, v);
+  kvc_close(a);
+  kvc_close(b);
+}
+
 /* A key rotation: node B signs with the new secret and accepts the old one
  * until g4.old_key_until, so it reads what node A (old secret) wrote; node
  * A, not given the new secret yet, refuses B's values (`mac`: a miss). */
