@@ -28,7 +28,8 @@
  * the thread pool, into a buffer of its own); when the last answer is in (the
  * client answers every command within g4.timeout_ms), the verified run that
  * continues the local one goes into G2 as committed blocks, chained to
- * their parents, with the value's CRC, and the LOOKUP is answered as
+ * their parents, with the value's CRC (at most KVD_G4_TURN_BYTES of them
+ * a turn of the loop, the rest by the pump), and the LOOKUP is answered as
  * usual: those blocks are G2 hits now. A session gone meanwhile is owed
  * nothing: what came back is dropped.
  *
@@ -167,6 +168,7 @@ int kvd_g4_start(kvd *d, uv_loop_t *loop) {
   g->pump.data = d;
   g->pump_init = 1;
   g->commits_tail = &g->commits;
+  g->storing_tail = &g->storing;
   if (kvd_g4_backlog_init(&g->backlog, d->cfg.g4_backlog_blocks) ||
       kvd_g4_backlog_init(&g->fresh, d->cfg.g4_backlog_blocks) ||
       kvd_g4_absent_init(&g->absent, KVD_G4_ABSENT_SLOTS, d->cfg.g4_absent_ms)) {
@@ -182,6 +184,7 @@ int kvd_g4_start(kvd *d, uv_loop_t *loop) {
 }
 
 static void commits_end(kvd_g4 *g);
+static void store_runs(kvd *d, uint64_t *bytes, int all);
 
 void kvd_g4_stop(kvd *d) {
   kvd_g4 *g = &d->g4;
@@ -194,6 +197,8 @@ void kvd_g4_stop(kvd *d) {
   kvd_g4_backlog_fini(&g->backlog); /* owed writes not made by now are not made */
   kvd_g4_backlog_fini(&g->fresh);   /* nor writes not started */
   commits_end(g);
+  uint64_t bytes = 0;
+  store_runs(d, &bytes, 1); /* the LOOKUPs storing what came: answered now */
   kvd_g4_absent_fini(&g->absent);
   if (g->pump_init) uv_close((uv_handle_t *)&g->pump, NULL);
   g->pump_init = g->pump_on = 0;
@@ -587,18 +592,19 @@ static void start_commits(kvd *d, uint64_t *bytes) {
   }
 }
 
-/* The pump: each turn of the loop, starts the writes of at most
- * KVD_G4_TURN_BYTES of blocks (each copied out of G2): those of the
- * COMMITs with KV_COMMIT_G4 queued first, then, while the writes in flight
- * have room, the oldest blocks waiting in g->fresh; stops when none waits,
- * or only g->fresh does and there is no room (a write that ends starts it
- * again). */
+/* The pump: each turn of the loop, copies at most KVD_G4_TURN_BYTES of
+ * blocks: into G2, the runs LOOKUPs brought from G4 (g->storing); out of
+ * G2, for their writes, the blocks of the COMMITs with KV_COMMIT_G4 queued,
+ * then, while the writes in flight have room, the oldest blocks waiting in
+ * g->fresh. Stops when none waits, or only g->fresh does and there is no
+ * room (a write that ends starts it again). */
 static void on_pump(uv_idle_t *h) {
   kvd *d = h->data;
   kvd_g4 *g = &d->g4;
   kvd_g4_owed e;
   uint64_t bytes = 0;
-  start_commits(d, &bytes); /* a worker waits for these */
+  store_runs(d, &bytes, 0);  /* workers wait for these */
+  start_commits(d, &bytes); /* and for these */
   while (g->c && g->writes_in_flight < KVD_G4_WRITES_MAX &&
          g->write_bytes_in_flight < KVD_G4_WRITE_BYTES_MAX && bytes < KVD_G4_TURN_BYTES &&
          kvd_g4_backlog_pop(&g->fresh, &e, 0)) {
@@ -610,8 +616,9 @@ static void on_pump(uv_idle_t *h) {
     g4_put(d, e.digest, b, e.coding, NULL, 0, 0); /* not started: owed (counted there) */
     bytes += b->size;
   }
-  if (!g->c || (!g->commits && (!g->fresh.n || g->writes_in_flight >= KVD_G4_WRITES_MAX ||
-                                 g->write_bytes_in_flight >= KVD_G4_WRITE_BYTES_MAX))) {
+  if (!g->c || (!g->storing && !g->commits &&
+                 (!g->fresh.n || g->writes_in_flight >= KVD_G4_WRITES_MAX ||
+                  g->write_bytes_in_flight >= KVD_G4_WRITE_BYTES_MAX))) {
     uv_idle_stop(h);
     g->pump_on = 0;
   }
@@ -804,6 +811,9 @@ struct g4_lookup {
   kv_key *keys; /* the LOOKUP's n keys */
   g4_get *get;  /* nask, for keys at[0..nask-1] */
   uint32_t *at; /* nask: the key index each GET is for (hit, hit+1, ... without past_holes) */
+  uint32_t stored; /* the answers store_run has been through */
+  int ended;       /* ... and the run ended there (a miss, no room) */
+  g4_lookup *next; /* g->storing */
 };
 
 static void lookup_free(g4_lookup *lk) {
@@ -817,12 +827,15 @@ static void lookup_free(g4_lookup *lk) {
 
 /* The verified run into G2 (with past_holes, every verified value): alloc
  * (chained to the previous key when it is known), copy, commit with the
- * value's CRC. Counts each key asked once. */
-static void store_run(g4_lookup *lk) {
+ * value's CRC. Counts each key asked once. Goes on from where the last
+ * call stopped, until *bytes (the blocks copied this turn of the loop)
+ * reaches max: 1 when the run is all through, 0 when there is more. */
+static int store_run(g4_lookup *lk, uint64_t *bytes, uint64_t max) {
   kvd *d = lk->d;
   kvd_g4 *g = &d->g4;
-  int ended = 0;
-  for (uint32_t i = 0; i < lk->nask; i++) {
+  int ended = lk->ended;
+  for (; lk->stored < lk->nask && *bytes < max; lk->stored++) {
+    uint32_t i = lk->stored;
     g4_get *x = &lk->get[i];
     if (x->miss >= 0) {
       g->misses[x->miss]++;
@@ -847,20 +860,23 @@ static void store_run(g4_lookup *lk) {
     kv_core_commit(d->core, b, x->crc);
     kvd_ghost_note(d, lk->core_ns, key, 1);
     g->hits++;
+    *bytes += b->size;
+    free(x->val); /* copied: its memory goes back now, not at the answer */
+    x->val = NULL;
   }
+  lk->ended = ended;
+  return lk->stored == lk->nask;
 }
 
-static void lookup_done(g4_lookup *lk) {
+/* The LOOKUP answered (or its LOAD or GET taken up again) with its run in
+ * G2; nothing if its session went meanwhile. */
+static void lookup_finish(g4_lookup *lk) {
   kvd *d = lk->d;
-  kvd_g4 *g = &d->g4;
-  g->waiting--;
-  kvd_hist_add(&g->lookup, kv_now_ns() - lk->g4_t0);
   kvd_session *s = lk->sink->sess;
   if (!s || s->ns != lk->reg_ns) { /* the session went: nobody is owed a reply */
     lookup_free(lk);
     return;
   }
-  store_run(lk);
   if (kv_core_limit(d->core, KV_G2)) kv_core_enforce_limits(d->core); /* a soft g2.capacity */
   if (lk->then) { /* a LOAD or GET: taken up again with its keys in d->keys */
     memcpy(d->keys, lk->keys, lk->n * sizeof *lk->keys);
@@ -872,6 +888,46 @@ static void lookup_done(g4_lookup *lk) {
   kvd_sink_reply(lk->sink, &m);
   kvd_req_done(d, KVD_REQ_LOOKUP, lk->t0);
   lookup_free(lk);
+}
+
+/* Every answer is in: the verified run goes into G2, at most
+ * KVD_G4_TURN_BYTES of it this turn of the loop and the rest by the pump
+ * on the next turns (16 blocks of 1 MiB were 16 MiB copied in one turn),
+ * then the LOOKUP is answered. */
+static void lookup_done(g4_lookup *lk) {
+  kvd *d = lk->d;
+  kvd_g4 *g = &d->g4;
+  g->waiting--;
+  kvd_hist_add(&g->lookup, kv_now_ns() - lk->g4_t0);
+  kvd_session *s = lk->sink->sess;
+  if (!s || s->ns != lk->reg_ns) { /* the session went: nobody is owed a reply */
+    lookup_free(lk);
+    return;
+  }
+  uint64_t bytes = 0;
+  if (store_run(lk, &bytes, KVD_G4_TURN_BYTES) || !g->pump_init) {
+    if (lk->stored < lk->nask) store_run(lk, &bytes, UINT64_MAX); /* no pump: all now */
+    lookup_finish(lk);
+    return;
+  }
+  *g->storing_tail = lk;
+  g->storing_tail = &lk->next;
+  pump_start(g);
+}
+
+/* The runs of the LOOKUPs queued (g->storing), oldest first, until *bytes
+ * reaches KVD_G4_TURN_BYTES; each LOOKUP whose run is all in G2 is
+ * answered. all: every run to its end whatever the bytes (the client is
+ * closing: no pump any more). */
+static void store_runs(kvd *d, uint64_t *bytes, int all) {
+  kvd_g4 *g = &d->g4;
+  uint64_t max = all ? UINT64_MAX : KVD_G4_TURN_BYTES;
+  while (g->storing && store_run(g->storing, bytes, max)) {
+    g4_lookup *lk = g->storing;
+    g->storing = lk->next;
+    if (!g->storing) g->storing_tail = &g->storing;
+    lookup_finish(lk);
+  }
 }
 
 /* A coded value's decoding, on the thread pool. */

@@ -794,7 +794,8 @@ Test(daemon_g4, commit_shared_answers_what_became_of_the_writes, .init = setup,
 /* A COMMIT with KV_COMMIT_G4 of more bytes than the pump starts in a turn
  * of the loop (KVD_G4_TURN_BYTES: 1 MiB, here 24 blocks of 64 KiB): its
  * writes start over several turns, and it is answered once they have all
- * ended: every block 0, every block in G4, read back on node B. */
+ * ended: every block 0, every block in G4, read back on node B (whose
+ * LOOKUP copies the run into G2 over two turns as well). */
 static void setup_whole_share(void) { /* a session may hold all of its tenant's 32 slots */
   make_keys();
   start_cluster();
