@@ -183,8 +183,8 @@ int kvd_g4_start(kvd *d, uv_loop_t *loop) {
   return 0;
 }
 
-static void commits_end(kvd_g4 *g);
-static void store_runs(kvd *d, uint64_t *bytes, int all);
+static void start_commits(kvd *d, uint64_t *bytes, uint64_t max);
+static void store_runs(kvd *d, uint64_t *bytes, uint64_t max);
 
 void kvd_g4_stop(kvd *d) {
   kvd_g4 *g = &d->g4;
@@ -196,9 +196,11 @@ void kvd_g4_stop(kvd *d) {
   g->keys = NULL;
   kvd_g4_backlog_fini(&g->backlog); /* owed writes not made by now are not made */
   kvd_g4_backlog_fini(&g->fresh);   /* nor writes not started */
-  commits_end(g);
+  /* No pump any more: the queued COMMITs are answered now (each block not
+   * started KV_EDEGRADED: no client), and the LOOKUPs storing what came. */
   uint64_t bytes = 0;
-  store_runs(d, &bytes, 1); /* the LOOKUPs storing what came: answered now */
+  start_commits(d, &bytes, UINT64_MAX);
+  store_runs(d, &bytes, UINT64_MAX);
   kvd_g4_absent_fini(&g->absent);
   if (g->pump_init) uv_close((uv_handle_t *)&g->pump, NULL);
   g->pump_init = g->pump_on = 0;
@@ -564,16 +566,16 @@ static kv_block *queued_block(kvd *d, const kvd_g4_owed *e) {
 }
 
 /* Starts the writes of the COMMITs with KV_COMMIT_G4 queued, oldest first,
- * until *bytes reaches KVD_G4_TURN_BYTES; each COMMIT whose every write is
- * started leaves the queue (answered now if they all ended already). A
- * block gone from G2 meanwhile (deleted, evicted) is not written: it is
- * answered KV_EDEGRADED, as a write that was not started (busy, G4 not
- * ok: g4_put). */
-static void start_commits(kvd *d, uint64_t *bytes) {
+ * until *bytes (the blocks copied this turn of the loop) reaches max; each
+ * COMMIT whose every write is started leaves the queue (answered now if
+ * they all ended already). A block gone from G2 meanwhile (deleted,
+ * evicted) is not written: it is answered KV_EDEGRADED, as a write that
+ * was not started (busy, G4 not ok or closed: g4_put). */
+static void start_commits(kvd *d, uint64_t *bytes, uint64_t max) {
   kvd_g4 *g = &d->g4;
-  while (g->commits && *bytes < KVD_G4_TURN_BYTES) {
+  while (g->commits && *bytes < max) {
     g4_commit *cw = g->commits;
-    while (cw->at < cw->n && *bytes < KVD_G4_TURN_BYTES) {
+    while (cw->at < cw->n && *bytes < max) {
       uint32_t i = cw->at++;
       if (cw->st[i]) continue;
       kv_block *b = g2_block(d, cw->blk[i].core_ns, &cw->blk[i].key, cw->digest);
@@ -603,8 +605,8 @@ static void on_pump(uv_idle_t *h) {
   kvd_g4 *g = &d->g4;
   kvd_g4_owed e;
   uint64_t bytes = 0;
-  store_runs(d, &bytes, 0);  /* workers wait for these */
-  start_commits(d, &bytes); /* and for these */
+  store_runs(d, &bytes, KVD_G4_TURN_BYTES);    /* workers wait for these */
+  start_commits(d, &bytes, KVD_G4_TURN_BYTES); /* and for these */
   while (g->c && g->writes_in_flight < KVD_G4_WRITES_MAX &&
          g->write_bytes_in_flight < KVD_G4_WRITE_BYTES_MAX && bytes < KVD_G4_TURN_BYTES &&
          kvd_g4_backlog_pop(&g->fresh, &e, 0)) {
@@ -692,9 +694,15 @@ static void drain(kvd *d, uint64_t max_bytes) {
 
 /* --- COMMIT with KV_COMMIT_G4 -------------------------------------------------- */
 
+/* Whether the session that sent a request through sink, registered in
+ * namespace reg_ns then, is still there to be answered (else nobody is
+ * owed a reply). */
+static int owed(const kvd_sink *sink, int reg_ns) {
+  return sink->sess && sink->sess->ns == reg_ns;
+}
+
 static void commit_done(g4_commit *cw) {
-  kvd_session *s = cw->sink->sess;
-  if (s && s->ns == cw->reg_ns) { /* else the session went: nobody is owed a reply */
+  if (owed(cw->sink, cw->reg_ns)) {
     kv_msg m = kvd_reply_to(&cw->req);
     m.statuses.n = cw->n;
     m.statuses.v = cw->st;
@@ -703,19 +711,6 @@ static void commit_done(g4_commit *cw) {
   kvd_sink_put(cw->sink);
   free(cw->blk);
   free(cw);
-}
-
-/* Every block of each queued COMMIT whose write was not started is
- * answered KV_EDEGRADED (the client is closing). */
-static void commits_end(kvd_g4 *g) {
-  while (g->commits) {
-    g4_commit *cw = g->commits;
-    g->commits = cw->next;
-    for (; cw->at < cw->n; cw->at++)
-      if (cw->st[cw->at] == 0) cw->st[cw->at] = KV_EDEGRADED;
-    if (--cw->pending == 0) commit_done(cw);
-  }
-  g->commits_tail = &g->commits;
 }
 
 int kvd_g4_commit_wait(kvd *d, kvd_sink *sink, const kv_msg *req, const kvd_ns *n,
@@ -872,8 +867,7 @@ static int store_run(g4_lookup *lk, uint64_t *bytes, uint64_t max) {
  * G2; nothing if its session went meanwhile. */
 static void lookup_finish(g4_lookup *lk) {
   kvd *d = lk->d;
-  kvd_session *s = lk->sink->sess;
-  if (!s || s->ns != lk->reg_ns) { /* the session went: nobody is owed a reply */
+  if (!owed(lk->sink, lk->reg_ns)) {
     lookup_free(lk);
     return;
   }
@@ -899,14 +893,12 @@ static void lookup_done(g4_lookup *lk) {
   kvd_g4 *g = &d->g4;
   g->waiting--;
   kvd_hist_add(&g->lookup, kv_now_ns() - lk->g4_t0);
-  kvd_session *s = lk->sink->sess;
-  if (!s || s->ns != lk->reg_ns) { /* the session went: nobody is owed a reply */
+  if (!owed(lk->sink, lk->reg_ns)) { /* nothing stored for nobody */
     lookup_free(lk);
     return;
   }
-  uint64_t bytes = 0;
-  if (store_run(lk, &bytes, KVD_G4_TURN_BYTES) || !g->pump_init) {
-    if (lk->stored < lk->nask) store_run(lk, &bytes, UINT64_MAX); /* no pump: all now */
+  uint64_t bytes = 0; /* no pump (the client closed): all of it now */
+  if (store_run(lk, &bytes, g->pump_init ? KVD_G4_TURN_BYTES : UINT64_MAX)) {
     lookup_finish(lk);
     return;
   }
@@ -916,12 +908,9 @@ static void lookup_done(g4_lookup *lk) {
 }
 
 /* The runs of the LOOKUPs queued (g->storing), oldest first, until *bytes
- * reaches KVD_G4_TURN_BYTES; each LOOKUP whose run is all in G2 is
- * answered. all: every run to its end whatever the bytes (the client is
- * closing: no pump any more). */
-static void store_runs(kvd *d, uint64_t *bytes, int all) {
+ * reaches max; each LOOKUP whose run is all in G2 is answered. */
+static void store_runs(kvd *d, uint64_t *bytes, uint64_t max) {
   kvd_g4 *g = &d->g4;
-  uint64_t max = all ? UINT64_MAX : KVD_G4_TURN_BYTES;
   while (g->storing && store_run(g->storing, bytes, max)) {
     g4_lookup *lk = g->storing;
     g->storing = lk->next;
