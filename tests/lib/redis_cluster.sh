@@ -48,12 +48,23 @@ wait_gone() {
 
 node_pid() { [ -s "$1/$2/redis.pid" ] && cat "$1/$2/redis.pid"; }
 
-start_node() { # start_node DIR PORT: waits until it answers PING
-  local dir=$1 port=$2 i
+# start_node DIR PORT: waits until it answers PING. The node that answers
+# must be this one (its process_id the pid it wrote: Redis writes it once
+# it listens): another cluster started at the same moment (criterion runs
+# tests two at a time) may have found the same ports free and taken one
+# first, and this node, unable to bind, exited in the background while the
+# other answered for it. Then this fails, and start picks other ports.
+start_node() {
+  local dir=$1 port=$2 i pid
   rm -f "$dir/$port/redis.pid"
   redis-server "$dir/$port/redis.conf" || return 1
   for ((i = 0; i < 100; i++)); do
-    [ "$(cli "$dir" "$port" ping 2>/dev/null)" = PONG ] && return 0
+    if [ "$(cli "$dir" "$port" ping 2>/dev/null)" = PONG ]; then
+      pid=$(cli "$dir" "$port" info server 2>/dev/null | tr -d '\r' | sed -n 's/^process_id://p')
+      [ -n "$pid" ] && [ "$pid" = "$(node_pid "$dir" "$port")" ] && return 0
+      echo "redis_cluster: port $port answered for another node (pid ${pid:-?})" >&2
+      return 1
+    fi
     sleep 0.05
   done
   echo "redis_cluster: node $port did not start: $(tail -3 "$dir/$port/redis.log" 2>/dev/null)" >&2
