@@ -578,6 +578,7 @@ static void start_commits(kvd *d, uint64_t *bytes, uint64_t max) {
     while (cw->at < cw->n && *bytes < max) {
       uint32_t i = cw->at++;
       if (cw->st[i]) continue;
+      g->commit_queued--;
       kv_block *b = g2_block(d, cw->blk[i].core_ns, &cw->blk[i].key, cw->digest);
       if (!b) {
         g->writes[KVD_G4_W_GONE]++;
@@ -746,6 +747,7 @@ int kvd_g4_commit_wait(kvd *d, kvd_sink *sink, const kv_msg *req, const kvd_ns *
   }
   *g->commits_tail = cw;
   g->commits_tail = &cw->next;
+  g->commit_queued += want;
   pump_start(g);
   return KVD_DEFERRED;
 }
@@ -867,6 +869,7 @@ static int store_run(g4_lookup *lk, uint64_t *bytes, uint64_t max) {
  * G2; nothing if its session went meanwhile. */
 static void lookup_finish(g4_lookup *lk) {
   kvd *d = lk->d;
+  d->g4.waiting--; /* its reply waited for G4 until now */
   if (!owed(lk->sink, lk->reg_ns)) {
     lookup_free(lk);
     return;
@@ -891,9 +894,9 @@ static void lookup_finish(g4_lookup *lk) {
 static void lookup_done(g4_lookup *lk) {
   kvd *d = lk->d;
   kvd_g4 *g = &d->g4;
-  g->waiting--;
   kvd_hist_add(&g->lookup, kv_now_ns() - lk->g4_t0);
   if (!owed(lk->sink, lk->reg_ns)) { /* nothing stored for nobody */
+    g->waiting--;
     lookup_free(lk);
     return;
   }

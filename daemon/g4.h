@@ -144,6 +144,7 @@ typedef struct kvd_g4 {
   uv_idle_t pump;            /* starts fresh writes, KVD_G4_TURN_BYTES a turn */
   struct g4_commit *commits, **commits_tail; /* COMMITs with KV_COMMIT_G4 whose writes the
                                                 pump has not all started, oldest first */
+  uint64_t commit_queued;                    /* ... their blocks not started yet */
   struct g4_lookup *storing, **storing_tail; /* LOOKUPs whose run from G4 the pump is
                                                 copying into G2, oldest first */
   int pump_init, pump_on;

@@ -252,15 +252,17 @@ static int g4_metrics(kvd *d, kv_buf *out) {
   P("kvcached_g4_backlog_blocks %u\n", g->backlog.n);
   H("kvcached_g4_queued_blocks", "gauge",
     "Blocks committed whose G4 write has not started yet (started at most 1 MiB a turn of the "
-    "loop; g4.backlog_blocks at most, the oldest dropped as busy).");
-  P("kvcached_g4_queued_blocks %u\n", g->fresh.n);
+    "loop; g4.backlog_blocks at most, the oldest dropped as busy; and those of COMMITs that "
+    "wait for G4).");
+  P("kvcached_g4_queued_blocks %llu\n", U(g->fresh.n + g->commit_queued));
   H("kvcached_g4_backlog_total", "counter",
     "Owed G4 writes by what became of them: written (started once G4 was ok), gone (no longer "
     "in G2 by then), dropped (the backlog was full: the oldest).");
   P("kvcached_g4_backlog_total{result=\"written\"} %llu\n", U(g->backlog_written));
   P("kvcached_g4_backlog_total{result=\"gone\"} %llu\n", U(g->backlog_gone));
   P("kvcached_g4_backlog_total{result=\"dropped\"} %llu\n", U(g->backlog.dropped));
-  H("kvcached_g4_lookups_waiting", "gauge", "LOOKUPs, LOADs and GETs whose reply waits for G4.");
+  H("kvcached_g4_lookups_waiting", "gauge",
+    "LOOKUPs, LOADs and GETs whose reply waits for G4 (its answers, then their copy into G2).");
   P("kvcached_g4_lookups_waiting %llu\n", U(g->waiting));
   H("kvcached_g4_lookup_seconds", "histogram",
     "Time a LOOKUP waited for G4: from its first GET to its last answer.");

@@ -827,8 +827,10 @@ Test(daemon_g4, a_shared_commit_larger_than_a_turn_is_answered_once_all_are_in_g
   cr_assert_eq(n, N, "commit_shared: %d of %d in G4", n, N);
   for (int i = 0; i < N; i++) cr_assert_eq(st[i], 0, "key %d: %d", FIRST + i, st[i]);
   cr_assert_eq(metric(&na, "kvcached_g4_writes_total{result=\"ok\"}"), N);
+  cr_assert_eq(metric(&na, "kvcached_g4_queued_blocks"), 0, "every write started");
   uint8_t t[64];
   cr_assert_eq(lookup(b, FIRST, FIRST + N - 1, t, NULL), N);
+  cr_assert_eq(metric(&nb, "kvcached_g4_lookups_waiting"), 0, "the LOOKUP answered");
   for (uint64_t v = FIRST; v < FIRST + N; v++) load_check(b, v);
   kvc_close(a);
   kvc_close(b);
