@@ -83,7 +83,7 @@ static int note_g2_arena(kv_core *c, kv_arena *arena) {
   return 0;
 }
 
-/* G2 policy e ranks with G3's (kv_evict.lead: the tiers as one cache),
+/* G2 policy e follows G3's (kv_evict.lead: the tiers as one cache),
  * whose reach counts e's capacity. */
 static void follow_g3(kv_core *c, kv_evict *e) {
   e->lead = &c->g3_evict;

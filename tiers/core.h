@@ -465,7 +465,7 @@ const char *kv_core_policy_name(const kv_core *c);
  * G3). following: the order it follows ("hints" while the default follows
  * engine hints, else the policy's own name or, for "auto", its expert);
  * switches: how often that changed; bonus: the adapt H it ranks with, in
- * capacities (evict_adapt.c; with G3, G2's is G3's), -1 for a policy
+ * capacities (evict_adapt.c; with G3, G2's is 0), -1 for a policy
  * without one. 0, or -ENOENT (the tier
  * has no policy). */
 typedef struct kv_core_policy_view {

@@ -49,7 +49,7 @@ int kv_core_policy_view_get(kv_core *c, kv_tier t, kv_core_policy_view *out) {
   out->following = name;
   if (!strcmp(name, "adapt") || !strcmp(name, "aged") || !strcmp(name, "aged0")) {
     out->following = kv_evict_adapt_following(e, &out->switches);
-    out->bonus = kv_evict_adapt_ranked_bonus(e); /* G2's is G3's H in two tiers */
+    out->bonus = kv_evict_adapt_ranked_bonus(e); /* G2's is 0 in two tiers */
   } else if (!strcmp(name, "auto")) {
     out->following = kv_evict_auto_following(e, &out->switches);
   }

@@ -49,7 +49,7 @@ kv_block *kv_core__g2_peek(kv_evict *e);
 /* The next G3 victim across G3's policies (see "G3 shares"): an SSD copy
  * of a block G2 also holds first (tiers/G3.md), or NULL. */
 kv_block *kv_core__g3_victim(kv_core *c);
-/* Every G2 class's policy ranks with G3's shared one (kv_evict.lead), whose
+/* Every G2 class's policy follows G3's shared one (kv_evict.lead), whose
  * reach then counts their capacities (kv_core_attach_g3; core.c does it
  * for classes made later). */
 void kv_core__follow_g3(kv_core *c);

@@ -78,8 +78,9 @@ struct kv_evict {
                       * ghosts or segments use it (else their peak count). */
   /* Tiers in series as one cache (set by the owner, kept by kv_evict_init;
    * 0 and NULL: an instance on its own). lead: an instance of the same
-   * policy in the last tier the victims go to, whose evidence this one
-   * ranks with (adapt: its H); ignored when its policy is another. reach:
+   * policy in the last tier the victims go to, which decides what the
+   * whole cache keeps and counts this one's evidence (adapt: H, which only
+   * the lead ranks with); ignored when its policy is another. reach:
    * blocks the whole cache holds when this instance is such a lead (its
    * capacity and the tiers' above it); what adapt sizes its H on. */
   kv_evict *lead;

@@ -39,14 +39,24 @@
  *            cache) as where they are many. HMAX bounds it (a cap: no
  *            figure measured moved with it; EVICTION.md).
  *   series   tiers in series as one cache (G2, then G3: evict.h, lead and
- *            reach): an instance with a lead ranks with the lead's H, the
- *            last tier's, whose victims are the whole cache's (a victim of
- *            G2 mostly stays in G3), and the lead counts H, and its steps,
- *            in the whole cache's capacity, as one tier of that size would,
- *            and in the whole cache's accesses per victim: the accesses an
- *            instance that follows it is told of count in the lead too,
- *            and the blocks that enter the lead from above do not (their
- *            accesses were counted there).
+ *            reach). The lead, the last tier's instance, whose victims are
+ *            the whole cache's (a victim of G2 mostly stays in G3), decides
+ *            what the cache keeps: in its own order, and at the boundary
+ *            (admit, below). It counts H, and its steps, in the whole
+ *            cache's capacity, as one tier of that size would, and in the
+ *            whole cache's accesses per victim: the accesses an instance
+ *            that follows it is told of count in the lead too, and the
+ *            blocks that enter the lead from above do not (their accesses
+ *            were counted there). An instance that follows a lead ranks by
+ *            recency alone (H 0, the newest rule kept): the tier above
+ *            holds the blocks used last, a window in front of the lead as
+ *            W-TinyLFU's LRU window is in front of its main cache (Einziger
+ *            et al., ACM ToS 2017), and each block it lets go meets the
+ *            lead's order at the boundary. Ranked with the lead's H, the
+ *            tier above sent its blocks used once down first, newest
+ *            included, and the lead decided among the leftovers of two
+ *            orders: the agentic trace at 1% 0.38 points under one tier
+ *            (tiers/EVICTION.md, "G2 + G3 as one cache", 2026-11-29).
  *            A lead's victim comes back through the tier above: a block
  *            new there whose key the lead's history holds (stored again)
  *            is counted back by the lead at once, as one tier counts it
@@ -196,25 +206,29 @@ static inline double span(const kv_evict *e, const adapt *a) {
 
 static kv_block *adapt_peek(kv_evict *e);
 
-/* The instance whose H e ranks with: its lead when that is of this family
- * (the last tier of a series sees the whole cache's victims), else e. */
-static inline kv_evict *ranker(const kv_evict *e) {
+/* The instance whose evidence e counts in: its lead when that is of this
+ * family (the last tier of a series sees the whole cache's victims), else e. */
+static inline kv_evict *leader(const kv_evict *e) {
   kv_evict *l = e->lead;
   return l && l != e && l->ops && l->ops->peek == adapt_peek && l->priv ? l : (kv_evict *)e;
 }
 
-/* H, in accesses: the ranker's. */
-static inline uint64_t age_bonus(const kv_evict *e) {
-  const kv_evict *r = ranker(e);
-  const adapt *a = r->priv;
-  return (uint64_t)(a->h * span(r, a));
+/* The H e ranks with, in capacities: its own, or 0 where it follows a lead
+ * (the window in front of it: "series" above). */
+static inline double ranked_h(const kv_evict *e) {
+  return leader(e) != e ? 0 : ((const adapt *)e->priv)->h;
 }
 
-/* An access, counted by e and by the lead e ranks with: its steps are in
+/* That H, in accesses. */
+static inline uint64_t age_bonus(const kv_evict *e) {
+  return (uint64_t)(ranked_h(e) * span(e, e->priv));
+}
+
+/* An access, counted by e and by the lead e follows: the lead's steps are in
  * the whole cache's accesses per victim. */
 static void accessed(const kv_evict *e, adapt *a) {
   a->acc++;
-  const kv_evict *r = ranker(e);
+  const kv_evict *r = leader(e);
   if (r != e) ((adapt *)r->priv)->acc++;
 }
 
@@ -313,7 +327,7 @@ static void adapt_fini(kv_evict *e) {
  * again), as one tier would count it: the lead counts it, and not again
  * when b enters the lead's tier (COUNTED). */
 static void back_above(kv_evict *e, kv_block *b) {
-  kv_evict *l = ranker(e);
+  kv_evict *l = leader(e);
   if (l == e || b->hpos[l->tier] != KV_SLOT_NONE) return; /* already in the lead's tier */
   adapt *la = l->priv;
   int cls = kv_seen_class(&la->seen, kv_fingerprint(b));
@@ -446,9 +460,7 @@ double kv_evict_adapt_bonus(const kv_evict *e) {
   return a ? a->h : 0;
 }
 
-double kv_evict_adapt_ranked_bonus(const kv_evict *e) {
-  return e->priv ? kv_evict_adapt_bonus(ranker(e)) : 0;
-}
+double kv_evict_adapt_ranked_bonus(const kv_evict *e) { return e->priv ? ranked_h(e) : 0; }
 
 const char *kv_evict_adapt_following(const kv_evict *e, uint64_t *switches) {
   const adapt *a = e->priv;

@@ -32,8 +32,9 @@ const char *kv_evict_adapt_following(const kv_evict *e, uint64_t *switches);
  * its last use a block used again ranks, in capacities of accesses
  * (evict_adapt.c). For tests and statistics. */
 double kv_evict_adapt_bonus(const kv_evict *e);
-/* The H e ranks with: its lead's when it has one of its family (tiers in
- * series as one cache, evict.h), else its own. For statistics. */
+/* The H e ranks with: 0 where it follows a lead of its family (tiers in
+ * series as one cache, evict.h: the tier above ranks by recency alone,
+ * evict_adapt.c), else its own. For statistics. */
 double kv_evict_adapt_ranked_bonus(const kv_evict *e);
 
 /* ---- for policy implementations (evict_util.c) ---------------------------

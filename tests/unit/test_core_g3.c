@@ -156,10 +156,10 @@ Test(core_g3, victims_are_demoted_and_promoted_back_verified) {
   teardown(&f);
 }
 
-/* G2 and G3 as one cache: each G2 class's policy ranks with G3's shared
- * one (kv_evict.lead), whose reach is both tiers' capacity, for a class
- * made before G3 is attached as for one made after. */
-Test(core_g3, g2_policies_rank_with_g3s_sized_on_both_tiers) {
+/* G2 and G3 as one cache: each G2 class's policy follows G3's shared one
+ * (kv_evict.lead), whose reach is both tiers' capacity, for a class made
+ * before G3 is attached as for one made after. */
+Test(core_g3, g2_policies_follow_g3s_sized_on_both_tiers) {
   fx f;
   setup(&f, 4, 32, KV_ADMIT_ALWAYS); /* the class made after the attach */
   kv_evict *g2 = kv_core__policy(f.core, (uint32_t)f.ns, KV_G2, 0);
