@@ -53,10 +53,10 @@
  *            W-TinyLFU's LRU window is in front of its main cache (Einziger
  *            et al., ACM ToS 2017), and each block it lets go meets the
  *            lead's order at the boundary. Ranked with the lead's H, the
- *            tier above sent its blocks used once down first, newest
- *            included, and the lead decided among the leftovers of two
- *            orders: the agentic trace at 1% 0.38 points under one tier
- *            (tiers/EVICTION.md, "G2 + G3 as one cache", 2026-11-29).
+ *            tier above sent its blocks used once down first, fronts of
+ *            chains just stored among them, and the lead decided among the
+ *            leftovers of two orders: the agentic trace at 1% 0.38 points
+ *            under one tier (tiers/EVICTION.md, "G2 as the lead's window").
  *            A lead's victim comes back through the tier above: a block
  *            new there whose key the lead's history holds (stored again)
  *            is counted back by the lead at once, as one tier counts it
