@@ -233,10 +233,11 @@ static void accessed(const kv_evict *e, adapt *a) {
 }
 
 /* A victim of heap cls is back (the history held its key): H moves away
- * from the order that let it go, by a block's worth (see the top). */
+ * from the order that let it go, by a block's worth (see the top); not in
+ * an instance that follows a lead, which ranks with H 0 (ranked_h). */
 static void victim_back(kv_evict *e, adapt *a, int cls) {
   double c = span(e, a);
-  if (a->fixed || c <= 0) return;
+  if (a->fixed || c <= 0 || leader(e) != e) return;
   double n0 = kv_seen_count(&a->seen, 0), n1 = kv_seen_count(&a->seen, 1);
   if (n0 < 1) n0 = 1;
   if (n1 < 1) n1 = 1;
